@@ -1,0 +1,122 @@
+use std::{
+    error::Error as StdError,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use http::{HeaderValue, Response};
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep, sleep_until};
+use tonic::{Code, Status, TimeoutExpired};
+use tower::BoxError;
+
+use crate::{Hop, LEDGER_HEADER, millis};
+
+const GRPC_STATUS: &str = "grpc-status";
+
+pin_project! {
+    /// Response future of [`super::ForwardDeadline`].
+    #[project = Projection]
+    pub enum ResponseFuture<F, B> {
+        FailedFast { response: Option<Response<B>> },
+        Untracked { #[pin] inner: F },
+        Forwarded {
+            #[pin]
+            inner: F,
+            #[pin]
+            expiry: Sleep,
+            hop: Arc<Hop>,
+            dependency: &'static str,
+        },
+    }
+}
+
+impl<F, B> ResponseFuture<F, B> {
+    pub(super) fn failed_fast(response: Response<B>) -> Self {
+        Self::FailedFast { response: Some(response) }
+    }
+
+    pub(super) fn untracked(inner: F) -> Self {
+        Self::Untracked { inner }
+    }
+
+    pub(super) fn forwarded(inner: F, hop: Arc<Hop>, dependency: &'static str, expires_at: Instant) -> Self {
+        Self::Forwarded { inner, expiry: sleep_until(expires_at), hop, dependency }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<BoxError>,
+    B: Default,
+{
+    type Output = Result<Response<B>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            Projection::FailedFast { response } => {
+                Poll::Ready(Ok(response.take().expect("polled after completion")))
+            }
+            Projection::Untracked { inner } => inner.poll(cx).map_err(Into::into),
+            Projection::Forwarded { inner, expiry, hop, dependency } => {
+                let out_of_time = |hop: &Hop| {
+                    Status::deadline_exceeded(format!(
+                        "{}: {dependency} did not answer within the {} ms it was given",
+                        hop.name(),
+                        millis(hop.deadline().budget().saturating_sub(hop.deadline().remaining())),
+                    ))
+                    .into_http()
+                };
+                match inner.poll(cx) {
+                    Poll::Ready(Ok(mut response)) => {
+                        if let Some(ledger) = response.headers().get(LEDGER_HEADER).and_then(|v| v.to_str().ok()) {
+                            hop.record_downstream(ledger.to_owned());
+                        }
+                        if expiry.is_elapsed() {
+                            relabel_cancelled_as_deadline(&mut response);
+                        }
+                        Poll::Ready(Ok(response))
+                    }
+                    Poll::Ready(Err(error)) => {
+                        let error = error.into();
+                        if is_caused_by::<TimeoutExpired>(error.as_ref()) {
+                            Poll::Ready(Ok(out_of_time(hop)))
+                        } else {
+                            Poll::Ready(Err(error))
+                        }
+                    }
+                    Poll::Pending => {
+                        if expiry.poll(cx).is_pending() {
+                            return Poll::Pending;
+                        }
+                        Poll::Ready(Ok(out_of_time(hop)))
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A peer whose own timer fired reports CANCELLED; past our deadline that means DEADLINE_EXCEEDED.
+fn relabel_cancelled_as_deadline<B>(response: &mut Response<B>) {
+    let cancelled = (Code::Cancelled as i32).to_string();
+    if response.headers().get(GRPC_STATUS).is_some_and(|status| status.as_bytes() == cancelled.as_bytes()) {
+        let deadline = HeaderValue::from((Code::DeadlineExceeded as i32) as u16);
+        response.headers_mut().insert(GRPC_STATUS, deadline);
+    }
+}
+
+/// Whether `error` or any of its sources is an `E`.
+fn is_caused_by<E: StdError + 'static>(error: &(dyn StdError + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(error) = current {
+        if error.is::<E>() {
+            return true;
+        }
+        current = error.source();
+    }
+    false
+}

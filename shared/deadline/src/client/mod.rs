@@ -1,0 +1,77 @@
+//! Client side: forward the current hop's remaining budget, less its reserve, to one dependency.
+//!
+//! The layer sits above the channel, inside the handler's task, so it finds the current [`Hop`]
+//! itself: handlers never pass deadlines around. It
+//! - plans the slice with the dependency's [`ForwardPolicy`] and fails fast with DEADLINE_EXCEEDED,
+//!   without calling, when the slice is below the dependency's minimum;
+//! - sends the slice as `grpc-timeout` and stops waiting when it runs out, answering
+//!   DEADLINE_EXCEEDED (tonic's own timer would answer CANCELLED);
+//! - keeps the ledger the dependency returns, so this hop can pass it up.
+//!
+//! Outside a served request (a client program) there is no hop: the call passes through untouched
+//! and the program sets its own deadline with `tonic::Request::set_timeout`.
+
+mod future;
+mod layer;
+
+pub use future::ResponseFuture;
+pub use layer::ForwardDeadlineLayer;
+
+use std::task::{Context, Poll};
+
+use http::{HeaderValue, Request, Response};
+use tokio::time::Instant;
+use tonic::Status;
+use tower::{BoxError, Service};
+
+use crate::{ForwardPolicy, Hop, HopStats, grpc_timeout};
+
+/// Forwards the deadline to `dependency`; see the module docs.
+#[derive(Debug, Clone)]
+pub struct ForwardDeadline<S> {
+    inner: S,
+    dependency: &'static str,
+    policy: ForwardPolicy,
+}
+
+impl<S> ForwardDeadline<S> {
+    pub fn new(inner: S, dependency: &'static str, policy: ForwardPolicy) -> Self {
+        Self { inner, dependency, policy }
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for ForwardDeadline<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    ResBody: Default,
+{
+    type Response = Response<ResBody>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future, ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
+        let Some(hop) = Hop::current() else {
+            return ResponseFuture::untracked(self.inner.call(request));
+        };
+        let now = Instant::now();
+        let remaining = hop.deadline().remaining_at(now);
+        let forward = match self.policy.plan_for(hop.name(), self.dependency, remaining) {
+            Ok(forward) => forward,
+            Err(too_little) => {
+                HopStats::count(&hop.stats().failed_fast);
+                tracing::debug!(%too_little, "failing fast");
+                return ResponseFuture::failed_fast(Status::deadline_exceeded(too_little.to_string()).into_http());
+            }
+        };
+        hop.record_forward(now, forward);
+        let timeout = HeaderValue::try_from(grpc_timeout::format(forward.forwarded))
+            .expect("grpc-timeout values are ASCII");
+        request.headers_mut().insert(grpc_timeout::HEADER, timeout);
+        ResponseFuture::forwarded(self.inner.call(request), hop, self.dependency, now + forward.forwarded)
+    }
+}

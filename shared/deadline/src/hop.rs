@@ -1,0 +1,146 @@
+//! The request-scoped record of one hop: its deadline and what it did with it.
+//!
+//! The server layer creates a [`Hop`] per request and runs the handler inside a task-local scope,
+//! so the client layer of any outgoing call made by that handler finds the deadline without the
+//! handler passing it along, and records what it forwarded.
+
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicU64, Ordering},
+};
+use std::time::Duration;
+
+use tokio::{task::futures::TaskLocalFuture, time::Instant};
+
+use crate::{Deadline, Forward, ledger::Entry};
+
+tokio::task_local! {
+    static CURRENT: Arc<Hop>;
+}
+
+/// One request's view of the deadline at this hop.
+#[derive(Debug)]
+pub struct Hop {
+    name: &'static str,
+    deadline: Deadline,
+    stats: Arc<HopStats>,
+    record: Mutex<Record>,
+}
+
+#[derive(Debug, Default)]
+struct Record {
+    /// Time spent here before the (last) downstream call, and its slice.
+    forward: Option<(Duration, Forward)>,
+    /// The ledger the dependency sent back, entries for every hop below this one.
+    downstream: Option<String>,
+}
+
+impl Hop {
+    pub fn new(name: &'static str, deadline: Deadline, stats: Arc<HopStats>) -> Self {
+        Self { name, deadline, stats, record: Mutex::new(Record::default()) }
+    }
+
+    /// The hop of the request the current task is serving, if any.
+    pub fn current() -> Option<Arc<Hop>> {
+        CURRENT.try_with(Arc::clone).ok()
+    }
+
+    /// Runs `future` with `hop` as the current hop.
+    pub fn scope<F: Future>(hop: Arc<Hop>, future: F) -> TaskLocalFuture<Arc<Hop>, F> {
+        CURRENT.scope(hop, future)
+    }
+
+    pub fn stats(&self) -> &HopStats {
+        &self.stats
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    pub fn deadline(&self) -> Deadline {
+        self.deadline
+    }
+
+    pub(crate) fn record_forward(&self, now: Instant, forward: Forward) {
+        let spent = self.deadline.elapsed_at(now);
+        self.lock().forward = Some((spent, forward));
+    }
+
+    pub(crate) fn record_downstream(&self, ledger: String) {
+        self.lock().downstream = Some(ledger);
+    }
+
+    /// This hop's ledger entry as of `now`, followed by everything the dependency reported.
+    pub fn ledger_at(&self, now: Instant) -> String {
+        let record = self.lock();
+        let (spent, reserved, forwarded) = match record.forward {
+            Some((spent, forward)) => (spent, forward.reserved, forward.forwarded),
+            // A hop that called nobody spent all of its time locally.
+            None => (self.deadline.elapsed_at(now), Duration::ZERO, Duration::ZERO),
+        };
+        let entry = Entry {
+            hop: self.name.to_owned(),
+            received: self.deadline.budget(),
+            spent,
+            reserved,
+            forwarded,
+            left: self.deadline.remaining_at(now),
+        };
+        match &record.downstream {
+            Some(downstream) => format!("{entry}, {downstream}"),
+            None => entry.to_string(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Record> {
+        // The record holds plain values; a panic elsewhere cannot leave it half-written.
+        self.record.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Counters of what happened to requests at one hop relative to their deadlines.
+#[derive(Debug, Default)]
+pub struct HopStats {
+    pub(crate) requests: AtomicU64,
+    pub(crate) expired: AtomicU64,
+    pub(crate) finished_late: AtomicU64,
+    pub(crate) abandoned: AtomicU64,
+    pub(crate) failed_fast: AtomicU64,
+}
+
+/// A copy of [`HopStats`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HopStatsSnapshot {
+    /// Requests that reached the hop.
+    pub requests: u64,
+    /// Requests whose deadline passed while the hop worked on them: answered DEADLINE_EXCEEDED.
+    pub expired: u64,
+    /// Work that completed after its deadline (should stay zero: nobody reads that answer).
+    pub finished_late: u64,
+    /// Requests whose caller went away (cancelled or disconnected) before the answer.
+    pub abandoned: u64,
+    /// Downstream calls not made because too little budget was left.
+    pub failed_fast: u64,
+}
+
+impl HopStats {
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    pub fn snapshot(&self) -> HopStatsSnapshot {
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        HopStatsSnapshot {
+            requests: read(&self.requests),
+            expired: read(&self.expired),
+            finished_late: read(&self.finished_late),
+            abandoned: read(&self.abandoned),
+            failed_fast: read(&self.failed_fast),
+        }
+    }
+
+    pub(crate) fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,81 @@
+//! One deadline per operation, shrinking hop by hop.
+//!
+//! Why a deadline and not a timeout per call? A timeout says how long *this* call may take; a
+//! deadline says when the *whole operation* stops mattering. The gateway sets it once; every hop
+//! reads what is left, keeps a reserve for its own reply and forwards only the rest, so by the time
+//! the client gives up the whole chain has already wound down. Each hop also writes its slice of the
+//! budget into a ledger that travels back with the response.
+//!
+//! - [`grpc_timeout`]: the wire format of the remaining budget.
+//! - [`Deadline`]: an absolute instant plus the budget it started from.
+//! - [`ForwardPolicy`]: how much of what is left a hop passes to one dependency.
+//! - [`Hop`] and [`ledger`]: the per-request record of received, spent, reserved and forwarded.
+//! - [`server`] and [`client`]: the tower layers that read, enforce and forward the deadline.
+
+mod budget;
+pub mod client;
+mod hop;
+pub mod grpc_timeout;
+pub mod ledger;
+pub mod server;
+
+pub use budget::{Forward, ForwardPolicy, InboundPolicy, TooLittleBudget};
+pub use hop::{Hop, HopStats, HopStatsSnapshot};
+
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The metadata key that carries the ledger back up the chain.
+pub const LEDGER_HEADER: &str = "x-deadline-ledger";
+
+/// A point in time after which nobody will read the answer, plus the budget it was made from.
+///
+/// Stored as an absolute instant so that "remaining" is always computed from the clock, never
+/// decremented by hand (time spent in queues and awaits is counted whether or not code notices).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline {
+    started_at: Instant,
+    expires_at: Instant,
+}
+
+impl Deadline {
+    /// A deadline `budget` from `now`.
+    pub fn after(now: Instant, budget: Duration) -> Self {
+        Self { started_at: now, expires_at: now + budget }
+    }
+
+    /// The budget this deadline was created with.
+    pub fn budget(&self) -> Duration {
+        self.expires_at - self.started_at
+    }
+
+    pub fn started_at(&self) -> Instant {
+        self.started_at
+    }
+
+    pub fn expires_at(&self) -> Instant {
+        self.expires_at
+    }
+
+    /// What is left at `now`; zero once expired.
+    pub fn remaining_at(&self, now: Instant) -> Duration {
+        self.expires_at.saturating_duration_since(now)
+    }
+
+    pub fn remaining(&self) -> Duration {
+        self.remaining_at(Instant::now())
+    }
+
+    pub fn elapsed_at(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.started_at)
+    }
+
+    pub fn is_expired_at(&self, now: Instant) -> bool {
+        now >= self.expires_at
+    }
+}
+
+/// Milliseconds with microsecond precision, the unit of every human-facing budget figure.
+pub(crate) fn millis(duration: Duration) -> f64 {
+    duration.as_micros() as f64 / 1_000.0
+}

@@ -1,0 +1,105 @@
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use http::Response;
+use pin_project_lite::pin_project;
+use tokio::{
+    task::futures::TaskLocalFuture,
+    time::{Instant, Sleep, sleep_until},
+};
+
+use super::Protocol;
+use crate::{Hop, hop::HopStats};
+
+pin_project! {
+    #[project = StateProjection]
+    enum State<F, B> {
+        Rejected { response: Option<Response<B>> },
+        Running {
+            #[pin]
+            inner: TaskLocalFuture<Arc<Hop>, F>,
+            #[pin]
+            expiry: Sleep,
+            hop: Arc<Hop>,
+        },
+    }
+}
+
+pin_project! {
+    /// Response future of [`super::DeadlineService`]: the handler raced against the deadline.
+    pub struct ResponseFuture<F, P, B> {
+        #[pin]
+        state: State<F, B>,
+        protocol: Option<P>,
+        answered: bool,
+    }
+
+    impl<F, P, B> PinnedDrop for ResponseFuture<F, P, B> {
+        fn drop(this: Pin<&mut Self>) {
+            // Dropped unanswered: the caller went away and its work stops here with the future.
+            if let (false, StateProjection::Running { hop, .. }) = (this.answered, this.project().state.project()) {
+                HopStats::count(&hop.stats().abandoned);
+            }
+        }
+    }
+}
+
+impl<F, P, B> ResponseFuture<F, P, B> {
+    pub(super) fn rejected(response: Response<B>) -> Self {
+        Self { state: State::Rejected { response: Some(response) }, protocol: None, answered: false }
+    }
+
+    pub(super) fn running(inner: TaskLocalFuture<Arc<Hop>, F>, hop: Arc<Hop>, protocol: P) -> Self {
+        let expiry = sleep_until(hop.deadline().expires_at());
+        Self { state: State::Running { inner, expiry, hop }, protocol: Some(protocol), answered: false }
+    }
+}
+
+impl<F, P, B, E> Future for ResponseFuture<F, P, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    P: Protocol,
+    B: Default + From<String>,
+{
+    type Output = Result<Response<B>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let (inner, expiry, hop) = match this.state.project() {
+            StateProjection::Rejected { response } => {
+                *this.answered = true;
+                return Poll::Ready(Ok(response.take().expect("polled after completion")));
+            }
+            StateProjection::Running { inner, expiry, hop } => (inner, expiry, hop),
+        };
+        let protocol = this.protocol.as_ref().expect("running futures keep their protocol");
+        let result = match inner.poll(cx) {
+            Poll::Ready(result) => {
+                let now = Instant::now();
+                if hop.deadline().is_expired_at(now) {
+                    HopStats::count(&hop.stats().finished_late);
+                }
+                result.map(|mut response| {
+                    protocol.attach_ledger(hop.ledger_at(now), &mut response);
+                    response
+                })
+            }
+            Poll::Pending => {
+                if expiry.poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                HopStats::count(&hop.stats().expired);
+                tracing::debug!(hop = hop.name(), budget_ms = ?hop.deadline().budget(), "deadline exceeded");
+                let mut response = protocol.expired(hop);
+                protocol.attach_ledger(hop.ledger_at(Instant::now()), &mut response);
+                Ok(response)
+            }
+        };
+        *this.answered = true;
+        Poll::Ready(result)
+    }
+}

@@ -1,0 +1,37 @@
+//! The chain's gRPC contracts, generated from `proto/` at the workspace root.
+//!
+//! One crate compiles them all so that every service links the same types and the reflection
+//! service can describe the whole API from one descriptor set.
+
+pub mod common {
+    pub mod v1 {
+        tonic::include_proto!("common.v1");
+    }
+}
+
+pub mod gateway {
+    pub mod v1 {
+        tonic::include_proto!("gateway.v1");
+    }
+}
+
+pub mod orders {
+    pub mod v1 {
+        tonic::include_proto!("orders.v1");
+    }
+}
+
+pub mod payment {
+    pub mod v1 {
+        tonic::include_proto!("payment.v1");
+    }
+}
+
+pub mod bank {
+    pub mod v1 {
+        tonic::include_proto!("bank.v1");
+    }
+}
+
+/// Encoded `FileDescriptorSet` of every package, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("descriptor");

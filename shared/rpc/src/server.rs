@@ -1,0 +1,73 @@
+use std::{future::Future, io, net::SocketAddr, sync::Arc};
+
+use axum::serve::ListenerExt;
+use deadline::{HopStats, InboundPolicy, server::{DeadlineLayer, Grpc}};
+use tokio::net::TcpListener;
+use tonic::{server::NamedService, service::Routes};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: io::Error },
+    #[error("reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("serving: {0}")]
+    Serve(io::Error),
+}
+
+/// A bound gRPC server for one hop, not yet serving.
+pub struct GrpcServer {
+    listener: TcpListener,
+    routes: axum::Router,
+    stats: Arc<HopStats>,
+}
+
+impl GrpcServer {
+    /// Binds `addr` (port 0 picks a free port) and mounts `service` with health and reflection,
+    /// every request under the deadline layer as hop `hop`.
+    pub async fn bind<S>(hop: &'static str, addr: SocketAddr, inbound: InboundPolicy, service: S) -> Result<Self, ServerError>
+    where
+        S: tower::Service<http::Request<tonic::body::Body>, Error = std::convert::Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Response: axum::response::IntoResponse,
+        S::Future: Send + 'static,
+    {
+        let listener = TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })?;
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<S>().await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+        let stats = HopStats::new();
+        let routes = Routes::new(service)
+            .add_service(health_service)
+            .add_service(reflection)
+            .prepare()
+            .into_axum_router()
+            .layer(DeadlineLayer::new(hop, Grpc::new(inbound), stats.clone()));
+        Ok(Self { listener, routes, stats })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    /// Deadline counters of this hop's requests.
+    pub fn stats(&self) -> Arc<HopStats> {
+        self.stats.clone()
+    }
+
+    /// Serves until `shutdown` completes, then finishes the requests in flight.
+    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
+        let listener = self.listener.tap_io(|tcp| {
+            if let Err(error) = tcp.set_nodelay(true) {
+                tracing::warn!(%error, "cannot set TCP_NODELAY");
+            }
+        });
+        axum::serve(listener, self.routes).with_graceful_shutdown(shutdown).await.map_err(ServerError::Serve)
+    }
+}

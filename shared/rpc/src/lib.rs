@@ -9,4 +9,7 @@ mod client;
 mod server;
 
 pub use client::{Client, Dependency, connect};
-pub use server::{GrpcServer, ServerError};
+pub use server::{GrpcServer, ServerError, bind, serve_http, shutdown_signal};
+
+mod relay;
+pub use relay::{PUSHBACK_HEADER, derive_key, relay};

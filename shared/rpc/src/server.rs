@@ -1,6 +1,7 @@
 use std::{future::Future, io, net::SocketAddr, sync::Arc};
 
 use axum::serve::ListenerExt;
+use tokio_util::sync::CancellationToken;
 use deadline::{HopStats, InboundPolicy, server::{DeadlineLayer, Grpc}};
 use tokio::net::TcpListener;
 use tonic::{server::NamedService, service::Routes};
@@ -13,6 +14,58 @@ pub enum ServerError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("serving: {0}")]
     Serve(io::Error),
+    #[error("invalid settings: {0}")]
+    Settings(String),
+}
+
+/// Binds `addr` (port 0 picks a free port).
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })
+}
+
+/// Serves an HTTP router (admin APIs, the gateway's JSON API) until `shutdown` completes.
+pub async fn serve_http(
+    listener: TcpListener,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    axum::serve(listener.tap_io(set_nodelay), router)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(ServerError::Serve)
+}
+
+/// A token cancelled on Ctrl-C or SIGTERM, for `run_until_stopped`.
+pub fn shutdown_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        let terminate = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut signal) => {
+                    signal.recv().await;
+                }
+                Err(_) => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let terminate = std::future::pending::<()>();
+        tokio::select! {
+            _ = ctrl_c => {}
+            () = terminate => {}
+        }
+        tracing::info!("shutting down");
+        cancel.cancel();
+    });
+    token
+}
+
+fn set_nodelay(tcp: &mut tokio::net::TcpStream) {
+    if let Err(error) = tcp.set_nodelay(true) {
+        tracing::warn!(%error, "cannot set TCP_NODELAY");
+    }
 }
 
 /// A bound gRPC server for one hop, not yet serving.
@@ -36,7 +89,7 @@ impl GrpcServer {
         S::Response: axum::response::IntoResponse,
         S::Future: Send + 'static,
     {
-        let listener = TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })?;
+        let listener = bind(addr).await?;
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<S>().await;
         let reflection = tonic_reflection::server::Builder::configure()
@@ -63,11 +116,6 @@ impl GrpcServer {
 
     /// Serves until `shutdown` completes, then finishes the requests in flight.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        let listener = self.listener.tap_io(|tcp| {
-            if let Err(error) = tcp.set_nodelay(true) {
-                tracing::warn!(%error, "cannot set TCP_NODELAY");
-            }
-        });
-        axum::serve(listener, self.routes).with_graceful_shutdown(shutdown).await.map_err(ServerError::Serve)
+        serve_http(self.listener, self.routes, shutdown).await
     }
 }

@@ -1,0 +1,219 @@
+//! The charge endpoint: faults first, then a deduplicated charge in an in-memory ledger.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use deadline::Hop;
+use proto::bank::v1::{ChargeOutcome, ChargeReply, ChargeRequest, bank_server::Bank};
+use serde::Serialize;
+use tonic::{Request, Response, Status};
+
+use crate::{error::ChargeError, faults::{Faults, Plan}};
+
+/// State shared by the gRPC service and the admin API.
+#[derive(Debug)]
+pub struct BankState {
+    faults: Mutex<Faults>,
+    initial_faults: Faults,
+    ledger: Mutex<HashMap<String, Charge>>,
+    counters: Counters,
+}
+
+#[derive(Debug, Clone)]
+struct Charge {
+    request: ChargeRequest,
+    reply: ChargeReply,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    calls: AtomicU64,
+    charges: AtomicU64,
+    declines: AtomicU64,
+    duplicate_keys: AtomicU64,
+    injected_unavailable: AtomicU64,
+    injected_resource_exhausted: AtomicU64,
+    dropped_replies: AtomicU64,
+    hung: AtomicU64,
+    late_completions: AtomicU64,
+}
+
+/// `GET /admin/stats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct BankStats {
+    /// Every attempt that reached the bank.
+    pub calls: u64,
+    /// Distinct committed charges (approved or declined).
+    pub charges: u64,
+    pub declines: u64,
+    /// Calls that repeated a key already charged and got the stored reply.
+    pub duplicate_keys: u64,
+    pub injected_unavailable: u64,
+    pub injected_resource_exhausted: u64,
+    pub dropped_replies: u64,
+    /// Calls that hung until their caller gave up.
+    pub hung: u64,
+    /// Charges completed after the caller's deadline: work nobody would read.
+    pub late_completions: u64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+impl BankState {
+    pub fn new(faults: Faults) -> Arc<Self> {
+        Arc::new(Self {
+            faults: Mutex::new(faults.clone()),
+            initial_faults: faults,
+            ledger: Mutex::default(),
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn faults(&self) -> Faults {
+        lock(&self.faults).clone()
+    }
+
+    pub fn update_faults<T>(&self, change: impl FnOnce(&mut Faults) -> T) -> T {
+        change(&mut lock(&self.faults))
+    }
+
+    /// Back to the faults from settings, an empty ledger and zero counters.
+    pub fn reset(&self) {
+        *lock(&self.faults) = self.initial_faults.clone();
+        lock(&self.ledger).clear();
+        let c = &self.counters;
+        for counter in [
+            &c.calls, &c.charges, &c.declines, &c.duplicate_keys, &c.injected_unavailable,
+            &c.injected_resource_exhausted, &c.dropped_replies, &c.hung, &c.late_completions,
+        ] {
+            counter.store(0, Ordering::Relaxed);
+        }
+    }
+
+    pub fn stats(&self) -> BankStats {
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let c = &self.counters;
+        BankStats {
+            calls: read(&c.calls),
+            charges: read(&c.charges),
+            declines: read(&c.declines),
+            duplicate_keys: read(&c.duplicate_keys),
+            injected_unavailable: read(&c.injected_unavailable),
+            injected_resource_exhausted: read(&c.injected_resource_exhausted),
+            dropped_replies: read(&c.dropped_replies),
+            hung: read(&c.hung),
+            late_completions: read(&c.late_completions),
+        }
+    }
+
+    /// Commits a charge under `key` once; a repeat with the same request gets the stored reply.
+    fn commit(&self, key: &str, request: &ChargeRequest, decline: bool) -> Result<ChargeReply, ChargeError> {
+        let mut ledger = lock(&self.ledger);
+        if let Some(existing) = ledger.get(key) {
+            if existing.request != *request {
+                return Err(ChargeError::KeyReused(existing.reply.charge_id.clone()));
+            }
+            bump(&self.counters.duplicate_keys);
+            return Ok(existing.reply.clone());
+        }
+        let reply = ChargeReply {
+            charge_id: format!("ch_{}", uuid::Uuid::now_v7().simple()),
+            outcome: if decline { ChargeOutcome::Declined } else { ChargeOutcome::Approved } as i32,
+            decline_reason: if decline { "insufficient_funds".into() } else { String::new() },
+        };
+        ledger.insert(key.to_owned(), Charge { request: request.clone(), reply: reply.clone() });
+        bump(&self.counters.charges);
+        if decline {
+            bump(&self.counters.declines);
+        }
+        Ok(reply)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The gRPC `bank.v1.Bank` service.
+#[derive(Debug, Clone)]
+pub struct BankService {
+    state: Arc<BankState>,
+}
+
+impl BankService {
+    pub fn new(state: Arc<BankState>) -> Self {
+        Self { state }
+    }
+
+    async fn charge(&self, key: &str, request: &ChargeRequest) -> Result<ChargeReply, ChargeError> {
+        validate(request)?;
+        let (latency, plan) = {
+            let faults = self.state.faults();
+            let mut rng = rand::rng();
+            (faults.latency(&mut rng), faults.plan(&mut rng))
+        };
+        let counters = &self.state.counters;
+        let (decline, drop_reply) = match plan {
+            Plan::Hang => {
+                bump(&counters.hung);
+                tracing::info!("fault: hanging until the caller gives up");
+                // The deadline layer answers and drops this future when the caller's time is up.
+                return std::future::pending().await;
+            }
+            Plan::ResourceExhausted { pushback_ms } => {
+                bump(&counters.injected_resource_exhausted);
+                return Err(ChargeError::ResourceExhausted { pushback_ms });
+            }
+            Plan::Unavailable => {
+                tokio::time::sleep(latency).await;
+                bump(&counters.injected_unavailable);
+                return Err(ChargeError::Unavailable);
+            }
+            Plan::Charge { decline, drop_reply } => (decline, drop_reply),
+        };
+        tokio::time::sleep(latency).await;
+        let reply = self.state.commit(key, request, decline)?;
+        if Hop::current().is_some_and(|hop| hop.deadline().is_expired_at(tokio::time::Instant::now())) {
+            bump(&counters.late_completions);
+        }
+        if drop_reply {
+            bump(&counters.dropped_replies);
+            tracing::info!(charge_id = %reply.charge_id, "fault: dropping the reply of a committed charge");
+            return Err(ChargeError::ReplyLost { charge_id: reply.charge_id });
+        }
+        Ok(reply)
+    }
+}
+
+fn validate(request: &ChargeRequest) -> Result<(), ChargeError> {
+    if !(1..=proto::validate::MAX_AMOUNT_MINOR).contains(&request.amount_minor) {
+        return Err(ChargeError::InvalidRequest { field: "amount_minor", reason: "must be a positive amount within limits".into() });
+    }
+    if !proto::validate::CURRENCIES.contains(&request.currency.as_str()) {
+        return Err(ChargeError::InvalidRequest { field: "currency", reason: format!("{:?} is not settled here", request.currency) });
+    }
+    Ok(())
+}
+
+#[tonic::async_trait]
+impl Bank for BankService {
+    async fn charge(&self, request: Request<ChargeRequest>) -> Result<Response<ChargeReply>, Status> {
+        bump(&self.state.counters.calls);
+        let key = request
+            .metadata()
+            .get("idempotency-key")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+            .ok_or_else(|| ChargeError::MissingKey("absent or not ASCII".into()))?;
+        proto::validate::idempotency_key(&key).map_err(|error| ChargeError::MissingKey(error.reason))?;
+        let reply = BankService::charge(self, &key, request.get_ref()).await?;
+        Ok(Response::new(reply))
+    }
+}

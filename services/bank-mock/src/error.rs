@@ -1,0 +1,75 @@
+//! The one mapping from bank-mock's failures to gRPC statuses and admin HTTP answers.
+
+use axum::{
+    Json,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+};
+use tonic::{Status, metadata::MetadataValue};
+
+use crate::faults::InvalidFault;
+
+/// Why a charge was not made (or its reply not delivered).
+#[derive(Debug, thiserror::Error)]
+pub enum ChargeError {
+    #[error("idempotency-key metadata is required: {0}")]
+    MissingKey(String),
+    #[error("{field}: {reason}")]
+    InvalidRequest { field: &'static str, reason: String },
+    #[error("idempotency key was used for another charge ({0}); nothing was charged")]
+    KeyReused(String),
+    #[error("bank unavailable (injected error)")]
+    Unavailable,
+    #[error("bank asks to slow down; retry in {pushback_ms} ms (injected)")]
+    ResourceExhausted { pushback_ms: i64 },
+    #[error("charge {charge_id} committed but the reply was lost (injected)")]
+    ReplyLost { charge_id: String },
+}
+
+impl From<ChargeError> for Status {
+    fn from(error: ChargeError) -> Self {
+        let message = error.to_string();
+        match error {
+            ChargeError::MissingKey(_) | ChargeError::InvalidRequest { .. } => Status::invalid_argument(message),
+            ChargeError::KeyReused(_) => Status::failed_precondition(message),
+            ChargeError::Unavailable | ChargeError::ReplyLost { .. } => Status::unavailable(message),
+            ChargeError::ResourceExhausted { pushback_ms } => {
+                let mut status = Status::resource_exhausted(message);
+                status.metadata_mut().insert("grpc-retry-pushback-ms", MetadataValue::from(pushback_ms));
+                status
+            }
+        }
+    }
+}
+
+/// A failed admin request, answered as `application/problem+json`.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("X-Admin-Token is missing or wrong")]
+    Unauthorized,
+    #[error("{0}")]
+    InvalidFaults(#[from] InvalidFault),
+    #[error("malformed faults document: {0}")]
+    MalformedBody(String),
+}
+
+impl IntoResponse for AdminError {
+    fn into_response(self) -> Response {
+        let (status, title) = match &self {
+            AdminError::Unauthorized => (StatusCode::UNAUTHORIZED, "Unauthorized"),
+            AdminError::InvalidFaults(_) | AdminError::MalformedBody(_) => (StatusCode::BAD_REQUEST, "Invalid faults"),
+        };
+        let body = serde_json::json!({
+            "type": "about:blank",
+            "title": title,
+            "status": status.as_u16(),
+            "detail": self.to_string(),
+        });
+        let mut response = (status, Json(body)).into_response();
+        response.headers_mut().insert(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/problem+json"),
+        );
+        response
+    }
+}

@@ -1,0 +1,83 @@
+//! bank-mock: the last hop of the chain and its fault injector.
+//!
+//! It charges amounts once per idempotency key (like a real bank API) and misbehaves on request:
+//! latency from a distribution, errors, hangs, RESOURCE_EXHAUSTED with pushback, "commit then
+//! lose the reply" and declines, all switchable at runtime through the admin API.
+
+mod admin;
+mod bank;
+mod error;
+mod faults;
+mod settings;
+
+pub use admin::TOKEN_HEADER;
+pub use bank::{BankState, BankStats};
+pub use faults::{Faults, Latency};
+pub use settings::Settings;
+
+use std::{net::SocketAddr, sync::Arc};
+
+use deadline::HopStats;
+use proto::bank::v1::bank_server::BankServer;
+use rpc::{GrpcServer, ServerError};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// The hop name in ledgers and errors.
+pub const HOP: &str = "bank-mock";
+
+/// A bound bank-mock, ready to serve.
+pub struct Application {
+    grpc: GrpcServer,
+    admin: TcpListener,
+    admin_token: Arc<str>,
+    state: Arc<BankState>,
+}
+
+impl Application {
+    pub async fn build(settings: Settings) -> Result<Self, ServerError> {
+        settings.faults.validate().map_err(|error| {
+            ServerError::Settings(format!("faults.{error}"))
+        })?;
+        let state = BankState::new(settings.faults);
+        let service = BankServer::new(bank::BankService::new(state.clone()));
+        let grpc = GrpcServer::bind(HOP, settings.listen, settings.deadline, service).await?;
+        let admin = rpc::bind(settings.admin_listen).await?;
+        let admin_token = settings.admin_token.unwrap_or_else(random_token).into();
+        Ok(Self { grpc, admin, admin_token, state })
+    }
+
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc.local_addr()
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin.local_addr().expect("a bound listener has an address")
+    }
+
+    pub fn admin_token(&self) -> &str {
+        &self.admin_token
+    }
+
+    /// The bank's state, for in-process fault control and counters.
+    pub fn state(&self) -> Arc<BankState> {
+        self.state.clone()
+    }
+
+    pub fn hop_stats(&self) -> Arc<HopStats> {
+        self.grpc.stats()
+    }
+
+    /// Serves gRPC and admin until `shutdown` is cancelled.
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), ServerError> {
+        let admin = admin::router(self.state, self.grpc.stats(), self.admin_token);
+        let admin = rpc::serve_http(self.admin, admin, shutdown.clone().cancelled_owned());
+        let grpc = self.grpc.serve(shutdown.cancelled_owned());
+        tokio::try_join!(grpc, admin)?;
+        Ok(())
+    }
+}
+
+fn random_token() -> String {
+    hex::encode(rand::random::<[u8; 16]>())
+}

@@ -1,0 +1,21 @@
+use clap::Parser;
+use settings::SettingsArgs;
+
+/// The bank at the end of the chain, with switchable faults.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(flatten)]
+    settings: SettingsArgs,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let cli = Cli::parse();
+    let settings: bank_mock::Settings = settings::load("BANK", &cli.settings)?;
+    telemetry::init();
+    let app = bank_mock::Application::build(settings).await?;
+    tracing::info!(grpc = %app.grpc_addr(), admin = %app.admin_addr(), admin_token = app.admin_token(), "bank-mock listening");
+    app.run_until_stopped(rpc::shutdown_signal()).await?;
+    Ok(())
+}

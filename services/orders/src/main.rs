@@ -1,0 +1,21 @@
+use clap::Parser;
+use settings::SettingsArgs;
+
+/// Owns the orders and pays them through payment.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(flatten)]
+    settings: SettingsArgs,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let cli = Cli::parse();
+    let settings: orders::Settings = settings::load("ORDERS", &cli.settings)?;
+    telemetry::init();
+    let app = orders::Application::build(settings).await?;
+    tracing::info!(grpc = %app.grpc_addr(), "orders listening");
+    app.run_until_stopped(rpc::shutdown_signal()).await?;
+    Ok(())
+}

@@ -1,0 +1,21 @@
+use clap::Parser;
+use settings::SettingsArgs;
+
+/// Charges orders through the bank.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(flatten)]
+    settings: SettingsArgs,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let cli = Cli::parse();
+    let settings: payment::Settings = settings::load("PAYMENT", &cli.settings)?;
+    telemetry::init();
+    let app = payment::Application::build(settings).await?;
+    tracing::info!(grpc = %app.grpc_addr(), "payment listening");
+    app.run_until_stopped(rpc::shutdown_signal()).await?;
+    Ok(())
+}

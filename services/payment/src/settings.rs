@@ -1,0 +1,31 @@
+use std::net::SocketAddr;
+
+use deadline::{ForwardPolicy, InboundPolicy};
+use rpc::Dependency;
+use serde::{Deserialize, Serialize};
+
+/// Every knob of payment; see the README for the table and the environment names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// gRPC address.
+    pub listen: SocketAddr,
+    /// Deadline for calls that carry none, and the longest accepted.
+    pub deadline: InboundPolicy,
+    /// The bank: at most 1.5 s of the deadline, 300 ms kept for payment's own reply.
+    pub bank: Dependency,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50053)),
+            deadline: InboundPolicy::default(),
+            bank: Dependency {
+                endpoint: "http://127.0.0.1:50054".into(),
+                deadline: ForwardPolicy { reserve_ms: 300, reserve_max_share: 0.2, cap_ms: Some(1_500), min_forward_ms: 20 },
+                ..Dependency::default()
+            },
+        }
+    }
+}

@@ -1,0 +1,57 @@
+use sha2::{Digest, Sha256};
+use tonic::Status;
+
+/// Metadata in which a server asks its caller to wait before retrying (gRPC retry design, A6).
+pub const PUSHBACK_HEADER: &str = "grpc-retry-pushback-ms";
+
+/// Passes a dependency's failure up: same code, the dependency named in the message, and the
+/// pushback kept so that the edge can honour it. Other metadata (including the dependency's
+/// ledger, which the deadline layers carry separately) is not copied.
+pub fn relay(dependency: &str, status: &Status) -> Status {
+    let mut relayed = Status::new(status.code(), format!("{dependency}: {}", status.message()));
+    if let Some(pushback) = status.metadata().get(PUSHBACK_HEADER) {
+        relayed.metadata_mut().insert(PUSHBACK_HEADER, pushback.clone());
+    }
+    relayed
+}
+
+/// The idempotency key a hop sends downstream for `purpose`, derived from the key it received:
+/// every repeat of one operation reaches the next hop with the same key, and keys of different
+/// purposes or clients never collide. 64 hex characters, within every hop's key limit.
+pub fn derive_key(purpose: &str, scope: &str, key: &str) -> String {
+    let mut hasher = Sha256::new();
+    for part in [purpose, scope, key] {
+        hasher.update(part.len().to_be_bytes());
+        hasher.update(part.as_bytes());
+    }
+    hex::encode(hasher.finalize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn relay_keeps_code_and_pushback_only() {
+        let mut status = Status::resource_exhausted("slow down");
+        status.metadata_mut().insert(PUSHBACK_HEADER, "300".parse().unwrap());
+        status.metadata_mut().insert("x-deadline-ledger", "bank-mock;received=1".parse().unwrap());
+        let relayed = relay("bank", &status);
+        assert_eq!(relayed.code(), Code::ResourceExhausted);
+        assert_eq!(relayed.message(), "bank: slow down");
+        assert_eq!(relayed.metadata().get(PUSHBACK_HEADER).unwrap(), "300");
+        assert!(relayed.metadata().get("x-deadline-ledger").is_none());
+    }
+
+    #[test]
+    fn derived_keys_are_stable_and_separated() {
+        let key = derive_key("payment", "client-1", "k-1");
+        assert_eq!(key, derive_key("payment", "client-1", "k-1"));
+        assert_eq!(key.len(), 64);
+        assert_ne!(key, derive_key("payment", "client-2", "k-1"));
+        assert_ne!(key, derive_key("bank", "client-1", "k-1"));
+        // Length prefixes keep ("ab", "c") and ("a", "bc") apart.
+        assert_ne!(derive_key("p", "ab", "c"), derive_key("p", "a", "bc"));
+    }
+}

@@ -179,8 +179,13 @@ impl BankService {
             Plan::Charge { decline, drop_reply } => (decline, drop_reply),
         };
         tokio::time::sleep(latency).await;
+        // Nobody reads an answer after the caller's deadline: do not charge for it.
+        let expired = || Hop::current().is_some_and(|hop| hop.deadline().is_expired_at(tokio::time::Instant::now()));
+        if expired() {
+            return Err(ChargeError::DeadlinePassed);
+        }
         let reply = self.state.commit(key, request, decline)?;
-        if Hop::current().is_some_and(|hop| hop.deadline().is_expired_at(tokio::time::Instant::now())) {
+        if expired() {
             bump(&counters.late_completions);
         }
         if drop_reply {
@@ -208,7 +213,7 @@ impl Bank for BankService {
         bump(&self.state.counters.calls);
         let key = request
             .metadata()
-            .get("idempotency-key")
+            .get(rpc::metadata::IDEMPOTENCY_KEY)
             .and_then(|value| value.to_str().ok())
             .map(str::to_owned)
             .ok_or_else(|| ChargeError::MissingKey("absent or not ASCII".into()))?;

@@ -22,6 +22,8 @@ pub enum ChargeError {
     Unavailable,
     #[error("bank asks to slow down; retry in {pushback_ms} ms (injected)")]
     ResourceExhausted { pushback_ms: i64 },
+    #[error("the caller's deadline passed before the charge; nothing was charged")]
+    DeadlinePassed,
     #[error("charge {charge_id} committed but the reply was lost (injected)")]
     ReplyLost { charge_id: String },
 }
@@ -32,6 +34,7 @@ impl From<ChargeError> for Status {
         match error {
             ChargeError::MissingKey(_) | ChargeError::InvalidRequest { .. } => Status::invalid_argument(message),
             ChargeError::KeyReused(_) => Status::failed_precondition(message),
+            ChargeError::DeadlinePassed => Status::deadline_exceeded(message),
             ChargeError::Unavailable | ChargeError::ReplyLost { .. } => Status::unavailable(message),
             ChargeError::ResourceExhausted { pushback_ms } => {
                 let mut status = Status::resource_exhausted(message);

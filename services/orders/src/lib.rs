@@ -20,7 +20,10 @@ use proto::{
     orders::v1::orders_server::{Orders, OrdersServer},
     payment::v1::{PayRequest, payment_service_client::PaymentServiceClient},
 };
-use rpc::{Client, GrpcServer, ServerError};
+use rpc::{
+    Client, GrpcServer, ServerError,
+    metadata::{CLIENT_ID, IDEMPOTENCY_KEY},
+};
 use sha2::{Digest, Sha256};
 use store::{NewOrder, Store};
 use tokio_util::sync::CancellationToken;
@@ -28,9 +31,6 @@ use tonic::{Request, Response, Status, metadata::MetadataMap};
 
 /// The hop name in ledgers and errors.
 pub const HOP: &str = "orders";
-/// Metadata naming the authenticated client, set by the gateway.
-pub const CLIENT_ID_HEADER: &str = "x-client-id";
-pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 
 pub struct Application {
     grpc: GrpcServer,
@@ -108,7 +108,7 @@ impl OrderService {
             currency: request.currency,
         });
         let payment_key = rpc::derive_key("payment", client_id, key);
-        pay.metadata_mut().insert(IDEMPOTENCY_KEY_HEADER, payment_key.parse().expect("hex is valid metadata"));
+        pay.metadata_mut().insert(IDEMPOTENCY_KEY, payment_key.parse().expect("hex is valid metadata"));
         // One call, no retry: the gateway owns retries, and a repeat of this create resumes here.
         let payment = self.payment.clone().pay(pay).await.map_err(OrdersError::Payment)?.into_inner();
         self.store.record_payment(&row.order_id, &payment).await?.into_order()
@@ -118,13 +118,13 @@ impl OrderService {
 #[tonic::async_trait]
 impl Orders for OrderService {
     async fn create_order(&self, request: Request<CreateOrderRequest>) -> Result<Response<Order>, Status> {
-        let client_id = required(request.metadata(), CLIENT_ID_HEADER)?.to_owned();
-        let key = required(request.metadata(), IDEMPOTENCY_KEY_HEADER)?.to_owned();
+        let client_id = required(request.metadata(), CLIENT_ID)?.to_owned();
+        let key = required(request.metadata(), IDEMPOTENCY_KEY)?.to_owned();
         Ok(Response::new(self.create(&client_id, &key, request.into_inner()).await?))
     }
 
     async fn get_order(&self, request: Request<GetOrderRequest>) -> Result<Response<Order>, Status> {
-        let client_id = required(request.metadata(), CLIENT_ID_HEADER)?.to_owned();
+        let client_id = required(request.metadata(), CLIENT_ID)?.to_owned();
         let order = self.store.get(&client_id, &request.get_ref().order_id).await?.into_order()?;
         Ok(Response::new(order))
     }

@@ -65,7 +65,7 @@ impl Payments {
             currency: request.currency,
         });
         let bank_key = rpc::derive_key("bank-charge", "", key);
-        charge.metadata_mut().insert("idempotency-key", bank_key.parse().expect("hex is valid metadata"));
+        charge.metadata_mut().insert(rpc::metadata::IDEMPOTENCY_KEY, bank_key.parse().expect("hex is valid metadata"));
         // One call, no retry: retrying here would multiply the gateway's retries.
         let reply = self.bank.clone().charge(charge).await.map_err(PaymentError::Bank)?.into_inner();
         let approved = reply.outcome() == ChargeOutcome::Approved;
@@ -83,7 +83,7 @@ impl PaymentService for Payments {
     async fn pay(&self, request: Request<PayRequest>) -> Result<Response<Payment>, Status> {
         let key = request
             .metadata()
-            .get("idempotency-key")
+            .get(rpc::metadata::IDEMPOTENCY_KEY)
             .and_then(|value| value.to_str().ok())
             .ok_or_else(|| PaymentError::BadKey("absent or not ASCII".into()))?
             .to_owned();

@@ -13,3 +13,12 @@ pub use server::{GrpcServer, ServerError, bind, serve_http, shutdown_signal};
 
 mod relay;
 pub use relay::{PUSHBACK_HEADER, derive_key, relay};
+
+/// Metadata names the services agree on.
+pub mod metadata {
+    /// The authenticated client, set by the gateway; scopes idempotency keys and orders.
+    pub const CLIENT_ID: &str = "x-client-id";
+    /// The idempotency key of a write (1 to 255 visible ASCII characters).
+    pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+    pub use crate::relay::PUSHBACK_HEADER as PUSHBACK;
+}

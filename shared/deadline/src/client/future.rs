@@ -4,6 +4,7 @@ use std::{
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
+    time::Duration,
 };
 
 use http::{HeaderValue, Response};
@@ -29,6 +30,7 @@ pin_project! {
             expiry: Sleep,
             hop: Arc<Hop>,
             dependency: &'static str,
+            forwarded: Duration,
         },
     }
 }
@@ -42,8 +44,8 @@ impl<F, B> ResponseFuture<F, B> {
         Self::Untracked { inner }
     }
 
-    pub(super) fn forwarded(inner: F, hop: Arc<Hop>, dependency: &'static str, expires_at: Instant) -> Self {
-        Self::Forwarded { inner, expiry: sleep_until(expires_at), hop, dependency }
+    pub(super) fn forwarded(inner: F, hop: Arc<Hop>, dependency: &'static str, forwarded: Duration, gives_up_at: Instant) -> Self {
+        Self::Forwarded { inner, expiry: sleep_until(gives_up_at), hop, dependency, forwarded }
     }
 }
 
@@ -61,12 +63,12 @@ where
                 Poll::Ready(Ok(response.take().expect("polled after completion")))
             }
             Projection::Untracked { inner } => inner.poll(cx).map_err(Into::into),
-            Projection::Forwarded { inner, expiry, hop, dependency } => {
+            Projection::Forwarded { inner, expiry, hop, dependency, forwarded } => {
                 let out_of_time = |hop: &Hop| {
                     Status::deadline_exceeded(format!(
                         "{}: {dependency} did not answer within the {} ms it was given",
                         hop.name(),
-                        millis(hop.deadline().budget().saturating_sub(hop.deadline().remaining())),
+                        millis(*forwarded),
                     ))
                     .into_http()
                 };

@@ -5,7 +5,9 @@
 //! - plans the slice with the dependency's [`ForwardPolicy`] and fails fast with DEADLINE_EXCEEDED,
 //!   without calling, when the slice is below the dependency's minimum;
 //! - sends the slice as `grpc-timeout` and stops waiting when it runs out, answering
-//!   DEADLINE_EXCEEDED (tonic's own timer would answer CANCELLED);
+//!   DEADLINE_EXCEEDED (tonic's channel starts its own timer from the same header and would
+//!   answer CANCELLED; that error is relabelled too). The dependency, whose clock started later,
+//!   sees the caller leave and drops its work;
 //! - keeps the ledger the dependency returns, so this hop can pass it up.
 //!
 //! Outside a served request (a client program) there is no hop: the call passes through untouched
@@ -72,6 +74,6 @@ where
         let timeout = HeaderValue::try_from(grpc_timeout::format(forward.forwarded))
             .expect("grpc-timeout values are ASCII");
         request.headers_mut().insert(grpc_timeout::HEADER, timeout);
-        ResponseFuture::forwarded(self.inner.call(request), hop, self.dependency, now + forward.forwarded)
+        ResponseFuture::forwarded(self.inner.call(request), hop, self.dependency, forward.forwarded, now + forward.forwarded)
     }
 }

@@ -1,0 +1,131 @@
+//! The one mapping of the gateway's failures: to `application/problem+json` over HTTP (RFC 9457)
+//! and to a gRPC status. Failures relayed from orders keep their gRPC code, which decides the HTTP
+//! status here and nowhere else.
+
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+use serde::Serialize;
+use tonic::{Code, Status};
+
+/// Why an operation failed at or below the gateway.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("a valid API key is required: `Authorization: Bearer <api key>`")]
+    Unauthenticated,
+    #[error("{field}: {reason}")]
+    InvalidField { field: String, reason: String },
+    #[error("the body is not valid JSON: {0}")]
+    MalformedBody(String),
+    #[error("payment declined: {reason}")]
+    PaymentDeclined { order_id: String, reason: String },
+    #[error("{}", .0.message())]
+    Upstream(Status),
+}
+
+impl GatewayError {
+    pub fn field(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::InvalidField { field: field.into(), reason: reason.into() }
+    }
+}
+
+/// An `application/problem+json` body.
+#[derive(Debug, Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub title: &'static str,
+    pub status: u16,
+    pub detail: String,
+    /// The request field at fault, for 400s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order_id: Option<String>,
+    /// The gRPC code of the failure below the gateway.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_code: Option<String>,
+}
+
+impl Problem {
+    pub fn new(status: StatusCode, title: &'static str, detail: String) -> Self {
+        Self { kind: "about:blank", title, status: status.as_u16(), detail, field: None, order_id: None, grpc_code: None }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("problems serialize")
+    }
+
+    /// A complete response with the right content type, for any body type.
+    pub fn into_http<B: From<String>>(self) -> http::Response<B> {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = http::Response::new(B::from(self.to_json()));
+        *response.status_mut() = status;
+        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        response
+    }
+}
+
+/// HTTP status and title for a gRPC code from below.
+fn http_status(code: Code) -> (StatusCode, &'static str) {
+    match code {
+        Code::InvalidArgument | Code::OutOfRange => (StatusCode::BAD_REQUEST, "Invalid request"),
+        Code::Unauthenticated => (StatusCode::UNAUTHORIZED, "Unauthenticated"),
+        Code::PermissionDenied => (StatusCode::FORBIDDEN, "Forbidden"),
+        Code::NotFound => (StatusCode::NOT_FOUND, "Not found"),
+        Code::AlreadyExists | Code::Aborted => (StatusCode::CONFLICT, "Conflict"),
+        Code::FailedPrecondition => (StatusCode::UNPROCESSABLE_ENTITY, "Idempotency key reused"),
+        Code::ResourceExhausted => (StatusCode::TOO_MANY_REQUESTS, "Too many requests"),
+        Code::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "Deadline exceeded"),
+        Code::Unavailable | Code::Cancelled => (StatusCode::SERVICE_UNAVAILABLE, "Dependency unavailable"),
+        _ => (StatusCode::BAD_GATEWAY, "Dependency failed"),
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        let detail = self.to_string();
+        let mut retry_after = None;
+        let problem = match self {
+            GatewayError::Unauthenticated => Problem::new(StatusCode::UNAUTHORIZED, "Unauthenticated", detail),
+            GatewayError::InvalidField { field, .. } => {
+                Problem { field: Some(field), ..Problem::new(StatusCode::BAD_REQUEST, "Invalid request", detail) }
+            }
+            GatewayError::MalformedBody(_) => Problem::new(StatusCode::BAD_REQUEST, "Malformed body", detail),
+            GatewayError::PaymentDeclined { order_id, .. } => Problem {
+                order_id: Some(order_id),
+                ..Problem::new(StatusCode::PAYMENT_REQUIRED, "Payment declined", detail)
+            },
+            GatewayError::Upstream(status) => {
+                let (http, title) = http_status(status.code());
+                retry_after = pushback_seconds(&status);
+                Problem { grpc_code: Some(format!("{:?}", status.code())), ..Problem::new(http, title, detail) }
+            }
+        };
+        let unauthenticated = problem.status == StatusCode::UNAUTHORIZED.as_u16();
+        let mut response: Response = problem.into_http();
+        if unauthenticated {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let Some(seconds) = retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+/// A pushback from below, in whole seconds rounded up, for `Retry-After`.
+fn pushback_seconds(status: &Status) -> Option<u64> {
+    let millis: u64 = status.metadata().get(rpc::metadata::PUSHBACK)?.to_str().ok()?.parse().ok()?;
+    Some(millis.div_ceil(1_000).max(1))
+}
+
+impl From<GatewayError> for Status {
+    fn from(error: GatewayError) -> Self {
+        match error {
+            GatewayError::Upstream(status) => status,
+            GatewayError::Unauthenticated => Status::unauthenticated(error.to_string()),
+            GatewayError::InvalidField { .. } | GatewayError::MalformedBody(_) => Status::invalid_argument(error.to_string()),
+            GatewayError::PaymentDeclined { .. } => Status::failed_precondition(error.to_string()),
+        }
+    }
+}

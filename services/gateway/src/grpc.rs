@@ -1,0 +1,41 @@
+//! The gRPC face: `gateway.v1.Gateway`, the same operations as HTTP.
+
+use proto::{
+    common::v1::{CreateOrderRequest, GetOrderRequest, Order},
+    gateway::v1::gateway_server::Gateway,
+};
+use rpc::metadata::IDEMPOTENCY_KEY;
+use tonic::{Request, Response, Status};
+
+use crate::{api::Api, error::GatewayError};
+
+#[derive(Debug, Clone)]
+pub struct GatewayService {
+    api: Api,
+}
+
+impl GatewayService {
+    pub fn new(api: Api) -> Self {
+        Self { api }
+    }
+}
+
+fn text<'a, T>(request: &'a Request<T>, name: &str) -> Option<&'a str> {
+    request.metadata().get(name).and_then(|value| value.to_str().ok())
+}
+
+#[tonic::async_trait]
+impl Gateway for GatewayService {
+    async fn create_order(&self, request: Request<CreateOrderRequest>) -> Result<Response<Order>, Status> {
+        let client = self.api.authenticate(text(&request, "authorization"))?;
+        let key = text(&request, IDEMPOTENCY_KEY)
+            .ok_or_else(|| GatewayError::field("idempotency-key", "metadata is required (1 to 255 characters)"))?
+            .to_owned();
+        Ok(Response::new(self.api.create_order(&client, &key, request.into_inner()).await?))
+    }
+
+    async fn get_order(&self, request: Request<GetOrderRequest>) -> Result<Response<Order>, Status> {
+        let client = self.api.authenticate(text(&request, "authorization"))?;
+        Ok(Response::new(self.api.get_order(&client, request.into_inner().order_id).await?))
+    }
+}

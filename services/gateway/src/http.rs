@@ -1,0 +1,184 @@
+//! The HTTP/JSON face: `POST /v1/orders`, `GET /v1/orders/{id}`.
+
+use std::time::Duration;
+
+use axum::{
+    Json, Router,
+    body::Bytes,
+    extract::{Path, State},
+    http::{HeaderMap, HeaderValue, StatusCode},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use deadline::{Hop, InboundPolicy, LEDGER_HEADER, ledger, server::Protocol};
+use proto::common::v1::{CreateOrderRequest, LineItem, Order, OrderStatus, PaymentStatus};
+use serde::{Deserialize, Serialize};
+
+use crate::{api::Api, error::{GatewayError, Problem}};
+
+/// Header in which an HTTP client may shorten the operation deadline.
+pub const TIMEOUT_HEADER: &str = "x-request-timeout-ms";
+
+pub fn router(api: Api) -> Router {
+    Router::new()
+        .route("/v1/orders", post(create_order))
+        .route("/v1/orders/{order_id}", get(get_order))
+        .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "Not found", "no such route".into()).into_http::<axum::body::Body>() })
+        .with_state(api)
+}
+
+/// `POST /v1/orders` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewOrder {
+    customer_id: String,
+    items: Vec<NewItem>,
+    amount_minor: i64,
+    currency: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewItem {
+    sku: String,
+    quantity: u32,
+}
+
+/// An order as JSON.
+#[derive(Debug, Serialize)]
+struct OrderJson {
+    order_id: String,
+    customer_id: String,
+    items: Vec<ItemJson>,
+    amount_minor: i64,
+    currency: String,
+    status: &'static str,
+    payment: Option<PaymentJson>,
+    created_at: String,
+}
+
+#[derive(Debug, Serialize)]
+struct ItemJson {
+    sku: String,
+    quantity: u32,
+}
+
+#[derive(Debug, Serialize)]
+struct PaymentJson {
+    payment_id: String,
+    status: &'static str,
+    bank_charge_id: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    decline_reason: String,
+}
+
+impl From<Order> for OrderJson {
+    fn from(order: Order) -> Self {
+        let status = match order.status() {
+            OrderStatus::Paid => "paid",
+            OrderStatus::PendingPayment => "pending_payment",
+            OrderStatus::PaymentDeclined => "payment_declined",
+            OrderStatus::Unspecified => "unknown",
+        };
+        let payment = order.payment.map(|p| PaymentJson {
+            status: if p.status() == PaymentStatus::Approved { "approved" } else { "declined" },
+            payment_id: p.payment_id,
+            bank_charge_id: p.bank_charge_id,
+            decline_reason: p.decline_reason,
+        });
+        Self {
+            order_id: order.order_id,
+            customer_id: order.customer_id,
+            items: order.items.into_iter().map(|i| ItemJson { sku: i.sku, quantity: i.quantity }).collect(),
+            amount_minor: order.amount_minor,
+            currency: order.currency,
+            status,
+            payment,
+            created_at: order.created_at,
+        }
+    }
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|value| value.to_str().ok())
+}
+
+async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
+    let client = api.authenticate(header(&headers, "authorization"))?;
+    let key = header(&headers, "idempotency-key")
+        .ok_or_else(|| GatewayError::field("Idempotency-Key", "header is required (1 to 255 characters)"))?;
+    let deserializer = &mut serde_json::Deserializer::from_slice(&body);
+    let order: NewOrder = serde_path_to_error::deserialize(deserializer).map_err(|error| {
+        let path = error.path().to_string();
+        if path == "." {
+            GatewayError::MalformedBody(error.into_inner().to_string())
+        } else {
+            GatewayError::field(path, error.into_inner().to_string())
+        }
+    })?;
+    let request = CreateOrderRequest {
+        customer_id: order.customer_id,
+        items: order.items.into_iter().map(|i| LineItem { sku: i.sku, quantity: i.quantity }).collect(),
+        amount_minor: order.amount_minor,
+        currency: order.currency,
+    };
+    let order = api.create_order(&client, key, request).await?;
+    Ok((StatusCode::CREATED, Json(OrderJson::from(order))).into_response())
+}
+
+async fn get_order(State(api): State<Api>, headers: HeaderMap, Path(order_id): Path<String>) -> Result<Json<OrderJson>, GatewayError> {
+    let client = api.authenticate(header(&headers, "authorization"))?;
+    Ok(Json(api.get_order(&client, order_id).await?.into()))
+}
+
+/// The HTTP face's deadline: asked for in `X-Request-Timeout-Ms`, answered with 504 when it
+/// passes, and the ledger returned as `X-Deadline-Ledger` and `Server-Timing`.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpDeadline {
+    pub policy: InboundPolicy,
+}
+
+impl Protocol for HttpDeadline {
+    fn requested_budget<B: Default + From<String>>(&self, headers: &HeaderMap) -> Result<Option<Duration>, http::Response<B>> {
+        let Some(value) = headers.get(TIMEOUT_HEADER) else {
+            return Ok(None);
+        };
+        match value.to_str().ok().and_then(|text| text.trim().parse::<u64>().ok()) {
+            Some(millis) if millis > 0 => Ok(Some(Duration::from_millis(millis))),
+            _ => Err(Problem {
+                field: Some("X-Request-Timeout-Ms".into()),
+                ..Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    "Invalid request",
+                    "X-Request-Timeout-Ms: must be a positive whole number of milliseconds".into(),
+                )
+            }
+            .into_http()),
+        }
+    }
+
+    fn grant(&self, requested: Option<Duration>) -> Duration {
+        self.policy.grant(requested)
+    }
+
+    fn expired<B: Default + From<String>>(&self, hop: &Hop) -> http::Response<B> {
+        let budget = hop.deadline().budget().as_millis();
+        Problem::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "Deadline exceeded",
+            format!("gateway: the operation did not finish within its {budget} ms deadline"),
+        )
+        .into_http()
+    }
+
+    fn attach_ledger<B>(&self, ledger_text: String, response: &mut http::Response<B>) {
+        let headers = response.headers_mut();
+        let timing = ledger::parse(&ledger_text).ok().map(|entries| ledger::server_timing(&entries));
+        if let Some(timing) = timing.and_then(|timing| HeaderValue::try_from(timing).ok()) {
+            headers.insert("server-timing", timing);
+        }
+        if let Ok(value) = HeaderValue::try_from(ledger_text) {
+            headers.insert(LEDGER_HEADER, value);
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! gateway: the edge of the chain.
+//!
+//! It authenticates the client, gives the operation its one deadline (2 s by default, or the
+//! client's shorter one, never more than the maximum) and forwards what is left to orders. It
+//! answers with the ledger of every hop's slice: `X-Deadline-Ledger` and `Server-Timing` over
+//! HTTP, `x-deadline-ledger` metadata over gRPC.
+
+mod api;
+mod error;
+mod grpc;
+mod http;
+mod settings;
+
+pub use http::TIMEOUT_HEADER;
+pub use settings::Settings;
+
+use std::{net::SocketAddr, sync::Arc};
+
+use deadline::{HopStats, server::DeadlineLayer};
+use proto::gateway::v1::gateway_server::GatewayServer;
+use rpc::{GrpcServer, ServerError};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// The hop name in ledgers and errors.
+pub const HOP: &str = "gateway";
+
+pub struct Application {
+    grpc: GrpcServer,
+    http: TcpListener,
+    http_router: axum::Router,
+    http_stats: Arc<HopStats>,
+}
+
+impl Application {
+    pub async fn build(settings: Settings) -> Result<Self, ServerError> {
+        let orders = rpc::connect("orders", &settings.orders).map_err(|error| ServerError::Settings(format!("orders: {error}")))?;
+        let api = api::Api::new(orders, settings.api_keys);
+        let grpc = GrpcServer::bind(HOP, settings.grpc_listen, settings.deadline, GatewayServer::new(grpc::GatewayService::new(api.clone()))).await?;
+        let http_stats = HopStats::new();
+        let http_router = http::router(api).layer(DeadlineLayer::new(
+            HOP,
+            http::HttpDeadline { policy: settings.deadline },
+            http_stats.clone(),
+        ));
+        let http = rpc::bind(settings.http_listen).await?;
+        Ok(Self { grpc, http, http_router, http_stats })
+    }
+
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http.local_addr().expect("a bound listener has an address")
+    }
+
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc.local_addr()
+    }
+
+    /// Deadline counters of HTTP requests.
+    pub fn http_stats(&self) -> Arc<HopStats> {
+        self.http_stats.clone()
+    }
+
+    /// Deadline counters of gRPC requests.
+    pub fn grpc_stats(&self) -> Arc<HopStats> {
+        self.grpc.stats()
+    }
+
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), ServerError> {
+        let http = rpc::serve_http(self.http, self.http_router, shutdown.clone().cancelled_owned());
+        let grpc = self.grpc.serve(shutdown.cancelled_owned());
+        tokio::try_join!(grpc, http)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,21 @@
+use clap::Parser;
+use settings::SettingsArgs;
+
+/// The edge of the chain: HTTP/JSON and gRPC in.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(flatten)]
+    settings: SettingsArgs,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let cli = Cli::parse();
+    let settings: gateway::Settings = settings::load("GATEWAY", &cli.settings)?;
+    telemetry::init();
+    let app = gateway::Application::build(settings).await?;
+    tracing::info!(http = %app.http_addr(), grpc = %app.grpc_addr(), "gateway listening");
+    app.run_until_stopped(rpc::shutdown_signal()).await?;
+    Ok(())
+}

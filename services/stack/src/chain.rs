@@ -1,0 +1,157 @@
+//! Starts the four services in this process, wired to each other's real addresses.
+
+use std::{net::SocketAddr, path::Path, sync::Arc};
+
+use bank_mock::BankState;
+use deadline::{HopStats, HopStatsSnapshot};
+use rpc::ServerError;
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Settings of the whole chain: one section per service, each exactly the service's own settings.
+/// The endpoints each service calls are filled in from the addresses actually bound.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChainSettings {
+    pub gateway: gateway::Settings,
+    pub orders: orders::Settings,
+    pub payment: payment::Settings,
+    pub bank: bank_mock::Settings,
+}
+
+impl ChainSettings {
+    /// Every listener on 127.0.0.1 port 0, so several chains (tests, scenarios) never collide.
+    pub fn ephemeral(mut self) -> Self {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        self.gateway.http_listen = any;
+        self.gateway.grpc_listen = any;
+        self.orders.listen = any;
+        self.payment.listen = any;
+        self.bank.listen = any;
+        self.bank.admin_listen = any;
+        self
+    }
+
+    /// Keeps the order database in `dir`.
+    pub fn with_data_dir(mut self, dir: &Path) -> Self {
+        self.orders.database_url = format!("sqlite://{}", dir.join("orders.db").display());
+        self
+    }
+}
+
+/// Where each part of a running chain listens.
+#[derive(Debug, Clone, Serialize)]
+pub struct Addresses {
+    pub gateway_http: SocketAddr,
+    pub gateway_grpc: SocketAddr,
+    pub orders: SocketAddr,
+    pub payment: SocketAddr,
+    pub bank: SocketAddr,
+    pub bank_admin: SocketAddr,
+}
+
+/// Deadline counters of every hop.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ChainHopStats {
+    pub gateway_http: HopStatsSnapshot,
+    pub gateway_grpc: HopStatsSnapshot,
+    pub orders: HopStatsSnapshot,
+    pub payment: HopStatsSnapshot,
+    pub bank: HopStatsSnapshot,
+}
+
+struct HopCounters {
+    gateway_http: Arc<HopStats>,
+    gateway_grpc: Arc<HopStats>,
+    orders: Arc<HopStats>,
+    payment: Arc<HopStats>,
+    bank: Arc<HopStats>,
+}
+
+/// A running chain. Dropping it without [`Chain::stop`] leaves the servers to the runtime's end.
+pub struct Chain {
+    pub addresses: Addresses,
+    pub admin_token: String,
+    bank: Arc<BankState>,
+    hops: HopCounters,
+    shutdown: CancellationToken,
+    servers: JoinSet<Result<(), ServerError>>,
+}
+
+impl Chain {
+    /// Binds bank-mock, payment, orders and gateway in that order, pointing each at the one below.
+    pub async fn start(mut settings: ChainSettings) -> Result<Self, ServerError> {
+        let shutdown = CancellationToken::new();
+        let mut servers = JoinSet::new();
+
+        let bank = bank_mock::Application::build(settings.bank).await?;
+        settings.payment.bank.endpoint = format!("http://{}", bank.grpc_addr());
+        let payment = payment::Application::build(settings.payment).await?;
+        settings.orders.payment.endpoint = format!("http://{}", payment.grpc_addr());
+        let orders = orders::Application::build(settings.orders).await?;
+        settings.gateway.orders.endpoint = format!("http://{}", orders.grpc_addr());
+        let gateway = gateway::Application::build(settings.gateway).await?;
+
+        let addresses = Addresses {
+            gateway_http: gateway.http_addr(),
+            gateway_grpc: gateway.grpc_addr(),
+            orders: orders.grpc_addr(),
+            payment: payment.grpc_addr(),
+            bank: bank.grpc_addr(),
+            bank_admin: bank.admin_addr(),
+        };
+        let hops = HopCounters {
+            gateway_http: gateway.http_stats(),
+            gateway_grpc: gateway.grpc_stats(),
+            orders: orders.hop_stats(),
+            payment: payment.hop_stats(),
+            bank: bank.hop_stats(),
+        };
+        let admin_token = bank.admin_token().to_owned();
+        let bank_state = bank.state();
+
+        servers.spawn(bank.run_until_stopped(shutdown.clone()));
+        servers.spawn(payment.run_until_stopped(shutdown.clone()));
+        servers.spawn(orders.run_until_stopped(shutdown.clone()));
+        servers.spawn(gateway.run_until_stopped(shutdown.clone()));
+        Ok(Self { addresses, admin_token, bank: bank_state, hops, shutdown, servers })
+    }
+
+    /// The bank's faults and counters, for in-process control.
+    pub fn bank(&self) -> &BankState {
+        &self.bank
+    }
+
+    pub fn hop_stats(&self) -> ChainHopStats {
+        ChainHopStats {
+            gateway_http: self.hops.gateway_http.snapshot(),
+            gateway_grpc: self.hops.gateway_grpc.snapshot(),
+            orders: self.hops.orders.snapshot(),
+            payment: self.hops.payment.snapshot(),
+            bank: self.hops.bank.snapshot(),
+        }
+    }
+
+    /// A token that stops the chain when cancelled (e.g. on Ctrl-C).
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Waits until a server stops: after the shutdown token is cancelled, or on a server's failure.
+    pub async fn wait(&mut self) -> Result<(), ServerError> {
+        while let Some(result) = self.servers.join_next().await {
+            if let Ok(Err(error)) = result {
+                self.shutdown.cancel();
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops every server gracefully.
+    pub async fn stop(mut self) -> Result<(), ServerError> {
+        self.shutdown.cancel();
+        self.wait().await
+    }
+}

@@ -1,0 +1,6 @@
+//! The whole chain in one process, and the named scenarios that exercise it.
+
+pub mod chain;
+pub mod scenario;
+
+pub use chain::{Addresses, Chain, ChainHopStats, ChainSettings};

@@ -1,0 +1,107 @@
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use settings::SettingsArgs;
+use stack::{Chain, ChainSettings, scenario};
+
+/// Runs gateway → orders → payment → bank-mock in one process.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start the chain on its configured addresses and serve until Ctrl-C.
+    Up {
+        /// Keep the order database here (default: a temporary directory removed at exit).
+        #[arg(long, value_name = "DIR")]
+        data_dir: Option<PathBuf>,
+        /// Settings, per service: `--set gateway.deadline.max_ms=3000`, `--set bank.faults.hang=true`.
+        #[command(flatten)]
+        settings: SettingsArgs,
+    },
+    /// Start the chain on free ports, drive one named scenario through it and print a report.
+    Scenario {
+        /// Scenario name (see --list).
+        #[arg(required_unless_present = "list")]
+        name: Option<String>,
+        /// List the scenarios.
+        #[arg(long)]
+        list: bool,
+        /// Also write the report as JSON to this file.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+        #[command(flatten)]
+        settings: SettingsArgs,
+    },
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    match Cli::parse().command {
+        Command::Up { data_dir, settings } => up(data_dir, &settings).await,
+        Command::Scenario { list: true, .. } => {
+            for s in scenario::catalogue() {
+                println!("{:<12} {}", s.name, s.about);
+            }
+            Ok(())
+        }
+        Command::Scenario { name, json, settings, .. } => {
+            let name = name.expect("clap requires a name without --list");
+            let scenario = scenario::find(&name).ok_or_else(|| format!("no scenario {name:?}; try `scenario --list`"))?;
+            let data = tempfile::tempdir()?;
+            let chain_settings: ChainSettings = settings::load("STACK", &settings)?;
+            let chain = Chain::start(chain_settings.ephemeral().with_data_dir(data.path())).await?;
+            eprintln!("Scenario {}: {} requests, {} concurrent", scenario.name, scenario.requests, scenario.concurrency);
+            let report = scenario::run(&chain, &scenario).await;
+            chain.stop().await?;
+            println!("{report}");
+            if let Some(path) = json {
+                std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+                println!("  report written to {}", path.display());
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Box<dyn std::error::Error>> {
+    telemetry::init();
+    let temporary = match &data_dir {
+        Some(_) => None,
+        None => Some(tempfile::tempdir()?),
+    };
+    let dir = data_dir.as_deref().or(temporary.as_ref().map(|t| t.path())).expect("one of them is set");
+    std::fs::create_dir_all(dir)?;
+    let chain_settings: ChainSettings = settings::load("STACK", settings)?;
+    let mut chain = Chain::start(chain_settings.with_data_dir(dir)).await?;
+    let a = &chain.addresses;
+    println!("gateway → orders → payment → bank-mock is up (Ctrl-C stops it)");
+    println!("  gateway HTTP      http://{}", a.gateway_http);
+    println!("  gateway gRPC      {}", a.gateway_grpc);
+    println!("  orders gRPC       {}", a.orders);
+    println!("  payment gRPC      {}", a.payment);
+    println!("  bank-mock gRPC    {}", a.bank);
+    println!("  bank-mock admin   http://{}  (X-Admin-Token: {})", a.bank_admin, chain.admin_token);
+    println!("  order database    {}", dir.join("orders.db").display());
+    println!("  API keys          demo-key-1 (client demo-client-1), demo-key-2 (client demo-client-2)");
+    println!();
+    println!("Try:");
+    println!(
+        "  curl -si http://{}/v1/orders -H 'Authorization: Bearer demo-key-1' -H 'Idempotency-Key: order-1' \\\n    \
+         -H 'Content-Type: application/json' \\\n    \
+         -d '{{\"customer_id\": \"c-1\", \"items\": [{{\"sku\": \"sku-1\", \"quantity\": 2}}], \"amount_minor\": 1299, \"currency\": \"EUR\"}}'",
+        a.gateway_http
+    );
+    let stop = rpc::shutdown_signal();
+    let token = chain.shutdown_token();
+    tokio::spawn(async move {
+        stop.cancelled().await;
+        token.cancel();
+    });
+    chain.wait().await?;
+    Ok(())
+}

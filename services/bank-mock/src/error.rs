@@ -18,9 +18,9 @@ pub enum ChargeError {
     InvalidRequest { field: &'static str, reason: String },
     #[error("idempotency key was used for another charge ({0}); nothing was charged")]
     KeyReused(String),
-    #[error("bank unavailable (injected error)")]
+    #[error("unavailable (injected error)")]
     Unavailable,
-    #[error("bank asks to slow down; retry in {pushback_ms} ms (injected)")]
+    #[error("slow down; retry in {pushback_ms} ms (injected)")]
     ResourceExhausted { pushback_ms: i64 },
     #[error("the caller's deadline passed before the charge; nothing was charged")]
     DeadlinePassed,
@@ -30,7 +30,7 @@ pub enum ChargeError {
 
 impl From<ChargeError> for Status {
     fn from(error: ChargeError) -> Self {
-        let message = error.to_string();
+        let message = format!("{}: {error}", crate::HOP);
         match error {
             ChargeError::MissingKey(_) | ChargeError::InvalidRequest { .. } => Status::invalid_argument(message),
             ChargeError::KeyReused(_) => Status::failed_precondition(message),

@@ -46,7 +46,7 @@ impl Api {
         let metadata = request.metadata_mut();
         metadata.insert(CLIENT_ID, metadata_value(&client.0)?);
         metadata.insert(IDEMPOTENCY_KEY, metadata_value(key)?);
-        let order = self.orders.clone().create_order(request).await.map_err(|s| GatewayError::Upstream(rpc::relay("orders", &s)))?;
+        let order = self.orders.clone().create_order(request).await.map_err(|s| GatewayError::Upstream(rpc::relay(&s)))?;
         let order = order.into_inner();
         if order.status() == OrderStatus::PaymentDeclined {
             let reason = order.payment.as_ref().map(|p| p.decline_reason.clone()).unwrap_or_default();
@@ -61,7 +61,7 @@ impl Api {
         }
         let mut request = Request::new(GetOrderRequest { order_id });
         request.metadata_mut().insert(CLIENT_ID, metadata_value(&client.0)?);
-        let order = self.orders.clone().get_order(request).await.map_err(|s| GatewayError::Upstream(rpc::relay("orders", &s)))?;
+        let order = self.orders.clone().get_order(request).await.map_err(|s| GatewayError::Upstream(rpc::relay(&s)))?;
         Ok(order.into_inner())
     }
 }

@@ -12,7 +12,8 @@ pub enum OrdersError {
     KeyReused(String),
     #[error("order {0} not found")]
     NotFound(String),
-    #[error("payment: {}", .0.message())]
+    /// Payment failed; its status is relayed as it is.
+    #[error("{}", .0.message())]
     Payment(Status),
     #[error("order storage: {0}")]
     Storage(#[from] sqlx::Error),
@@ -22,15 +23,15 @@ pub enum OrdersError {
 
 impl From<OrdersError> for Status {
     fn from(error: OrdersError) -> Self {
-        let message = error.to_string();
+        let message = format!("{}: {error}", crate::HOP);
         match error {
             OrdersError::MissingMetadata(_) | OrdersError::InvalidRequest(_) => Status::invalid_argument(message),
             OrdersError::KeyReused(_) => Status::failed_precondition(message),
             OrdersError::NotFound(_) => Status::not_found(message),
-            OrdersError::Payment(status) => rpc::relay("payment", &status),
+            OrdersError::Payment(status) => rpc::relay(&status),
             OrdersError::Storage(_) | OrdersError::Corrupt(..) => {
                 tracing::error!(%message, "storage failure");
-                Status::internal("order storage failed")
+                Status::internal(format!("{}: order storage failed", crate::HOP))
             }
         }
     }

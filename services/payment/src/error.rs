@@ -9,15 +9,17 @@ pub enum PaymentError {
     #[error("{0}")]
     InvalidRequest(String),
     /// The bank failed; its status is relayed with its code and pushback.
-    #[error("bank: {}", .0.message())]
+    #[error("{}", .0.message())]
     Bank(Status),
 }
 
 impl From<PaymentError> for Status {
     fn from(error: PaymentError) -> Self {
         match error {
-            PaymentError::BadKey(_) | PaymentError::InvalidRequest(_) => Status::invalid_argument(error.to_string()),
-            PaymentError::Bank(status) => rpc::relay("bank", &status),
+            PaymentError::BadKey(_) | PaymentError::InvalidRequest(_) => {
+                Status::invalid_argument(format!("{}: {error}", crate::HOP))
+            }
+            PaymentError::Bank(status) => rpc::relay(&status),
         }
     }
 }

@@ -87,6 +87,7 @@ pub struct Report {
 
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Percentiles {
+    pub min: f64,
     pub p50: f64,
     pub p99: f64,
     pub max: f64,
@@ -175,6 +176,7 @@ pub async fn run(chain: &Chain, scenario: &Scenario) -> Report {
         outcomes: tally.outcomes,
         transport_errors: tally.transport_errors,
         latency_ms: Percentiles {
+            min: histogram.min() as f64 / 1e3,
             p50: histogram.value_at_quantile(0.50) as f64 / 1e3,
             p99: histogram.value_at_quantile(0.99) as f64 / 1e3,
             max: histogram.max() as f64 / 1e3,
@@ -202,7 +204,7 @@ impl fmt::Display for Report {
             .collect();
         writeln!(f, "  outcomes     {}", outcomes.join(", "))?;
         let l = self.latency_ms;
-        writeln!(f, "  latency      p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms", l.p50, l.p99, l.max)?;
+        writeln!(f, "  latency      min {:.1} ms, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms", l.min, l.p50, l.p99, l.max)?;
         let b = self.bank;
         writeln!(
             f,

@@ -77,7 +77,9 @@ pub struct TooLittleBudget {
 
 impl ForwardPolicy {
     fn reserve_for(&self, remaining: Duration) -> Duration {
-        Duration::from_millis(self.reserve_ms).min(remaining.mul_f64(self.reserve_max_share.clamp(0.0, 1.0)))
+        // A share that is not a number keeps nothing rather than failing every call.
+        let share = if self.reserve_max_share.is_nan() { 0.0 } else { self.reserve_max_share.clamp(0.0, 1.0) };
+        Duration::from_millis(self.reserve_ms).min(remaining.mul_f64(share))
     }
 
     /// Splits `remaining` into this hop's reserve and the dependency's budget.
@@ -136,6 +138,12 @@ mod tests {
         assert_eq!(policy.plan(MS(2_000)).unwrap(), Forward { reserved: MS(200), forwarded: MS(1_800) });
         // 20 % of 500 ms is 100 ms: the reserve shrinks so the call still gets most of a short budget.
         assert_eq!(policy.plan(MS(500)).unwrap(), Forward { reserved: MS(100), forwarded: MS(400) });
+    }
+
+    #[test]
+    fn a_share_that_is_not_a_number_reserves_nothing() {
+        let policy = ForwardPolicy { reserve_max_share: f64::NAN, ..orders_to_payment() };
+        assert_eq!(policy.plan(MS(1_000)).unwrap(), Forward { reserved: Duration::ZERO, forwarded: MS(1_000) });
     }
 
     #[test]

@@ -45,6 +45,11 @@ impl Hop {
         CURRENT.try_with(Arc::clone).ok()
     }
 
+    /// Runs `call` (a service's synchronous `call`) with `hop` as the current hop.
+    pub fn sync_scope<R>(hop: Arc<Hop>, call: impl FnOnce() -> R) -> R {
+        CURRENT.sync_scope(hop, call)
+    }
+
     /// Runs `future` with `hop` as the current hop.
     pub fn scope<F: Future>(hop: Arc<Hop>, future: F) -> TaskLocalFuture<Arc<Hop>, F> {
         CURRENT.scope(hop, future)

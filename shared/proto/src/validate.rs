@@ -92,7 +92,8 @@ mod tests {
 
     #[test]
     fn each_broken_rule_names_its_field() {
-        let cases: Vec<(fn(&mut CreateOrderRequest), &str)> = vec![
+        type Breaking = fn(&mut CreateOrderRequest);
+        let cases: Vec<(Breaking, &str)> = vec![
             (|r| r.customer_id.clear(), "customer_id"),
             (|r| r.items.clear(), "items"),
             (|r| r.items[0].quantity = 0, "items[0].quantity"),

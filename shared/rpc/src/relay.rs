@@ -4,11 +4,12 @@ use tonic::Status;
 /// Metadata in which a server asks its caller to wait before retrying (gRPC retry design, A6).
 pub const PUSHBACK_HEADER: &str = "grpc-retry-pushback-ms";
 
-/// Passes a dependency's failure up: same code, the dependency named in the message, and the
-/// pushback kept so that the edge can honour it. Other metadata (including the dependency's
-/// ledger, which the deadline layers carry separately) is not copied.
-pub fn relay(dependency: &str, status: &Status) -> Status {
-    let mut relayed = Status::new(status.code(), format!("{dependency}: {}", status.message()));
+/// Passes a dependency's failure up unchanged: same code, same message (every hop names itself in
+/// the messages it makes, so the message already says which hop failed), and the pushback kept so
+/// that the edge can honour it. Other metadata (including the dependency's ledger, which the
+/// deadline layers carry separately) is not copied.
+pub fn relay(status: &Status) -> Status {
+    let mut relayed = Status::new(status.code(), status.message());
     if let Some(pushback) = status.metadata().get(PUSHBACK_HEADER) {
         relayed.metadata_mut().insert(PUSHBACK_HEADER, pushback.clone());
     }
@@ -34,12 +35,12 @@ mod tests {
 
     #[test]
     fn relay_keeps_code_and_pushback_only() {
-        let mut status = Status::resource_exhausted("slow down");
+        let mut status = Status::resource_exhausted("bank-mock: slow down");
         status.metadata_mut().insert(PUSHBACK_HEADER, "300".parse().unwrap());
         status.metadata_mut().insert("x-deadline-ledger", "bank-mock;received=1".parse().unwrap());
-        let relayed = relay("bank", &status);
+        let relayed = relay(&status);
         assert_eq!(relayed.code(), Code::ResourceExhausted);
-        assert_eq!(relayed.message(), "bank: slow down");
+        assert_eq!(relayed.message(), "bank-mock: slow down");
         assert_eq!(relayed.metadata().get(PUSHBACK_HEADER).unwrap(), "300");
         assert!(relayed.metadata().get("x-deadline-ledger").is_none());
     }

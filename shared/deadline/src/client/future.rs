@@ -77,7 +77,8 @@ where
                         if let Some(ledger) = response.headers().get(LEDGER_HEADER).and_then(|v| v.to_str().ok()) {
                             hop.record_downstream(ledger.to_owned());
                         }
-                        if expiry.is_elapsed() {
+                        // Read the clock: a timer not yet polled or fired does not report elapsed.
+                        if Instant::now() >= expiry.deadline() {
                             relabel_cancelled_as_deadline(&mut response);
                         }
                         Poll::Ready(Ok(response))

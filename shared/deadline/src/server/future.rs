@@ -77,6 +77,8 @@ where
             StateProjection::Running { inner, expiry, hop } => (inner, expiry, hop),
         };
         let protocol = this.protocol.as_ref().expect("running futures keep their protocol");
+        // The handler is polled first: an answer completed in the same instant the deadline passes
+        // is returned (the work is done; dropping it helps nobody) and counted as finished late.
         let result = match inner.poll(cx) {
             Poll::Ready(result) => {
                 let now = Instant::now();

@@ -75,7 +75,9 @@ where
         let deadline = Deadline::after(received_at, self.protocol.grant(requested));
         let hop = Arc::new(Hop::new(self.name, deadline, self.stats.clone()));
         request.extensions_mut().insert(deadline);
-        let inner = Hop::scope(hop.clone(), self.inner.call(request));
+        // Both the synchronous call and its future run as the current hop.
+        let inner = Hop::sync_scope(hop.clone(), || self.inner.call(request));
+        let inner = Hop::scope(hop.clone(), inner);
         ResponseFuture::running(inner, hop, self.protocol.clone())
     }
 }

@@ -1,0 +1,59 @@
+//! `stack up` as a user runs it: the binary starts the chain, prints where it listens, serves the
+//! README's request, and stops on SIGTERM.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+#[tokio::test]
+async fn up_serves_the_readme_request_and_stops_on_sigterm() {
+    let data = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_stack"))
+        .arg("up")
+        .arg("--data-dir")
+        .arg(data.path())
+        .args(["gateway.http_listen", "gateway.grpc_listen", "orders.listen", "payment.listen", "bank.listen", "bank.admin_listen"]
+            .iter()
+            .flat_map(|key| ["--set".to_owned(), format!("{key}=127.0.0.1:0")]))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("stack binary starts");
+
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let gateway = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| line.trim().strip_prefix("gateway HTTP").map(|rest| rest.trim().to_owned()))
+        .expect("the gateway address is printed");
+
+    let client = reqwest::Client::new();
+    let response = client
+        .post(format!("{gateway}/v1/orders"))
+        .bearer_auth("demo-key-1")
+        .header("idempotency-key", "order-1")
+        .json(&serde_json::json!({"customer_id": "c-1", "items": [{"sku": "sku-1", "quantity": 2}], "amount_minor": 1299, "currency": "EUR"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(response.headers()["x-deadline-ledger"].to_str().unwrap().split(", ").count(), 4);
+    let order: serde_json::Value = response.json().await.unwrap();
+    let fetched = client
+        .get(format!("{gateway}/v1/orders/{}", order["order_id"].as_str().unwrap()))
+        .bearer_auth("demo-key-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fetched.status(), 200);
+
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(started.elapsed() < Duration::from_secs(10), "stack stops within 10 s of SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(child.wait().unwrap().success());
+}

@@ -1,0 +1,347 @@
+//! The server and client tower layers, driven on tokio's paused clock.
+//!
+//! Every test starts paused and moves time only with `advance`, so "not before, exactly at" claims
+//! about deadlines are checked to the millisecond without real sleeps.
+
+use std::{
+    convert::Infallible,
+    future::{Future, poll_fn},
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    task::Poll,
+    time::Duration,
+};
+
+use deadline::{
+    Deadline, Forward, ForwardPolicy, Hop, HopStats, HopStatsSnapshot, InboundPolicy, LEDGER_HEADER,
+    client::{ForwardDeadline, ForwardDeadlineLayer},
+    grpc_timeout,
+    ledger::{self, Entry},
+    server::{DeadlineLayer, DeadlineService, Grpc},
+};
+use http::{Request, Response};
+use tokio::time::{Instant, advance, sleep};
+use tonic::{Code, Status};
+use tower::{BoxError, Layer, Service, ServiceExt, service_fn};
+
+const fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
+/// orders → payment as the services configure it: keep up to 200 ms, never call with under 50 ms.
+const TO_PAYMENT: ForwardPolicy =
+    ForwardPolicy { reserve_ms: 200, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 };
+
+/// Polls `future` exactly once, so a test can tell whether it has answered at this instant.
+async fn poll_once<F: Future>(mut future: Pin<&mut F>) -> Poll<F::Output> {
+    poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await
+}
+
+/// Drives `call` on the paused clock and returns its output, asserting that it answers exactly
+/// `after` from now: still pending 1 ms before, ready at that instant.
+async fn expect_answer_after<F: Future>(mut call: Pin<Box<F>>, after: Duration) -> F::Output {
+    assert!(poll_once(call.as_mut()).await.is_pending(), "answered immediately");
+    advance(after - ms(1)).await;
+    assert!(poll_once(call.as_mut()).await.is_pending(), "answered before {after:?}");
+    advance(ms(1)).await;
+    match poll_once(call.as_mut()).await {
+        Poll::Ready(output) => output,
+        Poll::Pending => panic!("no answer at {after:?}"),
+    }
+}
+
+fn grpc_request(timeout: Option<&str>) -> Request<String> {
+    let mut request = Request::new("request".to_owned());
+    if let Some(timeout) = timeout {
+        request.headers_mut().insert(grpc_timeout::HEADER, timeout.parse().unwrap());
+    }
+    request
+}
+
+/// The gRPC status of a trailers-only answer, read from its headers.
+fn status_of<B>(response: &Response<B>) -> Status {
+    Status::from_header_map(response.headers()).expect("a grpc-status header")
+}
+
+fn ledger_of<B>(response: &Response<B>) -> Vec<Entry> {
+    let header = response.headers().get(LEDGER_HEADER).expect("an x-deadline-ledger header");
+    ledger::parse(header.to_str().unwrap()).unwrap()
+}
+
+fn ok_response() -> Result<Response<String>, Infallible> {
+    Ok(Response::new("ok".to_owned()))
+}
+
+/// A handler that answers at once and counts how often it was called.
+fn counting_handler(
+    calls: &Arc<AtomicUsize>,
+) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible> + use<> {
+    let calls = Arc::clone(calls);
+    service_fn(move |_: Request<String>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        async { ok_response() }
+    })
+}
+
+/// Answers with the request's body and a copy of its headers, to show what the layer sent.
+async fn mirror(request: Request<String>) -> Result<Response<String>, Infallible> {
+    let (parts, body) = request.into_parts();
+    let mut response = Response::new(body);
+    *response.headers_mut() = parts.headers;
+    Ok(response)
+}
+
+/// Serves `handler` as hop "orders".
+fn serve<S>(policy: InboundPolicy, stats: &Arc<HopStats>, handler: S) -> DeadlineService<S, Grpc> {
+    DeadlineLayer::new("orders", Grpc::new(policy), Arc::clone(stats)).layer(handler)
+}
+
+/// Calls `inner` as dependency "payment" with [`TO_PAYMENT`].
+fn to_payment<S>(inner: S) -> ForwardDeadline<S> {
+    ForwardDeadlineLayer::new("payment", TO_PAYMENT).layer(inner)
+}
+
+/// The hop a served request to orders would run as, with `budget` from now.
+fn orders_hop(budget: Duration) -> Arc<Hop> {
+    Arc::new(Hop::new("orders", Deadline::after(Instant::now(), budget), HopStats::new()))
+}
+
+// Server layer.
+
+#[tokio::test(start_paused = true)]
+async fn server_answers_deadline_exceeded_exactly_when_grpc_timeout_runs_out() {
+    let stats = HopStats::new();
+    let slow_handler = service_fn(|_: Request<String>| async {
+        sleep(ms(500)).await;
+        ok_response()
+    });
+    let service = serve(InboundPolicy::default(), &stats, slow_handler);
+
+    let call = Box::pin(service.oneshot(grpc_request(Some("100m"))));
+    let response = expect_answer_after(call, ms(100)).await.unwrap();
+
+    assert_eq!(status_of(&response).code(), Code::DeadlineExceeded);
+    let entries = ledger_of(&response);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0].hop, "orders");
+    assert_eq!(entries[0].received, ms(100));
+    assert_eq!(stats.snapshot(), HopStatsSnapshot { requests: 1, expired: 1, finished_late: 0, ..Default::default() });
+}
+
+#[tokio::test(start_paused = true)]
+async fn server_runs_the_handler_as_the_current_hop_and_returns_its_ledger() {
+    let stats = HopStats::new();
+    let handler = service_fn(|request: Request<String>| async move {
+        let hop = Hop::current().expect("the handler runs inside the hop's scope");
+        assert_eq!(hop.name(), "orders");
+        assert_eq!(hop.deadline().budget(), ms(500));
+        let deadline = request.extensions().get::<Deadline>().expect("the deadline travels with the request");
+        assert_eq!(*deadline, hop.deadline());
+        ok_response()
+    });
+    let service = serve(InboundPolicy::default(), &stats, handler);
+
+    let response = service.oneshot(grpc_request(Some("500m"))).await.unwrap();
+
+    // The body proves the handler ran to completion, so its assertions were reached.
+    assert_eq!(response.body(), "ok");
+    let entries = ledger_of(&response);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!((entries[0].hop.as_str(), entries[0].received), ("orders", ms(500)));
+    assert_eq!(stats.snapshot(), HopStatsSnapshot { requests: 1, ..Default::default() });
+}
+
+#[tokio::test(start_paused = true)]
+async fn server_grants_the_default_budget_without_grpc_timeout_and_caps_longer_ones() {
+    let policy = InboundPolicy { default_ms: 300, max_ms: 1_000 };
+    let granted_budget = |timeout: Option<&'static str>| async move {
+        let report_budget = service_fn(|request: Request<String>| async move {
+            let budget = request.extensions().get::<Deadline>().unwrap().budget();
+            Ok::<_, Infallible>(Response::new(budget.as_millis().to_string()))
+        });
+        let response = serve(policy, &HopStats::new(), report_budget).oneshot(grpc_request(timeout)).await.unwrap();
+        response.into_body()
+    };
+
+    assert_eq!(granted_budget(None).await, "300");
+    assert_eq!(granted_budget(Some("5S")).await, "1000");
+    assert_eq!(granted_budget(Some("700m")).await, "700");
+}
+
+#[tokio::test(start_paused = true)]
+async fn server_rejects_malformed_grpc_timeout_without_calling_the_handler() {
+    for malformed in ["abc", "123456789m"] {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let service = serve(InboundPolicy::default(), &HopStats::new(), counting_handler(&calls));
+
+        let response = service.oneshot(grpc_request(Some(malformed))).await.unwrap();
+
+        let status = status_of(&response);
+        assert_eq!(status.code(), Code::InvalidArgument, "{malformed}: {status:?}");
+        assert!(status.message().contains(malformed), "{malformed}: {status:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "{malformed}: the handler was called");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn server_counts_a_response_dropped_before_it_answers_as_abandoned() {
+    let stats = HopStats::new();
+    let never_answers = service_fn(|_: Request<String>| std::future::pending::<Result<Response<String>, Infallible>>());
+    let mut call = Box::pin(serve(InboundPolicy::default(), &stats, never_answers).oneshot(grpc_request(Some("1S"))));
+    assert!(poll_once(call.as_mut()).await.is_pending());
+    advance(ms(10)).await;
+
+    // The caller goes away: tonic drops the response future.
+    drop(call);
+
+    assert_eq!(stats.snapshot(), HopStatsSnapshot { requests: 1, abandoned: 1, ..Default::default() });
+}
+
+// Client layer.
+
+#[tokio::test(start_paused = true)]
+async fn client_forwards_remaining_budget_less_reserve_as_grpc_timeout() {
+    let hop = orders_hop(ms(2_000));
+    let response = Hop::scope(hop, to_payment(service_fn(mirror)).oneshot(grpc_request(None))).await.unwrap();
+
+    let sent = response.headers().get(grpc_timeout::HEADER).expect("a grpc-timeout header").to_str().unwrap();
+    assert_eq!(sent, grpc_timeout::format(ms(1_800)));
+    assert_eq!(grpc_timeout::parse(sent), Ok(ms(1_800)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_fails_fast_below_the_minimum_without_calling() {
+    let hop = orders_hop(ms(60));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let service = to_payment(counting_handler(&calls));
+
+    // 60 ms left, 12 ms reserved: 48 ms is below payment's 50 ms minimum.
+    let response = Hop::scope(hop.clone(), service.oneshot(grpc_request(None))).await.unwrap();
+
+    let status = status_of(&response);
+    assert_eq!(status.code(), Code::DeadlineExceeded);
+    assert!(status.message().starts_with("orders:"), "{status:?}");
+    assert!(status.message().contains("for payment"), "{status:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert_eq!(hop.stats().snapshot(), HopStatsSnapshot { failed_fast: 1, ..Default::default() });
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_stops_waiting_exactly_when_the_forwarded_budget_runs_out() {
+    let hop = orders_hop(ms(2_000));
+    let never_answers = service_fn(|_: Request<String>| std::future::pending::<Result<Response<String>, Infallible>>());
+    Hop::scope(hop, async {
+        // Time spent at orders before the call shrinks what is forwarded: 1.9 s left, 1.7 s sent.
+        advance(ms(100)).await;
+        let call = Box::pin(to_payment(never_answers).oneshot(grpc_request(None)));
+        let response = expect_answer_after(call, ms(1_700)).await.unwrap();
+
+        let status = status_of(&response);
+        assert_eq!(status.code(), Code::DeadlineExceeded);
+        assert!(status.message().contains("payment did not answer within the 1700 ms"), "{status:?}");
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_turns_tonic_timeout_expired_into_deadline_exceeded() {
+    let timing_out = service_fn(|_: Request<String>| async {
+        Err::<Response<String>, BoxError>(Box::new(tonic::TimeoutExpired(())))
+    });
+
+    let response = Hop::scope(orders_hop(ms(2_000)), to_payment(timing_out).oneshot(grpc_request(None))).await;
+
+    assert_eq!(status_of(&response.unwrap()).code(), Code::DeadlineExceeded);
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_passes_other_transport_errors_through() {
+    let failing = service_fn(|_: Request<String>| async {
+        Err::<Response<String>, BoxError>(Box::new(std::io::Error::other("connection reset")))
+    });
+
+    let error = Hop::scope(orders_hop(ms(2_000)), to_payment(failing).oneshot(grpc_request(None))).await.unwrap_err();
+
+    assert_eq!(error.to_string(), "connection reset");
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_relabels_cancelled_arriving_at_the_deadline_as_deadline_exceeded() {
+    // A peer whose own timer fired answers CANCELLED, trailers-only, as the 1.8 s it was given run out.
+    let cancelled_late = service_fn(|_: Request<String>| async {
+        sleep(ms(1_800)).await;
+        Ok::<_, Infallible>(Status::cancelled("timeout expired").into_http::<String>())
+    });
+
+    Hop::scope(orders_hop(ms(2_000)), async {
+        let call = Box::pin(to_payment(cancelled_late).oneshot(grpc_request(None)));
+        let response = expect_answer_after(call, ms(1_800)).await.unwrap();
+
+        // The peer's own answer, relabelled, not the layer's "did not answer" one.
+        let status = status_of(&response);
+        assert_eq!((status.code(), status.message()), (Code::DeadlineExceeded, "timeout expired"));
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_leaves_cancelled_within_the_budget_alone() {
+    let cancelled = service_fn(|_: Request<String>| async {
+        Ok::<_, Infallible>(Status::cancelled("client went away").into_http::<String>())
+    });
+
+    let response = Hop::scope(orders_hop(ms(2_000)), to_payment(cancelled).oneshot(grpc_request(None))).await.unwrap();
+
+    assert_eq!(status_of(&response).code(), Code::Cancelled);
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_appends_the_downstream_ledger_after_its_own_entry() {
+    let hop = orders_hop(ms(2_000));
+    // The dependency is a real payment hop, so its ledger entry is the one the server layer writes.
+    let payment = DeadlineLayer::new("payment", Grpc::default(), HopStats::new())
+        .layer(service_fn(|_: Request<String>| async { ok_response() }));
+
+    Hop::scope(hop.clone(), async {
+        advance(ms(100)).await;
+        let response = to_payment(payment).oneshot(grpc_request(None)).await.unwrap();
+        assert_eq!(response.body(), "ok");
+        // orders composes its own reply after payment answered.
+        advance(ms(30)).await;
+    })
+    .await;
+
+    let planned = TO_PAYMENT.plan(ms(1_900)).unwrap();
+    assert_eq!(planned, Forward { reserved: ms(200), forwarded: ms(1_700) });
+    let entries = ledger::parse(&hop.ledger_at(Instant::now())).unwrap();
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    assert_eq!(
+        entries[0],
+        Entry {
+            hop: "orders".into(),
+            received: ms(2_000),
+            spent: ms(100),
+            reserved: planned.reserved,
+            forwarded: planned.forwarded,
+            left: ms(1_870),
+        }
+    );
+    assert_eq!(entries[1].hop, "payment");
+    assert_eq!(entries[1].received, planned.forwarded);
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_outside_a_hop_passes_the_request_through_untouched() {
+    let mut request = grpc_request(None);
+    request.headers_mut().insert("x-request-id", "42".parse().unwrap());
+    let sent_headers = request.headers().clone();
+
+    let response = to_payment(service_fn(mirror)).oneshot(request).await.unwrap();
+
+    assert!(Hop::current().is_none(), "this test must run outside any served request");
+    assert_eq!(response.headers(), &sent_headers, "no grpc-timeout or other header added");
+    assert_eq!(response.body(), "request");
+}

@@ -27,21 +27,47 @@ pub fn router(api: Api) -> Router {
         .with_state(api)
 }
 
-/// `POST /v1/orders` body.
+/// `POST /v1/orders` body. Fields are optional here only so that a missing one is reported by
+/// name, with the same problem shape as any other invalid field.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NewOrder {
-    customer_id: String,
-    items: Vec<NewItem>,
-    amount_minor: i64,
-    currency: String,
+    customer_id: Option<String>,
+    items: Option<Vec<NewItem>>,
+    amount_minor: Option<i64>,
+    currency: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NewItem {
-    sku: String,
-    quantity: u32,
+    sku: Option<String>,
+    quantity: Option<u32>,
+}
+
+fn required<T>(value: Option<T>, field: impl Into<String>) -> Result<T, GatewayError> {
+    value.ok_or_else(|| GatewayError::field(field, "is required"))
+}
+
+impl NewOrder {
+    fn into_request(self) -> Result<CreateOrderRequest, GatewayError> {
+        let items = required(self.items, "items")?
+            .into_iter()
+            .enumerate()
+            .map(|(index, item)| {
+                Ok(LineItem {
+                    sku: required(item.sku, format!("items[{index}].sku"))?,
+                    quantity: required(item.quantity, format!("items[{index}].quantity"))?,
+                })
+            })
+            .collect::<Result<_, GatewayError>>()?;
+        Ok(CreateOrderRequest {
+            customer_id: required(self.customer_id, "customer_id")?,
+            items,
+            amount_minor: required(self.amount_minor, "amount_minor")?,
+            currency: required(self.currency, "currency")?,
+        })
+    }
 }
 
 /// An order as JSON.
@@ -116,13 +142,7 @@ async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -
             GatewayError::field(path, error.into_inner().to_string())
         }
     })?;
-    let request = CreateOrderRequest {
-        customer_id: order.customer_id,
-        items: order.items.into_iter().map(|i| LineItem { sku: i.sku, quantity: i.quantity }).collect(),
-        amount_minor: order.amount_minor,
-        currency: order.currency,
-    };
-    let order = api.create_order(&client, key, request).await?;
+    let order = api.create_order(&client, key, order.into_request()?).await?;
     Ok((StatusCode::CREATED, Json(OrderJson::from(order))).into_response())
 }
 

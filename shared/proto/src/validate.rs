@@ -100,7 +100,7 @@ mod tests {
             (|r| r.items[0].sku = "x".repeat(65), "items[0].sku"),
             (|r| r.amount_minor = -5, "amount_minor"),
             (|r| r.amount_minor = i64::MAX, "amount_minor"),
-            (|r| r.currency = "XXX".into(), "currency"),
+            (|r| r.currency = "QQQ".into(), "currency"),
         ];
         for (breaking, field) in cases {
             let mut request = valid();

@@ -12,7 +12,7 @@ use rpc::{
 };
 use tonic::Request;
 
-use crate::error::GatewayError;
+use crate::{error::GatewayError, settings::ApiClient};
 
 /// The authenticated caller.
 #[derive(Debug, Clone)]
@@ -25,7 +25,8 @@ pub struct Api {
 }
 
 impl Api {
-    pub fn new(orders: Client, api_keys: BTreeMap<String, String>) -> Self {
+    pub fn new(orders: Client, clients: Vec<ApiClient>) -> Self {
+        let api_keys = clients.into_iter().map(|c| (c.api_key, c.client_id)).collect();
         Self { orders: OrdersClient::new(orders), api_keys: Arc::new(api_keys) }
     }
 

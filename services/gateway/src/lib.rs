@@ -12,7 +12,7 @@ mod http;
 mod settings;
 
 pub use http::TIMEOUT_HEADER;
-pub use settings::Settings;
+pub use settings::{ApiClient, Settings};
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -35,7 +35,7 @@ pub struct Application {
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
         let orders = rpc::connect("orders", &settings.orders).map_err(|error| ServerError::Settings(format!("orders: {error}")))?;
-        let api = api::Api::new(orders, settings.api_keys);
+        let api = api::Api::new(orders, settings.clients);
         let grpc = GrpcServer::bind(HOP, settings.grpc_listen, settings.deadline, GatewayServer::new(grpc::GatewayService::new(api.clone()))).await?;
         let http_stats = HopStats::new();
         let http_router = http::router(api).layer(DeadlineLayer::new(

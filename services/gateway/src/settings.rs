@@ -1,4 +1,4 @@
-use std::{collections::BTreeMap, net::SocketAddr};
+use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
 use rpc::Dependency;
@@ -17,8 +17,22 @@ pub struct Settings {
     pub deadline: InboundPolicy,
     /// Orders: what is left of the deadline minus a small reserve for the gateway's own reply.
     pub orders: Dependency,
-    /// API key → client id. Keys are secrets; client ids scope idempotency keys and orders.
-    pub api_keys: BTreeMap<String, String>,
+    /// The clients allowed in. A list, so that configuring it replaces the demo clients.
+    pub clients: Vec<ApiClient>,
+}
+
+/// One client: its secret API key and the id that scopes its idempotency keys and orders.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiClient {
+    pub api_key: String,
+    pub client_id: String,
+}
+
+impl ApiClient {
+    fn demo(n: u32) -> Self {
+        Self { api_key: format!("demo-key-{n}"), client_id: format!("demo-client-{n}") }
+    }
 }
 
 impl Default for Settings {
@@ -32,10 +46,22 @@ impl Default for Settings {
                 deadline: ForwardPolicy { reserve_ms: 20, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 },
                 ..Dependency::default()
             },
-            api_keys: BTreeMap::from([
-                ("demo-key-1".to_owned(), "demo-client-1".to_owned()),
-                ("demo-key-2".to_owned(), "demo-client-2".to_owned()),
-            ]),
+            clients: vec![ApiClient::demo(1), ApiClient::demo(2)],
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configured_clients_replace_the_demo_clients() {
+        let args = settings::SettingsArgs {
+            config: None,
+            overrides: vec![r#"clients=[{api_key = "team-a-secret", client_id = "team-a"}]"#.into()],
+        };
+        let loaded: Settings = settings::load("GATEWAY_TEST", &args).unwrap();
+        assert_eq!(loaded.clients, [ApiClient { api_key: "team-a-secret".into(), client_id: "team-a".into() }]);
     }
 }

@@ -1,7 +1,7 @@
 //! The charge endpoint: faults first, then a deduplicated charge in an in-memory ledger.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
@@ -21,6 +21,8 @@ pub struct BankState {
     faults: Mutex<Faults>,
     initial_faults: Faults,
     ledger: Mutex<HashMap<String, Charge>>,
+    /// Every key that reached the bank: one per user operation, however often it was retried.
+    keys_seen: Mutex<HashSet<String>>,
     counters: Counters,
 }
 
@@ -33,6 +35,7 @@ struct Charge {
 #[derive(Debug, Default)]
 struct Counters {
     calls: AtomicU64,
+    retried_calls: AtomicU64,
     charges: AtomicU64,
     declines: AtomicU64,
     duplicate_keys: AtomicU64,
@@ -48,6 +51,11 @@ struct Counters {
 pub struct BankStats {
     /// Every attempt that reached the bank.
     pub calls: u64,
+    /// Calls marked as retries of an edge operation (`grpc-previous-rpc-attempts` > 0).
+    pub retried_calls: u64,
+    /// Distinct idempotency keys seen: user operations, so `calls / distinct_keys` is the number
+    /// of bank calls per user operation.
+    pub distinct_keys: u64,
     /// Distinct committed charges (approved or declined).
     pub charges: u64,
     pub declines: u64,
@@ -72,6 +80,7 @@ impl BankState {
             faults: Mutex::new(faults.clone()),
             initial_faults: faults,
             ledger: Mutex::default(),
+            keys_seen: Mutex::default(),
             counters: Counters::default(),
         })
     }
@@ -88,9 +97,10 @@ impl BankState {
     pub fn reset(&self) {
         *lock(&self.faults) = self.initial_faults.clone();
         lock(&self.ledger).clear();
+        lock(&self.keys_seen).clear();
         let c = &self.counters;
         for counter in [
-            &c.calls, &c.charges, &c.declines, &c.duplicate_keys, &c.injected_unavailable,
+            &c.calls, &c.retried_calls, &c.charges, &c.declines, &c.duplicate_keys, &c.injected_unavailable,
             &c.injected_resource_exhausted, &c.dropped_replies, &c.hung, &c.late_completions,
         ] {
             counter.store(0, Ordering::Relaxed);
@@ -102,6 +112,8 @@ impl BankState {
         let c = &self.counters;
         BankStats {
             calls: read(&c.calls),
+            retried_calls: read(&c.retried_calls),
+            distinct_keys: lock(&self.keys_seen).len() as u64,
             charges: read(&c.charges),
             declines: read(&c.declines),
             duplicate_keys: read(&c.duplicate_keys),
@@ -218,6 +230,10 @@ impl Bank for BankService {
             .map(str::to_owned)
             .ok_or_else(|| ChargeError::MissingKey("absent or not ASCII".into()))?;
         proto::validate::idempotency_key(&key).map_err(|error| ChargeError::MissingKey(error.reason))?;
+        if Hop::current().is_some_and(|hop| hop.previous_attempts() > 0) {
+            bump(&self.state.counters.retried_calls);
+        }
+        lock(&self.state.keys_seen).insert(key.clone());
         let reply = BankService::charge(self, &key, request.get_ref()).await?;
         Ok(Response::new(reply))
     }

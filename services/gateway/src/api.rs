@@ -10,7 +10,11 @@ use rpc::{
     Client,
     metadata::{CLIENT_ID, IDEMPOTENCY_KEY},
 };
-use tonic::Request;
+use futures::TryFutureExt;
+use resilience::retry::{Call, RetryPolicy};
+use tonic::{Request, Response, Status, metadata::MetadataMap};
+use tower::{Layer, ServiceExt, retry::RetryLayer, util::BoxCloneSyncService};
+use tracing::Instrument;
 
 use crate::{error::GatewayError, settings::ApiClient};
 
@@ -18,16 +22,48 @@ use crate::{error::GatewayError, settings::ApiClient};
 #[derive(Debug, Clone)]
 pub struct ClientId(pub String);
 
-#[derive(Debug, Clone)]
+/// One operation on orders, retried by the edge policy.
+type Operation<M> = BoxCloneSyncService<Call<M>, Order, Status>;
+
+#[derive(Clone)]
 pub struct Api {
-    orders: OrdersClient<Client>,
+    create: Operation<CreateOrderRequest>,
+    get: Operation<GetOrderRequest>,
     api_keys: Arc<BTreeMap<String, String>>,
 }
 
+/// `call` as an operation on orders: each attempt in its own span, the whole under `retry`.
+fn operation<M, F, Fut>(retry: &RetryPolicy, call: F) -> Operation<M>
+where
+    M: Clone + Send + Sync + 'static,
+    F: Fn(Request<M>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Response<Order>, Status>> + Send + 'static,
+{
+    let attempt = tower::service_fn(move |call_once: Call<M>| {
+        let span = tracing::info_span!("attempt", retry.attempt = call_once.previous_attempts + 1);
+        call(call_once.into_request()).map_ok(Response::into_inner).instrument(span)
+    });
+    BoxCloneSyncService::new(RetryLayer::new(retry.clone()).layer(attempt))
+}
+
 impl Api {
-    pub fn new(orders: Client, clients: Vec<ApiClient>) -> Self {
+    /// Reads and writes on orders, both idempotent (writes carry an idempotency key), so both
+    /// are retried under the one `retry` policy (one budget for the dependency).
+    pub fn new(orders: Client, clients: Vec<ApiClient>, retry: &RetryPolicy) -> Self {
         let api_keys = clients.into_iter().map(|c| (c.api_key, c.client_id)).collect();
-        Self { orders: OrdersClient::new(orders), api_keys: Arc::new(api_keys) }
+        let orders = OrdersClient::new(orders);
+        let create = operation(retry, {
+            let orders = orders.clone();
+            move |request| {
+                let mut orders = orders.clone();
+                async move { orders.create_order(request).await }
+            }
+        });
+        let get = operation(retry, move |request| {
+            let mut orders = orders.clone();
+            async move { orders.get_order(request).await }
+        });
+        Self { create, get, api_keys: Arc::new(api_keys) }
     }
 
     /// The client owning `Bearer <api key>`.
@@ -43,12 +79,10 @@ impl Api {
     pub async fn create_order(&self, client: &ClientId, key: &str, order: CreateOrderRequest) -> Result<Order, GatewayError> {
         proto::validate::idempotency_key(key).map_err(|e| GatewayError::field(e.field, e.reason))?;
         proto::validate::create_order(&order).map_err(|e| GatewayError::field(e.field, e.reason))?;
-        let mut request = Request::new(order);
-        let metadata = request.metadata_mut();
+        let mut metadata = MetadataMap::new();
         metadata.insert(CLIENT_ID, metadata_value(&client.0)?);
         metadata.insert(IDEMPOTENCY_KEY, metadata_value(key)?);
-        let order = self.orders.clone().create_order(request).await.map_err(|s| GatewayError::Upstream(rpc::relay(&s)))?;
-        let order = order.into_inner();
+        let order = self.create.clone().oneshot(Call::new(order, metadata)).await.map_err(|s| GatewayError::Upstream(rpc::relay(&s)))?;
         if order.status() == OrderStatus::PaymentDeclined {
             let reason = order.payment.as_ref().map(|p| p.decline_reason.clone()).unwrap_or_default();
             return Err(GatewayError::PaymentDeclined { order_id: order.order_id, reason });
@@ -60,10 +94,10 @@ impl Api {
         if order_id.is_empty() || order_id.len() > proto::validate::MAX_ID_LEN {
             return Err(GatewayError::field("order_id", "must be 1 to 64 characters"));
         }
-        let mut request = Request::new(GetOrderRequest { order_id });
-        request.metadata_mut().insert(CLIENT_ID, metadata_value(&client.0)?);
-        let order = self.orders.clone().get_order(request).await.map_err(|s| GatewayError::Upstream(rpc::relay(&s)))?;
-        Ok(order.into_inner())
+        let mut metadata = MetadataMap::new();
+        metadata.insert(CLIENT_ID, metadata_value(&client.0)?);
+        let call = Call::new(GetOrderRequest { order_id }, metadata);
+        self.get.clone().oneshot(call).await.map_err(|s| GatewayError::Upstream(rpc::relay(&s)))
     }
 }
 

@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 
 use crate::{api::Api, error::GatewayError};
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct GatewayService {
     api: Api,
 }

@@ -156,6 +156,8 @@ async fn get_order(State(api): State<Api>, headers: HeaderMap, Path(order_id): P
 #[derive(Debug, Clone, Copy)]
 pub struct HttpDeadline {
     pub policy: InboundPolicy,
+    /// False in the naive chain, whose gateway keeps its own fixed timeout whatever the client asks.
+    pub honour_client_deadline: bool,
 }
 
 impl Protocol for HttpDeadline {
@@ -178,7 +180,7 @@ impl Protocol for HttpDeadline {
     }
 
     fn grant(&self, requested: Option<Duration>) -> Duration {
-        self.policy.grant(requested)
+        self.policy.grant(requested.filter(|_| self.honour_client_deadline))
     }
 
     fn expired<B: Default + From<String>>(&self, hop: &Hop) -> http::Response<B> {

@@ -18,6 +18,10 @@ use std::{net::SocketAddr, sync::Arc};
 
 use deadline::{HopStats, server::DeadlineLayer};
 use proto::gateway::v1::gateway_server::GatewayServer;
+use resilience::{
+    ChainMode,
+    retry::RetryPolicy,
+};
 use rpc::{GrpcServer, ServerError};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -30,21 +34,28 @@ pub struct Application {
     http: TcpListener,
     http_router: axum::Router,
     http_stats: Arc<HopStats>,
+    retry: RetryPolicy,
 }
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
-        let orders = rpc::connect("orders", &settings.orders).map_err(|error| ServerError::Settings(format!("orders: {error}")))?;
-        let api = api::Api::new(orders, settings.clients);
+        let orders = rpc::connect("orders", &settings.orders, settings.mode, settings.naive).map_err(|error| ServerError::Settings(format!("orders: {error}")))?;
+        let mut retry = settings.retry.clone();
+        if settings.mode == ChainMode::Naive {
+            // The naive client retries at the HTTP level itself.
+            retry.max_attempts = 1;
+        }
+        let retry = RetryPolicy::new(&retry).map_err(|error| ServerError::Settings(error.to_string()))?;
+        let api = api::Api::new(orders, settings.clients, &retry);
         let grpc = GrpcServer::bind(HOP, settings.grpc_listen, settings.deadline, GatewayServer::new(grpc::GatewayService::new(api.clone()))).await?;
         let http_stats = HopStats::new();
         let http_router = http::router(api).layer(DeadlineLayer::new(
             HOP,
-            http::HttpDeadline { policy: settings.deadline },
+            http::HttpDeadline { policy: settings.deadline, honour_client_deadline: settings.mode == ChainMode::Budgeted },
             http_stats.clone(),
         ));
         let http = rpc::bind(settings.http_listen).await?;
-        Ok(Self { grpc, http, http_router, http_stats })
+        Ok(Self { grpc, http, http_router, http_stats, retry })
     }
 
     pub fn http_addr(&self) -> SocketAddr {
@@ -58,6 +69,11 @@ impl Application {
     /// Deadline counters of HTTP requests.
     pub fn http_stats(&self) -> Arc<HopStats> {
         self.http_stats.clone()
+    }
+
+    /// The retry policy toward orders (shared state: its counters stay live after `run`).
+    pub fn retry_handle(&self) -> RetryPolicy {
+        self.retry.clone()
     }
 
     /// Deadline counters of gRPC requests.

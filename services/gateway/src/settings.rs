@@ -2,6 +2,7 @@ use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
 use rpc::Dependency;
+use resilience::{ChainMode, naive::NaiveSettings, retry::RetrySettings};
 use serde::{Deserialize, Serialize};
 
 /// Every knob of the gateway; see the README for the table and the environment names.
@@ -17,8 +18,14 @@ pub struct Settings {
     pub deadline: InboundPolicy,
     /// Orders: what is left of the deadline minus a small reserve for the gateway's own reply.
     pub orders: Dependency,
+    /// Retries of calls to orders: the only retries in the chain.
+    pub retry: RetrySettings,
     /// The clients allowed in. A list, so that configuring it replaces the demo clients.
     pub clients: Vec<ApiClient>,
+    /// `budgeted` (the design) or `naive` (per-hop fixed timeouts and retries, for comparison).
+    pub mode: ChainMode,
+    /// The naive client's attempts and fixed per-attempt timeout (used in `naive` mode only).
+    pub naive: NaiveSettings,
 }
 
 /// One client: its secret API key and the id that scopes its idempotency keys and orders.
@@ -38,6 +45,8 @@ impl ApiClient {
 impl Default for Settings {
     fn default() -> Self {
         Self {
+            mode: ChainMode::default(),
+            naive: NaiveSettings::default(),
             http_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             deadline: InboundPolicy { default_ms: 2_000, max_ms: 2_000 },
@@ -46,6 +55,7 @@ impl Default for Settings {
                 deadline: ForwardPolicy { reserve_ms: 20, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 },
                 ..Dependency::default()
             },
+            retry: RetrySettings::default(),
             clients: vec![ApiClient::demo(1), ApiClient::demo(2)],
         }
     }

@@ -41,7 +41,7 @@ impl Application {
         let store = Store::open(&settings.database_url)
             .await
             .map_err(|error| ServerError::Settings(format!("database {}: {error}", settings.database_url)))?;
-        let payment = rpc::connect("payment", &settings.payment).map_err(|error| ServerError::Settings(format!("payment: {error}")))?;
+        let payment = rpc::connect("payment", &settings.payment, settings.mode, settings.naive).map_err(|error| ServerError::Settings(format!("payment: {error}")))?;
         let service = OrdersServer::new(OrderService { store, payment: PaymentServiceClient::new(payment) });
         let grpc = GrpcServer::bind(HOP, settings.listen, settings.deadline, service).await?;
         Ok(Self { grpc })

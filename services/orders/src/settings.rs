@@ -2,6 +2,7 @@ use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
 use rpc::Dependency;
+use resilience::{ChainMode, naive::NaiveSettings};
 use serde::{Deserialize, Serialize};
 
 /// Every knob of orders; see the README for the table and the environment names.
@@ -16,11 +17,17 @@ pub struct Settings {
     pub deadline: InboundPolicy,
     /// Payment: what is left of the deadline minus 200 ms kept for orders' own reply.
     pub payment: Dependency,
+    /// `budgeted` (the design) or `naive` (per-hop fixed timeouts and retries, for comparison).
+    pub mode: ChainMode,
+    /// The naive client's attempts and fixed per-attempt timeout (used in `naive` mode only).
+    pub naive: NaiveSettings,
 }
 
 impl Default for Settings {
     fn default() -> Self {
         Self {
+            mode: ChainMode::default(),
+            naive: NaiveSettings::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 50052)),
             database_url: "sqlite://orders.db".into(),
             deadline: InboundPolicy::default(),

@@ -30,7 +30,7 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
-        let bank = rpc::connect("bank-mock", &settings.bank).map_err(|error| ServerError::Settings(format!("bank: {error}")))?;
+        let bank = rpc::connect("bank-mock", &settings.bank, settings.mode, settings.naive).map_err(|error| ServerError::Settings(format!("bank: {error}")))?;
         let service = PaymentServiceServer::new(Payments { bank: BankClient::new(bank) });
         let grpc = GrpcServer::bind(HOP, settings.listen, settings.deadline, service).await?;
         Ok(Self { grpc })

@@ -2,6 +2,7 @@ use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
 use rpc::Dependency;
+use resilience::{ChainMode, naive::NaiveSettings};
 use serde::{Deserialize, Serialize};
 
 /// Every knob of payment; see the README for the table and the environment names.
@@ -14,11 +15,17 @@ pub struct Settings {
     pub deadline: InboundPolicy,
     /// The bank: at most 1.5 s of the deadline, 300 ms kept for payment's own reply.
     pub bank: Dependency,
+    /// `budgeted` (the design) or `naive` (per-hop fixed timeouts and retries, for comparison).
+    pub mode: ChainMode,
+    /// The naive client's attempts and fixed per-attempt timeout (used in `naive` mode only).
+    pub naive: NaiveSettings,
 }
 
 impl Default for Settings {
     fn default() -> Self {
         Self {
+            mode: ChainMode::default(),
+            naive: NaiveSettings::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 50053)),
             deadline: InboundPolicy::default(),
             bank: Dependency {

@@ -4,6 +4,10 @@ use std::{net::SocketAddr, path::Path, sync::Arc};
 
 use bank_mock::BankState;
 use deadline::{HopStats, HopStatsSnapshot};
+use resilience::{
+    ChainMode,
+    retry::{RetryPolicy, RetryStatsSnapshot},
+};
 use rpc::ServerError;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
@@ -14,6 +18,8 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ChainSettings {
+    /// Sets every service's `mode` at once: `budgeted` or `naive`.
+    pub mode: Option<ChainMode>,
     pub gateway: gateway::Settings,
     pub orders: orders::Settings,
     pub payment: payment::Settings,
@@ -75,6 +81,7 @@ pub struct Chain {
     pub admin_token: String,
     bank: Arc<BankState>,
     hops: HopCounters,
+    gateway_retry: RetryPolicy,
     shutdown: CancellationToken,
     servers: JoinSet<Result<(), ServerError>>,
 }
@@ -82,6 +89,11 @@ pub struct Chain {
 impl Chain {
     /// Binds bank-mock, payment, orders and gateway in that order, pointing each at the one below.
     pub async fn start(mut settings: ChainSettings) -> Result<Self, ServerError> {
+        if let Some(mode) = settings.mode {
+            settings.gateway.mode = mode;
+            settings.orders.mode = mode;
+            settings.payment.mode = mode;
+        }
         let shutdown = CancellationToken::new();
         let mut servers = JoinSet::new();
 
@@ -109,18 +121,24 @@ impl Chain {
             bank: bank.hop_stats(),
         };
         let admin_token = bank.admin_token().to_owned();
+        let gateway_retry = gateway.retry_handle();
         let bank_state = bank.state();
 
         servers.spawn(bank.run_until_stopped(shutdown.clone()));
         servers.spawn(payment.run_until_stopped(shutdown.clone()));
         servers.spawn(orders.run_until_stopped(shutdown.clone()));
         servers.spawn(gateway.run_until_stopped(shutdown.clone()));
-        Ok(Self { addresses, admin_token, bank: bank_state, hops, shutdown, servers })
+        Ok(Self { addresses, admin_token, bank: bank_state, hops, gateway_retry, shutdown, servers })
     }
 
     /// The bank's faults and counters, for in-process control.
     pub fn bank(&self) -> &BankState {
         &self.bank
+    }
+
+    /// Counters of the gateway's retry policy.
+    pub fn retry_stats(&self) -> RetryStatsSnapshot {
+        self.gateway_retry.stats()
     }
 
     pub fn hop_stats(&self) -> ChainHopStats {

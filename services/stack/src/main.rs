@@ -52,15 +52,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Command::Scenario { name, json, settings, .. } => {
             let name = name.expect("clap requires a name without --list");
             let scenario = scenario::find(&name).ok_or_else(|| format!("no scenario {name:?}; try `scenario --list`"))?;
-            let data = tempfile::tempdir()?;
             let chain_settings: ChainSettings = settings::load("STACK", &settings)?;
-            let chain = Chain::start(chain_settings.ephemeral().with_data_dir(data.path())).await?;
-            eprintln!("Scenario {}: {} requests, {} concurrent", scenario.name, scenario.requests, scenario.concurrency);
-            let report = scenario::run(&chain, &scenario).await;
-            chain.stop().await?;
-            println!("{report}");
+            let reports = scenario::run_variants(&scenario, &chain_settings).await?;
+            for report in &reports {
+                println!("{report}");
+            }
+            if reports.len() > 1 {
+                println!("{}", scenario::Comparison(&reports));
+            }
             if let Some(path) = json {
-                std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+                std::fs::write(&path, serde_json::to_string_pretty(&reports)?)?;
                 println!("  report written to {}", path.display());
             }
             Ok(())

@@ -1,20 +1,48 @@
 //! Named scenarios: set the bank's faults, drive a bounded load through the gateway's HTTP API,
-//! and report what the chain did.
+//! and report what the chain did. A scenario may run several chain variants under the same fault
+//! (e.g. budgeted against naive) and compare them side by side.
 
 use std::{
     collections::BTreeMap,
     fmt,
-    sync::Arc,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
 use bank_mock::{BankStats, Faults, Latency};
 use deadline::ledger;
 use hdrhistogram::Histogram;
+use resilience::{ChainMode, retry::RetryStatsSnapshot};
 use serde::Serialize;
-use tokio::{sync::Mutex, task::JoinSet};
+use tokio::task::JoinSet;
 
-use crate::chain::{Chain, ChainHopStats};
+use crate::chain::{Chain, ChainHopStats, ChainSettings};
+
+/// How requests are sent.
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Load {
+    /// A fixed number of clients, each sending its next request when the last is answered.
+    Closed { concurrency: usize },
+    /// A fixed arrival rate, whatever the answers do (no coordinated omission).
+    Open { per_second: u32 },
+}
+
+/// One chain configuration a scenario runs.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Variant {
+    pub label: &'static str,
+    pub mode: ChainMode,
+    /// Overrides the gateway's `retry.max_attempts` (1: no retries).
+    pub max_attempts: Option<u32>,
+}
+
+const BUDGETED: Variant = Variant { label: "budgeted", mode: ChainMode::Budgeted, max_attempts: None };
+const NAIVE: Variant = Variant { label: "naive", mode: ChainMode::Naive, max_attempts: None };
+const NO_RETRIES: Variant = Variant { label: "no retries", mode: ChainMode::Budgeted, max_attempts: Some(1) };
 
 /// One named scenario.
 #[derive(Debug, Clone)]
@@ -23,13 +51,21 @@ pub struct Scenario {
     pub about: &'static str,
     pub faults: Faults,
     pub requests: usize,
-    pub concurrency: usize,
-    /// `X-Request-Timeout-Ms` sent by the clients (none: the gateway's default).
+    pub load: Load,
+    /// `X-Request-Timeout-Ms` sent by the clients, who also give up after it (none: the
+    /// gateway's default and no client-side limit).
     pub timeout_ms: Option<u64>,
+    pub variants: Vec<Variant>,
 }
 
-/// Longest a scenario may run before it stops sending.
+/// Longest a scenario run may send before it stops.
 const TIME_LIMIT: Duration = Duration::from_secs(120);
+/// How long after the last answer the bank is watched for work nobody will read.
+const SETTLE: Duration = Duration::from_secs(2);
+
+fn latency(mean: f64, stddev: f64) -> Latency {
+    Latency { mean, stddev }
+}
 
 pub fn catalogue() -> Vec<Scenario> {
     vec![
@@ -38,24 +74,63 @@ pub fn catalogue() -> Vec<Scenario> {
             about: "a healthy bank (20 ± 5 ms): every order is paid; the ledger shows each hop's slice",
             faults: Faults::default(),
             requests: 200,
-            concurrency: 8,
+            load: Load::Closed { concurrency: 8 },
             timeout_ms: None,
+            variants: vec![BUDGETED],
         },
         Scenario {
             name: "bank-slow",
             about: "the bank takes 1200 ± 400 ms; payment gives it at most 1.5 s, so the slowest calls end in 504",
-            faults: Faults { latency_ms: Latency { mean: 1_200.0, stddev: 400.0 }, ..Faults::default() },
+            faults: Faults { latency_ms: latency(1_200.0, 400.0), ..Faults::default() },
             requests: 60,
-            concurrency: 12,
+            load: Load::Closed { concurrency: 12 },
             timeout_ms: None,
+            variants: vec![BUDGETED],
         },
         Scenario {
             name: "bank-hang",
             about: "every bank call hangs and clients allow 500 ms: every hop stops at its deadline and the client gets 504",
             faults: Faults { hang: true, ..Faults::default() },
             requests: 20,
-            concurrency: 10,
+            load: Load::Closed { concurrency: 10 },
             timeout_ms: Some(500),
+            variants: vec![BUDGETED],
+        },
+        Scenario {
+            name: "bank-flaky",
+            about: "30 % of bank calls fail UNAVAILABLE: edge retries win back most orders, within the 10 % budget",
+            faults: Faults { error_rate: 0.3, latency_ms: latency(5.0, 1.0), ..Faults::default() },
+            requests: 500,
+            load: Load::Open { per_second: 100 },
+            timeout_ms: None,
+            variants: vec![NO_RETRIES, BUDGETED],
+        },
+        Scenario {
+            name: "bank-down",
+            about: "every bank call fails UNAVAILABLE at 200 requests/s: the budget keeps bank calls per request near 1.1; the naive chain makes 27",
+            faults: Faults { error_rate: 1.0, latency_ms: latency(5.0, 1.0), ..Faults::default() },
+            requests: 2_000,
+            load: Load::Open { per_second: 200 },
+            timeout_ms: None,
+            variants: vec![BUDGETED, NAIVE],
+        },
+        Scenario {
+            name: "bank-throttled",
+            about: "half the bank calls answer RESOURCE_EXHAUSTED with a 200 ms pushback: the gateway waits exactly that long",
+            faults: Faults { resource_exhausted_rate: 0.5, pushback_ms: 200, latency_ms: latency(5.0, 1.0), ..Faults::default() },
+            requests: 200,
+            load: Load::Open { per_second: 50 },
+            timeout_ms: None,
+            variants: vec![BUDGETED],
+        },
+        Scenario {
+            name: "naive-vs-budgeted",
+            about: "the bank is down (UNAVAILABLE after 60 ± 10 ms) and clients allow 1 s: the naive chain multiplies bank calls (3 attempts at each of 3 levels) and answers after its clients have given up",
+            faults: Faults { error_rate: 1.0, latency_ms: latency(60.0, 10.0), ..Faults::default() },
+            requests: 200,
+            load: Load::Open { per_second: 40 },
+            timeout_ms: Some(1_000),
+            variants: vec![BUDGETED, NAIVE],
         },
     ]
 }
@@ -64,21 +139,42 @@ pub fn find(name: &str) -> Option<Scenario> {
     catalogue().into_iter().find(|scenario| scenario.name == name)
 }
 
-/// What one scenario run measured.
+impl Scenario {
+    /// The same scenario with a different number of requests and load.
+    pub fn with_load(mut self, requests: usize, load: Load) -> Self {
+        self.requests = requests;
+        self.load = load;
+        self
+    }
+
+    /// The same scenario with only the variant labelled `label`.
+    pub fn only(mut self, label: &str) -> Self {
+        self.variants.retain(|variant| variant.label == label);
+        self
+    }
+}
+
+/// What one run of one variant measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub scenario: &'static str,
     pub about: &'static str,
+    pub variant: &'static str,
+    pub load: Load,
     pub requests: usize,
-    pub concurrency: usize,
     pub elapsed_ms: f64,
     /// HTTP status → count.
     pub outcomes: BTreeMap<u16, usize>,
-    /// Transport failures (no HTTP answer at all).
-    pub transport_errors: usize,
+    /// Requests with no HTTP answer (the client gave up or the connection failed).
+    pub no_answer: usize,
+    pub success_rate: f64,
     pub latency_ms: Percentiles,
     pub bank: BankStats,
+    /// Bank calls (every attempt that reached it) per user request.
     pub bank_calls_per_request: f64,
+    /// Bank calls that arrived after every client had its answer or had given up.
+    pub bank_calls_after_clients_left: u64,
+    pub retry: RetryStatsSnapshot,
     pub hops: ChainHopStats,
     /// `X-Deadline-Ledger` and `Server-Timing` of the first answer.
     pub sample_ledger: Option<String>,
@@ -96,85 +192,139 @@ pub struct Percentiles {
 #[derive(Default)]
 struct Tally {
     outcomes: BTreeMap<u16, usize>,
-    transport_errors: usize,
+    no_answer: usize,
     sample: Option<(Option<String>, Option<String>)>,
 }
 
-/// Runs `scenario` against `chain`, printing progress to stderr.
-pub async fn run(chain: &Chain, scenario: &Scenario) -> Report {
+/// Everything one request needs, shared by the senders.
+struct Sender {
+    client: reqwest::Client,
+    url: String,
+    name: &'static str,
+    run_id: u128,
+    timeout_ms: Option<u64>,
+    total: usize,
+    started: Instant,
+    latencies: Mutex<Histogram<u64>>,
+    tally: Mutex<Tally>,
+    done: AtomicUsize,
+}
+
+impl Sender {
+    async fn send(&self, index: usize) {
+        let mut request = self
+            .client
+            .post(&self.url)
+            .bearer_auth("demo-key-1")
+            .header("idempotency-key", format!("{}-{}-{index}", self.name, self.run_id))
+            .json(&serde_json::json!({
+                "customer_id": "c-1",
+                "items": [{"sku": "sku-1", "quantity": 2}],
+                "amount_minor": 1299,
+                "currency": "EUR",
+            }));
+        if let Some(ms) = self.timeout_ms {
+            // The client asks for this deadline and gives up after it, as a real one would.
+            request = request.header(gateway::TIMEOUT_HEADER, ms).timeout(Duration::from_millis(ms));
+        }
+        let sent = Instant::now();
+        let response = request.send().await;
+        let micros = sent.elapsed().as_micros() as u64;
+        self.latencies.lock().expect("histogram lock").saturating_record(micros.max(1));
+        {
+            let mut tally = self.tally.lock().expect("tally lock");
+            match response {
+                Ok(response) => {
+                    *tally.outcomes.entry(response.status().as_u16()).or_default() += 1;
+                    if tally.sample.is_none() {
+                        let header =
+                            |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+                        tally.sample = Some((header(deadline::LEDGER_HEADER), header("server-timing")));
+                    }
+                }
+                Err(_) => tally.no_answer += 1,
+            }
+        }
+        let done = self.done.fetch_add(1, Ordering::Relaxed) + 1;
+        if done.is_multiple_of((self.total / 10).max(1)) || done == self.total {
+            eprintln!("  [{}] {done:>5}/{} answered, {:.1} s", self.name, self.total, self.started.elapsed().as_secs_f64());
+        }
+    }
+}
+
+/// Runs `scenario` once against a running `chain` (whatever variant it was started as).
+pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> Report {
     chain.bank().reset();
     chain.bank().update_faults(|faults| *faults = scenario.faults.clone());
-    let url = format!("http://{}/v1/orders", chain.addresses.gateway_http);
-    let client = reqwest::Client::new();
-    let latencies = Arc::new(std::sync::Mutex::new(Histogram::<u64>::new(3).expect("valid precision")));
-    let tally = Arc::new(Mutex::new(Tally::default()));
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let retry_before = chain.retry_stats();
     let started = Instant::now();
-    let run_id = std::process::id() as u128 * 1_000_000_000 + started.elapsed().as_nanos();
+    let sender = Arc::new(Sender {
+        client: reqwest::Client::new(),
+        url: format!("http://{}/v1/orders", chain.addresses.gateway_http),
+        name: scenario.name,
+        run_id: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
+        timeout_ms: scenario.timeout_ms,
+        total: scenario.requests,
+        started,
+        // 1 µs to 1 h at 3 significant digits; longer waits are recorded as 1 h.
+        latencies: Mutex::new(Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")),
+        tally: Mutex::default(),
+        done: AtomicUsize::new(0),
+    });
 
-    let mut workers = JoinSet::new();
-    for _ in 0..scenario.concurrency {
-        let (client, url, latencies, tally, next) = (client.clone(), url.clone(), latencies.clone(), tally.clone(), next.clone());
-        let (total, timeout_ms, name) = (scenario.requests, scenario.timeout_ms, scenario.name);
-        workers.spawn(async move {
-            loop {
-                let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if index >= total || started.elapsed() > TIME_LIMIT {
+    let mut requests = JoinSet::new();
+    match scenario.load {
+        Load::Closed { concurrency } => {
+            let next = Arc::new(AtomicUsize::new(0));
+            for _ in 0..concurrency {
+                let (sender, next) = (sender.clone(), next.clone());
+                requests.spawn(async move {
+                    loop {
+                        let index = next.fetch_add(1, Ordering::Relaxed);
+                        if index >= sender.total || started.elapsed() > TIME_LIMIT {
+                            break;
+                        }
+                        sender.send(index).await;
+                    }
+                });
+            }
+        }
+        Load::Open { per_second } => {
+            let mut ticks = tokio::time::interval(Duration::from_secs(1) / per_second.max(1));
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            for index in 0..scenario.requests {
+                ticks.tick().await;
+                if started.elapsed() > TIME_LIMIT {
                     break;
                 }
-                let mut request = client
-                    .post(&url)
-                    .bearer_auth("demo-key-1")
-                    .header("idempotency-key", format!("{name}-{run_id}-{index}"))
-                    .json(&serde_json::json!({
-                        "customer_id": "c-1",
-                        "items": [{"sku": "sku-1", "quantity": 2}],
-                        "amount_minor": 1299,
-                        "currency": "EUR",
-                    }));
-                if let Some(ms) = timeout_ms {
-                    request = request.header(gateway::TIMEOUT_HEADER, ms);
-                }
-                let sent = Instant::now();
-                let response = request.send().await;
-                let micros = sent.elapsed().as_micros() as u64;
-                latencies.lock().expect("histogram lock").record(micros.max(1)).expect("in range");
-                let mut tally = tally.lock().await;
-                match response {
-                    Ok(response) => {
-                        *tally.outcomes.entry(response.status().as_u16()).or_default() += 1;
-                        if tally.sample.is_none() {
-                            let header = |name: &str| {
-                                response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
-                            };
-                            tally.sample = Some((header(deadline::LEDGER_HEADER), header("server-timing")));
-                        }
-                    }
-                    Err(_) => tally.transport_errors += 1,
-                }
-                let done = index + 1;
-                if done % (total / 10).max(1) == 0 || done == total {
-                    eprintln!("  [{name}] {done:>5}/{total} sent, {:.1} s", started.elapsed().as_secs_f64());
-                }
+                let sender = sender.clone();
+                requests.spawn(async move { sender.send(index).await });
             }
-        });
+        }
     }
-    while workers.join_next().await.is_some() {}
-
+    while requests.join_next().await.is_some() {}
     let elapsed = started.elapsed();
-    let tally = std::mem::take(&mut *tally.lock().await);
-    let histogram = latencies.lock().expect("histogram lock").clone();
-    let completed = tally.outcomes.values().sum::<usize>() + tally.transport_errors;
+
+    let calls_when_clients_left = chain.bank().stats().calls;
+    tokio::time::sleep(SETTLE).await;
     let bank = chain.bank().stats();
+
+    let tally = std::mem::take(&mut *sender.tally.lock().expect("tally lock"));
+    let histogram = sender.latencies.lock().expect("histogram lock").clone();
+    let completed = tally.outcomes.values().sum::<usize>() + tally.no_answer;
+    let paid = tally.outcomes.get(&201).copied().unwrap_or(0);
+    let retry_after = chain.retry_stats();
     let (sample_ledger, sample_server_timing) = tally.sample.unwrap_or_default();
     Report {
         scenario: scenario.name,
         about: scenario.about,
+        variant,
+        load: scenario.load,
         requests: completed,
-        concurrency: scenario.concurrency,
         elapsed_ms: elapsed.as_secs_f64() * 1e3,
         outcomes: tally.outcomes,
-        transport_errors: tally.transport_errors,
+        no_answer: tally.no_answer,
+        success_rate: paid as f64 / completed.max(1) as f64,
         latency_ms: Percentiles {
             min: histogram.min() as f64 / 1e3,
             p50: histogram.value_at_quantile(0.50) as f64 / 1e3,
@@ -183,16 +333,90 @@ pub async fn run(chain: &Chain, scenario: &Scenario) -> Report {
         },
         bank,
         bank_calls_per_request: bank.calls as f64 / completed.max(1) as f64,
+        bank_calls_after_clients_left: bank.calls - calls_when_clients_left,
+        retry: RetryStatsSnapshot {
+            requests: retry_after.requests - retry_before.requests,
+            retries: retry_after.retries - retry_before.retries,
+            stopped_success: retry_after.stopped_success - retry_before.stopped_success,
+            stopped_non_retryable: retry_after.stopped_non_retryable - retry_before.stopped_non_retryable,
+            stopped_attempts: retry_after.stopped_attempts - retry_before.stopped_attempts,
+            stopped_budget: retry_after.stopped_budget - retry_before.stopped_budget,
+            stopped_deadline: retry_after.stopped_deadline - retry_before.stopped_deadline,
+            stopped_pushback: retry_after.stopped_pushback - retry_before.stopped_pushback,
+        },
         hops: chain.hop_stats(),
         sample_ledger,
         sample_server_timing,
     }
 }
 
+/// Runs every variant of `scenario` on a fresh chain built from `settings`.
+pub async fn run_variants(scenario: &Scenario, settings: &ChainSettings) -> Result<Vec<Report>, rpc::ServerError> {
+    let mut reports = Vec::new();
+    for variant in &scenario.variants {
+        let data = tempfile::tempdir().map_err(rpc::ServerError::Serve)?;
+        let mut settings = settings.clone().ephemeral().with_data_dir(data.path());
+        settings.mode = Some(variant.mode);
+        if let Some(attempts) = variant.max_attempts {
+            settings.gateway.retry.max_attempts = attempts;
+        }
+        let chain = Chain::start(settings).await?;
+        eprintln!("Scenario {} ({}): {} requests, {}", scenario.name, variant.label, scenario.requests, describe(scenario.load));
+        reports.push(run(&chain, scenario, variant.label).await);
+        chain.stop().await?;
+    }
+    Ok(reports)
+}
+
+fn describe(load: Load) -> String {
+    match load {
+        Load::Closed { concurrency } => format!("{concurrency} concurrent"),
+        Load::Open { per_second } => format!("{per_second} per second"),
+    }
+}
+
+/// The variants of one scenario side by side.
+pub struct Comparison<'a>(pub &'a [Report]);
+
+impl fmt::Display for Comparison<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let reports = self.0;
+        let Some(first) = reports.first() else { return Ok(()) };
+        writeln!(f, "\nSide by side: {}", first.scenario)?;
+        write!(f, "  {:<34}", "")?;
+        for report in reports {
+            write!(f, "{:>14}", report.variant)?;
+        }
+        writeln!(f)?;
+        type Row = (&'static str, fn(&Report) -> String);
+        let rows: [Row; 7] = [
+            ("success rate", |r| format!("{:.1} %", r.success_rate * 100.0)),
+            ("bank calls per user request", |r| format!("{:.2}", r.bank_calls_per_request)),
+            ("retries at the gateway", |r| r.retry.retries.to_string()),
+            ("bank calls after clients left", |r| r.bank_calls_after_clients_left.to_string()),
+            ("work finished after its deadline", |r| {
+                let h = r.hops;
+                (h.gateway_http.finished_late + h.orders.finished_late + h.payment.finished_late + h.bank.finished_late)
+                    .to_string()
+            }),
+            ("p99 latency", |r| format!("{:.1} ms", r.latency_ms.p99)),
+            ("no answer (client gave up)", |r| r.no_answer.to_string()),
+        ];
+        for (label, value) in rows {
+            write!(f, "  {label:<34}")?;
+            for report in reports {
+                write!(f, "{:>14}", value(report))?;
+            }
+            writeln!(f)?;
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "\nScenario {}: {}", self.scenario, self.about)?;
-        writeln!(f, "  requests     {} in {:.2} s ({} concurrent)", self.requests, self.elapsed_ms / 1e3, self.concurrency)?;
+        writeln!(f, "\nScenario {} ({}): {}", self.scenario, self.variant, self.about)?;
+        writeln!(f, "  requests     {} in {:.2} s ({})", self.requests, self.elapsed_ms / 1e3, describe(self.load))?;
         let outcomes: Vec<String> = self
             .outcomes
             .iter()
@@ -200,25 +424,34 @@ impl fmt::Display for Report {
                 let reason = reqwest::StatusCode::from_u16(*status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
                 format!("{status} {reason}: {count}")
             })
-            .chain((self.transport_errors > 0).then(|| format!("no answer: {}", self.transport_errors)))
+            .chain((self.no_answer > 0).then(|| format!("no answer: {}", self.no_answer)))
             .collect();
-        writeln!(f, "  outcomes     {}", outcomes.join(", "))?;
+        writeln!(f, "  outcomes     {} (success {:.1} %)", outcomes.join(", "), self.success_rate * 100.0)?;
         let l = self.latency_ms;
         writeln!(f, "  latency      min {:.1} ms, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms", l.min, l.p50, l.p99, l.max)?;
         let b = self.bank;
         writeln!(
             f,
-            "  bank         {} calls ({:.2} per request), {} charges, {} hung, {} completed after their deadline",
-            b.calls, self.bank_calls_per_request, b.charges, b.hung, b.late_completions
+            "  bank         {} calls ({:.2} per request, {} marked as retries), {} charges, {} hung, {} completed after their deadline, {} after clients left",
+            b.calls, self.bank_calls_per_request, b.retried_calls, b.charges, b.hung, b.late_completions, self.bank_calls_after_clients_left
+        )?;
+        let r = self.retry;
+        writeln!(
+            f,
+            "  retries      {} for {} requests ({:.1} %); stopped by success {}, non-retryable {}, attempts {}, budget {}, deadline {}, pushback {}",
+            r.retries,
+            r.requests,
+            r.retries as f64 * 100.0 / r.requests.max(1) as f64,
+            r.stopped_success,
+            r.stopped_non_retryable,
+            r.stopped_attempts,
+            r.stopped_budget,
+            r.stopped_deadline,
+            r.stopped_pushback
         )?;
         writeln!(f, "  deadlines    requests / expired at the hop / finished late / abandoned / failed fast")?;
         let h = self.hops;
-        for (hop, s) in [
-            ("gateway", h.gateway_http),
-            ("orders", h.orders),
-            ("payment", h.payment),
-            ("bank-mock", h.bank),
-        ] {
+        for (hop, s) in [("gateway", h.gateway_http), ("orders", h.orders), ("payment", h.payment), ("bank-mock", h.bank)] {
             writeln!(f, "    {hop:<10} {} / {} / {} / {} / {}", s.requests, s.expired, s.finished_late, s.abandoned, s.failed_fast)?;
         }
         if let Some(text) = &self.sample_ledger {

@@ -1,14 +1,29 @@
 //! Every named scenario runs to its end and reports what it is meant to show.
 
-use stack::{Chain, ChainSettings, scenario};
+use stack::{ChainSettings, scenario};
 
 async fn run(name: &str) -> scenario::Report {
-    let data = tempfile::tempdir().unwrap();
-    let chain = Chain::start(ChainSettings::default().ephemeral().with_data_dir(data.path())).await.unwrap();
-    let report = scenario::run(&chain, &scenario::find(name).unwrap()).await;
-    chain.stop().await.unwrap();
-    assert!(report.to_string().contains(&format!("Scenario {name}")));
-    report
+    let mut reports = run_all(name).await;
+    assert_eq!(reports.len(), 1);
+    reports.remove(0)
+}
+
+async fn run_all(name: &str) -> Vec<scenario::Report> {
+    run_scenario(scenario::find(name).unwrap()).await
+}
+
+async fn run_scenario(scenario: scenario::Scenario) -> Vec<scenario::Report> {
+    let reports = scenario::run_variants(&scenario, &ChainSettings::default()).await.unwrap();
+    for report in &reports {
+        assert!(report.to_string().contains(&format!("Scenario {} ({})", scenario.name, report.variant)));
+    }
+    reports
+}
+
+/// Retries the default budget allows: 10 % of requests plus its floor of 2 per second over the
+/// run and the 10-second window it started with.
+fn budget_allowance(report: &scenario::Report) -> f64 {
+    0.1 * report.requests as f64 + 2.0 * (report.elapsed_ms / 1e3 + 10.0)
 }
 
 #[tokio::test]
@@ -44,4 +59,53 @@ fn the_catalogue_names_are_unique() {
     let names: Vec<_> = scenario::catalogue().iter().map(|s| s.name).collect();
     let unique: std::collections::BTreeSet<_> = names.iter().collect();
     assert_eq!(names.len(), unique.len(), "{names:?}");
+}
+
+#[tokio::test]
+async fn bank_down_keeps_bank_calls_per_request_within_the_budget() {
+    let report = run_scenario(scenario::find("bank-down").unwrap().only("budgeted")).await.remove(0);
+    assert_eq!(report.outcomes.get(&503), Some(&report.requests), "{:?}", report.outcomes);
+    assert!(report.bank_calls_per_request <= 1.15, "{}", report.bank_calls_per_request);
+    assert!(report.retry.retries as f64 <= budget_allowance(&report), "{:?}", report.retry);
+    assert!(report.retry.stopped_budget > 0, "the budget, not the attempt limit, stopped the retries");
+}
+
+#[tokio::test]
+async fn the_naive_chain_multiplies_bank_calls_by_three_per_level() {
+    let down = scenario::find("bank-down").unwrap().only("naive").with_load(100, scenario::Load::Open { per_second: 50 });
+    let report = run_scenario(down).await.remove(0);
+    assert_eq!(report.bank_calls_per_request, 27.0, "3 attempts at each of 3 levels");
+}
+
+#[tokio::test]
+async fn bank_flaky_retries_win_back_orders_within_the_budget() {
+    let reports = run_all("bank-flaky").await;
+    let (without, with) = (&reports[0], &reports[1]);
+    assert_eq!((without.variant, with.variant), ("no retries", "budgeted"));
+    assert!(with.success_rate > without.success_rate, "{} vs {}", with.success_rate, without.success_rate);
+    assert_eq!(without.retry.retries, 0);
+    assert!(with.retry.retries as f64 <= budget_allowance(with), "{:?}", with.retry);
+}
+
+#[tokio::test]
+async fn bank_throttled_waits_the_pushback_and_never_opens_more_calls_than_the_budget() {
+    let report = run("bank-throttled").await;
+    assert!(report.outcomes.get(&201).is_some_and(|paid| *paid > 0), "{:?}", report.outcomes);
+    assert!(report.outcomes.keys().all(|status| [201, 429].contains(status)), "{:?}", report.outcomes);
+    assert!(report.retry.retries as f64 <= budget_allowance(&report), "{:?}", report.retry);
+    // Every retry waited the 200 ms pushback: the slowest paid order took at least that long.
+    assert!(report.latency_ms.max >= 200.0, "{:?}", report.latency_ms);
+}
+
+#[tokio::test]
+async fn naive_vs_budgeted_compares_both_chains_under_one_fault() {
+    let reports = run_scenario(
+        scenario::find("naive-vs-budgeted").unwrap().with_load(60, scenario::Load::Open { per_second: 30 }),
+    )
+    .await;
+    let (budgeted, naive) = (&reports[0], &reports[1]);
+    assert_eq!((budgeted.variant, naive.variant), ("budgeted", "naive"));
+    assert!(naive.bank_calls_per_request > 5.0 * budgeted.bank_calls_per_request, "{} vs {}", naive.bank_calls_per_request, budgeted.bank_calls_per_request);
+    assert_eq!(budgeted.no_answer, 0, "the budgeted chain answers every client within its deadline");
+    assert!(scenario::Comparison(&reports).to_string().contains("bank calls per user request"));
 }

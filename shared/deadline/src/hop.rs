@@ -24,6 +24,7 @@ pub struct Hop {
     name: &'static str,
     deadline: Deadline,
     stats: Arc<HopStats>,
+    previous_attempts: u32,
     record: Mutex<Record>,
 }
 
@@ -37,7 +38,18 @@ struct Record {
 
 impl Hop {
     pub fn new(name: &'static str, deadline: Deadline, stats: Arc<HopStats>) -> Self {
-        Self { name, deadline, stats, record: Mutex::new(Record::default()) }
+        Self { name, deadline, stats, previous_attempts: 0, record: Mutex::new(Record::default()) }
+    }
+
+    /// Marks the request as a retry: `previous` attempts of the edge operation came before it.
+    pub fn with_previous_attempts(mut self, previous: u32) -> Self {
+        self.previous_attempts = previous;
+        self
+    }
+
+    /// Attempts of the edge operation before this one (0: a first attempt).
+    pub fn previous_attempts(&self) -> u32 {
+        self.previous_attempts
     }
 
     /// The hop of the request the current task is serving, if any.

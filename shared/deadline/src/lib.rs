@@ -28,6 +28,16 @@ use tokio::time::Instant;
 /// The metadata key that carries the ledger back up the chain.
 pub const LEDGER_HEADER: &str = "x-deadline-ledger";
 
+/// Metadata on a DEADLINE_EXCEEDED that a hop answered without calling its dependency because too
+/// little budget was left. Its value names that hop. A retry would get even less, so the edge does
+/// not retry such a failure.
+pub const FAILED_FAST_HEADER: &str = "x-deadline-failed-fast";
+
+/// Metadata carrying the number of earlier attempts of the edge operation a call belongs to. The
+/// gateway sets it on each retry; every hop passes it on with the deadline, so the bank can tell
+/// first attempts from retries (gRPC's retry design, A6, names this header).
+pub const PREVIOUS_ATTEMPTS_HEADER: &str = "grpc-previous-rpc-attempts";
+
 /// A point in time after which nobody will read the answer, plus the budget it was made from.
 ///
 /// Stored as an absolute instant so that "remaining" is always computed from the clock, never

@@ -3,7 +3,11 @@ use std::time::Duration;
 use deadline::{ForwardPolicy, client::{ForwardDeadline, ForwardDeadlineLayer}};
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
-use tower::Layer;
+use resilience::{
+    ChainMode,
+    naive::{NaiveRetry, NaiveRetryLayer, NaiveSettings},
+};
+use tower::{Layer, util::Either};
 
 /// How to reach one dependency, and how much of the deadline to give it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -31,12 +35,18 @@ impl Default for Dependency {
     }
 }
 
-/// A channel to one dependency under its deadline policy.
-pub type Client = ForwardDeadline<Channel>;
+/// A channel to one dependency: under its deadline policy, or (naive chain) retried per hop.
+pub type Client = Either<ForwardDeadline<Channel>, NaiveRetry<Channel>>;
 
 /// Builds the client for `dependency`, named `name` in ledgers and errors. Connects lazily, so
-/// services can start in any order, and reconnects by itself.
-pub fn connect(name: &'static str, dependency: &Dependency) -> Result<Client, tonic::transport::Error> {
+/// services can start in any order, and reconnects by itself. It never retries in the budgeted
+/// chain: retries belong to the gateway alone.
+pub fn connect(
+    name: &'static str,
+    dependency: &Dependency,
+    mode: ChainMode,
+    naive: NaiveSettings,
+) -> Result<Client, tonic::transport::Error> {
     let idle = Duration::from_millis(dependency.idle_timeout_ms);
     let channel = Endpoint::from_shared(dependency.endpoint.clone())?
         .connect_timeout(Duration::from_millis(dependency.connect_timeout_ms))
@@ -45,5 +55,8 @@ pub fn connect(name: &'static str, dependency: &Dependency) -> Result<Client, to
         .keep_alive_timeout(idle)
         .keep_alive_while_idle(true)
         .connect_lazy();
-    Ok(ForwardDeadlineLayer::new(name, dependency.deadline).layer(channel))
+    Ok(match mode {
+        ChainMode::Budgeted => Either::Left(ForwardDeadlineLayer::new(name, dependency.deadline).layer(channel)),
+        ChainMode::Naive => Either::Right(NaiveRetryLayer::new(naive).layer(channel)),
+    })
 }

@@ -1,17 +1,19 @@
 use sha2::{Digest, Sha256};
 use tonic::Status;
 
-/// Metadata in which a server asks its caller to wait before retrying (gRPC retry design, A6).
-pub const PUSHBACK_HEADER: &str = "grpc-retry-pushback-ms";
+pub use resilience::retry::PUSHBACK_HEADER;
+use deadline::FAILED_FAST_HEADER;
 
 /// Passes a dependency's failure up unchanged: same code, same message (every hop names itself in
-/// the messages it makes, so the message already says which hop failed), and the pushback kept so
-/// that the edge can honour it. Other metadata (including the dependency's ledger, which the
-/// deadline layers carry separately) is not copied.
+/// the messages it makes, so the message already says which hop failed), and what the edge needs
+/// to decide on a retry: the pushback and the fail-fast mark. Other metadata (including the
+/// dependency's ledger, which the deadline layers carry separately) is not copied.
 pub fn relay(status: &Status) -> Status {
     let mut relayed = Status::new(status.code(), status.message());
-    if let Some(pushback) = status.metadata().get(PUSHBACK_HEADER) {
-        relayed.metadata_mut().insert(PUSHBACK_HEADER, pushback.clone());
+    for key in [PUSHBACK_HEADER, FAILED_FAST_HEADER] {
+        if let Some(value) = status.metadata().get(key) {
+            relayed.metadata_mut().insert(key, value.clone());
+        }
     }
     relayed
 }
@@ -38,10 +40,12 @@ mod tests {
         let mut status = Status::resource_exhausted("bank-mock: slow down");
         status.metadata_mut().insert(PUSHBACK_HEADER, "300".parse().unwrap());
         status.metadata_mut().insert("x-deadline-ledger", "bank-mock;received=1".parse().unwrap());
+        status.metadata_mut().insert(FAILED_FAST_HEADER, "payment".parse().unwrap());
         let relayed = relay(&status);
         assert_eq!(relayed.code(), Code::ResourceExhausted);
         assert_eq!(relayed.message(), "bank-mock: slow down");
         assert_eq!(relayed.metadata().get(PUSHBACK_HEADER).unwrap(), "300");
+        assert_eq!(relayed.metadata().get(FAILED_FAST_HEADER).unwrap(), "payment");
         assert!(relayed.metadata().get("x-deadline-ledger").is_none());
     }
 

@@ -3,12 +3,14 @@
 //! The layer sits above the channel, inside the handler's task, so it finds the current [`Hop`]
 //! itself: handlers never pass deadlines around. It
 //! - plans the slice with the dependency's [`ForwardPolicy`] and fails fast with DEADLINE_EXCEEDED,
-//!   without calling, when the slice is below the dependency's minimum;
+//!   without calling, when the slice is below the dependency's minimum (marked with
+//!   [`FAILED_FAST_HEADER`](crate::FAILED_FAST_HEADER) so that nobody retries it);
 //! - sends the slice as `grpc-timeout` and stops waiting when it runs out, answering
 //!   DEADLINE_EXCEEDED (tonic's channel starts its own timer from the same header and would
 //!   answer CANCELLED; that error is relabelled too). The dependency, whose clock started later,
 //!   sees the caller leave and drops its work;
-//! - keeps the ledger the dependency returns, so this hop can pass it up.
+//! - keeps the ledger the dependency returns, so this hop can pass it up;
+//! - passes on the edge operation's attempt number (`grpc-previous-rpc-attempts`).
 //!
 //! Outside a served request (a client program) there is no hop: the call passes through untouched
 //! and the program sets its own deadline with `tonic::Request::set_timeout`.
@@ -23,10 +25,10 @@ use std::task::{Context, Poll};
 
 use http::{HeaderValue, Request, Response};
 use tokio::time::Instant;
-use tonic::Status;
+use tonic::{Status, metadata::MetadataValue};
 use tower::{BoxError, Service};
 
-use crate::{ForwardPolicy, Hop, HopStats, grpc_timeout};
+use crate::{FAILED_FAST_HEADER, ForwardPolicy, Hop, HopStats, PREVIOUS_ATTEMPTS_HEADER, grpc_timeout};
 
 /// Forwards the deadline to `dependency`; see the module docs.
 #[derive(Debug, Clone)]
@@ -67,13 +69,19 @@ where
             Err(too_little) => {
                 HopStats::count(&hop.stats().failed_fast);
                 tracing::debug!(%too_little, "failing fast");
-                return ResponseFuture::failed_fast(Status::deadline_exceeded(too_little.to_string()).into_http());
+                let mut status = Status::deadline_exceeded(too_little.to_string());
+                status.metadata_mut().insert(FAILED_FAST_HEADER, MetadataValue::from_static(hop.name()));
+                return ResponseFuture::failed_fast(status.into_http());
             }
         };
         hop.record_forward(now, forward);
         let timeout = HeaderValue::try_from(grpc_timeout::format(forward.forwarded))
             .expect("grpc-timeout values are ASCII");
-        request.headers_mut().insert(grpc_timeout::HEADER, timeout);
+        let headers = request.headers_mut();
+        headers.insert(grpc_timeout::HEADER, timeout);
+        if hop.previous_attempts() > 0 && !headers.contains_key(PREVIOUS_ATTEMPTS_HEADER) {
+            headers.insert(PREVIOUS_ATTEMPTS_HEADER, HeaderValue::from(hop.previous_attempts()));
+        }
         ResponseFuture::forwarded(self.inner.call(request), hop, self.dependency, forward.forwarded, now + forward.forwarded)
     }
 }

@@ -19,7 +19,7 @@ use http::{HeaderMap, Request, Response};
 use tokio::time::Instant;
 use tower::Service;
 
-use crate::{Deadline, Hop, HopStats};
+use crate::{Deadline, Hop, HopStats, PREVIOUS_ATTEMPTS_HEADER};
 
 /// What differs between the protocols a hop can be served over (gRPC, HTTP/JSON).
 pub trait Protocol: Clone + Send + Sync + 'static {
@@ -73,7 +73,13 @@ where
             Err(rejection) => return ResponseFuture::rejected(rejection),
         };
         let deadline = Deadline::after(received_at, self.protocol.grant(requested));
-        let hop = Arc::new(Hop::new(self.name, deadline, self.stats.clone()));
+        let previous_attempts = request
+            .headers()
+            .get(PREVIOUS_ATTEMPTS_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|text| text.parse().ok())
+            .unwrap_or(0);
+        let hop = Arc::new(Hop::new(self.name, deadline, self.stats.clone()).with_previous_attempts(previous_attempts));
         request.extensions_mut().insert(deadline);
         // Both the synchronous call and its future run as the current hop.
         let inner = Hop::sync_scope(hop.clone(), || self.inner.call(request));

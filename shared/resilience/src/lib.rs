@@ -1,0 +1,22 @@
+//! Resilience at the edge of the chain.
+//!
+//! - [`retry`]: the gateway's retry policy: transient failures only, a 10 % retry budget,
+//!   exponential backoff with jitter, pushback obeyed, and never a retry the deadline cannot hold.
+//! - [`naive`]: fixed timeouts and three retries at every hop, no budget, no jitter: the design the
+//!   retry policy replaces, kept only so that its cost can be measured side by side.
+
+pub mod naive;
+pub mod retry;
+
+pub use deadline::PREVIOUS_ATTEMPTS_HEADER;
+
+/// Which resilience design a service runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ChainMode {
+    /// One deadline shrinking down the chain; retries only at the gateway, under a budget.
+    #[default]
+    Budgeted,
+    /// Each hop with its own fixed timeout and three attempts: for comparison only.
+    Naive,
+}

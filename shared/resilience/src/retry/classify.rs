@@ -1,0 +1,80 @@
+//! Which failures a retry can fix, and what the server asked us to wait.
+
+use std::time::Duration;
+
+use tonic::{Code, Status};
+use tonic_types::StatusExt;
+
+/// Transient failures: another attempt may succeed. Everything else (INVALID_ARGUMENT, NOT_FOUND,
+/// ALREADY_EXISTS, FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED, …) would fail the same
+/// way again. RESOURCE_EXHAUSTED is retried only when the server says how long to wait.
+pub fn is_transient(code: Code) -> bool {
+    matches!(code, Code::Unavailable | Code::DeadlineExceeded)
+}
+
+/// What a failure says about waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pushback {
+    /// No instruction: use the backoff.
+    None,
+    /// Wait exactly this long before the next attempt.
+    Wait(Duration),
+    /// Negative or unreadable: the server says do not retry.
+    DoNotRetry,
+}
+
+/// Reads `grpc-retry-pushback-ms`, or failing that a `google.rpc.RetryInfo` detail.
+pub fn pushback(status: &Status) -> Pushback {
+    if let Some(value) = status.metadata().get(crate::retry::PUSHBACK_HEADER) {
+        return match value.to_str().ok().and_then(|text| text.trim().parse::<i64>().ok()) {
+            Some(millis) if millis >= 0 => Pushback::Wait(Duration::from_millis(millis as u64)),
+            _ => Pushback::DoNotRetry,
+        };
+    }
+    match status.get_details_retry_info() {
+        Some(info) => info.retry_delay.map_or(Pushback::DoNotRetry, Pushback::Wait),
+        None => Pushback::None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic_types::{ErrorDetails, StatusExt};
+
+    fn with_pushback(value: &str) -> Status {
+        let mut status = Status::resource_exhausted("slow down");
+        status.metadata_mut().insert(crate::retry::PUSHBACK_HEADER, value.parse().unwrap());
+        status
+    }
+
+    #[test]
+    fn pushback_header_values() {
+        assert_eq!(pushback(&with_pushback("300")), Pushback::Wait(Duration::from_millis(300)));
+        assert_eq!(pushback(&with_pushback("0")), Pushback::Wait(Duration::ZERO));
+        assert_eq!(pushback(&with_pushback("-1")), Pushback::DoNotRetry);
+        assert_eq!(pushback(&with_pushback("soon")), Pushback::DoNotRetry);
+        assert_eq!(pushback(&Status::unavailable("down")), Pushback::None);
+    }
+
+    #[test]
+    fn retry_info_detail_is_read_when_there_is_no_header() {
+        let details = ErrorDetails::with_retry_info(Some(Duration::from_millis(750)));
+        let status = Status::with_error_details(Code::ResourceExhausted, "slow down", details);
+        assert_eq!(pushback(&status), Pushback::Wait(Duration::from_millis(750)));
+    }
+
+    #[test]
+    fn only_transient_codes_are_retryable() {
+        for code in [Code::Unavailable, Code::DeadlineExceeded] {
+            assert!(is_transient(code), "{code:?}");
+        }
+        for code in [
+            Code::InvalidArgument, Code::NotFound, Code::AlreadyExists, Code::FailedPrecondition,
+            Code::PermissionDenied, Code::Unauthenticated, Code::ResourceExhausted, Code::Internal,
+            Code::Cancelled, Code::Aborted, Code::Unimplemented,
+        ] {
+            assert!(!is_transient(code), "{code:?}");
+        }
+    }
+}

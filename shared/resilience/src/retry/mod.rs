@@ -1,0 +1,249 @@
+//! The gateway's retry policy, as a `tower::retry::Policy`.
+//!
+//! Why here and nowhere else? Retries multiply along a chain: three attempts at each of three
+//! levels turn one user attempt into 27 bank calls, the load that finishes off a struggling
+//! service. So only the edge retries, and only
+//! - transient failures (UNAVAILABLE, DEADLINE_EXCEEDED of an attempt; RESOURCE_EXHAUSTED when
+//!   the server names a wait), of idempotent operations (reads, writes with an idempotency key);
+//! - a few times (3 attempts by default), waiting `base·2^(n−1)` plus a random part of the same
+//!   size, capped, so that clients that failed together do not come back together;
+//! - exactly as long as the server's pushback says, when it says one;
+//! - when the remaining deadline holds the wait plus a typical attempt (a moving average), and
+//!   never after a hop failed fast for lack of budget (a retry would have even less);
+//! - within a budget: retries are at most 10 % of requests over a sliding window (tower's
+//!   `TpsBudget`), so under a total outage retries stop by themselves instead of adding load.
+//!
+//! Every operation ends with a [`StopReason`], logged and counted.
+
+mod attempt_time;
+mod call;
+mod classify;
+mod stats;
+
+pub use call::Call;
+pub use classify::{Pushback, is_transient, pushback};
+pub use stats::{RetryStats, RetryStatsSnapshot, StopReason};
+
+use std::{sync::Arc, time::Duration};
+
+use attempt_time::AttemptTime;
+use deadline::{FAILED_FAST_HEADER, Hop};
+use serde::{Deserialize, Serialize};
+use tokio::time::{Instant, Sleep, sleep};
+use tonic::{Code, Status};
+use tower::retry::{
+    Policy,
+    backoff::{Backoff, ExponentialBackoff, ExponentialBackoffMaker, InvalidBackoff, MakeBackoff},
+    budget::{Budget, TpsBudget},
+};
+use tower::util::rng::HasherRng;
+
+/// Metadata in which a server names the wait before a retry (gRPC retry design, A6).
+pub const PUSHBACK_HEADER: &str = "grpc-retry-pushback-ms";
+
+/// Settings of one retry policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetrySettings {
+    /// Attempts in total, the first included (1 disables retries).
+    pub max_attempts: u32,
+    /// Base of the first retry's wait; each further retry doubles it.
+    pub backoff_base_ms: u64,
+    /// Longest wait between attempts, jitter included.
+    pub backoff_max_ms: u64,
+    /// Share of requests that may be retried over the window.
+    pub budget_percent: f32,
+    /// Retries per second allowed even with little traffic (the budget's floor).
+    pub budget_min_per_sec: u32,
+    /// The budget's sliding window (1 to 60 s).
+    pub budget_window_ms: u64,
+    /// Time an attempt is assumed to need before one has been observed, and at least.
+    pub min_attempt_ms: u64,
+}
+
+impl Default for RetrySettings {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            backoff_base_ms: 200,
+            backoff_max_ms: 2_000,
+            budget_percent: 0.1,
+            budget_min_per_sec: 2,
+            budget_window_ms: 10_000,
+            min_attempt_ms: 50,
+        }
+    }
+}
+
+/// Settings that cannot work.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidRetrySettings {
+    #[error("retry: max_attempts must be at least 1")]
+    NoAttempts,
+    #[error("retry: budget_window_ms must be 1000 to 60000")]
+    Window,
+    #[error("retry: budget_percent must be 0 to 1")]
+    Percent,
+    #[error("retry: {0}")]
+    Backoff(#[from] InvalidBackoff),
+}
+
+#[derive(Debug)]
+struct Shared {
+    max_attempts: u32,
+    min_attempt: Duration,
+    budget: TpsBudget,
+    backoff_base: Duration,
+    backoff_max: Duration,
+    attempt_time: AttemptTime,
+    stats: RetryStats,
+}
+
+/// The policy: clone one per operation kind; tower clones it again per request.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    shared: Arc<Shared>,
+    /// This request's backoff sequence, made at its first retry.
+    backoff: Option<ExponentialBackoff>,
+    attempt_started: Option<Instant>,
+}
+
+impl RetryPolicy {
+    pub fn new(settings: &RetrySettings) -> Result<Self, InvalidRetrySettings> {
+        if settings.max_attempts == 0 {
+            return Err(InvalidRetrySettings::NoAttempts);
+        }
+        if !(1_000..=60_000).contains(&settings.budget_window_ms) {
+            return Err(InvalidRetrySettings::Window);
+        }
+        if !(0.0..=1.0).contains(&settings.budget_percent) {
+            return Err(InvalidRetrySettings::Percent);
+        }
+        let budget = TpsBudget::new(
+            Duration::from_millis(settings.budget_window_ms),
+            settings.budget_min_per_sec,
+            settings.budget_percent,
+        );
+        let backoff_base = Duration::from_millis(settings.backoff_base_ms);
+        let backoff_max = Duration::from_millis(settings.backoff_max_ms.max(settings.backoff_base_ms).max(1));
+        backoff_maker(backoff_base, backoff_max)?;
+        let min_attempt = Duration::from_millis(settings.min_attempt_ms);
+        Ok(Self {
+            shared: Arc::new(Shared {
+                max_attempts: settings.max_attempts,
+                min_attempt,
+                budget,
+                backoff_base,
+                backoff_max,
+                attempt_time: AttemptTime::new(min_attempt),
+                stats: RetryStats::default(),
+            }),
+            backoff: None,
+            attempt_started: None,
+        })
+    }
+
+    pub fn stats(&self) -> RetryStatsSnapshot {
+        self.shared.stats.snapshot()
+    }
+
+    fn stop(&self, reason: StopReason, attempts: u32) {
+        self.shared.stats.stop(reason);
+        tracing::event!(tracing::Level::DEBUG, retry.stop = reason.as_str(), retry.attempts = attempts, "retrying stopped");
+        if reason == StopReason::Budget {
+            tracing::warn!(retry.attempts = attempts, "retry budget exhausted");
+        }
+    }
+
+    /// The wait before the next attempt, or why there is none.
+    fn next_wait(&mut self, status: &Status, previous_attempts: u32) -> Result<Sleep, StopReason> {
+        if status.metadata().contains_key(FAILED_FAST_HEADER) {
+            // A hop had too little budget to call on; a retry would have less.
+            return Err(StopReason::Deadline);
+        }
+        let named_wait = match pushback(status) {
+            Pushback::DoNotRetry => return Err(StopReason::Pushback),
+            Pushback::Wait(wait) => Some(wait),
+            Pushback::None => None,
+        };
+        let retryable =
+            is_transient(status.code()) || (status.code() == Code::ResourceExhausted && named_wait.is_some());
+        if !retryable {
+            return Err(StopReason::NonRetryable);
+        }
+        if previous_attempts + 1 >= self.shared.max_attempts {
+            return Err(StopReason::Attempts);
+        }
+        let wait = match named_wait {
+            Some(wait) => sleep(wait),
+            None => {
+                let shared = &self.shared;
+                self.backoff
+                    .get_or_insert_with(|| {
+                        backoff_maker(shared.backoff_base, shared.backoff_max).expect("validated in new").make_backoff()
+                    })
+                    .next_backoff()
+            }
+        };
+        if let Some(hop) = Hop::current() {
+            let expected = self.shared.attempt_time.expected().max(self.shared.min_attempt);
+            if wait.deadline() + expected > hop.deadline().expires_at() {
+                let reason = if named_wait.is_some() { StopReason::Pushback } else { StopReason::Deadline };
+                return Err(reason);
+            }
+        }
+        if !self.shared.budget.withdraw() {
+            return Err(StopReason::Budget);
+        }
+        Ok(wait)
+    }
+}
+
+/// Full-size jitter (factor 1): wait = base·2^(n−1) + random(0, same), capped at `max`.
+///
+/// A maker hands each backoff a copy of its own random generator, so backoffs made from one maker
+/// would share one jitter sequence and clients that failed together would retry together. A
+/// fresh generator per request (each `HasherRng::default()` is seeded anew) keeps them apart.
+fn backoff_maker(base: Duration, max: Duration) -> Result<ExponentialBackoffMaker, InvalidBackoff> {
+    ExponentialBackoffMaker::new(base, max, 1.0, HasherRng::default())
+}
+
+impl<M: Clone, R> Policy<Call<M>, R, Status> for RetryPolicy {
+    type Future = Sleep;
+
+    fn retry(&mut self, call: &mut Call<M>, result: &mut Result<R, Status>) -> Option<Self::Future> {
+        if let Some(started) = self.attempt_started.take() {
+            self.shared.attempt_time.observe(started.elapsed());
+        }
+        let attempts = call.previous_attempts + 1;
+        let status = match result {
+            Ok(_) => {
+                self.stop(StopReason::Success, attempts);
+                return None;
+            }
+            Err(status) => status,
+        };
+        match self.next_wait(status, call.previous_attempts) {
+            Ok(wait) => {
+                self.shared.stats.retry();
+                let wait_ms = wait.deadline().saturating_duration_since(Instant::now()).as_millis() as u64;
+                tracing::debug!(retry.attempt = attempts + 1, retry.backoff_ms = wait_ms, code = ?status.code(), "retrying");
+                call.previous_attempts = attempts;
+                Some(wait)
+            }
+            Err(reason) => {
+                self.stop(reason, attempts);
+                None
+            }
+        }
+    }
+
+    fn clone_request(&mut self, call: &Call<M>) -> Option<Call<M>> {
+        if call.previous_attempts == 0 {
+            self.shared.budget.deposit();
+            self.shared.stats.request();
+        }
+        self.attempt_started = Some(Instant::now());
+        Some(call.clone())
+    }
+}

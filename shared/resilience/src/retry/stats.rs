@@ -1,0 +1,87 @@
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+/// Why an operation stopped being retried: its last attempt's outcome is what the client gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The attempt succeeded.
+    Success,
+    /// A failure that another attempt would repeat.
+    NonRetryable,
+    /// The configured number of attempts is used up.
+    Attempts,
+    /// The retry budget (a share of all requests) is spent.
+    Budget,
+    /// What is left of the deadline cannot hold the wait plus another attempt.
+    Deadline,
+    /// The server said not to retry, or to wait longer than the deadline allows.
+    Pushback,
+}
+
+impl StopReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Success => "success",
+            StopReason::NonRetryable => "non_retryable",
+            StopReason::Attempts => "attempts",
+            StopReason::Budget => "budget",
+            StopReason::Deadline => "deadline",
+            StopReason::Pushback => "pushback",
+        }
+    }
+}
+
+/// Counters of one retry policy (one operation at the gateway).
+#[derive(Debug, Default)]
+pub struct RetryStats {
+    requests: AtomicU64,
+    retries: AtomicU64,
+    stops: [AtomicU64; 6],
+}
+
+/// A copy of [`RetryStats`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RetryStatsSnapshot {
+    /// Operations started (first attempts).
+    pub requests: u64,
+    /// Attempts beyond the first.
+    pub retries: u64,
+    pub stopped_success: u64,
+    pub stopped_non_retryable: u64,
+    pub stopped_attempts: u64,
+    /// Retries refused by the budget.
+    pub stopped_budget: u64,
+    pub stopped_deadline: u64,
+    pub stopped_pushback: u64,
+}
+
+impl RetryStats {
+    pub(crate) fn request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn retry(&self) {
+        self.retries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn stop(&self, reason: StopReason) {
+        self.stops[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> RetryStatsSnapshot {
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let stop = |reason: StopReason| read(&self.stops[reason as usize]);
+        RetryStatsSnapshot {
+            requests: read(&self.requests),
+            retries: read(&self.retries),
+            stopped_success: stop(StopReason::Success),
+            stopped_non_retryable: stop(StopReason::NonRetryable),
+            stopped_attempts: stop(StopReason::Attempts),
+            stopped_budget: stop(StopReason::Budget),
+            stopped_deadline: stop(StopReason::Deadline),
+            stopped_pushback: stop(StopReason::Pushback),
+        }
+    }
+}

@@ -126,14 +126,15 @@ impl BankState {
     }
 
     /// Commits a charge under `key` once; a repeat with the same request gets the stored reply.
-    fn commit(&self, key: &str, request: &ChargeRequest, decline: bool) -> Result<ChargeReply, ChargeError> {
+    /// Returns whether this call committed it.
+    fn commit(&self, key: &str, request: &ChargeRequest, decline: bool) -> Result<(ChargeReply, bool), ChargeError> {
         let mut ledger = lock(&self.ledger);
         if let Some(existing) = ledger.get(key) {
             if existing.request != *request {
                 return Err(ChargeError::KeyReused(existing.reply.charge_id.clone()));
             }
             bump(&self.counters.duplicate_keys);
-            return Ok(existing.reply.clone());
+            return Ok((existing.reply.clone(), false));
         }
         let reply = ChargeReply {
             charge_id: format!("ch_{}", uuid::Uuid::now_v7().simple()),
@@ -145,7 +146,7 @@ impl BankState {
         if decline {
             bump(&self.counters.declines);
         }
-        Ok(reply)
+        Ok((reply, true))
     }
 }
 
@@ -196,11 +197,12 @@ impl BankService {
         if expired() {
             return Err(ChargeError::DeadlinePassed);
         }
-        let reply = self.state.commit(key, request, decline)?;
+        let (reply, committed) = self.state.commit(key, request, decline)?;
         if expired() {
             bump(&counters.late_completions);
         }
-        if drop_reply {
+        // Only a call that committed can lose its reply; a repeat finds the charge and answers.
+        if drop_reply && committed {
             bump(&counters.dropped_replies);
             tracing::info!(charge_id = %reply.charge_id, "fault: dropping the reply of a committed charge");
             return Err(ChargeError::ReplyLost { charge_id: reply.charge_id });

@@ -29,7 +29,8 @@ pub struct Faults {
     pub resource_exhausted_rate: f64,
     /// The wait the bank asks for in `grpc-retry-pushback-ms`.
     pub pushback_ms: i64,
-    /// Share of calls that charge and then lose the reply (the caller sees UNAVAILABLE).
+    /// Share of calls that charge and then lose the reply (the caller sees UNAVAILABLE). A repeat
+    /// of a charged key commits nothing, so it gets its reply.
     pub drop_reply_rate: f64,
     /// Share of charges declined (a business answer, not a failure).
     pub decline_rate: f64,

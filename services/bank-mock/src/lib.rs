@@ -41,7 +41,7 @@ impl Application {
         })?;
         let state = BankState::new(settings.faults);
         let service = BankServer::new(bank::BankService::new(state.clone()));
-        let grpc = GrpcServer::bind(HOP, settings.listen, settings.deadline, service).await?;
+        let grpc = GrpcServer::bind(HOP, rpc::Role::Inner, settings.listen, settings.deadline, service).await?;
         let admin = rpc::bind(settings.admin_listen).await?;
         let admin_token = settings.admin_token.unwrap_or_else(random_token).into();
         Ok(Self { grpc, admin, admin_token, state })

@@ -8,9 +8,8 @@ use proto::{
 };
 use rpc::{
     Client,
-    metadata::{CLIENT_ID, IDEMPOTENCY_KEY},
+    metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
 };
-use futures::TryFutureExt;
 use resilience::retry::{Call, RetryPolicy};
 use tonic::{Request, Response, Status, metadata::MetadataMap};
 use tower::{Layer, ServiceExt, retry::RetryLayer, util::BoxCloneSyncService};
@@ -23,7 +22,13 @@ use crate::{error::GatewayError, settings::ApiClient};
 pub struct ClientId(pub String);
 
 /// One operation on orders, retried by the edge policy.
-type Operation<M> = BoxCloneSyncService<Call<M>, Order, Status>;
+type Operation<M> = BoxCloneSyncService<Call<M>, Response<Order>, Status>;
+
+/// An order and whether orders replayed it from the idempotency key's stored answer.
+pub struct Created {
+    pub order: Order,
+    pub replayed: bool,
+}
 
 #[derive(Clone)]
 pub struct Api {
@@ -41,7 +46,7 @@ where
 {
     let attempt = tower::service_fn(move |call_once: Call<M>| {
         let span = tracing::info_span!("attempt", retry.attempt = call_once.previous_attempts + 1);
-        call(call_once.into_request()).map_ok(Response::into_inner).instrument(span)
+        call(call_once.into_request()).instrument(span)
     });
     BoxCloneSyncService::new(RetryLayer::new(retry.clone()).layer(attempt))
 }
@@ -76,18 +81,20 @@ impl Api {
     }
 
     /// Creates and pays an order. A declined payment is an error carrying the order id.
-    pub async fn create_order(&self, client: &ClientId, key: &str, order: CreateOrderRequest) -> Result<Order, GatewayError> {
+    pub async fn create_order(&self, client: &ClientId, key: &str, order: CreateOrderRequest) -> Result<Created, GatewayError> {
         proto::validate::idempotency_key(key).map_err(|e| GatewayError::field(e.field, e.reason))?;
         proto::validate::create_order(&order).map_err(|e| GatewayError::field(e.field, e.reason))?;
         let mut metadata = MetadataMap::new();
         metadata.insert(CLIENT_ID, metadata_value(&client.0)?);
         metadata.insert(IDEMPOTENCY_KEY, metadata_value(key)?);
-        let order = self.create.clone().oneshot(Call::new(order, metadata)).await.map_err(|s| GatewayError::Upstream(rpc::relay(&s)))?;
+        let response = self.create.clone().oneshot(Call::new(order, metadata)).await.map_err(|s| GatewayError::Upstream(rpc::relay(&s)))?;
+        let replayed = response.metadata().get(IDEMPOTENT_REPLAYED).is_some_and(|value| value == "true");
+        let order = response.into_inner();
         if order.status() == OrderStatus::PaymentDeclined {
             let reason = order.payment.as_ref().map(|p| p.decline_reason.clone()).unwrap_or_default();
-            return Err(GatewayError::PaymentDeclined { order_id: order.order_id, reason });
+            return Err(GatewayError::PaymentDeclined { order_id: order.order_id, reason, replayed });
         }
-        Ok(order)
+        Ok(Created { order, replayed })
     }
 
     pub async fn get_order(&self, client: &ClientId, order_id: String) -> Result<Order, GatewayError> {
@@ -97,7 +104,8 @@ impl Api {
         let mut metadata = MetadataMap::new();
         metadata.insert(CLIENT_ID, metadata_value(&client.0)?);
         let call = Call::new(GetOrderRequest { order_id }, metadata);
-        self.get.clone().oneshot(call).await.map_err(|s| GatewayError::Upstream(rpc::relay(&s)))
+        let response = self.get.clone().oneshot(call).await.map_err(|s| GatewayError::Upstream(rpc::relay(&s)))?;
+        Ok(response.into_inner())
     }
 }
 

@@ -7,6 +7,9 @@ use http::{HeaderValue, StatusCode, header};
 use serde::Serialize;
 use tonic::{Code, Status};
 
+/// Marks an HTTP answer replayed from an idempotency key's stored response.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
 /// Why an operation failed at or below the gateway.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -17,7 +20,7 @@ pub enum GatewayError {
     #[error("the body is not valid JSON: {0}")]
     MalformedBody(String),
     #[error("payment declined: {reason}")]
-    PaymentDeclined { order_id: String, reason: String },
+    PaymentDeclined { order_id: String, reason: String, replayed: bool },
     #[error("{}", .0.message())]
     Upstream(Status),
 }
@@ -85,6 +88,7 @@ impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         let detail = self.to_string();
         let mut retry_after = None;
+        let replayed = matches!(self, GatewayError::PaymentDeclined { replayed: true, .. });
         let problem = match self {
             GatewayError::Unauthenticated => Problem::new(StatusCode::UNAUTHORIZED, "Unauthenticated", detail),
             GatewayError::InvalidField { field, .. } => {
@@ -105,6 +109,9 @@ impl IntoResponse for GatewayError {
         let mut response: Response = problem.into_http();
         if unauthenticated {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if replayed {
+            response.headers_mut().insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
         }
         if let Some(seconds) = retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));

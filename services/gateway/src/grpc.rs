@@ -4,7 +4,7 @@ use proto::{
     common::v1::{CreateOrderRequest, GetOrderRequest, Order},
     gateway::v1::gateway_server::Gateway,
 };
-use rpc::metadata::IDEMPOTENCY_KEY;
+use rpc::metadata::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use tonic::{Request, Response, Status};
 
 use crate::{api::Api, error::GatewayError};
@@ -31,7 +31,12 @@ impl Gateway for GatewayService {
         let key = text(&request, IDEMPOTENCY_KEY)
             .ok_or_else(|| GatewayError::field("idempotency-key", "metadata is required (1 to 255 characters)"))?
             .to_owned();
-        Ok(Response::new(self.api.create_order(&client, &key, request.into_inner()).await?))
+        let created = self.api.create_order(&client, &key, request.into_inner()).await?;
+        let mut response = Response::new(created.order);
+        if created.replayed {
+            response.metadata_mut().insert(IDEMPOTENT_REPLAYED, "true".parse().expect("ascii"));
+        }
+        Ok(response)
     }
 
     async fn get_order(&self, request: Request<GetOrderRequest>) -> Result<Response<Order>, Status> {

@@ -14,7 +14,10 @@ use deadline::{Hop, InboundPolicy, LEDGER_HEADER, ledger, server::Protocol};
 use proto::common::v1::{CreateOrderRequest, LineItem, Order, OrderStatus, PaymentStatus};
 use serde::{Deserialize, Serialize};
 
-use crate::{api::Api, error::{GatewayError, Problem}};
+use crate::{
+    api::Api,
+    error::{GatewayError, Problem, REPLAYED_HEADER},
+};
 
 /// Header in which an HTTP client may shorten the operation deadline.
 pub const TIMEOUT_HEADER: &str = "x-request-timeout-ms";
@@ -142,8 +145,12 @@ async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -
             GatewayError::field(path, error.into_inner().to_string())
         }
     })?;
-    let order = api.create_order(&client, key, order.into_request()?).await?;
-    Ok((StatusCode::CREATED, Json(OrderJson::from(order))).into_response())
+    let created = api.create_order(&client, key, order.into_request()?).await?;
+    let mut response = (StatusCode::CREATED, Json(OrderJson::from(created.order))).into_response();
+    if created.replayed {
+        response.headers_mut().insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    }
+    Ok(response)
 }
 
 async fn get_order(State(api): State<Api>, headers: HeaderMap, Path(order_id): Path<String>) -> Result<Json<OrderJson>, GatewayError> {

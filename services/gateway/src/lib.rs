@@ -47,13 +47,16 @@ impl Application {
         }
         let retry = RetryPolicy::new(&retry).map_err(|error| ServerError::Settings(error.to_string()))?;
         let api = api::Api::new(orders, settings.clients, &retry);
-        let grpc = GrpcServer::bind(HOP, settings.grpc_listen, settings.deadline, GatewayServer::new(grpc::GatewayService::new(api.clone()))).await?;
+        let grpc = GrpcServer::bind(HOP, rpc::Role::Edge, settings.grpc_listen, settings.deadline, GatewayServer::new(grpc::GatewayService::new(api.clone()))).await?;
         let http_stats = HopStats::new();
-        let http_router = http::router(api).layer(DeadlineLayer::new(
-            HOP,
-            http::HttpDeadline { policy: settings.deadline, honour_client_deadline: settings.mode == ChainMode::Budgeted },
-            http_stats.clone(),
-        ));
+        let http_router = http::router(api).layer(
+            DeadlineLayer::new(
+                HOP,
+                http::HttpDeadline { policy: settings.deadline, honour_client_deadline: settings.mode == ChainMode::Budgeted },
+                http_stats.clone(),
+            )
+            .at_edge(),
+        );
         let http = rpc::bind(settings.http_listen).await?;
         Ok(Self { grpc, http, http_router, http_stats, retry })
     }

@@ -1,5 +1,6 @@
 //! The one mapping from orders' failures to gRPC statuses.
 
+use idempotency::KeyError;
 use tonic::Status;
 
 #[derive(Debug, thiserror::Error)]
@@ -8,8 +9,10 @@ pub enum OrdersError {
     MissingMetadata(&'static str),
     #[error("{0}")]
     InvalidRequest(String),
-    #[error("idempotency key already used for a different request (order {0}); nothing was done")]
-    KeyReused(String),
+    #[error("idempotency key already used for a different request; nothing was done")]
+    KeyReused,
+    #[error("a request with this idempotency key is still in flight; retry later")]
+    InFlight,
     #[error("order {0} not found")]
     NotFound(String),
     /// Payment failed; its status is relayed as it is.
@@ -17,8 +20,20 @@ pub enum OrdersError {
     Payment(Status),
     #[error("order storage: {0}")]
     Storage(#[from] sqlx::Error),
+    #[error("stored answer is unreadable: {0}")]
+    StoredAnswer(#[from] prost::DecodeError),
     #[error("stored order {0} is unreadable: {1}")]
     Corrupt(String, String),
+}
+
+impl From<KeyError> for OrdersError {
+    fn from(error: KeyError) -> Self {
+        match error {
+            KeyError::InFlight | KeyError::LeaseLost => OrdersError::InFlight,
+            KeyError::Mismatch => OrdersError::KeyReused,
+            KeyError::Storage(error) => OrdersError::Storage(error),
+        }
+    }
 }
 
 impl From<OrdersError> for Status {
@@ -26,10 +41,11 @@ impl From<OrdersError> for Status {
         let message = format!("{}: {error}", crate::HOP);
         match error {
             OrdersError::MissingMetadata(_) | OrdersError::InvalidRequest(_) => Status::invalid_argument(message),
-            OrdersError::KeyReused(_) => Status::failed_precondition(message),
+            OrdersError::KeyReused => Status::failed_precondition(message),
+            OrdersError::InFlight => Status::aborted(message),
             OrdersError::NotFound(_) => Status::not_found(message),
             OrdersError::Payment(status) => rpc::relay(&status),
-            OrdersError::Storage(_) | OrdersError::Corrupt(..) => {
+            OrdersError::Storage(_) | OrdersError::Corrupt(..) | OrdersError::StoredAnswer(_) => {
                 tracing::error!(%message, "storage failure");
                 Status::internal(format!("{}: order storage failed", crate::HOP))
             }

@@ -1,8 +1,10 @@
 //! orders: owns the orders and pays each new one through payment.
 //!
-//! A create is keyed by the client's idempotency key: the order row is inserted once per key (a
-//! unique index, insert-or-get), and a repeat of a create whose payment did not finish resumes it
-//! with the same derived payment key, so the bank still charges at most once.
+//! A create runs under the client's idempotency key in three atomic phases: (1) the order row is
+//! inserted together with the key's recovery point `order_created`; (2) payment is called once, with
+//! a key derived from the client's; (3) the outcome is recorded together with the key's stored
+//! answer. A repeat replays that answer; a repeat after a crash, a cancellation or a failed payment
+//! resumes at the last recovery point, so there is never a second order nor a second charge.
 
 mod error;
 mod settings;
@@ -10,41 +12,55 @@ mod store;
 
 pub use settings::Settings;
 
-use std::{net::SocketAddr, sync::Arc, time::SystemTime};
+use std::{net::SocketAddr, sync::Arc, time::{Duration, SystemTime}};
 
-use deadline::HopStats;
+use deadline::{Hop, HopStats};
 use error::OrdersError;
+use idempotency::{Begin, Database, KeyStore, Stored};
 use prost::Message;
 use proto::{
-    common::v1::{CreateOrderRequest, GetOrderRequest, Order},
+    common::v1::{CreateOrderRequest, GetOrderRequest, Order, OrderStatus},
     orders::v1::orders_server::{Orders, OrdersServer},
     payment::v1::{PayRequest, payment_service_client::PaymentServiceClient},
 };
 use rpc::{
     Client, GrpcServer, ServerError,
-    metadata::{CLIENT_ID, IDEMPOTENCY_KEY},
+    metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
 };
-use sha2::{Digest, Sha256};
-use store::{NewOrder, Store};
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status, metadata::MetadataMap};
+use tonic::{Code, Request, Response, Status, metadata::MetadataMap};
 
 /// The hop name in ledgers and errors.
 pub const HOP: &str = "orders";
 
+/// The recovery point after the order row exists.
+const ORDER_CREATED: &str = "order_created";
+
 pub struct Application {
     grpc: GrpcServer,
+    keys: KeyStore,
 }
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
-        let store = Store::open(&settings.database_url)
-            .await
-            .map_err(|error| ServerError::Settings(format!("database {}: {error}", settings.database_url)))?;
-        let payment = rpc::connect("payment", &settings.payment, settings.mode, settings.naive).map_err(|error| ServerError::Settings(format!("payment: {error}")))?;
-        let service = OrdersServer::new(OrderService { store, payment: PaymentServiceClient::new(payment) });
-        let grpc = GrpcServer::bind(HOP, settings.listen, settings.deadline, service).await?;
-        Ok(Self { grpc })
+        let database_error = |error: &dyn std::fmt::Display| ServerError::Settings(format!("database {}: {error}", settings.database_url));
+        let database = Database::connect(&settings.database_url).await.map_err(|e| database_error(&e))?;
+        let migrations = match database.backend() {
+            idempotency::Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
+            idempotency::Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
+        };
+        database.migrate(HOP, migrations).await.map_err(|e| database_error(&e))?;
+        let payment = rpc::connect("payment", &settings.payment, settings.mode, settings.naive)
+            .map_err(|error| ServerError::Settings(format!("payment: {error}")))?;
+        let keys = KeyStore::new(database.clone(), settings.idempotency);
+        let service = OrderService {
+            keys: keys.clone(),
+            orders: store::Orders::new(database),
+            payment: PaymentServiceClient::new(payment),
+            default_lease: Duration::from_millis(settings.deadline.max_ms),
+        };
+        let grpc = GrpcServer::bind(HOP, rpc::Role::Inner, settings.listen, settings.deadline, OrdersServer::new(service)).await?;
+        Ok(Self { grpc, keys })
     }
 
     pub fn grpc_addr(&self) -> SocketAddr {
@@ -55,15 +71,22 @@ impl Application {
         self.grpc.stats()
     }
 
+    /// Serves until `shutdown` is cancelled, reaping expired idempotency keys meanwhile.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), ServerError> {
-        self.grpc.serve(shutdown.cancelled_owned()).await
+        let reaper = idempotency::spawn_reaper(self.keys, shutdown.clone());
+        let served = self.grpc.serve(shutdown.cancelled_owned()).await;
+        let _ = reaper.await;
+        served
     }
 }
 
 #[derive(Debug, Clone)]
 struct OrderService {
-    store: Store,
+    keys: KeyStore,
+    orders: store::Orders,
     payment: PaymentServiceClient<Client>,
+    /// Lease of a key when the request carries no deadline.
+    default_lease: Duration,
 }
 
 fn required<'a>(metadata: &'a MetadataMap, name: &'static str) -> Result<&'a str, OrdersError> {
@@ -74,45 +97,74 @@ fn required<'a>(metadata: &'a MetadataMap, name: &'static str) -> Result<&'a str
         .ok_or(OrdersError::MissingMetadata(name))
 }
 
+/// An answer and whether it was replayed from the key's stored one.
+struct Answer {
+    order: Order,
+    replayed: bool,
+}
+
 impl OrderService {
-    async fn create(&self, client_id: &str, key: &str, request: CreateOrderRequest) -> Result<Order, OrdersError> {
+    async fn create(&self, client_id: &str, key: &str, request: CreateOrderRequest) -> Result<Answer, OrdersError> {
         proto::validate::create_order(&request).map_err(|error| OrdersError::InvalidRequest(error.to_string()))?;
         proto::validate::idempotency_key(key).map_err(|error| OrdersError::InvalidRequest(error.to_string()))?;
-        let fingerprint = hex::encode(Sha256::digest(request.encode_to_vec()));
-        let order_id = format!("ord_{}", uuid::Uuid::now_v7().simple());
-        let created_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
-        let row = self
-            .store
-            .insert_or_get(&NewOrder {
-                order_id: &order_id,
-                client_id,
-                idempotency_key: key,
-                fingerprint: &fingerprint,
-                customer_id: &request.customer_id,
-                items: &request.items,
-                amount_minor: request.amount_minor,
-                currency: &request.currency,
-                created_at: &created_at,
-            })
-            .await?;
-        if row.request_fingerprint != fingerprint {
-            return Err(OrdersError::KeyReused(row.order_id));
-        }
-        if !row.is_pending() {
-            return row.into_order();
-        }
+        let fingerprint = idempotency::fingerprint(&request.encode_to_vec());
+        // The key is ours until our deadline: after it nobody works on it and a retry may take over.
+        let lease = Hop::current().map_or(self.default_lease, |hop| hop.deadline().remaining());
+        let mut lease = match self.keys.begin(client_id, key, &fingerprint, lease).await? {
+            Begin::Replay(stored) => return Ok(Answer { order: replay(&stored)?, replayed: true }),
+            Begin::Execute(lease) => lease,
+        };
+
+        // Phase 1: the order row, with the recovery point that says it exists.
+        let order = match lease.resource_id.clone() {
+            Some(order_id) => self.orders.load(&order_id).await?,
+            None => {
+                let order = Order {
+                    order_id: format!("ord_{}", uuid::Uuid::now_v7().simple()),
+                    customer_id: request.customer_id.clone(),
+                    items: request.items.clone(),
+                    amount_minor: request.amount_minor,
+                    currency: request.currency.clone(),
+                    status: OrderStatus::PendingPayment as i32,
+                    payment: None,
+                    created_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+                };
+                let mut phase = self.keys.phase(&mut lease).await?;
+                store::insert(phase.connection(), client_id, &order).await?;
+                phase.commit_at(ORDER_CREATED, Some(&order.order_id)).await?;
+                order
+            }
+        };
+
+        // Phase 2: one payment call, whose key is derived from the client's, so a resumed create
+        // reaches the bank with the same key. A failure releases the key for the next repeat.
         let mut pay = Request::new(PayRequest {
-            order_id: row.order_id.clone(),
-            customer_id: request.customer_id,
-            amount_minor: request.amount_minor,
-            currency: request.currency,
+            order_id: order.order_id.clone(),
+            customer_id: order.customer_id.clone(),
+            amount_minor: order.amount_minor,
+            currency: order.currency.clone(),
         });
         let payment_key = rpc::derive_key("payment", client_id, key);
         pay.metadata_mut().insert(IDEMPOTENCY_KEY, payment_key.parse().expect("hex is valid metadata"));
-        // One call, no retry: the gateway owns retries, and a repeat of this create resumes here.
-        let payment = self.payment.clone().pay(pay).await.map_err(OrdersError::Payment)?.into_inner();
-        self.store.record_payment(&row.order_id, &payment).await?.into_order()
+        let payment = match self.payment.clone().pay(pay).await {
+            Ok(payment) => payment.into_inner(),
+            Err(status) => {
+                self.keys.release(&lease).await?;
+                return Err(OrdersError::Payment(status));
+            }
+        };
+
+        // Phase 3: the outcome, with the answer every repeat will get.
+        let mut phase = self.keys.phase(&mut lease).await?;
+        let order = store::record_payment(phase.connection(), &order.order_id, &payment).await?;
+        phase.complete(&Stored { code: Code::Ok as i32, body: order.encode_to_vec() }).await?;
+        Ok(Answer { order, replayed: false })
     }
+}
+
+/// The stored answer of a completed create.
+fn replay(stored: &Stored) -> Result<Order, OrdersError> {
+    Ok(Order::decode(stored.body.as_slice())?)
 }
 
 #[tonic::async_trait]
@@ -120,12 +172,16 @@ impl Orders for OrderService {
     async fn create_order(&self, request: Request<CreateOrderRequest>) -> Result<Response<Order>, Status> {
         let client_id = required(request.metadata(), CLIENT_ID)?.to_owned();
         let key = required(request.metadata(), IDEMPOTENCY_KEY)?.to_owned();
-        Ok(Response::new(self.create(&client_id, &key, request.into_inner()).await?))
+        let answer = self.create(&client_id, &key, request.into_inner()).await?;
+        let mut response = Response::new(answer.order);
+        if answer.replayed {
+            response.metadata_mut().insert(IDEMPOTENT_REPLAYED, "true".parse().expect("ascii"));
+        }
+        Ok(response)
     }
 
     async fn get_order(&self, request: Request<GetOrderRequest>) -> Result<Response<Order>, Status> {
         let client_id = required(request.metadata(), CLIENT_ID)?.to_owned();
-        let order = self.store.get(&client_id, &request.get_ref().order_id).await?.into_order()?;
-        Ok(Response::new(order))
+        Ok(Response::new(self.orders.get(&client_id, &request.get_ref().order_id).await?))
     }
 }

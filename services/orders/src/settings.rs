@@ -1,6 +1,7 @@
 use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
+use idempotency::KeySettings;
 use rpc::Dependency;
 use resilience::{ChainMode, naive::NaiveSettings};
 use serde::{Deserialize, Serialize};
@@ -11,8 +12,11 @@ use serde::{Deserialize, Serialize};
 pub struct Settings {
     /// gRPC address.
     pub listen: SocketAddr,
-    /// sqlx URL of the order database; the file is created when missing.
+    /// sqlx URL of the order database: `sqlite://…` (the file is created when missing) or
+    /// `postgres://…`.
     pub database_url: String,
+    /// Expiry of idempotency keys (24 h by default) and how the reaper deletes them.
+    pub idempotency: KeySettings,
     /// Deadline for calls that carry none, and the longest accepted.
     pub deadline: InboundPolicy,
     /// Payment: what is left of the deadline minus 200 ms kept for orders' own reply.
@@ -30,6 +34,7 @@ impl Default for Settings {
             naive: NaiveSettings::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 50052)),
             database_url: "sqlite://orders.db".into(),
+            idempotency: KeySettings::default(),
             deadline: InboundPolicy::default(),
             payment: Dependency {
                 endpoint: "http://127.0.0.1:50053".into(),

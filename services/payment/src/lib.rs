@@ -1,39 +1,60 @@
 //! payment: charges an order through the bank.
 //!
 //! It calls the bank exactly once per request (retries belong to the gateway alone), with a key
-//! derived from the one it received, so a repeated payment never charges twice.
+//! derived from the one it received, so a repeated payment never charges twice. Its own
+//! idempotency key (derived by orders from the client's) makes a repeat replay the stored payment,
+//! written in the same transaction as the payment row.
 
 mod error;
 mod settings;
 
 pub use settings::Settings;
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{net::SocketAddr, sync::Arc, time::{Duration, SystemTime}};
 
-use deadline::HopStats;
+use deadline::{Hop, HopStats};
 use error::PaymentError;
+use idempotency::{Begin, Database, KeyStore, Stored};
+use prost::Message;
 use proto::{
     bank::v1::{ChargeOutcome, ChargeRequest, bank_client::BankClient},
     common::v1::{Payment, PaymentStatus},
     payment::v1::{PayRequest, payment_service_server::{PaymentService, PaymentServiceServer}},
 };
-use rpc::{Client, GrpcServer, ServerError};
+use rpc::{Client, GrpcServer, ServerError, metadata::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED}};
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 
 /// The hop name in ledgers and errors.
 pub const HOP: &str = "payment";
 
+/// Payment's keys come from orders, derived per client, so one scope holds them all.
+const KEY_SCOPE: &str = "orders";
+
 pub struct Application {
     grpc: GrpcServer,
+    keys: KeyStore,
 }
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
-        let bank = rpc::connect("bank-mock", &settings.bank, settings.mode, settings.naive).map_err(|error| ServerError::Settings(format!("bank: {error}")))?;
-        let service = PaymentServiceServer::new(Payments { bank: BankClient::new(bank) });
-        let grpc = GrpcServer::bind(HOP, settings.listen, settings.deadline, service).await?;
-        Ok(Self { grpc })
+        let database_error = |error: &dyn std::fmt::Display| ServerError::Settings(format!("database {}: {error}", settings.database_url));
+        let database = Database::connect(&settings.database_url).await.map_err(|e| database_error(&e))?;
+        let migrations = match database.backend() {
+            idempotency::Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
+            idempotency::Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
+        };
+        database.migrate(HOP, migrations).await.map_err(|e| database_error(&e))?;
+        let bank = rpc::connect("bank-mock", &settings.bank, settings.mode, settings.naive)
+            .map_err(|error| ServerError::Settings(format!("bank: {error}")))?;
+        let keys = KeyStore::new(database, settings.idempotency);
+        let service = Payments {
+            keys: keys.clone(),
+            bank: BankClient::new(bank),
+            default_lease: Duration::from_millis(settings.deadline.max_ms),
+        };
+        let grpc = GrpcServer::bind(HOP, rpc::Role::Inner, settings.listen, settings.deadline, PaymentServiceServer::new(service)).await?;
+        Ok(Self { grpc, keys })
     }
 
     pub fn grpc_addr(&self) -> SocketAddr {
@@ -44,37 +65,76 @@ impl Application {
         self.grpc.stats()
     }
 
+    /// Serves until `shutdown` is cancelled, reaping expired idempotency keys meanwhile.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), ServerError> {
-        self.grpc.serve(shutdown.cancelled_owned()).await
+        let reaper = idempotency::spawn_reaper(self.keys, shutdown.clone());
+        let served = self.grpc.serve(shutdown.cancelled_owned()).await;
+        let _ = reaper.await;
+        served
     }
 }
 
 #[derive(Debug, Clone)]
 struct Payments {
+    keys: KeyStore,
     bank: BankClient<Client>,
+    /// Lease of a key when the request carries no deadline.
+    default_lease: Duration,
 }
 
 impl Payments {
-    async fn pay(&self, key: &str, request: PayRequest) -> Result<Payment, PaymentError> {
+    /// The payment, and whether it was replayed from the key's stored answer.
+    async fn pay(&self, key: &str, request: PayRequest) -> Result<(Payment, bool), PaymentError> {
         if request.order_id.is_empty() {
             return Err(PaymentError::InvalidRequest("order_id: must not be empty".into()));
         }
+        let fingerprint = idempotency::fingerprint(&request.encode_to_vec());
+        let lease = Hop::current().map_or(self.default_lease, |hop| hop.deadline().remaining());
+        let mut lease = match self.keys.begin(KEY_SCOPE, key, &fingerprint, lease).await? {
+            Begin::Replay(stored) => return Ok((Payment::decode(stored.body.as_slice())?, true)),
+            Begin::Execute(lease) => lease,
+        };
+
         let mut charge = Request::new(ChargeRequest {
-            reference: request.order_id,
+            reference: request.order_id.clone(),
             amount_minor: request.amount_minor,
-            currency: request.currency,
+            currency: request.currency.clone(),
         });
         let bank_key = rpc::derive_key("bank-charge", "", key);
-        charge.metadata_mut().insert(rpc::metadata::IDEMPOTENCY_KEY, bank_key.parse().expect("hex is valid metadata"));
+        charge.metadata_mut().insert(IDEMPOTENCY_KEY, bank_key.parse().expect("hex is valid metadata"));
         // One call, no retry: retrying here would multiply the gateway's retries.
-        let reply = self.bank.clone().charge(charge).await.map_err(PaymentError::Bank)?.into_inner();
+        let reply = match self.bank.clone().charge(charge).await {
+            Ok(reply) => reply.into_inner(),
+            Err(status) => {
+                self.keys.release(&lease).await?;
+                return Err(PaymentError::Bank(status));
+            }
+        };
         let approved = reply.outcome() == ChargeOutcome::Approved;
-        Ok(Payment {
+        let payment = Payment {
             payment_id: format!("pay_{}", &rpc::derive_key("payment-id", "", key)[..24]),
             status: if approved { PaymentStatus::Approved } else { PaymentStatus::Declined } as i32,
             bank_charge_id: reply.charge_id,
             decline_reason: reply.decline_reason,
-        })
+        };
+
+        let mut phase = self.keys.phase(&mut lease).await?;
+        sqlx::query(
+            "INSERT INTO payments (payment_id, order_id, amount_minor, currency, status, bank_charge_id, decline_reason, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(&payment.payment_id)
+        .bind(&request.order_id)
+        .bind(request.amount_minor)
+        .bind(&request.currency)
+        .bind(if approved { "approved" } else { "declined" })
+        .bind(&payment.bank_charge_id)
+        .bind(&payment.decline_reason)
+        .bind(humantime::format_rfc3339_millis(SystemTime::now()).to_string())
+        .execute(phase.connection())
+        .await?;
+        phase.complete(&Stored { code: Code::Ok as i32, body: payment.encode_to_vec() }).await?;
+        Ok((payment, false))
     }
 }
 
@@ -83,11 +143,16 @@ impl PaymentService for Payments {
     async fn pay(&self, request: Request<PayRequest>) -> Result<Response<Payment>, Status> {
         let key = request
             .metadata()
-            .get(rpc::metadata::IDEMPOTENCY_KEY)
+            .get(IDEMPOTENCY_KEY)
             .and_then(|value| value.to_str().ok())
             .ok_or_else(|| PaymentError::BadKey("absent or not ASCII".into()))?
             .to_owned();
         proto::validate::idempotency_key(&key).map_err(|error| PaymentError::BadKey(error.reason))?;
-        Ok(Response::new(Payments::pay(self, &key, request.into_inner()).await?))
+        let (payment, replayed) = Payments::pay(self, &key, request.into_inner()).await?;
+        let mut response = Response::new(payment);
+        if replayed {
+            response.metadata_mut().insert(IDEMPOTENT_REPLAYED, "true".parse().expect("ascii"));
+        }
+        Ok(response)
     }
 }

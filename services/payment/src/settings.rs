@@ -1,6 +1,7 @@
 use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
+use idempotency::KeySettings;
 use rpc::Dependency;
 use resilience::{ChainMode, naive::NaiveSettings};
 use serde::{Deserialize, Serialize};
@@ -11,6 +12,10 @@ use serde::{Deserialize, Serialize};
 pub struct Settings {
     /// gRPC address.
     pub listen: SocketAddr,
+    /// sqlx URL of the payment database: `sqlite://…` (created when missing) or `postgres://…`.
+    pub database_url: String,
+    /// Expiry of idempotency keys (7 days by default: payments are repeated late) and reaping.
+    pub idempotency: KeySettings,
     /// Deadline for calls that carry none, and the longest accepted.
     pub deadline: InboundPolicy,
     /// The bank: at most 1.5 s of the deadline, 300 ms kept for payment's own reply.
@@ -27,6 +32,8 @@ impl Default for Settings {
             mode: ChainMode::default(),
             naive: NaiveSettings::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 50053)),
+            database_url: "sqlite://payment.db".into(),
+            idempotency: KeySettings { ttl_ms: 7 * 24 * 3_600_000, ..KeySettings::default() },
             deadline: InboundPolicy::default(),
             bank: Dependency {
                 endpoint: "http://127.0.0.1:50054".into(),

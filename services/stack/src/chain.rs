@@ -39,9 +39,13 @@ impl ChainSettings {
         self
     }
 
-    /// Keeps the order database in `dir`.
+    /// Keeps the SQLite databases of orders and payment in `dir` (PostgreSQL URLs stay as set).
     pub fn with_data_dir(mut self, dir: &Path) -> Self {
-        self.orders.database_url = format!("sqlite://{}", dir.join("orders.db").display());
+        for (url, file) in [(&mut self.orders.database_url, "orders.db"), (&mut self.payment.database_url, "payment.db")] {
+            if url.starts_with("sqlite:") {
+                *url = format!("sqlite://{}", dir.join(file).display());
+            }
+        }
         self
     }
 }
@@ -78,6 +82,8 @@ struct HopCounters {
 /// A running chain. Dropping it without [`Chain::stop`] leaves the servers to the runtime's end.
 pub struct Chain {
     pub addresses: Addresses,
+    /// Where orders and payment keep their data.
+    pub database_urls: (String, String),
     pub admin_token: String,
     bank: Arc<BankState>,
     hops: HopCounters,
@@ -97,6 +103,7 @@ impl Chain {
         let shutdown = CancellationToken::new();
         let mut servers = JoinSet::new();
 
+        let database_urls = (settings.orders.database_url.clone(), settings.payment.database_url.clone());
         let bank = bank_mock::Application::build(settings.bank).await?;
         settings.payment.bank.endpoint = format!("http://{}", bank.grpc_addr());
         let payment = payment::Application::build(settings.payment).await?;
@@ -128,7 +135,7 @@ impl Chain {
         servers.spawn(payment.run_until_stopped(shutdown.clone()));
         servers.spawn(orders.run_until_stopped(shutdown.clone()));
         servers.spawn(gateway.run_until_stopped(shutdown.clone()));
-        Ok(Self { addresses, admin_token, bank: bank_state, hops, gateway_retry, shutdown, servers })
+        Ok(Self { addresses, database_urls, admin_token, bank: bank_state, hops, gateway_retry, shutdown, servers })
     }
 
     /// The bank's faults and counters, for in-process control.

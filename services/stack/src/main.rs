@@ -16,7 +16,8 @@ struct Cli {
 enum Command {
     /// Start the chain on its configured addresses and serve until Ctrl-C.
     Up {
-        /// Keep the order database here (default: a temporary directory removed at exit).
+        /// Keep the SQLite databases of orders and payment here (default: a temporary directory
+        /// removed at exit).
         #[arg(long, value_name = "DIR")]
         data_dir: Option<PathBuf>,
         /// Settings, per service: `--set gateway.deadline.max_ms=3000`, `--set bank.faults.hang=true`.
@@ -45,7 +46,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Command::Up { data_dir, settings } => up(data_dir, &settings).await,
         Command::Scenario { list: true, .. } => {
             for s in scenario::catalogue() {
-                println!("{:<12} {}", s.name, s.about);
+                println!("{:<18} {}", s.name, s.about);
             }
             Ok(())
         }
@@ -87,7 +88,7 @@ async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Bo
     println!("  payment gRPC      {}", a.payment);
     println!("  bank-mock gRPC    {}", a.bank);
     println!("  bank-mock admin   http://{}  (X-Admin-Token: {})", a.bank_admin, chain.admin_token);
-    println!("  order database    {}", dir.join("orders.db").display());
+    println!("  databases         {}, {}", chain.database_urls.0, chain.database_urls.1);
     println!("  API keys          demo-key-1 (client demo-client-1), demo-key-2 (client demo-client-2)");
     println!();
     println!("Try:");

@@ -98,7 +98,7 @@ pub fn catalogue() -> Vec<Scenario> {
         },
         Scenario {
             name: "bank-flaky",
-            about: "30 % of bank calls fail UNAVAILABLE: edge retries win back most orders, within the 10 % budget",
+            about: "30 % of bank calls fail UNAVAILABLE: edge retries win back failed orders, within the 10 % budget",
             faults: Faults { error_rate: 0.3, latency_ms: latency(5.0, 1.0), ..Faults::default() },
             requests: 500,
             load: Load::Open { per_second: 100 },

@@ -9,7 +9,7 @@ mod client;
 mod server;
 
 pub use client::{Client, Dependency, connect};
-pub use server::{GrpcServer, ServerError, bind, serve_http, shutdown_signal};
+pub use server::{GrpcServer, Role, ServerError, bind, serve_http, shutdown_signal};
 
 mod relay;
 pub use relay::{PUSHBACK_HEADER, derive_key, relay};
@@ -21,4 +21,6 @@ pub mod metadata {
     /// The idempotency key of a write (1 to 255 visible ASCII characters).
     pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
     pub use crate::relay::PUSHBACK_HEADER as PUSHBACK;
+    /// Set to `true` on an answer replayed from an idempotency key's stored response.
+    pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 }

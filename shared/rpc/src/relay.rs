@@ -1,21 +1,22 @@
 use sha2::{Digest, Sha256};
-use tonic::Status;
+use tonic::{Status, metadata::MetadataMap};
 
 pub use resilience::retry::PUSHBACK_HEADER;
 use deadline::FAILED_FAST_HEADER;
 
 /// Passes a dependency's failure up unchanged: same code, same message (every hop names itself in
 /// the messages it makes, so the message already says which hop failed), and what the edge needs
-/// to decide on a retry: the pushback and the fail-fast mark. Other metadata (including the
+/// to decide on a retry: the pushback, the fail-fast mark and the status details. Other metadata (including the
 /// dependency's ledger, which the deadline layers carry separately) is not copied.
 pub fn relay(status: &Status) -> Status {
-    let mut relayed = Status::new(status.code(), status.message());
+    let mut metadata = MetadataMap::new();
     for key in [PUSHBACK_HEADER, FAILED_FAST_HEADER] {
         if let Some(value) = status.metadata().get(key) {
-            relayed.metadata_mut().insert(key, value.clone());
+            metadata.insert(key, value.clone());
         }
     }
-    relayed
+    // The details (e.g. a google.rpc.RetryInfo) travel too.
+    Status::with_details_and_metadata(status.code(), status.message(), status.details().to_vec().into(), metadata)
 }
 
 /// The idempotency key a hop sends downstream for `purpose`, derived from the key it received:

@@ -68,6 +68,15 @@ fn set_nodelay(tcp: &mut tokio::net::TcpStream) {
     }
 }
 
+/// Where a server sits in the chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Where operations start: requests from outside.
+    Edge,
+    /// Behind the edge: requests from another hop.
+    Inner,
+}
+
 /// A bound gRPC server for one hop, not yet serving.
 pub struct GrpcServer {
     listener: TcpListener,
@@ -77,8 +86,14 @@ pub struct GrpcServer {
 
 impl GrpcServer {
     /// Binds `addr` (port 0 picks a free port) and mounts `service` with health and reflection,
-    /// every request under the deadline layer as hop `hop`.
-    pub async fn bind<S>(hop: &'static str, addr: SocketAddr, inbound: InboundPolicy, service: S) -> Result<Self, ServerError>
+    /// every request under the deadline layer as hop `hop`, in the chain at `role`.
+    pub async fn bind<S>(
+        hop: &'static str,
+        role: Role,
+        addr: SocketAddr,
+        inbound: InboundPolicy,
+        service: S,
+    ) -> Result<Self, ServerError>
     where
         S: tower::Service<http::Request<tonic::body::Body>, Error = std::convert::Infallible>
             + NamedService
@@ -101,7 +116,10 @@ impl GrpcServer {
             .add_service(reflection)
             .prepare()
             .into_axum_router()
-            .layer(DeadlineLayer::new(hop, Grpc::new(inbound), stats.clone()));
+            .layer(match role {
+                Role::Edge => DeadlineLayer::new(hop, Grpc::new(inbound), stats.clone()).at_edge(),
+                Role::Inner => DeadlineLayer::new(hop, Grpc::new(inbound), stats.clone()),
+            });
         Ok(Self { listener, routes, stats })
     }
 

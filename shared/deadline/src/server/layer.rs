@@ -11,11 +11,18 @@ pub struct DeadlineLayer<P> {
     name: &'static str,
     protocol: P,
     stats: Arc<HopStats>,
+    at_edge: bool,
 }
 
 impl<P> DeadlineLayer<P> {
     pub fn new(name: &'static str, protocol: P, stats: Arc<HopStats>) -> Self {
-        Self { name, protocol, stats }
+        Self { name, protocol, stats, at_edge: false }
+    }
+
+    /// See [`DeadlineService::at_edge`].
+    pub fn at_edge(mut self) -> Self {
+        self.at_edge = true;
+        self
     }
 }
 
@@ -23,6 +30,7 @@ impl<S, P: Clone> Layer<S> for DeadlineLayer<P> {
     type Service = DeadlineService<S, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        DeadlineService::new(inner, self.name, self.protocol.clone(), self.stats.clone())
+        let service = DeadlineService::new(inner, self.name, self.protocol.clone(), self.stats.clone());
+        if self.at_edge { service.at_edge() } else { service }
     }
 }

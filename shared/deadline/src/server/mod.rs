@@ -43,11 +43,19 @@ pub struct DeadlineService<S, P> {
     name: &'static str,
     protocol: P,
     stats: Arc<HopStats>,
+    at_edge: bool,
 }
 
 impl<S, P> DeadlineService<S, P> {
     pub fn new(inner: S, name: &'static str, protocol: P, stats: Arc<HopStats>) -> Self {
-        Self { inner, name, protocol, stats }
+        Self { inner, name, protocol, stats, at_edge: false }
+    }
+
+    /// At the edge every request starts a new operation: a client cannot mark its own request as
+    /// a retry (`grpc-previous-rpc-attempts` is ignored there).
+    pub fn at_edge(mut self) -> Self {
+        self.at_edge = true;
+        self
     }
 }
 
@@ -76,6 +84,7 @@ where
         let previous_attempts = request
             .headers()
             .get(PREVIOUS_ATTEMPTS_HEADER)
+            .filter(|_| !self.at_edge)
             .and_then(|value| value.to_str().ok())
             .and_then(|text| text.parse().ok())
             .unwrap_or(0);

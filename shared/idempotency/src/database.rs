@@ -1,0 +1,92 @@
+use std::time::Duration;
+
+use sqlx::{
+    AnyPool, Executor,
+    any::AnyPoolOptions,
+    migrate::{MigrateError, Migrator},
+};
+
+/// Which database a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A connection pool to a service's database, SQLite or PostgreSQL, behind one query interface.
+#[derive(Debug, Clone)]
+pub struct Database {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DatabaseError {
+    #[error("unsupported database URL {0:?}: use sqlite://… or postgres://…")]
+    UnsupportedUrl(String),
+    #[error("connecting to the database: {0}")]
+    Connect(#[from] sqlx::Error),
+    #[error("migrating the database: {0}")]
+    Migrate(#[from] MigrateError),
+}
+
+impl Database {
+    /// Connects (creating a SQLite file when missing) and applies the key store's migrations.
+    pub async fn connect(url: &str) -> Result<Self, DatabaseError> {
+        sqlx::any::install_default_drivers();
+        let (backend, url) = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            (Backend::Postgres, url.to_owned())
+        } else if url.starts_with("sqlite:") {
+            // Create the file when missing unless the URL chose a mode itself.
+            let url = if url.contains("mode=") || url.contains(":memory:") {
+                url.to_owned()
+            } else if url.contains('?') {
+                format!("{url}&mode=rwc")
+            } else {
+                format!("{url}?mode=rwc")
+            };
+            (Backend::Sqlite, url)
+        } else {
+            return Err(DatabaseError::UnsupportedUrl(url.to_owned()));
+        };
+        let pool = AnyPoolOptions::new()
+            .max_connections(if backend == Backend::Sqlite { 8 } else { 16 })
+            .acquire_timeout(Duration::from_secs(5))
+            .after_connect(move |connection, _| {
+                Box::pin(async move {
+                    if backend == Backend::Sqlite {
+                        // WAL lets readers run beside the one writer; the busy timeout makes
+                        // concurrent writers wait their turn instead of failing.
+                        connection
+                            .execute("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000;")
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect(&url)
+            .await?;
+        let database = Self { pool, backend };
+        let keys = match backend {
+            Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
+            Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
+        };
+        database.migrate("idempotency", keys).await?;
+        Ok(database)
+    }
+
+    /// Applies the migrations of `owner` (a crate with its own migration history, kept in its
+    /// own table so that the key store's and the service's versions never collide).
+    pub async fn migrate(&self, owner: &'static str, mut migrator: Migrator) -> Result<(), MigrateError> {
+        migrator.dangerous_set_table_name(format!("_sqlx_migrations_{owner}"));
+        migrator.run(&self.pool).await
+    }
+
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+}

@@ -1,6 +1,9 @@
 //! Test harness: the whole chain on free ports with its own database, and request helpers.
 
+use std::io::Write;
+
 use bank_mock::{Faults, Latency};
+use sqlx::{Connection, Executor};
 use proto::gateway::v1::gateway_client::GatewayClient;
 use stack::{Chain, ChainSettings};
 use tempfile::TempDir;
@@ -15,6 +18,48 @@ pub struct TestChain {
     _data: TempDir,
 }
 
+/// Where orders and payment keep their data in a test.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    Sqlite,
+    /// A PostgreSQL server, by the URL of a database whose user may create databases.
+    Postgres(String),
+}
+
+impl Backend {
+    /// SQLite, and PostgreSQL when `TEST_POSTGRES_URL` is set (CI sets it). Without it the test
+    /// says loudly that its PostgreSQL half did not run.
+    pub fn all() -> Vec<Backend> {
+        match std::env::var("TEST_POSTGRES_URL") {
+            Ok(url) => vec![Backend::Sqlite, Backend::Postgres(url)],
+            Err(_) => {
+                // Written past the test harness's capture, so that the skip shows when tests pass.
+                let _ = writeln!(std::io::stderr(), "SKIPPED: TEST_POSTGRES_URL is not set; the PostgreSQL half of this test did not run");
+                vec![Backend::Sqlite]
+            }
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Points orders and payment at fresh databases of this backend.
+    async fn configure(&self, settings: &mut ChainSettings) {
+        let Backend::Postgres(admin_url) = self else { return };
+        let mut admin = sqlx::PgConnection::connect(admin_url).await.expect("TEST_POSTGRES_URL is reachable");
+        let base = admin_url.rsplit_once('/').expect("a URL with a database").0;
+        for url in [&mut settings.orders.database_url, &mut settings.payment.database_url] {
+            let name = format!("chain_{}", uuid::Uuid::now_v7().simple());
+            admin.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).await.expect("create a scratch database");
+            *url = format!("{base}/{name}");
+        }
+    }
+}
+
 impl TestChain {
     /// The default chain, with a fast bank (1 ms) so tests spend their time on what they test.
     pub async fn start() -> Self {
@@ -23,8 +68,14 @@ impl TestChain {
 
     /// The chain after `customize` has changed its settings.
     pub async fn start_with(customize: impl FnOnce(&mut ChainSettings)) -> Self {
+        Self::start_on(&Backend::Sqlite, customize).await
+    }
+
+    /// The chain with its databases on `backend`.
+    pub async fn start_on(backend: &Backend, customize: impl FnOnce(&mut ChainSettings)) -> Self {
         let data = tempfile::tempdir().expect("temporary directory");
         let mut settings = ChainSettings::default().ephemeral().with_data_dir(data.path());
+        backend.configure(&mut settings).await;
         settings.bank.faults = Faults { latency_ms: Latency { mean: 1.0, stddev: 0.0 }, ..Faults::default() };
         customize(&mut settings);
         let chain = Chain::start(settings).await.expect("chain starts");
@@ -42,6 +93,16 @@ impl TestChain {
 
     pub fn set_faults(&self, faults: Faults) {
         self.chain.bank().update_faults(|current| *current = faults);
+    }
+
+    /// Rows in one of the chain's tables (`orders` in the orders database, `payments` in payment's).
+    pub async fn count_rows(&self, table: &str) -> i64 {
+        let url = if table == "payments" { &self.chain.database_urls.1 } else { &self.chain.database_urls.0 };
+        let database = idempotency::Database::connect(url).await.expect("the chain's database");
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
+            .fetch_one(database.pool())
+            .await
+            .expect("count rows")
     }
 
     pub async fn grpc_gateway(&self) -> GatewayClient<Channel> {

@@ -56,6 +56,10 @@ pub struct Scenario {
     /// gateway's default and no client-side limit).
     pub timeout_ms: Option<u64>,
     pub variants: Vec<Variant>,
+    /// Every request carries the same idempotency key (a storm of duplicates).
+    pub one_key: bool,
+    /// After the run, send every request again with its key, to measure replays.
+    pub replay: bool,
 }
 
 /// Longest a scenario run may send before it stops.
@@ -77,6 +81,8 @@ pub fn catalogue() -> Vec<Scenario> {
             load: Load::Closed { concurrency: 8 },
             timeout_ms: None,
             variants: vec![BUDGETED],
+            one_key: false,
+            replay: false,
         },
         Scenario {
             name: "bank-slow",
@@ -86,6 +92,8 @@ pub fn catalogue() -> Vec<Scenario> {
             load: Load::Closed { concurrency: 12 },
             timeout_ms: None,
             variants: vec![BUDGETED],
+            one_key: false,
+            replay: false,
         },
         Scenario {
             name: "bank-hang",
@@ -95,6 +103,8 @@ pub fn catalogue() -> Vec<Scenario> {
             load: Load::Closed { concurrency: 10 },
             timeout_ms: Some(500),
             variants: vec![BUDGETED],
+            one_key: false,
+            replay: false,
         },
         Scenario {
             name: "bank-flaky",
@@ -104,6 +114,8 @@ pub fn catalogue() -> Vec<Scenario> {
             load: Load::Open { per_second: 100 },
             timeout_ms: None,
             variants: vec![NO_RETRIES, BUDGETED],
+            one_key: false,
+            replay: false,
         },
         Scenario {
             name: "bank-down",
@@ -113,6 +125,8 @@ pub fn catalogue() -> Vec<Scenario> {
             load: Load::Open { per_second: 200 },
             timeout_ms: None,
             variants: vec![BUDGETED, NAIVE],
+            one_key: false,
+            replay: false,
         },
         Scenario {
             name: "bank-throttled",
@@ -122,6 +136,8 @@ pub fn catalogue() -> Vec<Scenario> {
             load: Load::Open { per_second: 50 },
             timeout_ms: None,
             variants: vec![BUDGETED],
+            one_key: false,
+            replay: false,
         },
         Scenario {
             name: "naive-vs-budgeted",
@@ -131,6 +147,41 @@ pub fn catalogue() -> Vec<Scenario> {
             load: Load::Open { per_second: 40 },
             timeout_ms: Some(1_000),
             variants: vec![BUDGETED, NAIVE],
+            one_key: false,
+            replay: false,
+        },
+        Scenario {
+            name: "lost-reply",
+            about: "the bank charges, then loses every reply: the gateway's retries (within the budget) and then the clients' own retries with the same keys get the orders paid, one charge each",
+            faults: Faults { drop_reply_rate: 1.0, latency_ms: latency(5.0, 1.0), ..Faults::default() },
+            requests: 100,
+            load: Load::Closed { concurrency: 4 },
+            timeout_ms: None,
+            variants: vec![BUDGETED],
+            one_key: false,
+            replay: true,
+        },
+        Scenario {
+            name: "duplicate-storm",
+            about: "50 clients send the same request with one idempotency key at once: one executes, the others get its answer or 409",
+            faults: Faults { latency_ms: latency(50.0, 5.0), ..Faults::default() },
+            requests: 50,
+            load: Load::Closed { concurrency: 50 },
+            timeout_ms: None,
+            variants: vec![BUDGETED],
+            one_key: true,
+            replay: false,
+        },
+        Scenario {
+            name: "idempotent-throughput",
+            about: "an instant bank and 16 clients: paid orders per second through four hops with idempotent writes, then the cost of replaying them",
+            faults: Faults { latency_ms: latency(0.0, 0.0), ..Faults::default() },
+            requests: 3_000,
+            load: Load::Closed { concurrency: 16 },
+            timeout_ms: None,
+            variants: vec![BUDGETED],
+            one_key: false,
+            replay: true,
         },
     ]
 }
@@ -169,6 +220,12 @@ pub struct Report {
     pub no_answer: usize,
     pub success_rate: f64,
     pub latency_ms: Percentiles,
+    /// Answered requests per second over the run.
+    pub requests_per_second: f64,
+    /// The same requests sent again with their keys (replays, or resumptions of unfinished
+    /// ones), when measured: their latency and HTTP status → count.
+    pub replay_latency_ms: Option<Percentiles>,
+    pub replay_outcomes: Option<BTreeMap<u16, usize>>,
     pub bank: BankStats,
     /// Bank calls (every attempt that reached it) per user request.
     pub bank_calls_per_request: f64,
@@ -189,6 +246,17 @@ pub struct Percentiles {
     pub max: f64,
 }
 
+impl Percentiles {
+    fn of(histogram: &Histogram<u64>) -> Self {
+        Self {
+            min: histogram.min() as f64 / 1e3,
+            p50: histogram.value_at_quantile(0.50) as f64 / 1e3,
+            p99: histogram.value_at_quantile(0.99) as f64 / 1e3,
+            max: histogram.max() as f64 / 1e3,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Tally {
     outcomes: BTreeMap<u16, usize>,
@@ -203,6 +271,7 @@ struct Sender {
     name: &'static str,
     run_id: u128,
     timeout_ms: Option<u64>,
+    one_key: bool,
     total: usize,
     started: Instant,
     latencies: Mutex<Histogram<u64>>,
@@ -211,12 +280,29 @@ struct Sender {
 }
 
 impl Sender {
+    fn new(scenario: &Scenario, url: String, run_id: u128, started: Instant) -> Arc<Self> {
+        Arc::new(Self {
+            client: reqwest::Client::new(),
+            url,
+            name: scenario.name,
+            run_id,
+            timeout_ms: scenario.timeout_ms,
+            one_key: scenario.one_key,
+            total: scenario.requests,
+            started,
+            // 1 µs to 1 h at 3 significant digits; longer waits are recorded as 1 h.
+            latencies: Mutex::new(Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")),
+            tally: Mutex::default(),
+            done: AtomicUsize::new(0),
+        })
+    }
+
     async fn send(&self, index: usize) {
         let mut request = self
             .client
             .post(&self.url)
             .bearer_auth("demo-key-1")
-            .header("idempotency-key", format!("{}-{}-{index}", self.name, self.run_id))
+            .header("idempotency-key", format!("{}-{}-{}", self.name, self.run_id, if self.one_key { 0 } else { index }))
             .json(&serde_json::json!({
                 "customer_id": "c-1",
                 "items": [{"sku": "sku-1", "quantity": 2}],
@@ -252,26 +338,9 @@ impl Sender {
     }
 }
 
-/// Runs `scenario` once against a running `chain` (whatever variant it was started as).
-pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> Report {
-    chain.bank().reset();
-    chain.bank().update_faults(|faults| *faults = scenario.faults.clone());
-    let retry_before = chain.retry_stats();
-    let started = Instant::now();
-    let sender = Arc::new(Sender {
-        client: reqwest::Client::new(),
-        url: format!("http://{}/v1/orders", chain.addresses.gateway_http),
-        name: scenario.name,
-        run_id: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
-        timeout_ms: scenario.timeout_ms,
-        total: scenario.requests,
-        started,
-        // 1 µs to 1 h at 3 significant digits; longer waits are recorded as 1 h.
-        latencies: Mutex::new(Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")),
-        tally: Mutex::default(),
-        done: AtomicUsize::new(0),
-    });
-
+/// Sends the scenario's requests through `sender` with its load, and waits for every answer.
+async fn drive(sender: Arc<Sender>, scenario: &Scenario) {
+    let started = sender.started;
     let mut requests = JoinSet::new();
     match scenario.load {
         Load::Closed { concurrency } => {
@@ -303,11 +372,34 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
         }
     }
     while requests.join_next().await.is_some() {}
+}
+
+/// Runs `scenario` once against a running `chain` (whatever variant it was started as).
+pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> Report {
+    chain.bank().reset();
+    chain.bank().update_faults(|faults| *faults = scenario.faults.clone());
+    let retry_before = chain.retry_stats();
+    let started = Instant::now();
+    let run_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let url = format!("http://{}/v1/orders", chain.addresses.gateway_http);
+    let sender = Sender::new(scenario, url.clone(), run_id, started);
+    drive(sender.clone(), scenario).await;
     let elapsed = started.elapsed();
 
     let calls_when_clients_left = chain.bank().stats().calls;
     tokio::time::sleep(SETTLE).await;
     let bank = chain.bank().stats();
+
+    let (replay_latency_ms, replay_outcomes) = if scenario.replay {
+        eprintln!("  [{}] sending every request again with its key", scenario.name);
+        let replays = Sender::new(scenario, url, run_id, Instant::now());
+        drive(replays.clone(), scenario).await;
+        let histogram = replays.latencies.lock().expect("histogram lock").clone();
+        let outcomes = std::mem::take(&mut replays.tally.lock().expect("tally lock").outcomes);
+        (Some(Percentiles::of(&histogram)), Some(outcomes))
+    } else {
+        (None, None)
+    };
 
     let tally = std::mem::take(&mut *sender.tally.lock().expect("tally lock"));
     let histogram = sender.latencies.lock().expect("histogram lock").clone();
@@ -325,12 +417,10 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
         outcomes: tally.outcomes,
         no_answer: tally.no_answer,
         success_rate: paid as f64 / completed.max(1) as f64,
-        latency_ms: Percentiles {
-            min: histogram.min() as f64 / 1e3,
-            p50: histogram.value_at_quantile(0.50) as f64 / 1e3,
-            p99: histogram.value_at_quantile(0.99) as f64 / 1e3,
-            max: histogram.max() as f64 / 1e3,
-        },
+        latency_ms: Percentiles::of(&histogram),
+        replay_latency_ms,
+        replay_outcomes,
+        requests_per_second: completed as f64 / elapsed.as_secs_f64().max(1e-9),
         bank,
         bank_calls_per_request: bank.calls as f64 / completed.max(1) as f64,
         bank_calls_after_clients_left: bank.calls - calls_when_clients_left,
@@ -366,6 +456,19 @@ pub async fn run_variants(scenario: &Scenario, settings: &ChainSettings) -> Resu
         chain.stop().await?;
     }
     Ok(reports)
+}
+
+/// `201 Created: 30, 503 Service Unavailable: 70, no answer: 2`.
+fn describe_outcomes(outcomes: &BTreeMap<u16, usize>, no_answer: usize) -> String {
+    outcomes
+        .iter()
+        .map(|(status, count)| {
+            let reason = reqwest::StatusCode::from_u16(*status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
+            format!("{status} {reason}: {count}")
+        })
+        .chain((no_answer > 0).then(|| format!("no answer: {no_answer}")))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn describe(load: Load) -> String {
@@ -416,19 +519,28 @@ impl fmt::Display for Comparison<'_> {
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "\nScenario {} ({}): {}", self.scenario, self.variant, self.about)?;
-        writeln!(f, "  requests     {} in {:.2} s ({})", self.requests, self.elapsed_ms / 1e3, describe(self.load))?;
-        let outcomes: Vec<String> = self
-            .outcomes
-            .iter()
-            .map(|(status, count)| {
-                let reason = reqwest::StatusCode::from_u16(*status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
-                format!("{status} {reason}: {count}")
-            })
-            .chain((self.no_answer > 0).then(|| format!("no answer: {}", self.no_answer)))
-            .collect();
-        writeln!(f, "  outcomes     {} (success {:.1} %)", outcomes.join(", "), self.success_rate * 100.0)?;
+        writeln!(
+            f,
+            "  requests     {} in {:.2} s ({}): {:.0} per second",
+            self.requests,
+            self.elapsed_ms / 1e3,
+            describe(self.load),
+            self.requests_per_second
+        )?;
+        writeln!(f, "  outcomes     {} (success {:.1} %)", describe_outcomes(&self.outcomes, self.no_answer), self.success_rate * 100.0)?;
         let l = self.latency_ms;
         writeln!(f, "  latency      min {:.1} ms, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms", l.min, l.p50, l.p99, l.max)?;
+        if let (Some(r), Some(outcomes)) = (self.replay_latency_ms, &self.replay_outcomes) {
+            writeln!(
+                f,
+                "  sent again   {} with the same keys: min {:.1} ms, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+                describe_outcomes(outcomes, 0),
+                r.min,
+                r.p50,
+                r.p99,
+                r.max
+            )?;
+        }
         let b = self.bank;
         writeln!(
             f,

@@ -1,0 +1,143 @@
+//! Idempotency keys end to end, on SQLite and on PostgreSQL: a repeat never executes twice, and a
+//! lost reply, a crash or a cancellation never charges twice.
+
+use std::{sync::Arc, time::Duration};
+
+use bank_mock::{Faults, Latency};
+use e2e::{Backend, TestChain, order_body};
+use tokio::sync::Barrier;
+
+fn fast_bank(change: impl FnOnce(&mut Faults)) -> Faults {
+    let mut faults = Faults { latency_ms: Latency { mean: 1.0, stddev: 0.0 }, ..Faults::default() };
+    change(&mut faults);
+    faults
+}
+
+#[tokio::test]
+async fn a_replay_gets_the_same_status_and_the_same_bytes() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        let test = TestChain::start_on(&backend, |_| {}).await;
+        let first = test.post_order("replay-1", &order_body()).send().await.unwrap();
+        assert_eq!(first.status(), 201, "{name}");
+        assert!(first.headers().get("idempotent-replayed").is_none(), "{name}");
+        let first_body = first.bytes().await.unwrap();
+
+        let again = test.post_order("replay-1", &order_body()).send().await.unwrap();
+        assert_eq!(again.status(), 201, "{name}");
+        assert_eq!(again.headers()["idempotent-replayed"], "true", "{name}");
+        assert_eq!(again.bytes().await.unwrap(), first_body, "{name}: byte-identical body");
+
+        let bank = test.chain.bank().stats();
+        assert_eq!((bank.calls, bank.charges), (1, 1), "{name}: the replay never reached the bank");
+        assert_eq!(test.count_rows("orders").await, 1, "{name}");
+        assert_eq!(test.count_rows("payments").await, 1, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_reused_key_with_another_body_is_refused_and_keys_are_per_client() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        let test = TestChain::start_on(&backend, |_| {}).await;
+        assert_eq!(test.post_order("shared-key", &order_body()).send().await.unwrap().status(), 201);
+
+        let mut other = order_body();
+        other["amount_minor"] = 4_200.into();
+        let refused = test.post_order("shared-key", &other).send().await.unwrap();
+        assert_eq!(refused.status(), 422, "{name}");
+        assert_eq!(refused.headers()["content-type"], "application/problem+json");
+        assert_eq!((test.chain.bank().stats().calls, test.count_rows("orders").await), (1, 1), "{name}: nothing changed");
+
+        let another_client = test
+            .http
+            .post(test.url("/v1/orders"))
+            .bearer_auth("demo-key-2")
+            .header("idempotency-key", "shared-key")
+            .json(&other)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(another_client.status(), 201, "{name}: the same key of another client is its own");
+        assert_eq!(test.chain.bank().stats().charges, 2, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn fifty_concurrent_requests_with_one_key_execute_once() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        // A bank slow enough that the first request is still in flight when the others arrive.
+        let test = Arc::new(TestChain::start_on(&backend, |s| s.bank.faults = fast_bank(|f| f.latency_ms.mean = 50.0)).await);
+        let barrier = Arc::new(Barrier::new(50));
+        let requests = (0..50).map(|_| {
+            let (test, barrier) = (test.clone(), barrier.clone());
+            tokio::spawn(async move {
+                let request = test.post_order("storm-1", &order_body());
+                barrier.wait().await;
+                let response = request.send().await.unwrap();
+                (response.status().as_u16(), response.headers().contains_key("idempotent-replayed"))
+            })
+        });
+        let outcomes: Vec<(u16, bool)> = futures::future::join_all(requests).await.into_iter().map(Result::unwrap).collect();
+        let executed = outcomes.iter().filter(|(status, replayed)| *status == 201 && !replayed).count();
+        let other = outcomes.iter().filter(|(status, replayed)| !(*status == 409 || (*status == 201 && *replayed))).count();
+        assert_eq!(executed, 1, "{name}: {outcomes:?}");
+        assert_eq!(other, 1, "{name}: the others are replays or 409: {outcomes:?}");
+        assert_eq!(test.chain.bank().stats().charges, 1, "{name}");
+        assert_eq!(test.count_rows("orders").await, 1, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_lost_reply_is_retried_without_a_second_charge() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        let test = TestChain::start_on(&backend, |s| s.bank.faults = fast_bank(|f| f.drop_reply_rate = 1.0)).await;
+        // The bank charges and loses the reply; the gateway retries with the same derived key and
+        // the bank answers from its record.
+        let response = test.post_order("lost-1", &order_body()).send().await.unwrap();
+        assert_eq!(response.status(), 201, "{name}");
+        let paid: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(paid["status"], "paid");
+
+        // A final client retry with the same key gets the same order.
+        let again = test.post_order("lost-1", &order_body()).send().await.unwrap();
+        assert_eq!(again.headers()["idempotent-replayed"], "true", "{name}");
+        assert_eq!(again.json::<serde_json::Value>().await.unwrap()["order_id"], paid["order_id"]);
+        let bank = test.chain.bank().stats();
+        assert_eq!((bank.charges, bank.dropped_replies), (1, 1), "{name}: {bank:?}");
+        assert!(bank.duplicate_keys >= 1, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_create_cancelled_between_its_phases_is_resumed_by_the_retry() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        // No gateway retries: the client's own retry resumes the work.
+        let test = TestChain::start_on(&backend, |s| s.gateway.retry.max_attempts = 1).await;
+        test.set_faults(fast_bank(|f| f.hang = true));
+        let cancelled = test.post_order("resume-1", &order_body()).header("x-request-timeout-ms", "400").send().await.unwrap();
+        assert_eq!(cancelled.status(), 504, "{name}");
+        assert_eq!(test.count_rows("orders").await, 1, "{name}: the order row was committed before payment");
+        assert_eq!(test.chain.bank().stats().charges, 0);
+
+        // The bank recovers; the leases ended with their requests' deadlines.
+        test.set_faults(fast_bank(|_| {}));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let resumed = test.post_order("resume-1", &order_body()).send().await.unwrap();
+        assert_eq!(resumed.status(), 201, "{name}");
+        assert_eq!(test.count_rows("orders").await, 1, "{name}: the same order, not a second one");
+        assert_eq!(test.chain.bank().stats().charges, 1, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_request_that_fails_validation_does_not_use_up_its_key() {
+    let test = TestChain::start().await;
+    let mut invalid = order_body();
+    invalid["currency"] = "QQQ".into();
+    assert_eq!(test.post_order("validated-1", &invalid).send().await.unwrap().status(), 400);
+    assert_eq!(test.post_order("validated-1", &order_body()).send().await.unwrap().status(), 201);
+}

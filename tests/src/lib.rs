@@ -76,7 +76,7 @@ impl TestChain {
         let data = tempfile::tempdir().expect("temporary directory");
         let mut settings = ChainSettings::default().ephemeral().with_data_dir(data.path());
         backend.configure(&mut settings).await;
-        settings.bank.faults = Faults { latency_ms: Latency { mean: 1.0, stddev: 0.0 }, ..Faults::default() };
+        settings.bank.faults = fast_bank(|_| {});
         customize(&mut settings);
         let chain = Chain::start(settings).await.expect("chain starts");
         Self { chain, http: reqwest::Client::new(), _data: data }
@@ -109,6 +109,13 @@ impl TestChain {
         let endpoint = format!("http://{}", self.chain.addresses.gateway_grpc);
         GatewayClient::connect(endpoint).await.expect("gateway gRPC connects")
     }
+}
+
+/// A bank that answers in 1 ms, changed by `change`.
+pub fn fast_bank(change: impl FnOnce(&mut Faults)) -> Faults {
+    let mut faults = Faults { latency_ms: Latency { mean: 1.0, stddev: 0.0 }, ..Faults::default() };
+    change(&mut faults);
+    faults
 }
 
 /// The README's example order.

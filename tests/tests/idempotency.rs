@@ -3,15 +3,8 @@
 
 use std::{sync::Arc, time::Duration};
 
-use bank_mock::{Faults, Latency};
-use e2e::{Backend, TestChain, order_body};
+use e2e::{Backend, TestChain, fast_bank, order_body};
 use tokio::sync::Barrier;
-
-fn fast_bank(change: impl FnOnce(&mut Faults)) -> Faults {
-    let mut faults = Faults { latency_ms: Latency { mean: 1.0, stddev: 0.0 }, ..Faults::default() };
-    change(&mut faults);
-    faults
-}
 
 #[tokio::test]
 async fn a_replay_gets_the_same_status_and_the_same_bytes() {

@@ -4,28 +4,22 @@
 use std::time::{Duration, Instant};
 
 use bank_mock::{Faults, Latency};
-use e2e::{TestChain, order_body};
-
-fn faults(change: impl FnOnce(&mut Faults)) -> Faults {
-    let mut faults = Faults { latency_ms: Latency { mean: 1.0, stddev: 0.0 }, ..Faults::default() };
-    change(&mut faults);
-    faults
-}
+use e2e::{TestChain, fast_bank, order_body};
 
 #[tokio::test]
 async fn inner_hops_send_each_call_once_under_every_fault() {
     // Gateway retries off: every user request must reach the bank at most once.
     let test = TestChain::start_with(|s| s.gateway.retry.max_attempts = 1).await;
     let cases: Vec<(&str, Faults)> = vec![
-        ("unavailable", faults(|f| f.error_rate = 1.0)),
-        ("resource exhausted", faults(|f| {
+        ("unavailable", fast_bank(|f| f.error_rate = 1.0)),
+        ("resource exhausted", fast_bank(|f| {
             f.resource_exhausted_rate = 1.0;
             f.pushback_ms = 10;
         })),
-        ("reply lost", faults(|f| f.drop_reply_rate = 1.0)),
-        ("declined", faults(|f| f.decline_rate = 1.0)),
-        ("hang", faults(|f| f.hang = true)),
-        ("slow", faults(|f| f.latency_ms = Latency { mean: 2_000.0, stddev: 0.0 })),
+        ("reply lost", fast_bank(|f| f.drop_reply_rate = 1.0)),
+        ("declined", fast_bank(|f| f.decline_rate = 1.0)),
+        ("hang", fast_bank(|f| f.hang = true)),
+        ("slow", fast_bank(|f| f.latency_ms = Latency { mean: 2_000.0, stddev: 0.0 })),
     ];
     for (index, (name, fault)) in cases.into_iter().enumerate() {
         test.chain.bank().reset();
@@ -48,7 +42,7 @@ async fn inner_hops_send_each_call_once_under_every_fault() {
 #[tokio::test]
 async fn each_gateway_attempt_is_exactly_one_bank_call_marked_with_its_number() {
     let test = TestChain::start().await;
-    test.set_faults(faults(|f| f.error_rate = 1.0));
+    test.set_faults(fast_bank(|f| f.error_rate = 1.0));
     let response = test.post_order("marked-1", &order_body()).send().await.unwrap();
     assert_eq!(response.status(), 503);
     let bank = test.chain.bank().stats();
@@ -76,7 +70,7 @@ async fn failures_a_retry_cannot_fix_are_not_retried() {
     assert_eq!(test.chain.hop_stats().orders.requests, 3);
 
     // A declined payment is an answer, not a failure.
-    test.set_faults(faults(|f| f.decline_rate = 1.0));
+    test.set_faults(fast_bank(|f| f.decline_rate = 1.0));
     assert_eq!(test.post_order("declined-2", &order_body()).send().await.unwrap().status(), 402);
     assert_eq!(test.chain.hop_stats().orders.requests, 4);
     assert_eq!(test.chain.retry_stats().retries, 0);
@@ -86,7 +80,7 @@ async fn failures_a_retry_cannot_fix_are_not_retried() {
 async fn no_retry_starts_when_the_deadline_cannot_hold_it() {
     // Attempts are known to need at least 600 ms; the bank fails after 300 ms.
     let test = TestChain::start_with(|s| s.gateway.retry.min_attempt_ms = 600).await;
-    test.set_faults(faults(|f| {
+    test.set_faults(fast_bank(|f| {
         f.error_rate = 1.0;
         f.latency_ms = Latency { mean: 300.0, stddev: 0.0 };
     }));
@@ -109,7 +103,7 @@ async fn no_retry_starts_when_the_deadline_cannot_hold_it() {
 #[tokio::test]
 async fn a_pushback_longer_than_the_deadline_ends_the_call_at_once_with_retry_after() {
     let test = TestChain::start().await;
-    test.set_faults(faults(|f| {
+    test.set_faults(fast_bank(|f| {
         f.resource_exhausted_rate = 1.0;
         f.pushback_ms = 5_000;
     }));
@@ -125,7 +119,7 @@ async fn a_pushback_longer_than_the_deadline_ends_the_call_at_once_with_retry_af
 #[tokio::test]
 async fn a_pushback_that_fits_is_waited_exactly_and_the_retry_succeeds() {
     let test = TestChain::start().await;
-    test.set_faults(faults(|f| {
+    test.set_faults(fast_bank(|f| {
         f.resource_exhausted_rate = 1.0;
         f.pushback_ms = 300;
     }));

@@ -20,6 +20,7 @@ use deadline::{HopStats, server::DeadlineLayer};
 use proto::gateway::v1::gateway_server::GatewayServer;
 use resilience::{
     ChainMode,
+    breaker::Breaker,
     retry::RetryPolicy,
 };
 use rpc::{GrpcServer, ServerError};
@@ -35,18 +36,21 @@ pub struct Application {
     http_router: axum::Router,
     http_stats: Arc<HopStats>,
     retry: RetryPolicy,
+    orders_breaker: Arc<Breaker>,
 }
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
-        let orders = rpc::connect("orders", &settings.orders, settings.mode, settings.naive).map_err(|error| ServerError::Settings(format!("orders: {error}")))?;
+        let orders = rpc::connect("orders", &settings.orders, settings.mode, settings.naive)
+            .map_err(|error| ServerError::Settings(format!("orders: {error}")))?;
+        let orders_breaker = orders.breaker.clone();
         let mut retry = settings.retry.clone();
         if settings.mode == ChainMode::Naive {
             // The naive client retries at the HTTP level itself.
             retry.max_attempts = 1;
         }
         let retry = RetryPolicy::new(&retry).map_err(|error| ServerError::Settings(error.to_string()))?;
-        let api = api::Api::new(orders, settings.clients, &retry);
+        let api = api::Api::new(orders.client, settings.clients, &retry);
         let grpc = GrpcServer::bind(HOP, rpc::Role::Edge, settings.grpc_listen, settings.deadline, GatewayServer::new(grpc::GatewayService::new(api.clone()))).await?;
         let http_stats = HopStats::new();
         let http_router = http::router(api).layer(
@@ -58,7 +62,7 @@ impl Application {
             .at_edge(),
         );
         let http = rpc::bind(settings.http_listen).await?;
-        Ok(Self { grpc, http, http_router, http_stats, retry })
+        Ok(Self { grpc, http, http_router, http_stats, retry, orders_breaker })
     }
 
     pub fn http_addr(&self) -> SocketAddr {
@@ -72,6 +76,11 @@ impl Application {
     /// Deadline counters of HTTP requests.
     pub fn http_stats(&self) -> Arc<HopStats> {
         self.http_stats.clone()
+    }
+
+    /// The breaker in front of orders.
+    pub fn orders_breaker(&self) -> Arc<Breaker> {
+        self.orders_breaker.clone()
     }
 
     /// The retry policy toward orders (shared state: its counters stay live after `run`).

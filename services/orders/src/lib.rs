@@ -23,6 +23,7 @@ use proto::{
     orders::v1::orders_server::{Orders, OrdersServer},
     payment::v1::{PayRequest, payment_service_client::PaymentServiceClient},
 };
+use resilience::breaker::Breaker;
 use rpc::{
     Client, GrpcServer, ServerError,
     metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
@@ -39,6 +40,7 @@ const ORDER_CREATED: &str = "order_created";
 pub struct Application {
     grpc: GrpcServer,
     keys: KeyStore,
+    payment_breaker: Arc<Breaker>,
 }
 
 impl Application {
@@ -52,15 +54,21 @@ impl Application {
         database.migrate(HOP, migrations).await.map_err(|e| database_error(&e))?;
         let payment = rpc::connect("payment", &settings.payment, settings.mode, settings.naive)
             .map_err(|error| ServerError::Settings(format!("payment: {error}")))?;
+        let payment_breaker = payment.breaker.clone();
         let keys = KeyStore::new(database.clone(), settings.idempotency);
         let service = OrderService {
             keys: keys.clone(),
             orders: store::Orders::new(database),
-            payment: PaymentServiceClient::new(payment),
+            payment: PaymentServiceClient::new(payment.client),
             default_lease: Duration::from_millis(settings.deadline.max_ms),
         };
         let grpc = GrpcServer::bind(HOP, rpc::Role::Inner, settings.listen, settings.deadline, OrdersServer::new(service)).await?;
-        Ok(Self { grpc, keys })
+        Ok(Self { grpc, keys, payment_breaker })
+    }
+
+    /// The breaker in front of payment.
+    pub fn payment_breaker(&self) -> Arc<Breaker> {
+        self.payment_breaker.clone()
     }
 
     pub fn grpc_addr(&self) -> SocketAddr {
@@ -136,15 +144,18 @@ impl OrderService {
             }
         };
 
-        // Phase 2: one payment call, whose key is derived from the client's, so a resumed create
-        // reaches the bank with the same key. A failure releases the key for the next repeat.
+        // Phase 2: one payment call, whose key is derived from the client's and the order, so a
+        // resumed create reaches the bank with the same key. A failure releases the key for the
+        // next repeat.
         let mut pay = Request::new(PayRequest {
             order_id: order.order_id.clone(),
             customer_id: order.customer_id.clone(),
             amount_minor: order.amount_minor,
             currency: order.currency.clone(),
         });
-        let payment_key = rpc::derive_key("payment", client_id, key);
+        // Derived from the order too: a key reused after it expired makes a new order, which must
+        // be a new payment rather than a repeat of the old one.
+        let payment_key = rpc::derive_key("payment", client_id, &format!("{key}/{}", order.order_id));
         pay.metadata_mut().insert(IDEMPOTENCY_KEY, payment_key.parse().expect("hex is valid metadata"));
         let payment = match self.payment.clone().pay(pay).await {
             Ok(payment) => payment.into_inner(),

@@ -21,6 +21,7 @@ use proto::{
     common::v1::{Payment, PaymentStatus},
     payment::v1::{PayRequest, payment_service_server::{PaymentService, PaymentServiceServer}},
 };
+use resilience::{breaker::Breaker, bulkhead::Bulkhead};
 use rpc::{Client, GrpcServer, ServerError, metadata::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED}};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status};
@@ -34,6 +35,8 @@ const KEY_SCOPE: &str = "orders";
 pub struct Application {
     grpc: GrpcServer,
     keys: KeyStore,
+    breaker: Arc<Breaker>,
+    bulkhead: Arc<Bulkhead>,
 }
 
 impl Application {
@@ -47,14 +50,20 @@ impl Application {
         database.migrate(HOP, migrations).await.map_err(|e| database_error(&e))?;
         let bank = rpc::connect("bank-mock", &settings.bank, settings.mode, settings.naive)
             .map_err(|error| ServerError::Settings(format!("bank: {error}")))?;
+        let (breaker, bulkhead) = (bank.breaker.clone(), bank.bulkhead.clone());
         let keys = KeyStore::new(database, settings.idempotency);
         let service = Payments {
             keys: keys.clone(),
-            bank: BankClient::new(bank),
+            bank: BankClient::new(bank.client),
             default_lease: Duration::from_millis(settings.deadline.max_ms),
         };
         let grpc = GrpcServer::bind(HOP, rpc::Role::Inner, settings.listen, settings.deadline, PaymentServiceServer::new(service)).await?;
-        Ok(Self { grpc, keys })
+        Ok(Self { grpc, keys, breaker, bulkhead })
+    }
+
+    /// The breaker and bulkhead in front of the bank.
+    pub fn bank_guards(&self) -> (Arc<Breaker>, Arc<Bulkhead>) {
+        (self.breaker.clone(), self.bulkhead.clone())
     }
 
     pub fn grpc_addr(&self) -> SocketAddr {

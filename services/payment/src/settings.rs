@@ -38,6 +38,8 @@ impl Default for Settings {
             bank: Dependency {
                 endpoint: "http://127.0.0.1:50054".into(),
                 deadline: ForwardPolicy { reserve_ms: 300, reserve_max_share: 0.2, cap_ms: Some(1_500), min_forward_ms: 20 },
+                // Slow bank calls may hold at most 20 of payment's calls; the rest are refused at once.
+                max_concurrent: 20,
                 ..Dependency::default()
             },
         }

@@ -6,6 +6,8 @@ use bank_mock::BankState;
 use deadline::{HopStats, HopStatsSnapshot};
 use resilience::{
     ChainMode,
+    breaker::{Breaker, BreakerStats},
+    bulkhead::{Bulkhead, BulkheadStats},
     retry::{RetryPolicy, RetryStatsSnapshot},
 };
 use rpc::ServerError;
@@ -71,6 +73,22 @@ pub struct ChainHopStats {
     pub bank: HopStatsSnapshot,
 }
 
+/// The breakers and the bank's bulkhead, as they stand.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ChainGuardStats {
+    pub gateway_orders: BreakerStats,
+    pub orders_payment: BreakerStats,
+    pub payment_bank: BreakerStats,
+    pub bank_bulkhead: BulkheadStats,
+}
+
+struct Guards {
+    gateway_orders: Arc<Breaker>,
+    orders_payment: Arc<Breaker>,
+    payment_bank: Arc<Breaker>,
+    bank_bulkhead: Arc<Bulkhead>,
+}
+
 struct HopCounters {
     gateway_http: Arc<HopStats>,
     gateway_grpc: Arc<HopStats>,
@@ -87,6 +105,7 @@ pub struct Chain {
     pub admin_token: String,
     bank: Arc<BankState>,
     hops: HopCounters,
+    guards: Guards,
     gateway_retry: RetryPolicy,
     shutdown: CancellationToken,
     servers: JoinSet<Result<(), ServerError>>,
@@ -129,18 +148,40 @@ impl Chain {
         };
         let admin_token = bank.admin_token().to_owned();
         let gateway_retry = gateway.retry_handle();
+        let (payment_bank, bank_bulkhead) = payment.bank_guards();
+        let guards = Guards {
+            gateway_orders: gateway.orders_breaker(),
+            orders_payment: orders.payment_breaker(),
+            payment_bank,
+            bank_bulkhead,
+        };
         let bank_state = bank.state();
 
         servers.spawn(bank.run_until_stopped(shutdown.clone()));
         servers.spawn(payment.run_until_stopped(shutdown.clone()));
         servers.spawn(orders.run_until_stopped(shutdown.clone()));
         servers.spawn(gateway.run_until_stopped(shutdown.clone()));
-        Ok(Self { addresses, database_urls, admin_token, bank: bank_state, hops, gateway_retry, shutdown, servers })
+        Ok(Self { addresses, database_urls, admin_token, bank: bank_state, hops, guards, gateway_retry, shutdown, servers })
     }
 
     /// The bank's faults and counters, for in-process control.
     pub fn bank(&self) -> &BankState {
         &self.bank
+    }
+
+    /// The bank's state, shared, for tasks that change faults while a scenario runs.
+    pub fn bank_state(&self) -> Arc<BankState> {
+        self.bank.clone()
+    }
+
+    /// The breakers and the bank's bulkhead.
+    pub fn guard_stats(&self) -> ChainGuardStats {
+        ChainGuardStats {
+            gateway_orders: self.guards.gateway_orders.stats(),
+            orders_payment: self.guards.orders_payment.stats(),
+            payment_bank: self.guards.payment_bank.stats(),
+            bank_bulkhead: self.guards.bank_bulkhead.stats(),
+        }
     }
 
     /// Counters of the gateway's retry policy.

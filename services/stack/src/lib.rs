@@ -3,4 +3,4 @@
 pub mod chain;
 pub mod scenario;
 
-pub use chain::{Addresses, Chain, ChainHopStats, ChainSettings};
+pub use chain::{Addresses, Chain, ChainGuardStats, ChainHopStats, ChainSettings};

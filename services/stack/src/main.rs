@@ -88,7 +88,7 @@ async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Bo
     println!("  payment gRPC      {}", a.payment);
     println!("  bank-mock gRPC    {}", a.bank);
     println!("  bank-mock admin   http://{}  (X-Admin-Token: {})", a.bank_admin, chain.admin_token);
-    println!("  databases         {}, {}", chain.database_urls.0, chain.database_urls.1);
+    println!("  databases         {}, {}", redact(&chain.database_urls.0), redact(&chain.database_urls.1));
     println!("  API keys          demo-key-1 (client demo-client-1), demo-key-2 (client demo-client-2)");
     println!();
     println!("Try:");
@@ -106,4 +106,27 @@ async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Bo
     });
     chain.wait().await?;
     Ok(())
+}
+
+/// A database URL without its password, for printing.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(scheme), Some(at)) if scheme < at => match url[scheme + 3..at].split_once(':') {
+            Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+            None => url.to_owned(),
+        },
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_are_not_printed() {
+        assert_eq!(redact("postgres://chain:secret@db:5432/orders"), "postgres://chain:***@db:5432/orders");
+        assert_eq!(redact("postgres://chain@db/orders"), "postgres://chain@db/orders");
+        assert_eq!(redact("sqlite:///tmp/orders.db"), "sqlite:///tmp/orders.db");
+    }
 }

@@ -19,7 +19,7 @@ use resilience::{ChainMode, retry::RetryStatsSnapshot};
 use serde::Serialize;
 use tokio::task::JoinSet;
 
-use crate::chain::{Chain, ChainHopStats, ChainSettings};
+use crate::chain::{Chain, ChainGuardStats, ChainHopStats, ChainSettings};
 
 /// How requests are sent.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -60,6 +60,20 @@ pub struct Scenario {
     pub one_key: bool,
     /// After the run, send every request again with its key, to measure replays.
     pub replay: bool,
+    /// Changes to the chain's settings for this scenario.
+    pub chain: fn(&mut ChainSettings),
+    /// The bank's faults are lifted this long after the start.
+    pub heal_after: Option<Duration>,
+}
+
+/// Leaves the chain's settings as they are.
+fn as_configured(_: &mut ChainSettings) {}
+
+/// Turns every circuit breaker off, so that a scenario shows what the retry budget does alone.
+fn without_breakers(settings: &mut ChainSettings) {
+    settings.gateway.orders.breaker.enabled = false;
+    settings.orders.payment.breaker.enabled = false;
+    settings.payment.bank.breaker.enabled = false;
 }
 
 /// Longest a scenario run may send before it stops.
@@ -83,6 +97,8 @@ pub fn catalogue() -> Vec<Scenario> {
             variants: vec![BUDGETED],
             one_key: false,
             replay: false,
+            chain: as_configured,
+            heal_after: None,
         },
         Scenario {
             name: "bank-slow",
@@ -94,6 +110,8 @@ pub fn catalogue() -> Vec<Scenario> {
             variants: vec![BUDGETED],
             one_key: false,
             replay: false,
+            chain: without_breakers,
+            heal_after: None,
         },
         Scenario {
             name: "bank-hang",
@@ -105,6 +123,8 @@ pub fn catalogue() -> Vec<Scenario> {
             variants: vec![BUDGETED],
             one_key: false,
             replay: false,
+            chain: without_breakers,
+            heal_after: None,
         },
         Scenario {
             name: "bank-flaky",
@@ -116,6 +136,8 @@ pub fn catalogue() -> Vec<Scenario> {
             variants: vec![NO_RETRIES, BUDGETED],
             one_key: false,
             replay: false,
+            chain: without_breakers,
+            heal_after: None,
         },
         Scenario {
             name: "bank-down",
@@ -127,6 +149,8 @@ pub fn catalogue() -> Vec<Scenario> {
             variants: vec![BUDGETED, NAIVE],
             one_key: false,
             replay: false,
+            chain: without_breakers,
+            heal_after: None,
         },
         Scenario {
             name: "bank-throttled",
@@ -138,6 +162,8 @@ pub fn catalogue() -> Vec<Scenario> {
             variants: vec![BUDGETED],
             one_key: false,
             replay: false,
+            chain: without_breakers,
+            heal_after: None,
         },
         Scenario {
             name: "naive-vs-budgeted",
@@ -149,6 +175,8 @@ pub fn catalogue() -> Vec<Scenario> {
             variants: vec![BUDGETED, NAIVE],
             one_key: false,
             replay: false,
+            chain: without_breakers,
+            heal_after: None,
         },
         Scenario {
             name: "lost-reply",
@@ -160,6 +188,8 @@ pub fn catalogue() -> Vec<Scenario> {
             variants: vec![BUDGETED],
             one_key: false,
             replay: true,
+            chain: without_breakers,
+            heal_after: None,
         },
         Scenario {
             name: "duplicate-storm",
@@ -171,6 +201,8 @@ pub fn catalogue() -> Vec<Scenario> {
             variants: vec![BUDGETED],
             one_key: true,
             replay: false,
+            chain: as_configured,
+            heal_after: None,
         },
         Scenario {
             name: "idempotent-throughput",
@@ -182,6 +214,21 @@ pub fn catalogue() -> Vec<Scenario> {
             variants: vec![BUDGETED],
             one_key: false,
             replay: true,
+            chain: as_configured,
+            heal_after: None,
+        },
+        Scenario {
+            name: "bank-down-breaker",
+            about: "the bank fails every call for 3 s, then recovers: payment's breaker opens, answers at once without calling, probes and closes",
+            faults: Faults { error_rate: 1.0, latency_ms: latency(5.0, 1.0), ..Faults::default() },
+            requests: 500,
+            load: Load::Open { per_second: 100 },
+            timeout_ms: None,
+            variants: vec![BUDGETED],
+            one_key: false,
+            replay: false,
+            chain: |settings| settings.payment.bank.breaker.open_ms = 1_000,
+            heal_after: Some(Duration::from_secs(3)),
         },
     ]
 }
@@ -232,6 +279,7 @@ pub struct Report {
     /// Bank calls that arrived after every client had its answer or had given up.
     pub bank_calls_after_clients_left: u64,
     pub retry: RetryStatsSnapshot,
+    pub guards: ChainGuardStats,
     pub hops: ChainHopStats,
     /// `X-Deadline-Ledger` and `Server-Timing` of the first answer.
     pub sample_ledger: Option<String>,
@@ -383,24 +431,41 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
     let run_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let url = format!("http://{}/v1/orders", chain.addresses.gateway_http);
     let sender = Sender::new(scenario, url.clone(), run_id, started);
+    let healing = scenario.heal_after.map(|after| {
+        let bank = chain.bank_state();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            eprintln!("  the bank's faults are lifted");
+            bank.update_faults(|faults| *faults = Faults { latency_ms: faults.latency_ms, ..Faults::default() });
+        })
+    });
     drive(sender.clone(), scenario).await;
+    if let Some(healing) = healing {
+        healing.abort();
+    }
     let elapsed = started.elapsed();
 
     let calls_when_clients_left = chain.bank().stats().calls;
     tokio::time::sleep(SETTLE).await;
-    let bank = chain.bank().stats();
+    let bank_calls_after_clients_left = chain.bank().stats().calls - calls_when_clients_left;
 
     let (replay_latency_ms, replay_outcomes) = if scenario.replay {
         eprintln!("  [{}] sending every request again with its key", scenario.name);
         let replays = Sender::new(scenario, url, run_id, Instant::now());
         drive(replays.clone(), scenario).await;
         let histogram = replays.latencies.lock().expect("histogram lock").clone();
-        let outcomes = std::mem::take(&mut replays.tally.lock().expect("tally lock").outcomes);
-        (Some(Percentiles::of(&histogram)), Some(outcomes))
+        let mut tally = std::mem::take(&mut *replays.tally.lock().expect("tally lock"));
+        if tally.no_answer > 0 {
+            // Status 0 stands for "no HTTP answer" among the replays' outcomes.
+            tally.outcomes.insert(0, tally.no_answer);
+        }
+        (Some(Percentiles::of(&histogram)), Some(tally.outcomes))
     } else {
         (None, None)
     };
 
+    // Read after the replays, with the other counters: a replay that reached the bank shows.
+    let bank = chain.bank().stats();
     let tally = std::mem::take(&mut *sender.tally.lock().expect("tally lock"));
     let histogram = sender.latencies.lock().expect("histogram lock").clone();
     let completed = tally.outcomes.values().sum::<usize>() + tally.no_answer;
@@ -423,17 +488,9 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
         requests_per_second: completed as f64 / elapsed.as_secs_f64().max(1e-9),
         bank,
         bank_calls_per_request: bank.calls as f64 / completed.max(1) as f64,
-        bank_calls_after_clients_left: bank.calls - calls_when_clients_left,
-        retry: RetryStatsSnapshot {
-            requests: retry_after.requests - retry_before.requests,
-            retries: retry_after.retries - retry_before.retries,
-            stopped_success: retry_after.stopped_success - retry_before.stopped_success,
-            stopped_non_retryable: retry_after.stopped_non_retryable - retry_before.stopped_non_retryable,
-            stopped_attempts: retry_after.stopped_attempts - retry_before.stopped_attempts,
-            stopped_budget: retry_after.stopped_budget - retry_before.stopped_budget,
-            stopped_deadline: retry_after.stopped_deadline - retry_before.stopped_deadline,
-            stopped_pushback: retry_after.stopped_pushback - retry_before.stopped_pushback,
-        },
+        bank_calls_after_clients_left,
+        retry: retry_after.since(&retry_before),
+        guards: chain.guard_stats(),
         hops: chain.hop_stats(),
         sample_ledger,
         sample_server_timing,
@@ -446,6 +503,7 @@ pub async fn run_variants(scenario: &Scenario, settings: &ChainSettings) -> Resu
     for variant in &scenario.variants {
         let data = tempfile::tempdir().map_err(rpc::ServerError::Serve)?;
         let mut settings = settings.clone().ephemeral().with_data_dir(data.path());
+        (scenario.chain)(&mut settings);
         settings.mode = Some(variant.mode);
         if let Some(attempts) = variant.max_attempts {
             settings.gateway.retry.max_attempts = attempts;
@@ -463,6 +521,9 @@ fn describe_outcomes(outcomes: &BTreeMap<u16, usize>, no_answer: usize) -> Strin
     outcomes
         .iter()
         .map(|(status, count)| {
+            if *status == 0 {
+                return format!("no answer: {count}");
+            }
             let reason = reqwest::StatusCode::from_u16(*status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
             format!("{status} {reason}: {count}")
         })
@@ -550,7 +611,7 @@ impl fmt::Display for Report {
         let r = self.retry;
         writeln!(
             f,
-            "  retries      {} for {} requests ({:.1} %); stopped by success {}, non-retryable {}, attempts {}, budget {}, deadline {}, pushback {}",
+            "  retries      {} for {} requests ({:.1} %); stopped by success {}, non-retryable {}, attempts {}, budget {}, deadline {}, pushback {}, breaker {}",
             r.retries,
             r.requests,
             r.retries as f64 * 100.0 / r.requests.max(1) as f64,
@@ -559,8 +620,22 @@ impl fmt::Display for Report {
             r.stopped_attempts,
             r.stopped_budget,
             r.stopped_deadline,
-            r.stopped_pushback
+            r.stopped_pushback,
+            r.stopped_breaker
         )?;
+        let g = self.guards;
+        for (name, b) in [("gateway → orders", g.gateway_orders), ("orders → payment", g.orders_payment), ("payment → bank", g.payment_bank)] {
+            if b.opened + b.rejected > 0 {
+                writeln!(
+                    f,
+                    "  breaker      {name}: now {:?}; opened {}, half-opened {}, closed {}; {} calls answered at once",
+                    b.position, b.opened, b.half_opened, b.closed, b.rejected
+                )?;
+            }
+        }
+        if g.bank_bulkhead.rejected > 0 {
+            writeln!(f, "  bulkhead     payment → bank: {} calls rejected at the limit of {}", g.bank_bulkhead.rejected, g.bank_bulkhead.limit)?;
+        }
         writeln!(f, "  deadlines    requests / expired at the hop / finished late / abandoned / failed fast")?;
         let h = self.hops;
         for (hop, s) in [("gateway", h.gateway_http), ("orders", h.orders), ("payment", h.payment), ("bank-mock", h.bank)] {

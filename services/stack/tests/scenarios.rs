@@ -138,3 +138,13 @@ async fn idempotent_throughput_replays_every_order_without_the_bank() {
     assert_eq!(report.replay_outcomes.unwrap().get(&201), Some(&report.requests));
     assert_eq!(report.bank.calls as usize, report.requests, "replays never reach the bank");
 }
+
+#[tokio::test]
+async fn bank_down_breaker_opens_answers_at_once_and_closes_after_the_bank_recovers() {
+    let report = run("bank-down-breaker").await;
+    let breaker = report.guards.payment_bank;
+    assert!(breaker.opened >= 1 && breaker.rejected > 0, "{breaker:?}");
+    assert_eq!(breaker.position, resilience::breaker::Position::Closed, "closed again after the bank recovered: {breaker:?}");
+    assert!(report.outcomes.get(&201).is_some_and(|paid| *paid > 0), "orders are paid after the recovery: {:?}", report.outcomes);
+    assert!(report.retry.stopped_breaker > 0, "no retry through the open breaker: {:?}", report.retry);
+}

@@ -5,6 +5,8 @@
 //! - [`naive`]: fixed timeouts and three retries at every hop, no budget, no jitter: the design the
 //!   retry policy replaces, kept only so that its cost can be measured side by side.
 
+pub mod breaker;
+pub mod bulkhead;
 pub mod naive;
 pub mod retry;
 

@@ -1,13 +1,15 @@
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use deadline::{ForwardPolicy, client::{ForwardDeadline, ForwardDeadlineLayer}};
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
 use resilience::{
     ChainMode,
+    breaker::{Breaker, BreakerLayer, BreakerService, BreakerSettings},
+    bulkhead::{Bulkhead, BulkheadLayer, BulkheadService},
     naive::{NaiveRetry, NaiveRetryLayer, NaiveSettings},
 };
-use tower::{Layer, util::Either};
+use tower::{Layer, ServiceBuilder, util::Either};
 
 /// How to reach one dependency, and how much of the deadline to give it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,6 +24,10 @@ pub struct Dependency {
     pub idle_timeout_ms: u64,
     /// How the operation deadline is shared with this dependency.
     pub deadline: ForwardPolicy,
+    /// The circuit breaker in front of this dependency.
+    pub breaker: BreakerSettings,
+    /// The bulkhead: calls in flight to this dependency at most; the next is rejected at once.
+    pub max_concurrent: u32,
 }
 
 impl Default for Dependency {
@@ -31,12 +37,22 @@ impl Default for Dependency {
             connect_timeout_ms: 250,
             idle_timeout_ms: 5_000,
             deadline: ForwardPolicy::default(),
+            breaker: BreakerSettings::default(),
+            max_concurrent: 100,
         }
     }
 }
 
-/// A channel to one dependency: under its deadline policy, or (naive chain) retried per hop.
-pub type Client = Either<ForwardDeadline<Channel>, NaiveRetry<Channel>>;
+/// A channel to one dependency: behind its bulkhead and breaker and under its deadline policy,
+/// or (naive chain) retried per hop with neither.
+pub type Client = Either<BulkheadService<BreakerService<ForwardDeadline<Channel>>>, NaiveRetry<Channel>>;
+
+/// A client and the guards in front of it, whose state the service can report.
+pub struct Connection {
+    pub client: Client,
+    pub breaker: Arc<Breaker>,
+    pub bulkhead: Arc<Bulkhead>,
+}
 
 /// Builds the client for `dependency`, named `name` in ledgers and errors. Connects lazily, so
 /// services can start in any order, and reconnects by itself. It never retries in the budgeted
@@ -46,7 +62,7 @@ pub fn connect(
     dependency: &Dependency,
     mode: ChainMode,
     naive: NaiveSettings,
-) -> Result<Client, tonic::transport::Error> {
+) -> Result<Connection, tonic::transport::Error> {
     let idle = Duration::from_millis(dependency.idle_timeout_ms);
     let channel = Endpoint::from_shared(dependency.endpoint.clone())?
         .connect_timeout(Duration::from_millis(dependency.connect_timeout_ms))
@@ -55,8 +71,19 @@ pub fn connect(
         .keep_alive_timeout(idle)
         .keep_alive_while_idle(true)
         .connect_lazy();
-    Ok(match mode {
-        ChainMode::Budgeted => Either::Left(ForwardDeadlineLayer::new(name, dependency.deadline).layer(channel)),
+    let breaker = Breaker::new(name, dependency.breaker);
+    let bulkhead = Bulkhead::new(name, dependency.max_concurrent.max(1));
+    let client = match mode {
+        // The bulkhead is outermost so that its rejections never count against the dependency in
+        // the breaker; the breaker sits above the deadline so that it sees DEADLINE_EXCEEDED.
+        ChainMode::Budgeted => Either::Left(
+            ServiceBuilder::new()
+                .layer(BulkheadLayer::new(bulkhead.clone()))
+                .layer(BreakerLayer::new(breaker.clone()))
+                .layer(ForwardDeadlineLayer::new(name, dependency.deadline))
+                .service(channel),
+        ),
         ChainMode::Naive => Either::Right(NaiveRetryLayer::new(naive).layer(channel)),
-    })
+    };
+    Ok(Connection { client, breaker, bulkhead })
 }

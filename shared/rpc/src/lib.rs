@@ -8,7 +8,7 @@
 mod client;
 mod server;
 
-pub use client::{Client, Dependency, connect};
+pub use client::{Client, Connection, Dependency, connect};
 pub use server::{GrpcServer, Role, ServerError, bind, serve_http, shutdown_signal};
 
 mod relay;

@@ -1,20 +1,29 @@
 use sha2::{Digest, Sha256};
-use tonic::{Status, metadata::MetadataMap};
+use tonic::{
+    Status,
+    metadata::{MetadataMap, MetadataValue},
+};
 
 pub use resilience::retry::PUSHBACK_HEADER;
 use deadline::FAILED_FAST_HEADER;
+use resilience::{
+    breaker::{CIRCUIT_OPEN_HEADER, RELAYED_HEADER},
+    bulkhead::BULKHEAD_FULL_HEADER,
+};
 
 /// Passes a dependency's failure up unchanged: same code, same message (every hop names itself in
-/// the messages it makes, so the message already says which hop failed), and what the edge needs
-/// to decide on a retry: the pushback, the fail-fast mark and the status details. Other metadata (including the
+/// the messages it makes, so the message already says which hop failed), marked as relayed (so
+/// that breakers above do not blame this hop), and what the edge needs to decide on a retry: the pushback, the fail-fast, open-circuit and full-bulkhead marks and the
+/// status details. Other metadata (including the
 /// dependency's ledger, which the deadline layers carry separately) is not copied.
 pub fn relay(status: &Status) -> Status {
     let mut metadata = MetadataMap::new();
-    for key in [PUSHBACK_HEADER, FAILED_FAST_HEADER] {
+    for key in [PUSHBACK_HEADER, FAILED_FAST_HEADER, CIRCUIT_OPEN_HEADER, BULKHEAD_FULL_HEADER] {
         if let Some(value) = status.metadata().get(key) {
             metadata.insert(key, value.clone());
         }
     }
+    metadata.insert(RELAYED_HEADER, MetadataValue::from_static("true"));
     // The details (e.g. a google.rpc.RetryInfo) travel too.
     Status::with_details_and_metadata(status.code(), status.message(), status.details().to_vec().into(), metadata)
 }

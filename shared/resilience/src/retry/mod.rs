@@ -9,7 +9,8 @@
 //!   size, capped, so that clients that failed together do not come back together;
 //! - exactly as long as the server's pushback says, when it says one;
 //! - when the remaining deadline holds the wait plus a typical attempt (a moving average), and
-//!   never after a hop failed fast for lack of budget (a retry would have even less);
+//!   never after a hop failed fast for lack of budget (a retry would have even less), and never
+//!   through an open circuit breaker;
 //! - within a budget: retries are at most 10 % of requests over a sliding window (tower's
 //!   `TpsBudget`), so under a total outage retries stop by themselves instead of adding load.
 //!
@@ -28,6 +29,8 @@ use std::{sync::Arc, time::Duration};
 
 use attempt_time::AttemptTime;
 use deadline::{FAILED_FAST_HEADER, Hop};
+
+use crate::breaker::CIRCUIT_OPEN_HEADER;
 use serde::{Deserialize, Serialize};
 use tokio::time::{Instant, Sleep, sleep};
 use tonic::{Code, Status};
@@ -160,6 +163,10 @@ impl RetryPolicy {
         if status.metadata().contains_key(FAILED_FAST_HEADER) {
             // A hop had too little budget to call on; a retry would have less.
             return Err(StopReason::Deadline);
+        }
+        if status.metadata().contains_key(CIRCUIT_OPEN_HEADER) {
+            // Never retry through an open breaker.
+            return Err(StopReason::Breaker);
         }
         let named_wait = match pushback(status) {
             Pushback::DoNotRetry => return Err(StopReason::Pushback),

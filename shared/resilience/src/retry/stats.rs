@@ -18,6 +18,8 @@ pub enum StopReason {
     Deadline,
     /// The server said not to retry, or to wait longer than the deadline allows.
     Pushback,
+    /// A circuit breaker on the way is open: a retry would be refused the same way.
+    Breaker,
 }
 
 impl StopReason {
@@ -29,6 +31,7 @@ impl StopReason {
             StopReason::Budget => "budget",
             StopReason::Deadline => "deadline",
             StopReason::Pushback => "pushback",
+            StopReason::Breaker => "breaker",
         }
     }
 }
@@ -38,7 +41,7 @@ impl StopReason {
 pub struct RetryStats {
     requests: AtomicU64,
     retries: AtomicU64,
-    stops: [AtomicU64; 6],
+    stops: [AtomicU64; 7],
 }
 
 /// A copy of [`RetryStats`] at one moment.
@@ -55,6 +58,24 @@ pub struct RetryStatsSnapshot {
     pub stopped_budget: u64,
     pub stopped_deadline: u64,
     pub stopped_pushback: u64,
+    pub stopped_breaker: u64,
+}
+
+impl RetryStatsSnapshot {
+    /// What happened between `earlier` and this snapshot.
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            requests: self.requests - earlier.requests,
+            retries: self.retries - earlier.retries,
+            stopped_success: self.stopped_success - earlier.stopped_success,
+            stopped_non_retryable: self.stopped_non_retryable - earlier.stopped_non_retryable,
+            stopped_attempts: self.stopped_attempts - earlier.stopped_attempts,
+            stopped_budget: self.stopped_budget - earlier.stopped_budget,
+            stopped_deadline: self.stopped_deadline - earlier.stopped_deadline,
+            stopped_pushback: self.stopped_pushback - earlier.stopped_pushback,
+            stopped_breaker: self.stopped_breaker - earlier.stopped_breaker,
+        }
+    }
 }
 
 impl RetryStats {
@@ -82,6 +103,7 @@ impl RetryStats {
             stopped_budget: stop(StopReason::Budget),
             stopped_deadline: stop(StopReason::Deadline),
             stopped_pushback: stop(StopReason::Pushback),
+            stopped_breaker: stop(StopReason::Breaker),
         }
     }
 }

@@ -1,0 +1,140 @@
+//! Circuit breakers and bulkheads: a neighbour that is down or slow stays its own problem.
+
+use std::time::{Duration, Instant};
+
+use e2e::{TestChain, fast_bank, grpc_request, order_body};
+use proto::payment::v1::{PayRequest, payment_service_client::PaymentServiceClient};
+use resilience::breaker::Position;
+use tonic::Code;
+
+/// A breaker that judges after 5 calls and stays open for 500 ms; gateway retries off, so that
+/// every user request is one call.
+fn small_breaker(settings: &mut stack::ChainSettings) {
+    let breaker = &mut settings.payment.bank.breaker;
+    breaker.window_calls = 10;
+    breaker.min_calls = 5;
+    breaker.open_ms = 500;
+    breaker.half_open_probes = 2;
+    settings.gateway.retry.max_attempts = 1;
+}
+
+#[tokio::test]
+async fn the_breaker_opens_fails_fast_without_calling_then_probes_and_closes() {
+    let test = TestChain::start_with(small_breaker).await;
+    test.set_faults(fast_bank(|f| f.error_rate = 1.0));
+    for n in 0..5 {
+        let response = test.post_order(&format!("down-{n}"), &order_body()).send().await.unwrap();
+        assert_eq!(response.status(), 503);
+    }
+    assert_eq!(test.chain.guard_stats().payment_bank.position, Position::Open);
+    let calls = test.chain.bank().stats().calls;
+
+    // Open: answered at once, without reaching the bank, with the time until it probes again.
+    let response = test.post_order("down-open", &order_body()).send().await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().contains_key("retry-after"));
+    let mut payment = PaymentServiceClient::connect(format!("http://{}", test.chain.addresses.payment)).await.unwrap();
+    for n in 0..10 {
+        let pay = PayRequest { order_id: format!("ord_direct_{n}"), customer_id: "c".into(), amount_minor: 100, currency: "EUR".into() };
+        let started = Instant::now();
+        let status = payment.pay(grpc_request(pay, &format!("direct-{n}"))).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable);
+        assert!(status.metadata().contains_key("x-circuit-open"));
+        assert!(started.elapsed() < Duration::from_millis(5), "failed fast: {:?}", started.elapsed());
+    }
+    assert_eq!(test.chain.bank().stats().calls, calls, "the bank was not called while open");
+
+    // Still failing when it half-opens: a probe fails and it opens again.
+    tokio::time::sleep(Duration::from_millis(550)).await;
+    test.post_order("down-probe", &order_body()).send().await.unwrap();
+    assert_eq!(test.chain.guard_stats().payment_bank.position, Position::Open);
+    assert_eq!(test.chain.bank().stats().calls, calls + 1, "one probe went through");
+
+    // Healthy again: the probes succeed and it closes.
+    test.set_faults(fast_bank(|_| {}));
+    tokio::time::sleep(Duration::from_millis(550)).await;
+    for n in 0..2 {
+        assert_eq!(test.post_order(&format!("healed-{n}"), &order_body()).send().await.unwrap().status(), 201);
+    }
+    let breaker = test.chain.guard_stats().payment_bank;
+    assert_eq!(breaker.position, Position::Closed, "{breaker:?}");
+    assert_eq!((breaker.opened, breaker.half_opened, breaker.closed), (2, 2, 1), "{breaker:?}");
+}
+
+#[tokio::test]
+async fn no_retry_goes_through_an_open_breaker() {
+    let test = TestChain::start_with(|s| {
+        small_breaker(s);
+        s.gateway.retry.max_attempts = 3;
+    })
+    .await;
+    test.set_faults(fast_bank(|f| f.error_rate = 1.0));
+    for n in 0..8 {
+        test.post_order(&format!("open-{n}"), &order_body()).send().await.unwrap();
+    }
+    let calls = test.chain.bank().stats().calls;
+    for n in 0..5 {
+        assert_eq!(test.post_order(&format!("refused-{n}"), &order_body()).send().await.unwrap().status(), 503);
+    }
+    assert_eq!(test.chain.bank().stats().calls, calls, "neither the attempts nor retries reached the bank");
+    assert!(test.chain.retry_stats().stopped_breaker >= 5, "{:?}", test.chain.retry_stats());
+}
+
+#[tokio::test]
+async fn resource_exhausted_never_opens_the_breaker_and_its_pushback_is_honoured() {
+    let test = TestChain::start_with(small_breaker).await;
+    test.set_faults(fast_bank(|f| {
+        f.resource_exhausted_rate = 1.0;
+        f.pushback_ms = 3_000;
+    }));
+    for n in 0..20 {
+        let response = test.post_order(&format!("quota-{n}"), &order_body()).send().await.unwrap();
+        assert_eq!(response.status(), 429);
+        assert_eq!(response.headers()["retry-after"], "3");
+    }
+    let breaker = test.chain.guard_stats().payment_bank;
+    assert_eq!((breaker.position, breaker.opened), (Position::Closed, 0));
+    assert_eq!(test.chain.bank().stats().calls, 20, "every call still reaches the bank");
+}
+
+#[tokio::test]
+async fn a_full_bulkhead_rejects_at_once_and_reads_stay_fast() {
+    let test = std::sync::Arc::new(
+        TestChain::start_with(|s| {
+            s.payment.bank.max_concurrent = 2;
+            s.gateway.retry.max_attempts = 1;
+        })
+        .await,
+    );
+    let created: serde_json::Value = test.post_order("read-me", &order_body()).send().await.unwrap().json().await.unwrap();
+    let order_url = test.url(&format!("/v1/orders/{}", created["order_id"].as_str().unwrap()));
+
+    test.set_faults(fast_bank(|f| f.hang = true));
+    let hanging: Vec<_> = (0..2)
+        .map(|n| {
+            let test = test.clone();
+            tokio::spawn(async move {
+                test.post_order(&format!("hang-{n}"), &order_body()).header("x-request-timeout-ms", "1500").send().await.unwrap().status()
+            })
+        })
+        .collect();
+    while test.chain.guard_stats().bank_bulkhead.in_flight < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let started = Instant::now();
+    let rejected = test.post_order("over-the-limit", &order_body()).send().await.unwrap();
+    assert_eq!(rejected.status(), 503);
+    assert!(started.elapsed() < Duration::from_millis(500), "rejected at once, not queued: {:?}", started.elapsed());
+    assert_eq!(test.chain.guard_stats().bank_bulkhead.rejected, 1);
+
+    for _ in 0..10 {
+        let started = Instant::now();
+        let read = test.http.get(&order_url).bearer_auth(e2e::API_KEY).send().await.unwrap();
+        assert_eq!(read.status(), 200);
+        assert!(started.elapsed() < Duration::from_millis(250), "reads keep their latency: {:?}", started.elapsed());
+    }
+    for task in hanging {
+        assert_eq!(task.await.unwrap(), 504);
+    }
+}

@@ -66,6 +66,8 @@ async fn no_retry_goes_through_an_open_breaker() {
     let test = TestChain::start_with(|s| {
         small_breaker(s);
         s.gateway.retry.max_attempts = 3;
+        // Open for the whole test, however slow the machine: no probe may reach the bank.
+        s.payment.bank.breaker.open_ms = 60_000;
     })
     .await;
     test.set_faults(fast_bank(|f| f.error_rate = 1.0));

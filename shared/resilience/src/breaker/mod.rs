@@ -207,3 +207,34 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+    use tower::service_fn;
+
+    #[tokio::test]
+    async fn an_open_breaker_answers_without_calling_and_without_waiting() {
+        let calls = Arc::new(AtomicU64::new(0));
+        let counted = calls.clone();
+        let failing = service_fn(move |_: Request<String>| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            async { Ok::<_, BoxError>(Status::unavailable("down").into_http::<String>()) }
+        });
+        let settings = BreakerSettings { min_calls: 2, window_calls: 2, ..BreakerSettings::default() };
+        let mut service = BreakerService::new(failing, Breaker::new("bank-mock", settings));
+        for _ in 0..2 {
+            service.call(Request::new(String::new())).await.unwrap();
+        }
+        let mut answer = std::pin::pin!(service.call(Request::new(String::new())));
+        let waker = std::task::Waker::noop();
+        let Poll::Ready(Ok(response)) = answer.as_mut().poll(&mut Context::from_waker(waker)) else {
+            panic!("an open breaker answers on the first poll");
+        };
+        assert_eq!(response.headers()["grpc-status"], "14");
+        assert_eq!(response.headers()[CIRCUIT_OPEN_HEADER], "bank-mock");
+        assert!(response.headers().contains_key(crate::retry::PUSHBACK_HEADER));
+        assert_eq!(calls.load(Ordering::Relaxed), 2, "the inner service was not called");
+    }
+}

@@ -2,7 +2,7 @@ use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
 use rpc::Dependency;
-use resilience::{ChainMode, naive::NaiveSettings, retry::RetrySettings};
+use resilience::{ChainMode, breaker::BreakerSettings, naive::NaiveSettings, retry::RetrySettings};
 use serde::{Deserialize, Serialize};
 
 /// Every knob of the gateway; see the README for the table and the environment names.
@@ -53,6 +53,9 @@ impl Default for Settings {
             orders: Dependency {
                 endpoint: "http://127.0.0.1:50052".into(),
                 deadline: ForwardPolicy { reserve_ms: 20, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 },
+                // Slowness below is the bank's own, judged by payment's breaker; answers slowed
+                // by it must not open this one (which reads share), so only failures count here.
+                breaker: BreakerSettings { slow_call_ms: 60_000, ..BreakerSettings::default() },
                 ..Dependency::default()
             },
             retry: RetrySettings::default(),

@@ -3,7 +3,7 @@ use std::net::SocketAddr;
 use deadline::{ForwardPolicy, InboundPolicy};
 use idempotency::KeySettings;
 use rpc::Dependency;
-use resilience::{ChainMode, naive::NaiveSettings};
+use resilience::{ChainMode, breaker::BreakerSettings, naive::NaiveSettings};
 use serde::{Deserialize, Serialize};
 
 /// Every knob of orders; see the README for the table and the environment names.
@@ -39,6 +39,9 @@ impl Default for Settings {
             payment: Dependency {
                 endpoint: "http://127.0.0.1:50053".into(),
                 deadline: ForwardPolicy { reserve_ms: 200, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 },
+                // Slowness below is the bank's own, judged by payment's breaker; answers slowed
+                // by it must not open this one (which reads share), so only failures count here.
+                breaker: BreakerSettings { slow_call_ms: 60_000, ..BreakerSettings::default() },
                 ..Dependency::default()
             },
         }

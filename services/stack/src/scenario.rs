@@ -274,7 +274,7 @@ pub struct Report {
     pub replay_latency_ms: Option<Percentiles>,
     pub replay_outcomes: Option<BTreeMap<u16, usize>>,
     pub bank: BankStats,
-    /// Bank calls (every attempt that reached it) per user request.
+    /// Bank calls (every attempt that reached it) per user request, before anything was sent again.
     pub bank_calls_per_request: f64,
     /// Bank calls that arrived after every client had its answer or had given up.
     pub bank_calls_after_clients_left: u64,
@@ -447,7 +447,8 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
 
     let calls_when_clients_left = chain.bank().stats().calls;
     tokio::time::sleep(SETTLE).await;
-    let bank_calls_after_clients_left = chain.bank().stats().calls - calls_when_clients_left;
+    let bank_calls = chain.bank().stats().calls;
+    let bank_calls_after_clients_left = bank_calls - calls_when_clients_left;
 
     let (replay_latency_ms, replay_outcomes) = if scenario.replay {
         eprintln!("  [{}] sending every request again with its key", scenario.name);
@@ -487,7 +488,7 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
         replay_outcomes,
         requests_per_second: completed as f64 / elapsed.as_secs_f64().max(1e-9),
         bank,
-        bank_calls_per_request: bank.calls as f64 / completed.max(1) as f64,
+        bank_calls_per_request: bank_calls as f64 / completed.max(1) as f64,
         bank_calls_after_clients_left,
         retry: retry_after.since(&retry_before),
         guards: chain.guard_stats(),

@@ -1,5 +1,8 @@
-//! Resilience at the edge of the chain.
+//! Resilience of the chain's calls.
 //!
+//! - [`breaker`]: a circuit breaker per dependency: stop calling a neighbour that keeps failing,
+//!   probe it after a pause.
+//! - [`bulkhead`]: a concurrency limit per dependency that rejects at once instead of queueing.
 //! - [`retry`]: the gateway's retry policy: transient failures only, a 10 % retry budget,
 //!   exponential backoff with jitter, pushback obeyed, and never a retry the deadline cannot hold.
 //! - [`naive`]: fixed timeouts and three retries at every hop, no budget, no jitter: the design the

@@ -1,7 +1,8 @@
 //! The one place where the chain builds gRPC clients and servers.
 //!
 //! - [`Dependency`] + [`connect`]: a lazily connecting channel with the three separate timeouts of
-//!   R-D1 (connect, idle, and the operation deadline forwarded by [`deadline::client`]).
+//!   R-D1 (connect, idle, and the operation deadline forwarded by [`deadline::client`]), behind
+//!   the dependency's bulkhead and circuit breaker.
 //! - [`GrpcServer`]: binds, adds `grpc.health.v1` and reflection, puts every request under the
 //!   deadline layer and serves until shutdown.
 

@@ -46,16 +46,21 @@ mod tests {
     use tonic::Code;
 
     #[test]
-    fn relay_keeps_code_and_pushback_only() {
+    fn relay_keeps_code_message_and_the_marks_the_edge_needs() {
         let mut status = Status::resource_exhausted("bank-mock: slow down");
         status.metadata_mut().insert(PUSHBACK_HEADER, "300".parse().unwrap());
         status.metadata_mut().insert("x-deadline-ledger", "bank-mock;received=1".parse().unwrap());
         status.metadata_mut().insert(FAILED_FAST_HEADER, "payment".parse().unwrap());
+        status.metadata_mut().insert(CIRCUIT_OPEN_HEADER, "bank-mock".parse().unwrap());
+        status.metadata_mut().insert(BULKHEAD_FULL_HEADER, "bank-mock".parse().unwrap());
         let relayed = relay(&status);
         assert_eq!(relayed.code(), Code::ResourceExhausted);
         assert_eq!(relayed.message(), "bank-mock: slow down");
         assert_eq!(relayed.metadata().get(PUSHBACK_HEADER).unwrap(), "300");
         assert_eq!(relayed.metadata().get(FAILED_FAST_HEADER).unwrap(), "payment");
+        assert_eq!(relayed.metadata().get(CIRCUIT_OPEN_HEADER).unwrap(), "bank-mock");
+        assert_eq!(relayed.metadata().get(BULKHEAD_FULL_HEADER).unwrap(), "bank-mock");
+        assert_eq!(relayed.metadata().get(RELAYED_HEADER).unwrap(), "true", "breakers above do not blame the relaying hop");
         assert!(relayed.metadata().get("x-deadline-ledger").is_none());
     }
 

@@ -116,6 +116,15 @@ pub struct Breaker {
 
 impl Breaker {
     pub fn new(dependency: &'static str, settings: BreakerSettings) -> Arc<Self> {
+        // Settings that could never open, or never close, are brought into range: at least one
+        // call in the window, no more needed than the window holds, at least one probe.
+        let window_calls = settings.window_calls.max(1);
+        let settings = BreakerSettings {
+            window_calls,
+            min_calls: settings.min_calls.clamp(1, window_calls),
+            half_open_probes: settings.half_open_probes.max(1),
+            ..settings
+        };
         Arc::new(Self {
             dependency,
             enabled: settings.enabled,

@@ -9,9 +9,11 @@ mod api;
 mod error;
 mod grpc;
 mod http;
+mod rate_limit;
 mod settings;
 
 pub use http::TIMEOUT_HEADER;
+pub use rate_limit::ClientLimits;
 pub use settings::{ApiClient, Settings};
 
 use std::{net::SocketAddr, sync::Arc};
@@ -37,6 +39,7 @@ pub struct Application {
     http_stats: Arc<HopStats>,
     retry: RetryPolicy,
     orders_breaker: Arc<Breaker>,
+    limits: Arc<rate_limit::ClientLimits>,
 }
 
 impl Application {
@@ -50,8 +53,11 @@ impl Application {
             retry.max_attempts = 1;
         }
         let retry = RetryPolicy::new(&retry).map_err(|error| ServerError::Settings(error.to_string()))?;
+        let limits = rate_limit::ClientLimits::new(&settings.clients, settings.unknown_key_quota);
         let api = api::Api::new(orders.client, settings.clients, &retry);
-        let grpc = GrpcServer::bind(HOP, rpc::Role::Edge, settings.grpc_listen, settings.deadline, GatewayServer::new(grpc::GatewayService::new(api.clone()))).await?;
+        let grpc = GrpcServer::bind(HOP, rpc::Role::Edge, settings.grpc_listen, settings.deadline, GatewayServer::new(grpc::GatewayService::new(api.clone())))
+            .await?
+            .layer(rate_limit::RateLimitLayer::new(limits.clone()));
         let http_stats = HopStats::new();
         let http_router = http::router(api).layer(
             DeadlineLayer::new(
@@ -60,9 +66,11 @@ impl Application {
                 http_stats.clone(),
             )
             .at_edge(),
-        );
+        )
+        // Outermost: the quota is checked before anything else happens.
+        .layer(rate_limit::RateLimitLayer::new(limits.clone()));
         let http = rpc::bind(settings.http_listen).await?;
-        Ok(Self { grpc, http, http_router, http_stats, retry, orders_breaker })
+        Ok(Self { grpc, http, http_router, http_stats, retry, orders_breaker, limits })
     }
 
     pub fn http_addr(&self) -> SocketAddr {
@@ -76,6 +84,11 @@ impl Application {
     /// Deadline counters of HTTP requests.
     pub fn http_stats(&self) -> Arc<HopStats> {
         self.http_stats.clone()
+    }
+
+    /// The per-client limiters (shared: their counters stay live after `run`).
+    pub fn client_limits(&self) -> Arc<ClientLimits> {
+        self.limits.clone()
     }
 
     /// The breaker in front of orders.

@@ -2,7 +2,7 @@ use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
 use rpc::Dependency;
-use resilience::{ChainMode, breaker::BreakerSettings, naive::NaiveSettings, retry::RetrySettings};
+use resilience::{ChainMode, breaker::BreakerSettings, naive::NaiveSettings, rate_limit::QuotaSettings, retry::RetrySettings};
 use serde::{Deserialize, Serialize};
 
 /// Every knob of the gateway; see the README for the table and the environment names.
@@ -22,23 +22,28 @@ pub struct Settings {
     pub retry: RetrySettings,
     /// The clients allowed in. A list, so that configuring it replaces the demo clients.
     pub clients: Vec<ApiClient>,
+    /// The quota all requests with a missing or unknown API key share.
+    pub unknown_key_quota: QuotaSettings,
     /// `budgeted` (the design) or `naive` (per-hop fixed timeouts and retries, for comparison).
     pub mode: ChainMode,
     /// The naive client's attempts and fixed per-attempt timeout (used in `naive` mode only).
     pub naive: NaiveSettings,
 }
 
-/// One client: its secret API key and the id that scopes its idempotency keys and orders.
+/// One client: its secret API key, the id that scopes its idempotency keys and orders, and its
+/// quota of requests.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApiClient {
     pub api_key: String,
     pub client_id: String,
+    #[serde(default = "ApiClient::default_quota")]
+    pub quota: QuotaSettings,
 }
 
 impl ApiClient {
-    fn demo(n: u32) -> Self {
-        Self { api_key: format!("demo-key-{n}"), client_id: format!("demo-client-{n}") }
+    fn default_quota() -> QuotaSettings {
+        QuotaSettings { per_second: 100, burst: 200 }
     }
 }
 
@@ -59,7 +64,21 @@ impl Default for Settings {
                 ..Dependency::default()
             },
             retry: RetrySettings::default(),
-            clients: vec![ApiClient::demo(1), ApiClient::demo(2)],
+            clients: vec![
+                // The demo client the scenarios drive, with room for their loads.
+                ApiClient {
+                    api_key: "demo-key-1".into(),
+                    client_id: "demo-client-1".into(),
+                    quota: QuotaSettings { per_second: 5_000, burst: 1_000 },
+                },
+                // A small quota, to see 429 and the RateLimit headers by hand.
+                ApiClient {
+                    api_key: "demo-key-2".into(),
+                    client_id: "demo-client-2".into(),
+                    quota: QuotaSettings { per_second: 5, burst: 10 },
+                },
+            ],
+            unknown_key_quota: QuotaSettings { per_second: 20, burst: 20 },
         }
     }
 }
@@ -75,6 +94,7 @@ mod tests {
             overrides: vec![r#"clients=[{api_key = "team-a-secret", client_id = "team-a"}]"#.into()],
         };
         let loaded: Settings = settings::load("GATEWAY_TEST", &args).unwrap();
-        assert_eq!(loaded.clients, [ApiClient { api_key: "team-a-secret".into(), client_id: "team-a".into() }]);
+        let expected = ApiClient { api_key: "team-a-secret".into(), client_id: "team-a".into(), quota: ApiClient::default_quota() };
+        assert_eq!(loaded.clients, [expected]);
     }
 }

@@ -3,7 +3,7 @@ use std::net::SocketAddr;
 use deadline::{ForwardPolicy, InboundPolicy};
 use idempotency::KeySettings;
 use rpc::Dependency;
-use resilience::{ChainMode, naive::NaiveSettings};
+use resilience::{ChainMode, naive::NaiveSettings, rate_limit::QuotaSettings};
 use serde::{Deserialize, Serialize};
 
 /// Every knob of payment; see the README for the table and the environment names.
@@ -40,6 +40,8 @@ impl Default for Settings {
                 deadline: ForwardPolicy { reserve_ms: 300, reserve_max_share: 0.2, cap_ms: Some(1_500), min_forward_ms: 20 },
                 // Slow bank calls may hold at most 20 of payment's calls; the rest are refused at once.
                 max_concurrent: 20,
+                // The bank's published quota: the excess is refused here, before the call.
+                quota: QuotaSettings { per_second: 2_000, burst: 200 },
                 ..Dependency::default()
             },
         }

@@ -107,6 +107,7 @@ pub struct Chain {
     hops: HopCounters,
     guards: Guards,
     gateway_retry: RetryPolicy,
+    client_limits: Arc<gateway::ClientLimits>,
     shutdown: CancellationToken,
     servers: JoinSet<Result<(), ServerError>>,
 }
@@ -148,6 +149,7 @@ impl Chain {
         };
         let admin_token = bank.admin_token().to_owned();
         let gateway_retry = gateway.retry_handle();
+        let client_limits = gateway.client_limits();
         let (payment_bank, bank_bulkhead) = payment.bank_guards();
         let guards = Guards {
             gateway_orders: gateway.orders_breaker(),
@@ -161,7 +163,7 @@ impl Chain {
         servers.spawn(payment.run_until_stopped(shutdown.clone()));
         servers.spawn(orders.run_until_stopped(shutdown.clone()));
         servers.spawn(gateway.run_until_stopped(shutdown.clone()));
-        Ok(Self { addresses, database_urls, admin_token, bank: bank_state, hops, guards, gateway_retry, shutdown, servers })
+        Ok(Self { addresses, database_urls, admin_token, bank: bank_state, hops, guards, gateway_retry, client_limits, shutdown, servers })
     }
 
     /// The bank's faults and counters, for in-process control.
@@ -182,6 +184,11 @@ impl Chain {
             payment_bank: self.guards.payment_bank.stats(),
             bank_bulkhead: self.guards.bank_bulkhead.stats(),
         }
+    }
+
+    /// Requests the gateway refused for being over their client's quota.
+    pub fn rate_limited(&self) -> u64 {
+        self.client_limits.rejected()
     }
 
     /// Counters of the gateway's retry policy.

@@ -8,6 +8,7 @@ use resilience::{
     breaker::{Breaker, BreakerLayer, BreakerService, BreakerSettings},
     bulkhead::{Bulkhead, BulkheadLayer, BulkheadService},
     naive::{NaiveRetry, NaiveRetryLayer, NaiveSettings},
+    rate_limit::{QuotaSettings, SelfLimit, SelfLimitLayer},
 };
 use tower::{Layer, ServiceBuilder, util::Either};
 
@@ -28,6 +29,8 @@ pub struct Dependency {
     pub breaker: BreakerSettings,
     /// The bulkhead: calls in flight to this dependency at most; the next is rejected at once.
     pub max_concurrent: u32,
+    /// The dependency's known quota, kept by refusing the excess locally (rate 0: none).
+    pub quota: QuotaSettings,
 }
 
 impl Default for Dependency {
@@ -39,13 +42,14 @@ impl Default for Dependency {
             deadline: ForwardPolicy::default(),
             breaker: BreakerSettings::default(),
             max_concurrent: 100,
+            quota: QuotaSettings::default(),
         }
     }
 }
 
 /// A channel to one dependency: behind its bulkhead and breaker and under its deadline policy,
 /// or (naive chain) retried per hop with neither.
-pub type Client = Either<BulkheadService<BreakerService<ForwardDeadline<Channel>>>, NaiveRetry<Channel>>;
+pub type Client = Either<BulkheadService<SelfLimit<BreakerService<ForwardDeadline<Channel>>>>, NaiveRetry<Channel>>;
 
 /// A client and the guards in front of it, whose state the service can report.
 pub struct Connection {
@@ -74,11 +78,13 @@ pub fn connect(
     let breaker = Breaker::new(name, dependency.breaker);
     let bulkhead = Bulkhead::new(name, dependency.max_concurrent.max(1));
     let client = match mode {
-        // The bulkhead is outermost so that its rejections never count against the dependency in
-        // the breaker; the breaker sits above the deadline so that it sees DEADLINE_EXCEEDED.
+        // The bulkhead and the self-limit answer before the breaker, so that their refusals never
+        // count against the dependency; the breaker sits above the deadline so that it sees
+        // DEADLINE_EXCEEDED.
         ChainMode::Budgeted => Either::Left(
             ServiceBuilder::new()
                 .layer(BulkheadLayer::new(bulkhead.clone()))
+                .layer(SelfLimitLayer::new(name, dependency.quota))
                 .layer(BreakerLayer::new(breaker.clone()))
                 .layer(ForwardDeadlineLayer::new(name, dependency.deadline))
                 .service(channel),

@@ -123,6 +123,20 @@ impl GrpcServer {
         Ok(Self { listener, routes, stats })
     }
 
+    /// Puts `layer` in front of every request, outside the deadline layer (e.g. an edge's rate
+    /// limit, which must answer before anything else is done).
+    pub fn layer<L>(mut self, layer: L) -> Self
+    where
+        L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
+        L::Service: tower::Service<axum::extract::Request> + Clone + Send + Sync + 'static,
+        <L::Service as tower::Service<axum::extract::Request>>::Response: axum::response::IntoResponse + 'static,
+        <L::Service as tower::Service<axum::extract::Request>>::Error: Into<std::convert::Infallible> + 'static,
+        <L::Service as tower::Service<axum::extract::Request>>::Future: Send + 'static,
+    {
+        self.routes = self.routes.layer(layer);
+        self
+    }
+
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("a bound listener has an address")
     }

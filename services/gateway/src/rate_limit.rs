@@ -1,0 +1,186 @@
+//! The per-client rate limit, checked first: before authentication and anything else, so that a
+//! client over its quota costs almost nothing and cannot eat the capacity of the others.
+//!
+//! The key is the API key the request presents (not the address: many clients share one, and one
+//! client moves between many). Unknown keys share one small quota, which also slows guessing.
+//! HTTP answers 429 with `Retry-After`, `RateLimit` and `RateLimit-Policy` (the IETF httpapi
+//! rate-limit header fields); gRPC answers RESOURCE_EXHAUSTED with `grpc-retry-pushback-ms`.
+//! Allowed answers carry `RateLimit` and `RateLimit-Policy` too.
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
+use pin_project_lite::pin_project;
+use resilience::rate_limit::{Decision, Limiter, QuotaSettings};
+use tonic::{Status, metadata::MetadataValue};
+use tower::{Layer, Service};
+
+use crate::{error::Problem, settings::ApiClient};
+
+const RATE_LIMIT: &str = "ratelimit";
+const RATE_LIMIT_POLICY: &str = "ratelimit-policy";
+
+/// The limiters of every known client, and the shared one of unknown keys.
+#[derive(Debug)]
+pub struct ClientLimits {
+    by_key: HashMap<String, Limiter>,
+    unknown: Limiter,
+    rejected: AtomicU64,
+}
+
+impl ClientLimits {
+    pub fn new(clients: &[ApiClient], unknown: QuotaSettings) -> Arc<Self> {
+        let by_key = clients.iter().map(|c| (c.api_key.clone(), Limiter::new(c.quota))).collect();
+        Arc::new(Self { by_key, unknown: Limiter::new(unknown), rejected: AtomicU64::new(0) })
+    }
+
+    /// Requests refused so far.
+    pub fn rejected(&self) -> u64 {
+        self.rejected.load(Ordering::Relaxed)
+    }
+
+    fn limiter(&self, headers: &HeaderMap) -> &Limiter {
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .and_then(|key| self.by_key.get(key.trim()))
+            .unwrap_or(&self.unknown)
+    }
+}
+
+/// Applies [`RateLimit`].
+#[derive(Debug, Clone)]
+pub struct RateLimitLayer {
+    limits: Arc<ClientLimits>,
+}
+
+impl RateLimitLayer {
+    pub fn new(limits: Arc<ClientLimits>) -> Self {
+        Self { limits }
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit { inner, limits: self.limits.clone() }
+    }
+}
+
+/// Refuses requests over their client's quota at once; see the module docs.
+#[derive(Debug, Clone)]
+pub struct RateLimit<S> {
+    inner: S,
+    limits: Arc<ClientLimits>,
+}
+
+/// `"default";q=200;w=2`: the quota and its window in seconds.
+fn policy(quota: QuotaSettings) -> HeaderValue {
+    HeaderValue::try_from(format!("\"default\";q={};w={}", quota.burst, quota.window_secs())).expect("ascii")
+}
+
+/// `"default";r=150;t=1`: what remains and the seconds until the quota is whole (or, when
+/// refused, until the next request is allowed).
+fn state(remaining: u32, reset: Duration) -> HeaderValue {
+    HeaderValue::try_from(format!("\"default\";r={remaining};t={}", seconds(reset))).expect("ascii")
+}
+
+fn seconds(wait: Duration) -> u64 {
+    wait.as_millis().div_ceil(1_000) as u64
+}
+
+fn is_grpc(headers: &HeaderMap) -> bool {
+    headers.get(header::CONTENT_TYPE).is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+}
+
+pin_project! {
+    /// Response future of [`RateLimit`].
+    #[project = Projection]
+    pub enum ResponseFuture<F, B> {
+        Refused { response: Option<Response<B>> },
+        Allowed { #[pin] inner: F, headers: Option<(HeaderValue, HeaderValue)> },
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Default + From<String>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let limiter = self.limits.limiter(request.headers());
+        let quota = limiter.quota();
+        match limiter.check() {
+            Decision::Allowed { remaining } => {
+                let until_whole = Duration::from_secs_f64(f64::from(quota.burst - remaining.min(quota.burst)) / f64::from(quota.per_second.max(1)));
+                let headers = Some((state(remaining, until_whole), policy(quota)));
+                ResponseFuture::Allowed { inner: self.inner.call(request), headers }
+            }
+            Decision::Limited { retry_after } => {
+                self.limits.rejected.fetch_add(1, Ordering::Relaxed);
+                let detail = format!(
+                    "over the quota of {} requests per second (burst {}); retry in {} ms",
+                    quota.per_second,
+                    quota.burst,
+                    retry_after.as_millis()
+                );
+                let mut response = if is_grpc(request.headers()) {
+                    let mut status = Status::resource_exhausted(format!("gateway: {detail}"));
+                    let wait = MetadataValue::from(retry_after.as_millis().max(1) as u64);
+                    status.metadata_mut().insert(resilience::retry::PUSHBACK_HEADER, wait);
+                    status.into_http()
+                } else {
+                    let mut response: Response<ResBody> =
+                        Problem::new(StatusCode::TOO_MANY_REQUESTS, "Too many requests", detail).into_http();
+                    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds(retry_after).max(1)));
+                    response
+                };
+                let headers = response.headers_mut();
+                headers.insert(RATE_LIMIT, state(0, retry_after));
+                headers.insert(RATE_LIMIT_POLICY, policy(quota));
+                ResponseFuture::Refused { response: Some(response) }
+            }
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<B>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            Projection::Refused { response } => Poll::Ready(Ok(response.take().expect("polled after completion"))),
+            Projection::Allowed { inner, headers } => {
+                let mut response = std::task::ready!(inner.poll(cx))?;
+                if let Some((state, policy)) = headers.take() {
+                    response.headers_mut().insert(RATE_LIMIT, state);
+                    response.headers_mut().insert(RATE_LIMIT_POLICY, policy);
+                }
+                Poll::Ready(Ok(response))
+            }
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! Rate limits with governor's GCRA: a quota per client at the edge (see the gateway), and a
+//! caller's own limit toward a dependency whose quota it knows ([`SelfLimitLayer`]).
+//!
+//! Why limit ourselves? A dependency with a quota answers the excess with RESOURCE_EXHAUSTED after
+//! a round trip; refusing the excess locally costs nothing and keeps us under the quota, so our
+//! callers see a clear local refusal instead of the dependency's.
+
+use std::{
+    future::Future,
+    num::NonZeroU32,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use governor::{
+    RateLimiter,
+    clock::{Clock, DefaultClock},
+    middleware::StateInformationMiddleware,
+    state::{InMemoryState, NotKeyed},
+};
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use serde::{Deserialize, Serialize};
+use tonic::{Status, metadata::MetadataValue};
+use tower::{Layer, Service};
+
+use crate::retry::PUSHBACK_HEADER;
+
+/// A quota: a sustained rate and the burst allowed above it (a rate of 0: no limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuotaSettings {
+    pub per_second: u32,
+    pub burst: u32,
+}
+
+impl QuotaSettings {
+    /// The time a full burst takes to replenish: the window of the quota, in whole seconds.
+    pub fn window_secs(&self) -> u64 {
+        u64::from(self.burst.max(1)).div_ceil(u64::from(self.per_second.max(1)))
+    }
+}
+
+/// What the limiter decided for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Allowed { remaining: u32 },
+    Limited { retry_after: Duration },
+}
+
+/// One quota's limiter.
+#[derive(Debug)]
+pub struct Limiter {
+    quota: QuotaSettings,
+    limiter: RateLimiter<NotKeyed, InMemoryState, DefaultClock, StateInformationMiddleware>,
+    clock: DefaultClock,
+}
+
+impl Limiter {
+    pub fn new(quota: QuotaSettings) -> Self {
+        let one = NonZeroU32::MIN;
+        let per_second = NonZeroU32::new(quota.per_second).unwrap_or(one);
+        let burst = NonZeroU32::new(quota.burst).unwrap_or(one);
+        let limiter = RateLimiter::direct(governor::Quota::per_second(per_second).allow_burst(burst))
+            .with_middleware::<StateInformationMiddleware>();
+        Self { quota, limiter, clock: DefaultClock::default() }
+    }
+
+    pub fn quota(&self) -> QuotaSettings {
+        self.quota
+    }
+
+    pub fn check(&self) -> Decision {
+        match self.limiter.check() {
+            Ok(state) => Decision::Allowed { remaining: state.remaining_burst_capacity() },
+            Err(not_until) => Decision::Limited { retry_after: not_until.wait_time_from(self.clock.now()) },
+        }
+    }
+}
+
+/// The caller's own quota toward a dependency was used up: the call was not made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{dependency}: our own quota of {per_second} calls/s toward it is used up; not calling (next in {} ms)", retry_after.as_millis())]
+pub struct OverOwnQuota {
+    pub dependency: &'static str,
+    pub per_second: u32,
+    pub retry_after: Duration,
+}
+
+impl From<OverOwnQuota> for Status {
+    fn from(over: OverOwnQuota) -> Self {
+        let wait_ms = over.retry_after.as_millis().max(1) as u64;
+        let mut status = Status::resource_exhausted(over.to_string());
+        status.metadata_mut().insert(PUSHBACK_HEADER, MetadataValue::from(wait_ms));
+        status
+    }
+}
+
+/// Refuses calls above a dependency's known quota locally, with a pushback.
+#[derive(Debug, Clone)]
+pub struct SelfLimit<S> {
+    inner: S,
+    dependency: &'static str,
+    limiter: Option<Arc<Limiter>>,
+}
+
+/// Applies [`SelfLimit`]; a quota with a rate of 0 leaves calls unlimited.
+#[derive(Debug, Clone)]
+pub struct SelfLimitLayer {
+    dependency: &'static str,
+    limiter: Option<Arc<Limiter>>,
+}
+
+impl SelfLimitLayer {
+    pub fn new(dependency: &'static str, quota: QuotaSettings) -> Self {
+        Self { dependency, limiter: (quota.per_second > 0).then(|| Arc::new(Limiter::new(quota))) }
+    }
+}
+
+impl<S> Layer<S> for SelfLimitLayer {
+    type Service = SelfLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        SelfLimit { inner, dependency: self.dependency, limiter: self.limiter.clone() }
+    }
+}
+
+pin_project! {
+    /// Response future of [`SelfLimit`].
+    #[project = Projection]
+    pub enum SelfLimitFuture<F, B> {
+        Refused { response: Option<Response<B>> },
+        Called { #[pin] inner: F },
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for SelfLimit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Default,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = SelfLimitFuture<S::Future, ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        if let Some(limiter) = &self.limiter
+            && let Decision::Limited { retry_after } = limiter.check()
+        {
+            let over = OverOwnQuota { dependency: self.dependency, per_second: limiter.quota().per_second, retry_after };
+            return SelfLimitFuture::Refused { response: Some(Status::from(over).into_http()) };
+        }
+        SelfLimitFuture::Called { inner: self.inner.call(request) }
+    }
+}
+
+impl<F, B, E> Future for SelfLimitFuture<F, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<B>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            Projection::Refused { response } => Poll::Ready(Ok(response.take().expect("polled after completion"))),
+            Projection::Called { inner } => inner.poll(cx),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_is_allowed_then_the_excess_waits_for_the_rate() {
+        let limiter = Limiter::new(QuotaSettings { per_second: 10, burst: 3 });
+        assert_eq!(limiter.check(), Decision::Allowed { remaining: 2 });
+        assert_eq!(limiter.check(), Decision::Allowed { remaining: 1 });
+        assert_eq!(limiter.check(), Decision::Allowed { remaining: 0 });
+        let Decision::Limited { retry_after } = limiter.check() else { panic!("over the burst") };
+        assert!(retry_after <= Duration::from_millis(100), "one request every 100 ms: {retry_after:?}");
+    }
+
+    #[test]
+    fn the_window_is_the_time_a_burst_takes_to_return() {
+        assert_eq!(QuotaSettings { per_second: 10, burst: 20 }.window_secs(), 2);
+        assert_eq!(QuotaSettings { per_second: 100, burst: 1 }.window_secs(), 1);
+    }
+}

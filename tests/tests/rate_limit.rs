@@ -1,0 +1,95 @@
+//! Per-client rate limits at the gateway: the client over its quota gets a cheap, clear refusal
+//! before anything else is done; the others are unaffected.
+
+use std::time::{Duration, Instant};
+
+use e2e::{TestChain, grpc_request, order_body, order_message};
+use tonic::Code;
+
+/// `"default";r=0;t=1` → the number after `key=`.
+fn field(header: &str, key: &str) -> u64 {
+    header
+        .split(';')
+        .find_map(|part| part.trim().strip_prefix(&format!("{key}=")))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("{key} in {header:?}"))
+}
+
+#[tokio::test]
+async fn a_client_over_its_quota_gets_429_with_rate_limit_headers_and_others_do_not() {
+    let test = TestChain::start().await;
+    // demo-key-2's quota: 5 per second, a burst of 10.
+    let post = |n: usize| {
+        test.http
+            .post(test.url("/v1/orders"))
+            .bearer_auth("demo-key-2")
+            .header("idempotency-key", format!("quota-{n}"))
+            .json(&order_body())
+            .send()
+    };
+    let mut statuses = Vec::new();
+    for n in 0..10 {
+        let response = post(n).await.unwrap();
+        assert!(response.headers().contains_key("ratelimit"), "allowed answers carry RateLimit too");
+        statuses.push(response.status().as_u16());
+    }
+    assert!(statuses.iter().all(|s| *s == 201), "the burst is allowed: {statuses:?}");
+    let orders_before = test.chain.hop_stats().orders.requests;
+    let gateway_before = test.chain.hop_stats().gateway_http.requests;
+
+    let started = Instant::now();
+    let refused = post(10).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["content-type"], "application/problem+json");
+    let retry_after: u64 = refused.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=1).contains(&retry_after), "one request every 200 ms: Retry-After {retry_after}");
+    let state = refused.headers()["ratelimit"].to_str().unwrap();
+    assert_eq!(field(state, "r"), 0);
+    let policy = refused.headers()["ratelimit-policy"].to_str().unwrap();
+    assert_eq!((field(policy, "q"), field(policy, "w")), (10, 2), "{policy}");
+    assert!(took < Duration::from_millis(50), "refused cheaply: {took:?}");
+
+    let hops = test.chain.hop_stats();
+    assert_eq!(hops.orders.requests, orders_before, "refused before any storage access");
+    assert_eq!(hops.gateway_http.requests, gateway_before, "refused before the deadline, auth and handler");
+    assert_eq!(test.chain.rate_limited(), 1);
+
+    // Another client is unaffected.
+    assert_eq!(test.post_order("other-client", &order_body()).send().await.unwrap().status(), 201);
+}
+
+#[tokio::test]
+async fn over_grpc_the_refusal_is_resource_exhausted_with_a_pushback() {
+    let test = TestChain::start_with(|s| {
+        s.gateway.clients[0].quota.per_second = 1;
+        s.gateway.clients[0].quota.burst = 1;
+    })
+    .await;
+    let mut gateway = test.grpc_gateway().await;
+    gateway.create_order(grpc_request(order_message(), "grpc-quota-1")).await.unwrap();
+    let status = gateway.create_order(grpc_request(order_message(), "grpc-quota-2")).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    let pushback: u64 = status.metadata().get("grpc-retry-pushback-ms").unwrap().to_str().unwrap().parse().unwrap();
+    assert!((1..=1_000).contains(&pushback), "{pushback}");
+}
+
+#[tokio::test]
+async fn unknown_keys_share_one_small_quota_and_are_refused_before_authentication() {
+    let test = TestChain::start().await;
+    let mut statuses = Vec::new();
+    for n in 0..25 {
+        let response = test
+            .http
+            .post(test.url("/v1/orders"))
+            .bearer_auth(format!("guess-{n}"))
+            .header("idempotency-key", "k")
+            .json(&order_body())
+            .send()
+            .await
+            .unwrap();
+        statuses.push(response.status().as_u16());
+    }
+    assert!(statuses[..20].iter().all(|s| *s == 401), "{statuses:?}");
+    assert!(statuses[20..].iter().all(|s| *s == 429), "{statuses:?}");
+}

@@ -9,7 +9,7 @@ use std::{
 };
 
 use deadline::Hop;
-use proto::bank::v1::{ChargeOutcome, ChargeReply, ChargeRequest, bank_server::Bank};
+use proto::bank::v1::{ChargeOutcome, ChargeReply, ChargeRequest, ExchangeRate, ExchangeRateRequest, bank_server::Bank};
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
@@ -165,33 +165,42 @@ impl BankService {
         Self { state }
     }
 
-    async fn charge(&self, key: &str, request: &ChargeRequest) -> Result<ChargeReply, ChargeError> {
-        validate(request)?;
+    /// Plays this call's faults: hangs, refuses or fails it, or lets it through after its latency
+    /// with what a charge should do.
+    async fn faults(&self) -> Result<(bool, bool), ChargeError> {
         let (latency, plan) = {
             let faults = self.state.faults();
             let mut rng = rand::rng();
             (faults.latency(&mut rng), faults.plan(&mut rng))
         };
         let counters = &self.state.counters;
-        let (decline, drop_reply) = match plan {
+        match plan {
             Plan::Hang => {
                 bump(&counters.hung);
                 tracing::info!("fault: hanging until the caller gives up");
                 // The deadline layer answers and drops this future when the caller's time is up.
-                return std::future::pending().await;
+                std::future::pending().await
             }
             Plan::ResourceExhausted { pushback_ms } => {
                 bump(&counters.injected_resource_exhausted);
-                return Err(ChargeError::ResourceExhausted { pushback_ms });
+                Err(ChargeError::ResourceExhausted { pushback_ms })
             }
             Plan::Unavailable => {
                 tokio::time::sleep(latency).await;
                 bump(&counters.injected_unavailable);
-                return Err(ChargeError::Unavailable);
+                Err(ChargeError::Unavailable)
             }
-            Plan::Charge { decline, drop_reply } => (decline, drop_reply),
-        };
-        tokio::time::sleep(latency).await;
+            Plan::Charge { decline, drop_reply } => {
+                tokio::time::sleep(latency).await;
+                Ok((decline, drop_reply))
+            }
+        }
+    }
+
+    async fn charge(&self, key: &str, request: &ChargeRequest) -> Result<ChargeReply, ChargeError> {
+        validate(request)?;
+        let counters = &self.state.counters;
+        let (decline, drop_reply) = self.faults().await?;
         // Nobody reads an answer after the caller's deadline: do not charge for it.
         let expired = || Hop::current().is_some_and(|hop| hop.deadline().is_expired_at(tokio::time::Instant::now()));
         if expired() {
@@ -210,6 +219,12 @@ impl BankService {
         Ok(reply)
     }
 }
+
+/// USD per unit of each settled currency, as the bank quotes it.
+const USD_RATES: &[(&str, &str)] = &[
+    ("CHF", "1.1300"), ("CZK", "0.0430"), ("DKK", "0.1450"), ("EUR", "1.0800"), ("GBP", "1.2700"),
+    ("JPY", "0.0067"), ("NOK", "0.0920"), ("PLN", "0.2500"), ("SEK", "0.0950"), ("USD", "1.0000"),
+];
 
 fn validate(request: &ChargeRequest) -> Result<(), ChargeError> {
     if !(1..=proto::validate::MAX_AMOUNT_MINOR).contains(&request.amount_minor) {
@@ -238,5 +253,19 @@ impl Bank for BankService {
         lock(&self.state.keys_seen).insert(key.clone());
         let reply = BankService::charge(self, &key, request.get_ref()).await?;
         Ok(Response::new(reply))
+    }
+
+    async fn get_exchange_rate(&self, request: Request<ExchangeRateRequest>) -> Result<Response<ExchangeRate>, Status> {
+        let currency = request.into_inner().currency;
+        let Some((_, rate)) = USD_RATES.iter().find(|(code, _)| *code == currency) else {
+            return Err(ChargeError::InvalidRequest { field: "currency", reason: format!("{currency:?} is not quoted here") }.into());
+        };
+        self.faults().await?;
+        Ok(Response::new(ExchangeRate {
+            currency,
+            base: "USD".into(),
+            rate: (*rate).to_owned(),
+            as_of: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+        }))
     }
 }

@@ -1,10 +1,12 @@
 //! What the gateway does for a client, whichever face (HTTP or gRPC) it came through.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{collections::BTreeMap, sync::Arc, time::SystemTime};
 
 use proto::{
-    common::v1::{CreateOrderRequest, GetOrderRequest, Order, OrderStatus},
-    orders::v1::orders_client::OrdersClient,
+    bank::v1::{ExchangeRate, ExchangeRateRequest, bank_client::BankClient},
+    common::v1::{CreateOrderRequest, GetOrderRequest, Order, OrderStatus, Payment},
+    orders::v1::{RecommendRequest, orders_client::OrdersClient},
+    payment::v1::{GetPaymentRequest, payment_service_client::PaymentServiceClient},
 };
 use rpc::{
     Client,
@@ -15,7 +17,11 @@ use tonic::{Request, Response, Status, metadata::MetadataMap};
 use tower::{Layer, ServiceExt, retry::RetryLayer, util::BoxCloneSyncService};
 use tracing::Instrument;
 
-use crate::{error::GatewayError, settings::ApiClient};
+use crate::{
+    error::GatewayError,
+    fallback::{OrderCache, RateCache, stands_in_for},
+    settings::ApiClient,
+};
 
 /// The authenticated caller.
 #[derive(Debug, Clone)]
@@ -30,11 +36,44 @@ pub struct Created {
     pub replayed: bool,
 }
 
+/// An order as read: fresh, or the last known copy and when it was current.
+pub struct Read {
+    pub order: Order,
+    pub stale_since: Option<SystemTime>,
+}
+
+/// One part of an order summary, or why it is missing.
+pub type Part<T> = Result<T, String>;
+
+/// Personal recommendations, or the popular items when they cannot be had (and why).
+pub struct Recommended {
+    pub skus: Vec<String>,
+    pub degraded: Option<String>,
+}
+
+/// An exchange rate, and whether it is the last known one because the bank did not answer.
+pub struct Rate {
+    pub rate: ExchangeRate,
+    pub stale: bool,
+}
+
+/// The sources of the parts of an order summary beyond the order itself.
+#[derive(Clone)]
+pub struct SummarySources {
+    pub payment: PaymentServiceClient<Client>,
+    pub bank: BankClient<Client>,
+    pub recommendations: OrdersClient<Client>,
+    pub popular: Arc<Vec<String>>,
+}
+
 #[derive(Clone)]
 pub struct Api {
     create: Operation<CreateOrderRequest>,
     get: Operation<GetOrderRequest>,
     api_keys: Arc<BTreeMap<String, String>>,
+    sources: SummarySources,
+    orders_seen: Arc<OrderCache>,
+    rates_seen: Arc<RateCache>,
 }
 
 /// `call` as an operation on orders: each attempt in its own span, the whole under `retry`.
@@ -54,7 +93,7 @@ where
 impl Api {
     /// Reads and writes on orders, both idempotent (writes carry an idempotency key), so both
     /// are retried under the one `retry` policy (one budget for the dependency).
-    pub fn new(orders: Client, clients: Vec<ApiClient>, retry: &RetryPolicy) -> Self {
+    pub fn new(orders: Client, clients: Vec<ApiClient>, retry: &RetryPolicy, sources: SummarySources, cache_capacity: usize) -> Self {
         let api_keys = clients.into_iter().map(|c| (c.api_key, c.client_id)).collect();
         let orders = OrdersClient::new(orders);
         let create = operation(retry, {
@@ -68,7 +107,14 @@ impl Api {
             let mut orders = orders.clone();
             async move { orders.get_order(request).await }
         });
-        Self { create, get, api_keys: Arc::new(api_keys) }
+        Self {
+            create,
+            get,
+            api_keys: Arc::new(api_keys),
+            sources,
+            orders_seen: Arc::new(OrderCache::new(cache_capacity)),
+            rates_seen: Arc::default(),
+        }
     }
 
     /// The client owning `Bearer <api key>`.
@@ -90,6 +136,7 @@ impl Api {
         let response = self.create.clone().oneshot(Call::new(order, metadata)).await.map_err(|s| GatewayError::Upstream(rpc::relay(&s)))?;
         let replayed = response.metadata().get(IDEMPOTENT_REPLAYED).is_some_and(|value| value == "true");
         let order = response.into_inner();
+        self.orders_seen.remember(&client.0, &order);
         if order.status() == OrderStatus::PaymentDeclined {
             let reason = order.payment.as_ref().map(|p| p.decline_reason.clone()).unwrap_or_default();
             return Err(GatewayError::PaymentDeclined { order_id: order.order_id, reason, replayed });
@@ -97,15 +144,81 @@ impl Api {
         Ok(Created { order, replayed })
     }
 
-    pub async fn get_order(&self, client: &ClientId, order_id: String) -> Result<Order, GatewayError> {
+    /// The order, or its last known copy when orders cannot answer (R-F1).
+    pub async fn get_order(&self, client: &ClientId, order_id: String) -> Result<Read, GatewayError> {
         if order_id.is_empty() || order_id.len() > proto::validate::MAX_ID_LEN {
             return Err(GatewayError::field("order_id", "must be 1 to 64 characters"));
         }
         let mut metadata = MetadataMap::new();
         metadata.insert(CLIENT_ID, metadata_value(&client.0)?);
-        let call = Call::new(GetOrderRequest { order_id }, metadata);
-        let response = self.get.clone().oneshot(call).await.map_err(|s| GatewayError::Upstream(rpc::relay(&s)))?;
-        Ok(response.into_inner())
+        let call = Call::new(GetOrderRequest { order_id: order_id.clone() }, metadata);
+        match self.get.clone().oneshot(call).await {
+            Ok(response) => {
+                let order = response.into_inner();
+                self.orders_seen.remember(&client.0, &order);
+                Ok(Read { order, stale_since: None })
+            }
+            Err(status) if stands_in_for(status.code()) => match self.orders_seen.last_known(&client.0, &order_id) {
+                Some((order, since)) => {
+                    tracing::info!(fallback = "stale_copy", order_id, code = ?status.code(), "answering with the last known copy");
+                    Ok(Read { order, stale_since: Some(since) })
+                }
+                None => Err(GatewayError::Upstream(rpc::relay(&status))),
+            },
+            Err(status) => Err(GatewayError::Upstream(rpc::relay(&status))),
+        }
+    }
+
+    /// The order's payment as payment records it.
+    pub async fn payment_part(&self, order: &Order) -> Part<Payment> {
+        let Some(payment) = &order.payment else {
+            return Err("the order has no payment yet".into());
+        };
+        let request = Request::new(GetPaymentRequest { payment_id: payment.payment_id.clone() });
+        match self.sources.payment.clone().get_payment(request).await {
+            Ok(response) => Ok(response.into_inner()),
+            Err(status) => Err(status.message().to_owned()),
+        }
+    }
+
+    /// The bank's rate for the order's currency, or its last known quote (R-F1).
+    pub async fn rate_part(&self, currency: &str) -> Part<Rate> {
+        let request = Request::new(ExchangeRateRequest { currency: currency.to_owned() });
+        match self.sources.bank.clone().get_exchange_rate(request).await {
+            Ok(response) => {
+                let rate = response.into_inner();
+                self.rates_seen.remember(&rate);
+                Ok(Rate { rate, stale: false })
+            }
+            Err(status) => match self.rates_seen.last_known(currency) {
+                Some(rate) => {
+                    tracing::info!(fallback = "stale_rate", currency, "answering with the last known rate");
+                    Ok(Rate { rate, stale: true })
+                }
+                None => Err(status.message().to_owned()),
+            },
+        }
+    }
+
+    /// Personal recommendations, degraded to the popular items when they cannot be had (R-F3).
+    pub async fn recommendations_part(&self, client: &ClientId, order: &Order) -> Recommended {
+        let mut request = Request::new(RecommendRequest { order_id: order.order_id.clone(), limit: 5 });
+        let personal = match metadata_value(&client.0) {
+            Ok(value) => {
+                request.metadata_mut().insert(CLIENT_ID, value);
+                self.sources.recommendations.clone().recommend(request).await.map(|r| r.into_inner().skus)
+            }
+            Err(error) => Err(Status::internal(error.to_string())),
+        };
+        let popular = || self.sources.popular.iter().filter(|sku| !order.items.iter().any(|i| &&i.sku == sku)).cloned().collect();
+        match personal {
+            Ok(skus) if !skus.is_empty() => Recommended { skus, degraded: None },
+            Ok(_) => Recommended { skus: popular(), degraded: Some("no purchase history yet".into()) },
+            Err(status) => {
+                tracing::info!(fallback = "popular", code = ?status.code(), "recommending popular items");
+                Recommended { skus: popular(), degraded: Some(status.message().to_owned()) }
+            }
+        }
     }
 }
 

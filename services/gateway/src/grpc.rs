@@ -41,6 +41,12 @@ impl Gateway for GatewayService {
 
     async fn get_order(&self, request: Request<GetOrderRequest>) -> Result<Response<Order>, Status> {
         let client = self.api.authenticate(text(&request, "authorization"))?;
-        Ok(Response::new(self.api.get_order(&client, request.into_inner().order_id).await?))
+        let read = self.api.get_order(&client, request.into_inner().order_id).await?;
+        let mut response = Response::new(read.order);
+        if let Some(since) = read.stale_since {
+            let as_of = humantime::format_rfc3339_millis(since).to_string();
+            response.metadata_mut().insert(crate::http::FALLBACK_HEADER, format!("stale-copy; as-of={as_of}").parse().expect("ascii"));
+        }
+        Ok(response)
     }
 }

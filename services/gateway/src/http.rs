@@ -1,6 +1,6 @@
 //! The HTTP/JSON face: `POST /v1/orders`, `GET /v1/orders/{id}`.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::{
     Json, Router,
@@ -11,11 +11,11 @@ use axum::{
     routing::{get, post},
 };
 use deadline::{Hop, InboundPolicy, LEDGER_HEADER, ledger, server::Protocol};
-use proto::common::v1::{CreateOrderRequest, LineItem, Order, OrderStatus, PaymentStatus};
+use proto::common::v1::{CreateOrderRequest, LineItem, Order, OrderStatus, Payment, PaymentStatus};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    api::Api,
+    api::{Api, Read},
     error::{GatewayError, Problem, REPLAYED_HEADER},
 };
 
@@ -26,6 +26,7 @@ pub fn router(api: Api) -> Router {
     Router::new()
         .route("/v1/orders", post(create_order))
         .route("/v1/orders/{order_id}", get(get_order))
+        .route("/v1/orders/{order_id}/summary", get(get_summary))
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "Not found", "no such route".into()).into_http::<axum::body::Body>() })
         .with_state(api)
 }
@@ -84,6 +85,11 @@ struct OrderJson {
     status: &'static str,
     payment: Option<PaymentJson>,
     created_at: String,
+    /// Present only on a last known copy served while orders could not answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stale: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    as_of: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -109,12 +115,7 @@ impl From<Order> for OrderJson {
             OrderStatus::PaymentDeclined => "payment_declined",
             OrderStatus::Unspecified => "unknown",
         };
-        let payment = order.payment.map(|p| PaymentJson {
-            status: if p.status() == PaymentStatus::Approved { "approved" } else { "declined" },
-            payment_id: p.payment_id,
-            bank_charge_id: p.bank_charge_id,
-            decline_reason: p.decline_reason,
-        });
+        let payment = order.payment.map(PaymentJson::from);
         Self {
             order_id: order.order_id,
             customer_id: order.customer_id,
@@ -124,8 +125,69 @@ impl From<Order> for OrderJson {
             status,
             payment,
             created_at: order.created_at,
+            stale: None,
+            as_of: None,
         }
     }
+}
+
+impl From<Payment> for PaymentJson {
+    fn from(payment: Payment) -> Self {
+        Self {
+            status: if payment.status() == PaymentStatus::Approved { "approved" } else { "declined" },
+            payment_id: payment.payment_id,
+            bank_charge_id: payment.bank_charge_id,
+            decline_reason: payment.decline_reason,
+        }
+    }
+}
+
+impl From<Read> for OrderJson {
+    fn from(read: Read) -> Self {
+        let as_of = read.stale_since.map(rfc3339);
+        Self { stale: as_of.is_some().then_some(true), as_of, ..OrderJson::from(read.order) }
+    }
+}
+
+fn rfc3339(time: SystemTime) -> String {
+    humantime::format_rfc3339_millis(time).to_string()
+}
+
+/// Marks an answer made from a fallback: which one, and since when its data is current.
+pub const FALLBACK_HEADER: &str = "x-fallback";
+
+/// `GET /v1/orders/{id}/summary`: the order with its payment, exchange rate and recommendations.
+/// Each part that cannot be had is named in `unavailable` with the reason, and is `null`: an
+/// unknown value is never shown as zero (R-F2).
+#[derive(Debug, Serialize)]
+struct SummaryJson {
+    order: OrderJson,
+    payment: Option<PaymentJson>,
+    exchange_rate: Option<RateJson>,
+    recommendations: RecommendationsJson,
+    unavailable: Vec<Unavailable>,
+}
+
+#[derive(Debug, Serialize)]
+struct RateJson {
+    currency: String,
+    base: String,
+    rate: String,
+    as_of: String,
+    stale: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct RecommendationsJson {
+    /// `personal`, or `popular` when personal ones cannot be had (R-F3).
+    kind: &'static str,
+    skus: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Unavailable {
+    part: &'static str,
+    reason: String,
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -153,9 +215,61 @@ async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -
     Ok(response)
 }
 
-async fn get_order(State(api): State<Api>, headers: HeaderMap, Path(order_id): Path<String>) -> Result<Json<OrderJson>, GatewayError> {
+async fn get_order(State(api): State<Api>, headers: HeaderMap, Path(order_id): Path<String>) -> Result<Response, GatewayError> {
     let client = api.authenticate(header(&headers, "authorization"))?;
-    Ok(Json(api.get_order(&client, order_id).await?.into()))
+    let read = api.get_order(&client, order_id).await?;
+    let fallback = read.stale_since.map(|since| format!("stale-copy; as-of={}", rfc3339(since)));
+    let mut response = Json(OrderJson::from(read)).into_response();
+    if let Some(fallback) = fallback.and_then(|value| HeaderValue::try_from(value).ok()) {
+        response.headers_mut().insert(FALLBACK_HEADER, fallback);
+    }
+    Ok(response)
+}
+
+async fn get_summary(State(api): State<Api>, headers: HeaderMap, Path(order_id): Path<String>) -> Result<Response, GatewayError> {
+    let client = api.authenticate(header(&headers, "authorization"))?;
+    // Without the order there is nothing to show: the honest error, with Retry-After when known (R-F4).
+    let read = api.get_order(&client, order_id).await?;
+    let (payment, rate, recommended) = tokio::join!(
+        api.payment_part(&read.order),
+        api.rate_part(&read.order.currency),
+        api.recommendations_part(&client, &read.order),
+    );
+    let mut unavailable = Vec::new();
+    let mut fallbacks = Vec::new();
+    if let Some(since) = read.stale_since {
+        fallbacks.push(format!("stale-copy; as-of={}", rfc3339(since)));
+    }
+    let payment = payment.map_err(|reason| unavailable.push(Unavailable { part: "payment", reason })).ok();
+    let exchange_rate = rate
+        .map(|rate| {
+            if rate.stale {
+                fallbacks.push(format!("stale-rate; as-of={}", rate.rate.as_of));
+            }
+            RateJson { currency: rate.rate.currency, base: rate.rate.base, rate: rate.rate.rate, as_of: rate.rate.as_of, stale: rate.stale }
+        })
+        .map_err(|reason| unavailable.push(Unavailable { part: "exchange_rate", reason }))
+        .ok();
+    let kind = match recommended.degraded {
+        None => "personal",
+        Some(reason) => {
+            fallbacks.push("popular-recommendations".to_owned());
+            unavailable.push(Unavailable { part: "personal_recommendations", reason });
+            "popular"
+        }
+    };
+    let summary = SummaryJson {
+        order: OrderJson::from(read),
+        payment: payment.map(PaymentJson::from),
+        exchange_rate,
+        recommendations: RecommendationsJson { kind, skus: recommended.skus },
+        unavailable,
+    };
+    let mut response = Json(summary).into_response();
+    if let Some(fallback) = (!fallbacks.is_empty()).then(|| fallbacks.join(", ")).and_then(|v| HeaderValue::try_from(v).ok()) {
+        response.headers_mut().insert(FALLBACK_HEADER, fallback);
+    }
+    Ok(response)
 }
 
 /// The HTTP face's deadline: asked for in `X-Request-Timeout-Ms`, answered with 504 when it

@@ -7,6 +7,7 @@
 
 mod api;
 mod error;
+mod fallback;
 mod grpc;
 mod http;
 mod rate_limit;
@@ -19,7 +20,12 @@ pub use settings::{ApiClient, Settings};
 use std::{net::SocketAddr, sync::Arc};
 
 use deadline::{HopStats, server::DeadlineLayer};
-use proto::gateway::v1::gateway_server::GatewayServer;
+use proto::{
+    bank::v1::bank_client::BankClient,
+    gateway::v1::gateway_server::GatewayServer,
+    orders::v1::orders_client::OrdersClient,
+    payment::v1::payment_service_client::PaymentServiceClient,
+};
 use resilience::{
     ChainMode,
     breaker::Breaker,
@@ -54,7 +60,18 @@ impl Application {
         }
         let retry = RetryPolicy::new(&retry).map_err(|error| ServerError::Settings(error.to_string()))?;
         let limits = rate_limit::ClientLimits::new(&settings.clients, settings.unknown_key_quota);
-        let api = api::Api::new(orders.client, settings.clients, &retry);
+        let source = |name: &'static str, dependency: &rpc::Dependency| {
+            rpc::connect(name, dependency, settings.mode, settings.naive)
+                .map(|connection| connection.client)
+                .map_err(|error| ServerError::Settings(format!("{name}: {error}")))
+        };
+        let sources = api::SummarySources {
+            payment: PaymentServiceClient::new(source("payment", &settings.payment)?),
+            bank: BankClient::new(source("bank-mock", &settings.bank)?),
+            recommendations: OrdersClient::new(source("orders", &settings.recommendations)?),
+            popular: Arc::new(settings.popular_skus.clone()),
+        };
+        let api = api::Api::new(orders.client, settings.clients, &retry, sources, settings.order_cache_capacity);
         let grpc = GrpcServer::bind(HOP, rpc::Role::Edge, settings.grpc_listen, settings.deadline, GatewayServer::new(grpc::GatewayService::new(api.clone())))
             .await?
             .layer(rate_limit::RateLimitLayer::new(limits.clone()));

@@ -18,6 +18,16 @@ pub struct Settings {
     pub deadline: InboundPolicy,
     /// Orders: what is left of the deadline minus a small reserve for the gateway's own reply.
     pub orders: Dependency,
+    /// Payment, read for order summaries (at most 300 ms of the deadline).
+    pub payment: Dependency,
+    /// The bank, read for exchange rates in order summaries (at most 300 ms).
+    pub bank: Dependency,
+    /// Where personal recommendations come from (orders; at most 200 ms).
+    pub recommendations: Dependency,
+    /// Shown when personal recommendations cannot be had.
+    pub popular_skus: Vec<String>,
+    /// Orders kept as the last known copy, for reads while orders is unreachable.
+    pub order_cache_capacity: usize,
     /// Retries of calls to orders: the only retries in the chain.
     pub retry: RetrySettings,
     /// The clients allowed in. A list, so that configuring it replaces the demo clients.
@@ -47,6 +57,17 @@ impl ApiClient {
     }
 }
 
+/// A source of one part of an order summary: a short, capped slice of the deadline, so that a
+/// slow part is given up on while the others are shown.
+fn summary_source(endpoint: &str, cap_ms: u64) -> Dependency {
+    Dependency {
+        endpoint: endpoint.into(),
+        deadline: ForwardPolicy { reserve_ms: 20, reserve_max_share: 0.2, cap_ms: Some(cap_ms), min_forward_ms: 20 },
+        breaker: BreakerSettings { slow_call_ms: 60_000, ..BreakerSettings::default() },
+        ..Dependency::default()
+    }
+}
+
 impl Default for Settings {
     fn default() -> Self {
         Self {
@@ -63,6 +84,11 @@ impl Default for Settings {
                 breaker: BreakerSettings { slow_call_ms: 60_000, ..BreakerSettings::default() },
                 ..Dependency::default()
             },
+            payment: summary_source("http://127.0.0.1:50053", 300),
+            bank: summary_source("http://127.0.0.1:50054", 300),
+            recommendations: summary_source("http://127.0.0.1:50052", 200),
+            popular_skus: vec!["sku-1".into(), "sku-7".into(), "sku-42".into()],
+            order_cache_capacity: 10_000,
             retry: RetrySettings::default(),
             clients: vec![
                 // The demo client the scenarios drive, with room for their loads.

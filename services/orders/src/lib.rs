@@ -20,7 +20,10 @@ use idempotency::{Begin, Database, KeyStore, Stored};
 use prost::Message;
 use proto::{
     common::v1::{CreateOrderRequest, GetOrderRequest, Order, OrderStatus},
-    orders::v1::orders_server::{Orders, OrdersServer},
+    orders::v1::{
+        RecommendRequest, Recommendations,
+        orders_server::{Orders, OrdersServer},
+    },
     payment::v1::{PayRequest, payment_service_client::PaymentServiceClient},
 };
 use resilience::breaker::Breaker;
@@ -194,5 +197,13 @@ impl Orders for OrderService {
     async fn get_order(&self, request: Request<GetOrderRequest>) -> Result<Response<Order>, Status> {
         let client_id = required(request.metadata(), CLIENT_ID)?.to_owned();
         Ok(Response::new(self.orders.get(&client_id, &request.get_ref().order_id).await?))
+    }
+
+    async fn recommend(&self, request: Request<RecommendRequest>) -> Result<Response<Recommendations>, Status> {
+        let client_id = required(request.metadata(), CLIENT_ID)?.to_owned();
+        let request = request.into_inner();
+        let limit = request.limit.clamp(1, 20) as usize;
+        let skus = self.orders.recommend(&client_id, &request.order_id, limit).await?;
+        Ok(Response::new(Recommendations { skus }))
     }
 }

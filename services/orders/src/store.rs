@@ -108,6 +108,33 @@ impl Orders {
     }
 }
 
+impl Orders {
+    /// The SKUs the order's customer (of the same client) bought most often in other orders,
+    /// most frequent first.
+    pub async fn recommend(&self, client_id: &str, order_id: &str, limit: usize) -> Result<Vec<String>, OrdersError> {
+        let order = self.get(client_id, order_id).await?;
+        let rows: Vec<(String,)> = sqlx::query_as("SELECT items FROM orders WHERE client_id = $1 AND customer_id = $2 AND order_id <> $3")
+            .bind(client_id)
+            .bind(&order.customer_id)
+            .bind(order_id)
+            .fetch_all(self.database.pool())
+            .await?;
+        let mut counts: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+        for (items,) in rows {
+            let items: Vec<ItemJson> = serde_json::from_str(&items).map_err(|e| OrdersError::Corrupt(order_id.to_owned(), e.to_string()))?;
+            for item in items {
+                *counts.entry(item.sku).or_default() += u64::from(item.quantity);
+            }
+        }
+        for item in &order.items {
+            counts.remove(&item.sku);
+        }
+        let mut ranked: Vec<(String, u64)> = counts.into_iter().collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        Ok(ranked.into_iter().take(limit).map(|(sku, _)| sku).collect())
+    }
+}
+
 impl OrderRow {
     fn into_order(self) -> Result<Order, OrdersError> {
         let corrupt = |what: String| OrdersError::Corrupt(self.order_id.clone(), what);

@@ -19,7 +19,7 @@ use prost::Message;
 use proto::{
     bank::v1::{ChargeOutcome, ChargeRequest, bank_client::BankClient},
     common::v1::{Payment, PaymentStatus},
-    payment::v1::{PayRequest, payment_service_server::{PaymentService, PaymentServiceServer}},
+    payment::v1::{GetPaymentRequest, PayRequest, payment_service_server::{PaymentService, PaymentServiceServer}},
 };
 use resilience::{breaker::Breaker, bulkhead::Bulkhead};
 use rpc::{Client, GrpcServer, ServerError, metadata::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED}};
@@ -147,8 +147,33 @@ impl Payments {
     }
 }
 
+#[derive(Debug, sqlx::FromRow)]
+struct PaymentRow {
+    payment_id: String,
+    status: String,
+    bank_charge_id: String,
+    decline_reason: Option<String>,
+}
+
 #[tonic::async_trait]
 impl PaymentService for Payments {
+    async fn get_payment(&self, request: Request<GetPaymentRequest>) -> Result<Response<Payment>, Status> {
+        let payment_id = request.into_inner().payment_id;
+        let row: Option<PaymentRow> =
+            sqlx::query_as("SELECT payment_id, status, bank_charge_id, decline_reason FROM payments WHERE payment_id = $1")
+                .bind(&payment_id)
+                .fetch_optional(self.keys.database().pool())
+                .await
+                .map_err(PaymentError::Storage)?;
+        let row = row.ok_or_else(|| Status::not_found(format!("{HOP}: payment {payment_id} not found")))?;
+        Ok(Response::new(Payment {
+            payment_id: row.payment_id,
+            status: if row.status == "approved" { PaymentStatus::Approved } else { PaymentStatus::Declined } as i32,
+            bank_charge_id: row.bank_charge_id,
+            decline_reason: row.decline_reason.unwrap_or_default(),
+        }))
+    }
+
     async fn pay(&self, request: Request<PayRequest>) -> Result<Response<Payment>, Status> {
         let key = request
             .metadata()

@@ -1,6 +1,6 @@
 //! Starts the four services in this process, wired to each other's real addresses.
 
-use std::{net::SocketAddr, path::Path, sync::Arc};
+use std::{collections::BTreeMap, net::SocketAddr, path::Path, sync::Arc};
 
 use bank_mock::BankState;
 use deadline::{HopStats, HopStatsSnapshot};
@@ -108,6 +108,7 @@ pub struct Chain {
     guards: Guards,
     gateway_retry: RetryPolicy,
     client_limits: Arc<gateway::ClientLimits>,
+    tokens: BTreeMap<&'static str, CancellationToken>,
     shutdown: CancellationToken,
     servers: JoinSet<Result<(), ServerError>>,
 }
@@ -130,6 +131,9 @@ impl Chain {
         settings.orders.payment.endpoint = format!("http://{}", payment.grpc_addr());
         let orders = orders::Application::build(settings.orders).await?;
         settings.gateway.orders.endpoint = format!("http://{}", orders.grpc_addr());
+        settings.gateway.recommendations.endpoint = format!("http://{}", orders.grpc_addr());
+        settings.gateway.payment.endpoint = format!("http://{}", payment.grpc_addr());
+        settings.gateway.bank.endpoint = format!("http://{}", bank.grpc_addr());
         let gateway = gateway::Application::build(settings.gateway).await?;
 
         let addresses = Addresses {
@@ -159,11 +163,14 @@ impl Chain {
         };
         let bank_state = bank.state();
 
-        servers.spawn(bank.run_until_stopped(shutdown.clone()));
-        servers.spawn(payment.run_until_stopped(shutdown.clone()));
-        servers.spawn(orders.run_until_stopped(shutdown.clone()));
-        servers.spawn(gateway.run_until_stopped(shutdown.clone()));
-        Ok(Self { addresses, database_urls, admin_token, bank: bank_state, hops, guards, gateway_retry, client_limits, shutdown, servers })
+        // Each service stops with the chain, or alone (to see the others cope).
+        let tokens: BTreeMap<&'static str, CancellationToken> =
+            [bank_mock::HOP, payment::HOP, orders::HOP, gateway::HOP].into_iter().map(|hop| (hop, shutdown.child_token())).collect();
+        servers.spawn(bank.run_until_stopped(tokens[bank_mock::HOP].clone()));
+        servers.spawn(payment.run_until_stopped(tokens[payment::HOP].clone()));
+        servers.spawn(orders.run_until_stopped(tokens[orders::HOP].clone()));
+        servers.spawn(gateway.run_until_stopped(tokens[gateway::HOP].clone()));
+        Ok(Self { addresses, database_urls, admin_token, bank: bank_state, hops, guards, gateway_retry, client_limits, tokens, shutdown, servers })
     }
 
     /// The bank's faults and counters, for in-process control.
@@ -203,6 +210,13 @@ impl Chain {
             orders: self.hops.orders.snapshot(),
             payment: self.hops.payment.snapshot(),
             bank: self.hops.bank.snapshot(),
+        }
+    }
+
+    /// Stops one service (by its hop name, e.g. `"orders"`), leaving the others running.
+    pub fn stop_service(&self, hop: &str) {
+        if let Some(token) = self.tokens.get(hop) {
+            token.cancel();
         }
     }
 

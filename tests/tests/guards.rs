@@ -142,3 +142,56 @@ async fn a_full_bulkhead_rejects_at_once_and_reads_stay_fast() {
         assert_eq!(task.await.unwrap(), 504);
     }
 }
+
+#[tokio::test]
+async fn long_operations_have_their_own_intake_and_reads_keep_theirs() {
+    let test = std::sync::Arc::new(TestChain::start_with(|s| s.gateway.max_in_flight_creates = 2).await);
+    let created: serde_json::Value = test.post_order("intake-read", &order_body()).send().await.unwrap().json().await.unwrap();
+    let order_url = test.url(&format!("/v1/orders/{}", created["order_id"].as_str().unwrap()));
+
+    test.set_faults(fast_bank(|f| f.hang = true));
+    let hanging: Vec<_> = (0..2)
+        .map(|n| {
+            let test = test.clone();
+            tokio::spawn(async move {
+                test.post_order(&format!("intake-{n}"), &order_body()).header("x-request-timeout-ms", "1000").send().await.unwrap().status()
+            })
+        })
+        .collect();
+    while test.chain.bank().stats().hung < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let refused = test.post_order("intake-over", &order_body()).send().await.unwrap();
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    assert_eq!(refused.headers()["content-type"], "application/problem+json");
+    assert_eq!(test.chain.hop_stats().gateway_http.requests, 4, "refused before the deadline layer");
+
+    let read = test.http.get(&order_url).bearer_auth(e2e::API_KEY).send().await.unwrap();
+    assert_eq!(read.status(), 200, "reads are not behind the creations");
+    for task in hanging {
+        assert_eq!(task.await.unwrap(), 504);
+    }
+}
+
+#[tokio::test]
+async fn a_server_at_capacity_refuses_at_once_with_a_pushback() {
+    use proto::orders::v1::orders_client::OrdersClient;
+
+    let test = std::sync::Arc::new(TestChain::start_with(|s| s.orders.deadline.max_in_flight = 1).await);
+    test.set_faults(fast_bank(|f| f.hang = true));
+    let busy = {
+        let test = test.clone();
+        tokio::spawn(async move { test.post_order("busy", &order_body()).header("x-request-timeout-ms", "800").send().await.unwrap().status() })
+    };
+    while test.chain.bank().stats().hung < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut orders = OrdersClient::connect(format!("http://{}", test.chain.addresses.orders)).await.unwrap();
+    let mut request = grpc_request(e2e::order_message(), "at-capacity");
+    request.metadata_mut().insert("x-client-id", "direct".parse().unwrap());
+    let status = orders.create_order(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(status.metadata().get("grpc-retry-pushback-ms").unwrap(), "100");
+    assert_eq!(busy.await.unwrap(), 504);
+}

@@ -1,6 +1,9 @@
 //! The HTTP/JSON face: `POST /v1/orders`, `GET /v1/orders/{id}`.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use axum::{
     Json, Router,
@@ -11,6 +14,7 @@ use axum::{
     routing::{get, post},
 };
 use deadline::{Hop, InboundPolicy, LEDGER_HEADER, ledger, server::Protocol};
+use resilience::load_shed::{Intake, LoadShedLayer};
 use proto::common::v1::{CreateOrderRequest, LineItem, Order, OrderStatus, Payment, PaymentStatus};
 use serde::{Deserialize, Serialize};
 
@@ -22,9 +26,9 @@ use crate::{
 /// Header in which an HTTP client may shorten the operation deadline.
 pub const TIMEOUT_HEADER: &str = "x-request-timeout-ms";
 
-pub fn router(api: Api) -> Router {
+pub fn router(api: Api, creates: Arc<Intake>) -> Router {
     Router::new()
-        .route("/v1/orders", post(create_order))
+        .route("/v1/orders", post(create_order).route_layer(LoadShedLayer::new(creates)))
         .route("/v1/orders/{order_id}", get(get_order))
         .route("/v1/orders/{order_id}/summary", get(get_summary))
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "Not found", "no such route".into()).into_http::<axum::body::Body>() })

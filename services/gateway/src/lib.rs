@@ -29,6 +29,7 @@ use proto::{
 use resilience::{
     ChainMode,
     breaker::Breaker,
+    load_shed::{Intake, LoadShedLayer},
     retry::RetryPolicy,
 };
 use rpc::{GrpcServer, ServerError};
@@ -76,7 +77,8 @@ impl Application {
             .await?
             .layer(rate_limit::RateLimitLayer::new(limits.clone()));
         let http_stats = HopStats::new();
-        let http_router = http::router(api).layer(
+        let creates = Intake::new("gateway (order creation)", settings.max_in_flight_creates);
+        let http_router = http::router(api, creates).layer(
             DeadlineLayer::new(
                 HOP,
                 http::HttpDeadline { policy: settings.deadline, honour_client_deadline: settings.mode == ChainMode::Budgeted },
@@ -84,6 +86,7 @@ impl Application {
             )
             .at_edge(),
         )
+        .layer(LoadShedLayer::new(Intake::new(HOP, settings.deadline.max_in_flight)))
         // Outermost: the quota is checked before anything else happens.
         .layer(rate_limit::RateLimitLayer::new(limits.clone()));
         let http = rpc::bind(settings.http_listen).await?;

@@ -26,6 +26,9 @@ pub struct Settings {
     pub recommendations: Dependency,
     /// Shown when personal recommendations cannot be had.
     pub popular_skus: Vec<String>,
+    /// Order creations in progress at most (they are the long operations, waiting on the bank);
+    /// beyond it they are refused at once, and reads keep the rest of `deadline.max_in_flight`.
+    pub max_in_flight_creates: u32,
     /// Orders kept as the last known copy, for reads while orders is unreachable.
     pub order_cache_capacity: usize,
     /// Retries of calls to orders: the only retries in the chain.
@@ -75,7 +78,7 @@ impl Default for Settings {
             naive: NaiveSettings::default(),
             http_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
-            deadline: InboundPolicy { default_ms: 2_000, max_ms: 2_000 },
+            deadline: InboundPolicy::default(),
             orders: Dependency {
                 endpoint: "http://127.0.0.1:50052".into(),
                 deadline: ForwardPolicy { reserve_ms: 20, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 },
@@ -88,6 +91,7 @@ impl Default for Settings {
             bank: summary_source("http://127.0.0.1:50054", 300),
             recommendations: summary_source("http://127.0.0.1:50052", 200),
             popular_skus: vec!["sku-1".into(), "sku-7".into(), "sku-42".into()],
+            max_in_flight_creates: 500,
             order_cache_capacity: 10_000,
             retry: RetrySettings::default(),
             clients: vec![

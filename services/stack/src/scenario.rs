@@ -18,6 +18,7 @@ use hdrhistogram::Histogram;
 use resilience::{ChainMode, retry::RetryStatsSnapshot};
 use serde::Serialize;
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use crate::chain::{Chain, ChainGuardStats, ChainHopStats, ChainSettings};
 
@@ -29,6 +30,16 @@ pub enum Load {
     Closed { concurrency: usize },
     /// A fixed arrival rate, whatever the answers do (no coordinated omission).
     Open { per_second: u32 },
+}
+
+/// What the scenario's clients send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Traffic {
+    /// `POST /v1/orders`, each with its own idempotency key (or one shared key).
+    CreateOrders,
+    /// `GET /v1/orders/{id}/summary` of one order made before the faults start.
+    Summaries,
 }
 
 /// One chain configuration a scenario runs.
@@ -64,6 +75,12 @@ pub struct Scenario {
     pub chain: fn(&mut ChainSettings),
     /// The bank's faults are lifted this long after the start.
     pub heal_after: Option<Duration>,
+    /// The API key the clients use.
+    pub api_key: &'static str,
+    pub traffic: Traffic,
+    /// Reads of one order sent beside the load at this rate, timed apart (and before the faults,
+    /// as the baseline).
+    pub reads_per_second: Option<u32>,
 }
 
 /// Leaves the chain's settings as they are.
@@ -99,6 +116,9 @@ pub fn catalogue() -> Vec<Scenario> {
             replay: false,
             chain: as_configured,
             heal_after: None,
+            api_key: "demo-key-1",
+            traffic: Traffic::CreateOrders,
+            reads_per_second: None,
         },
         Scenario {
             name: "bank-slow",
@@ -112,6 +132,9 @@ pub fn catalogue() -> Vec<Scenario> {
             replay: false,
             chain: without_breakers,
             heal_after: None,
+            api_key: "demo-key-1",
+            traffic: Traffic::CreateOrders,
+            reads_per_second: None,
         },
         Scenario {
             name: "bank-hang",
@@ -125,6 +148,9 @@ pub fn catalogue() -> Vec<Scenario> {
             replay: false,
             chain: without_breakers,
             heal_after: None,
+            api_key: "demo-key-1",
+            traffic: Traffic::CreateOrders,
+            reads_per_second: None,
         },
         Scenario {
             name: "bank-flaky",
@@ -138,6 +164,9 @@ pub fn catalogue() -> Vec<Scenario> {
             replay: false,
             chain: without_breakers,
             heal_after: None,
+            api_key: "demo-key-1",
+            traffic: Traffic::CreateOrders,
+            reads_per_second: None,
         },
         Scenario {
             name: "bank-down",
@@ -151,6 +180,9 @@ pub fn catalogue() -> Vec<Scenario> {
             replay: false,
             chain: without_breakers,
             heal_after: None,
+            api_key: "demo-key-1",
+            traffic: Traffic::CreateOrders,
+            reads_per_second: None,
         },
         Scenario {
             name: "bank-throttled",
@@ -164,6 +196,9 @@ pub fn catalogue() -> Vec<Scenario> {
             replay: false,
             chain: without_breakers,
             heal_after: None,
+            api_key: "demo-key-1",
+            traffic: Traffic::CreateOrders,
+            reads_per_second: None,
         },
         Scenario {
             name: "naive-vs-budgeted",
@@ -177,6 +212,9 @@ pub fn catalogue() -> Vec<Scenario> {
             replay: false,
             chain: without_breakers,
             heal_after: None,
+            api_key: "demo-key-1",
+            traffic: Traffic::CreateOrders,
+            reads_per_second: None,
         },
         Scenario {
             name: "lost-reply",
@@ -190,6 +228,9 @@ pub fn catalogue() -> Vec<Scenario> {
             replay: true,
             chain: without_breakers,
             heal_after: None,
+            api_key: "demo-key-1",
+            traffic: Traffic::CreateOrders,
+            reads_per_second: None,
         },
         Scenario {
             name: "duplicate-storm",
@@ -203,6 +244,9 @@ pub fn catalogue() -> Vec<Scenario> {
             replay: false,
             chain: as_configured,
             heal_after: None,
+            api_key: "demo-key-1",
+            traffic: Traffic::CreateOrders,
+            reads_per_second: None,
         },
         Scenario {
             name: "idempotent-throughput",
@@ -216,6 +260,9 @@ pub fn catalogue() -> Vec<Scenario> {
             replay: true,
             chain: as_configured,
             heal_after: None,
+            api_key: "demo-key-1",
+            traffic: Traffic::CreateOrders,
+            reads_per_second: None,
         },
         Scenario {
             name: "bank-down-breaker",
@@ -229,6 +276,57 @@ pub fn catalogue() -> Vec<Scenario> {
             replay: false,
             chain: |settings| settings.payment.bank.breaker.open_ms = 1_000,
             heal_after: Some(Duration::from_secs(3)),
+            api_key: "demo-key-1",
+            traffic: Traffic::CreateOrders,
+            reads_per_second: None,
+        },
+        Scenario {
+            name: "slow-bank-bulkhead",
+            about: "the bank takes 1 s per call (breakers off): payment holds at most 20 such calls and refuses the rest at once, while reads of orders keep their latency",
+            faults: Faults { latency_ms: latency(1_000.0, 50.0), ..Faults::default() },
+            requests: 300,
+            load: Load::Open { per_second: 60 },
+            timeout_ms: None,
+            variants: vec![BUDGETED],
+            one_key: false,
+            replay: false,
+            chain: without_breakers,
+            heal_after: None,
+            api_key: "demo-key-1",
+            traffic: Traffic::CreateOrders,
+            reads_per_second: Some(50),
+        },
+        Scenario {
+            name: "client-over-quota",
+            about: "demo-key-2 (5 requests/s, burst 10) sends 20/s: the excess gets 429 with Retry-After and RateLimit headers, cheaply, before any work",
+            faults: Faults::default(),
+            requests: 100,
+            load: Load::Open { per_second: 20 },
+            timeout_ms: None,
+            variants: vec![BUDGETED],
+            one_key: false,
+            replay: false,
+            chain: as_configured,
+            heal_after: None,
+            api_key: "demo-key-2",
+            traffic: Traffic::CreateOrders,
+            reads_per_second: None,
+        },
+        Scenario {
+            name: "summary-partial",
+            about: "order summaries while the bank fails and recommendations have no budget: the last rate and popular items stand in, the rest is shown",
+            faults: Faults { error_rate: 1.0, ..Faults::default() },
+            requests: 200,
+            load: Load::Open { per_second: 50 },
+            timeout_ms: None,
+            variants: vec![BUDGETED],
+            one_key: false,
+            replay: false,
+            chain: |settings| settings.gateway.recommendations.deadline.cap_ms = Some(1),
+            heal_after: None,
+            api_key: "demo-key-1",
+            traffic: Traffic::Summaries,
+            reads_per_second: None,
         },
     ]
 }
@@ -279,6 +377,13 @@ pub struct Report {
     /// Bank calls that arrived after every client had its answer or had given up.
     pub bank_calls_after_clients_left: u64,
     pub retry: RetryStatsSnapshot,
+    /// Answers made from a fallback (marked `X-Fallback`).
+    pub fallback_answers: usize,
+    /// Requests the gateway refused for being over their client's quota.
+    pub rate_limited: u64,
+    /// Reads of one order beside the load, and the same reads before the faults.
+    pub read_latency_ms: Option<Percentiles>,
+    pub baseline_read_latency_ms: Option<Percentiles>,
     pub guards: ChainGuardStats,
     pub hops: ChainHopStats,
     /// `X-Deadline-Ledger` and `Server-Timing` of the first answer.
@@ -305,9 +410,27 @@ impl Percentiles {
     }
 }
 
+/// Where a sender's requests go.
+enum Target {
+    Create(String),
+    Get(String),
+}
+
+/// The order every scenario creates.
+fn order_json() -> serde_json::Value {
+    serde_json::json!({
+        "customer_id": "c-1",
+        "items": [{"sku": "sku-1", "quantity": 2}],
+        "amount_minor": 1299,
+        "currency": "EUR",
+    })
+}
+
 #[derive(Default)]
 struct Tally {
     outcomes: BTreeMap<u16, usize>,
+    /// Answers marked `X-Fallback`.
+    fallbacks: usize,
     no_answer: usize,
     sample: Option<(Option<String>, Option<String>)>,
 }
@@ -315,7 +438,10 @@ struct Tally {
 /// Everything one request needs, shared by the senders.
 struct Sender {
     client: reqwest::Client,
+    /// What each request does: a POST to this URL, or a GET of it.
     url: String,
+    get: bool,
+    api_key: &'static str,
     name: &'static str,
     run_id: u128,
     timeout_ms: Option<u64>,
@@ -328,35 +454,38 @@ struct Sender {
 }
 
 impl Sender {
-    fn new(scenario: &Scenario, url: String, run_id: u128, started: Instant) -> Arc<Self> {
+    fn new(scenario: &Scenario, target: Target, run_id: u128, started: Instant) -> Arc<Self> {
+        let (url, get) = match target {
+            Target::Create(url) => (url, false),
+            Target::Get(url) => (url, true),
+        };
         Arc::new(Self {
             client: reqwest::Client::new(),
             url,
+            get,
+            api_key: scenario.api_key,
             name: scenario.name,
             run_id,
             timeout_ms: scenario.timeout_ms,
             one_key: scenario.one_key,
             total: scenario.requests,
             started,
-            // 1 µs to 1 h at 3 significant digits; longer waits are recorded as 1 h.
-            latencies: Mutex::new(Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")),
+            latencies: Mutex::new(histogram()),
             tally: Mutex::default(),
             done: AtomicUsize::new(0),
         })
     }
 
     async fn send(&self, index: usize) {
-        let mut request = self
-            .client
-            .post(&self.url)
-            .bearer_auth("demo-key-1")
-            .header("idempotency-key", format!("{}-{}-{}", self.name, self.run_id, if self.one_key { 0 } else { index }))
-            .json(&serde_json::json!({
-                "customer_id": "c-1",
-                "items": [{"sku": "sku-1", "quantity": 2}],
-                "amount_minor": 1299,
-                "currency": "EUR",
-            }));
+        let mut request = if self.get {
+            self.client.get(&self.url).bearer_auth(self.api_key)
+        } else {
+            self.client
+                .post(&self.url)
+                .bearer_auth(self.api_key)
+                .header("idempotency-key", format!("{}-{}-{}", self.name, self.run_id, if self.one_key { 0 } else { index }))
+                .json(&order_json())
+        };
         if let Some(ms) = self.timeout_ms {
             // The client asks for this deadline and gives up after it, as a real one would.
             request = request.header(gateway::TIMEOUT_HEADER, ms).timeout(Duration::from_millis(ms));
@@ -370,6 +499,9 @@ impl Sender {
             match response {
                 Ok(response) => {
                     *tally.outcomes.entry(response.status().as_u16()).or_default() += 1;
+                    if response.headers().contains_key("x-fallback") {
+                        tally.fallbacks += 1;
+                    }
                     if tally.sample.is_none() {
                         let header =
                             |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -384,6 +516,63 @@ impl Sender {
             eprintln!("  [{}] {done:>5}/{} answered, {:.1} s", self.name, self.total, self.started.elapsed().as_secs_f64());
         }
     }
+}
+
+fn histogram() -> Histogram<u64> {
+    // 1 µs to 1 h at 3 significant digits; longer waits are recorded as 1 h.
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
+}
+
+/// Creates one order with the bank healthy and returns its id.
+async fn seed_order(base: &str, api_key: &str) -> String {
+    let client = reqwest::Client::new();
+    let key = format!("seed-{}", std::process::id());
+    let answer: Option<serde_json::Value> = async {
+        let response = client.post(format!("{base}/v1/orders")).bearer_auth(api_key).header("idempotency-key", key).json(&order_json()).send().await.ok()?;
+        response.json().await.ok()
+    }
+    .await;
+    let id = answer.and_then(|order| order["order_id"].as_str().map(str::to_owned)).expect("the seed order is created");
+    // A first summary while everything is healthy, so that fallbacks have something to fall back on.
+    let _ = client.get(format!("{base}/v1/orders/{id}/summary")).bearer_auth(api_key).send().await;
+    id
+}
+
+/// Reads `url` `count` times one after another: the latency of reads with nothing else going on.
+async fn time_reads(url: &str, api_key: &str, count: usize) -> Percentiles {
+    let client = reqwest::Client::new();
+    let mut latencies = histogram();
+    for _ in 0..count {
+        let sent = Instant::now();
+        let _ = client.get(url).bearer_auth(api_key).send().await;
+        latencies.saturating_record(sent.elapsed().as_micros().max(1) as u64);
+    }
+    Percentiles::of(&latencies)
+}
+
+/// Reads `url` at `per_second` until `stop`, and returns the reads' latency.
+async fn read_until(url: &str, api_key: &str, per_second: u32, stop: CancellationToken) -> Percentiles {
+    let client = reqwest::Client::new();
+    let latencies = Arc::new(Mutex::new(histogram()));
+    let mut reads = JoinSet::new();
+    let mut ticks = tokio::time::interval(Duration::from_secs(1) / per_second.max(1));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            _ = ticks.tick() => {
+                let (client, url, latencies) = (client.clone(), url.to_owned(), latencies.clone());
+                let api_key = api_key.to_owned();
+                reads.spawn(async move {
+                    let sent = Instant::now();
+                    let _ = client.get(&url).bearer_auth(api_key).send().await;
+                    latencies.lock().expect("histogram lock").saturating_record(sent.elapsed().as_micros().max(1) as u64);
+                });
+            }
+        }
+    }
+    while reads.join_next().await.is_some() {}
+    let latencies = latencies.lock().expect("histogram lock");
+    Percentiles::of(&latencies)
 }
 
 /// Sends the scenario's requests through `sender` with its load, and waits for every answer.
@@ -425,12 +614,28 @@ async fn drive(sender: Arc<Sender>, scenario: &Scenario) {
 /// Runs `scenario` once against a running `chain` (whatever variant it was started as).
 pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> Report {
     chain.bank().reset();
+    let base = format!("http://{}", chain.addresses.gateway_http);
+    // One order made while the bank is healthy, for scenarios that read it.
+    let seeded = if scenario.traffic == Traffic::Summaries || scenario.reads_per_second.is_some() {
+        Some(seed_order(&base, scenario.api_key).await)
+    } else {
+        None
+    };
+    let baseline_reads = match (&seeded, scenario.reads_per_second) {
+        (Some(id), Some(_)) => Some(time_reads(&format!("{base}/v1/orders/{id}"), scenario.api_key, 100).await),
+        _ => None,
+    };
     chain.bank().update_faults(|faults| *faults = scenario.faults.clone());
     let retry_before = chain.retry_stats();
+    let rate_limited_before = chain.rate_limited();
     let started = Instant::now();
     let run_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let url = format!("http://{}/v1/orders", chain.addresses.gateway_http);
-    let sender = Sender::new(scenario, url.clone(), run_id, started);
+    let target = |get_summary: bool| match (&seeded, get_summary) {
+        (Some(id), true) => Target::Get(format!("{base}/v1/orders/{id}/summary")),
+        _ => Target::Create(format!("{base}/v1/orders")),
+    };
+    let summaries = scenario.traffic == Traffic::Summaries;
+    let sender = Sender::new(scenario, target(summaries), run_id, started);
     let healing = scenario.heal_after.map(|after| {
         let bank = chain.bank_state();
         tokio::spawn(async move {
@@ -439,10 +644,23 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
             bank.update_faults(|faults| *faults = Faults { latency_ms: faults.latency_ms, ..Faults::default() });
         })
     });
+    let reading = CancellationToken::new();
+    let reads = match (&seeded, scenario.reads_per_second) {
+        (Some(id), Some(per_second)) => {
+            let (url, api_key, stop) = (format!("{base}/v1/orders/{id}"), scenario.api_key, reading.clone());
+            Some(tokio::spawn(async move { read_until(&url, api_key, per_second, stop).await }))
+        }
+        _ => None,
+    };
     drive(sender.clone(), scenario).await;
     if let Some(healing) = healing {
         healing.abort();
     }
+    reading.cancel();
+    let read_latency_ms = match reads {
+        Some(reads) => Some(reads.await.expect("the reader does not panic")),
+        None => None,
+    };
     let elapsed = started.elapsed();
 
     let calls_when_clients_left = chain.bank().stats().calls;
@@ -452,7 +670,7 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
 
     let (replay_latency_ms, replay_outcomes) = if scenario.replay {
         eprintln!("  [{}] sending every request again with its key", scenario.name);
-        let replays = Sender::new(scenario, url, run_id, Instant::now());
+        let replays = Sender::new(scenario, target(summaries), run_id, Instant::now());
         drive(replays.clone(), scenario).await;
         let histogram = replays.latencies.lock().expect("histogram lock").clone();
         let mut tally = std::mem::take(&mut *replays.tally.lock().expect("tally lock"));
@@ -470,7 +688,7 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
     let tally = std::mem::take(&mut *sender.tally.lock().expect("tally lock"));
     let histogram = sender.latencies.lock().expect("histogram lock").clone();
     let completed = tally.outcomes.values().sum::<usize>() + tally.no_answer;
-    let paid = tally.outcomes.get(&201).copied().unwrap_or(0);
+    let succeeded: usize = tally.outcomes.iter().filter(|(status, _)| (200..300).contains(*status)).map(|(_, count)| count).sum();
     let retry_after = chain.retry_stats();
     let (sample_ledger, sample_server_timing) = tally.sample.unwrap_or_default();
     Report {
@@ -482,7 +700,7 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
         elapsed_ms: elapsed.as_secs_f64() * 1e3,
         outcomes: tally.outcomes,
         no_answer: tally.no_answer,
-        success_rate: paid as f64 / completed.max(1) as f64,
+        success_rate: succeeded as f64 / completed.max(1) as f64,
         latency_ms: Percentiles::of(&histogram),
         replay_latency_ms,
         replay_outcomes,
@@ -491,6 +709,10 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
         bank_calls_per_request: bank_calls as f64 / completed.max(1) as f64,
         bank_calls_after_clients_left,
         retry: retry_after.since(&retry_before),
+        fallback_answers: tally.fallbacks,
+        rate_limited: chain.rate_limited() - rate_limited_before,
+        read_latency_ms,
+        baseline_read_latency_ms: baseline_reads,
         guards: chain.guard_stats(),
         hops: chain.hop_stats(),
         sample_ledger,
@@ -624,6 +846,19 @@ impl fmt::Display for Report {
             r.stopped_pushback,
             r.stopped_breaker
         )?;
+        if self.fallback_answers > 0 {
+            writeln!(f, "  fallbacks    {} answers made from a fallback (X-Fallback)", self.fallback_answers)?;
+        }
+        if self.rate_limited > 0 {
+            writeln!(f, "  rate limit   {} requests refused over the client's quota", self.rate_limited)?;
+        }
+        if let (Some(reads), Some(baseline)) = (self.read_latency_ms, self.baseline_read_latency_ms) {
+            writeln!(
+                f,
+                "  reads        of one order beside the load: p50 {:.1} ms, p99 {:.1} ms (before the faults: p50 {:.1} ms, p99 {:.1} ms)",
+                reads.p50, reads.p99, baseline.p50, baseline.p99
+            )?;
+        }
         let g = self.guards;
         for (name, b) in [("gateway → orders", g.gateway_orders), ("orders → payment", g.orders_payment), ("payment → bank", g.payment_bank)] {
             if b.opened + b.rejected > 0 {

@@ -148,3 +148,32 @@ async fn bank_down_breaker_opens_answers_at_once_and_closes_after_the_bank_recov
     assert!(report.outcomes.get(&201).is_some_and(|paid| *paid > 0), "orders are paid after the recovery: {:?}", report.outcomes);
     assert!(report.retry.stopped_breaker > 0, "no retry through the open breaker: {:?}", report.retry);
 }
+
+#[tokio::test]
+async fn slow_bank_bulkhead_refuses_the_excess_and_reads_stay_fast() {
+    let report = run_scenario(scenario::find("slow-bank-bulkhead").unwrap().with_load(120, scenario::Load::Open { per_second: 40 }))
+        .await
+        .remove(0);
+    assert!(report.guards.bank_bulkhead.rejected > 0, "{:?}", report.guards);
+    assert!(report.outcomes.get(&201).is_some_and(|paid| *paid > 0), "{:?}", report.outcomes);
+    let (reads, baseline) = (report.read_latency_ms.unwrap(), report.baseline_read_latency_ms.unwrap());
+    // Generous for a test build on a shared machine: slow bank calls must not make reads slow.
+    assert!(reads.p99 < 100.0_f64.max(20.0 * baseline.p99), "reads {reads:?} against {baseline:?}");
+}
+
+#[tokio::test]
+async fn client_over_quota_is_refused_with_429() {
+    let report = run("client-over-quota").await;
+    assert!(report.outcomes.get(&429).is_some_and(|refused| *refused > 0), "{:?}", report.outcomes);
+    assert_eq!(report.rate_limited as usize, report.outcomes[&429]);
+    assert_eq!(report.bank.calls as usize, report.outcomes[&201], "refused requests never reach the bank");
+}
+
+#[tokio::test]
+async fn summary_partial_answers_every_summary_from_what_it_has() {
+    let report = run_scenario(scenario::find("summary-partial").unwrap().with_load(40, scenario::Load::Open { per_second: 40 }))
+        .await
+        .remove(0);
+    assert_eq!(report.outcomes.get(&200), Some(&report.requests), "{:?}", report.outcomes);
+    assert_eq!(report.fallback_answers, report.requests, "every answer marked with its fallbacks");
+}

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::millis;
 
-/// How a server turns the caller's requested budget into its deadline.
+/// How a server admits requests: the deadline it grants, and how many it works on at once.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct InboundPolicy {
@@ -14,11 +14,13 @@ pub struct InboundPolicy {
     pub default_ms: u64,
     /// Longest budget accepted; a longer request is shortened to this.
     pub max_ms: u64,
+    /// Requests in progress at most; the next is refused at once (never queued).
+    pub max_in_flight: u32,
 }
 
 impl Default for InboundPolicy {
     fn default() -> Self {
-        Self { default_ms: 2_000, max_ms: 2_000 }
+        Self { default_ms: 2_000, max_ms: 2_000, max_in_flight: 1_000 }
     }
 }
 
@@ -126,7 +128,7 @@ mod tests {
 
     #[test]
     fn inbound_takes_the_shorter_of_request_and_maximum() {
-        let inbound = InboundPolicy { default_ms: 1_000, max_ms: 2_000 };
+        let inbound = InboundPolicy { default_ms: 1_000, max_ms: 2_000, ..InboundPolicy::default() };
         assert_eq!(inbound.grant(None), MS(1_000));
         assert_eq!(inbound.grant(Some(MS(500))), MS(500));
         assert_eq!(inbound.grant(Some(MS(30_000))), MS(2_000));

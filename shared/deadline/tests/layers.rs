@@ -156,7 +156,7 @@ async fn server_runs_the_handler_as_the_current_hop_and_returns_its_ledger() {
 
 #[tokio::test(start_paused = true)]
 async fn server_grants_the_default_budget_without_grpc_timeout_and_caps_longer_ones() {
-    let policy = InboundPolicy { default_ms: 300, max_ms: 1_000 };
+    let policy = InboundPolicy { default_ms: 300, max_ms: 1_000, ..InboundPolicy::default() };
     let granted_budget = |timeout: Option<&'static str>| async move {
         let report_budget = service_fn(|request: Request<String>| async move {
             let budget = request.extensions().get::<Deadline>().unwrap().budget();

@@ -3,6 +3,7 @@ use std::{future::Future, io, net::SocketAddr, sync::Arc};
 use axum::serve::ListenerExt;
 use tokio_util::sync::CancellationToken;
 use deadline::{HopStats, InboundPolicy, server::{DeadlineLayer, Grpc}};
+use resilience::load_shed::{Intake, LoadShedLayer};
 use tokio::net::TcpListener;
 use tonic::{server::NamedService, service::Routes};
 
@@ -119,7 +120,9 @@ impl GrpcServer {
             .layer(match role {
                 Role::Edge => DeadlineLayer::new(hop, Grpc::new(inbound), stats.clone()).at_edge(),
                 Role::Inner => DeadlineLayer::new(hop, Grpc::new(inbound), stats.clone()),
-            });
+            })
+            // Outside the deadline: a refused request costs no deadline bookkeeping.
+            .layer(LoadShedLayer::new(Intake::new(hop, inbound.max_in_flight)));
         Ok(Self { listener, routes, stats })
     }
 

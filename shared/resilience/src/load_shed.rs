@@ -1,0 +1,142 @@
+//! Bounded intake for a server: at most `limit` requests in progress; the next is refused at once.
+//!
+//! Why not a queue? Work accepted beyond what can be done in time only waits, holds memory and
+//! times out; refusing it at once is backpressure the caller can act on. The refusal says "slow
+//! down": RESOURCE_EXHAUSTED with a pushback over gRPC (a caller's breaker does not count it as a
+//! failure: the service is alive), 503 with `Retry-After` over HTTP.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use pin_project_lite::pin_project;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::{Status, metadata::MetadataValue};
+use tower::{Layer, Service};
+
+use crate::retry::PUSHBACK_HEADER;
+
+/// How long a refused caller is asked to wait.
+const PUSHBACK: Duration = Duration::from_millis(100);
+
+/// The intake of one server (or one kind of request), shared by every clone of its service.
+#[derive(Debug)]
+pub struct Intake {
+    name: &'static str,
+    limit: u32,
+    permits: Arc<Semaphore>,
+    refused: AtomicU64,
+}
+
+impl Intake {
+    pub fn new(name: &'static str, limit: u32) -> Arc<Self> {
+        let limit = limit.max(1);
+        Arc::new(Self { name, limit, permits: Arc::new(Semaphore::new(limit as usize)), refused: AtomicU64::new(0) })
+    }
+
+    /// Requests refused so far.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+}
+
+/// Applies [`LoadShed`].
+#[derive(Debug, Clone)]
+pub struct LoadShedLayer {
+    intake: Arc<Intake>,
+}
+
+impl LoadShedLayer {
+    pub fn new(intake: Arc<Intake>) -> Self {
+        Self { intake }
+    }
+}
+
+impl<S> Layer<S> for LoadShedLayer {
+    type Service = LoadShed<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LoadShed { inner, intake: self.intake.clone() }
+    }
+}
+
+/// Refuses requests beyond the intake's limit; see the module docs.
+#[derive(Debug, Clone)]
+pub struct LoadShed<S> {
+    inner: S,
+    intake: Arc<Intake>,
+}
+
+pin_project! {
+    /// Response future of [`LoadShed`]: holds the permit until the answer.
+    #[project = Projection]
+    pub enum ResponseFuture<F, B> {
+        Refused { response: Option<Response<B>> },
+        Admitted { #[pin] inner: F, permit: OwnedSemaphorePermit },
+    }
+}
+
+fn refusal<B: Default + From<String>>(grpc: bool, intake: &Intake) -> Response<B> {
+    let detail = format!("{}: {} requests already in progress; retry shortly", intake.name, intake.limit);
+    if grpc {
+        let mut status = Status::resource_exhausted(detail);
+        status.metadata_mut().insert(PUSHBACK_HEADER, MetadataValue::from(PUSHBACK.as_millis() as u64));
+        return status.into_http();
+    }
+    let body = serde_json::json!({"type": "about:blank", "title": "Overloaded", "status": 503, "detail": detail});
+    let mut response = Response::new(B::from(body.to_string()));
+    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
+    response
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for LoadShed<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Default + From<String>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        match self.intake.permits.clone().try_acquire_owned() {
+            Ok(permit) => ResponseFuture::Admitted { inner: self.inner.call(request), permit },
+            Err(_) => {
+                self.intake.refused.fetch_add(1, Ordering::Relaxed);
+                let grpc = request
+                    .headers()
+                    .get(header::CONTENT_TYPE)
+                    .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
+                ResponseFuture::Refused { response: Some(refusal(grpc, &self.intake)) }
+            }
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<B>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            Projection::Refused { response } => Poll::Ready(Ok(response.take().expect("polled after completion"))),
+            Projection::Admitted { inner, .. } => inner.poll(cx),
+        }
+    }
+}

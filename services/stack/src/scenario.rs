@@ -47,13 +47,34 @@ pub enum Traffic {
 pub struct Variant {
     pub label: &'static str,
     pub mode: ChainMode,
-    /// Overrides the gateway's `retry.max_attempts` (1: no retries).
-    pub max_attempts: Option<u32>,
+    /// Changes to the chain's settings for this variant, after the scenario's own.
+    #[serde(skip)]
+    pub settings: fn(&mut ChainSettings),
 }
 
-const BUDGETED: Variant = Variant { label: "budgeted", mode: ChainMode::Budgeted, max_attempts: None };
-const NAIVE: Variant = Variant { label: "naive", mode: ChainMode::Naive, max_attempts: None };
-const NO_RETRIES: Variant = Variant { label: "no retries", mode: ChainMode::Budgeted, max_attempts: Some(1) };
+const BUDGETED: Variant = Variant { label: "budgeted", mode: ChainMode::Budgeted, settings: as_configured };
+const NAIVE: Variant = Variant { label: "naive", mode: ChainMode::Naive, settings: as_configured };
+const NO_RETRIES: Variant = Variant {
+    label: "no retries",
+    mode: ChainMode::Budgeted,
+    settings: |settings| settings.gateway.retry.max_attempts = 1,
+};
+const LAYERS_OFF: Variant = Variant { label: "layers off", mode: ChainMode::Budgeted, settings: without_guards };
+
+/// Every guard out of the way (no retries, breakers, bulkheads, quotas or intake limits), to
+/// measure what they cost on a healthy chain.
+fn without_guards(settings: &mut ChainSettings) {
+    without_breakers(settings);
+    settings.gateway.retry.max_attempts = 1;
+    let unlimited = resilience::rate_limit::QuotaSettings::default();
+    settings.payment.bank.quota = unlimited;
+    for client in &mut settings.gateway.clients {
+        client.quota = resilience::rate_limit::QuotaSettings { per_second: u32::MAX / 2, burst: u32::MAX / 2 };
+    }
+    for dependency in [&mut settings.gateway.orders, &mut settings.orders.payment, &mut settings.payment.bank] {
+        dependency.max_concurrent = u32::MAX / 2;
+    }
+}
 
 /// One named scenario.
 #[derive(Debug, Clone)]
@@ -326,6 +347,22 @@ pub fn catalogue() -> Vec<Scenario> {
             heal_after: None,
             api_key: "demo-key-1",
             traffic: Traffic::Summaries,
+            reads_per_second: None,
+        },
+        Scenario {
+            name: "layers-cost",
+            about: "a healthy chain with an instant bank, with every guard and with them out of the way: what the layers cost per request",
+            faults: Faults { latency_ms: latency(0.0, 0.0), ..Faults::default() },
+            requests: 2_000,
+            load: Load::Closed { concurrency: 1 },
+            timeout_ms: None,
+            variants: vec![BUDGETED, LAYERS_OFF],
+            one_key: false,
+            replay: false,
+            chain: as_configured,
+            heal_after: None,
+            api_key: "demo-key-1",
+            traffic: Traffic::CreateOrders,
             reads_per_second: None,
         },
     ]
@@ -728,9 +765,7 @@ pub async fn run_variants(scenario: &Scenario, settings: &ChainSettings) -> Resu
         let mut settings = settings.clone().ephemeral().with_data_dir(data.path());
         (scenario.chain)(&mut settings);
         settings.mode = Some(variant.mode);
-        if let Some(attempts) = variant.max_attempts {
-            settings.gateway.retry.max_attempts = attempts;
-        }
+        (variant.settings)(&mut settings);
         let chain = Chain::start(settings).await?;
         eprintln!("Scenario {} ({}): {} requests, {}", scenario.name, variant.label, scenario.requests, describe(scenario.load));
         reports.push(run(&chain, scenario, variant.label).await);

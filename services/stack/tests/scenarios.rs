@@ -177,3 +177,12 @@ async fn summary_partial_answers_every_summary_from_what_it_has() {
     assert_eq!(report.outcomes.get(&200), Some(&report.requests), "{:?}", report.outcomes);
     assert_eq!(report.fallback_answers, report.requests, "every answer marked with its fallbacks");
 }
+
+#[tokio::test]
+async fn layers_cost_runs_the_chain_with_and_without_its_guards() {
+    let reports = run_scenario(scenario::find("layers-cost").unwrap().with_load(100, scenario::Load::Closed { concurrency: 2 })).await;
+    assert_eq!(reports.iter().map(|r| r.variant).collect::<Vec<_>>(), ["budgeted", "layers off"]);
+    for report in &reports {
+        assert_eq!(report.outcomes.get(&201), Some(&report.requests), "{}: {:?}", report.variant, report.outcomes);
+    }
+}

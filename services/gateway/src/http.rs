@@ -19,7 +19,7 @@ use proto::common::v1::{CreateOrderRequest, LineItem, Order, OrderStatus, Paymen
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    api::{Api, Read},
+    api::{Api, Rate, Read},
     error::{GatewayError, Problem, REPLAYED_HEADER},
 };
 
@@ -244,16 +244,25 @@ async fn get_summary(State(api): State<Api>, headers: HeaderMap, Path(order_id):
     if let Some(since) = read.stale_since {
         fallbacks.push(format!("stale-copy; as-of={}", rfc3339(since)));
     }
-    let payment = payment.map_err(|reason| unavailable.push(Unavailable { part: "payment", reason })).ok();
-    let exchange_rate = rate
-        .map(|rate| {
-            if rate.stale {
-                fallbacks.push(format!("stale-rate; as-of={}", rate.rate.as_of));
+    let payment = match payment {
+        Ok(payment) => Some(PaymentJson::from(payment)),
+        Err(reason) => {
+            unavailable.push(Unavailable { part: "payment", reason });
+            None
+        }
+    };
+    let exchange_rate = match rate {
+        Ok(Rate { rate, stale }) => {
+            if stale {
+                fallbacks.push(format!("stale-rate; as-of={}", rate.as_of));
             }
-            RateJson { currency: rate.rate.currency, base: rate.rate.base, rate: rate.rate.rate, as_of: rate.rate.as_of, stale: rate.stale }
-        })
-        .map_err(|reason| unavailable.push(Unavailable { part: "exchange_rate", reason }))
-        .ok();
+            Some(RateJson { currency: rate.currency, base: rate.base, rate: rate.rate, as_of: rate.as_of, stale })
+        }
+        Err(reason) => {
+            unavailable.push(Unavailable { part: "exchange_rate", reason });
+            None
+        }
+    };
     let kind = match recommended.degraded {
         None => "personal",
         Some(reason) => {
@@ -264,7 +273,7 @@ async fn get_summary(State(api): State<Api>, headers: HeaderMap, Path(order_id):
     };
     let summary = SummaryJson {
         order: OrderJson::from(read),
-        payment: payment.map(PaymentJson::from),
+        payment,
         exchange_rate,
         recommendations: RecommendationsJson { kind, skus: recommended.skus },
         unavailable,

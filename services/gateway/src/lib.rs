@@ -69,7 +69,7 @@ impl Application {
         let sources = api::SummarySources {
             payment: PaymentServiceClient::new(source("payment", &settings.payment)?),
             bank: BankClient::new(source("bank-mock", &settings.bank)?),
-            recommendations: OrdersClient::new(source("orders", &settings.recommendations)?),
+            recommendations: OrdersClient::new(source("recommendations", &settings.recommendations)?),
             popular: Arc::new(settings.popular_skus.clone()),
         };
         let api = api::Api::new(orders.client, settings.clients, &retry, sources, settings.order_cache_capacity);

@@ -86,9 +86,13 @@ pub struct RateLimit<S> {
     limits: Arc<ClientLimits>,
 }
 
-/// `"default";q=200;w=2`: the quota and its window in seconds.
+/// `"default";q=10;w=2`: requests allowed per window of `w` seconds, the window being the time a
+/// full burst takes to return (so `q/w` is the sustained rate, and a fresh client may spend up to
+/// the burst at once).
 fn policy(quota: QuotaSettings) -> HeaderValue {
-    HeaderValue::try_from(format!("\"default\";q={};w={}", quota.burst, quota.window_secs())).expect("ascii")
+    let window = quota.window_secs();
+    let allowed = u64::from(quota.per_second.max(1)) * window;
+    HeaderValue::try_from(format!("\"default\";q={allowed};w={window}")).expect("ascii")
 }
 
 /// `"default";r=150;t=1`: what remains and the seconds until the quota is whole (or, when

@@ -61,8 +61,9 @@ const NO_RETRIES: Variant = Variant {
 };
 const LAYERS_OFF: Variant = Variant { label: "layers off", mode: ChainMode::Budgeted, settings: without_guards };
 
-/// Every guard out of the way (no retries, breakers, bulkheads, quotas or intake limits), to
-/// measure what they cost on a healthy chain.
+/// Every guard out of the way: retries and breakers off, bulkhead and quota limits raised far
+/// beyond the load (the layers stay; their decisions never refuse), to measure what the guards
+/// cost on a healthy chain.
 fn without_guards(settings: &mut ChainSettings) {
     without_breakers(settings);
     settings.gateway.retry.max_attempts = 1;

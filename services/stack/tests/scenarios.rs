@@ -12,7 +12,12 @@ async fn run_all(name: &str) -> Vec<scenario::Report> {
     run_scenario(scenario::find(name).unwrap()).await
 }
 
+/// Scenarios drive real load through the whole chain: one at a time, so that none of them is
+/// measured on a machine the others are saturating.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn run_scenario(scenario: scenario::Scenario) -> Vec<scenario::Report> {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let reports = scenario::run_variants(&scenario, &ChainSettings::default()).await.unwrap();
     for report in &reports {
         assert!(report.to_string().contains(&format!("Scenario {} ({})", scenario.name, report.variant)));

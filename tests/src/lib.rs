@@ -1,4 +1,7 @@
-//! Test harness: the whole chain on free ports with its own database, and request helpers.
+//! Test harness: the whole chain on free ports with its own database, request helpers, and an
+//! OTLP receiver.
+
+pub mod otlp;
 
 use std::io::Write;
 

@@ -13,9 +13,10 @@ struct Cli {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
     let settings: bank_mock::Settings = settings::load("BANK", &cli.settings)?;
-    telemetry::init();
+    let telemetry = telemetry::init("bank-mock", &telemetry::TelemetrySettings::from_env())?;
     let app = bank_mock::Application::build(settings).await?;
     tracing::info!(grpc = %app.grpc_addr(), admin = %app.admin_addr(), admin_token = app.admin_token(), "bank-mock listening");
-    app.run_until_stopped(rpc::shutdown_signal()).await?;
-    Ok(())
+    let served = app.run_until_stopped(rpc::shutdown_signal()).await;
+    telemetry.shutdown().await;
+    Ok(served?)
 }

@@ -87,6 +87,7 @@ impl Application {
             .at_edge(),
         )
         .layer(LoadShedLayer::new(Intake::new(HOP, settings.deadline.max_in_flight)))
+        .layer(telemetry::trace::ServerTraceLayer::new(HOP))
         // Outermost: the quota is checked before anything else happens.
         .layer(rate_limit::RateLimitLayer::new(limits.clone()));
         let http = rpc::bind(settings.http_listen).await?;

@@ -13,9 +13,10 @@ struct Cli {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
     let settings: gateway::Settings = settings::load("GATEWAY", &cli.settings)?;
-    telemetry::init();
+    let telemetry = telemetry::init("gateway", &telemetry::TelemetrySettings::from_env())?;
     let app = gateway::Application::build(settings).await?;
     tracing::info!(http = %app.http_addr(), grpc = %app.grpc_addr(), "gateway listening");
-    app.run_until_stopped(rpc::shutdown_signal()).await?;
-    Ok(())
+    let served = app.run_until_stopped(rpc::shutdown_signal()).await;
+    telemetry.shutdown().await;
+    Ok(served?)
 }

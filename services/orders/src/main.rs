@@ -13,9 +13,10 @@ struct Cli {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
     let settings: orders::Settings = settings::load("ORDERS", &cli.settings)?;
-    telemetry::init();
+    let telemetry = telemetry::init("orders", &telemetry::TelemetrySettings::from_env())?;
     let app = orders::Application::build(settings).await?;
     tracing::info!(grpc = %app.grpc_addr(), "orders listening");
-    app.run_until_stopped(rpc::shutdown_signal()).await?;
-    Ok(())
+    let served = app.run_until_stopped(rpc::shutdown_signal()).await;
+    telemetry.shutdown().await;
+    Ok(served?)
 }

@@ -13,9 +13,10 @@ struct Cli {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
     let settings: payment::Settings = settings::load("PAYMENT", &cli.settings)?;
-    telemetry::init();
+    let telemetry = telemetry::init("payment", &telemetry::TelemetrySettings::from_env())?;
     let app = payment::Application::build(settings).await?;
     tracing::info!(grpc = %app.grpc_addr(), "payment listening");
-    app.run_until_stopped(rpc::shutdown_signal()).await?;
-    Ok(())
+    let served = app.run_until_stopped(rpc::shutdown_signal()).await;
+    telemetry.shutdown().await;
+    Ok(served?)
 }

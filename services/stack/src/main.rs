@@ -71,7 +71,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Box<dyn std::error::Error>> {
-    telemetry::init();
+    let telemetry = telemetry::init("stack", &telemetry::TelemetrySettings::from_env())?;
     let temporary = match &data_dir {
         Some(_) => None,
         None => Some(tempfile::tempdir()?),
@@ -104,8 +104,9 @@ async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Bo
         stop.cancelled().await;
         token.cancel();
     });
-    chain.wait().await?;
-    Ok(())
+    let served = chain.wait().await;
+    telemetry.shutdown().await;
+    Ok(served?)
 }
 
 /// A database URL without its password, for printing.

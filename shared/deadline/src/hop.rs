@@ -88,23 +88,27 @@ impl Hop {
         self.lock().downstream = Some(ledger);
     }
 
-    /// This hop's ledger entry as of `now`, followed by everything the dependency reported.
-    pub fn ledger_at(&self, now: Instant) -> String {
-        let record = self.lock();
-        let (spent, reserved, forwarded) = match record.forward {
+    /// This hop's own slice as of `now`.
+    pub fn entry_at(&self, now: Instant) -> Entry {
+        let (spent, reserved, forwarded) = match self.lock().forward {
             Some((spent, forward)) => (spent, forward.reserved, forward.forwarded),
             // A hop that called nobody spent all of its time locally.
             None => (self.deadline.elapsed_at(now), Duration::ZERO, Duration::ZERO),
         };
-        let entry = Entry {
+        Entry {
             hop: self.name.to_owned(),
             received: self.deadline.budget(),
             spent,
             reserved,
             forwarded,
             left: self.deadline.remaining_at(now),
-        };
-        match &record.downstream {
+        }
+    }
+
+    /// This hop's ledger entry as of `now`, followed by everything the dependency reported.
+    pub fn ledger_at(&self, now: Instant) -> String {
+        let entry = self.entry_at(now);
+        match &self.lock().downstream {
             Some(downstream) => format!("{entry}, {downstream}"),
             None => entry.to_string(),
         }

@@ -10,6 +10,7 @@ use resilience::{
     naive::{NaiveRetry, NaiveRetryLayer, NaiveSettings},
     rate_limit::{QuotaSettings, SelfLimit, SelfLimitLayer},
 };
+use telemetry::trace::{ClientTrace, ClientTraceLayer};
 use tower::{Layer, ServiceBuilder, util::Either};
 
 /// How to reach one dependency, and how much of the deadline to give it.
@@ -49,7 +50,8 @@ impl Default for Dependency {
 
 /// A channel to one dependency: behind its bulkhead and breaker and under its deadline policy,
 /// or (naive chain) retried per hop with neither.
-pub type Client = Either<BulkheadService<SelfLimit<BreakerService<ForwardDeadline<Channel>>>>, NaiveRetry<Channel>>;
+pub type Client =
+    Either<BulkheadService<SelfLimit<BreakerService<ForwardDeadline<ClientTrace<Channel>>>>>, NaiveRetry<ClientTrace<Channel>>>;
 
 /// A client and the guards in front of it, whose state the service can report.
 pub struct Connection {
@@ -87,9 +89,10 @@ pub fn connect(
                 .layer(SelfLimitLayer::new(name, dependency.quota))
                 .layer(BreakerLayer::new(breaker.clone()))
                 .layer(ForwardDeadlineLayer::new(name, dependency.deadline))
+                .layer(ClientTraceLayer::new(name))
                 .service(channel),
         ),
-        ChainMode::Naive => Either::Right(NaiveRetryLayer::new(naive).layer(channel)),
+        ChainMode::Naive => Either::Right(NaiveRetryLayer::new(naive).layer(ClientTraceLayer::new(name).layer(channel))),
     };
     Ok(Connection { client, breaker, bulkhead })
 }

@@ -4,6 +4,7 @@ use axum::serve::ListenerExt;
 use tokio_util::sync::CancellationToken;
 use deadline::{HopStats, InboundPolicy, server::{DeadlineLayer, Grpc}};
 use resilience::load_shed::{Intake, LoadShedLayer};
+use telemetry::trace::ServerTraceLayer;
 use tokio::net::TcpListener;
 use tonic::{server::NamedService, service::Routes};
 
@@ -122,7 +123,8 @@ impl GrpcServer {
                 Role::Inner => DeadlineLayer::new(hop, Grpc::new(inbound), stats.clone()),
             })
             // Outside the deadline: a refused request costs no deadline bookkeeping.
-            .layer(LoadShedLayer::new(Intake::new(hop, inbound.max_in_flight)));
+            .layer(LoadShedLayer::new(Intake::new(hop, inbound.max_in_flight)))
+            .layer(ServerTraceLayer::new(hop));
         Ok(Self { listener, routes, stats })
     }
 

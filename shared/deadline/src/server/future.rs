@@ -13,7 +13,9 @@ use tokio::{
 };
 
 use super::Protocol;
-use crate::{Hop, hop::HopStats};
+use telemetry::attr;
+
+use crate::{Hop, hop::HopStats, millis};
 
 pin_project! {
     #[project = StateProjection]
@@ -85,6 +87,7 @@ where
                 if hop.deadline().is_expired_at(now) {
                     HopStats::count(&hop.stats().finished_late);
                 }
+                record_slice(hop, now);
                 result.map(|mut response| {
                     protocol.attach_ledger(hop.ledger_at(now), &mut response);
                     response
@@ -96,12 +99,25 @@ where
                 }
                 HopStats::count(&hop.stats().expired);
                 tracing::debug!(hop = hop.name(), budget_ms = ?hop.deadline().budget(), "deadline exceeded");
+                let now = Instant::now();
+                record_slice(hop, now);
                 let mut response = protocol.expired(hop);
-                protocol.attach_ledger(hop.ledger_at(Instant::now()), &mut response);
+                protocol.attach_ledger(hop.ledger_at(now), &mut response);
                 Ok(response)
             }
         };
         *this.answered = true;
         Poll::Ready(result)
     }
+}
+
+/// The hop's slice as attributes of the current span (the request's, when traced).
+fn record_slice(hop: &Hop, now: Instant) {
+    let entry = hop.entry_at(now);
+    let span = tracing::Span::current();
+    span.record(attr::DEADLINE_RECEIVED_MS, millis(entry.received));
+    span.record(attr::DEADLINE_SPENT_MS, millis(entry.spent));
+    span.record(attr::DEADLINE_RESERVED_MS, millis(entry.reserved));
+    span.record(attr::DEADLINE_FORWARDED_MS, millis(entry.forwarded));
+    span.record(attr::DEADLINE_LEFT_MS, millis(entry.left));
 }

@@ -84,7 +84,8 @@ where
     Fut: Future<Output = Result<Response<Order>, Status>> + Send + 'static,
 {
     let attempt = tower::service_fn(move |call_once: Call<M>| {
-        let span = tracing::info_span!("attempt", retry.attempt = call_once.previous_attempts + 1);
+        // i64: exported as a number (unsigned fields are exported as text).
+        let span = tracing::info_span!("attempt", retry.attempt = i64::from(call_once.previous_attempts) + 1);
         call(call_once.into_request()).instrument(span)
     });
     BoxCloneSyncService::new(RetryLayer::new(retry.clone()).layer(attempt))

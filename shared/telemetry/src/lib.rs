@@ -16,7 +16,8 @@ pub mod trace;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{SpanExporter, WithExportConfig};
 use opentelemetry_sdk::{Resource, propagation::TraceContextPropagator, trace::SdkTracerProvider};
-use tracing_subscriber::{EnvFilter, Layer, layer::SubscriberExt, util::SubscriberInitExt};
+use tracing::Level;
+use tracing_subscriber::{EnvFilter, Layer, filter::Targets, layer::SubscriberExt, util::SubscriberInitExt};
 
 /// Where traces go; read from the standard `OTEL_*` variables by [`TelemetrySettings::from_env`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -61,7 +62,7 @@ pub fn init(default_service_name: &str, settings: &TelemetrySettings) -> Result<
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt::layer().with_target(false).with_filter(filter);
     let Some(endpoint) = &settings.otlp_endpoint else {
-        let _ = tracing_subscriber::registry().with(logs).try_init();
+        let _ = tracing_subscriber::registry().with(quiet_transports()).with(logs).try_init();
         return Ok(Telemetry { provider: None });
     };
     let exporter = SpanExporter::builder()
@@ -75,12 +76,21 @@ pub fn init(default_service_name: &str, settings: &TelemetrySettings) -> Result<
         .with_resource(Resource::builder().with_service_name(service_name).build())
         .build();
     let traces = tracing_opentelemetry::layer().with_tracer(provider.tracer("chain"));
-    if tracing_subscriber::registry().with(logs).with(traces).try_init().is_err() {
+    if tracing_subscriber::registry().with(quiet_transports()).with(logs).with(traces).try_init().is_err() {
         // Another service of this process installed telemetry first; its exporter serves all.
         return Ok(Telemetry { provider: None });
     }
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     Ok(Telemetry { provider: Some(provider) })
+}
+
+/// Switches the transport crates' own spans and events below WARN off for every layer (not just
+/// hides them from the exporter): hidden, they would still be the current span while our
+/// handlers run, and our spans would lose their parent and start traces of their own.
+fn quiet_transports() -> Targets {
+    Targets::new()
+        .with_default(Level::TRACE)
+        .with_targets(["h2", "hyper", "hyper_util", "tonic", "tower", "sqlx", "reqwest"].map(|target| (target, Level::WARN)))
 }
 
 impl Telemetry {

@@ -94,6 +94,11 @@ fn quiet_transports() -> Targets {
 }
 
 impl Telemetry {
+    /// Whether this guard owns an exporter (none without an endpoint).
+    pub fn exporting(&self) -> bool {
+        self.provider.is_some()
+    }
+
     /// Exports what is buffered now, without blocking the runtime.
     pub async fn flush(&self) {
         if let Some(provider) = self.provider.clone() {

@@ -51,14 +51,17 @@ fn inject(span: &Span, headers: &mut HeaderMap) {
     global::get_text_map_propagator(|propagator| propagator.inject_context(&context, &mut HeaderInjector(headers)));
 }
 
-/// The gRPC status of an answer, or its HTTP status when it has none.
+fn is_grpc(headers: &HeaderMap) -> bool {
+    headers.get("content-type").is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// The gRPC status of a gRPC answer (0 when it travels in the trailers: a success), or the HTTP
+/// status of any other answer.
 fn status_code<B>(response: &Response<B>) -> i64 {
-    response
-        .headers()
-        .get("grpc-status")
-        .and_then(|value| value.to_str().ok())
-        .and_then(|text| text.parse().ok())
-        .unwrap_or_else(|| if response.headers().contains_key("content-type") { i64::from(response.status().as_u16()) } else { 0 })
+    if !is_grpc(response.headers()) {
+        return i64::from(response.status().as_u16());
+    }
+    response.headers().get("grpc-status").and_then(|value| value.to_str().ok()).and_then(|text| text.parse().ok()).unwrap_or(0)
 }
 
 /// Applies [`ServerTrace`] for one hop.
@@ -132,9 +135,11 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let parent = global::get_text_map_propagator(|propagator| propagator.extract(&HeaderExtractor(request.headers())));
+        // gRPC paths name the method; HTTP paths carry ids, so HTTP spans are named by method.
+        let operation = if is_grpc(request.headers()) { request.uri().path().to_owned() } else { request.method().to_string() };
         let span = tracing::debug_span!(
             "request",
-            otel.name = %format!("{} {}", self.hop, request.uri().path()),
+            otel.name = %format!("{} {operation}", self.hop),
             otel.kind = "server",
             hop = self.hop,
             "deadline.received_ms" = Empty,

@@ -152,6 +152,8 @@ impl RetryPolicy {
 
     fn stop(&self, reason: StopReason, attempts: u32) {
         self.shared.stats.stop(reason);
+        // Signed numbers: exported as numbers (unsigned ones are exported as text).
+        let attempts = i64::from(attempts);
         tracing::event!(tracing::Level::DEBUG, retry.stop = reason.as_str(), retry.attempts = attempts, "retrying stopped");
         if reason == StopReason::Budget {
             tracing::warn!(retry.attempts = attempts, "retry budget exhausted");
@@ -233,8 +235,8 @@ impl<M: Clone, R> Policy<Call<M>, R, Status> for RetryPolicy {
         match self.next_wait(status, call.previous_attempts) {
             Ok(wait) => {
                 self.shared.stats.retry();
-                let wait_ms = wait.deadline().saturating_duration_since(Instant::now()).as_millis() as u64;
-                tracing::debug!(retry.attempt = attempts + 1, retry.backoff_ms = wait_ms, code = ?status.code(), "retrying");
+                let wait_ms = wait.deadline().saturating_duration_since(Instant::now()).as_millis() as i64;
+                tracing::debug!(retry.attempt = i64::from(attempts) + 1, retry.backoff_ms = wait_ms, code = ?status.code(), "retrying");
                 call.previous_attempts = attempts;
                 Some(wait)
             }

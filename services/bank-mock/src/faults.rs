@@ -36,17 +36,22 @@ pub struct Faults {
     pub decline_rate: f64,
 }
 
+impl Faults {
+    /// A healthy bank: 20 ± 5 ms per call and nothing else.
+    pub const HEALTHY: Faults = Faults {
+        latency_ms: Latency { mean: 20.0, stddev: 5.0 },
+        error_rate: 0.0,
+        hang: false,
+        resource_exhausted_rate: 0.0,
+        pushback_ms: 0,
+        drop_reply_rate: 0.0,
+        decline_rate: 0.0,
+    };
+}
+
 impl Default for Faults {
     fn default() -> Self {
-        Self {
-            latency_ms: Latency { mean: 20.0, stddev: 5.0 },
-            error_rate: 0.0,
-            hang: false,
-            resource_exhausted_rate: 0.0,
-            pushback_ms: 0,
-            drop_reply_rate: 0.0,
-            decline_rate: 0.0,
-        }
+        Self::HEALTHY
     }
 }
 

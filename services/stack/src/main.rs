@@ -46,7 +46,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Command::Up { data_dir, settings } => up(data_dir, &settings).await,
         Command::Scenario { list: true, .. } => {
             for s in scenario::catalogue() {
-                println!("{:<18} {}", s.name, s.about);
+                println!("{:<22} {}", s.name, s.about);
             }
             Ok(())
         }

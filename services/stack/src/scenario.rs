@@ -88,7 +88,7 @@ pub struct Scenario {
     /// `X-Request-Timeout-Ms` sent by the clients, who also give up after it (none: the
     /// gateway's default and no client-side limit).
     pub timeout_ms: Option<u64>,
-    pub variants: Vec<Variant>,
+    pub variants: &'static [Variant],
     /// Every request carries the same idempotency key (a storm of duplicates).
     pub one_key: bool,
     /// After the run, send every request again with its key, to measure replays.
@@ -103,6 +103,27 @@ pub struct Scenario {
     /// Reads of one order sent beside the load at this rate, timed apart (and before the faults,
     /// as the baseline).
     pub reads_per_second: Option<u32>,
+}
+
+impl Scenario {
+    /// What a scenario does unless it says otherwise (every catalogue entry names its own name,
+    /// story, faults, size and load).
+    const DEFAULTS: Scenario = Scenario {
+        name: "",
+        about: "",
+        faults: Faults::HEALTHY,
+        requests: 100,
+        load: Load::Closed { concurrency: 8 },
+        timeout_ms: None,
+        variants: &[BUDGETED],
+        one_key: false,
+        replay: false,
+        chain: as_configured,
+        heal_after: None,
+        api_key: "demo-key-1",
+        traffic: Traffic::CreateOrders,
+        reads_per_second: None,
+    };
 }
 
 /// Leaves the chain's settings as they are.
@@ -132,15 +153,7 @@ pub fn catalogue() -> Vec<Scenario> {
             faults: Faults::default(),
             requests: 200,
             load: Load::Closed { concurrency: 8 },
-            timeout_ms: None,
-            variants: vec![BUDGETED],
-            one_key: false,
-            replay: false,
-            chain: as_configured,
-            heal_after: None,
-            api_key: "demo-key-1",
-            traffic: Traffic::CreateOrders,
-            reads_per_second: None,
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "bank-slow",
@@ -148,15 +161,8 @@ pub fn catalogue() -> Vec<Scenario> {
             faults: Faults { latency_ms: latency(1_200.0, 400.0), ..Faults::default() },
             requests: 60,
             load: Load::Closed { concurrency: 12 },
-            timeout_ms: None,
-            variants: vec![BUDGETED],
-            one_key: false,
-            replay: false,
             chain: without_breakers,
-            heal_after: None,
-            api_key: "demo-key-1",
-            traffic: Traffic::CreateOrders,
-            reads_per_second: None,
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "bank-hang",
@@ -165,14 +171,8 @@ pub fn catalogue() -> Vec<Scenario> {
             requests: 20,
             load: Load::Closed { concurrency: 10 },
             timeout_ms: Some(500),
-            variants: vec![BUDGETED],
-            one_key: false,
-            replay: false,
             chain: without_breakers,
-            heal_after: None,
-            api_key: "demo-key-1",
-            traffic: Traffic::CreateOrders,
-            reads_per_second: None,
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "bank-flaky",
@@ -180,15 +180,9 @@ pub fn catalogue() -> Vec<Scenario> {
             faults: Faults { error_rate: 0.3, latency_ms: latency(5.0, 1.0), ..Faults::default() },
             requests: 500,
             load: Load::Open { per_second: 100 },
-            timeout_ms: None,
-            variants: vec![NO_RETRIES, BUDGETED],
-            one_key: false,
-            replay: false,
+            variants: &[NO_RETRIES, BUDGETED],
             chain: without_breakers,
-            heal_after: None,
-            api_key: "demo-key-1",
-            traffic: Traffic::CreateOrders,
-            reads_per_second: None,
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "bank-down",
@@ -196,15 +190,9 @@ pub fn catalogue() -> Vec<Scenario> {
             faults: Faults { error_rate: 1.0, latency_ms: latency(5.0, 1.0), ..Faults::default() },
             requests: 2_000,
             load: Load::Open { per_second: 200 },
-            timeout_ms: None,
-            variants: vec![BUDGETED, NAIVE],
-            one_key: false,
-            replay: false,
+            variants: &[BUDGETED, NAIVE],
             chain: without_breakers,
-            heal_after: None,
-            api_key: "demo-key-1",
-            traffic: Traffic::CreateOrders,
-            reads_per_second: None,
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "bank-throttled",
@@ -212,15 +200,8 @@ pub fn catalogue() -> Vec<Scenario> {
             faults: Faults { resource_exhausted_rate: 0.5, pushback_ms: 200, latency_ms: latency(5.0, 1.0), ..Faults::default() },
             requests: 200,
             load: Load::Open { per_second: 50 },
-            timeout_ms: None,
-            variants: vec![BUDGETED],
-            one_key: false,
-            replay: false,
             chain: without_breakers,
-            heal_after: None,
-            api_key: "demo-key-1",
-            traffic: Traffic::CreateOrders,
-            reads_per_second: None,
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "naive-vs-budgeted",
@@ -229,14 +210,9 @@ pub fn catalogue() -> Vec<Scenario> {
             requests: 200,
             load: Load::Open { per_second: 40 },
             timeout_ms: Some(1_000),
-            variants: vec![BUDGETED, NAIVE],
-            one_key: false,
-            replay: false,
+            variants: &[BUDGETED, NAIVE],
             chain: without_breakers,
-            heal_after: None,
-            api_key: "demo-key-1",
-            traffic: Traffic::CreateOrders,
-            reads_per_second: None,
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "lost-reply",
@@ -244,15 +220,9 @@ pub fn catalogue() -> Vec<Scenario> {
             faults: Faults { drop_reply_rate: 1.0, latency_ms: latency(5.0, 1.0), ..Faults::default() },
             requests: 100,
             load: Load::Closed { concurrency: 4 },
-            timeout_ms: None,
-            variants: vec![BUDGETED],
-            one_key: false,
             replay: true,
             chain: without_breakers,
-            heal_after: None,
-            api_key: "demo-key-1",
-            traffic: Traffic::CreateOrders,
-            reads_per_second: None,
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "duplicate-storm",
@@ -260,15 +230,8 @@ pub fn catalogue() -> Vec<Scenario> {
             faults: Faults { latency_ms: latency(50.0, 5.0), ..Faults::default() },
             requests: 50,
             load: Load::Closed { concurrency: 50 },
-            timeout_ms: None,
-            variants: vec![BUDGETED],
             one_key: true,
-            replay: false,
-            chain: as_configured,
-            heal_after: None,
-            api_key: "demo-key-1",
-            traffic: Traffic::CreateOrders,
-            reads_per_second: None,
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "idempotent-throughput",
@@ -276,15 +239,8 @@ pub fn catalogue() -> Vec<Scenario> {
             faults: Faults { latency_ms: latency(0.0, 0.0), ..Faults::default() },
             requests: 3_000,
             load: Load::Closed { concurrency: 16 },
-            timeout_ms: None,
-            variants: vec![BUDGETED],
-            one_key: false,
             replay: true,
-            chain: as_configured,
-            heal_after: None,
-            api_key: "demo-key-1",
-            traffic: Traffic::CreateOrders,
-            reads_per_second: None,
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "bank-down-breaker",
@@ -292,15 +248,9 @@ pub fn catalogue() -> Vec<Scenario> {
             faults: Faults { error_rate: 1.0, latency_ms: latency(5.0, 1.0), ..Faults::default() },
             requests: 500,
             load: Load::Open { per_second: 100 },
-            timeout_ms: None,
-            variants: vec![BUDGETED],
-            one_key: false,
-            replay: false,
             chain: |settings| settings.payment.bank.breaker.open_ms = 1_000,
             heal_after: Some(Duration::from_secs(3)),
-            api_key: "demo-key-1",
-            traffic: Traffic::CreateOrders,
-            reads_per_second: None,
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "slow-bank-bulkhead",
@@ -308,15 +258,9 @@ pub fn catalogue() -> Vec<Scenario> {
             faults: Faults { latency_ms: latency(1_000.0, 50.0), ..Faults::default() },
             requests: 300,
             load: Load::Open { per_second: 60 },
-            timeout_ms: None,
-            variants: vec![BUDGETED],
-            one_key: false,
-            replay: false,
             chain: without_breakers,
-            heal_after: None,
-            api_key: "demo-key-1",
-            traffic: Traffic::CreateOrders,
             reads_per_second: Some(50),
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "client-over-quota",
@@ -324,15 +268,8 @@ pub fn catalogue() -> Vec<Scenario> {
             faults: Faults::default(),
             requests: 100,
             load: Load::Open { per_second: 20 },
-            timeout_ms: None,
-            variants: vec![BUDGETED],
-            one_key: false,
-            replay: false,
-            chain: as_configured,
-            heal_after: None,
             api_key: "demo-key-2",
-            traffic: Traffic::CreateOrders,
-            reads_per_second: None,
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "summary-partial",
@@ -340,15 +277,9 @@ pub fn catalogue() -> Vec<Scenario> {
             faults: Faults { error_rate: 1.0, ..Faults::default() },
             requests: 200,
             load: Load::Open { per_second: 50 },
-            timeout_ms: None,
-            variants: vec![BUDGETED],
-            one_key: false,
-            replay: false,
             chain: |settings| settings.gateway.recommendations.deadline.cap_ms = Some(1),
-            heal_after: None,
-            api_key: "demo-key-1",
             traffic: Traffic::Summaries,
-            reads_per_second: None,
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "layers-cost",
@@ -356,15 +287,8 @@ pub fn catalogue() -> Vec<Scenario> {
             faults: Faults { latency_ms: latency(0.0, 0.0), ..Faults::default() },
             requests: 2_000,
             load: Load::Closed { concurrency: 1 },
-            timeout_ms: None,
-            variants: vec![BUDGETED, LAYERS_OFF],
-            one_key: false,
-            replay: false,
-            chain: as_configured,
-            heal_after: None,
-            api_key: "demo-key-1",
-            traffic: Traffic::CreateOrders,
-            reads_per_second: None,
+            variants: &[BUDGETED, LAYERS_OFF],
+            ..Scenario::DEFAULTS
         },
     ]
 }
@@ -381,9 +305,12 @@ impl Scenario {
         self
     }
 
-    /// The same scenario with only the variant labelled `label`.
+    /// The same scenario with only the variant labelled `label` (none if it has no such variant).
     pub fn only(mut self, label: &str) -> Self {
-        self.variants.retain(|variant| variant.label == label);
+        self.variants = match self.variants.iter().position(|variant| variant.label == label) {
+            Some(index) => &self.variants[index..=index],
+            None => &[],
+        };
         self
     }
 }
@@ -761,7 +688,7 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
 /// Runs every variant of `scenario` on a fresh chain built from `settings`.
 pub async fn run_variants(scenario: &Scenario, settings: &ChainSettings) -> Result<Vec<Report>, rpc::ServerError> {
     let mut reports = Vec::new();
-    for variant in &scenario.variants {
+    for variant in scenario.variants {
         let data = tempfile::tempdir().map_err(rpc::ServerError::Serve)?;
         let mut settings = settings.clone().ephemeral().with_data_dir(data.path());
         (scenario.chain)(&mut settings);

@@ -27,7 +27,7 @@ async fn with_orders_down_a_read_gets_the_last_known_copy_marked_stale() {
     let fresh: Value = fresh.json().await.unwrap();
     assert!(fresh.get("stale").is_none());
 
-    test.chain.stop_service("orders");
+    assert!(test.chain.stop_service("orders"));
     tokio::time::sleep(Duration::from_millis(100)).await;
     let stale = get(&test, &format!("/v1/orders/{id}")).await;
     assert_eq!(stale.status(), 200);
@@ -111,7 +111,7 @@ async fn a_rate_never_quoted_is_null_with_a_reason() {
 #[tokio::test]
 async fn a_summary_of_an_order_nobody_can_show_is_an_honest_error() {
     let test = TestChain::start().await;
-    test.chain.stop_service("orders");
+    assert!(test.chain.stop_service("orders"));
     tokio::time::sleep(Duration::from_millis(100)).await;
     let response = get(&test, "/v1/orders/ord_unknown/summary").await;
     assert_eq!(response.status(), 503);

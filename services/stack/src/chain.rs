@@ -214,10 +214,9 @@ impl Chain {
     }
 
     /// Stops one service (by its hop name, e.g. `"orders"`), leaving the others running.
-    pub fn stop_service(&self, hop: &str) {
-        if let Some(token) = self.tokens.get(hop) {
-            token.cancel();
-        }
+    /// Returns whether a service has that name.
+    pub fn stop_service(&self, hop: &str) -> bool {
+        self.tokens.get(hop).inspect(|token| token.cancel()).is_some()
     }
 
     /// A token that stops the chain when cancelled (e.g. on Ctrl-C).

@@ -41,13 +41,13 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
-        let database_error = |error: &dyn std::fmt::Display| ServerError::Settings(format!("database {}: {error}", settings.database_url));
-        let database = Database::connect(&settings.database_url).await.map_err(|e| database_error(&e))?;
-        let migrations = match database.backend() {
+        let database = Database::open(&settings.database_url, HOP, |backend| match backend {
             idempotency::Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
             idempotency::Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
-        };
-        database.migrate(HOP, migrations).await.map_err(|e| database_error(&e))?;
+        })
+        .await
+        // The URL is not repeated: it may carry a password.
+        .map_err(|error| ServerError::Settings(format!("database: {error}")))?;
         let bank = rpc::connect("bank-mock", &settings.bank, settings.mode, settings.naive)
             .map_err(|error| ServerError::Settings(format!("bank: {error}")))?;
         let (breaker, bulkhead) = (bank.breaker.clone(), bank.bulkhead.clone());

@@ -77,6 +77,14 @@ impl Database {
         Ok(database)
     }
 
+    /// Connects and applies the key store's migrations and then `owner`'s, chosen for the backend
+    /// (a service's `sqlx::migrate!` paths are its own, so it chooses).
+    pub async fn open(url: &str, owner: &'static str, migrations: impl FnOnce(Backend) -> Migrator) -> Result<Self, DatabaseError> {
+        let database = Self::connect(url).await?;
+        database.migrate(owner, migrations(database.backend)).await?;
+        Ok(database)
+    }
+
     /// Applies the migrations of `owner` (a crate with its own migration history, kept in its
     /// own table so that the key store's and the service's versions never collide).
     pub async fn migrate(&self, owner: &'static str, mut migrator: Migrator) -> Result<(), MigrateError> {

@@ -47,6 +47,9 @@ impl Injector for HeaderInjector<'_> {
 }
 
 fn inject(span: &Span, headers: &mut HeaderMap) {
+    if span.is_disabled() {
+        return;
+    }
     let context = span.context();
     global::get_text_map_propagator(|propagator| propagator.inject_context(&context, &mut HeaderInjector(headers)));
 }
@@ -134,9 +137,8 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let parent = global::get_text_map_propagator(|propagator| propagator.extract(&HeaderExtractor(request.headers())));
         // gRPC paths name the method; HTTP paths carry ids, so HTTP spans are named by method.
-        let operation = if is_grpc(request.headers()) { request.uri().path().to_owned() } else { request.method().to_string() };
+        let operation = if is_grpc(request.headers()) { request.uri().path() } else { request.method().as_str() };
         let span = tracing::debug_span!(
             "request",
             otel.name = %format!("{} {operation}", self.hop),
@@ -149,7 +151,11 @@ where
             "deadline.left_ms" = Empty,
             "rpc.status_code" = Empty,
         );
-        let _ = span.set_parent(parent);
+        // Untraced (no exporter, quiet logs): no context to read, nothing to continue.
+        if !span.is_disabled() {
+            let parent = global::get_text_map_propagator(|propagator| propagator.extract(&HeaderExtractor(request.headers())));
+            let _ = span.set_parent(parent);
+        }
         let inner = span.in_scope(|| self.inner.call(request)).instrument(span.clone());
         ResponseFuture { inner, span, answer_with_context: true }
     }

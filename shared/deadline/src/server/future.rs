@@ -113,8 +113,11 @@ where
 
 /// The hop's slice as attributes of the current span (the request's, when traced).
 fn record_slice(hop: &Hop, now: Instant) {
-    let entry = hop.entry_at(now);
     let span = tracing::Span::current();
+    if span.is_disabled() {
+        return;
+    }
+    let entry = hop.entry_at(now);
     span.record(attr::DEADLINE_RECEIVED_MS, millis(entry.received));
     span.record(attr::DEADLINE_SPENT_MS, millis(entry.spent));
     span.record(attr::DEADLINE_RESERVED_MS, millis(entry.reserved));

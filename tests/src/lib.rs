@@ -1,7 +1,7 @@
 //! Test harness: the whole chain on free ports with its own database, request helpers, and an
 //! OTLP receiver.
 
-pub mod otlp;
+pub use otlp_receiver as otlp;
 
 use std::io::Write;
 
@@ -119,6 +119,16 @@ pub fn fast_bank(change: impl FnOnce(&mut Faults)) -> Faults {
     let mut faults = Faults { latency_ms: Latency { mean: 1.0, stddev: 0.0 }, ..Faults::default() };
     change(&mut faults);
     faults
+}
+
+/// Payment's guards toward the bank made quick to trip: one call in flight at most, and a breaker
+/// that opens after 5 failed calls and stays open for the rest of the test.
+pub fn touchy_bank_guards(settings: &mut ChainSettings) {
+    let bank = &mut settings.payment.bank;
+    bank.max_concurrent = 1;
+    bank.breaker.window_calls = 10;
+    bank.breaker.min_calls = 5;
+    bank.breaker.open_ms = 60_000;
 }
 
 /// The README's example order.

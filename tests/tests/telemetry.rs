@@ -1,7 +1,8 @@
 //! Traces over real OTLP: one trace through the four hops, each hop's slice of the deadline on its
-//! span. The services export to a receiver the test runs, exactly as to a collector.
+//! span, the guards' refusals as events, and the metrics pushed beside them. The services export
+//! to a receiver the test runs, exactly as to a collector.
 
-use std::time::Duration;
+use std::{sync::OnceLock, time::Duration};
 
 use e2e::{
     TestChain, order_body,
@@ -26,22 +27,29 @@ fn descends_from(spans: &[Span], span: &Span, ancestor: &Span) -> bool {
     false
 }
 
-/// The process's telemetry (installed once) and the receiver it exports to.
-async fn exported() -> &'static (OtlpReceiver, telemetry::Telemetry) {
-    static EXPORTED: tokio::sync::OnceCell<(OtlpReceiver, telemetry::Telemetry)> = tokio::sync::OnceCell::const_new();
-    EXPORTED
-        .get_or_init(|| async {
-            let receiver = OtlpReceiver::start().await;
-            let settings = TelemetrySettings { otlp_endpoint: Some(receiver.endpoint()), service_name: Some("chain-under-test".into()) };
-            let telemetry = telemetry::init("tests", &settings).expect("exporter");
-            (receiver, telemetry)
+/// The process's telemetry (installed once) and the receiver it exports to, on a runtime of their
+/// own: each test's runtime ends with the test, and the exporter's channel and the receiver must
+/// outlive every test of the process.
+fn exported() -> &'static (OtlpReceiver, telemetry::Telemetry) {
+    static EXPORTED: OnceLock<(OtlpReceiver, telemetry::Telemetry)> = OnceLock::new();
+    EXPORTED.get_or_init(|| {
+        std::thread::spawn(|| {
+            let runtime: &'static tokio::runtime::Runtime = Box::leak(Box::new(tokio::runtime::Runtime::new().expect("a runtime")));
+            runtime.block_on(async {
+                let receiver = OtlpReceiver::start().await;
+                let settings = TelemetrySettings { otlp_endpoint: Some(receiver.endpoint()), service_name: Some("chain-under-test".into()) };
+                let telemetry = telemetry::init("tests", &settings).expect("exporter");
+                (receiver, telemetry)
+            })
         })
-        .await
+        .join()
+        .expect("telemetry is installed")
+    })
 }
 
 /// The spans of the trace an answer names in `traceparent`, once `enough` of them are exported.
 async fn trace_of(response: &reqwest::Response, enough: impl Fn(&[Span]) -> bool) -> Vec<Span> {
-    let (receiver, telemetry) = exported().await;
+    let (receiver, telemetry) = exported();
     let traceparent = response.headers()["traceparent"].to_str().unwrap().to_owned();
     let trace_id = traceparent.split('-').nth(1).expect("version-traceid-spanid-flags").to_owned();
     let mut spans = Vec::new();
@@ -58,7 +66,7 @@ async fn trace_of(response: &reqwest::Response, enough: impl Fn(&[Span]) -> bool
 
 #[tokio::test]
 async fn one_trace_crosses_every_hop_and_shows_each_slice_of_the_deadline() {
-    exported().await;
+    exported();
     let test = TestChain::start().await;
     let response = test.post_order("traced-1", &order_body()).send().await.unwrap();
     assert_eq!(response.status(), 201);
@@ -89,7 +97,7 @@ async fn one_trace_crosses_every_hop_and_shows_each_slice_of_the_deadline() {
 
 #[tokio::test]
 async fn a_retried_call_shows_each_attempt_and_why_retrying_stopped() {
-    exported().await;
+    exported();
     let test = TestChain::start().await;
     test.set_faults(e2e::fast_bank(|f| f.error_rate = 1.0));
     let response = test.post_order("traced-retry", &order_body()).send().await.unwrap();
@@ -107,4 +115,58 @@ async fn a_retried_call_shows_each_attempt_and_why_retrying_stopped() {
     assert!(events.iter().any(|e| e.name == "retrying" && e.attributes.iter().any(|a| a.key == "retry.backoff_ms")), "the backoff is recorded");
     let stopped = events.iter().find(|e| e.name == "retrying stopped").expect("why retrying stopped");
     assert!(stopped.attributes.iter().any(|a| a.key == "retry.stop"), "{stopped:?}");
+}
+
+/// The first of `spans`' events named `name`.
+fn event<'a>(spans: &'a [Span], name: &str) -> Option<&'a opentelemetry_proto::tonic::trace::v1::span::Event> {
+    spans.iter().flat_map(|s| &s.events).find(|e| e.name == name)
+}
+
+#[tokio::test]
+async fn a_full_bulkhead_and_an_open_breaker_show_in_the_trace() {
+    exported();
+    let test = TestChain::start_with(|s| {
+        s.gateway.retry.max_attempts = 1;
+        e2e::touchy_bank_guards(s);
+    })
+    .await;
+
+    // A slow bank and two orders at once: one of them finds payment's bulkhead full.
+    test.set_faults(e2e::fast_bank(|f| f.latency_ms = bank_mock::Latency { mean: 300.0, stddev: 0.0 }));
+    let (first, second) = tokio::join!(test.post_order("bulkhead-a", &order_body()).send(), test.post_order("bulkhead-b", &order_body()).send());
+    let refused = [first.unwrap(), second.unwrap()].into_iter().find(|r| r.status() == 503).expect("one order finds the bulkhead full");
+    let spans = trace_of(&refused, |spans| event(spans, "bulkhead rejected a call").is_some()).await;
+    let full = event(&spans, "bulkhead rejected a call").expect("the refusal is an event of the trace");
+    assert!(full.attributes.iter().any(|a| a.key == attr::BULKHEAD_LIMIT), "{full:?}");
+
+    // A failing bank opens the breaker; the next order is answered by it.
+    test.set_faults(e2e::fast_bank(|f| f.error_rate = 1.0));
+    for n in 0..5 {
+        test.post_order(&format!("breaker-{n}"), &order_body()).send().await.unwrap();
+    }
+    let answered = test.post_order("breaker-open", &order_body()).send().await.unwrap();
+    assert_eq!(answered.status(), 503);
+    let spans = trace_of(&answered, |spans| event(spans, "circuit breaker answered without calling").is_some()).await;
+    let open = event(&spans, "circuit breaker answered without calling").expect("the breaker's answer is an event of the trace");
+    let state = open.attributes.iter().find(|a| a.key == attr::BREAKER_STATE).and_then(|a| a.value.as_ref()).and_then(|v| v.value.as_ref());
+    assert_eq!(state, Some(&opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue("open".into())), "{open:?}");
+}
+
+#[tokio::test]
+async fn metrics_are_pushed_over_otlp_too() {
+    let (receiver, telemetry) = exported();
+    let test = TestChain::start().await;
+    assert_eq!(test.post_order("metrics-pushed", &order_body()).send().await.unwrap().status(), 201);
+    let mut names = Vec::new();
+    for _ in 0..50 {
+        telemetry.flush().await;
+        names = receiver.metric_names();
+        if names.iter().any(|name| name == telemetry::metrics::name::REQUESTS) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for name in [telemetry::metrics::name::REQUESTS, telemetry::metrics::name::DEADLINE_SLACK] {
+        assert!(names.iter().any(|received| received == name), "{name} in {names:?}");
+    }
 }

@@ -7,12 +7,17 @@ use settings::SettingsArgs;
 struct Cli {
     #[command(flatten)]
     settings: SettingsArgs,
+    #[command(subcommand)]
+    command: Option<rpc::health::Command>,
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
     let settings: bank_mock::Settings = settings::load("BANK", &cli.settings)?;
+    if let Some(rpc::health::Command::Healthcheck { timeout_ms }) = cli.command {
+        return Ok(rpc::health::check(settings.listen, std::time::Duration::from_millis(timeout_ms)).await?);
+    }
     let telemetry = telemetry::init("bank-mock", &telemetry::TelemetrySettings::from_env())?;
     let app = bank_mock::Application::build(settings).await?;
     tracing::info!(grpc = %app.grpc_addr(), admin = %app.admin_addr(), admin_token = app.admin_token(), "bank-mock listening");

@@ -13,6 +13,7 @@ use rpc::{
     metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
 };
 use resilience::retry::{Call, RetryPolicy};
+use telemetry::metrics::{self, Counter, KeyValue};
 use tonic::{Request, Response, Status, metadata::MetadataMap};
 use tower::{Layer, ServiceExt, retry::RetryLayer, util::BoxCloneSyncService};
 use tracing::Instrument;
@@ -74,6 +75,7 @@ pub struct Api {
     sources: SummarySources,
     orders_seen: Arc<OrderCache>,
     rates_seen: Arc<RateCache>,
+    fallbacks: Counter<u64>,
 }
 
 /// `call` as an operation on orders: each attempt in its own span, the whole under `retry`.
@@ -115,6 +117,7 @@ impl Api {
             sources,
             orders_seen: Arc::new(OrderCache::new(cache_capacity)),
             rates_seen: Arc::default(),
+            fallbacks: metrics::counter(metrics::name::FALLBACKS, "Answers made from a fallback"),
         }
     }
 
@@ -161,7 +164,9 @@ impl Api {
             }
             Err(status) if stands_in_for(status.code()) => match self.orders_seen.last_known(&client.0, &order_id) {
                 Some((order, since)) => {
-                    tracing::info!(fallback = "stale_copy", order_id, code = ?status.code(), "answering with the last known copy");
+                    self.fallbacks.add(1, &[KeyValue::new("kind", "stale_copy")]);
+                    let age_ms = since.elapsed().map_or(0, |age| i64::try_from(age.as_millis()).unwrap_or(i64::MAX));
+                    tracing::info!(fallback.kind = "stale_copy", fallback.age_ms = age_ms, order_id, code = ?status.code(), "answering with the last known copy");
                     Ok(Read { order, stale_since: Some(since) })
                 }
                 None => Err(GatewayError::Upstream(rpc::relay(&status))),
@@ -193,7 +198,8 @@ impl Api {
             }
             Err(status) => match self.rates_seen.last_known(currency) {
                 Some(rate) => {
-                    tracing::info!(fallback = "stale_rate", currency, "answering with the last known rate");
+                    self.fallbacks.add(1, &[KeyValue::new("kind", "stale_rate")]);
+                    tracing::info!(fallback.kind = "stale_rate", fallback.as_of = rate.as_of, currency, "answering with the last known rate");
                     Ok(Rate { rate, stale: true })
                 }
                 None => Err(status.message().to_owned()),
@@ -216,7 +222,8 @@ impl Api {
             Ok(skus) if !skus.is_empty() => Recommended { skus, degraded: None },
             Ok(_) => Recommended { skus: popular(), degraded: Some("no purchase history yet".into()) },
             Err(status) => {
-                tracing::info!(fallback = "popular", code = ?status.code(), "recommending popular items");
+                self.fallbacks.add(1, &[KeyValue::new("kind", "popular")]);
+                tracing::info!(fallback.kind = "popular", code = ?status.code(), "recommending popular items");
                 Recommended { skus: popular(), degraded: Some(status.message().to_owned()) }
             }
         }

@@ -33,6 +33,7 @@ use resilience::{
     retry::RetryPolicy,
 };
 use rpc::{GrpcServer, ServerError};
+use telemetry::metrics::RequestMetricsLayer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -51,7 +52,7 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
-        let orders = rpc::connect("orders", &settings.orders, settings.mode, settings.naive)
+        let orders = rpc::connect(HOP, "orders", &settings.orders, settings.mode, settings.naive)
             .map_err(|error| ServerError::Settings(format!("orders: {error}")))?;
         let orders_breaker = orders.breaker.clone();
         let mut retry = settings.retry.clone();
@@ -62,7 +63,7 @@ impl Application {
         let retry = RetryPolicy::new(&retry).map_err(|error| ServerError::Settings(error.to_string()))?;
         let limits = rate_limit::ClientLimits::new(&settings.clients, settings.unknown_key_quota);
         let source = |name: &'static str, dependency: &rpc::Dependency| {
-            rpc::connect(name, dependency, settings.mode, settings.naive)
+            rpc::connect(HOP, name, dependency, settings.mode, settings.naive)
                 .map(|connection| connection.client)
                 .map_err(|error| ServerError::Settings(format!("{name}: {error}")))
         };
@@ -88,8 +89,10 @@ impl Application {
         )
         .layer(LoadShedLayer::new(Intake::new(HOP, settings.deadline.max_in_flight)))
         .layer(telemetry::trace::ServerTraceLayer::new(HOP))
-        // Outermost: the quota is checked before anything else happens.
-        .layer(rate_limit::RateLimitLayer::new(limits.clone()));
+        // Outermost but for counting: the quota is checked before anything else happens.
+        .layer(rate_limit::RateLimitLayer::new(limits.clone()))
+        .layer(RequestMetricsLayer::new(HOP))
+        .merge(rpc::metrics::router());
         let http = rpc::bind(settings.http_listen).await?;
         Ok(Self { grpc, http, http_router, http_stats, retry, orders_breaker, limits })
     }

@@ -23,6 +23,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use pin_project_lite::pin_project;
 use resilience::rate_limit::{Decision, Limiter, QuotaSettings};
 use tonic::{Status, metadata::MetadataValue};
+use telemetry::metrics::{Counter, KeyValue};
 use tower::{Layer, Service};
 
 use crate::{error::Problem, settings::ApiClient};
@@ -33,15 +34,31 @@ const RATE_LIMIT_POLICY: &str = "ratelimit-policy";
 /// The limiters of every known client, and the shared one of unknown keys.
 #[derive(Debug)]
 pub struct ClientLimits {
-    by_key: HashMap<String, Limiter>,
-    unknown: Limiter,
+    by_key: HashMap<String, ClientLimit>,
+    unknown: ClientLimit,
     rejected: AtomicU64,
+    rejections: Counter<u64>,
+}
+
+/// One client's limiter, and the name its refusals are counted under (never the key itself).
+#[derive(Debug)]
+struct ClientLimit {
+    client_id: String,
+    limiter: Limiter,
 }
 
 impl ClientLimits {
     pub fn new(clients: &[ApiClient], unknown: QuotaSettings) -> Arc<Self> {
-        let by_key = clients.iter().map(|c| (c.api_key.clone(), Limiter::new(c.quota))).collect();
-        Arc::new(Self { by_key, unknown: Limiter::new(unknown), rejected: AtomicU64::new(0) })
+        let by_key = clients
+            .iter()
+            .map(|client| (client.api_key.clone(), ClientLimit { client_id: client.client_id.clone(), limiter: Limiter::new(client.quota) }))
+            .collect();
+        Arc::new(Self {
+            by_key,
+            unknown: ClientLimit { client_id: "unknown".into(), limiter: Limiter::new(unknown) },
+            rejected: AtomicU64::new(0),
+            rejections: resilience::rate_limit::rejections_counter(),
+        })
     }
 
     /// Requests refused so far.
@@ -49,7 +66,7 @@ impl ClientLimits {
         self.rejected.load(Ordering::Relaxed)
     }
 
-    fn limiter(&self, headers: &HeaderMap) -> &Limiter {
+    fn limit(&self, headers: &HeaderMap) -> &ClientLimit {
         headers
             .get(header::AUTHORIZATION)
             .and_then(|value| value.to_str().ok())
@@ -132,9 +149,9 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let limiter = self.limits.limiter(request.headers());
-        let quota = limiter.quota();
-        match limiter.check() {
+        let limit = self.limits.limit(request.headers());
+        let quota = limit.limiter.quota();
+        match limit.limiter.check() {
             Decision::Allowed { remaining } => {
                 let until_whole = Duration::from_secs_f64(f64::from(quota.burst - remaining.min(quota.burst)) / f64::from(quota.per_second.max(1)));
                 let headers = Some((state(remaining, until_whole), policy(quota)));
@@ -142,6 +159,7 @@ where
             }
             Decision::Limited { retry_after } => {
                 self.limits.rejected.fetch_add(1, Ordering::Relaxed);
+                self.limits.rejections.add(1, &[KeyValue::new("scope", "client"), KeyValue::new("name", limit.client_id.clone())]);
                 let detail = format!(
                     "over the quota of {} requests per second (burst {}); retry in {} ms",
                     quota.per_second,

@@ -55,7 +55,7 @@ impl Application {
         .await
         // The URL is not repeated: it may carry a password.
         .map_err(|error| ServerError::Settings(format!("database: {error}")))?;
-        let payment = rpc::connect("payment", &settings.payment, settings.mode, settings.naive)
+        let payment = rpc::connect(HOP, "payment", &settings.payment, settings.mode, settings.naive)
             .map_err(|error| ServerError::Settings(format!("payment: {error}")))?;
         let payment_breaker = payment.breaker.clone();
         let keys = KeyStore::new(database.clone(), settings.idempotency);

@@ -7,12 +7,17 @@ use settings::SettingsArgs;
 struct Cli {
     #[command(flatten)]
     settings: SettingsArgs,
+    #[command(subcommand)]
+    command: Option<rpc::health::Command>,
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
     let settings: orders::Settings = settings::load("ORDERS", &cli.settings)?;
+    if let Some(rpc::health::Command::Healthcheck { timeout_ms }) = cli.command {
+        return Ok(rpc::health::check(settings.listen, std::time::Duration::from_millis(timeout_ms)).await?);
+    }
     let telemetry = telemetry::init("orders", &telemetry::TelemetrySettings::from_env())?;
     let app = orders::Application::build(settings).await?;
     tracing::info!(grpc = %app.grpc_addr(), "orders listening");

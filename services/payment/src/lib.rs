@@ -48,7 +48,7 @@ impl Application {
         .await
         // The URL is not repeated: it may carry a password.
         .map_err(|error| ServerError::Settings(format!("database: {error}")))?;
-        let bank = rpc::connect("bank-mock", &settings.bank, settings.mode, settings.naive)
+        let bank = rpc::connect(HOP, "bank-mock", &settings.bank, settings.mode, settings.naive)
             .map_err(|error| ServerError::Settings(format!("bank: {error}")))?;
         let (breaker, bulkhead) = (bank.breaker.clone(), bank.bulkhead.clone());
         let keys = KeyStore::new(database, settings.idempotency);

@@ -7,12 +7,17 @@ use settings::SettingsArgs;
 struct Cli {
     #[command(flatten)]
     settings: SettingsArgs,
+    #[command(subcommand)]
+    command: Option<rpc::health::Command>,
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
     let settings: payment::Settings = settings::load("PAYMENT", &cli.settings)?;
+    if let Some(rpc::health::Command::Healthcheck { timeout_ms }) = cli.command {
+        return Ok(rpc::health::check(settings.listen, std::time::Duration::from_millis(timeout_ms)).await?);
+    }
     let telemetry = telemetry::init("payment", &telemetry::TelemetrySettings::from_env())?;
     let app = payment::Application::build(settings).await?;
     tracing::info!(grpc = %app.grpc_addr(), "payment listening");

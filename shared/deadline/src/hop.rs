@@ -10,6 +10,10 @@ use std::sync::{
 };
 use std::time::Duration;
 
+use telemetry::{
+    attr,
+    metrics::{self, Counter, Histogram, KeyValue},
+};
 use tokio::{task::futures::TaskLocalFuture, time::Instant};
 
 use crate::{Deadline, Forward, ledger::Entry};
@@ -120,14 +124,37 @@ impl Hop {
     }
 }
 
-/// Counters of what happened to requests at one hop relative to their deadlines.
-#[derive(Debug, Default)]
+/// What happened to a request relative to its deadline, when it was not an answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Expired,
+    FinishedLate,
+    Abandoned,
+    FailedFast,
+}
+
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Expired => "expired",
+            Outcome::FinishedLate => "finished_late",
+            Outcome::Abandoned => "abandoned",
+            Outcome::FailedFast => "failed_fast",
+        }
+    }
+}
+
+/// Counters of what happened to requests at one hop relative to their deadlines, kept for the
+/// hop's own reports and counted in the chain's metrics as well.
+#[derive(Debug)]
 pub struct HopStats {
-    pub(crate) requests: AtomicU64,
-    pub(crate) expired: AtomicU64,
-    pub(crate) finished_late: AtomicU64,
-    pub(crate) abandoned: AtomicU64,
-    pub(crate) failed_fast: AtomicU64,
+    requests: AtomicU64,
+    expired: AtomicU64,
+    finished_late: AtomicU64,
+    abandoned: AtomicU64,
+    failed_fast: AtomicU64,
+    outcomes: Counter<u64>,
+    slack: Histogram<f64>,
 }
 
 /// A copy of [`HopStats`] at one moment.
@@ -147,7 +174,15 @@ pub struct HopStatsSnapshot {
 
 impl HopStats {
     pub fn new() -> Arc<Self> {
-        Arc::default()
+        Arc::new(Self {
+            requests: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+            finished_late: AtomicU64::new(0),
+            abandoned: AtomicU64::new(0),
+            failed_fast: AtomicU64::new(0),
+            outcomes: metrics::counter(metrics::name::DEADLINE_OUTCOMES, "Requests that ran into their deadline"),
+            slack: metrics::millisecond_histogram(metrics::name::DEADLINE_SLACK, "Budget left when the hop answered"),
+        })
     }
 
     pub fn snapshot(&self) -> HopStatsSnapshot {
@@ -161,7 +196,23 @@ impl HopStats {
         }
     }
 
-    pub(crate) fn count(counter: &AtomicU64) {
+    pub(crate) fn count_request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count(&self, hop: &'static str, outcome: Outcome) {
+        let counter = match outcome {
+            Outcome::Expired => &self.expired,
+            Outcome::FinishedLate => &self.finished_late,
+            Outcome::Abandoned => &self.abandoned,
+            Outcome::FailedFast => &self.failed_fast,
+        };
         counter.fetch_add(1, Ordering::Relaxed);
+        self.outcomes.add(1, &[KeyValue::new(attr::HOP, hop), KeyValue::new("outcome", outcome.as_str())]);
+    }
+
+    /// Records the budget `left` when the hop answered.
+    pub(crate) fn record_slack(&self, hop: &'static str, left: Duration) {
+        self.slack.record(left.as_secs_f64() * 1_000.0, &[KeyValue::new(attr::HOP, hop)]);
     }
 }

@@ -20,6 +20,7 @@ use http::{HeaderValue, Request, Response, StatusCode, header};
 use pin_project_lite::pin_project;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Status, metadata::MetadataValue};
+use telemetry::metrics::{self, Counter, KeyValue};
 use tower::{Layer, Service};
 
 use crate::retry::PUSHBACK_HEADER;
@@ -34,12 +35,19 @@ pub struct Intake {
     limit: u32,
     permits: Arc<Semaphore>,
     refused: AtomicU64,
+    rejections: Counter<u64>,
 }
 
 impl Intake {
     pub fn new(name: &'static str, limit: u32) -> Arc<Self> {
         let limit = limit.max(1);
-        Arc::new(Self { name, limit, permits: Arc::new(Semaphore::new(limit as usize)), refused: AtomicU64::new(0) })
+        Arc::new(Self {
+            name,
+            limit,
+            permits: Arc::new(Semaphore::new(limit as usize)),
+            refused: AtomicU64::new(0),
+            rejections: metrics::counter(metrics::name::LOAD_SHED_REJECTIONS, "Requests refused at a full intake"),
+        })
     }
 
     /// Requests refused so far.
@@ -117,6 +125,7 @@ where
             Ok(permit) => ResponseFuture::Admitted { inner: self.inner.call(request), permit },
             Err(_) => {
                 self.intake.refused.fetch_add(1, Ordering::Relaxed);
+                self.intake.rejections.add(1, &[KeyValue::new("intake", self.intake.name)]);
                 let grpc = request
                     .headers()
                     .get(header::CONTENT_TYPE)

@@ -25,6 +25,10 @@ use pin_project_lite::pin_project;
 use serde::{Deserialize, Serialize};
 use tonic::{Status, metadata::MetadataValue};
 use tower::{Layer, Service};
+use telemetry::{
+    attr,
+    metrics::{self, Counter, KeyValue},
+};
 
 use crate::retry::PUSHBACK_HEADER;
 
@@ -104,6 +108,8 @@ pub struct SelfLimit<S> {
     inner: S,
     dependency: &'static str,
     limiter: Option<Arc<Limiter>>,
+    rejections: Counter<u64>,
+    labels: [KeyValue; 3],
 }
 
 /// Applies [`SelfLimit`]; a quota with a rate of 0 leaves calls unlimited.
@@ -111,19 +117,38 @@ pub struct SelfLimit<S> {
 pub struct SelfLimitLayer {
     dependency: &'static str,
     limiter: Option<Arc<Limiter>>,
+    rejections: Counter<u64>,
+    labels: [KeyValue; 3],
 }
 
 impl SelfLimitLayer {
-    pub fn new(dependency: &'static str, quota: QuotaSettings) -> Self {
-        Self { dependency, limiter: (quota.per_second > 0).then(|| Arc::new(Limiter::new(quota))) }
+    /// Keeps `hop`'s calls to `dependency` within `quota`.
+    pub fn new(hop: &'static str, dependency: &'static str, quota: QuotaSettings) -> Self {
+        Self {
+            dependency,
+            limiter: (quota.per_second > 0).then(|| Arc::new(Limiter::new(quota))),
+            rejections: rejections_counter(),
+            labels: [KeyValue::new("scope", "dependency"), KeyValue::new(attr::HOP, hop), KeyValue::new("name", dependency)],
+        }
     }
+}
+
+/// The counter of every quota refusal, at the edge and toward dependencies.
+pub fn rejections_counter() -> Counter<u64> {
+    metrics::counter(metrics::name::RATE_LIMIT_REJECTIONS, "Requests refused for a quota")
 }
 
 impl<S> Layer<S> for SelfLimitLayer {
     type Service = SelfLimit<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        SelfLimit { inner, dependency: self.dependency, limiter: self.limiter.clone() }
+        SelfLimit {
+            inner,
+            dependency: self.dependency,
+            limiter: self.limiter.clone(),
+            rejections: self.rejections.clone(),
+            labels: self.labels.clone(),
+        }
     }
 }
 
@@ -154,6 +179,7 @@ where
             && let Decision::Limited { retry_after } = limiter.check()
         {
             let over = OverOwnQuota { dependency: self.dependency, per_second: limiter.quota().per_second, retry_after };
+            self.rejections.add(1, &self.labels);
             return SelfLimitFuture::Refused { response: Some(Status::from(over).into_http()) };
         }
         SelfLimitFuture::Called { inner: self.inner.call(request) }

@@ -60,10 +60,11 @@ pub struct Connection {
     pub bulkhead: Arc<Bulkhead>,
 }
 
-/// Builds the client for `dependency`, named `name` in ledgers and errors. Connects lazily, so
+/// Builds `hop`'s client for `dependency`, named `name` in ledgers, errors and metrics. Connects lazily, so
 /// services can start in any order, and reconnects by itself. It never retries in the budgeted
 /// chain: retries belong to the gateway alone.
 pub fn connect(
+    hop: &'static str,
     name: &'static str,
     dependency: &Dependency,
     mode: ChainMode,
@@ -77,8 +78,8 @@ pub fn connect(
         .keep_alive_timeout(idle)
         .keep_alive_while_idle(true)
         .connect_lazy();
-    let breaker = Breaker::new(name, dependency.breaker);
-    let bulkhead = Bulkhead::new(name, dependency.max_concurrent.max(1));
+    let breaker = Breaker::new(hop, name, dependency.breaker);
+    let bulkhead = Bulkhead::new(hop, name, dependency.max_concurrent.max(1));
     let client = match mode {
         // The bulkhead and the self-limit answer before the breaker, so that their refusals never
         // count against the dependency; the breaker sits above the deadline so that it sees
@@ -86,7 +87,7 @@ pub fn connect(
         ChainMode::Budgeted => Either::Left(
             ServiceBuilder::new()
                 .layer(BulkheadLayer::new(bulkhead.clone()))
-                .layer(SelfLimitLayer::new(name, dependency.quota))
+                .layer(SelfLimitLayer::new(hop, name, dependency.quota))
                 .layer(BreakerLayer::new(breaker.clone()))
                 .layer(ForwardDeadlineLayer::new(name, dependency.deadline))
                 .layer(ClientTraceLayer::new(name))

@@ -4,9 +4,13 @@
 //!   R-D1 (connect, idle, and the operation deadline forwarded by [`deadline::client`]), behind
 //!   the dependency's bulkhead and circuit breaker.
 //! - [`GrpcServer`]: binds, adds `grpc.health.v1` and reflection, puts every request under the
-//!   deadline layer and serves until shutdown.
+//!   deadline layer, counts every answer in the chain's metrics and serves until shutdown.
+//! - [`health::Command`]: the `healthcheck` subcommand of every service binary.
+//! - [`metrics::router`]: `GET /metrics` in Prometheus text, on every port a service serves.
 
 mod client;
+pub mod health;
+pub mod metrics;
 mod server;
 
 pub use client::{Client, Connection, Dependency, connect};

@@ -4,7 +4,7 @@ use axum::serve::ListenerExt;
 use tokio_util::sync::CancellationToken;
 use deadline::{HopStats, InboundPolicy, server::{DeadlineLayer, Grpc}};
 use resilience::load_shed::{Intake, LoadShedLayer};
-use telemetry::trace::ServerTraceLayer;
+use telemetry::{metrics::RequestMetricsLayer, trace::ServerTraceLayer};
 use tokio::net::TcpListener;
 use tonic::{server::NamedService, service::Routes};
 
@@ -81,6 +81,7 @@ pub enum Role {
 
 /// A bound gRPC server for one hop, not yet serving.
 pub struct GrpcServer {
+    hop: &'static str,
     listener: TcpListener,
     routes: axum::Router,
     stats: Arc<HopStats>,
@@ -125,7 +126,7 @@ impl GrpcServer {
             // Outside the deadline: a refused request costs no deadline bookkeeping.
             .layer(LoadShedLayer::new(Intake::new(hop, inbound.max_in_flight)))
             .layer(ServerTraceLayer::new(hop));
-        Ok(Self { listener, routes, stats })
+        Ok(Self { hop, listener, routes, stats })
     }
 
     /// Puts `layer` in front of every request, outside the deadline layer (e.g. an edge's rate
@@ -151,8 +152,11 @@ impl GrpcServer {
         self.stats.clone()
     }
 
-    /// Serves until `shutdown` completes, then finishes the requests in flight.
+    /// Serves until `shutdown` completes, then finishes the requests in flight. Every answer is
+    /// counted, those of layers added with [`GrpcServer::layer`] too; `/metrics` is served
+    /// beside the gRPC services.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        serve_http(self.listener, self.routes, shutdown).await
+        let routes = self.routes.layer(RequestMetricsLayer::new(self.hop)).merge(crate::metrics::router());
+        serve_http(self.listener, routes, shutdown).await
     }
 }

@@ -17,3 +17,21 @@ pub const DEADLINE_FORWARDED_MS: &str = "deadline.forwarded_ms";
 pub const DEADLINE_LEFT_MS: &str = "deadline.left_ms";
 /// The gRPC status code of the answer (HTTP answers: the HTTP status).
 pub const STATUS_CODE: &str = "rpc.status_code";
+/// On the event of a call an open breaker answered: the breaker's state (`open`).
+pub const BREAKER_STATE: &str = "breaker.state";
+/// On the same event: time until the breaker lets a probe through.
+pub const BREAKER_RETRY_IN_MS: &str = "breaker.retry_in_ms";
+/// On the event of a call a full bulkhead refused: the bulkhead's limit of calls in flight.
+pub const BULKHEAD_LIMIT: &str = "bulkhead.limit";
+/// On a gateway attempt span and its `retrying` event: the attempt's number (1: the first).
+pub const RETRY_ATTEMPT: &str = "retry.attempt";
+/// On a `retrying` event: the backoff slept before the next attempt (pushback included).
+pub const RETRY_BACKOFF_MS: &str = "retry.backoff_ms";
+/// On the `retrying stopped` event: why (`success`, `budget`, `deadline`, `breaker`, …).
+pub const RETRY_STOP: &str = "retry.stop";
+/// On the `retrying stopped` event: attempts made.
+pub const RETRY_ATTEMPTS: &str = "retry.attempts";
+/// On the event of an answer made from a fallback: which (`stale_copy`, `stale_rate`, `popular`).
+pub const FALLBACK_KIND: &str = "fallback.kind";
+/// With a stale copy: its age when it answered.
+pub const FALLBACK_AGE_MS: &str = "fallback.age_ms";

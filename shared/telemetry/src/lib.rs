@@ -1,4 +1,4 @@
-//! Logs and traces for every service, set up by one call.
+//! Logs, traces and metrics for every service, set up by one call.
 //!
 //! - Logs: the fmt layer, filtered by `RUST_LOG` (default `info`). The filter applies to the log
 //!   output only, so that a quiet log level never silences the spans the trace exporter needs.
@@ -6,18 +6,28 @@
 //!   [`TelemetrySettings::otlp_endpoint`]), spans are exported over OTLP/gRPC in batches, named by
 //!   `OTEL_SERVICE_NAME` (or the service's own name). Without one, no exporter exists and nothing
 //!   is spent on it.
+//! - Metrics: [`metrics`], read in Prometheus text on every service's `/metrics`, and pushed over
+//!   OTLP to the same endpoint when one is configured.
 //! - [`trace`]: W3C trace context carried through gRPC metadata and HTTP headers by one layer on
 //!   each side, and a span for every hop's request and every outgoing call.
 //! - [`attr`]: the names of the attributes the chain puts on its spans.
 
 pub mod attr;
+pub mod metrics;
+mod response;
 pub mod trace;
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{SpanExporter, WithExportConfig};
-use opentelemetry_sdk::{Resource, propagation::TraceContextPropagator, trace::SdkTracerProvider};
+use opentelemetry_sdk::{Resource, metrics::SdkMeterProvider, propagation::TraceContextPropagator, trace::SdkTracerProvider};
 use tracing::Level;
-use tracing_subscriber::{EnvFilter, Layer, filter::Targets, layer::SubscriberExt, util::SubscriberInitExt};
+use tracing_subscriber::{
+    EnvFilter, Layer,
+    filter::{LevelFilter, Targets},
+    layer::SubscriberExt,
+    reload,
+    util::SubscriberInitExt,
+};
 
 /// Where traces go; read from the standard `OTEL_*` variables by [`TelemetrySettings::from_env`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -45,43 +55,63 @@ impl TelemetrySettings {
     }
 }
 
-/// Keeps the exporter alive; [`Telemetry::shutdown`] flushes what is buffered.
+/// Keeps the exporters alive; [`Telemetry::shutdown`] flushes what is buffered.
 #[must_use = "dropping the guard without shutdown loses buffered spans"]
 #[derive(Debug)]
 pub struct Telemetry {
-    provider: Option<SdkTracerProvider>,
+    traces: Option<SdkTracerProvider>,
+    meters: Option<SdkMeterProvider>,
+    exporting: bool,
+    trace_switch: Option<TraceSwitch>,
+}
+
+/// Turns the span layer on or off in a running process.
+struct TraceSwitch(Box<dyn Fn(bool) + Send + Sync>);
+
+impl std::fmt::Debug for TraceSwitch {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("TraceSwitch")
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
 #[error("OTLP exporter: {0}")]
 pub struct TelemetryError(String);
 
-/// Installs logging, and trace export when configured. A second call in one process (several
-/// services in the local stack) installs nothing and returns an inert guard.
+/// Installs logging and metrics, and OTLP export of traces and metrics when configured. A second
+/// call in one process (several services in the local stack) installs nothing and returns an
+/// inert guard: the first installation serves all.
 pub fn init(default_service_name: &str, settings: &TelemetrySettings) -> Result<Telemetry, TelemetryError> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt::layer().with_target(false).with_filter(filter);
-    let Some(endpoint) = &settings.otlp_endpoint else {
-        let _ = tracing_subscriber::registry().with(quiet_transports()).with(logs).try_init();
-        return Ok(Telemetry { provider: None });
-    };
+    let service_name = settings.service_name.clone().unwrap_or_else(|| default_service_name.to_owned());
+    let resource = Resource::builder().with_service_name(service_name).build();
+    let endpoint = settings.otlp_endpoint.as_deref();
+    let traces = endpoint.map(|endpoint| trace_provider(endpoint, resource.clone())).transpose()?;
+    let (switch, switch_handle) = reload::Layer::new(LevelFilter::TRACE);
+    let spans = traces.as_ref().map(|provider| tracing_opentelemetry::layer().with_tracer(provider.tracer("chain")).with_filter(switch));
+    if tracing_subscriber::registry().with(quiet_transports()).with(logs).with(spans).try_init().is_err() {
+        return Ok(Telemetry { traces: None, meters: None, exporting: false, trace_switch: None });
+    }
+    let trace_switch = traces.is_some().then(|| {
+        TraceSwitch(Box::new(move |on: bool| {
+            let _ = switch_handle.reload(if on { LevelFilter::TRACE } else { LevelFilter::OFF });
+        }))
+    });
+    if traces.is_some() {
+        opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    }
+    let meters = metrics::install(resource, endpoint)?;
+    Ok(Telemetry { traces, meters: Some(meters), exporting: endpoint.is_some(), trace_switch })
+}
+
+fn trace_provider(endpoint: &str, resource: Resource) -> Result<SdkTracerProvider, TelemetryError> {
     let exporter = SpanExporter::builder()
         .with_tonic()
-        .with_endpoint(endpoint.clone())
+        .with_endpoint(endpoint)
         .build()
         .map_err(|error| TelemetryError(error.to_string()))?;
-    let service_name = settings.service_name.clone().unwrap_or_else(|| default_service_name.to_owned());
-    let provider = SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
-        .with_resource(Resource::builder().with_service_name(service_name).build())
-        .build();
-    let traces = tracing_opentelemetry::layer().with_tracer(provider.tracer("chain"));
-    if tracing_subscriber::registry().with(quiet_transports()).with(logs).with(traces).try_init().is_err() {
-        // Another service of this process installed telemetry first; its exporter serves all.
-        return Ok(Telemetry { provider: None });
-    }
-    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    Ok(Telemetry { provider: Some(provider) })
+    Ok(SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build())
 }
 
 /// Switches the transport crates' own spans and events below WARN off for every layer (not just
@@ -94,22 +124,44 @@ fn quiet_transports() -> Targets {
 }
 
 impl Telemetry {
-    /// Whether this guard owns an exporter (none without an endpoint).
+    /// Whether this guard owns OTLP exporters (none without an endpoint).
     pub fn exporting(&self) -> bool {
-        self.provider.is_some()
+        self.exporting
+    }
+
+    /// Stops (or resumes) making spans, as if no exporter were installed: what tracing costs is
+    /// then measured in one process, on and off. Metrics go on either way.
+    pub fn set_tracing(&self, on: bool) {
+        if let Some(TraceSwitch(switch)) = &self.trace_switch {
+            switch(on);
+        }
     }
 
     /// Exports what is buffered now, without blocking the runtime.
     pub async fn flush(&self) {
-        if let Some(provider) = self.provider.clone() {
-            let _ = tokio::task::spawn_blocking(move || provider.force_flush()).await;
-        }
+        let (traces, meters) = (self.traces.clone(), self.meters.clone());
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(provider) = traces {
+                let _ = provider.force_flush();
+            }
+            if let Some(provider) = meters {
+                let _ = provider.force_flush();
+            }
+        })
+        .await;
     }
 
-    /// Exports what is buffered and stops the exporter, without blocking the runtime.
+    /// Exports what is buffered and stops the exporters, without blocking the runtime.
     pub async fn shutdown(self) {
-        if let Some(provider) = self.provider {
-            let _ = tokio::task::spawn_blocking(move || provider.shutdown()).await;
-        }
+        let (traces, meters) = (self.traces, self.meters);
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(provider) = traces {
+                let _ = provider.shutdown();
+            }
+            if let Some(provider) = meters {
+                let _ = provider.shutdown();
+            }
+        })
+        .await;
     }
 }

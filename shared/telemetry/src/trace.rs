@@ -22,6 +22,8 @@ use tower::{Layer, Service};
 use tracing::{Instrument, Span, field::Empty, instrument::Instrumented};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use crate::response::{is_grpc, status_code};
+
 /// Reads trace context from headers (gRPC metadata are headers too).
 struct HeaderExtractor<'a>(&'a HeaderMap);
 
@@ -52,19 +54,6 @@ fn inject(span: &Span, headers: &mut HeaderMap) {
     }
     let context = span.context();
     global::get_text_map_propagator(|propagator| propagator.inject_context(&context, &mut HeaderInjector(headers)));
-}
-
-fn is_grpc(headers: &HeaderMap) -> bool {
-    headers.get("content-type").is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
-}
-
-/// The gRPC status of a gRPC answer (0 when it travels in the trailers: a success), or the HTTP
-/// status of any other answer.
-fn status_code<B>(response: &Response<B>) -> i64 {
-    if !is_grpc(response.headers()) {
-        return i64::from(response.status().as_u16());
-    }
-    response.headers().get("grpc-status").and_then(|value| value.to_str().ok()).and_then(|text| text.parse().ok()).unwrap_or(0)
 }
 
 /// Applies [`ServerTrace`] for one hop.

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use tonic::{Status, metadata::MetadataValue};
 use tower::{BoxError, Service};
 
-use crate::{FAILED_FAST_HEADER, ForwardPolicy, Hop, HopStats, PREVIOUS_ATTEMPTS_HEADER, grpc_timeout};
+use crate::{FAILED_FAST_HEADER, ForwardPolicy, Hop, PREVIOUS_ATTEMPTS_HEADER, grpc_timeout, hop::Outcome};
 
 /// Forwards the deadline to `dependency`; see the module docs.
 #[derive(Debug, Clone)]
@@ -67,7 +67,7 @@ where
         let forward = match self.policy.plan_for(hop.name(), self.dependency, remaining) {
             Ok(forward) => forward,
             Err(too_little) => {
-                HopStats::count(&hop.stats().failed_fast);
+                hop.stats().count(hop.name(), Outcome::FailedFast);
                 tracing::debug!(%too_little, "failing fast");
                 let mut status = Status::deadline_exceeded(too_little.to_string());
                 status.metadata_mut().insert(FAILED_FAST_HEADER, MetadataValue::from_static(hop.name()));

@@ -15,7 +15,7 @@ use tokio::{
 use super::Protocol;
 use telemetry::attr;
 
-use crate::{Hop, hop::HopStats, millis};
+use crate::{Hop, hop::Outcome, millis};
 
 pin_project! {
     #[project = StateProjection]
@@ -44,7 +44,7 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             // Dropped unanswered: the caller went away and its work stops here with the future.
             if let (false, StateProjection::Running { hop, .. }) = (this.answered, this.project().state.project()) {
-                HopStats::count(&hop.stats().abandoned);
+                hop.stats().count(hop.name(), Outcome::Abandoned);
             }
         }
     }
@@ -85,7 +85,7 @@ where
             Poll::Ready(result) => {
                 let now = Instant::now();
                 if hop.deadline().is_expired_at(now) {
-                    HopStats::count(&hop.stats().finished_late);
+                    hop.stats().count(hop.name(), Outcome::FinishedLate);
                 }
                 record_slice(hop, now);
                 result.map(|mut response| {
@@ -97,7 +97,7 @@ where
                 if expiry.poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                HopStats::count(&hop.stats().expired);
+                hop.stats().count(hop.name(), Outcome::Expired);
                 tracing::debug!(hop = hop.name(), budget_ms = ?hop.deadline().budget(), "deadline exceeded");
                 let now = Instant::now();
                 record_slice(hop, now);
@@ -111,8 +111,10 @@ where
     }
 }
 
-/// The hop's slice as attributes of the current span (the request's, when traced).
+/// The budget left in the hop's metrics, and its slice as attributes of the current span (the
+/// request's, when traced).
 fn record_slice(hop: &Hop, now: Instant) {
+    hop.stats().record_slack(hop.name(), hop.deadline().remaining_at(now));
     let span = tracing::Span::current();
     if span.is_disabled() {
         return;

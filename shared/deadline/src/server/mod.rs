@@ -75,7 +75,7 @@ where
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let received_at = Instant::now();
-        HopStats::count(&self.stats.requests);
+        self.stats.count_request();
         let requested = match self.protocol.requested_budget(request.headers()) {
             Ok(requested) => requested,
             Err(rejection) => return ResponseFuture::rejected(rejection),

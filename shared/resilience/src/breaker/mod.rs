@@ -37,6 +37,10 @@ use std::{
 use http::{Request, Response};
 use serde::{Deserialize, Serialize};
 use state::{Admission, Machine, Transition};
+use telemetry::{
+    attr,
+    metrics::{self, Counter, Gauge, KeyValue},
+};
 use tokio::time::Instant;
 use tonic::Status;
 use tower::{BoxError, Service};
@@ -84,13 +88,39 @@ impl Default for BreakerSettings {
     }
 }
 
-/// Counters of one breaker.
-#[derive(Debug, Default)]
+/// Counters of one breaker, kept for reports and counted in the chain's metrics as well.
+#[derive(Debug)]
 struct Counters {
     rejected: AtomicU64,
     opened: AtomicU64,
     half_opened: AtomicU64,
     closed: AtomicU64,
+    rejections: Counter<u64>,
+    transitions: Counter<u64>,
+    position: Gauge<u64>,
+    /// The calling hop and the dependency, labelling every series of this breaker.
+    labels: [KeyValue; 2],
+}
+
+impl Counters {
+    fn new(hop: &'static str, dependency: &'static str) -> Self {
+        let labels = [KeyValue::new(attr::HOP, hop), KeyValue::new(attr::PEER, dependency)];
+        let position = metrics::meter()
+            .u64_gauge(metrics::name::BREAKER_STATE)
+            .with_description("Breaker position: 0 closed, 1 half-open, 2 open")
+            .build();
+        position.record(Position::Closed.gauge_value(), &labels);
+        Self {
+            rejected: AtomicU64::new(0),
+            opened: AtomicU64::new(0),
+            half_opened: AtomicU64::new(0),
+            closed: AtomicU64::new(0),
+            rejections: metrics::counter(metrics::name::BREAKER_REJECTIONS, "Calls an open breaker answered without calling"),
+            transitions: metrics::counter(metrics::name::BREAKER_TRANSITIONS, "Breaker state changes"),
+            position,
+            labels,
+        }
+    }
 }
 
 /// A copy of a breaker's state and counters.
@@ -115,7 +145,8 @@ pub struct Breaker {
 }
 
 impl Breaker {
-    pub fn new(dependency: &'static str, settings: BreakerSettings) -> Arc<Self> {
+    /// The breaker of `hop`'s calls to `dependency`.
+    pub fn new(hop: &'static str, dependency: &'static str, settings: BreakerSettings) -> Arc<Self> {
         // Settings that could never open, or never close, are brought into range: at least one
         // call in the window, no more needed than the window holds, at least one probe.
         let window_calls = settings.window_calls.max(1);
@@ -130,7 +161,7 @@ impl Breaker {
             enabled: settings.enabled,
             slow_call: Duration::from_millis(settings.slow_call_ms),
             machine: Mutex::new(Machine::new(settings)),
-            counters: Counters::default(),
+            counters: Counters::new(hop, dependency),
         })
     }
 
@@ -158,6 +189,8 @@ impl Breaker {
         self.note(transition);
         admission.map_err(|retry_in| {
             self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            self.counters.rejections.add(1, &self.counters.labels);
+            tracing::debug!(peer = self.dependency, breaker.state = "open", breaker.retry_in_ms = retry_in.as_millis() as i64, "circuit breaker answered without calling");
             CircuitOpen { dependency: self.dependency, retry_in }
         })
     }
@@ -178,6 +211,9 @@ impl Breaker {
             Position::Closed => &self.counters.closed,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        let [hop, dependency] = self.counters.labels.clone();
+        self.counters.transitions.add(1, &[hop, dependency, KeyValue::new("to", to.as_str())]);
+        self.counters.position.record(to.gauge_value(), &self.counters.labels);
         tracing::info!(dependency = self.dependency, breaker.from = ?from, breaker.to = ?to, "circuit breaker changed state");
     }
 }
@@ -232,7 +268,7 @@ mod tests {
             async { Ok::<_, BoxError>(Status::unavailable("down").into_http::<String>()) }
         });
         let settings = BreakerSettings { min_calls: 2, window_calls: 2, ..BreakerSettings::default() };
-        let mut service = BreakerService::new(failing, Breaker::new("bank-mock", settings));
+        let mut service = BreakerService::new(failing, Breaker::new("payment", "bank-mock", settings));
         for _ in 0..2 {
             service.call(Request::new(String::new())).await.unwrap();
         }

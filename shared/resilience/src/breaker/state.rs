@@ -29,6 +29,25 @@ pub enum Position {
     HalfOpen,
 }
 
+impl Position {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Position::Closed => "closed",
+            Position::Open => "open",
+            Position::HalfOpen => "half_open",
+        }
+    }
+
+    /// The position as the breaker-state gauge shows it: 0 closed, 1 half-open, 2 open.
+    pub fn gauge_value(self) -> u64 {
+        match self {
+            Position::Closed => 0,
+            Position::HalfOpen => 1,
+            Position::Open => 2,
+        }
+    }
+}
+
 #[derive(Debug)]
 enum State {
     Closed { window: VecDeque<Outcome> },

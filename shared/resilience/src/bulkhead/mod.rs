@@ -24,6 +24,10 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Status, metadata::MetadataValue};
+use telemetry::{
+    attr,
+    metrics::{self, Counter, KeyValue},
+};
 use tower::{BoxError, Service};
 
 /// Metadata marking an answer given by a full bulkhead; its value names the dependency.
@@ -52,6 +56,9 @@ pub struct Bulkhead {
     limit: u32,
     permits: Arc<Semaphore>,
     rejected: AtomicU64,
+    rejections: Counter<u64>,
+    /// The calling hop and the dependency, labelling the rejections.
+    labels: [KeyValue; 2],
 }
 
 /// A copy of a bulkhead's counters.
@@ -63,8 +70,16 @@ pub struct BulkheadStats {
 }
 
 impl Bulkhead {
-    pub fn new(dependency: &'static str, limit: u32) -> Arc<Self> {
-        Arc::new(Self { dependency, limit, permits: Arc::new(Semaphore::new(limit as usize)), rejected: AtomicU64::new(0) })
+    /// The bulkhead of `hop`'s calls to `dependency`.
+    pub fn new(hop: &'static str, dependency: &'static str, limit: u32) -> Arc<Self> {
+        Arc::new(Self {
+            dependency,
+            limit,
+            permits: Arc::new(Semaphore::new(limit as usize)),
+            rejected: AtomicU64::new(0),
+            rejections: metrics::counter(metrics::name::BULKHEAD_REJECTIONS, "Calls a full bulkhead refused"),
+            labels: [KeyValue::new(attr::HOP, hop), KeyValue::new(attr::PEER, dependency)],
+        })
     }
 
     pub fn stats(&self) -> BulkheadStats {
@@ -117,8 +132,9 @@ where
             Ok(permit) => ResponseFuture::Admitted { inner: self.inner.call(request), permit },
             Err(_) => {
                 self.bulkhead.rejected.fetch_add(1, Ordering::Relaxed);
+                self.bulkhead.rejections.add(1, &self.bulkhead.labels);
                 let full = BulkheadFull { dependency: self.bulkhead.dependency, limit: self.bulkhead.limit };
-                tracing::debug!(%full, "bulkhead rejected a call");
+                tracing::debug!(peer = full.dependency, bulkhead.limit = i64::from(full.limit), "bulkhead rejected a call");
                 ResponseFuture::Rejected { response: Some(Status::from(full).into_http()) }
             }
         }
@@ -155,7 +171,7 @@ mod tests {
                 Ok::<_, BoxError>(Response::new("done".to_owned()))
             }
         });
-        let bulkhead = Bulkhead::new("bank-mock", 2);
+        let bulkhead = Bulkhead::new("payment", "bank-mock", 2);
         let service = BulkheadService::new(slow, bulkhead.clone());
         let first = tokio::spawn(service.clone().oneshot(Request::new(String::new())));
         let second = tokio::spawn(service.clone().oneshot(Request::new(String::new())));

@@ -139,7 +139,7 @@ impl RetryPolicy {
                 backoff_base,
                 backoff_max,
                 attempt_time: AttemptTime::new(min_attempt),
-                stats: RetryStats::default(),
+                stats: RetryStats::new(),
             }),
             backoff: None,
             attempt_started: None,

@@ -1,6 +1,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
+use telemetry::metrics::{self, Counter, KeyValue};
 
 /// Why an operation stopped being retried: its last attempt's outcome is what the client gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -36,12 +37,14 @@ impl StopReason {
     }
 }
 
-/// Counters of one retry policy (one operation at the gateway).
-#[derive(Debug, Default)]
+/// Counters of one retry policy, kept for reports and counted in the chain's metrics as well.
+#[derive(Debug)]
 pub struct RetryStats {
     requests: AtomicU64,
     retries: AtomicU64,
     stops: [AtomicU64; 7],
+    retried: Counter<u64>,
+    stopped: Counter<u64>,
 }
 
 /// A copy of [`RetryStats`] at one moment.
@@ -79,16 +82,28 @@ impl RetryStatsSnapshot {
 }
 
 impl RetryStats {
+    pub(crate) fn new() -> Self {
+        Self {
+            requests: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            stops: Default::default(),
+            retried: metrics::counter(metrics::name::RETRIES, "Attempts beyond the first"),
+            stopped: metrics::counter(metrics::name::RETRY_STOPS, "Why operations stopped being retried"),
+        }
+    }
+
     pub(crate) fn request(&self) {
         self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn retry(&self) {
         self.retries.fetch_add(1, Ordering::Relaxed);
+        self.retried.add(1, &[]);
     }
 
     pub(crate) fn stop(&self, reason: StopReason) {
         self.stops[reason as usize].fetch_add(1, Ordering::Relaxed);
+        self.stopped.add(1, &[KeyValue::new("reason", reason.as_str())]);
     }
 
     pub fn snapshot(&self) -> RetryStatsSnapshot {

@@ -1,0 +1,17 @@
+//! The OTLP/gRPC receiver as a program, for the compose test stack: prints one line per span it
+//! receives (`span trace_id=… service=… name=…`), so the test reads what the services exported
+//! from the container's log.
+
+use std::net::SocketAddr;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let listen: SocketAddr = match std::env::args().nth(1) {
+        Some(listen) => listen.parse()?,
+        None => SocketAddr::from(([0, 0, 0, 0], 4317)),
+    };
+    let receiver = otlp_receiver::OtlpReceiver::start_on(listen, true).await?;
+    println!("receiving OTLP on {}", receiver.endpoint());
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! A real OTLP/gRPC receiver of traces and metrics, keeping what it is sent, so that tests see the
+//! spans and metrics the services export exactly as a collector would: in-process on a free port
+//! for the end-to-end tests, and as its own program (`otlp-receiver`) in the compose test stack,
+//! where no collector image can be had.
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+};
+
+use opentelemetry_proto::tonic::{
+    collector::{
+        metrics::v1::{
+            ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+            metrics_service_server::{MetricsService, MetricsServiceServer},
+        },
+        trace::v1::{
+            ExportTraceServiceRequest, ExportTraceServiceResponse,
+            trace_service_server::{TraceService, TraceServiceServer},
+        },
+    },
+    common::v1::{AnyValue, any_value::Value},
+    metrics::v1::Metric,
+    trace::v1::Span,
+};
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+
+/// The receiver and everything it has received.
+#[derive(Clone)]
+pub struct OtlpReceiver {
+    addr: SocketAddr,
+    received: Collector,
+}
+
+#[derive(Clone, Default)]
+struct Collector {
+    spans: Arc<Mutex<Vec<Span>>>,
+    metrics: Arc<Mutex<Vec<Metric>>>,
+    /// Print a line per span received (the compose stack's receiver, read from its log).
+    echo: bool,
+}
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(&self, request: Request<ExportTraceServiceRequest>) -> Result<Response<ExportTraceServiceResponse>, Status> {
+        for resource in request.into_inner().resource_spans {
+            let service = resource
+                .resource
+                .as_ref()
+                .and_then(|resource| resource.attributes.iter().find(|kv| kv.key == "service.name"))
+                .and_then(|kv| kv.value.as_ref())
+                .and_then(|value| match &value.value {
+                    Some(Value::StringValue(name)) => Some(name.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            let spans: Vec<Span> = resource.scope_spans.into_iter().flat_map(|s| s.spans).collect();
+            if self.echo {
+                for span in &spans {
+                    println!("span trace_id={} service={service} name={:?}", hex::encode(&span.trace_id), span.name);
+                }
+            }
+            self.spans.lock().expect("spans lock").extend(spans);
+        }
+        Ok(Response::new(ExportTraceServiceResponse { partial_success: None }))
+    }
+}
+
+#[tonic::async_trait]
+impl MetricsService for Collector {
+    async fn export(&self, request: Request<ExportMetricsServiceRequest>) -> Result<Response<ExportMetricsServiceResponse>, Status> {
+        let metrics = request.into_inner().resource_metrics.into_iter().flat_map(|r| r.scope_metrics).flat_map(|s| s.metrics);
+        self.metrics.lock().expect("metrics lock").extend(metrics);
+        Ok(Response::new(ExportMetricsServiceResponse { partial_success: None }))
+    }
+}
+
+impl OtlpReceiver {
+    /// A receiver on a free loopback port, keeping what it is sent.
+    pub async fn start() -> Self {
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), false).await.expect("a free loopback port")
+    }
+
+    /// A receiver on `addr`, also printing a line per span when `echo` is set.
+    pub async fn start_on(addr: SocketAddr, echo: bool) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let received = Collector { echo, ..Collector::default() };
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(received.clone()))
+                .add_service(MetricsServiceServer::new(received.clone()))
+                .serve_with_incoming(incoming),
+        );
+        Ok(Self { addr, received })
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The spans received so far of the trace `trace_id` (32 hex digits).
+    pub fn trace(&self, trace_id: &str) -> Vec<Span> {
+        let id = hex::decode(trace_id).expect("a hex trace id");
+        self.received.spans.lock().expect("spans lock").iter().filter(|span| span.trace_id == id).cloned().collect()
+    }
+
+    /// The names of the metrics received so far.
+    pub fn metric_names(&self) -> Vec<String> {
+        self.received.metrics.lock().expect("metrics lock").iter().map(|metric| metric.name.clone()).collect()
+    }
+}
+
+/// A span's attribute, as text or number.
+pub fn attribute<'a>(span: &'a Span, key: &str) -> Option<&'a Value> {
+    span.attributes.iter().find(|kv| kv.key == key).and_then(|kv| kv.value.as_ref()).and_then(|v: &AnyValue| v.value.as_ref())
+}
+
+pub fn text_attribute<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
+    match attribute(span, key)? {
+        Value::StringValue(text) => Some(text),
+        _ => None,
+    }
+}
+
+pub fn number_attribute(span: &Span, key: &str) -> Option<f64> {
+    match attribute(span, key)? {
+        Value::DoubleValue(number) => Some(*number),
+        Value::IntValue(number) => Some(*number as f64),
+        _ => None,
+    }
+}

@@ -1,0 +1,93 @@
+//! Metrics: every service serves its counters on `/metrics` (Prometheus text), and they move with
+//! what the chain does: answers by code (429 apart from 5xx), retries, breaker transitions and
+//! rejections, bulkhead and quota refusals, fallbacks, and the deadline's slack per hop.
+
+use std::time::Duration;
+
+use bank_mock::Latency;
+use e2e::{TestChain, fast_bank, order_body};
+use telemetry::TelemetrySettings;
+
+/// The sum of the samples of `metric` whose labels include every one of `labels`.
+fn sample(text: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (name, rest) = series.split_once('{').unwrap_or((series, ""));
+            (name == metric && labels.iter().all(|(key, value)| rest.contains(&format!("{key}=\"{value}\"")))).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+async fn scrape(test: &TestChain, address: std::net::SocketAddr) -> String {
+    let response = test.http.get(format!("http://{address}/metrics")).send().await.expect("/metrics answers");
+    assert_eq!(response.status(), 200);
+    assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
+    response.text().await.unwrap()
+}
+
+#[tokio::test]
+async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
+    let telemetry = telemetry::init("tests", &TelemetrySettings::default()).expect("metrics are installed");
+    assert!(!telemetry.exporting(), "no endpoint: Prometheus only, nothing pushed");
+    let test = TestChain::start_with(e2e::touchy_bank_guards).await;
+    let addresses = test.chain.addresses.clone();
+    let before = scrape(&test, addresses.gateway_http).await;
+
+    // Healthy orders and a summary, whose exchange rate the gateway remembers.
+    let mut order_id = String::new();
+    for n in 0..3 {
+        let response = test.post_order(&format!("metrics-ok-{n}"), &order_body()).send().await.unwrap();
+        assert_eq!(response.status(), 201);
+        order_id = response.json::<serde_json::Value>().await.unwrap()["order_id"].as_str().unwrap().to_owned();
+    }
+    let summary = |test: &TestChain| test.http.get(test.url(&format!("/v1/orders/{order_id}/summary"))).bearer_auth(e2e::API_KEY).send();
+    assert_eq!(summary(&test).await.unwrap().status(), 200);
+
+    // A client over its quota (demo-key-2: a burst of 10, then 5 a second), all at once so that
+    // a slow machine cannot spread them over the refill.
+    let over_quota = (0..20).map(|n| {
+        test.http.post(test.url("/v1/orders")).bearer_auth("demo-key-2").header("idempotency-key", format!("metrics-quota-{n}")).json(&order_body()).send()
+    });
+    futures::future::join_all(over_quota).await;
+
+    // A slow bank behind a bulkhead of one: concurrent orders are refused at payment's bulkhead.
+    test.set_faults(fast_bank(|f| f.latency_ms = Latency { mean: 300.0, stddev: 0.0 }));
+    let concurrent = (0..3).map(|n| test.post_order(&format!("metrics-bulkhead-{n}"), &order_body()).send());
+    futures::future::join_all(concurrent).await;
+
+    // A failing bank: retried at the gateway, then the breaker opens and answers for the bank;
+    // the summary's rate comes from the last quote.
+    test.set_faults(fast_bank(|f| f.error_rate = 1.0));
+    for n in 0..8 {
+        test.post_order(&format!("metrics-down-{n}"), &order_body()).send().await.unwrap();
+    }
+    assert_eq!(summary(&test).await.unwrap().status(), 200);
+
+    let after = scrape(&test, addresses.gateway_http).await;
+    let grew = |metric: &str, labels: &[(&str, &str)]| sample(&after, metric, labels) - sample(&before, metric, labels);
+    assert!(grew("chain_requests_total", &[("hop", "gateway"), ("code", "201")]) >= 3.0, "{after}");
+    assert!(grew("chain_requests_total", &[("hop", "gateway"), ("code", "429")]) >= 1.0, "429s counted apart: {after}");
+    assert!(grew("chain_requests_total", &[("hop", "gateway"), ("code", "503")]) >= 1.0, "5xx counted apart: {after}");
+    assert!(grew("chain_requests_total", &[("hop", "orders"), ("code", "0")]) >= 3.0, "gRPC answers by status: {after}");
+    assert!(grew("chain_rate_limit_rejections_total", &[("scope", "client"), ("name", "demo-client-2")]) >= 1.0, "{after}");
+    assert!(grew("chain_bulkhead_rejections_total", &[("hop", "payment"), ("peer", "bank-mock")]) >= 1.0, "{after}");
+    assert!(grew("chain_retry_retries_total", &[]) >= 1.0, "{after}");
+    assert!(grew("chain_retry_stops_total", &[("reason", "breaker")]) >= 1.0, "{after}");
+    assert!(grew("chain_breaker_transitions_total", &[("hop", "payment"), ("peer", "bank-mock"), ("to", "open")]) >= 1.0, "{after}");
+    assert!(grew("chain_breaker_rejections_total", &[("hop", "payment"), ("peer", "bank-mock")]) >= 1.0, "{after}");
+    assert_eq!(sample(&after, "chain_breaker_state", &[("hop", "payment"), ("peer", "bank-mock")]), 2.0, "open: {after}");
+    assert!(grew("chain_fallbacks_total", &[("kind", "stale_rate")]) >= 1.0, "{after}");
+    for hop in ["gateway", "orders", "payment", "bank-mock"] {
+        assert!(grew("chain_deadline_slack_milliseconds_count", &[("hop", hop)]) >= 3.0, "slack of {hop}: {after}");
+        assert!(grew("chain_request_duration_milliseconds_count", &[("hop", hop)]) >= 3.0, "durations of {hop}: {after}");
+    }
+
+    // Every port a service serves answers /metrics: the gRPC ports over HTTP/1.1 too.
+    for address in [addresses.gateway_grpc, addresses.orders, addresses.payment, addresses.bank, addresses.bank_admin] {
+        let text = tokio::time::timeout(Duration::from_secs(5), scrape(&test, address)).await.expect("scraped in time");
+        assert!(text.contains("chain_requests_total"), "{address}: {text}");
+    }
+    telemetry.shutdown().await;
+}

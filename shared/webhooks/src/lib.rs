@@ -1,0 +1,10 @@
+//! Outgoing webhooks: Standard Webhooks v1 signatures and the guard that vets where a delivery
+//! may go.
+//!
+//! Why one crate for both? They are the two halves of trusting a webhook: the receiver must be
+//! able to trust that a delivery came from us ([`signature`]), and we must be able to trust that
+//! a recipient's URL does not point the sender back into our own network ([`ssrf`]). The sender
+//! uses both; a receiver needs only [`signature::Verifier`].
+
+pub mod signature;
+pub mod ssrf;

@@ -42,6 +42,10 @@ struct HeaderInjector<'a>(&'a mut HeaderMap);
 
 impl Injector for HeaderInjector<'_> {
     fn set(&mut self, key: &str, value: String) {
+        // An empty `tracestate` says nothing; leaving it out keeps answers clean.
+        if value.is_empty() {
+            return;
+        }
         if let (Ok(name), Ok(value)) = (HeaderName::try_from(key), HeaderValue::try_from(value)) {
             self.0.insert(name, value);
         }

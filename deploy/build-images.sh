@@ -29,8 +29,13 @@ while [[ $# -gt 0 ]]; do
 done
 
 # Without the buildx plugin the docker client cannot use BuildKit: use the classic builder, which
-# the Dockerfile's stage order keeps from pulling anything on the offline path.
+# the Dockerfile's stage order keeps from pulling anything on the offline path. The classic
+# builder builds every stage before its target, so the Rust stage needs BuildKit.
 if ! docker buildx version >/dev/null 2>&1; then
+    if ! $from_host; then
+        echo "building from source needs BuildKit (the docker buildx plugin); or use --from-host" >&2
+        exit 2
+    fi
     export DOCKER_BUILDKIT=0
 fi
 
@@ -42,11 +47,12 @@ if $from_host; then
     for service in "${services[@]}"; do bins+=(--bin "$service"); done
     # A target directory of its own: static builds never wait for (or invalidate) the usual ones.
     export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}/images"
+    triple="$(uname -m)-unknown-linux-gnu"
     (cd "$root" && RUSTFLAGS="-C target-feature=+crt-static" \
-        cargo build --release --locked --target x86_64-unknown-linux-gnu "${bins[@]}")
+        cargo build --release --locked --target "$triple" "${bins[@]}")
     mkdir -p "$here/dist"
     for service in "${services[@]}"; do
-        cp "$CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release/$service" "$here/dist/$service"
+        cp "$CARGO_TARGET_DIR/$triple/release/$service" "$here/dist/$service"
     done
 else
     target=from-source

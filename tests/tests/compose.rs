@@ -30,11 +30,23 @@ fn run(command: &mut Command) -> Output {
     output
 }
 
-fn docker_answers() -> bool {
-    let quiet = |program: &str, args: &[&str]| {
-        Command::new(program).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|status| status.success())
-    };
-    quiet("docker", &["info"]) && quiet("docker-compose", &["version"])
+fn succeeds(program: &str, args: &[&str]) -> bool {
+    Command::new(program).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|status| status.success())
+}
+
+/// How Compose is called here: `docker compose` (v2) or `docker-compose` (v1); `None` without a
+/// Docker engine that answers or without Compose.
+fn compose_program() -> Option<&'static [&'static str]> {
+    if !succeeds("docker", &["info"]) {
+        return None;
+    }
+    [&["docker", "compose"][..], &["docker-compose"][..]].into_iter().find(|program| succeeds(program[0], &[&program[1..], &["version"][..]].concat()))
+}
+
+fn compose_command(program: &[&str]) -> Command {
+    let mut command = Command::new(program[0]);
+    command.args(&program[1..]);
+    command
 }
 
 fn free_port() -> u16 {
@@ -43,6 +55,7 @@ fn free_port() -> u16 {
 
 /// The test stack, taken down with its volumes and network when dropped (also on failure).
 struct Stack {
+    program: &'static [&'static str],
     project: String,
     gateway_port: u16,
     admin_port: u16,
@@ -50,7 +63,7 @@ struct Stack {
 
 impl Stack {
     fn compose(&self) -> Command {
-        let mut command = Command::new("docker-compose");
+        let mut command = compose_command(self.program);
         command
             .arg("-p")
             .arg(&self.project)
@@ -78,12 +91,12 @@ impl Drop for Stack {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
-    if !docker_answers() {
-        say("SKIPPED: no Docker engine (or no docker-compose) answers here; the compose stack was not built or tested");
+    let Some(program) = compose_program() else {
+        say("SKIPPED: no Docker engine with Compose answers here; the compose stack was not built or tested");
         return;
-    }
+    };
     // The users' stack file is valid (its PostgreSQL and Jaeger images cannot be had here).
-    run(Command::new("docker-compose").current_dir(root().join("deploy")).args(["config", "--quiet"]));
+    run(compose_command(program).current_dir(root().join("deploy")).args(["config", "--quiet"]));
 
     let build = Command::new("bash")
         .arg(root().join("deploy/build-images.sh"))
@@ -92,7 +105,7 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
         .expect("build-images.sh runs");
     assert!(build.success(), "the images build offline");
 
-    let stack = Stack { project: format!("chain-test-{}", std::process::id()), gateway_port: free_port(), admin_port: free_port() };
+    let stack = Stack { program, project: format!("chain-test-{}", std::process::id()), gateway_port: free_port(), admin_port: free_port() };
     let started = Instant::now();
     run(stack.compose().args(["up", "--detach", "--no-build"]));
     while SERVICES.iter().any(|service| stack.health(service) != "healthy") {
@@ -130,7 +143,7 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
     tokio::time::timeout(Duration::from_secs(30), exported).await.expect("every service exported its spans of the trace");
 
     // The fault drills, as a user runs them.
-    let compose = format!("docker-compose -p {} -f {}", stack.project, root().join("tests/compose/compose.yaml").display());
+    let compose = format!("{} -p {} -f {}", program.join(" "), stack.project, root().join("tests/compose/compose.yaml").display());
     let drills = Command::new("bash")
         .arg(root().join("deploy/drills.sh"))
         .arg("all")

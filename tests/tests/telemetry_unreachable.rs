@@ -10,7 +10,7 @@ use telemetry::TelemetrySettings;
 #[tokio::test]
 async fn with_the_collector_unreachable_the_chain_keeps_serving() {
     // Nothing listens on port 9 (discard) on loopback here: every export fails.
-    let settings = TelemetrySettings { otlp_endpoint: Some("http://127.0.0.1:9".into()), service_name: None };
+    let settings = TelemetrySettings { otlp_endpoint: Some("http://127.0.0.1:9".into()), service_name: None, ..TelemetrySettings::default() };
     let exporter = telemetry::init("tests", &settings).expect("an exporter is built lazily");
     assert!(exporter.exporting());
     assert!(

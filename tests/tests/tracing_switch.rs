@@ -7,7 +7,7 @@ use telemetry::TelemetrySettings;
 #[tokio::test]
 async fn tracing_can_be_switched_off_and_on_again() {
     let receiver = OtlpReceiver::start().await;
-    let settings = TelemetrySettings { otlp_endpoint: Some(receiver.endpoint()), service_name: None };
+    let settings = TelemetrySettings { otlp_endpoint: Some(receiver.endpoint()), service_name: None, ..TelemetrySettings::default() };
     let telemetry = telemetry::init("tests", &settings).expect("exporter");
     let test = TestChain::start().await;
     let traceparent = |response: &reqwest::Response| response.headers().get("traceparent").is_some();

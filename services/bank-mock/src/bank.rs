@@ -186,12 +186,12 @@ impl BankService {
                 Err(ChargeError::ResourceExhausted { pushback_ms })
             }
             Plan::Unavailable => {
-                tokio::time::sleep(latency).await;
+                answer_after(latency).await;
                 bump(&counters.injected_unavailable);
                 Err(ChargeError::Unavailable)
             }
             Plan::Charge { decline, drop_reply } => {
-                tokio::time::sleep(latency).await;
+                answer_after(latency).await;
                 Ok((decline, drop_reply))
             }
         }
@@ -225,6 +225,14 @@ const USD_RATES: &[(&str, &str)] = &[
     ("CHF", "1.1300"), ("CZK", "0.0430"), ("DKK", "0.1450"), ("EUR", "1.0800"), ("GBP", "1.2700"),
     ("JPY", "0.0067"), ("NOK", "0.0920"), ("PLN", "0.2500"), ("SEK", "0.0950"), ("USD", "1.0000"),
 ];
+
+/// Waits `latency`; a zero latency does not wait at all (a timer would round it up to the next
+/// millisecond tick).
+async fn answer_after(latency: std::time::Duration) {
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+}
 
 fn validate(request: &ChargeRequest) -> Result<(), ChargeError> {
     if !(1..=proto::validate::MAX_AMOUNT_MINOR).contains(&request.amount_minor) {

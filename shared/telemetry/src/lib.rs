@@ -29,18 +29,31 @@ use tracing_subscriber::{
     util::SubscriberInitExt,
 };
 
-/// Where traces go; read from the standard `OTEL_*` variables by [`TelemetrySettings::from_env`].
+/// Where traces and metrics go; read from the standard `OTEL_*` variables by
+/// [`TelemetrySettings::from_env`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TelemetrySettings {
     /// OTLP/gRPC endpoint, e.g. `http://127.0.0.1:4317`; `None`: no export.
     pub otlp_endpoint: Option<String>,
-    /// The `service.name` of exported spans.
+    /// The `service.name` of exported spans and metrics.
     pub service_name: Option<String>,
+    /// Whether metrics are pushed to the OTLP endpoint too (`/metrics` serves them either way).
+    pub metrics_exporter: MetricsExporter,
+}
+
+/// `OTEL_METRICS_EXPORTER`: where metrics are pushed besides `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MetricsExporter {
+    /// To the OTLP endpoint, when there is one.
+    #[default]
+    Otlp,
+    /// Nowhere: a collector that keeps traces only (Jaeger) would refuse them.
+    None,
 }
 
 impl TelemetrySettings {
     /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`, and
-    /// `OTEL_SERVICE_NAME`; `OTEL_SDK_DISABLED=true` turns export off.
+    /// `OTEL_SERVICE_NAME`, `OTEL_METRICS_EXPORTER=none`; `OTEL_SDK_DISABLED=true` turns export off.
     pub fn from_env() -> Self {
         let read = |name: &str| std::env::var(name).ok().filter(|value| !value.trim().is_empty());
         let disabled = read("OTEL_SDK_DISABLED").is_some_and(|value| value.eq_ignore_ascii_case("true"));
@@ -51,6 +64,10 @@ impl TelemetrySettings {
                 read("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| read("OTEL_EXPORTER_OTLP_ENDPOINT"))
             },
             service_name: read("OTEL_SERVICE_NAME"),
+            metrics_exporter: match read("OTEL_METRICS_EXPORTER") {
+                Some(value) if value.eq_ignore_ascii_case("none") => MetricsExporter::None,
+                _ => MetricsExporter::Otlp,
+            },
         }
     }
 }
@@ -101,7 +118,8 @@ pub fn init(default_service_name: &str, settings: &TelemetrySettings) -> Result<
     if traces.is_some() {
         opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     }
-    let meters = metrics::install(resource, endpoint)?;
+    let metrics_endpoint = endpoint.filter(|_| settings.metrics_exporter == MetricsExporter::Otlp);
+    let meters = metrics::install(resource, metrics_endpoint)?;
     Ok(Telemetry { traces, meters: Some(meters), exporting: endpoint.is_some(), trace_switch })
 }
 

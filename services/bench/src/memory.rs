@@ -5,8 +5,8 @@
 //! the same process, so the figure is the peak RSS (VmHWM) of the whole chain plus its clients,
 //! not of one service. The peak is reset just before each run, so it is that run's own. The chain
 //! runs twice: as configured, where bulkheads, intake limits and breakers refuse most of the
-//! clients at once, and with those out of the way, so that every client's request is held down to
-//! the bank until its deadline.
+//! clients at once, and with those out of the way, so that every client's request is held in the
+//! chain until its deadline.
 
 use serde::Serialize;
 use stack::ChainSettings;
@@ -55,7 +55,7 @@ struct Variant {
     change: Box<dyn FnOnce(&mut ChainSettings)>,
 }
 
-/// The chain, made to hold every one of `clients` requests down to the bank.
+/// The chain, made to refuse none of `clients` requests.
 fn room_for(clients: usize) -> impl FnOnce(&mut ChainSettings) {
     move |chain| {
         stack::scenario::without_guards(chain);
@@ -81,8 +81,8 @@ pub async fn measure(profile: &Profile) -> Result<MemoryUnderHang, BenchError> {
     let variants = [
         Variant { label: "as configured", about: "every guard and intake limit as configured", change: Box::new(|_| {}) },
         Variant {
-            label: "everything held",
-            about: "guards out of the way and intake limits above the clients: every request waits for the bank",
+            label: "nothing refused",
+            about: "guards out of the way and intake limits above the clients: no client is refused, each waits in the chain until its deadline",
             change: Box::new(room_for(settings.clients)),
         },
     ];

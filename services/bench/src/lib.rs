@@ -78,6 +78,8 @@ pub struct Options {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub machine: machine::Machine,
+    /// The PostgreSQL server's version, when one was given.
+    pub postgres_server: Option<String>,
     pub profile: Profile,
     /// From the start of the first comparison to the end of the last.
     pub wall_time_s: f64,
@@ -122,6 +124,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     let idempotency = idempotency::measure(profile, postgres.as_ref()).await?;
     Ok(Report {
         machine,
+        postgres_server: postgres.as_ref().map(|postgres| postgres.version.clone()),
         profile: profile.clone(),
         wall_time_s: started.elapsed().as_secs_f64(),
         overhead,

@@ -99,6 +99,10 @@ impl Report {
         writeln!(out, "| Build | {} |", m.build)?;
         writeln!(out, "| Date | {} |", m.date)?;
         writeln!(out, "| Load average at start | {} |", m.load_average_at_start)?;
+        match &self.postgres_server {
+            Some(version) => writeln!(out, "| PostgreSQL | {version}, the server of `TEST_POSTGRES_URL` or `--postgres-url` |")?,
+            None => writeln!(out, "| PostgreSQL | none given (`TEST_POSTGRES_URL` or `--postgres-url`): not measured |")?,
+        }
         writeln!(out, "| Profile | {} |", self.profile.name)?;
         writeln!(out, "| Wall time | {:.0} s |", self.wall_time_s)
     }

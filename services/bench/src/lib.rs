@@ -83,6 +83,8 @@ pub struct Report {
     pub profile: Profile,
     /// From the start of the first comparison to the end of the last.
     pub wall_time_s: f64,
+    /// /proc/loadavg when the run ended: other work on the machine meanwhile.
+    pub load_average_at_end: String,
     pub overhead: overhead::Overhead,
     pub deadline_precision: precision::DeadlinePrecision,
     pub amplification: amplification::Amplification,
@@ -127,6 +129,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
         postgres_server: postgres.as_ref().map(|postgres| postgres.version.clone()),
         profile: profile.clone(),
         wall_time_s: started.elapsed().as_secs_f64(),
+        load_average_at_end: machine::load_average(),
         overhead,
         deadline_precision,
         amplification,

@@ -43,10 +43,15 @@ impl Machine {
             command,
             build: if cfg!(debug_assertions) { "debug" } else { "release" },
             date: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
-            load_average_at_start: read_trimmed("/proc/loadavg"),
+            load_average_at_start: load_average(),
             kernel: read_trimmed("/proc/sys/kernel/osrelease"),
         }
     }
+}
+
+/// /proc/loadavg as it reads now.
+pub fn load_average() -> String {
+    read_trimmed("/proc/loadavg")
 }
 
 fn read_trimmed(path: &str) -> String {

@@ -99,6 +99,7 @@ impl Report {
         writeln!(out, "| Build | {} |", m.build)?;
         writeln!(out, "| Date | {} |", m.date)?;
         writeln!(out, "| Load average at start | {} |", m.load_average_at_start)?;
+        writeln!(out, "| Load average at end | {} |", self.load_average_at_end)?;
         match &self.postgres_server {
             Some(version) => writeln!(out, "| PostgreSQL | {version}, the server of `TEST_POSTGRES_URL` or `--postgres-url` |")?,
             None => writeln!(out, "| PostgreSQL | none given (`TEST_POSTGRES_URL` or `--postgres-url`): not measured |")?,
@@ -129,6 +130,8 @@ impl Report {
         writeln!(out, "|---|---:|---:|---:|---:|---:|---:|")?;
         for chain in &o.chains {
             let sustained = match (chain.max_sustained_per_second, chain.steps.last()) {
+                // Nothing above the ceiling is tried: the chain may sustain more.
+                (Some(sustained), _) if chain.steps.len() == 1 => format!("{} (the ceiling)", rate(sustained)),
                 (Some(sustained), _) => rate(sustained),
                 (None, Some(lowest)) => format!("below {}", rate(lowest.offered_per_second)),
                 (None, None) => NONE.to_owned(),
@@ -179,7 +182,8 @@ impl Report {
             out,
             "Every bank call hangs; {} requests at {} per face, each with a {} deadline (`grpc-timeout`, \
              `X-Request-Timeout-Ms`), breakers off. Answer − deadline is from the moment each request \
-             was sent; negative means the answer came before the deadline.\n",
+             was sent; negative means the answer came before the deadline (each hop keeps part of what \
+             it receives for its own reply, so the bank's call ends first).\n",
             p.requests,
             rate(p.per_second),
             ms(d.deadline_ms)
@@ -256,7 +260,9 @@ impl Report {
         writeln!(
             out,
             "{} requests at {} over gRPC per guard, gateway retries off; latency end to end at the \
-             gateway, beside the calls that reached the bank.\n",
+             gateway, beside the calls that reached the bank. Both guards are payment's, toward the \
+             bank: a refused call has passed the gateway and orders, which records the order before \
+             it calls payment.\n",
             p.requests,
             rate(p.per_second)
         )?;

@@ -15,7 +15,8 @@ struct Cli {
     /// A PostgreSQL database whose user may create databases, for the idempotency comparison.
     #[arg(long, value_name = "URL", env = "TEST_POSTGRES_URL", hide_env_values = true)]
     postgres_url: Option<String>,
-    /// Where BENCHMARKS.md and BENCHMARKS.json are written (default: the repository's root).
+    /// Where BENCHMARKS.md and BENCHMARKS.json are written (default: the repository's root;
+    /// with --smoke, target/bench-smoke in it, so that the committed table stays as it is).
     #[arg(long, value_name = "DIR")]
     out_dir: Option<PathBuf>,
 }
@@ -35,7 +36,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let report = bench::run(&options).await?;
     println!("{report}");
-    let written = bench::write(&report, &cli.out_dir.unwrap_or_else(bench::repository_root))?;
+    let out_dir = cli.out_dir.unwrap_or_else(|| {
+        let root = bench::repository_root();
+        if cli.smoke { root.join("target").join("bench-smoke") } else { root }
+    });
+    let written = bench::write(&report, &out_dir)?;
     eprintln!("written: {} and {}", written.markdown.display(), written.json.display());
     Ok(())
 }

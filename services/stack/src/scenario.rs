@@ -64,7 +64,7 @@ const LAYERS_OFF: Variant = Variant { label: "layers off", mode: ChainMode::Budg
 /// Every guard out of the way: retries and breakers off, bulkhead and quota limits raised far
 /// beyond the load (the layers stay; their decisions never refuse), to measure what the guards
 /// cost on a healthy chain.
-fn without_guards(settings: &mut ChainSettings) {
+pub fn without_guards(settings: &mut ChainSettings) {
     without_breakers(settings);
     settings.gateway.retry.max_attempts = 1;
     let unlimited = resilience::rate_limit::QuotaSettings::default();
@@ -130,7 +130,7 @@ impl Scenario {
 fn as_configured(_: &mut ChainSettings) {}
 
 /// Turns every circuit breaker off, so that a scenario shows what the retry budget does alone.
-fn without_breakers(settings: &mut ChainSettings) {
+pub fn without_breakers(settings: &mut ChainSettings) {
     settings.gateway.orders.breaker.enabled = false;
     settings.orders.payment.breaker.enabled = false;
     settings.payment.bank.breaker.enabled = false;
@@ -382,7 +382,7 @@ enum Target {
 }
 
 /// The order every scenario creates.
-fn order_json() -> serde_json::Value {
+pub fn order_json() -> serde_json::Value {
     serde_json::json!({
         "customer_id": "c-1",
         "items": [{"sku": "sku-1", "quantity": 2}],

@@ -1,0 +1,85 @@
+//! Comparison 6, idempotency: what a create costs the first time and when it is replayed from
+//! its key, and how many creates per second the chain pays, on SQLite and on PostgreSQL.
+//!
+//! Orders and payment each keep their keys in their own database, in the same transactions as
+//! the orders and payments, so the database is most of a create's cost. Each backend runs on a
+//! fresh chain with an instant bank: first the creates at a fixed rate, then the same requests
+//! again with the same keys (every one should be a replay), then closed-loop clients with new
+//! keys for throughput. All over the gateway's HTTP face, where replays are marked.
+
+use serde::Serialize;
+
+use crate::{
+    BenchError, Coverage, NotMeasured,
+    chains::{self, Backend},
+    clients::HttpOrders,
+    load::{self, Measurement, Plan},
+    profile::Profile,
+};
+
+/// The class of a create that executed, and of one replayed from its key.
+pub const CREATED: &str = "201 Created";
+pub const REPLAYED: &str = "201 Created, replayed";
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BackendIdempotency {
+    pub backend: &'static str,
+    /// The database server's version, where there is a server.
+    pub server_version: Option<String>,
+    pub first: Measurement,
+    pub replay: Measurement,
+    /// Closed-loop clients, new keys.
+    pub throughput: Measurement,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Idempotency {
+    pub sqlite: BackendIdempotency,
+    pub postgres: Coverage<BackendIdempotency>,
+}
+
+/// Where PostgreSQL comes from, when it does.
+pub struct Postgres {
+    pub url: String,
+    pub version: String,
+}
+
+pub async fn measure(profile: &Profile, postgres: Option<&Postgres>) -> Result<Idempotency, BenchError> {
+    let sqlite = measure_on(profile, &Backend::Sqlite, None).await?;
+    let postgres = match postgres {
+        Some(postgres) => Coverage::Measured(measure_on(profile, &Backend::Postgres(postgres.url.clone()), Some(postgres.version.clone())).await?),
+        None => Coverage::NotMeasured(NotMeasured {
+            reason: "not measured: no PostgreSQL (set TEST_POSTGRES_URL or pass --postgres-url)".into(),
+        }),
+    };
+    Ok(Idempotency { sqlite, postgres })
+}
+
+async fn measure_on(profile: &Profile, backend: &Backend, server_version: Option<String>) -> Result<BackendIdempotency, BenchError> {
+    let settings = &profile.idempotency;
+    let name = backend.name();
+    let running = chains::start(backend, |chain| chain.bank.faults = chains::instant_bank()).await?;
+    let orders = HttpOrders::new(running.chain.addresses.gateway_http, "idempotency", None);
+    let plan = |what: &str| Plan::count(format!("{name}: {what}"), settings.requests, settings.per_second, profile.bounds);
+    let first = {
+        let orders = orders.clone();
+        load::run(&plan("first executions"), move |index| orders.create(index)).await
+    };
+    let replay = {
+        let orders = orders.clone();
+        load::run(&plan("replays"), move |index| orders.create(index)).await
+    };
+    let throughput = {
+        let orders = orders.keyed("throughput");
+        let plan = Plan::clients(
+            format!("{name}: throughput"),
+            settings.throughput_clients,
+            settings.throughput_requests,
+            settings.throughput_time_limit,
+            profile.bounds,
+        );
+        load::run(&plan, move |index| orders.create(index)).await
+    };
+    running.stop().await?;
+    Ok(BackendIdempotency { backend: name, server_version, first, replay, throughput })
+}

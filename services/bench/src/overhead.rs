@@ -1,0 +1,237 @@
+//! Comparison 1, overhead: the chain with every layer against the same four hops in bare tonic.
+//!
+//! Why three chains? The bare chain has no layers and no storage, so "every layer ÷ bare" is
+//! the whole price of the design on this path. The chain with its guards idle (breakers and
+//! retries off, bulkhead and quota limits out of reach, the same services and storage otherwise)
+//! splits that price: what the guards' decisions cost, and what the rest costs (deadline and
+//! ledger layers, intake limits, idempotency keys and orders in SQLite).
+//!
+//! For each chain: a closed-loop probe finds its ceiling, then open-loop rates from the ceiling
+//! down, 10 % of it at a time, find the highest rate it sustains; last, every chain gets the same
+//! moderate rate, for latency side by side. All over the gateway's gRPC face, with an instant bank.
+
+use serde::Serialize;
+use stack::ChainSettings;
+
+use crate::{
+    BenchError, NotMeasured,
+    bare::BareChain,
+    chains::{self, Backend},
+    clients::GrpcOrders,
+    load::{self, DROPPED, Measurement, Plan},
+    profile::{OverheadProfile, Profile},
+};
+
+/// The label of the baseline.
+pub const BARE: &str = "bare tonic";
+
+/// One chain measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChainOverhead {
+    pub chain: &'static str,
+    pub about: &'static str,
+    /// Successes per second of the closed-loop probe.
+    pub ceiling_per_second: f64,
+    /// The highest rate tried that the chain sustained (none if no rate tried was).
+    pub max_sustained_per_second: Option<f64>,
+    pub steps: Vec<Step>,
+    /// At the moderate rate.
+    pub moderate: Measurement,
+}
+
+/// One rate tried.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Step {
+    pub offered_per_second: f64,
+    pub successes_per_second: f64,
+    pub success_rate: f64,
+    pub dropped: usize,
+    pub p99_ms: Option<f64>,
+    pub sustained: bool,
+}
+
+/// A layered chain against the bare one: above 1, the layered chain's number is larger.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Ratio {
+    pub chain: &'static str,
+    pub max_sustained_throughput: Option<f64>,
+    pub p50: Option<f64>,
+    pub p99: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Overhead {
+    /// When a rate counts as sustained.
+    pub sustained_when: String,
+    pub moderate_per_second: f64,
+    pub chains: Vec<ChainOverhead>,
+    /// Each layered chain divided by the bare one.
+    pub ratios: Vec<Ratio>,
+    /// Traced requests cost more than the untraced ones measured here; that is its own row.
+    pub tracing: NotMeasured,
+}
+
+/// A chain under test: the real one with some settings, or the bare one.
+enum Subject {
+    Layered { label: &'static str, about: &'static str, change: fn(&mut ChainSettings) },
+    Bare,
+}
+
+const SUBJECTS: [Subject; 3] = [
+    Subject::Layered {
+        label: "every layer",
+        about: "the chain as configured: deadline, retries under the budget, breakers, bulkheads, rate limit, intake limits; orders and keys in SQLite",
+        change: |settings| settings.bank.faults = chains::instant_bank(),
+    },
+    Subject::Layered {
+        label: "guards idle",
+        about: "the same services and storage, with breakers and retries off and bulkhead and quota limits out of reach",
+        change: |settings| {
+            settings.bank.faults = chains::instant_bank();
+            stack::scenario::without_guards(settings);
+        },
+    },
+    Subject::Bare,
+];
+
+pub async fn measure(profile: &Profile) -> Result<Overhead, BenchError> {
+    let settings = &profile.overhead;
+    let mut chains = Vec::new();
+    for subject in SUBJECTS {
+        chains.push(match subject {
+            Subject::Layered { label, about, change } => {
+                let running = chains::start(&Backend::Sqlite, change).await?;
+                let orders = GrpcOrders::new(running.chain.addresses.gateway_grpc, label, None)?;
+                let measured = measure_chain(profile, label, about, &orders).await;
+                running.stop().await?;
+                measured
+            }
+            Subject::Bare => {
+                let bare = BareChain::start().await?;
+                let orders = GrpcOrders::new(bare.gateway, BARE, None)?;
+                let measured = measure_chain(profile, BARE, "the same four hops and calls in plain tonic: no layers, no storage", &orders).await;
+                bare.stop().await?;
+                measured
+            }
+        });
+    }
+    let bare = chains.iter().find(|chain| chain.chain == BARE).expect("the bare chain is measured");
+    let divide = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    let p = |chain: &ChainOverhead, pick: fn(&load::Latencies) -> f64| chain.moderate.latency_ms.as_ref().map(pick);
+    let ratios = chains
+        .iter()
+        .filter(|chain| chain.chain != BARE)
+        .map(|chain| Ratio {
+            chain: chain.chain,
+            max_sustained_throughput: divide(chain.max_sustained_per_second, bare.max_sustained_per_second),
+            p50: divide(p(chain, |l| l.p50), p(bare, |l| l.p50)),
+            p99: divide(p(chain, |l| l.p99), p(bare, |l| l.p99)),
+        })
+        .collect();
+    Ok(Overhead {
+        sustained_when: format!(
+            "p99 from the due time within {} ms, at least {} % successes, none dropped",
+            settings.sustained_p99.as_millis(),
+            settings.sustained_success_rate * 100.0
+        ),
+        moderate_per_second: settings.moderate_per_second,
+        chains,
+        ratios,
+        tracing: NotMeasured {
+            reason: "not measured by this harness: its runs install no tracing subscriber and export no spans, so every number here is for untraced requests".into(),
+        },
+    })
+}
+
+async fn measure_chain(profile: &Profile, label: &'static str, about: &'static str, orders: &GrpcOrders) -> ChainOverhead {
+    let settings = &profile.overhead;
+    let probe = Plan::clients(format!("{label}: ceiling"), settings.probe_clients, settings.probe_requests, settings.probe_time, profile.bounds);
+    let ceiling = run(&probe, orders, "probe").await.successes_per_second;
+    let (steps, max_sustained) = find_sustained(profile, label, orders, ceiling).await;
+    let moderate = Plan::rate(format!("{label}: moderate"), settings.moderate_per_second, settings.moderate_time, profile.bounds);
+    let moderate = run(&moderate, orders, "moderate").await;
+    ChainOverhead { chain: label, about, ceiling_per_second: ceiling, max_sustained_per_second: max_sustained, steps, moderate }
+}
+
+/// Tries rates from `ceiling` down until one is sustained.
+async fn find_sustained(profile: &Profile, label: &str, orders: &GrpcOrders, ceiling: f64) -> (Vec<Step>, Option<f64>) {
+    let settings = &profile.overhead;
+    let mut steps = Vec::new();
+    for step in 0..settings.steps {
+        let offered = ceiling * (1.0 - 0.1 * step as f64);
+        if offered < 1.0 {
+            break;
+        }
+        let plan = Plan::rate(format!("{label}: {offered:.0}/s"), offered, settings.step_time, profile.bounds);
+        let measured = run(&plan, orders, &format!("step{step}")).await;
+        let step = judge(settings, offered, &measured);
+        steps.push(step);
+        if step.sustained {
+            return (steps, Some(offered));
+        }
+    }
+    (steps, None)
+}
+
+fn judge(settings: &OverheadProfile, offered: f64, measured: &Measurement) -> Step {
+    let p99_ms = measured.latency_ms.map(|latency| latency.p99);
+    let dropped = measured.count(DROPPED);
+    Step {
+        offered_per_second: offered,
+        successes_per_second: measured.successes_per_second,
+        success_rate: measured.success_rate,
+        dropped,
+        p99_ms,
+        sustained: dropped == 0
+            && measured.success_rate >= settings.sustained_success_rate
+            && p99_ms.is_some_and(|p99| p99 <= settings.sustained_p99.as_secs_f64() * 1e3),
+    }
+}
+
+/// One run of `plan` against `orders`, with keys of its own.
+async fn run(plan: &Plan, orders: &GrpcOrders, keys: &str) -> Measurement {
+    let orders = orders.keyed(keys);
+    load::run(plan, move |index| orders.create(index)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::{Class, Latencies};
+    use std::collections::BTreeMap;
+
+    fn measured(success_rate: f64, dropped: usize, p99: f64) -> Measurement {
+        let latency = Latencies { count: 100, min: 1.0, mean: 2.0, p50: 2.0, p90: 3.0, p99, p999: p99, max: p99 };
+        let mut classes = BTreeMap::new();
+        if dropped > 0 {
+            classes.insert(DROPPED.to_owned(), Class { success: false, count: dropped, latency_ms: None });
+        }
+        let bounds = Profile::smoke().bounds;
+        Measurement {
+            plan: Plan::rate("test", 100.0, std::time::Duration::from_secs(1), bounds),
+            due: 100,
+            sent: 100 - dropped,
+            successes: (success_rate * 100.0) as usize,
+            success_rate,
+            elapsed_s: 1.0,
+            answers_per_second: 100.0,
+            successes_per_second: success_rate * 100.0,
+            latency_ms: Some(latency),
+            service_ms: Some(latency),
+            send_lag_ms: Some(latency),
+            classes,
+        }
+    }
+
+    #[test]
+    fn a_rate_is_sustained_only_with_low_latency_few_failures_and_no_drops() {
+        let settings = Profile::full().overhead;
+        assert!(judge(&settings, 100.0, &measured(1.0, 0, 20.0)).sustained);
+        assert!(!judge(&settings, 100.0, &measured(1.0, 0, 250.0)).sustained, "p99 too high");
+        assert!(!judge(&settings, 100.0, &measured(0.9, 0, 20.0)).sustained, "too many failures");
+        assert!(!judge(&settings, 100.0, &measured(0.995, 1, 20.0)).sustained, "a request dropped");
+    }
+}

@@ -1,0 +1,173 @@
+//! How big each comparison is: the full profile for the numbers in BENCHMARKS.md, and a smoke
+//! profile that makes every comparison with tiny counts, so that CI runs the whole harness in
+//! seconds and it cannot rot.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::load::Bounds;
+
+/// Every size and rate of one run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Profile {
+    pub name: &'static str,
+    pub bounds: Bounds,
+    pub overhead: OverheadProfile,
+    pub precision: PrecisionProfile,
+    pub amplification: AmplificationProfile,
+    pub fail_fast: FailFastProfile,
+    pub memory: MemoryProfile,
+    pub idempotency: IdempotencyProfile,
+}
+
+/// 1. Overhead: each chain's ceiling, the highest rate it sustains, and latency at one rate.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OverheadProfile {
+    /// Clients of the closed-loop probe that finds a chain's ceiling.
+    pub probe_clients: usize,
+    pub probe_requests: usize,
+    pub probe_time: Duration,
+    /// Rates tried at most, from the ceiling down, each 10 % of the ceiling below the last.
+    pub steps: usize,
+    pub step_time: Duration,
+    /// A rate is sustained when its p99 (from the due time) stays within this, …
+    pub sustained_p99: Duration,
+    /// … at least this share of its requests succeed, and none is dropped.
+    pub sustained_success_rate: f64,
+    /// The rate at which every chain's latency is compared.
+    pub moderate_per_second: f64,
+    pub moderate_time: Duration,
+}
+
+/// 2. Deadline precision with a hanging bank.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PrecisionProfile {
+    /// The clients' deadline.
+    pub deadline: Duration,
+    pub requests: usize,
+    pub per_second: f64,
+    /// How long after the last answer the hops are given to finish unwinding before they are read.
+    pub settle: Duration,
+}
+
+/// 3. Amplification and waste, budgeted against naive.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AmplificationProfile {
+    pub requests: usize,
+    pub per_second: f64,
+    /// The clients' deadline: they stop waiting then, whatever the chain does.
+    pub client_deadline: Duration,
+    /// The bank's latency (mean and standard deviation, ms) before it fails or answers.
+    pub bank_latency_ms: (f64, f64),
+    /// How long after the last client left the bank is watched for work nobody will read.
+    pub settle: Duration,
+}
+
+/// 4. Fail-fast: answers of an open breaker and of a full bulkhead.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FailFastProfile {
+    pub requests: usize,
+    pub per_second: f64,
+    /// The bank's latency while the bulkhead fills.
+    pub slow_bank: Duration,
+}
+
+/// 5. Memory with a hanging bank.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemoryProfile {
+    pub clients: usize,
+    /// How fast the clients arrive (all of them within `clients / per_second`).
+    pub per_second: f64,
+    /// The clients' deadline.
+    pub deadline: Duration,
+}
+
+/// 6. Idempotency: first executions, replays, throughput.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IdempotencyProfile {
+    pub requests: usize,
+    pub per_second: f64,
+    /// Closed-loop clients for throughput, and their requests.
+    pub throughput_clients: usize,
+    pub throughput_requests: usize,
+    pub throughput_time_limit: Duration,
+}
+
+const fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
+impl Profile {
+    /// The numbers of BENCHMARKS.md: a few minutes on two cores.
+    pub fn full() -> Self {
+        Self {
+            name: "full",
+            bounds: Bounds { max_in_flight: 2_000, drain: ms(10_000) },
+            overhead: OverheadProfile {
+                probe_clients: 32,
+                probe_requests: 200_000,
+                probe_time: ms(3_000),
+                steps: 8,
+                step_time: ms(3_000),
+                sustained_p99: ms(100),
+                sustained_success_rate: 0.99,
+                moderate_per_second: 200.0,
+                moderate_time: ms(10_000),
+            },
+            precision: PrecisionProfile { deadline: ms(500), requests: 200, per_second: 50.0, settle: ms(1_000) },
+            amplification: AmplificationProfile {
+                requests: 200,
+                per_second: 40.0,
+                client_deadline: ms(1_000),
+                bank_latency_ms: (60.0, 10.0),
+                settle: ms(2_000),
+            },
+            fail_fast: FailFastProfile { requests: 200, per_second: 100.0, slow_bank: ms(1_000) },
+            memory: MemoryProfile { clients: 1_000, per_second: 2_000.0, deadline: ms(2_000) },
+            idempotency: IdempotencyProfile {
+                requests: 500,
+                per_second: 100.0,
+                throughput_clients: 16,
+                throughput_requests: 3_000,
+                throughput_time_limit: ms(30_000),
+            },
+        }
+    }
+
+    /// Every comparison with tiny counts: seconds, for CI.
+    pub fn smoke() -> Self {
+        Self {
+            name: "smoke",
+            bounds: Bounds { max_in_flight: 500, drain: ms(5_000) },
+            overhead: OverheadProfile {
+                probe_clients: 4,
+                probe_requests: 2_000,
+                probe_time: ms(300),
+                steps: 2,
+                step_time: ms(300),
+                sustained_p99: ms(100),
+                sustained_success_rate: 0.99,
+                moderate_per_second: 50.0,
+                moderate_time: ms(400),
+            },
+            precision: PrecisionProfile { deadline: ms(150), requests: 6, per_second: 50.0, settle: ms(200) },
+            amplification: AmplificationProfile {
+                requests: 6,
+                per_second: 30.0,
+                client_deadline: ms(300),
+                bank_latency_ms: (5.0, 1.0),
+                settle: ms(300),
+            },
+            fail_fast: FailFastProfile { requests: 40, per_second: 200.0, slow_bank: ms(300) },
+            memory: MemoryProfile { clients: 50, per_second: 500.0, deadline: ms(200) },
+            idempotency: IdempotencyProfile {
+                requests: 10,
+                per_second: 50.0,
+                throughput_clients: 4,
+                throughput_requests: 20,
+                throughput_time_limit: ms(5_000),
+            },
+        }
+    }
+}

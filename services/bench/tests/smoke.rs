@@ -1,0 +1,43 @@
+//! The whole harness with the smoke profile: every comparison runs end to end and lands in the
+//! JSON and the Markdown, so the harness cannot rot between full runs.
+
+use bench::{Options, Profile};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_smoke_profile_makes_every_comparison_and_writes_them() {
+    let options = Options {
+        profile: Profile::smoke(),
+        postgres_url: std::env::var("TEST_POSTGRES_URL").ok(),
+        command: "cargo test -p bench --test smoke".into(),
+    };
+    let report = bench::run(&options).await.expect("the smoke run finishes");
+    let dir = tempfile::tempdir().unwrap();
+    let written = bench::write(&report, dir.path()).unwrap();
+
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&written.json).unwrap()).unwrap();
+    for section in ["machine", "profile", "overhead", "deadline_precision", "amplification", "fail_fast", "memory", "idempotency"] {
+        assert!(json.get(section).is_some_and(|value| !value.is_null()), "the JSON has no {section}");
+    }
+    assert_eq!(json["profile"]["name"], "smoke");
+    let chains: Vec<&str> = json["overhead"]["chains"].as_array().unwrap().iter().map(|c| c["chain"].as_str().unwrap()).collect();
+    assert_eq!(chains, ["every layer", "guards idle", "bare tonic"]);
+    assert_eq!(json["overhead"]["ratios"].as_array().unwrap().len(), 2);
+    assert!(json["overhead"]["tracing"]["reason"].is_string());
+    assert_eq!(json["deadline_precision"]["faces"].as_array().unwrap().len(), 2);
+    assert_eq!(json["amplification"]["runs"].as_array().unwrap().len(), 4);
+    assert_eq!(json["fail_fast"]["guards"].as_array().unwrap().len(), 2);
+    let memory = &json["memory"]["runs"];
+    assert!(memory["measured"].as_array().is_some_and(|runs| runs.len() == 2) || memory["not_measured"]["reason"].is_string(), "{memory}");
+    assert!(json["idempotency"]["sqlite"]["first"]["due"].as_u64().is_some_and(|due| due > 0));
+    let postgres = &json["idempotency"]["postgres"];
+    match options.postgres_url {
+        Some(_) => assert!(postgres["measured"]["throughput"].is_object(), "{postgres}"),
+        None => assert!(postgres["not_measured"]["reason"].as_str().unwrap().contains("no PostgreSQL"), "{postgres}"),
+    }
+
+    let markdown = std::fs::read_to_string(&written.markdown).unwrap();
+    for heading in ["# Benchmarks", "## 1. Overhead", "## 2. Deadline precision", "## 3. Amplification", "## 4. Fail-fast", "## 5. Memory", "## 6. Idempotency"] {
+        assert!(markdown.contains(heading), "BENCHMARKS.md has no {heading:?}:\n{markdown}");
+    }
+    assert_eq!(markdown, report.to_string());
+}

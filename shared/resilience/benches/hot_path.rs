@@ -74,14 +74,14 @@ fn retry_budget(c: &mut Criterion) {
 fn breaker(c: &mut Criterion) {
     let mut group = c.benchmark_group("circuit breaker");
     let succeeding = service_fn(|_: http::Request<()>| std::future::ready(Ok::<_, BoxError>(http::Response::new(()))));
-    let mut closed = BreakerService::new(succeeding, Breaker::new("bank-mock", BreakerSettings::default()));
+    let mut closed = BreakerService::new(succeeding, Breaker::new("payment", "bank-mock", BreakerSettings::default()));
     group.bench_function("closed: admit a call and record its success", |b| {
         b.iter(|| at_once(closed.call(black_box(http::Request::new(())))))
     });
 
     let settings = BreakerSettings { open_ms: Duration::from_secs(3_600).as_millis() as u64, ..BreakerSettings::default() };
     let failing = service_fn(|_: http::Request<()>| std::future::ready(Ok::<_, BoxError>(Status::unavailable("down").into_http::<()>())));
-    let mut open = BreakerService::new(failing, Breaker::new("bank-mock", settings));
+    let mut open = BreakerService::new(failing, Breaker::new("payment", "bank-mock", settings));
     for _ in 0..settings.window_calls {
         at_once(open.call(http::Request::new(()))).expect("failures are answers");
     }

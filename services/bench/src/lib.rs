@@ -4,7 +4,7 @@
 //! Why one harness? Numbers from different days, machines or builds cannot be compared; numbers
 //! from one run can. [`run`] starts fresh chains in this process (and a bare tonic chain as the
 //! baseline), drives them with the open-loop [`load`] generator and returns a [`Report`]: the
-//! machine, then six sections, 1 to 6 as in BENCHMARKS.md. [`write`] stores it as JSON and as
+//! machine, then seven sections, 1 to 7 as in BENCHMARKS.md. [`write`] stores it as JSON and as
 //! Markdown. The smoke [`Profile`] makes every comparison with tiny counts, for CI.
 
 pub mod amplification;
@@ -20,6 +20,7 @@ pub mod overhead;
 pub mod precision;
 pub mod profile;
 mod report;
+pub mod tracing_cost;
 
 use std::{
     path::{Path, PathBuf},
@@ -45,6 +46,8 @@ pub enum BenchError {
     Write { path: PathBuf, source: std::io::Error },
     #[error("the report does not serialize: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("telemetry: {0}")]
+    Telemetry(#[from] telemetry::TelemetryError),
     #[error("/proc/self/status could not be read during the memory run")]
     MemoryUnreadable,
 }
@@ -91,6 +94,7 @@ pub struct Report {
     pub fail_fast: fail_fast::FailFast,
     pub memory: memory::MemoryUnderHang,
     pub idempotency: idempotency::Idempotency,
+    pub tracing: Coverage<tracing_cost::TracingCost>,
 }
 
 /// The repository this crate was built from: where BENCHMARKS.md belongs.
@@ -124,6 +128,9 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     let fail_fast = fail_fast::measure(profile).await?;
     eprintln!("6. Idempotency");
     let idempotency = idempotency::measure(profile, postgres.as_ref()).await?;
+    // Last: it installs telemetry for the rest of the process.
+    eprintln!("7. Tracing cost");
+    let tracing = tracing_cost::measure(profile).await?;
     Ok(Report {
         machine,
         postgres_server: postgres.as_ref().map(|postgres| postgres.version.clone()),
@@ -136,6 +143,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
         fail_fast,
         memory,
         idempotency,
+        tracing,
     })
 }
 

@@ -14,7 +14,7 @@ use serde::Serialize;
 use stack::ChainSettings;
 
 use crate::{
-    BenchError, NotMeasured,
+    BenchError,
     bare::BareChain,
     chains::{self, Backend},
     clients::GrpcOrders,
@@ -65,10 +65,9 @@ pub struct Overhead {
     pub sustained_when: String,
     pub moderate_per_second: f64,
     pub chains: Vec<ChainOverhead>,
-    /// Each layered chain divided by the bare one.
+    /// Each layered chain divided by the bare one. Every request here is untraced (no spans are
+    /// made until comparison 7 switches tracing on).
     pub ratios: Vec<Ratio>,
-    /// Traced requests cost more than the untraced ones measured here; that is its own row.
-    pub tracing: NotMeasured,
 }
 
 /// A chain under test: the real one with some settings, or the bare one.
@@ -140,9 +139,6 @@ pub async fn measure(profile: &Profile) -> Result<Overhead, BenchError> {
         moderate_per_second: settings.moderate_per_second,
         chains,
         ratios,
-        tracing: NotMeasured {
-            reason: "not measured by this harness: its runs install no tracing subscriber and export no spans, so every number here is for untraced requests".into(),
-        },
     })
 }
 

@@ -19,6 +19,16 @@ pub struct Profile {
     pub fail_fast: FailFastProfile,
     pub memory: MemoryProfile,
     pub idempotency: IdempotencyProfile,
+    pub tracing: TracingProfile,
+}
+
+/// Comparison 7: rounds of tracing off and on, one request in flight.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TracingProfile {
+    pub rounds: usize,
+    pub requests_per_round: usize,
+    /// A round stops sending after this long.
+    pub round_time: Duration,
 }
 
 /// 1. Overhead: each chain's ceiling, the highest rate it sustains, and latency at one rate.
@@ -132,6 +142,7 @@ impl Profile {
                 throughput_requests: 3_000,
                 throughput_time_limit: ms(30_000),
             },
+            tracing: TracingProfile { rounds: 4, requests_per_round: 1_000, round_time: ms(15_000) },
         }
     }
 
@@ -168,6 +179,7 @@ impl Profile {
                 throughput_requests: 20,
                 throughput_time_limit: ms(5_000),
             },
+            tracing: TracingProfile { rounds: 2, requests_per_round: 20, round_time: ms(3_000) },
         }
     }
 }

@@ -15,14 +15,16 @@ async fn the_smoke_profile_makes_every_comparison_and_writes_them() {
     let written = bench::write(&report, dir.path()).unwrap();
 
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&written.json).unwrap()).unwrap();
-    for section in ["machine", "profile", "overhead", "deadline_precision", "amplification", "fail_fast", "memory", "idempotency"] {
+    for section in ["machine", "profile", "overhead", "deadline_precision", "amplification", "fail_fast", "memory", "idempotency", "tracing"] {
         assert!(json.get(section).is_some_and(|value| !value.is_null()), "the JSON has no {section}");
     }
     assert_eq!(json["profile"]["name"], "smoke");
     let chains: Vec<&str> = json["overhead"]["chains"].as_array().unwrap().iter().map(|c| c["chain"].as_str().unwrap()).collect();
     assert_eq!(chains, ["every layer", "guards idle", "bare tonic"]);
     assert_eq!(json["overhead"]["ratios"].as_array().unwrap().len(), 2);
-    assert!(json["overhead"]["tracing"]["reason"].is_string());
+    let tracing = &json["tracing"]["measured"];
+    assert!(tracing["spans_received"].as_u64().is_some_and(|spans| spans > 0), "the traced rounds exported: {tracing}");
+    assert!(tracing["p50_ratio"].as_f64().is_some(), "{tracing}");
     assert_eq!(json["deadline_precision"]["faces"].as_array().unwrap().len(), 2);
     assert_eq!(json["amplification"]["runs"].as_array().unwrap().len(), 4);
     assert_eq!(json["fail_fast"]["guards"].as_array().unwrap().len(), 2);
@@ -36,7 +38,7 @@ async fn the_smoke_profile_makes_every_comparison_and_writes_them() {
     }
 
     let markdown = std::fs::read_to_string(&written.markdown).unwrap();
-    for heading in ["# Benchmarks", "## 1. Overhead", "## 2. Deadline precision", "## 3. Amplification", "## 4. Fail-fast", "## 5. Memory", "## 6. Idempotency"] {
+    for heading in ["# Benchmarks", "## 1. Overhead", "## 2. Deadline precision", "## 3. Amplification", "## 4. Fail-fast", "## 5. Memory", "## 6. Idempotency", "## 7. Tracing"] {
         assert!(markdown.contains(heading), "BENCHMARKS.md has no {heading:?}:\n{markdown}");
     }
     assert_eq!(markdown, report.to_string());

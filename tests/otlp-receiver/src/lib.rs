@@ -107,6 +107,11 @@ impl OtlpReceiver {
         self.received.spans.lock().expect("spans lock").iter().filter(|span| span.trace_id == id).cloned().collect()
     }
 
+    /// Spans received so far, of every trace.
+    pub fn span_count(&self) -> usize {
+        self.received.spans.lock().expect("spans lock").len()
+    }
+
     /// The names of the metrics received so far.
     pub fn metric_names(&self) -> Vec<String> {
         self.received.metrics.lock().expect("metrics lock").iter().map(|metric| metric.name.clone()).collect()

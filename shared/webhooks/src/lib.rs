@@ -4,7 +4,9 @@
 //! Why one crate for both? They are the two halves of trusting a webhook: the receiver must be
 //! able to trust that a delivery came from us ([`signature`]), and we must be able to trust that
 //! a recipient's URL does not point the sender back into our own network ([`ssrf`]). The sender
-//! uses both; a receiver needs only [`signature::Verifier`].
+//! uses both; a receiver needs [`signature::Verifier`] and, to process each delivery once,
+//! [`dedupe::SeenIds`] (see `examples/receiver.rs`).
 
+pub mod dedupe;
 pub mod signature;
 pub mod ssrf;

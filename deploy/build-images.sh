@@ -22,7 +22,7 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --from-host) from_host=true ;;
         --with-test-receiver) services+=(otlp-receiver) ;;
-        --tag) tag="$2"; shift ;;
+        --tag) tag="${2:?--tag needs a value}"; shift ;;
         *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
     esac
     shift
@@ -31,6 +31,10 @@ done
 # Without the buildx plugin the docker client cannot use BuildKit: use the classic builder, which
 # the Dockerfile's stage order keeps from pulling anything on the offline path. The classic
 # builder builds every stage before its target, so the Rust stage needs BuildKit.
+if [[ " ${services[*]} " == *" otlp-receiver "* ]] && ! $from_host; then
+    echo "--with-test-receiver needs --from-host: the Rust stage builds the four services only" >&2
+    exit 2
+fi
 if ! docker buildx version >/dev/null 2>&1; then
     if ! $from_host; then
         echo "building from source needs BuildKit (the docker buildx plugin); or use --from-host" >&2

@@ -27,10 +27,11 @@ check() { # check <description> <condition...>
     local description="$1"; shift
     if "$@"; then note "ok    $description"; else note "FAIL  $description"; failures=$((failures + 1)); fi
 }
-faults() { curl -sf -X PUT "$admin/admin/faults" -H "X-Admin-Token: $BANK_ADMIN_TOKEN" -H 'content-type: application/json' -d "$1" >/dev/null; }
-reset_faults() { curl -sf -X POST "$admin/admin/reset" -H "X-Admin-Token: $BANK_ADMIN_TOKEN" >/dev/null; }
-bank_charges() { curl -sf "$admin/admin/stats" -H "X-Admin-Token: $BANK_ADMIN_TOKEN" | sed -E 's/.*"charges":([0-9]+).*/\1/'; }
-container() { $COMPOSE ps -q "$1"; }
+faults() { curl -sSf -X PUT "$admin/admin/faults" -H "X-Admin-Token: $BANK_ADMIN_TOKEN" -H 'content-type: application/json' -d "$1" >/dev/null; }
+healthy_bank() { faults '{"latency_ms": {"mean": 20, "stddev": 5}, "error_rate": 0, "hang": false, "resource_exhausted_rate": 0, "pushback_ms": 0, "drop_reply_rate": 0, "decline_rate": 0}'; }
+bank_charges() { curl -sSf "$admin/admin/stats" -H "X-Admin-Token: $BANK_ADMIN_TOKEN" | sed -E 's/.*"charges":([0-9]+).*/\1/'; }
+# --all: a killed container is listed too (Compose v2 lists running ones only by default).
+container() { $COMPOSE ps --all -q "$1"; }
 healthy() { [[ "$(docker inspect -f '{{.State.Health.Status}}' "$(container "$1")" 2>/dev/null)" == healthy ]]; }
 wait_healthy() { # wait_healthy <service> <seconds>
     local deadline=$((SECONDS + $2))
@@ -64,29 +65,30 @@ drill_bank_slow() {
     echo "==> bank-slow: the bank answers in 3 s, the client gives 1 s"
     faults '{"latency_ms": {"mean": 3000, "stddev": 0}}'
     order "slow-$run_id" 1000
-    reset_faults
+    healthy_bank
     check "504 Gateway Timeout" test "$status" = 504
-    check "answered by the deadline (≤ 1500 ms)" test "$millis" -le 1500
+    check "answered by the deadline (≤ 2000 ms)" test "$millis" -le 2000
 }
 
 drill_bank_hang() {
     echo "==> bank-hang: the bank never answers, the client gives 1 s"
     faults '{"hang": true}'
     order "hang-$run_id" 1000
-    reset_faults
+    healthy_bank
     check "504 Gateway Timeout" test "$status" = 504
-    check "answered by the deadline (≤ 1500 ms)" test "$millis" -le 1500
+    check "answered by the deadline (≤ 2000 ms)" test "$millis" -le 2000
 }
 
 drill_payment_killed() {
     echo "==> payment-killed: docker kill payment, then start it again"
-    local charges_before key="killed-$run_id"
+    local charges_before key="killed-$run_id" payment
     charges_before="$(bank_charges)"
-    docker kill "$(container payment)" >/dev/null
+    payment="$(container payment)"
+    docker kill "$payment" >/dev/null
     order "$key" 2000
     check "503 Service Unavailable" test "$status" = 503
-    check "an honest answer, not a hang (≤ 2500 ms)" test "$millis" -le 2500
-    docker start "$(container payment)" >/dev/null
+    check "an honest answer, not a hang (≤ 3000 ms)" test "$millis" -le 3000
+    docker start "$payment" >/dev/null
     check "payment healthy again" wait_healthy payment 60
     # The gateway was not restarted: its channel reconnects, its breaker probes.
     local deadline=$((SECONDS + 30))
@@ -107,7 +109,7 @@ drill_bank_cut_off() {
     local opened=false
     for n in $(seq 1 12); do
         order "cut-$run_id-$n" 1500
-        check "failed by the deadline (≤ 2000 ms)" test "$millis" -le 2000
+        check "failed by the deadline (≤ 2500 ms)" test "$millis" -le 2500
         if grep -q 'circuit open' "$body"; then opened=true; note "the breaker in front of the bank is open"; break; fi
     done
     check "the breaker opened" $opened

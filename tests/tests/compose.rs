@@ -1,7 +1,7 @@
 //! The docker-compose stack, built and run for real: images built offline (static binaries in
 //! `FROM scratch` images, nothing pulled), the four services healthy, an order through the
-//! published gateway port, the fault drills of `deploy/drills.sh`, and everything removed at the
-//! end, whatever happened. Without a Docker engine it says so loudly and does nothing.
+//! published gateway port, the fault drills of `deploy/drills.sh`, and the stack's containers,
+//! network and volumes removed at the end, whatever happened (the images are kept for the next run). Without a Docker engine it says so loudly and does nothing.
 
 use std::{
     io::Write,
@@ -12,6 +12,7 @@ use std::{
 };
 
 const SERVICES: [&str; 4] = ["gateway", "orders", "payment", "bank-mock"];
+const IMAGE_PREFIX: &str = "chain";
 const IMAGE_TAG: &str = "compose-test";
 const ADMIN_TOKEN: &str = "compose-test-token";
 
@@ -72,12 +73,13 @@ impl Stack {
             .env("GATEWAY_HTTP_PORT", self.gateway_port.to_string())
             .env("BANK_ADMIN_PORT", self.admin_port.to_string())
             .env("BANK_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("IMAGE_PREFIX", IMAGE_PREFIX)
             .env("IMAGE_TAG", IMAGE_TAG);
         command
     }
 
     fn health(&self, service: &str) -> String {
-        let id = String::from_utf8(run(self.compose().args(["ps", "-q", service])).stdout).expect("utf-8");
+        let id = String::from_utf8(run(self.compose().args(["ps", "--all", "-q", service])).stdout).expect("utf-8");
         let output = Command::new("docker").args(["inspect", "-f", "{{.State.Health.Status}}", id.trim()]).output().expect("docker inspect");
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
     }
@@ -101,6 +103,7 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
     let build = Command::new("bash")
         .arg(root().join("deploy/build-images.sh"))
         .args(["--from-host", "--with-test-receiver", "--tag", IMAGE_TAG])
+        .env("IMAGE_PREFIX", IMAGE_PREFIX)
         .status()
         .expect("build-images.sh runs");
     assert!(build.success(), "the images build offline");
@@ -159,7 +162,7 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
     assert!(drills.status.success(), "every drill passes:\n{report}{}", String::from_utf8_lossy(&drills.stderr));
 
     for service in SERVICES {
-        let size = run(Command::new("docker").args(["image", "inspect", "-f", "{{.Size}}", &format!("chain/{service}:{IMAGE_TAG}")])).stdout;
-        say(&format!("image chain/{service}:{IMAGE_TAG}: {} bytes", String::from_utf8_lossy(&size).trim()));
+        let size = run(Command::new("docker").args(["image", "inspect", "-f", "{{.Size}}", &format!("{IMAGE_PREFIX}/{service}:{IMAGE_TAG}")])).stdout;
+        say(&format!("image {IMAGE_PREFIX}/{service}:{IMAGE_TAG}: {} bytes", String::from_utf8_lossy(&size).trim()));
     }
 }

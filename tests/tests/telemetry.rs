@@ -37,7 +37,7 @@ fn exported() -> &'static (OtlpReceiver, telemetry::Telemetry) {
             let runtime: &'static tokio::runtime::Runtime = Box::leak(Box::new(tokio::runtime::Runtime::new().expect("a runtime")));
             runtime.block_on(async {
                 let receiver = OtlpReceiver::start().await;
-                let settings = TelemetrySettings { otlp_endpoint: Some(receiver.endpoint()), service_name: Some("chain-under-test".into()), ..TelemetrySettings::default() };
+                let settings = TelemetrySettings { otlp_endpoint: Some(receiver.endpoint()), otlp_metrics_endpoint: Some(receiver.endpoint()), service_name: Some("chain-under-test".into()) };
                 let telemetry = telemetry::init("tests", &settings).expect("exporter");
                 (receiver, telemetry)
             })

@@ -56,21 +56,34 @@ pub async fn measure(profile: &Profile) -> Result<Coverage<TracingCost>, BenchEr
     }
     let running = chains::start(&Backend::Sqlite, |settings| settings.bank.faults = chains::instant_bank()).await?;
     let orders = HttpOrders::new(running.chain.addresses.gateway_http, "tracing", None);
+    // A round that counts for neither side: connections, SQLite and caches warm up in it.
+    let warm_up = Plan::clients("tracing: warm-up", 1, settings.requests_per_round, settings.round_time, profile.bounds);
+    let warming = orders.keyed("tracing-warm-up");
+    load::run(&warm_up, move |index| warming.create(index)).await;
     let (mut traced, mut untraced) = (Vec::new(), Vec::new());
     for round in 0..settings.rounds {
-        for on in [false, true] {
+        // The order alternates too, so that neither side always follows the other.
+        let order = if round % 2 == 0 { [false, true] } else { [true, false] };
+        for on in order {
             telemetry.set_tracing(on);
             let label = format!("tracing {}: round {}", if on { "on" } else { "off" }, round + 1);
             let plan = Plan::clients(label, 1, settings.requests_per_round, settings.round_time, profile.bounds);
             let orders = orders.keyed(&format!("tracing-{on}-{round}"));
             let measured = load::run(&plan, move |index| orders.create(index)).await;
-            if on { &mut traced } else { &mut untraced }.push(measured);
+            if on {
+                // Exported before the next round starts, so that its export is not charged to an
+                // untraced round.
+                telemetry.flush().await;
+                traced.push(measured);
+            } else {
+                untraced.push(measured);
+            }
         }
     }
-    telemetry.flush().await;
     let spans_received = receiver.span_count();
     telemetry.set_tracing(false);
     running.stop().await?;
+    telemetry.shutdown().await;
     let (traced, untraced) = (side(&traced), side(&untraced));
     Ok(Coverage::Measured(TracingCost {
         rounds: settings.rounds,

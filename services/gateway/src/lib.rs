@@ -44,6 +44,7 @@ pub struct Application {
     grpc: GrpcServer,
     http: TcpListener,
     http_router: axum::Router,
+    metrics: TcpListener,
     http_stats: Arc<HopStats>,
     retry: RetryPolicy,
     orders_breaker: Arc<Breaker>,
@@ -91,10 +92,10 @@ impl Application {
         .layer(telemetry::trace::ServerTraceLayer::new(HOP))
         // Outermost but for counting: the quota is checked before anything else happens.
         .layer(rate_limit::RateLimitLayer::new(limits.clone()))
-        .layer(RequestMetricsLayer::new(HOP))
-        .merge(rpc::metrics::router());
+        .layer(RequestMetricsLayer::new(HOP));
         let http = rpc::bind(settings.http_listen).await?;
-        Ok(Self { grpc, http, http_router, http_stats, retry, orders_breaker, limits })
+        let metrics = rpc::bind(settings.metrics_listen).await?;
+        Ok(Self { grpc, http, http_router, metrics, http_stats, retry, orders_breaker, limits })
     }
 
     pub fn http_addr(&self) -> SocketAddr {
@@ -103,6 +104,11 @@ impl Application {
 
     pub fn grpc_addr(&self) -> SocketAddr {
         self.grpc.local_addr()
+    }
+
+    /// Where `/metrics` is served.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics.local_addr().expect("a bound listener has an address")
     }
 
     /// Deadline counters of HTTP requests.
@@ -132,8 +138,9 @@ impl Application {
 
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), ServerError> {
         let http = rpc::serve_http(self.http, self.http_router, shutdown.clone().cancelled_owned());
+        let metrics = rpc::serve_http(self.metrics, rpc::metrics::router(), shutdown.clone().cancelled_owned());
         let grpc = self.grpc.serve(shutdown.cancelled_owned());
-        tokio::try_join!(grpc, http)?;
+        tokio::try_join!(grpc, http, metrics)?;
         Ok(())
     }
 }

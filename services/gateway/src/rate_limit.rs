@@ -29,6 +29,8 @@ use tower::{Layer, Service};
 use crate::{error::Problem, settings::ApiClient};
 
 const RATE_LIMIT: &str = "ratelimit";
+/// The gRPC health service's methods.
+const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
 const RATE_LIMIT_POLICY: &str = "ratelimit-policy";
 
 /// The limiters of every known client, and the shared one of unknown keys.
@@ -40,22 +42,28 @@ pub struct ClientLimits {
     rejections: Counter<u64>,
 }
 
-/// One client's limiter, and the name its refusals are counted under (never the key itself).
+/// One client's limiter, and the labels its refusals are counted under (its id, never its key).
 #[derive(Debug)]
 struct ClientLimit {
-    client_id: String,
+    labels: [KeyValue; 2],
     limiter: Limiter,
+}
+
+impl ClientLimit {
+    fn new(client_id: &str, quota: QuotaSettings) -> Self {
+        Self { labels: [KeyValue::new("scope", "client"), KeyValue::new("name", client_id.to_owned())], limiter: Limiter::new(quota) }
+    }
 }
 
 impl ClientLimits {
     pub fn new(clients: &[ApiClient], unknown: QuotaSettings) -> Arc<Self> {
         let by_key = clients
             .iter()
-            .map(|client| (client.api_key.clone(), ClientLimit { client_id: client.client_id.clone(), limiter: Limiter::new(client.quota) }))
+            .map(|client| (client.api_key.clone(), ClientLimit::new(&client.client_id, client.quota)))
             .collect();
         Arc::new(Self {
             by_key,
-            unknown: ClientLimit { client_id: "unknown".into(), limiter: Limiter::new(unknown) },
+            unknown: ClientLimit::new("unknown", unknown),
             rejected: AtomicU64::new(0),
             rejections: resilience::rate_limit::rejections_counter(),
         })
@@ -149,6 +157,10 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // Health checks are the orchestrator's, not a client's: never held to a client's quota.
+        if request.uri().path().starts_with(HEALTH_PATH) {
+            return ResponseFuture::Allowed { inner: self.inner.call(request), headers: None };
+        }
         let limit = self.limits.limit(request.headers());
         let quota = limit.limiter.quota();
         match limit.limiter.check() {
@@ -159,7 +171,7 @@ where
             }
             Decision::Limited { retry_after } => {
                 self.limits.rejected.fetch_add(1, Ordering::Relaxed);
-                self.limits.rejections.add(1, &[KeyValue::new("scope", "client"), KeyValue::new("name", limit.client_id.clone())]);
+                self.limits.rejections.add(1, &limit.labels);
                 let detail = format!(
                     "over the quota of {} requests per second (burst {}); retry in {} ms",
                     quota.per_second,

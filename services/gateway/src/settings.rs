@@ -13,6 +13,9 @@ pub struct Settings {
     pub http_listen: SocketAddr,
     /// gRPC address.
     pub grpc_listen: SocketAddr,
+    /// Where `/metrics` is served (Prometheus text): a port of its own, off the public faces, so
+    /// that a scrape needs no API key and the series (client ids among them) stay inside.
+    pub metrics_listen: SocketAddr,
     /// The operation deadline: the default budget and the longest a client may ask for
     /// (`X-Request-Timeout-Ms` or `grpc-timeout`).
     pub deadline: InboundPolicy,
@@ -78,6 +81,7 @@ impl Default for Settings {
             naive: NaiveSettings::default(),
             http_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             deadline: InboundPolicy::default(),
             orders: Dependency {
                 endpoint: "http://127.0.0.1:50052".into(),

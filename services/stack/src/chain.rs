@@ -34,6 +34,7 @@ impl ChainSettings {
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
         self.gateway.http_listen = any;
         self.gateway.grpc_listen = any;
+        self.gateway.metrics_listen = any;
         self.orders.listen = any;
         self.payment.listen = any;
         self.bank.listen = any;
@@ -57,6 +58,7 @@ impl ChainSettings {
 pub struct Addresses {
     pub gateway_http: SocketAddr,
     pub gateway_grpc: SocketAddr,
+    pub gateway_metrics: SocketAddr,
     pub orders: SocketAddr,
     pub payment: SocketAddr,
     pub bank: SocketAddr,
@@ -139,6 +141,7 @@ impl Chain {
         let addresses = Addresses {
             gateway_http: gateway.http_addr(),
             gateway_grpc: gateway.grpc_addr(),
+            gateway_metrics: gateway.metrics_addr(),
             orders: orders.grpc_addr(),
             payment: payment.grpc_addr(),
             bank: bank.grpc_addr(),

@@ -84,6 +84,7 @@ async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Bo
     println!("gateway → orders → payment → bank-mock is up (Ctrl-C stops it)");
     println!("  gateway HTTP      http://{}", a.gateway_http);
     println!("  gateway gRPC      {}", a.gateway_grpc);
+    println!("  metrics           http://{}/metrics  (every hop's series)", a.gateway_metrics);
     println!("  orders gRPC       {}", a.orders);
     println!("  payment gRPC      {}", a.payment);
     println!("  bank-mock gRPC    {}", a.bank);

@@ -82,6 +82,7 @@ pub enum Role {
 /// A bound gRPC server for one hop, not yet serving.
 pub struct GrpcServer {
     hop: &'static str,
+    role: Role,
     listener: TcpListener,
     routes: axum::Router,
     stats: Arc<HopStats>,
@@ -126,7 +127,7 @@ impl GrpcServer {
             // Outside the deadline: a refused request costs no deadline bookkeeping.
             .layer(LoadShedLayer::new(Intake::new(hop, inbound.max_in_flight)))
             .layer(ServerTraceLayer::new(hop));
-        Ok(Self { hop, listener, routes, stats })
+        Ok(Self { hop, role, listener, routes, stats })
     }
 
     /// Puts `layer` in front of every request, outside the deadline layer (e.g. an edge's rate
@@ -153,10 +154,14 @@ impl GrpcServer {
     }
 
     /// Serves until `shutdown` completes, then finishes the requests in flight. Every answer is
-    /// counted, those of layers added with [`GrpcServer::layer`] too; `/metrics` is served
-    /// beside the gRPC services.
+    /// counted, those of layers added with [`GrpcServer::layer`] too. Behind the edge, `/metrics`
+    /// is served beside the gRPC services; an edge serves it on a port of its own, off its public
+    /// face.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        let routes = self.routes.layer(RequestMetricsLayer::new(self.hop)).merge(crate::metrics::router());
+        let mut routes = self.routes.layer(RequestMetricsLayer::new(self.hop));
+        if self.role == Role::Inner {
+            routes = routes.merge(crate::metrics::router());
+        }
         serve_http(self.listener, routes, shutdown).await
     }
 }

@@ -35,3 +35,5 @@ pub const RETRY_ATTEMPTS: &str = "retry.attempts";
 pub const FALLBACK_KIND: &str = "fallback.kind";
 /// With a stale copy: its age when it answered.
 pub const FALLBACK_AGE_MS: &str = "fallback.age_ms";
+/// With a stale exchange rate: when the bank quoted it (RFC 3339).
+pub const FALLBACK_AS_OF: &str = "fallback.as_of";

@@ -33,41 +33,29 @@ use tracing_subscriber::{
 /// [`TelemetrySettings::from_env`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TelemetrySettings {
-    /// OTLP/gRPC endpoint, e.g. `http://127.0.0.1:4317`; `None`: no export.
+    /// OTLP/gRPC endpoint of the traces, e.g. `http://127.0.0.1:4317`; `None`: no export.
     pub otlp_endpoint: Option<String>,
+    /// OTLP/gRPC endpoint the metrics are pushed to; `None`: only `/metrics` serves them.
+    pub otlp_metrics_endpoint: Option<String>,
     /// The `service.name` of exported spans and metrics.
     pub service_name: Option<String>,
-    /// Whether metrics are pushed to the OTLP endpoint too (`/metrics` serves them either way).
-    pub metrics_exporter: MetricsExporter,
-}
-
-/// `OTEL_METRICS_EXPORTER`: where metrics are pushed besides `/metrics`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum MetricsExporter {
-    /// To the OTLP endpoint, when there is one.
-    #[default]
-    Otlp,
-    /// Nowhere: a collector that keeps traces only (Jaeger) would refuse them.
-    None,
 }
 
 impl TelemetrySettings {
-    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`, and
-    /// `OTEL_SERVICE_NAME`, `OTEL_METRICS_EXPORTER=none`; `OTEL_SDK_DISABLED=true` turns export off.
+    /// Traces: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`. Metrics:
+    /// `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`, unless
+    /// `OTEL_METRICS_EXPORTER` names another exporter than `otlp` (`none`: a collector that keeps
+    /// traces only, such as Jaeger). `OTEL_SERVICE_NAME`; `OTEL_SDK_DISABLED=true` turns all
+    /// export off.
     pub fn from_env() -> Self {
         let read = |name: &str| std::env::var(name).ok().filter(|value| !value.trim().is_empty());
         let disabled = read("OTEL_SDK_DISABLED").is_some_and(|value| value.eq_ignore_ascii_case("true"));
+        let push_metrics = read("OTEL_METRICS_EXPORTER").is_none_or(|exporter| exporter.eq_ignore_ascii_case("otlp"));
+        let endpoint = |signal: &str| read(signal).or_else(|| read("OTEL_EXPORTER_OTLP_ENDPOINT")).filter(|_| !disabled);
         Self {
-            otlp_endpoint: if disabled {
-                None
-            } else {
-                read("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| read("OTEL_EXPORTER_OTLP_ENDPOINT"))
-            },
+            otlp_endpoint: endpoint("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+            otlp_metrics_endpoint: endpoint("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT").filter(|_| push_metrics),
             service_name: read("OTEL_SERVICE_NAME"),
-            metrics_exporter: match read("OTEL_METRICS_EXPORTER") {
-                Some(value) if value.eq_ignore_ascii_case("none") => MetricsExporter::None,
-                _ => MetricsExporter::Otlp,
-            },
         }
     }
 }
@@ -97,7 +85,8 @@ pub struct TelemetryError(String);
 
 /// Installs logging and metrics, and OTLP export of traces and metrics when configured. A second
 /// call in one process (several services in the local stack) installs nothing and returns an
-/// inert guard: the first installation serves all.
+/// inert guard: the first installation serves all. Call it before building the services: an
+/// instrument made before it counts into nothing.
 pub fn init(default_service_name: &str, settings: &TelemetrySettings) -> Result<Telemetry, TelemetryError> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt::layer().with_target(false).with_filter(filter);
@@ -118,9 +107,9 @@ pub fn init(default_service_name: &str, settings: &TelemetrySettings) -> Result<
     if traces.is_some() {
         opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     }
-    let metrics_endpoint = endpoint.filter(|_| settings.metrics_exporter == MetricsExporter::Otlp);
-    let meters = metrics::install(resource, metrics_endpoint)?;
-    Ok(Telemetry { traces, meters: Some(meters), exporting: endpoint.is_some(), trace_switch })
+    let meters = metrics::install(resource, settings.otlp_metrics_endpoint.as_deref())?;
+    let exporting = endpoint.is_some() || settings.otlp_metrics_endpoint.is_some();
+    Ok(Telemetry { traces, meters: Some(meters), exporting, trace_switch })
 }
 
 fn trace_provider(endpoint: &str, resource: Resource) -> Result<SdkTracerProvider, TelemetryError> {

@@ -5,8 +5,9 @@
 //! OpenTelemetry way: a component needs no handle passed down to it, and where no meter provider
 //! is installed (unit tests) its instruments are no-ops. [`install`] (called by [`crate::init`])
 //! puts in a provider whose Prometheus reader is pull-only: no task and no export until someone
-//! asks for `/metrics`. Every series is labelled with the hop or dependency it belongs to, so the
-//! one-process stack, whose four services share one provider, still tells them apart.
+//! asks for `/metrics`. The series of servers and guards are labelled with their hop (and the
+//! dependency), so the one-process stack, whose four services share one provider, still tells
+//! them apart; retries and fallbacks happen at the gateway alone.
 //!
 //! The names are in [`name`]; the Prometheus form replaces dots with underscores, adds the unit
 //! (`_milliseconds`) and ends counters in `_total`.
@@ -44,7 +45,8 @@ pub mod name {
     /// downstream call not made for want of budget).
     pub const DEADLINE_OUTCOMES: &str = "chain.deadline.outcomes";
     /// Attempts beyond the first: the gateway's retries of calls to orders, the only retries in
-    /// the chain.
+    /// the budgeted chain (the naive chain's per-hop retries, kept for comparison, are not
+    /// counted here).
     pub const RETRIES: &str = "chain.retry.retries";
     /// Why operations stopped being retried, by `reason` (`budget`: the retry budget was
     /// exhausted).

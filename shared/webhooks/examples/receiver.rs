@@ -73,6 +73,9 @@ async fn receive(State(receiver): State<Arc<Receiver>>, headers: HeaderMap, body
         println!("{id}: a repeat of a delivery already processed");
         return (StatusCode::OK, "already processed\n".into());
     }
+    // Processing here is a line on the terminal and cannot fail. A receiver whose processing can
+    // fail calls `SeenIds::forget` then and answers 5xx, so that the sender's retry is processed;
+    // one that stores its work records the id in the same transaction instead.
     println!("{id}: processing {}", String::from_utf8_lossy(&body));
     (StatusCode::NO_CONTENT, String::new())
 }

@@ -37,6 +37,13 @@ impl SeenIds {
         true
     }
 
+    /// Forgets `id`, whose processing failed: the sender's next attempt is then processed.
+    pub fn forget(&mut self, id: &str) {
+        if self.ids.remove(id) {
+            self.by_time.retain(|(_, seen)| seen != id);
+        }
+    }
+
     /// Ids remembered now.
     pub fn len(&self) -> usize {
         self.ids.len()
@@ -69,6 +76,15 @@ mod tests {
         assert!(!seen.first_time("msg_1", 1_000), "the same delivery again");
         assert!(!seen.first_time("msg_1", 1_000 + 10 * 60 * 60), "a retry ten hours later");
         assert!(seen.first_time("msg_2", 1_001), "another delivery");
+    }
+
+    #[test]
+    fn a_forgotten_id_is_processed_again() {
+        let mut seen = SeenIds::new(DAY);
+        assert!(seen.first_time("msg_1", 10));
+        seen.forget("msg_1");
+        assert!(seen.first_time("msg_1", 20), "its processing failed: the retry is processed");
+        assert_eq!(seen.len(), 1);
     }
 
     #[test]

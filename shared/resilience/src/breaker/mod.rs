@@ -185,8 +185,11 @@ impl Breaker {
         if !self.enabled {
             return Ok(Admission::Normal);
         }
-        let (admission, transition) = self.lock().admit(Instant::now());
+        let mut machine = self.lock();
+        let (admission, transition) = machine.admit(Instant::now());
+        // Noted under the lock, so that the state gauge gets the changes in the order they happened.
         self.note(transition);
+        drop(machine);
         admission.map_err(|retry_in| {
             self.counters.rejected.fetch_add(1, Ordering::Relaxed);
             self.counters.rejections.add(1, &self.counters.labels);
@@ -199,7 +202,8 @@ impl Breaker {
         if !self.enabled {
             return;
         }
-        let transition = self.lock().record(admission, outcome, Instant::now());
+        let mut machine = self.lock();
+        let transition = machine.record(admission, outcome, Instant::now());
         self.note(transition);
     }
 
@@ -214,7 +218,7 @@ impl Breaker {
         let [hop, dependency] = self.counters.labels.clone();
         self.counters.transitions.add(1, &[hop, dependency, KeyValue::new("to", to.as_str())]);
         self.counters.position.record(to.gauge_value(), &self.counters.labels);
-        tracing::info!(dependency = self.dependency, breaker.from = ?from, breaker.to = ?to, "circuit breaker changed state");
+        tracing::info!(peer = self.dependency, breaker.from = ?from, breaker.to = ?to, "circuit breaker changed state");
     }
 }
 

@@ -12,6 +12,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let receiver = otlp_receiver::OtlpReceiver::start_on(listen, true).await?;
     println!("receiving OTLP on {}", receiver.endpoint());
-    tokio::signal::ctrl_c().await?;
+    // In a container it is process 1, which the kernel sends no default signal handling: it must
+    // end on SIGTERM itself, or every `compose down` waits for the kill.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        interrupted = tokio::signal::ctrl_c() => interrupted?,
+        _ = terminate.recv() => {}
+    }
     Ok(())
 }

@@ -329,10 +329,11 @@ impl Report {
         };
         writeln!(
             out,
-            "Over HTTP, one request in flight, a bank that answers at once, every layer on: {} rounds \
-             of {} creates with span making off, then on (every span sampled and exported over \
-             OTLP/gRPC to a receiver in the same process), alternating. Medians of the rounds' \
-             percentiles; throughput over all rounds of a side. {} spans were received.\n",
+            "Over HTTP, one request in flight, a bank that answers at once, every layer on: after a \
+             warm-up round that counts for neither side, {} rounds of {} creates each with span making \
+             off and on (every span sampled and exported over OTLP/gRPC to a receiver in the same \
+             process), which side goes first alternating. Medians of the rounds' percentiles; \
+             throughput over all rounds of a side. {} spans were received, the warm-up's included.\n",
             t.rounds, t.requests_per_round, t.spans_received
         )?;
         writeln!(out, "| Tracing | p50 | p99 | Orders per second |\n|---|---:|---:|---:|")?;

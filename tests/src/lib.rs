@@ -132,14 +132,7 @@ pub fn touchy_bank_guards(settings: &mut ChainSettings) {
 }
 
 /// The README's example order.
-pub fn order_body() -> serde_json::Value {
-    serde_json::json!({
-        "customer_id": "c-1",
-        "items": [{"sku": "sku-1", "quantity": 2}],
-        "amount_minor": 1299,
-        "currency": "EUR",
-    })
-}
+pub use stack::scenario::order_json as order_body;
 
 /// A gRPC request to the gateway with the demo key and an idempotency key.
 pub fn grpc_request<T>(message: T, key: &str) -> tonic::Request<T> {
@@ -150,11 +143,4 @@ pub fn grpc_request<T>(message: T, key: &str) -> tonic::Request<T> {
 }
 
 /// The README's example order as a gRPC message.
-pub fn order_message() -> proto::common::v1::CreateOrderRequest {
-    proto::common::v1::CreateOrderRequest {
-        customer_id: "c-1".into(),
-        items: vec![proto::common::v1::LineItem { sku: "sku-1".into(), quantity: 2 }],
-        amount_minor: 1299,
-        currency: "EUR".into(),
-    }
-}
+pub use stack::scenario::order_message;

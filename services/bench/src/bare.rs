@@ -218,19 +218,13 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proto::{common::v1::LineItem, gateway::v1::gateway_client::GatewayClient};
+    use proto::gateway::v1::gateway_client::GatewayClient;
 
     #[tokio::test]
     async fn an_order_goes_through_the_four_bare_hops() {
         let chain = BareChain::start().await.unwrap();
         let mut gateway = GatewayClient::new(channel(chain.gateway).unwrap());
-        let create = CreateOrderRequest {
-            customer_id: "c-1".into(),
-            items: vec![LineItem { sku: "sku-1".into(), quantity: 2 }],
-            amount_minor: 1299,
-            currency: "EUR".into(),
-        };
-        let order = gateway.create_order(create).await.unwrap().into_inner();
+        let order = gateway.create_order(stack::scenario::order_message()).await.unwrap().into_inner();
         assert_eq!(order.status(), OrderStatus::Paid);
         assert_eq!(order.order_id.len(), "ord_".len() + 32);
         let payment = order.payment.unwrap();

@@ -5,7 +5,7 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use proto::{
-    common::v1::{CreateOrderRequest, LineItem, Order},
+    common::v1::Order,
     gateway::v1::gateway_client::GatewayClient,
 };
 use resilience::{breaker::CIRCUIT_OPEN_HEADER, bulkhead::BULKHEAD_FULL_HEADER};
@@ -34,15 +34,6 @@ fn key_part(text: &str) -> String {
     text.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect()
 }
 
-/// The order every request creates: the README's example.
-fn order_message() -> CreateOrderRequest {
-    CreateOrderRequest {
-        customer_id: "c-1".into(),
-        items: vec![LineItem { sku: "sku-1".into(), quantity: 2 }],
-        amount_minor: 1299,
-        currency: "EUR".into(),
-    }
-}
 
 /// `CreateOrder` on a gateway's gRPC face (the chain's, or the bare chain's).
 #[derive(Clone)]
@@ -68,7 +59,7 @@ impl GrpcOrders {
 
     pub fn create(&self, index: usize) -> impl Future<Output = Outcome> + Send + use<> {
         let mut client = self.client.clone();
-        let mut request = Request::new(order_message());
+        let mut request = Request::new(stack::scenario::order_message());
         let metadata = request.metadata_mut();
         metadata.insert("authorization", format!("Bearer {API_KEY}").parse().expect("ascii"));
         metadata.insert(IDEMPOTENCY_KEY, format!("{}-{index}", self.keys).parse().expect("ascii"));

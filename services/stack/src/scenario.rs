@@ -381,7 +381,7 @@ enum Target {
     Get(String),
 }
 
-/// The order every scenario creates.
+/// The order every scenario creates: the README's example.
 pub fn order_json() -> serde_json::Value {
     serde_json::json!({
         "customer_id": "c-1",
@@ -389,6 +389,16 @@ pub fn order_json() -> serde_json::Value {
         "amount_minor": 1299,
         "currency": "EUR",
     })
+}
+
+/// The same order as a gRPC message.
+pub fn order_message() -> proto::common::v1::CreateOrderRequest {
+    proto::common::v1::CreateOrderRequest {
+        customer_id: "c-1".into(),
+        items: vec![proto::common::v1::LineItem { sku: "sku-1".into(), quantity: 2 }],
+        amount_minor: 1299,
+        currency: "EUR".into(),
+    }
 }
 
 #[derive(Default)]

@@ -106,8 +106,15 @@ impl From<OverOwnQuota> for Status {
 #[derive(Debug, Clone)]
 pub struct SelfLimit<S> {
     inner: S,
+    /// `None`: no quota, calls unlimited.
+    quota: Option<Arc<OwnQuota>>,
+}
+
+/// A dependency's quota as one caller keeps it, shared by every clone of its service.
+#[derive(Debug)]
+struct OwnQuota {
     dependency: &'static str,
-    limiter: Option<Arc<Limiter>>,
+    limiter: Limiter,
     rejections: Counter<u64>,
     labels: [KeyValue; 3],
 }
@@ -115,21 +122,21 @@ pub struct SelfLimit<S> {
 /// Applies [`SelfLimit`]; a quota with a rate of 0 leaves calls unlimited.
 #[derive(Debug, Clone)]
 pub struct SelfLimitLayer {
-    dependency: &'static str,
-    limiter: Option<Arc<Limiter>>,
-    rejections: Counter<u64>,
-    labels: [KeyValue; 3],
+    quota: Option<Arc<OwnQuota>>,
 }
 
 impl SelfLimitLayer {
     /// Keeps `hop`'s calls to `dependency` within `quota`.
     pub fn new(hop: &'static str, dependency: &'static str, quota: QuotaSettings) -> Self {
-        Self {
-            dependency,
-            limiter: (quota.per_second > 0).then(|| Arc::new(Limiter::new(quota))),
-            rejections: rejections_counter(),
-            labels: [KeyValue::new("scope", "dependency"), KeyValue::new(attr::HOP, hop), KeyValue::new("name", dependency)],
-        }
+        let quota = (quota.per_second > 0).then(|| {
+            Arc::new(OwnQuota {
+                dependency,
+                limiter: Limiter::new(quota),
+                rejections: rejections_counter(),
+                labels: [KeyValue::new("scope", "dependency"), KeyValue::new(attr::HOP, hop), KeyValue::new("name", dependency)],
+            })
+        });
+        Self { quota }
     }
 }
 
@@ -142,13 +149,7 @@ impl<S> Layer<S> for SelfLimitLayer {
     type Service = SelfLimit<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        SelfLimit {
-            inner,
-            dependency: self.dependency,
-            limiter: self.limiter.clone(),
-            rejections: self.rejections.clone(),
-            labels: self.labels.clone(),
-        }
+        SelfLimit { inner, quota: self.quota.clone() }
     }
 }
 
@@ -175,11 +176,11 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        if let Some(limiter) = &self.limiter
-            && let Decision::Limited { retry_after } = limiter.check()
+        if let Some(quota) = &self.quota
+            && let Decision::Limited { retry_after } = quota.limiter.check()
         {
-            let over = OverOwnQuota { dependency: self.dependency, per_second: limiter.quota().per_second, retry_after };
-            self.rejections.add(1, &self.labels);
+            let over = OverOwnQuota { dependency: quota.dependency, per_second: quota.limiter.quota().per_second, retry_after };
+            quota.rejections.add(1, &quota.labels);
             return SelfLimitFuture::Refused { response: Some(Status::from(over).into_http()) };
         }
         SelfLimitFuture::Called { inner: self.inner.call(request) }

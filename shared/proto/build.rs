@@ -7,6 +7,7 @@ const PROTOS: &[&str] = &[
     "common/v1/common.proto",
     "gateway/v1/gateway.proto",
     "orders/v1/orders.proto",
+    "orders/v1/webhooks.proto",
     "payment/v1/payment.proto",
     "bank/v1/bank.proto",
 ];

@@ -1,0 +1,272 @@
+use idempotency::{Backend, Database};
+use sqlx::{AnyConnection, FromRow};
+use webhooks::signature::Secret;
+
+use crate::{ENDPOINT_DISABLED, NewEvent, OutboxError, new_id, record};
+
+/// An endpoint with deliveries due, as the sender needs it.
+#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+pub struct DueEndpoint {
+    pub endpoint_id: String,
+    pub url: String,
+    pub max_in_flight: i64,
+    pub rate_per_sec: i64,
+}
+
+/// A delivery claimed by one sender until `claimed_until_ms`.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub endpoint_id: String,
+    pub event_id: String,
+    /// The attempt's number, counted over every claim of this delivery.
+    pub attempt: i64,
+    /// Failures so far in this round of the retry schedule.
+    pub schedule_step: i64,
+    pub payload: String,
+    /// The secrets that sign the delivery, newest first.
+    pub secrets: Vec<Secret>,
+    pub claimed_until_ms: i64,
+    token: String,
+}
+
+/// What an attempt found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    pub started_at_ms: i64,
+    pub duration_ms: i64,
+    /// The recipient's HTTP status, when it answered.
+    pub status_code: Option<u16>,
+    /// Why it failed, when it did.
+    pub error: Option<String>,
+}
+
+/// What comes after an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Delivered,
+    /// It failed: try again at `retry_at_ms`, or never when the schedule is spent (`None`: the
+    /// delivery is marked undelivered).
+    Failed { retry_at_ms: Option<i64> },
+    /// The recipient answered 410 Gone: the endpoint is disabled, and the delivery waits (at its
+    /// next step of the schedule) in case its owner enables the endpoint again.
+    Gone { retry_at_ms: Option<i64> },
+}
+
+/// What [`Deliveries::finish`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    /// The lease had run out and another sender had taken the delivery over: the attempt is
+    /// logged, the delivery is left to the other sender.
+    pub lease_lost: bool,
+    /// The endpoint was disabled by this attempt, and why.
+    pub endpoint_disabled: Option<String>,
+}
+
+#[derive(Debug, FromRow)]
+struct ClaimedRow {
+    event_id: String,
+    attempts: i64,
+    schedule_step: i64,
+}
+
+/// The sender's side of the webhook tables.
+#[derive(Debug, Clone)]
+pub struct Deliveries {
+    database: Database,
+}
+
+impl Deliveries {
+    pub fn new(database: Database) -> Self {
+        Self { database }
+    }
+
+    /// Enabled endpoints with at least one delivery due at `now_ms` and not leased to a sender.
+    pub async fn due_endpoints(&self, now_ms: i64) -> Result<Vec<DueEndpoint>, OutboxError> {
+        Ok(sqlx::query_as(
+            "SELECT e.endpoint_id, e.url, e.max_in_flight, e.rate_per_sec FROM webhook_endpoints e \
+             WHERE e.state = 'enabled' AND EXISTS (SELECT 1 FROM webhook_deliveries d \
+               WHERE d.endpoint_id = e.endpoint_id AND d.state = 'pending' AND d.next_attempt_at_ms <= $1 \
+                 AND (d.claimed_until_ms IS NULL OR d.claimed_until_ms <= $1))",
+        )
+        .bind(now_ms)
+        .fetch_all(self.database.pool())
+        .await?)
+    }
+
+    /// Claims the endpoint's oldest due delivery until `now_ms + lease_ms`, if there is one and
+    /// the endpoint is enabled. Two senders never hold the same delivery at once.
+    pub async fn claim(&self, endpoint_id: &str, now_ms: i64, lease_ms: i64) -> Result<Option<Claim>, OutboxError> {
+        // PostgreSQL: the row lock of FOR UPDATE SKIP LOCKED keeps concurrent senders on different
+        // rows without waiting for each other. SQLite runs one write statement at a time, so the
+        // same UPDATE without the lock clause is already atomic.
+        let statement = match self.database.backend() {
+            Backend::Postgres => CLAIM_POSTGRES,
+            Backend::Sqlite => CLAIM_SQLITE,
+        };
+        let token = new_id("claim");
+        let claimed_until_ms = now_ms.saturating_add(lease_ms);
+        let mut transaction = self.database.pool().begin().await?;
+        let row: Option<ClaimedRow> = sqlx::query_as(statement)
+            .bind(&token)
+            .bind(claimed_until_ms)
+            .bind(now_ms)
+            .bind(endpoint_id)
+            .fetch_optional(&mut *transaction)
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let (payload,): (String,) = sqlx::query_as("SELECT payload FROM webhook_events WHERE event_id = $1")
+            .bind(&row.event_id)
+            .fetch_one(&mut *transaction)
+            .await?;
+        let secrets = active_secrets(&mut transaction, endpoint_id, now_ms).await?;
+        transaction.commit().await?;
+        Ok(Some(Claim {
+            endpoint_id: endpoint_id.to_owned(),
+            event_id: row.event_id,
+            attempt: row.attempts,
+            schedule_step: row.schedule_step,
+            payload,
+            secrets,
+            claimed_until_ms,
+            token,
+        }))
+    }
+
+    /// Records `attempt` and applies `outcome`, both in one transaction; the delivery changes
+    /// only while `claim` is still its lease. Failing since more than `disable_after_ms` disables
+    /// the endpoint, as a 410 does; a disabled endpoint's owner is told by an
+    /// [`ENDPOINT_DISABLED`] event to its other endpoints.
+    pub async fn finish(&self, claim: &Claim, attempt: &Attempt, outcome: Outcome, disable_after_ms: i64, now_ms: i64) -> Result<Finished, OutboxError> {
+        let mut transaction = self.database.pool().begin().await?;
+        let outcome_name = if outcome == Outcome::Delivered { "delivered" } else { "failed" };
+        sqlx::query(
+            "INSERT INTO webhook_attempts (endpoint_id, event_id, attempt, started_at_ms, duration_ms, status_code, outcome, error) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(&claim.endpoint_id)
+        .bind(&claim.event_id)
+        .bind(claim.attempt)
+        .bind(attempt.started_at_ms)
+        .bind(attempt.duration_ms)
+        .bind(attempt.status_code.map(i64::from))
+        .bind(outcome_name)
+        .bind(attempt.error.as_deref())
+        .execute(&mut *transaction)
+        .await?;
+
+        let (state, next_attempt_at_ms, step) = match outcome {
+            Outcome::Delivered => ("delivered", now_ms, claim.schedule_step),
+            Outcome::Failed { retry_at_ms: Some(at) } | Outcome::Gone { retry_at_ms: Some(at) } => ("pending", at, claim.schedule_step + 1),
+            Outcome::Failed { retry_at_ms: None } | Outcome::Gone { retry_at_ms: None } => ("undelivered", now_ms, claim.schedule_step + 1),
+        };
+        let updated = sqlx::query(
+            "UPDATE webhook_deliveries SET state = $1, next_attempt_at_ms = $2, schedule_step = $3, \
+               claim_token = NULL, claimed_until_ms = NULL, updated_at_ms = $4 \
+             WHERE endpoint_id = $5 AND event_id = $6 AND claim_token = $7",
+        )
+        .bind(state)
+        .bind(next_attempt_at_ms)
+        .bind(step)
+        .bind(now_ms)
+        .bind(&claim.endpoint_id)
+        .bind(&claim.event_id)
+        .bind(&claim.token)
+        .execute(&mut *transaction)
+        .await?;
+
+        let disable_reason = match outcome {
+            Outcome::Delivered => {
+                sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL WHERE endpoint_id = $1 AND failing_since_ms IS NOT NULL")
+                    .bind(&claim.endpoint_id)
+                    .execute(&mut *transaction)
+                    .await?;
+                None
+            }
+            Outcome::Gone { .. } => Some("the endpoint answered 410 Gone".to_owned()),
+            Outcome::Failed { .. } => {
+                sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = $1 WHERE endpoint_id = $2 AND failing_since_ms IS NULL")
+                    .bind(now_ms)
+                    .bind(&claim.endpoint_id)
+                    .execute(&mut *transaction)
+                    .await?;
+                let (failing_since_ms,): (i64,) = sqlx::query_as("SELECT failing_since_ms FROM webhook_endpoints WHERE endpoint_id = $1")
+                    .bind(&claim.endpoint_id)
+                    .fetch_one(&mut *transaction)
+                    .await?;
+                (now_ms - failing_since_ms >= disable_after_ms).then(|| format!("the endpoint has failed every attempt for {} s", (now_ms - failing_since_ms) / 1000))
+            }
+        };
+        let endpoint_disabled = match disable_reason {
+            Some(reason) => disable(&mut transaction, &claim.endpoint_id, &reason, now_ms).await?.then_some(reason),
+            None => None,
+        };
+        transaction.commit().await?;
+        Ok(Finished { lease_lost: updated.rows_affected() == 0, endpoint_disabled })
+    }
+
+    /// The earliest time a pending delivery of an enabled endpoint falls due, if any.
+    pub async fn next_due_ms(&self) -> Result<Option<i64>, OutboxError> {
+        let (next,): (Option<i64>,) = sqlx::query_as(
+            "SELECT MIN(d.next_attempt_at_ms) FROM webhook_deliveries d JOIN webhook_endpoints e ON e.endpoint_id = d.endpoint_id \
+             WHERE d.state = 'pending' AND e.state = 'enabled'",
+        )
+        .fetch_one(self.database.pool())
+        .await?;
+        Ok(next)
+    }
+}
+
+/// The claim statement, with `$lock` after its row choice: the one difference between backends.
+macro_rules! claim_statement {
+    ($lock:literal) => {
+        concat!(
+            "UPDATE webhook_deliveries SET claim_token = $1, claimed_until_ms = $2, attempts = attempts + 1, updated_at_ms = $3 \
+             WHERE endpoint_id = $4 AND event_id = (SELECT d.event_id FROM webhook_deliveries d \
+               JOIN webhook_endpoints e ON e.endpoint_id = d.endpoint_id \
+               WHERE d.endpoint_id = $4 AND e.state = 'enabled' AND d.state = 'pending' AND d.next_attempt_at_ms <= $3 \
+                 AND (d.claimed_until_ms IS NULL OR d.claimed_until_ms <= $3) \
+               ORDER BY d.next_attempt_at_ms, d.event_id LIMIT 1",
+            $lock,
+            ") RETURNING event_id, attempts, schedule_step"
+        )
+    };
+}
+
+const CLAIM_POSTGRES: &str = claim_statement!(" FOR UPDATE OF d SKIP LOCKED");
+const CLAIM_SQLITE: &str = claim_statement!("");
+
+/// The endpoint's secrets that sign at `now_ms`, newest first.
+async fn active_secrets(connection: &mut AnyConnection, endpoint_id: &str, now_ms: i64) -> Result<Vec<Secret>, OutboxError> {
+    let rows: Vec<(String,)> = sqlx::query_as(
+        "SELECT secret FROM webhook_secrets WHERE endpoint_id = $1 AND (expires_at_ms IS NULL OR expires_at_ms > $2) \
+         ORDER BY created_at_ms DESC, secret_id DESC",
+    )
+    .bind(endpoint_id)
+    .bind(now_ms)
+    .fetch_all(connection)
+    .await?;
+    rows.into_iter()
+        .map(|(secret,)| secret.parse().map_err(|error| OutboxError::Storage(sqlx::Error::Decode(Box::new(error)))))
+        .collect()
+}
+
+/// Disables an enabled endpoint and tells its owner; `false` when it was not enabled.
+async fn disable(connection: &mut AnyConnection, endpoint_id: &str, reason: &str, now_ms: i64) -> Result<bool, OutboxError> {
+    let disabled = sqlx::query("UPDATE webhook_endpoints SET state = 'disabled', disabled_reason = $1 WHERE endpoint_id = $2 AND state = 'enabled'")
+        .bind(reason)
+        .bind(endpoint_id)
+        .execute(&mut *connection)
+        .await?;
+    if disabled.rows_affected() == 0 {
+        return Ok(false);
+    }
+    let (client_id, url): (String, String) = sqlx::query_as("SELECT client_id, url FROM webhook_endpoints WHERE endpoint_id = $1")
+        .bind(endpoint_id)
+        .fetch_one(&mut *connection)
+        .await?;
+    let data = serde_json::json!({ "endpoint_id": endpoint_id, "url": url, "reason": reason });
+    record(connection, &client_id, &NewEvent { event_type: ENDPOINT_DISABLED, version: 1, data: &data }, now_ms).await?;
+    Ok(true)
+}

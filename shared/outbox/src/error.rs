@@ -1,0 +1,12 @@
+/// Why a webhook operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OutboxError {
+    #[error("no webhook endpoint {0:?} for this client")]
+    EndpointNotFound(String),
+    #[error("no delivery of event {event_id:?} to endpoint {endpoint_id:?}")]
+    DeliveryNotFound { endpoint_id: String, event_id: String },
+    #[error("invalid webhook endpoint: {0}")]
+    Invalid(String),
+    #[error("webhook store: {0}")]
+    Storage(#[from] sqlx::Error),
+}

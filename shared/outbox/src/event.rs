@@ -1,0 +1,65 @@
+use std::time::{Duration, UNIX_EPOCH};
+
+use serde_json::json;
+use sqlx::AnyConnection;
+
+use crate::{OutboxError, new_id};
+
+/// An order was paid.
+pub const ORDER_PAID: &str = "order.paid";
+/// An order's payment was declined.
+pub const ORDER_PAYMENT_DECLINED: &str = "order.payment_declined";
+/// One of the client's endpoints was disabled (it answered 410, or failed for too long).
+pub const ENDPOINT_DISABLED: &str = "endpoint.disabled";
+/// Every event type an endpoint can subscribe to.
+pub const EVENT_TYPES: &[&str] = &[ORDER_PAID, ORDER_PAYMENT_DECLINED, ENDPOINT_DISABLED];
+
+/// An event to put in the outbox.
+#[derive(Debug, Clone)]
+pub struct NewEvent<'a> {
+    /// One of [`EVENT_TYPES`].
+    pub event_type: &'static str,
+    /// The version of the subject's state that the event reports. Deliveries are not ordered
+    /// (a retry can overtake a later event), so a receiver keeps the highest version it has seen.
+    pub version: i64,
+    /// What happened, under `"data"` in the body.
+    pub data: &'a serde_json::Value,
+}
+
+/// Inserts `event` for `client_id` and one pending delivery for each of the client's enabled
+/// endpoints that subscribe to its type, on `connection`: call it inside the transaction of the
+/// state change the event reports. Returns the event id, which is the `webhook-id` of every
+/// delivery and every retry.
+pub async fn record(connection: &mut AnyConnection, client_id: &str, event: &NewEvent<'_>, now_ms: i64) -> Result<String, OutboxError> {
+    let event_id = new_id("msg");
+    let occurred = humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(now_ms.max(0) as u64));
+    let payload = json!({
+        "id": event_id,
+        "type": event.event_type,
+        "version": event.version,
+        "timestamp": occurred.to_string(),
+        "data": event.data,
+    });
+    sqlx::query("INSERT INTO webhook_events (event_id, client_id, event_type, payload, created_at_ms) VALUES ($1, $2, $3, $4, $5)")
+        .bind(&event_id)
+        .bind(client_id)
+        .bind(event.event_type)
+        .bind(payload.to_string())
+        .bind(now_ms)
+        .execute(&mut *connection)
+        .await?;
+    sqlx::query(
+        "INSERT INTO webhook_deliveries \
+           (endpoint_id, event_id, state, attempts, schedule_step, next_attempt_at_ms, created_at_ms, updated_at_ms) \
+         SELECT e.endpoint_id, $1, 'pending', 0, 0, $2, $2, $2 \
+         FROM webhook_endpoints e JOIN webhook_subscriptions s ON s.endpoint_id = e.endpoint_id \
+         WHERE e.client_id = $3 AND e.state = 'enabled' AND s.event_type = $4",
+    )
+    .bind(&event_id)
+    .bind(now_ms)
+    .bind(client_id)
+    .bind(event.event_type)
+    .execute(connection)
+    .await?;
+    Ok(event_id)
+}

@@ -1,0 +1,385 @@
+use idempotency::Database;
+use sqlx::{AnyConnection, FromRow};
+use webhooks::{signature::Secret, ssrf};
+
+use crate::{EVENT_TYPES, OutboxError, new_id};
+
+/// How hard one endpoint may be pushed: its deliveries in flight at once, and started per second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointLimits {
+    pub max_in_flight: u32,
+    pub rate_per_sec: u32,
+}
+
+impl EndpointLimits {
+    /// The most a client may ask for; more would let one recipient take the sender over.
+    pub const MAX: Self = Self { max_in_flight: 64, rate_per_sec: 1_000 };
+}
+
+impl Default for EndpointLimits {
+    fn default() -> Self {
+        Self { max_in_flight: 4, rate_per_sec: 50 }
+    }
+}
+
+/// A recipient to create.
+#[derive(Debug, Clone)]
+pub struct NewEndpoint {
+    pub url: String,
+    pub event_types: Vec<String>,
+    pub limits: EndpointLimits,
+}
+
+impl NewEndpoint {
+    /// Checks what can be checked before any delivery: the URL under `policy` (its scheme, and
+    /// an IP address in place of a name), known event types, limits within [`EndpointLimits::MAX`].
+    /// Names are resolved and vetted again at every delivery, since what they resolve to changes.
+    pub fn validate(&self, policy: &ssrf::Policy) -> Result<(), OutboxError> {
+        ssrf::Target::parse(&self.url, policy).map_err(|error| OutboxError::Invalid(format!("url: {error}")))?;
+        if self.event_types.is_empty() {
+            return Err(OutboxError::Invalid(format!("event_types: name at least one of {}", EVENT_TYPES.join(", "))));
+        }
+        if let Some(unknown) = self.event_types.iter().find(|event_type| !EVENT_TYPES.contains(&event_type.as_str())) {
+            return Err(OutboxError::Invalid(format!("event_types: unknown {unknown:?}; known are {}", EVENT_TYPES.join(", "))));
+        }
+        let (limits, max) = (self.limits, EndpointLimits::MAX);
+        if !(1..=max.max_in_flight).contains(&limits.max_in_flight) {
+            return Err(OutboxError::Invalid(format!("max_in_flight: must be 1..={}", max.max_in_flight)));
+        }
+        if !(1..=max.rate_per_sec).contains(&limits.rate_per_sec) {
+            return Err(OutboxError::Invalid(format!("rate_per_sec: must be 1..={}", max.rate_per_sec)));
+        }
+        Ok(())
+    }
+}
+
+/// A recipient as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub endpoint_id: String,
+    pub url: String,
+    pub event_types: Vec<String>,
+    pub enabled: bool,
+    pub disabled_reason: Option<String>,
+    pub failing_since_ms: Option<i64>,
+    pub limits: EndpointLimits,
+    pub created_at_ms: i64,
+}
+
+#[derive(Debug, FromRow)]
+struct EndpointRow {
+    endpoint_id: String,
+    url: String,
+    state: String,
+    disabled_reason: Option<String>,
+    failing_since_ms: Option<i64>,
+    max_in_flight: i64,
+    rate_per_sec: i64,
+    created_at_ms: i64,
+}
+
+const SELECT_ENDPOINT: &str =
+    "SELECT endpoint_id, url, state, disabled_reason, failing_since_ms, max_in_flight, rate_per_sec, created_at_ms FROM webhook_endpoints";
+
+/// Where a delivery stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryState {
+    /// Waiting for its next attempt (or for its endpoint to be enabled again).
+    Pending,
+    Delivered,
+    /// The retry schedule ran out; only a redelivery tries again.
+    Undelivered,
+}
+
+impl DeliveryState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Delivered => "delivered",
+            Self::Undelivered => "undelivered",
+        }
+    }
+
+    fn parse(text: &str) -> Result<Self, OutboxError> {
+        match text {
+            "pending" => Ok(Self::Pending),
+            "delivered" => Ok(Self::Delivered),
+            "undelivered" => Ok(Self::Undelivered),
+            other => Err(OutboxError::Storage(sqlx::Error::Decode(format!("unknown delivery state {other:?}").into()))),
+        }
+    }
+}
+
+/// One event's delivery to one endpoint, with every attempt recorded so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryLog {
+    pub event_id: String,
+    pub event_type: String,
+    pub state: DeliveryState,
+    pub next_attempt_at_ms: Option<i64>,
+    pub created_at_ms: i64,
+    pub attempts: Vec<AttemptLog>,
+}
+
+/// One attempt as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+pub struct AttemptLog {
+    pub attempt: i64,
+    pub started_at_ms: i64,
+    pub duration_ms: i64,
+    pub status_code: Option<i64>,
+    pub outcome: String,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, FromRow)]
+struct DeliveryRow {
+    event_id: String,
+    event_type: String,
+    state: String,
+    next_attempt_at_ms: i64,
+    created_at_ms: i64,
+}
+
+/// The recipients' side of the webhook tables, each call scoped to one client.
+#[derive(Debug, Clone)]
+pub struct Subscriptions {
+    database: Database,
+}
+
+impl Subscriptions {
+    pub fn new(database: Database) -> Self {
+        Self { database }
+    }
+
+    /// Creates an enabled endpoint and its first secret, on `connection` (inside the caller's
+    /// transaction, e.g. an idempotency key's phase). `new` must have been validated.
+    pub async fn create_endpoint(connection: &mut AnyConnection, client_id: &str, new: &NewEndpoint, now_ms: i64) -> Result<(Endpoint, Secret), OutboxError> {
+        let endpoint_id = new_id("ep");
+        sqlx::query(
+            "INSERT INTO webhook_endpoints (endpoint_id, client_id, url, state, max_in_flight, rate_per_sec, created_at_ms) \
+             VALUES ($1, $2, $3, 'enabled', $4, $5, $6)",
+        )
+        .bind(&endpoint_id)
+        .bind(client_id)
+        .bind(&new.url)
+        .bind(i64::from(new.limits.max_in_flight))
+        .bind(i64::from(new.limits.rate_per_sec))
+        .bind(now_ms)
+        .execute(&mut *connection)
+        .await?;
+        let mut event_types = new.event_types.clone();
+        event_types.sort();
+        event_types.dedup();
+        for event_type in &event_types {
+            sqlx::query("INSERT INTO webhook_subscriptions (endpoint_id, event_type) VALUES ($1, $2)")
+                .bind(&endpoint_id)
+                .bind(event_type)
+                .execute(&mut *connection)
+                .await?;
+        }
+        let secret = insert_secret(connection, &endpoint_id, now_ms).await?;
+        let endpoint = Endpoint {
+            endpoint_id,
+            url: new.url.clone(),
+            event_types,
+            enabled: true,
+            disabled_reason: None,
+            failing_since_ms: None,
+            limits: new.limits,
+            created_at_ms: now_ms,
+        };
+        Ok((endpoint, secret))
+    }
+
+    /// A new secret for the endpoint, on `connection`. The secrets that signed until now keep
+    /// signing for `overlap_ms` more (both signatures go with every delivery meanwhile), so the
+    /// receiver can switch to the new one without losing a delivery.
+    pub async fn rotate_secret(connection: &mut AnyConnection, client_id: &str, endpoint_id: &str, overlap_ms: i64, now_ms: i64) -> Result<Secret, OutboxError> {
+        owned_endpoint(&mut *connection, client_id, endpoint_id).await?;
+        sqlx::query(
+            "UPDATE webhook_secrets SET expires_at_ms = $1 \
+             WHERE endpoint_id = $2 AND (expires_at_ms IS NULL OR expires_at_ms > $1)",
+        )
+        .bind(now_ms.saturating_add(overlap_ms))
+        .bind(endpoint_id)
+        .execute(&mut *connection)
+        .await?;
+        insert_secret(connection, endpoint_id, now_ms).await
+    }
+
+    pub async fn endpoints(&self, client_id: &str) -> Result<Vec<Endpoint>, OutboxError> {
+        let rows: Vec<EndpointRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT_ENDPOINT} WHERE client_id = $1 ORDER BY created_at_ms, endpoint_id")))
+            .bind(client_id)
+            .fetch_all(self.database.pool())
+            .await?;
+        let mut endpoints = Vec::with_capacity(rows.len());
+        for row in rows {
+            endpoints.push(self.with_event_types(row).await?);
+        }
+        Ok(endpoints)
+    }
+
+    pub async fn endpoint(&self, client_id: &str, endpoint_id: &str) -> Result<Endpoint, OutboxError> {
+        let mut connection = self.database.pool().acquire().await?;
+        let row = owned_endpoint(&mut connection, client_id, endpoint_id).await?;
+        drop(connection);
+        self.with_event_types(row).await
+    }
+
+    /// Enables the endpoint (forgetting its failures: it starts afresh, and its pending deliveries
+    /// go out again) or disables it (nothing is sent to it; its deliveries wait).
+    pub async fn set_enabled(&self, client_id: &str, endpoint_id: &str, enabled: bool) -> Result<Endpoint, OutboxError> {
+        let statement = if enabled {
+            "UPDATE webhook_endpoints SET state = 'enabled', disabled_reason = NULL, failing_since_ms = NULL WHERE endpoint_id = $1 AND client_id = $2"
+        } else {
+            "UPDATE webhook_endpoints SET state = 'disabled', disabled_reason = 'disabled by its owner' WHERE endpoint_id = $1 AND client_id = $2 AND state = 'enabled'"
+        };
+        sqlx::query(statement).bind(endpoint_id).bind(client_id).execute(self.database.pool()).await?;
+        self.endpoint(client_id, endpoint_id).await
+    }
+
+    /// The endpoint's most recent deliveries, newest first, each with its attempts.
+    pub async fn deliveries(&self, client_id: &str, endpoint_id: &str, limit: u32) -> Result<Vec<DeliveryLog>, OutboxError> {
+        self.endpoint(client_id, endpoint_id).await?;
+        let rows: Vec<DeliveryRow> = sqlx::query_as(
+            "SELECT d.event_id, e.event_type, d.state, d.next_attempt_at_ms, d.created_at_ms \
+             FROM webhook_deliveries d JOIN webhook_events e ON e.event_id = d.event_id \
+             WHERE d.endpoint_id = $1 ORDER BY d.created_at_ms DESC, d.event_id DESC LIMIT $2",
+        )
+        .bind(endpoint_id)
+        .bind(i64::from(limit))
+        .fetch_all(self.database.pool())
+        .await?;
+        let mut deliveries = Vec::with_capacity(rows.len());
+        for row in rows {
+            let attempts: Vec<AttemptLog> = sqlx::query_as(
+                "SELECT attempt, started_at_ms, duration_ms, status_code, outcome, error FROM webhook_attempts \
+                 WHERE endpoint_id = $1 AND event_id = $2 ORDER BY attempt",
+            )
+            .bind(endpoint_id)
+            .bind(&row.event_id)
+            .fetch_all(self.database.pool())
+            .await?;
+            let state = DeliveryState::parse(&row.state)?;
+            deliveries.push(DeliveryLog {
+                event_id: row.event_id,
+                event_type: row.event_type,
+                state,
+                next_attempt_at_ms: (state == DeliveryState::Pending).then_some(row.next_attempt_at_ms),
+                created_at_ms: row.created_at_ms,
+                attempts,
+            });
+        }
+        Ok(deliveries)
+    }
+
+    /// Sends one event to the endpoint again, now, with a fresh retry schedule and the same
+    /// `webhook-id`.
+    pub async fn redeliver(&self, client_id: &str, endpoint_id: &str, event_id: &str, now_ms: i64) -> Result<(), OutboxError> {
+        self.endpoint(client_id, endpoint_id).await?;
+        let updated = sqlx::query(
+            "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $1, updated_at_ms = $1 \
+             WHERE endpoint_id = $2 AND event_id = $3",
+        )
+        .bind(now_ms)
+        .bind(endpoint_id)
+        .bind(event_id)
+        .execute(self.database.pool())
+        .await?;
+        if updated.rows_affected() == 0 {
+            return Err(OutboxError::DeliveryNotFound { endpoint_id: endpoint_id.to_owned(), event_id: event_id.to_owned() });
+        }
+        Ok(())
+    }
+
+    /// Sends again every event of the client created in `[from_ms, until_ms)` that the endpoint
+    /// subscribes to: those it was sent, and those it missed while disabled. Returns how many.
+    pub async fn redeliver_range(&self, client_id: &str, endpoint_id: &str, from_ms: i64, until_ms: i64, now_ms: i64) -> Result<u64, OutboxError> {
+        self.endpoint(client_id, endpoint_id).await?;
+        let mut transaction = self.database.pool().begin().await?;
+        let again = sqlx::query(
+            "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $1, updated_at_ms = $1 \
+             WHERE endpoint_id = $2 AND event_id IN \
+               (SELECT event_id FROM webhook_events WHERE client_id = $3 AND created_at_ms >= $4 AND created_at_ms < $5)",
+        )
+        .bind(now_ms)
+        .bind(endpoint_id)
+        .bind(client_id)
+        .bind(from_ms)
+        .bind(until_ms)
+        .execute(&mut *transaction)
+        .await?;
+        let missed = sqlx::query(
+            "INSERT INTO webhook_deliveries \
+               (endpoint_id, event_id, state, attempts, schedule_step, next_attempt_at_ms, created_at_ms, updated_at_ms) \
+             SELECT s.endpoint_id, e.event_id, 'pending', 0, 0, $1, $1, $1 \
+             FROM webhook_events e JOIN webhook_subscriptions s ON s.event_type = e.event_type \
+             WHERE s.endpoint_id = $2 AND e.client_id = $3 AND e.created_at_ms >= $4 AND e.created_at_ms < $5 \
+               AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.endpoint_id = s.endpoint_id AND d.event_id = e.event_id)",
+        )
+        .bind(now_ms)
+        .bind(endpoint_id)
+        .bind(client_id)
+        .bind(from_ms)
+        .bind(until_ms)
+        .execute(&mut *transaction)
+        .await?;
+        transaction.commit().await?;
+        Ok(again.rows_affected() + missed.rows_affected())
+    }
+
+    async fn with_event_types(&self, row: EndpointRow) -> Result<Endpoint, OutboxError> {
+        let event_types: Vec<(String,)> = sqlx::query_as("SELECT event_type FROM webhook_subscriptions WHERE endpoint_id = $1 ORDER BY event_type")
+            .bind(&row.endpoint_id)
+            .fetch_all(self.database.pool())
+            .await?;
+        row.into_endpoint(event_types.into_iter().map(|(event_type,)| event_type).collect())
+    }
+}
+
+async fn owned_endpoint(connection: &mut AnyConnection, client_id: &str, endpoint_id: &str) -> Result<EndpointRow, OutboxError> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT_ENDPOINT} WHERE endpoint_id = $1 AND client_id = $2")))
+        .bind(endpoint_id)
+        .bind(client_id)
+        .fetch_optional(connection)
+        .await?
+        .ok_or_else(|| OutboxError::EndpointNotFound(endpoint_id.to_owned()))
+}
+
+async fn insert_secret(connection: &mut AnyConnection, endpoint_id: &str, now_ms: i64) -> Result<Secret, OutboxError> {
+    let secret = Secret::generate();
+    sqlx::query("INSERT INTO webhook_secrets (secret_id, endpoint_id, secret, created_at_ms) VALUES ($1, $2, $3, $4)")
+        .bind(new_id("sec"))
+        .bind(endpoint_id)
+        .bind(secret.to_string())
+        .bind(now_ms)
+        .execute(connection)
+        .await?;
+    Ok(secret)
+}
+
+impl EndpointRow {
+    fn into_endpoint(self, event_types: Vec<String>) -> Result<Endpoint, OutboxError> {
+        let corrupt = |what: &str| OutboxError::Storage(sqlx::Error::Decode(format!("endpoint {}: {what}", self.endpoint_id).into()));
+        let enabled = match self.state.as_str() {
+            "enabled" => true,
+            "disabled" => false,
+            _ => return Err(corrupt("unknown state")),
+        };
+        let limits = EndpointLimits {
+            max_in_flight: u32::try_from(self.max_in_flight).map_err(|_| corrupt("max_in_flight out of range"))?,
+            rate_per_sec: u32::try_from(self.rate_per_sec).map_err(|_| corrupt("rate_per_sec out of range"))?,
+        };
+        Ok(Endpoint {
+            endpoint_id: self.endpoint_id,
+            url: self.url,
+            event_types,
+            enabled,
+            disabled_reason: self.disabled_reason,
+            failing_since_ms: self.failing_since_ms,
+            limits,
+            created_at_ms: self.created_at_ms,
+        })
+    }
+}

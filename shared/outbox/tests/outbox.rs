@@ -1,0 +1,230 @@
+//! The webhook tables on SQLite (always) and PostgreSQL (when `TEST_POSTGRES_URL` names a server).
+
+use idempotency::Database;
+use outbox::{Attempt, Deliveries, DeliveryState, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, Outcome, Subscriptions};
+use serde_json::json;
+use sqlx::Connection;
+
+const CLIENT: &str = "demo-client-1";
+const T0: i64 = 1_800_000_000_000;
+const DAY_MS: i64 = 86_400_000;
+
+async fn databases() -> Vec<(Database, Option<tempfile::TempDir>)> {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let sqlite = Database::connect(&format!("sqlite://{}", dir.path().join("webhooks.db").display())).await.expect("sqlite");
+    outbox::migrate(&sqlite).await.expect("migrations");
+    let mut databases = vec![(sqlite, Some(dir))];
+    match std::env::var("TEST_POSTGRES_URL") {
+        Ok(url) => {
+            let postgres = fresh_postgres(&url).await;
+            outbox::migrate(&postgres).await.expect("migrations");
+            databases.push((postgres, None));
+        }
+        Err(_) => eprintln!("TEST_POSTGRES_URL is not set: the webhook tables are tested on SQLite only"),
+    }
+    databases
+}
+
+/// A database of its own on the server, so that tests running at once never see each other's rows.
+async fn fresh_postgres(url: &str) -> Database {
+    let name = format!("outbox_{}", uuid::Uuid::now_v7().simple());
+    let mut admin = sqlx::PgConnection::connect(url).await.expect("postgres");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.expect("create database");
+    let base = url.rsplit_once('/').map_or(url, |(base, _)| base);
+    Database::connect(&format!("{base}/{name}")).await.expect("postgres database")
+}
+
+async fn endpoint(database: &Database, event_types: &[&str]) -> String {
+    let new = NewEndpoint {
+        url: "https://hooks.example.com/orders".into(),
+        event_types: event_types.iter().map(|t| t.to_string()).collect(),
+        limits: EndpointLimits::default(),
+    };
+    let mut connection = database.pool().acquire().await.expect("connection");
+    let (endpoint, _secret) = Subscriptions::create_endpoint(&mut connection, CLIENT, &new, T0).await.expect("endpoint");
+    endpoint.endpoint_id
+}
+
+async fn paid(database: &Database, now_ms: i64) -> String {
+    let mut transaction = database.pool().begin().await.expect("transaction");
+    let data = json!({"order_id": "ord_1"});
+    let id = outbox::record(&mut transaction, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 2, data: &data }, now_ms).await.expect("record");
+    transaction.commit().await.expect("commit");
+    id
+}
+
+async fn count(database: &Database, table: &'static str) -> i64 {
+    let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}"))).fetch_one(database.pool()).await.expect("count");
+    n
+}
+
+fn answered(status: u16, at: i64) -> Attempt {
+    Attempt { started_at_ms: at, duration_ms: 3, status_code: Some(status), error: (status >= 300).then(|| format!("answered {status}")) }
+}
+
+#[tokio::test]
+async fn a_rolled_back_transaction_leaves_no_event_and_no_delivery() {
+    for (database, _dir) in databases().await {
+        endpoint(&database, &[ORDER_PAID]).await;
+        let mut transaction = database.pool().begin().await.expect("transaction");
+        let data = json!({"order_id": "ord_1"});
+        outbox::record(&mut transaction, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 2, data: &data }, T0).await.expect("record");
+        transaction.rollback().await.expect("rollback");
+        assert_eq!(count(&database, "webhook_events").await, 0);
+        assert_eq!(count(&database, "webhook_deliveries").await, 0);
+
+        paid(&database, T0).await;
+        assert_eq!(count(&database, "webhook_events").await, 1);
+        assert_eq!(count(&database, "webhook_deliveries").await, 1, "one delivery per subscribed endpoint");
+    }
+}
+
+#[tokio::test]
+async fn events_reach_only_enabled_endpoints_of_the_client_that_subscribe_to_their_type() {
+    for (database, _dir) in databases().await {
+        let subscribed = endpoint(&database, &[ORDER_PAID]).await;
+        endpoint(&database, &[outbox::ORDER_PAYMENT_DECLINED]).await;
+        let disabled = endpoint(&database, &[ORDER_PAID]).await;
+        let subscriptions = Subscriptions::new(database.clone());
+        subscriptions.set_enabled(CLIENT, &disabled, false).await.expect("disable");
+        paid(&database, T0).await;
+        let due = Deliveries::new(database.clone()).due_endpoints(T0).await.expect("due");
+        assert_eq!(due.iter().map(|e| e.endpoint_id.as_str()).collect::<Vec<_>>(), [subscribed.as_str()]);
+        assert!(subscriptions.endpoint("another-client", &subscribed).await.is_err(), "endpoints are scoped per client");
+    }
+}
+
+#[tokio::test]
+async fn a_claimed_delivery_is_nobody_elses_until_its_lease_runs_out() {
+    for (database, _dir) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        let event_id = paid(&database, T0).await;
+        let deliveries = Deliveries::new(database.clone());
+        let first = deliveries.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
+        assert_eq!((first.event_id.as_str(), first.attempt), (event_id.as_str(), 1));
+        assert!(deliveries.claim(&endpoint_id, T0 + 29_999, 30_000).await.expect("claim").is_none(), "leased");
+
+        // The first sender died after sending: its lease runs out, and the delivery goes out again
+        // as the same event.
+        let second = deliveries.claim(&endpoint_id, T0 + 30_000, 30_000).await.expect("claim").expect("lease ran out");
+        assert_eq!((second.event_id.as_str(), second.attempt), (event_id.as_str(), 2));
+        let late = deliveries.finish(&first, &answered(200, T0), Outcome::Delivered, DAY_MS, T0 + 30_001).await.expect("finish");
+        assert!(late.lease_lost, "a lease taken over is not the first sender's to finish");
+        let finished = deliveries.finish(&second, &answered(200, T0 + 30_000), Outcome::Delivered, DAY_MS, T0 + 30_002).await.expect("finish");
+        assert!(!finished.lease_lost);
+
+        let log = Subscriptions::new(database.clone()).deliveries(CLIENT, &endpoint_id, 10).await.expect("log");
+        assert_eq!(log[0].state, DeliveryState::Delivered);
+        assert_eq!(log[0].attempts.iter().map(|a| a.attempt).collect::<Vec<_>>(), [1, 2], "both attempts are logged");
+    }
+}
+
+#[tokio::test]
+async fn concurrent_claims_never_share_a_delivery() {
+    for (database, _dir) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        for n in 0..20 {
+            paid(&database, T0 + n).await;
+        }
+        let claimers = (0..4).map(|_| {
+            let deliveries = Deliveries::new(database.clone());
+            let endpoint_id = endpoint_id.clone();
+            tokio::spawn(async move {
+                let mut mine = Vec::new();
+                while let Some(claim) = deliveries.claim(&endpoint_id, T0 + 1_000, 30_000).await.expect("claim") {
+                    mine.push(claim.event_id);
+                }
+                mine
+            })
+        });
+        let mut claimed: Vec<String> = Vec::new();
+        for claimer in claimers {
+            claimed.extend(claimer.await.expect("claimer"));
+        }
+        let total = claimed.len();
+        claimed.sort();
+        claimed.dedup();
+        assert_eq!((total, claimed.len()), (20, 20), "every delivery claimed exactly once");
+    }
+}
+
+#[tokio::test]
+async fn the_schedule_runs_out_into_undelivered_and_a_redelivery_keeps_the_event_id() {
+    for (database, _dir) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        let event_id = paid(&database, T0).await;
+        let deliveries = Deliveries::new(database.clone());
+        let claim = deliveries.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
+        deliveries.finish(&claim, &answered(500, T0), Outcome::Failed { retry_at_ms: Some(T0 + 5_000) }, DAY_MS, T0).await.expect("finish");
+        assert!(deliveries.claim(&endpoint_id, T0 + 4_999, 30_000).await.expect("claim").is_none(), "not due yet");
+        let claim = deliveries.claim(&endpoint_id, T0 + 5_000, 30_000).await.expect("claim").expect("due");
+        assert_eq!(claim.schedule_step, 1);
+        deliveries.finish(&claim, &answered(500, T0 + 5_000), Outcome::Failed { retry_at_ms: None }, DAY_MS, T0 + 5_000).await.expect("finish");
+        let subscriptions = Subscriptions::new(database.clone());
+        let log = subscriptions.deliveries(CLIENT, &endpoint_id, 10).await.expect("log");
+        assert_eq!((log[0].state, log[0].attempts.len()), (DeliveryState::Undelivered, 2));
+        assert!(deliveries.claim(&endpoint_id, T0 + DAY_MS, 30_000).await.expect("claim").is_none());
+
+        subscriptions.redeliver(CLIENT, &endpoint_id, &event_id, T0 + 10_000).await.expect("redeliver");
+        let again = deliveries.claim(&endpoint_id, T0 + 10_000, 30_000).await.expect("claim").expect("due again");
+        assert_eq!((again.event_id.as_str(), again.schedule_step, again.attempt), (event_id.as_str(), 0, 3));
+    }
+}
+
+#[tokio::test]
+async fn an_endpoint_failing_for_a_day_or_gone_is_disabled_and_its_owner_told() {
+    for (database, _dir) in databases().await {
+        let failing = endpoint(&database, &[ORDER_PAID]).await;
+        let owner = endpoint(&database, &[outbox::ENDPOINT_DISABLED]).await;
+        let deliveries = Deliveries::new(database.clone());
+        paid(&database, T0).await;
+        let claim = deliveries.claim(&failing, T0, 30_000).await.expect("claim").expect("due");
+        let first = deliveries.finish(&claim, &answered(503, T0), Outcome::Failed { retry_at_ms: Some(T0 + DAY_MS) }, DAY_MS, T0).await.expect("finish");
+        assert_eq!(first.endpoint_disabled, None);
+        let claim = deliveries.claim(&failing, T0 + DAY_MS, 30_000).await.expect("claim").expect("due");
+        let last = deliveries.finish(&claim, &answered(503, T0 + DAY_MS), Outcome::Failed { retry_at_ms: Some(T0 + 2 * DAY_MS) }, DAY_MS, T0 + DAY_MS).await.expect("finish");
+        assert!(last.endpoint_disabled.is_some(), "failing for a day disables");
+        let subscriptions = Subscriptions::new(database.clone());
+        assert!(!subscriptions.endpoint(CLIENT, &failing).await.expect("endpoint").enabled);
+        let told = subscriptions.deliveries(CLIENT, &owner, 10).await.expect("log");
+        assert_eq!(told.iter().map(|d| d.event_type.as_str()).collect::<Vec<_>>(), [outbox::ENDPOINT_DISABLED]);
+
+        // Enabled again, it starts afresh and its waiting delivery goes out.
+        subscriptions.set_enabled(CLIENT, &failing, true).await.expect("enable");
+        let claim = deliveries.claim(&failing, T0 + 2 * DAY_MS, 30_000).await.expect("claim").expect("waiting delivery");
+        let gone = deliveries.finish(&claim, &answered(410, T0 + 2 * DAY_MS), Outcome::Gone { retry_at_ms: Some(T0 + 3 * DAY_MS) }, DAY_MS, T0 + 2 * DAY_MS).await.expect("finish");
+        assert!(gone.endpoint_disabled.expect("410 disables").contains("410"));
+    }
+}
+
+#[tokio::test]
+async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
+    for (database, _dir) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        let mut connection = database.pool().acquire().await.expect("connection");
+        Subscriptions::rotate_secret(&mut connection, CLIENT, &endpoint_id, DAY_MS, T0 + 1).await.expect("rotate");
+        drop(connection);
+        paid(&database, T0 + 2).await;
+        let deliveries = Deliveries::new(database.clone());
+        let during = deliveries.claim(&endpoint_id, T0 + 2, 1).await.expect("claim").expect("due");
+        assert_eq!(during.secrets.len(), 2, "old and new sign during the overlap");
+        let after = deliveries.claim(&endpoint_id, T0 + 1 + DAY_MS, 1).await.expect("claim").expect("lease ran out");
+        assert_eq!(after.secrets.len(), 1, "only the new one after it");
+        assert_eq!(after.secrets[0].to_string(), during.secrets[0].to_string(), "the newest signs first");
+    }
+}
+
+#[tokio::test]
+async fn redelivering_a_range_includes_events_missed_while_disabled() {
+    for (database, _dir) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        let subscriptions = Subscriptions::new(database.clone());
+        paid(&database, T0 + 10).await;
+        subscriptions.set_enabled(CLIENT, &endpoint_id, false).await.expect("disable");
+        paid(&database, T0 + 20).await;
+        paid(&database, T0 + 30).await;
+        subscriptions.set_enabled(CLIENT, &endpoint_id, true).await.expect("enable");
+        let queued = subscriptions.redeliver_range(CLIENT, &endpoint_id, T0 + 10, T0 + 30, T0 + 40).await.expect("range");
+        assert_eq!(queued, 2, "the one it was sent and the one it missed, not the one after the range");
+    }
+}

@@ -1,6 +1,7 @@
 //! The one mapping from orders' failures to gRPC statuses.
 
 use idempotency::KeyError;
+use outbox::OutboxError;
 use tonic::Status;
 
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +25,17 @@ pub enum OrdersError {
     StoredAnswer(#[from] prost::DecodeError),
     #[error("stored order {0} is unreadable: {1}")]
     Corrupt(String, String),
+}
+
+impl From<OutboxError> for OrdersError {
+    fn from(error: OutboxError) -> Self {
+        match error {
+            OutboxError::Storage(error) => OrdersError::Storage(error),
+            OutboxError::EndpointNotFound(_) | OutboxError::DeliveryNotFound { .. } | OutboxError::Invalid(_) => {
+                OrdersError::Corrupt("webhook outbox".into(), error.to_string())
+            }
+        }
+    }
 }
 
 impl From<KeyError> for OrdersError {

@@ -1,0 +1,9 @@
+//! The sender against receivers on loopback and an SQLite outbox in a temporary directory.
+
+mod answers;
+mod crash;
+mod harness;
+mod isolation;
+mod retries;
+mod rotation;
+mod ssrf;

@@ -74,10 +74,18 @@ impl<R: Resolve> Deliverer<R> {
     pub async fn deliver(&self, url: &str, claim: &Claim) -> Report {
         let started_at_ms = self.clock.now_ms();
         let started = Instant::now();
+        let deadline = started + self.request_timeout;
         // The look-up is part of the attempt's time, so the timeout covers it too.
-        let answer = tokio::time::timeout(self.request_timeout, self.send(url, claim, started_at_ms)).await;
-        let (status_code, verdict, error) = match answer {
-            Ok(Ok(answer)) => answer,
+        let (status_code, verdict, error) = match tokio::time::timeout_at(deadline, self.send(url, claim, started_at_ms)).await {
+            Ok(Ok(response)) => {
+                let now = UNIX_EPOCH + Duration::from_millis(u64::try_from(self.clock.now_ms()).unwrap_or(0));
+                let (verdict, error) = classify(response.status(), response.headers(), now);
+                let status = response.status().as_u16();
+                // The answer counts from its status; its body only decides whether the
+                // connection can carry the next delivery.
+                let _ = tokio::time::timeout_at(deadline, drain(response)).await;
+                (Some(status), verdict, error)
+            }
             Ok(Err(error)) => (None, Verdict::Failed, Some(error)),
             Err(_) => (None, Verdict::Failed, Some(format!("no answer within {} ms", self.request_timeout.as_millis()))),
         };
@@ -85,22 +93,31 @@ impl<R: Resolve> Deliverer<R> {
         Report { attempt: Attempt { started_at_ms, duration_ms, status_code, error }, verdict }
     }
 
-    async fn send(&self, url: &str, claim: &Claim, now_ms: i64) -> Result<(Option<u16>, Verdict, Option<String>), String> {
+    /// Vets the URL, then sends the signed delivery to a vetted address.
+    async fn send(&self, url: &str, claim: &Claim, now_ms: i64) -> Result<reqwest::Response, String> {
         let target = ssrf::vet(url, &self.policy, &self.resolver).await.map_err(|error| format!("refused by the SSRF guard: {error}"))?;
         self.dns.pin(target.host(), target.addrs());
         let (first, others) = claim.secrets.split_first().ok_or("the endpoint has no active secret")?;
         let signer = others.iter().cloned().fold(Signer::new(first.clone()), Signer::with_secret);
         let timestamp_secs = u64::try_from(now_ms / 1_000).unwrap_or(0);
-        let body = claim.payload.as_bytes();
         let mut request = self.client.post(target.url().clone()).header(header::CONTENT_TYPE, "application/json");
-        for (name, value) in signer.headers(&claim.event_id, timestamp_secs, body) {
+        for (name, value) in signer.headers(&claim.event_id, timestamp_secs, claim.payload.as_bytes()) {
             request = request.header(name, value);
         }
-        let response = request.body(claim.payload.clone()).send().await.map_err(|error| describe(&error))?;
-        let status = response.status();
-        let now = UNIX_EPOCH + Duration::from_millis(u64::try_from(self.clock.now_ms()).unwrap_or(0));
-        let (verdict, error) = classify(status, response.headers(), now);
-        Ok((Some(status.as_u16()), verdict, error))
+        request.body(claim.payload.clone()).send().await.map_err(|error| describe(&error))
+    }
+}
+
+/// The most of an answer's body read so that its connection can be reused; a longer one closes it.
+const DRAIN_LIMIT: usize = 64 * 1024;
+
+async fn drain(mut response: reqwest::Response) {
+    let mut left = DRAIN_LIMIT;
+    while left > 0 {
+        match response.chunk().await {
+            Ok(Some(chunk)) => left = left.saturating_sub(chunk.len()),
+            Ok(None) | Err(_) => return,
+        }
     }
 }
 

@@ -23,7 +23,6 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use idempotency::{Clock, Database, SystemClock};
 use outbox::Deliveries;
-use rpc::ServerError;
 use tokio::net::TcpListener;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use webhooks::ssrf::{Resolve, SystemResolver};
@@ -81,12 +80,15 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), SenderError> {
         let (_health, health_service) = tonic_health::server::health_reporter();
         let routes = tonic::service::Routes::new(health_service).prepare().into_axum_router().merge(rpc::metrics::router());
-        let served = tokio::spawn(rpc::serve_http(self.listener, routes, shutdown.clone().cancelled_owned()));
+        let serving = rpc::serve_http(self.listener, routes, shutdown.clone().cancelled_owned());
         let tasks = self.sender.tasks.clone();
-        self.sender.dispatch(shutdown).await;
-        tasks.close();
-        tasks.wait().await;
-        served.await.map_err(|error| SenderError::Server(ServerError::Serve(std::io::Error::other(error))))??;
+        let delivering = async {
+            self.sender.dispatch(shutdown).await;
+            tasks.close();
+            tasks.wait().await;
+        };
+        let (served, ()) = tokio::join!(serving, delivering);
+        served?;
         Ok(())
     }
 }

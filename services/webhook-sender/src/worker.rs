@@ -115,7 +115,10 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
         };
         self.metrics.attempt(label, report.attempt.duration_ms);
         let attempt = &report.attempt;
-        tracing::info!(outcome = label, status = attempt.status_code, error = attempt.error.as_deref(), duration_ms = attempt.duration_ms, "delivery attempt");
+        match outcome {
+            Outcome::Delivered => tracing::debug!(status = attempt.status_code, duration_ms = attempt.duration_ms, "delivered"),
+            _ => tracing::info!(outcome = label, status = attempt.status_code, error = attempt.error.as_deref(), duration_ms = attempt.duration_ms, "delivery attempt failed"),
+        }
         match self.deliveries.finish(&claim, attempt, outcome, self.disable_after_ms, now_ms).await {
             Ok(finished) => {
                 if finished.lease_lost {

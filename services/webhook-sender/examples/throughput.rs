@@ -3,8 +3,12 @@
 //! throughput and the commit→receipt latency (commit time = the event's `created_at_ms`, receipt
 //! time = when the receiver got it).
 //!
+//! Committed as fast as possible, the events pile up and the latency is mostly queueing; with a
+//! commit rate below what the endpoint may take (its limit is 1,000/s), it is the sender's own.
+//!
 //! ```sh
-//! cargo run --release -p webhook-sender --example throughput -- 2000
+//! cargo run --release -p webhook-sender --example throughput -- 2000        # as fast as possible
+//! cargo run --release -p webhook-sender --example throughput -- 2000 500    # 500 commits/s
 //! ```
 
 use std::{
@@ -41,7 +45,9 @@ async fn receive(State(receipts): State<Receipts>, headers: HeaderMap) -> Status
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let events: usize = std::env::args().nth(1).map(|n| n.parse()).transpose()?.unwrap_or(2_000);
+    let mut args = std::env::args().skip(1);
+    let events: usize = args.next().map(|n| n.parse()).transpose()?.unwrap_or(2_000);
+    let commits_per_sec: Option<u32> = args.next().map(|n| n.parse()).transpose()?;
     let dir = tempfile::tempdir()?;
     let database_url = format!("sqlite://{}", dir.path().join("orders.db").display());
     let database = Database::connect(&database_url).await?;
@@ -67,11 +73,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stop = CancellationToken::new();
     let running = tokio::spawn(sender.run_until_stopped(stop.clone()));
 
-    println!("committing {events} events for one endpoint (limits: 64 in flight, 1,000/s) on SQLite; receiver on {receiver}");
+    let pace = match commits_per_sec {
+        Some(rate) => format!("{rate} commits/s"),
+        None => "as fast as possible".to_owned(),
+    };
+    println!("committing {events} events ({pace}) for one endpoint (limits: 64 in flight, 1,000/s) on SQLite; receiver on {receiver}");
+    let mut ticks = commits_per_sec.map(|rate| tokio::time::interval(Duration::from_secs(1) / rate.max(1)));
     let started = Instant::now();
     let mut committed_at = HashMap::with_capacity(events);
     let data = serde_json::json!({"order_id": "ord_bench", "amount_minor": 1299, "currency": "EUR"});
     for n in 1..=events {
+        if let Some(ticks) = ticks.as_mut() {
+            ticks.tick().await;
+        }
         let mut transaction = database.pool().begin().await?;
         let at = wall_ms();
         let id = outbox::record(&mut transaction, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 1, data: &data }, at).await?;
@@ -108,7 +122,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         latency.record(u64::try_from(received_at - committed_at[id]).unwrap_or(0))?;
     }
     println!();
-    println!("events                    {events}");
+    println!("events                    {events} ({pace})");
     println!("committing took           {:.2} s ({:.0} events/s)", committing.as_secs_f64(), events as f64 / committing.as_secs_f64());
     println!("all delivered after       {:.2} s", total.as_secs_f64());
     println!("delivery throughput       {:.0} events/s", events as f64 / total.as_secs_f64());

@@ -2,7 +2,6 @@
 //! the same `webhook-id`, and a receiver that dedupes processes it once.
 
 use std::{
-    process::{Child, Command, Stdio},
     sync::{
         Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
@@ -24,7 +23,7 @@ use webhooks::{
     signature::{ReceivedHeaders, Verifier, WEBHOOK_ID, WEBHOOK_SIGNATURE, WEBHOOK_TIMESTAMP},
 };
 
-use crate::harness::{Outbox, eventually, wall_ms};
+use crate::harness::{Outbox, SenderProcess, eventually, wall_ms};
 
 /// The example receiver's logic (verify, then process each id once), except that it holds its
 /// answer to the first delivery it processes, as a receiver does whose reply gets lost.
@@ -50,39 +49,6 @@ async fn receive(State(receiver): State<Arc<DedupingReceiver>>, headers: HeaderM
         std::future::pending::<()>().await;
     }
     StatusCode::NO_CONTENT
-}
-
-/// The sender binary, killed with SIGKILL when dropped.
-struct SenderProcess(Child);
-
-impl SenderProcess {
-    fn spawn(database_url: &str, test_host: &str) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_webhook-sender"))
-            .env("WEBHOOK_SENDER_DATABASE_URL", database_url)
-            .env("WEBHOOK_SENDER_LISTEN", "127.0.0.1:0")
-            .env("WEBHOOK_SENDER_POLL_INTERVAL_MS", "20")
-            .env("WEBHOOK_SENDER_REQUEST_TIMEOUT_MS", "2000")
-            // Short, so that the restarted sender takes the dead one's delivery over soon.
-            .env("WEBHOOK_SENDER_LEASE_MS", "3000")
-            .args(["--set", &format!("test_hosts=[\"{test_host}\"]")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the sender binary starts");
-        Self(child)
-    }
-
-    fn kill(mut self) {
-        self.0.kill().expect("SIGKILL");
-        self.0.wait().expect("reaped");
-    }
-}
-
-impl Drop for SenderProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test]

@@ -1,11 +1,12 @@
 //! What the tests share: an orders database with the webhook tables, receivers on loopback, a
-//! sender running in this process, and a bounded wait for a condition.
+//! sender running in this process or as the binary, and a bounded wait for a condition.
 
 use std::{
     collections::HashMap,
     future::Future,
     io,
     net::{IpAddr, SocketAddr},
+    process::{Child, Command, Stdio},
     sync::{
         Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
@@ -272,4 +273,42 @@ pub async fn start_sender<R: Resolve + Send + Sync + 'static>(settings: Settings
     let stop = CancellationToken::new();
     tokio::spawn(app.run_until_stopped(stop.clone()));
     RunningSender { _stop: stop.drop_guard() }
+}
+
+/// The sender binary, killed with SIGKILL when dropped.
+pub struct SenderProcess(Child);
+
+impl SenderProcess {
+    pub fn spawn(database_url: &str, test_host: &str) -> Self {
+        Self::spawn_on(database_url, test_host, "127.0.0.1:0")
+    }
+
+    pub fn spawn_on(database_url: &str, test_host: &str, listen: &str) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_webhook-sender"))
+            .env("WEBHOOK_SENDER_DATABASE_URL", database_url)
+            .env("WEBHOOK_SENDER_LISTEN", listen)
+            .env("WEBHOOK_SENDER_POLL_INTERVAL_MS", "20")
+            .env("WEBHOOK_SENDER_REQUEST_TIMEOUT_MS", "2000")
+            // Short, so that the restarted sender takes the dead one's delivery over soon.
+            .env("WEBHOOK_SENDER_LEASE_MS", "3000")
+            .args(["--set", &format!("test_hosts=[\"{test_host}\"]")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the sender binary starts");
+        Self(child)
+    }
+
+    /// SIGKILL: no chance to record anything.
+    pub fn kill(mut self) {
+        self.0.kill().expect("SIGKILL");
+        self.0.wait().expect("reaped");
+    }
+}
+
+impl Drop for SenderProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -4,6 +4,7 @@ mod answers;
 mod crash;
 mod harness;
 mod isolation;
+mod process;
 mod retries;
 mod rotation;
 mod ssrf;

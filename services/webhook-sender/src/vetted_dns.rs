@@ -10,7 +10,10 @@
 //! that address itself.
 //!
 //! The table keeps the latest vetted addresses per name; deliveries to the same name at once may
-//! overwrite each other's entry, and every entry was vetted, so either one is safe to dial.
+//! overwrite each other's entry, and every entry was vetted, so either one is safe to dial. A
+//! pooled connection stays with the address it was opened to, vetted then; and since the URL is
+//! vetted again before every delivery, a name that now resolves to a denied address is refused
+//! before any connection, pooled or new, is used.
 
 use std::{
     collections::HashMap,

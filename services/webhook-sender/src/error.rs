@@ -1,0 +1,21 @@
+use idempotency::DatabaseError;
+use rpc::ServerError;
+use sqlx::migrate::MigrateError;
+
+use crate::InvalidSetting;
+
+/// Why the sender could not start or serve.
+#[derive(Debug, thiserror::Error)]
+pub enum SenderError {
+    #[error(transparent)]
+    Settings(#[from] InvalidSetting),
+    // The URL is not repeated: it may carry a password.
+    #[error("database: {0}")]
+    Database(#[from] DatabaseError),
+    #[error("webhook tables: {0}")]
+    Migrate(#[from] MigrateError),
+    #[error("HTTP client: {0}")]
+    Client(reqwest::Error),
+    #[error(transparent)]
+    Server(#[from] ServerError),
+}

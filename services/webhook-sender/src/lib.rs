@@ -1,0 +1,94 @@
+//! webhook-sender: delivers the webhook outbox of the orders database.
+//!
+//! Orders writes each event, and one delivery row per subscribed endpoint, in the transaction of
+//! the state change (`outbox::record`); this process, apart from the request path, claims those
+//! deliveries under a lease, signs and sends them, and records every attempt. A crash between
+//! sending and recording leaves a lease that runs out, and the delivery goes out again with the
+//! same `webhook-id`: at least once, never lost. See the README for the rules it follows.
+
+mod delivery;
+mod error;
+pub mod metrics;
+mod retry_after;
+mod schedule;
+mod settings;
+mod vetted_dns;
+mod worker;
+
+pub use delivery::USER_AGENT;
+pub use error::SenderError;
+pub use settings::{Delay, InvalidSetting, Settings};
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use idempotency::{Clock, Database, SystemClock};
+use outbox::Deliveries;
+use tokio::net::TcpListener;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use webhooks::ssrf::{Resolve, SystemResolver};
+
+use crate::{delivery::Deliverer, metrics::SenderMetrics, worker::Sender};
+
+/// The sender, bound and connected, not yet running.
+pub struct Application<R = SystemResolver> {
+    sender: Arc<Sender<R>>,
+    listener: TcpListener,
+}
+
+impl Application {
+    /// The production sender: the system clock and the system resolver.
+    pub async fn build(settings: Settings) -> Result<Self, SenderError> {
+        Self::build_with(settings, Arc::new(SystemClock), SystemResolver).await
+    }
+}
+
+impl<R: Resolve + Send + Sync + 'static> Application<R> {
+    /// A sender with its own clock (wall-clock ms, for due times and leases) and resolver (for
+    /// the SSRF guard), so that tests can move time and choose what names resolve to.
+    pub async fn build_with(settings: Settings, clock: Arc<dyn Clock>, resolver: R) -> Result<Self, SenderError> {
+        settings.validate()?;
+        let database = Database::connect(&settings.database_url).await?;
+        outbox::migrate(&database).await?;
+        let ms = Duration::from_millis;
+        let deliverer = Deliverer::new(settings.ssrf_policy()?, resolver, ms(settings.connect_timeout_ms), ms(settings.request_timeout_ms), clock.clone())
+            .map_err(SenderError::Client)?;
+        let to_i64 = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+        let sender = Sender {
+            deliveries: Deliveries::new(database),
+            deliverer,
+            schedule: settings.retry_schedule(),
+            clock,
+            metrics: SenderMetrics::new(),
+            poll_interval: ms(settings.poll_interval_ms),
+            lease_ms: to_i64(settings.lease_ms()),
+            disable_after_ms: to_i64(settings.disable_after_ms),
+            retry_after_min: ms(settings.retry_after_min_ms),
+            retry_after_max: ms(settings.retry_after_max_ms),
+            tasks: TaskTracker::new(),
+        };
+        let listener = rpc::bind(settings.listen).await?;
+        Ok(Self { sender: Arc::new(sender), listener })
+    }
+
+    /// Where `grpc.health.v1` and `/metrics` are served.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    /// Delivers until `shutdown` is cancelled, then lets the attempts in flight finish and be
+    /// recorded (each is bounded by the request timeout).
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), SenderError> {
+        let (_health, health_service) = tonic_health::server::health_reporter();
+        let routes = tonic::service::Routes::new(health_service).prepare().into_axum_router().merge(rpc::metrics::router());
+        let serving = rpc::serve_http(self.listener, routes, shutdown.clone().cancelled_owned());
+        let tasks = self.sender.tasks.clone();
+        let delivering = async {
+            self.sender.dispatch(shutdown).await;
+            tasks.close();
+            tasks.wait().await;
+        };
+        let (served, ()) = tokio::join!(serving, delivering);
+        served?;
+        Ok(())
+    }
+}

@@ -1,0 +1,206 @@
+use std::{fmt, net::SocketAddr, time::Duration};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use webhooks::ssrf::Policy;
+
+use crate::schedule::RetrySchedule;
+
+/// Every knob of the sender; see the README for the table and the environment names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// sqlx URL of the orders database, whose outbox is delivered: `sqlite://…` or `postgres://…`.
+    pub database_url: String,
+    /// Where `grpc.health.v1` and `GET /metrics` are served.
+    pub listen: SocketAddr,
+    /// How often the outbox is asked which endpoints have deliveries due.
+    pub poll_interval_ms: u64,
+    /// The whole of one delivery: resolving, connecting, sending and the answer's head.
+    pub request_timeout_ms: u64,
+    /// Connecting to the recipient, a part of the request timeout.
+    pub connect_timeout_ms: u64,
+    /// How long a claimed delivery is this sender's; another sender takes it over after that.
+    /// Default: the request timeout plus 10 s, so that a live sender always records in time.
+    pub lease_ms: Option<u64>,
+    /// The delays before each attempt of a round, the first one included (humantime strings
+    /// such as "5m", or milliseconds); the delivery is undelivered when they are spent.
+    pub schedule: Vec<Delay>,
+    /// Each delay is multiplied by a random factor in [1 − jitter, 1 + jitter], so that
+    /// deliveries failed together do not all come back together.
+    pub jitter: f64,
+    /// An endpoint that has failed every attempt for this long is disabled and its owner told.
+    pub disable_after_ms: u64,
+    /// A 429/503 `Retry-After` is honoured within these bounds.
+    pub retry_after_min_ms: u64,
+    pub retry_after_max_ms: u64,
+    /// FOR TESTS AND LOCAL DEMOS ONLY: `host:port` recipients allowed over plain http and exempt
+    /// from the SSRF deny list.
+    pub test_hosts: Vec<String>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        const MINUTE: u64 = 60;
+        const HOUR: u64 = 60 * MINUTE;
+        let delays = [0, 5, 5 * MINUTE, 30 * MINUTE, 2 * HOUR, 5 * HOUR, 10 * HOUR, 10 * HOUR];
+        Self {
+            database_url: "sqlite://orders.db".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 50055)),
+            poll_interval_ms: 100,
+            request_timeout_ms: 5_000,
+            connect_timeout_ms: 2_000,
+            lease_ms: None,
+            schedule: delays.into_iter().map(|secs| Delay(Duration::from_secs(secs))).collect(),
+            jitter: 0.1,
+            disable_after_ms: 24 * HOUR * 1_000,
+            retry_after_min_ms: 1_000,
+            retry_after_max_ms: HOUR * 1_000,
+            test_hosts: Vec::new(),
+        }
+    }
+}
+
+/// A setting that makes no sense, named.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid setting {name}: {reason}")]
+pub struct InvalidSetting {
+    pub name: &'static str,
+    pub reason: String,
+}
+
+fn invalid(name: &'static str, reason: impl Into<String>) -> InvalidSetting {
+    InvalidSetting { name, reason: reason.into() }
+}
+
+impl Settings {
+    /// Checks every knob, alone and against the others.
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        if self.poll_interval_ms == 0 {
+            return Err(invalid("poll_interval_ms", "must be at least 1"));
+        }
+        if self.request_timeout_ms == 0 {
+            return Err(invalid("request_timeout_ms", "must be at least 1"));
+        }
+        if !(1..=self.request_timeout_ms).contains(&self.connect_timeout_ms) {
+            return Err(invalid("connect_timeout_ms", "must be 1..=request_timeout_ms"));
+        }
+        if self.lease_ms() <= self.request_timeout_ms {
+            return Err(invalid("lease_ms", "must be longer than request_timeout_ms, or a live sender loses deliveries it is still sending"));
+        }
+        if self.schedule.is_empty() {
+            return Err(invalid("schedule", "needs at least one delay (the first attempt's)"));
+        }
+        if !(0.0..1.0).contains(&self.jitter) {
+            return Err(invalid("jitter", "must be in [0, 1)"));
+        }
+        if self.disable_after_ms == 0 {
+            return Err(invalid("disable_after_ms", "must be at least 1"));
+        }
+        if self.retry_after_min_ms > self.retry_after_max_ms {
+            return Err(invalid("retry_after_min_ms", "must not exceed retry_after_max_ms"));
+        }
+        self.ssrf_policy()?;
+        Ok(())
+    }
+
+    pub fn lease_ms(&self) -> u64 {
+        self.lease_ms.unwrap_or(self.request_timeout_ms.saturating_add(10_000))
+    }
+
+    pub fn retry_schedule(&self) -> RetrySchedule {
+        RetrySchedule::new(self.schedule.iter().map(|delay| delay.0).collect(), self.jitter)
+    }
+
+    /// The production SSRF policy, with the test hosts exempted.
+    pub fn ssrf_policy(&self) -> Result<Policy, InvalidSetting> {
+        self.test_hosts.iter().try_fold(Policy::default(), |policy, host_port| {
+            // The port follows the last colon; an IPv6 host keeps its brackets.
+            let (host, port) = host_port.rsplit_once(':').ok_or_else(|| invalid("test_hosts", format!("{host_port:?} is not host:port")))?;
+            let port = port.parse().map_err(|_| invalid("test_hosts", format!("{host_port:?} has no valid port")))?;
+            policy.allow_test_host(host, port).map_err(|error| invalid("test_hosts", error.to_string()))
+        })
+    }
+}
+
+/// A delay of the retry schedule: a humantime string ("5m", "2h 30m") or milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delay(pub Duration);
+
+impl Serialize for Delay {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&humantime::format_duration(self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for Delay {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Millis(u64),
+            Text(String),
+        }
+        match Written::deserialize(deserializer)? {
+            Written::Millis(ms) => Ok(Self(Duration::from_millis(ms))),
+            Written::Text(text) => humantime::parse_duration(&text).map(Self).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl fmt::Display for Delay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        humantime::format_duration(self.0).fmt(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(overrides: &[&str]) -> Result<Settings, String> {
+        let args = settings::SettingsArgs { config: None, overrides: overrides.iter().map(|s| s.to_string()).collect() };
+        let settings: Settings = settings::load("WEBHOOK_SENDER_UNIT_TEST", &args).map_err(|error| error.to_string())?;
+        settings.validate().map_err(|error| error.to_string())?;
+        Ok(settings)
+    }
+
+    #[test]
+    fn the_defaults_are_the_svix_like_schedule_and_valid() {
+        let settings = load(&[]).expect("defaults");
+        let delays: Vec<String> = settings.schedule.iter().map(Delay::to_string).collect();
+        assert_eq!(delays, ["0s", "5s", "5m", "30m", "2h", "5h", "10h", "10h"]);
+        assert_eq!(settings.lease_ms(), 15_000);
+    }
+
+    #[test]
+    fn delays_are_read_as_humantime_or_milliseconds() {
+        let settings = load(&["schedule=[\"0s\", 1500, \"1m 30s\"]"]).expect("schedule");
+        assert_eq!(settings.schedule, [Delay(Duration::ZERO), Delay(Duration::from_millis(1_500)), Delay(Duration::from_secs(90))]);
+    }
+
+    #[test]
+    fn nonsense_is_refused_with_the_setting_named() {
+        for (overrides, named) in [
+            (&["lease_ms=5000"][..], "lease_ms"),
+            (&["schedule=[]"], "schedule"),
+            (&["jitter=1.5"], "jitter"),
+            (&["connect_timeout_ms=9000"], "connect_timeout_ms"),
+            (&["retry_after_min_ms=10", "retry_after_max_ms=5"], "retry_after_min_ms"),
+            (&["test_hosts=[\"localhost\"]"], "test_hosts"),
+        ] {
+            let error = load(overrides).expect_err("refused");
+            assert!(error.contains(named), "{overrides:?}: {error}");
+        }
+        assert!(load(&["schedule=[\"5 parsecs\"]"]).is_err());
+        assert!(load(&["no_such_knob=1"]).is_err(), "unknown keys are errors");
+    }
+
+    #[test]
+    fn test_hosts_exempt_their_port_only() {
+        let settings = load(&["test_hosts=[\"127.0.0.1:8080\", \"[::1]:9000\"]"]).expect("test hosts");
+        let policy = settings.ssrf_policy().expect("policy");
+        assert!(webhooks::ssrf::Target::parse("http://127.0.0.1:8080/hook", &policy).is_ok());
+        assert!(webhooks::ssrf::Target::parse("http://[::1]:9000/hook", &policy).is_ok());
+        assert!(webhooks::ssrf::Target::parse("http://127.0.0.1:8081/hook", &policy).is_err());
+    }
+}

@@ -1,0 +1,237 @@
+//! Per-recipient isolation: one worker per endpoint, each with its own limits.
+//!
+//! Why a worker per endpoint and not one pool for all? A recipient that hangs holds every
+//! delivery sent to it until the request timeout. In a shared pool its deliveries would take
+//! every slot, and healthy recipients would wait behind it. Here each endpoint has its own
+//! concurrency limit (a semaphore of the endpoint's `max_in_flight`) and its own rate limit
+//! (`rate_per_sec`): a slow recipient fills only its own permits, and the dispatcher, which never
+//! waits on a worker, keeps waking the others.
+//!
+//! The dispatcher asks the outbox every poll interval which endpoints have deliveries due,
+//! starts a worker for an endpoint it has not seen, and wakes the ones it has. A worker claims
+//! deliveries while they are due and it has permits, sends each in a task of its own holding a
+//! permit, and leaves when it has been idle for a while with nothing in flight. An endpoint's
+//! limits and URL are read when its worker starts; changes apply to its next worker.
+
+use std::{
+    collections::HashMap,
+    num::NonZeroU32,
+    sync::{
+        Arc,
+        atomic::{AtomicI64, Ordering},
+    },
+    time::Duration,
+};
+
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use idempotency::Clock;
+use outbox::{Claim, Deliveries, DueEndpoint, Outcome};
+use tokio::{
+    sync::{Notify, OwnedSemaphorePermit, Semaphore},
+    task::JoinHandle,
+};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::Instrument;
+use webhooks::ssrf::Resolve;
+
+use crate::{
+    delivery::{Deliverer, Verdict},
+    metrics::SenderMetrics,
+    schedule::RetrySchedule,
+};
+
+/// Poll intervals a worker waits without work, and without deliveries in flight, before it
+/// leaves.
+const IDLE_POLLS: u32 = 50;
+
+/// What every worker and delivery shares.
+pub struct Sender<R> {
+    pub deliveries: Deliveries,
+    pub deliverer: Deliverer<R>,
+    pub schedule: RetrySchedule,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: SenderMetrics,
+    pub poll_interval: Duration,
+    pub lease_ms: i64,
+    pub disable_after_ms: i64,
+    /// The bounds of an honoured `Retry-After`.
+    pub retry_after_min: Duration,
+    pub retry_after_max: Duration,
+    /// Workers and deliveries, waited for at shutdown.
+    pub tasks: TaskTracker,
+}
+
+/// A running worker, as the dispatcher knows it.
+struct WorkerHandle {
+    wake: Arc<Notify>,
+    task: JoinHandle<()>,
+}
+
+impl<R: Resolve + Send + Sync + 'static> Sender<R> {
+    /// Polls for due endpoints and wakes their workers until `shutdown`.
+    pub async fn dispatch(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut workers: HashMap<String, WorkerHandle> = HashMap::new();
+        let mut ticks = tokio::time::interval(self.poll_interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            workers.retain(|_, worker| !worker.task.is_finished());
+            let due = match self.deliveries.due_endpoints(self.clock.now_ms()).await {
+                Ok(due) => due,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read the endpoints with deliveries due");
+                    continue;
+                }
+            };
+            for endpoint in due {
+                match workers.get(&endpoint.endpoint_id) {
+                    Some(worker) => worker.wake.notify_one(),
+                    None => {
+                        let endpoint_id = endpoint.endpoint_id.clone();
+                        let worker = Worker::new(self.clone(), endpoint);
+                        let wake = worker.wake.clone();
+                        let task = self.tasks.spawn(worker.run(shutdown.clone()));
+                        workers.insert(endpoint_id, WorkerHandle { wake, task });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends one claimed delivery and records what happened; `_permit` is the endpoint's
+    /// concurrency slot, held until then.
+    async fn deliver(self: Arc<Self>, url: Arc<str>, claim: Claim, paused_until_ms: Arc<AtomicI64>, _permit: OwnedSemaphorePermit) {
+        let report = self.deliverer.deliver(&url, &claim).await;
+        let now_ms = self.clock.now_ms();
+        let outcome = self.next_step(&claim, report.verdict, now_ms, &paused_until_ms);
+        let label = match outcome {
+            Outcome::Delivered => "delivered",
+            Outcome::Gone { .. } => "gone",
+            Outcome::Failed { retry_at_ms: Some(_) } => "retrying",
+            Outcome::Failed { retry_at_ms: None } => "undelivered",
+        };
+        self.metrics.attempt(label, report.attempt.duration_ms);
+        let attempt = &report.attempt;
+        match outcome {
+            Outcome::Delivered => tracing::debug!(status = attempt.status_code, duration_ms = attempt.duration_ms, "delivered"),
+            _ => tracing::info!(outcome = label, status = attempt.status_code, error = attempt.error.as_deref(), duration_ms = attempt.duration_ms, "delivery attempt failed"),
+        }
+        match self.deliveries.finish(&claim, attempt, outcome, self.disable_after_ms, now_ms).await {
+            Ok(finished) => {
+                if finished.lease_lost {
+                    self.metrics.lease_lost();
+                    tracing::warn!("the lease ran out before the attempt was recorded; another sender has the delivery");
+                }
+                if let Some(reason) = finished.endpoint_disabled {
+                    self.metrics.endpoint_disabled();
+                    tracing::warn!(%reason, "endpoint disabled");
+                }
+            }
+            // The lease runs out and the delivery is attempted again, with the same webhook-id.
+            Err(error) => tracing::error!(%error, "cannot record the attempt"),
+        }
+    }
+
+    /// What comes after an attempt with `verdict`, `claim.schedule_step` failures before it.
+    fn next_step(&self, claim: &Claim, verdict: Verdict, now_ms: i64, paused_until_ms: &AtomicI64) -> Outcome {
+        let failures = claim.schedule_step + 1;
+        let at = |delay: Duration| now_ms.saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
+        let scheduled = self.schedule.delay_after(failures, &mut rand::rng());
+        match verdict {
+            Verdict::Delivered => Outcome::Delivered,
+            Verdict::Gone => Outcome::Gone { retry_at_ms: scheduled.map(at) },
+            // The recipient's wait replaces the schedule's delay but still spends a step, so a
+            // recipient that always asks to wait cannot keep a delivery pending forever.
+            Verdict::RetryAfter(wait) => {
+                let resume_at_ms = at(wait.clamp(self.retry_after_min, self.retry_after_max));
+                paused_until_ms.fetch_max(resume_at_ms, Ordering::Relaxed);
+                Outcome::Failed { retry_at_ms: scheduled.map(|_| resume_at_ms) }
+            }
+            Verdict::Failed => Outcome::Failed { retry_at_ms: scheduled.map(at) },
+        }
+    }
+}
+
+/// Claims and sends one endpoint's deliveries within its limits.
+struct Worker<R> {
+    sender: Arc<Sender<R>>,
+    endpoint: DueEndpoint,
+    url: Arc<str>,
+    in_flight: Arc<Semaphore>,
+    max_in_flight: usize,
+    rate: DefaultDirectRateLimiter,
+    /// Until when the recipient asked us to wait (`Retry-After`), in clock ms.
+    paused_until_ms: Arc<AtomicI64>,
+    wake: Arc<Notify>,
+}
+
+impl<R: Resolve + Send + Sync + 'static> Worker<R> {
+    fn new(sender: Arc<Sender<R>>, endpoint: DueEndpoint) -> Self {
+        // The table's checks keep both positive; a corrupt row gets the most cautious limits.
+        let positive = |value: i64| u32::try_from(value).ok().and_then(NonZeroU32::new).unwrap_or(NonZeroU32::MIN);
+        let max_in_flight = positive(endpoint.max_in_flight).get() as usize;
+        Self {
+            sender,
+            url: endpoint.url.as_str().into(),
+            in_flight: Arc::new(Semaphore::new(max_in_flight)),
+            max_in_flight,
+            rate: RateLimiter::direct(Quota::per_second(positive(endpoint.rate_per_sec))),
+            paused_until_ms: Arc::new(AtomicI64::new(i64::MIN)),
+            wake: Arc::new(Notify::new()),
+            endpoint,
+        }
+    }
+
+    async fn run(self, shutdown: CancellationToken) {
+        let span = tracing::info_span!("endpoint", endpoint_id = %self.endpoint.endpoint_id);
+        async {
+            loop {
+                self.claim_while_due(&shutdown).await;
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = self.wake.notified() => {}
+                    () = tokio::time::sleep(self.sender.poll_interval * IDLE_POLLS) => {
+                        // Leaving with deliveries in flight would let a new worker start beside
+                        // them with fresh permits, over the endpoint's limit.
+                        if self.in_flight.available_permits() == self.max_in_flight {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        .instrument(span)
+        .await;
+    }
+
+    async fn claim_while_due(&self, shutdown: &CancellationToken) {
+        loop {
+            if self.sender.clock.now_ms() < self.paused_until_ms.load(Ordering::Relaxed) {
+                return;
+            }
+            let permit = tokio::select! {
+                () = shutdown.cancelled() => return,
+                permit = self.in_flight.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = self.rate.until_ready() => {}
+            }
+            let sender = &self.sender;
+            let claim = match sender.deliveries.claim(&self.endpoint.endpoint_id, sender.clock.now_ms(), sender.lease_ms).await {
+                Ok(Some(claim)) => claim,
+                Ok(None) => return,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot claim a delivery");
+                    return;
+                }
+            };
+            let span = tracing::info_span!("delivery", event_id = %claim.event_id, attempt = claim.attempt);
+            let delivery = sender.clone().deliver(self.url.clone(), claim, self.paused_until_ms.clone(), permit);
+            sender.tasks.spawn(delivery.instrument(span));
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! What recipients' answers do: 410 disables the endpoint and tells its owner; 429/503 with
+//! `Retry-After` are honoured within the configured bounds.
+
+use std::sync::Arc;
+
+use idempotency::{Clock, ManualClock, SystemClock};
+use outbox::{DeliveryState, EndpointLimits};
+use webhooks::ssrf::SystemResolver;
+
+use crate::harness::{Answer, CLIENT, Outbox, Receiver, settings, start_sender, wall_ms};
+
+#[tokio::test]
+async fn a_410_disables_the_endpoint_and_its_owner_is_told_at_their_other_endpoints() {
+    let outbox = Outbox::new().await;
+    let gone = Receiver::answering(410).await;
+    let owner = Receiver::answering(204).await;
+    let now = wall_ms();
+    let (gone_id, _) = outbox.endpoint(&gone.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), now).await;
+    outbox.endpoint(&owner.url(), &[outbox::ENDPOINT_DISABLED], EndpointLimits::default(), now).await;
+    let _sender = start_sender(settings(&outbox, &[&gone, &owner]), Arc::new(SystemClock), SystemResolver).await;
+    let event_id = outbox.paid(wall_ms()).await;
+
+    owner.wait_for(1).await;
+    let told: serde_json::Value = serde_json::from_slice(&owner.received()[0].body).expect("json");
+    assert_eq!(told["type"], outbox::ENDPOINT_DISABLED);
+    assert_eq!(told["data"]["endpoint_id"], gone_id.as_str());
+    let endpoint = outbox.subscriptions().endpoint(CLIENT, &gone_id).await.expect("endpoint");
+    assert!(!endpoint.enabled);
+    assert!(endpoint.disabled_reason.expect("a reason").contains("410"));
+    let delivery = outbox.delivery(&gone_id, &event_id).await;
+    assert_eq!((delivery.state, delivery.attempts[0].status_code), (DeliveryState::Pending, Some(410)), "kept in case the owner enables it again");
+    assert_eq!(gone.count(), 1, "nothing more is sent to a disabled endpoint");
+}
+
+#[tokio::test]
+async fn retry_after_schedules_the_next_attempt_then_and_is_clamped_by_the_settings() {
+    let outbox = Outbox::new().await;
+    let clock = Arc::new(ManualClock::starting_at(wall_ms()));
+    let asks = |retry_after: &'static str| move |_| Answer::Status(429, vec![("retry-after", retry_after.to_owned())]);
+    let two_seconds = Receiver::start(asks("2")).await;
+    let a_day = Receiver::start(asks("86400")).await;
+    let unavailable_now = Receiver::start(|_| Answer::Status(503, vec![("retry-after", "0".to_owned())])).await;
+    let limits = EndpointLimits::default();
+    let mut endpoints = Vec::new();
+    for receiver in [&two_seconds, &a_day, &unavailable_now] {
+        endpoints.push(outbox.endpoint(&receiver.url(), &[outbox::ORDER_PAID], limits, clock.now_ms()).await.0);
+    }
+    let settings = webhook_sender::Settings {
+        retry_after_min_ms: 1_000,
+        retry_after_max_ms: 60_000,
+        ..settings(&outbox, &[&two_seconds, &a_day, &unavailable_now])
+    };
+    let _sender = start_sender(settings, clock.clone(), SystemResolver).await;
+    let event_id = outbox.paid(clock.now_ms()).await;
+
+    for (endpoint_id, waits_ms) in endpoints.iter().zip([2_000, 60_000, 1_000]) {
+        let delivery = outbox.attempts(endpoint_id, &event_id, 1).await;
+        let attempt = &delivery.attempts[0];
+        assert_eq!(delivery.next_attempt_at_ms, Some(attempt.started_at_ms + waits_ms), "{:?}", attempt.status_code);
+    }
+    // The endpoint waits out its pause for every delivery: an event due before the pause ends
+    // goes with the retry when it ends. Meanwhile the 503 endpoint, whose wait (clamped up to
+    // 1 s) is over, shows that the sender was running at that time.
+    let paused_at = clock.now_ms();
+    clock.advance_ms(1_999);
+    let second = outbox.paid(clock.now_ms()).await;
+    unavailable_now.wait_for(3).await;
+    assert_eq!(two_seconds.count(), 1, "nothing to the paused endpoint before its Retry-After");
+    clock.advance_ms(1);
+    let retried = outbox.attempts(&endpoints[0], &event_id, 2).await;
+    assert_eq!(retried.attempts[1].started_at_ms, paused_at + 2_000);
+    let waited = outbox.attempts(&endpoints[0], &second, 1).await;
+    assert_eq!(waited.attempts[0].started_at_ms, paused_at + 2_000, "the new event waited for the pause too");
+}

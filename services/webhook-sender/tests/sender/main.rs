@@ -1,0 +1,10 @@
+//! The sender against receivers on loopback and an SQLite outbox in a temporary directory.
+
+mod answers;
+mod crash;
+mod harness;
+mod isolation;
+mod process;
+mod retries;
+mod rotation;
+mod ssrf;

@@ -1,0 +1,47 @@
+//! The SSRF guard in the sender: a refused address is never dialled.
+
+use std::{collections::HashMap, net::IpAddr, sync::Arc};
+
+use idempotency::SystemClock;
+use outbox::EndpointLimits;
+
+use crate::harness::{Answer, FixedResolver, Forbidden, Outbox, Receiver, settings, start_sender, wall_ms};
+
+#[tokio::test]
+async fn refused_addresses_are_never_dialled_and_redirects_are_not_followed() {
+    let outbox = Outbox::new().await;
+    // Three places on loopback that no delivery may reach.
+    let private = Forbidden::listen([127, 0, 0, 9]).await;
+    let mixed_private = Forbidden::listen([127, 0, 0, 10]).await;
+    let redirected_to = Forbidden::listen([127, 0, 0, 11]).await;
+    let resolver = FixedResolver(HashMap::from([
+        ("internal.example.com".to_owned(), vec![private.addr.ip()]),
+        ("mixed.example.com".to_owned(), vec![IpAddr::from([93, 184, 215, 14]), mixed_private.addr.ip()]),
+    ]));
+    let location = format!("http://{}/hook", redirected_to.addr);
+    let redirecting = Receiver::start(move |_| Answer::Status(302, vec![("location", location.clone())])).await;
+
+    let limits = EndpointLimits::default();
+    let now = wall_ms();
+    let (denied, _) = outbox.endpoint(&format!("https://internal.example.com:{}/hook", private.addr.port()), &[outbox::ORDER_PAID], limits, now).await;
+    let (mixed, _) = outbox.endpoint(&format!("https://mixed.example.com:{}/hook", mixed_private.addr.port()), &[outbox::ORDER_PAID], limits, now).await;
+    let (redirect, _) = outbox.endpoint(&redirecting.url(), &[outbox::ORDER_PAID], limits, now).await;
+    let _sender = start_sender(settings(&outbox, &[&redirecting]), Arc::new(SystemClock), resolver).await;
+    let event_id = outbox.paid(wall_ms()).await;
+
+    for (endpoint_id, listener) in [(&denied, &private), (&mixed, &mixed_private)] {
+        let delivery = outbox.attempts(endpoint_id, &event_id, 1).await;
+        let attempt = &delivery.attempts[0];
+        let error = attempt.error.as_deref().expect("a refusal");
+        assert_eq!(attempt.status_code, None, "nothing answered");
+        assert!(error.contains("refused by the SSRF guard") && error.contains("127.0.0."), "{error}");
+        assert_eq!(listener.connections(), 0, "{} was dialled", listener.addr);
+    }
+
+    let delivery = outbox.attempts(&redirect, &event_id, 1).await;
+    let attempt = &delivery.attempts[0];
+    assert_eq!(attempt.status_code, Some(302));
+    let error = attempt.error.as_deref().expect("a failure");
+    assert!(error.contains("not followed") && error.contains(&redirected_to.addr.to_string()), "{error}");
+    assert_eq!(redirected_to.connections(), 0, "the redirect was followed");
+}

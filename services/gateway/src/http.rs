@@ -1,4 +1,5 @@
-//! The HTTP/JSON face: `POST /v1/orders`, `GET /v1/orders/{id}`.
+//! The HTTP/JSON face: `POST /v1/orders`, `GET /v1/orders/{id}`, `GET /v1/orders/{id}/summary`,
+//! and the webhook routes of [`crate::webhooks::http`].
 
 use std::{
     sync::Arc,
@@ -16,10 +17,10 @@ use axum::{
 use deadline::{Hop, InboundPolicy, LEDGER_HEADER, ledger, server::Protocol};
 use resilience::load_shed::{Intake, LoadShedLayer};
 use proto::common::v1::{CreateOrderRequest, LineItem, Order, OrderStatus, Payment, PaymentStatus};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::{
-    api::{Api, Rate, Read},
+    api::{Api, ClientId, Rate, Read},
     error::{GatewayError, Problem, REPLAYED_HEADER},
 };
 
@@ -31,6 +32,7 @@ pub fn router(api: Api, creates: Arc<Intake>) -> Router {
         .route("/v1/orders", post(create_order).route_layer(LoadShedLayer::new(creates)))
         .route("/v1/orders/{order_id}", get(get_order))
         .route("/v1/orders/{order_id}/summary", get(get_summary))
+        .merge(crate::webhooks::http::routes())
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "Not found", "no such route".into()).into_http::<axum::body::Body>() })
         .with_state(api)
 }
@@ -53,7 +55,7 @@ struct NewItem {
     quantity: Option<u32>,
 }
 
-fn required<T>(value: Option<T>, field: impl Into<String>) -> Result<T, GatewayError> {
+pub fn required<T>(value: Option<T>, field: impl Into<String>) -> Result<T, GatewayError> {
     value.ok_or_else(|| GatewayError::field(field, "is required"))
 }
 
@@ -198,19 +200,33 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|value| value.to_str().ok())
 }
 
-async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
-    let client = api.authenticate(header(&headers, "authorization"))?;
-    let key = header(&headers, "idempotency-key")
-        .ok_or_else(|| GatewayError::field("Idempotency-Key", "header is required (1 to 255 characters)"))?;
-    let deserializer = &mut serde_json::Deserializer::from_slice(&body);
-    let order: NewOrder = serde_path_to_error::deserialize(deserializer).map_err(|error| {
+/// The client named by the request's API key.
+pub fn authenticate(api: &Api, headers: &HeaderMap) -> Result<ClientId, GatewayError> {
+    api.authenticate(header(headers, "authorization"))
+}
+
+/// The `Idempotency-Key` header of a write that needs one.
+pub fn idempotency_key(headers: &HeaderMap) -> Result<&str, GatewayError> {
+    header(headers, "idempotency-key").ok_or_else(|| GatewayError::field("Idempotency-Key", "header is required (1 to 255 characters)"))
+}
+
+/// A JSON body, a fault in it reported with the path of the field at fault.
+pub fn json_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, GatewayError> {
+    let deserializer = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(deserializer).map_err(|error| {
         let path = error.path().to_string();
         if path == "." {
             GatewayError::MalformedBody(error.into_inner().to_string())
         } else {
             GatewayError::field(path, error.into_inner().to_string())
         }
-    })?;
+    })
+}
+
+async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
+    let client = authenticate(&api, &headers)?;
+    let key = idempotency_key(&headers)?;
+    let order: NewOrder = json_body(&body)?;
     let created = api.create_order(&client, key, order.into_request()?).await?;
     let mut response = (StatusCode::CREATED, Json(OrderJson::from(created.order))).into_response();
     if created.replayed {
@@ -220,7 +236,7 @@ async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -
 }
 
 async fn get_order(State(api): State<Api>, headers: HeaderMap, Path(order_id): Path<String>) -> Result<Response, GatewayError> {
-    let client = api.authenticate(header(&headers, "authorization"))?;
+    let client = authenticate(&api, &headers)?;
     let read = api.get_order(&client, order_id).await?;
     let fallback = read.stale_since.map(|since| format!("stale-copy; as-of={}", rfc3339(since)));
     let mut response = Json(OrderJson::from(read)).into_response();
@@ -231,7 +247,7 @@ async fn get_order(State(api): State<Api>, headers: HeaderMap, Path(order_id): P
 }
 
 async fn get_summary(State(api): State<Api>, headers: HeaderMap, Path(order_id): Path<String>) -> Result<Response, GatewayError> {
-    let client = api.authenticate(header(&headers, "authorization"))?;
+    let client = authenticate(&api, &headers)?;
     // Without the order there is nothing to show: the honest error, with Retry-After when known (R-F4).
     let read = api.get_order(&client, order_id).await?;
     let (payment, rate, recommended) = tokio::join!(

@@ -1,6 +1,7 @@
 //! The one mapping from orders' failures to gRPC statuses.
 
 use idempotency::KeyError;
+use outbox::OutboxError;
 use tonic::Status;
 
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +25,8 @@ pub enum OrdersError {
     StoredAnswer(#[from] prost::DecodeError),
     #[error("stored order {0} is unreadable: {1}")]
     Corrupt(String, String),
+    #[error(transparent)]
+    Webhooks(#[from] OutboxError),
 }
 
 impl From<KeyError> for OrdersError {
@@ -45,6 +48,12 @@ impl From<OrdersError> for Status {
             OrdersError::InFlight => Status::aborted(message),
             OrdersError::NotFound(_) => Status::not_found(message),
             OrdersError::Payment(status) => rpc::relay(&status),
+            OrdersError::Webhooks(OutboxError::EndpointNotFound(_) | OutboxError::DeliveryNotFound { .. }) => Status::not_found(message),
+            OrdersError::Webhooks(OutboxError::Invalid(_)) => Status::invalid_argument(message),
+            OrdersError::Webhooks(OutboxError::Storage(_)) => {
+                tracing::error!(%message, "storage failure");
+                Status::internal(format!("{}: webhook storage failed", crate::HOP))
+            }
             OrdersError::Storage(_) | OrdersError::Corrupt(..) | OrdersError::StoredAnswer(_) => {
                 tracing::error!(%message, "storage failure");
                 Status::internal(format!("{}: order storage failed", crate::HOP))

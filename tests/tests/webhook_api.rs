@@ -84,27 +84,28 @@ async fn a_new_endpoint_shows_its_secret_and_a_repeat_replays_it_byte_for_byte()
 #[tokio::test]
 async fn bad_endpoints_are_refused_naming_the_problem_and_keep_their_key() {
     let test = TestChain::start().await;
+    // The body, the field named, and what the detail says about it.
     let cases = [
-        (endpoint_body("https://10.0.0.1/"), "10.0.0.1"),
-        (endpoint_body("http://hooks.example.com/"), "plain http"),
-        (endpoint_body("https://0x7f.1/"), "127.0.0.1"),
-        (endpoint_body("ftp://hooks.example.com/"), "scheme"),
-        (json!({"url": "https://hooks.example.com/", "event_types": ["order.shipped"]}), "event_types"),
-        (json!({"url": "https://hooks.example.com/", "event_types": []}), "event_types"),
-        (json!({"url": "https://hooks.example.com/", "event_types": ["order.paid"], "max_in_flight": 100_000}), "max_in_flight"),
-        (json!({"url": "https://hooks.example.com/", "event_types": ["order.paid"], "rate_per_sec": 1_000_000}), "rate_per_sec"),
-        (json!({"url": "https://hooks.example.com/", "event_types": ["order.paid"], "max_in_flight": 0}), "max_in_flight"),
-        (json!({"url": "https://hooks.example.com/", "event_types": ["order.paid"], "rate_per_sec": -1}), "rate_per_sec"),
-        (json!({"event_types": ["order.paid"]}), "url"),
-        (json!({"url": "https://hooks.example.com/", "event_types": ["order.paid"], "secret": "mine"}), "secret"),
+        (endpoint_body("https://10.0.0.1/"), "url", "10.0.0.1"),
+        (endpoint_body("http://hooks.example.com/"), "url", "plain http"),
+        (endpoint_body("https://0x7f.1/"), "url", "127.0.0.1"),
+        (endpoint_body("ftp://hooks.example.com/"), "url", "scheme"),
+        (json!({"url": "https://hooks.example.com/", "event_types": ["order.shipped"]}), "event_types", "order.shipped"),
+        (json!({"url": "https://hooks.example.com/", "event_types": []}), "event_types", "at least one"),
+        (json!({"url": "https://hooks.example.com/", "event_types": ["order.paid"], "max_in_flight": 100_000}), "max_in_flight", "1..=64"),
+        (json!({"url": "https://hooks.example.com/", "event_types": ["order.paid"], "rate_per_sec": 1_000_000}), "rate_per_sec", "1..=1000"),
+        (json!({"url": "https://hooks.example.com/", "event_types": ["order.paid"], "max_in_flight": 0}), "max_in_flight", "at least 1"),
+        (json!({"url": "https://hooks.example.com/", "event_types": ["order.paid"], "rate_per_sec": -1}), "rate_per_sec", "invalid value"),
+        (json!({"event_types": ["order.paid"]}), "url", "required"),
     ];
-    for (body, expected) in cases {
-        refused(create(&test, "refused-key", &body).await, expected).await;
+    for (body, field, expected) in cases {
+        let problem = refused(create(&test, "refused-key", &body).await, expected).await;
+        assert_eq!(problem["field"], field, "{problem}");
     }
+    let unknown_field = json!({"url": "https://hooks.example.com/", "event_types": ["order.paid"], "secret": "mine"});
+    refused(create(&test, "refused-key", &unknown_field).await, "secret").await;
     let no_key = test.http.post(test.url(ENDPOINTS)).bearer_auth(API_KEY).json(&endpoint_body("https://hooks.example.com/")).send().await.unwrap();
     assert_eq!(refused(no_key, "Idempotency-Key").await["field"], "Idempotency-Key");
-    let zero = create(&test, "refused-key", &json!({"url": "https://hooks.example.com/", "event_types": ["order.paid"], "max_in_flight": 0})).await;
-    assert_eq!(refused(zero, "at least 1").await["field"], "max_in_flight");
 
     assert_eq!(create(&test, "refused-key", &endpoint_body("https://hooks.example.com/")).await.status(), 201, "a refused request used up no key");
 }
@@ -182,8 +183,9 @@ async fn the_delivery_log_and_redelivery() {
     let deliveries = get(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries?limit=10")).await;
     assert_eq!(deliveries.status(), 200);
     assert_eq!(deliveries.json::<Value>().await.unwrap(), json!({"deliveries": []}), "nothing happened yet");
-    for (query, expected) in [("limit=0", "limit"), ("limit=many", "limit"), ("limit=501", "limit")] {
-        refused(get(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries?{query}")).await, expected).await;
+    for (query, expected) in [("limit=0", "at least 1"), ("limit=many", "invalid digit"), ("limit=501", "at most 500")] {
+        let problem = refused(get(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries?{query}")).await, expected).await;
+        assert_eq!(problem["field"], "limit", "{problem}");
     }
 
     let unknown = post(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries/msg_unknown/redeliver"), None).await;
@@ -196,9 +198,14 @@ async fn the_delivery_log_and_redelivery() {
     let before_any_order = redeliver(range("2020-01-01T00:00:00Z", "2100-01-01T00:00:00Z")).await;
     assert_eq!(before_any_order.status(), 202);
     assert_eq!(before_any_order.json::<Value>().await.unwrap(), json!({"queued": 0}));
-    refused(redeliver(range("yesterday", "2100-01-01T00:00:00Z")).await, "from").await;
-    refused(redeliver(range("2100-01-01T00:00:00Z", "2020-01-01T00:00:00Z")).await, "until").await;
-    refused(redeliver(json!({"from": "2020-01-01T00:00:00Z"})).await, "until").await;
+    for (body, field) in [
+        (range("yesterday", "2100-01-01T00:00:00Z"), "from"),
+        (range("2100-01-01T00:00:00Z", "2020-01-01T00:00:00Z"), "until"),
+        (json!({"from": "2020-01-01T00:00:00Z"}), "until"),
+    ] {
+        let problem = refused(redeliver(body).await, field).await;
+        assert_eq!(problem["field"], field, "{problem}");
+    }
 
     assert_eq!(test.post_order("order-1", &order_body()).send().await.unwrap().status(), 201);
     let after_an_order = redeliver(range("2020-01-01T00:00:00Z", "2100-01-01T00:00:00Z")).await;

@@ -6,10 +6,10 @@
 //! second rotation: both run under the client's idempotency key, in one phase that writes and
 //! stores the answer together.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use deadline::Hop;
-use idempotency::{Begin, KeyStore, Stored};
+use idempotency::{Begin, Clock, KeyStore, Stored, SystemClock};
 use outbox::{AttemptLog, DeliveryLog, EndpointLimits, NewEndpoint, Subscriptions};
 use prost::Message;
 use proto::orders::v1::{
@@ -128,7 +128,7 @@ impl Webhooks for WebhookService {
         // Checked before the key is claimed: a refused request does not use up its key.
         new.validate(&self.policy).map_err(OrdersError::from)?;
         self.keyed(&request, CREATE_ENDPOINT, async |connection, client_id| {
-            let (endpoint, secret) = Subscriptions::create_endpoint(connection, client_id, &new, now_ms()).await?;
+            let (endpoint, secret) = Subscriptions::create_endpoint(connection, client_id, &new, SystemClock.now_ms()).await?;
             Ok(EndpointWithSecret { endpoint: Some(endpoint_message(endpoint)), secret: secret.to_string(), previous_secrets_expire_at: String::new() })
         })
         .await
@@ -157,7 +157,7 @@ impl Webhooks for WebhookService {
         let client_id = required(request.metadata(), CLIENT_ID)?;
         let endpoint = self.subscriptions.endpoint(client_id, &message.endpoint_id).await.map_err(OrdersError::from)?;
         self.keyed(&request, ROTATE_SECRET, async |connection, client_id| {
-            let now = now_ms();
+            let now = SystemClock.now_ms();
             let secret = Subscriptions::rotate_secret(connection, client_id, &endpoint.endpoint_id, overlap_ms, now).await?;
             Ok(EndpointWithSecret {
                 endpoint: Some(endpoint_message(endpoint)),
@@ -191,7 +191,7 @@ impl Webhooks for WebhookService {
     async fn redeliver(&self, request: Request<RedeliverRequest>) -> Result<Response<RedeliverResponse>, Status> {
         let client_id = required(request.metadata(), CLIENT_ID)?;
         let message = request.get_ref();
-        self.subscriptions.redeliver(client_id, &message.endpoint_id, &message.event_id, now_ms()).await.map_err(OrdersError::from)?;
+        self.subscriptions.redeliver(client_id, &message.endpoint_id, &message.event_id, SystemClock.now_ms()).await.map_err(OrdersError::from)?;
         Ok(Response::new(RedeliverResponse { queued: 1 }))
     }
 
@@ -202,7 +202,7 @@ impl Webhooks for WebhookService {
         if until_ms <= from_ms {
             return Err(OrdersError::InvalidRequest("until: must be later than from".into()).into());
         }
-        let queued = self.subscriptions.redeliver_range(client_id, &message.endpoint_id, from_ms, until_ms, now_ms()).await.map_err(OrdersError::from)?;
+        let queued = self.subscriptions.redeliver_range(client_id, &message.endpoint_id, from_ms, until_ms, SystemClock.now_ms()).await.map_err(OrdersError::from)?;
         Ok(Response::new(RedeliverResponse { queued }))
     }
 }
@@ -249,10 +249,6 @@ fn attempt_message(attempt: AttemptLog) -> Attempt {
         outcome: attempt.outcome,
         error: attempt.error.unwrap_or_default(),
     }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// Milliseconds since the epoch as RFC 3339, UTC.

@@ -49,14 +49,7 @@ pub struct WebhookService {
 
 impl WebhookService {
     pub fn new(keys: KeyStore, settings: &WebhookSettings, default_lease: Duration) -> Result<Self, String> {
-        let mut policy = ssrf::Policy::default();
-        for test_host in &settings.test_hosts {
-            let (host, port) = test_host
-                .rsplit_once(':')
-                .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
-                .ok_or_else(|| format!("webhooks.test_hosts: {test_host:?} is not host:port"))?;
-            policy = policy.allow_test_host(host, port).map_err(|error| format!("webhooks.test_hosts: {error}"))?;
-        }
+        let policy = policy(&settings.test_hosts)?;
         let default_limits = EndpointLimits { max_in_flight: settings.default_max_in_flight, rate_per_sec: settings.default_rate_per_sec };
         let max = EndpointLimits::MAX;
         if !(1..=max.max_in_flight).contains(&default_limits.max_in_flight) || !(1..=max.rate_per_sec).contains(&default_limits.rate_per_sec) {
@@ -215,6 +208,19 @@ impl WebhookService {
     }
 }
 
+/// The production policy, with the `host:port` pairs of `test_hosts` exempted.
+fn policy(test_hosts: &[String]) -> Result<ssrf::Policy, String> {
+    let mut policy = ssrf::Policy::default();
+    for test_host in test_hosts {
+        let (host, port) = test_host
+            .rsplit_once(':')
+            .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+            .ok_or_else(|| format!("webhooks.test_hosts: {test_host:?} is not host:port"))?;
+        policy = policy.allow_test_host(host, port).map_err(|error| format!("webhooks.test_hosts: {error}"))?;
+    }
+    Ok(policy)
+}
+
 fn endpoint_message(endpoint: outbox::Endpoint) -> Endpoint {
     Endpoint {
         endpoint_id: endpoint.endpoint_id,
@@ -260,4 +266,30 @@ fn parse_rfc3339(field: &str, text: &str) -> Result<i64, OrdersError> {
     let time = humantime::parse_rfc3339(text).map_err(|error| OrdersError::InvalidRequest(format!("{field}: {error} (want RFC 3339 in UTC, e.g. 2026-12-01T10:00:00Z)")))?;
     let since = time.duration_since(UNIX_EPOCH).map_err(|_| OrdersError::InvalidRequest(format!("{field}: before 1970")))?;
     Ok(i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(url: &str) -> NewEndpoint {
+        NewEndpoint { url: url.into(), event_types: vec![outbox::ORDER_PAID.into()], limits: EndpointLimits::default() }
+    }
+
+    #[test]
+    fn test_hosts_exempt_exactly_their_host_and_port() {
+        let policy = policy(&["127.0.0.1:9000".into(), "[::1]:9001".into()]).unwrap();
+        assert!(endpoint("http://127.0.0.1:9000/hooks").validate(&policy).is_ok());
+        assert!(endpoint("http://0x7f.1:9000/hooks").validate(&policy).is_ok(), "the same address written otherwise");
+        assert!(endpoint("http://[::1]:9001/").validate(&policy).is_ok());
+        assert!(endpoint("http://127.0.0.1:9001/").validate(&policy).is_err(), "another port");
+        assert!(endpoint("http://127.0.0.1:9000/").validate(&ssrf::Policy::default()).is_err(), "none by default");
+    }
+
+    #[test]
+    fn a_test_host_without_a_port_is_refused() {
+        for bad in ["127.0.0.1", "localhost:http", "exa mple.com:80"] {
+            assert!(policy(&[bad.into()]).unwrap_err().contains("webhooks.test_hosts"), "{bad}");
+        }
+    }
 }

@@ -1,8 +1,11 @@
 //! The webhook subscription API through the gateway: endpoints and their secrets, kept per client
 //! under idempotency keys, URLs vetted against SSRF, and the delivery log with redelivery.
 
-use e2e::{API_KEY, TestChain, order_body};
+use e2e::{API_KEY, Backend, TestChain, order_body};
+use proto::orders::v1::{CreateEndpointRequest, webhooks_client::WebhooksClient};
 use serde_json::{Value, json};
+use tonic::Code;
+use tonic_types::StatusExt;
 use webhooks::signature::Secret;
 
 const ENDPOINTS: &str = "/v1/webhooks/endpoints";
@@ -48,37 +51,40 @@ async fn refused(response: reqwest::Response, expected: &str) -> Value {
 
 #[tokio::test]
 async fn a_new_endpoint_shows_its_secret_and_a_repeat_replays_it_byte_for_byte() {
-    let test = TestChain::start().await;
-    let first = create(&test, "endpoint-1", &endpoint_body("https://hooks.example.com/orders")).await;
-    assert_eq!(first.status(), 201);
-    assert!(first.headers().get("idempotent-replayed").is_none());
-    assert!(first.headers().contains_key("x-deadline-ledger"), "the ledger as on the order routes");
-    let first_body = first.bytes().await.unwrap();
-    let answer: Value = serde_json::from_slice(&first_body).unwrap();
-    let secret = answer["secret"].as_str().unwrap();
-    assert!(secret.starts_with("whsec_"), "{answer}");
-    secret.parse::<Secret>().expect("a Standard Webhooks secret");
-    let endpoint = &answer["endpoint"];
-    assert_eq!((endpoint["url"].as_str(), endpoint["enabled"].as_bool()), (Some("https://hooks.example.com/orders"), Some(true)));
-    assert_eq!(endpoint["event_types"], json!(["order.paid"]));
-    assert_eq!((endpoint["max_in_flight"].as_u64(), endpoint["rate_per_sec"].as_u64()), (Some(4), Some(50)), "the default limits");
+    for backend in Backend::all() {
+        let name = backend.name();
+        let test = TestChain::start_on(&backend, |_| {}).await;
+        let first = create(&test, "endpoint-1", &endpoint_body("https://hooks.example.com/orders")).await;
+        assert_eq!(first.status(), 201, "{name}");
+        assert!(first.headers().get("idempotent-replayed").is_none(), "{name}");
+        assert!(first.headers().contains_key("x-deadline-ledger"), "the ledger as on the order routes");
+        let first_body = first.bytes().await.unwrap();
+        let answer: Value = serde_json::from_slice(&first_body).unwrap();
+        let secret = answer["secret"].as_str().unwrap();
+        assert!(secret.starts_with("whsec_"), "{answer}");
+        secret.parse::<Secret>().expect("a Standard Webhooks secret");
+        let endpoint = &answer["endpoint"];
+        assert_eq!((endpoint["url"].as_str(), endpoint["enabled"].as_bool()), (Some("https://hooks.example.com/orders"), Some(true)));
+        assert_eq!(endpoint["event_types"], json!(["order.paid"]));
+        assert_eq!((endpoint["max_in_flight"].as_u64(), endpoint["rate_per_sec"].as_u64()), (Some(4), Some(50)), "the default limits");
 
-    let again = create(&test, "endpoint-1", &endpoint_body("https://hooks.example.com/orders")).await;
-    assert_eq!(again.status(), 201);
-    assert_eq!(again.headers()["idempotent-replayed"], "true");
-    assert_eq!(again.bytes().await.unwrap(), first_body, "the same endpoint and the same secret");
+        let again = create(&test, "endpoint-1", &endpoint_body("https://hooks.example.com/orders")).await;
+        assert_eq!(again.status(), 201, "{name}");
+        assert_eq!(again.headers()["idempotent-replayed"], "true", "{name}");
+        assert_eq!(again.bytes().await.unwrap(), first_body, "{name}: the same endpoint and the same secret");
 
-    let reused = create(&test, "endpoint-1", &endpoint_body("https://other.example.com/")).await;
-    assert_eq!(reused.status(), 422);
-    let order_with_the_key = test.post_order("endpoint-1", &order_body()).send().await.unwrap();
-    assert_eq!(order_with_the_key.status(), 422, "a key used for an endpoint is not an order's");
+        let reused = create(&test, "endpoint-1", &endpoint_body("https://other.example.com/")).await;
+        assert_eq!(reused.status(), 422, "{name}");
+        let order_with_the_key = test.post_order("endpoint-1", &order_body()).send().await.unwrap();
+        assert_eq!(order_with_the_key.status(), 422, "{name}: a key used for an endpoint is not an order's");
 
-    let id = endpoint["endpoint_id"].as_str().unwrap();
-    let listed: Value = get(&test, API_KEY, ENDPOINTS).await.json().await.unwrap();
-    assert_eq!(listed["endpoints"], json!([endpoint]), "one endpoint, however often it was asked for");
-    let read = get(&test, API_KEY, &format!("{ENDPOINTS}/{id}")).await;
-    assert_eq!(read.status(), 200);
-    assert_eq!(&read.json::<Value>().await.unwrap(), endpoint);
+        let id = endpoint["endpoint_id"].as_str().unwrap();
+        let listed: Value = get(&test, API_KEY, ENDPOINTS).await.json().await.unwrap();
+        assert_eq!(listed["endpoints"], json!([endpoint]), "{name}: one endpoint, however often it was asked for");
+        let read = get(&test, API_KEY, &format!("{ENDPOINTS}/{id}")).await;
+        assert_eq!(read.status(), 200);
+        assert_eq!(&read.json::<Value>().await.unwrap(), endpoint);
+    }
 }
 
 #[tokio::test]
@@ -212,4 +218,30 @@ async fn the_delivery_log_and_redelivery() {
     assert_eq!(after_an_order.status(), 202);
     let queued = after_an_order.json::<Value>().await.unwrap()["queued"].as_u64().expect("a count");
     assert!(queued <= 1, "at most the order's one event: {queued}");
+}
+
+#[tokio::test]
+async fn orders_serves_webhooks_over_grpc_beside_orders() {
+    let test = TestChain::start().await;
+    let mut webhooks = WebhooksClient::connect(format!("http://{}", test.chain.addresses.orders)).await.unwrap();
+    let request = |url: &str, key: Option<&str>| {
+        let mut request = tonic::Request::new(CreateEndpointRequest { url: url.into(), event_types: vec!["order.paid".into()], ..Default::default() });
+        request.metadata_mut().insert("x-client-id", "demo-client-1".parse().unwrap());
+        if let Some(key) = key {
+            request.metadata_mut().insert("idempotency-key", key.parse().unwrap());
+        }
+        request
+    };
+
+    let refused = webhooks.create_endpoint(request("https://[::1]/", Some("grpc-1"))).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    let violation = refused.get_details_bad_request().expect("a BadRequest detail").field_violations.remove(0);
+    assert_eq!(violation.field, "url", "{}", refused.message());
+    let no_key = webhooks.create_endpoint(request("https://hooks.example.com/", None)).await.unwrap_err();
+    assert_eq!((no_key.code(), no_key.message()), (Code::InvalidArgument, "orders: idempotency-key metadata is required"));
+
+    let first = webhooks.create_endpoint(request("https://hooks.example.com/", Some("grpc-1"))).await.unwrap();
+    let again = webhooks.create_endpoint(request("https://hooks.example.com/", Some("grpc-1"))).await.unwrap();
+    assert_eq!(again.metadata().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(again.into_inner(), first.into_inner(), "the same endpoint and secret");
 }

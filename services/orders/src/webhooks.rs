@@ -73,7 +73,7 @@ impl WebhookService {
         request: &Request<impl Message>,
         method: &str,
         write: impl AsyncFnOnce(&mut AnyConnection, &str) -> Result<EndpointWithSecret, OrdersError>,
-    ) -> Result<Response<EndpointWithSecret>, Status> {
+    ) -> Result<Response<EndpointWithSecret>, OrdersError> {
         let client_id = required(request.metadata(), CLIENT_ID)?;
         let key = required(request.metadata(), IDEMPOTENCY_KEY)?;
         proto::validate::idempotency_key(key).map_err(|error| OrdersError::InvalidRequest(error.to_string()))?;
@@ -81,27 +81,32 @@ impl WebhookService {
         // method) is refused as reused instead of being answered with that other answer.
         let fingerprint = idempotency::fingerprint(&[method.as_bytes(), b"\n", &request.get_ref().encode_to_vec()].concat());
         let lease = Hop::current().map_or(self.default_lease, |hop| hop.deadline().remaining());
-        let mut lease = match self.keys.begin(client_id, key, &fingerprint, lease).await.map_err(OrdersError::from)? {
+        let mut lease = match self.keys.begin(client_id, key, &fingerprint, lease).await? {
             Begin::Replay(stored) => {
-                let answer = EndpointWithSecret::decode(stored.body.as_slice()).map_err(OrdersError::from)?;
-                let mut response = Response::new(answer);
+                let mut response = Response::new(EndpointWithSecret::decode(stored.body.as_slice())?);
                 response.metadata_mut().insert(IDEMPOTENT_REPLAYED, "true".parse().expect("ascii"));
                 return Ok(response);
             }
             Begin::Execute(lease) => lease,
         };
-        let mut phase = self.keys.phase(&mut lease).await.map_err(OrdersError::from)?;
+        let mut phase = self.keys.phase(&mut lease).await?;
         match write(phase.connection(), client_id).await {
             Ok(answer) => {
-                phase.complete(&Stored { code: Code::Ok as i32, body: answer.encode_to_vec() }).await.map_err(OrdersError::from)?;
+                phase.complete(&Stored { code: Code::Ok as i32, body: answer.encode_to_vec() }).await?;
                 Ok(Response::new(answer))
             }
             Err(error) => {
                 drop(phase);
-                self.keys.release(&lease).await.map_err(OrdersError::from)?;
-                Err(error.into())
+                self.keys.release(&lease).await?;
+                Err(error)
             }
         }
+    }
+
+    async fn set_enabled(&self, request: Request<EndpointRef>, enabled: bool) -> Result<Response<Endpoint>, Status> {
+        let client_id = required(request.metadata(), CLIENT_ID)?;
+        let endpoint = self.subscriptions.set_enabled(client_id, &request.get_ref().endpoint_id, enabled).await.map_err(OrdersError::from)?;
+        Ok(Response::new(endpoint_message(endpoint)))
     }
 }
 
@@ -120,11 +125,11 @@ impl Webhooks for WebhookService {
         };
         // Checked before the key is claimed: a refused request does not use up its key.
         new.validate(&self.policy).map_err(OrdersError::from)?;
-        self.keyed(&request, CREATE_ENDPOINT, async |connection, client_id| {
+        let created = self.keyed(&request, CREATE_ENDPOINT, async |connection, client_id| {
             let (endpoint, secret) = Subscriptions::create_endpoint(connection, client_id, &new, SystemClock.now_ms()).await?;
             Ok(EndpointWithSecret { endpoint: Some(endpoint_message(endpoint)), secret: secret.to_string(), previous_secrets_expire_at: String::new() })
-        })
-        .await
+        });
+        Ok(created.await?)
     }
 
     async fn list_endpoints(&self, request: Request<ListEndpointsRequest>) -> Result<Response<ListEndpointsResponse>, Status> {
@@ -149,7 +154,7 @@ impl Webhooks for WebhookService {
         // the endpoint's secrets, not what it shows. An unknown endpoint does not use up the key.
         let client_id = required(request.metadata(), CLIENT_ID)?;
         let endpoint = self.subscriptions.endpoint(client_id, &message.endpoint_id).await.map_err(OrdersError::from)?;
-        self.keyed(&request, ROTATE_SECRET, async |connection, client_id| {
+        let rotated = self.keyed(&request, ROTATE_SECRET, async |connection, client_id| {
             let now = SystemClock.now_ms();
             let secret = Subscriptions::rotate_secret(connection, client_id, &endpoint.endpoint_id, overlap_ms, now).await?;
             Ok(EndpointWithSecret {
@@ -157,8 +162,8 @@ impl Webhooks for WebhookService {
                 secret: secret.to_string(),
                 previous_secrets_expire_at: rfc3339(now.saturating_add(overlap_ms)),
             })
-        })
-        .await
+        });
+        Ok(rotated.await?)
     }
 
     async fn disable_endpoint(&self, request: Request<EndpointRef>) -> Result<Response<Endpoint>, Status> {
@@ -197,14 +202,6 @@ impl Webhooks for WebhookService {
         }
         let queued = self.subscriptions.redeliver_range(client_id, &message.endpoint_id, from_ms, until_ms, SystemClock.now_ms()).await.map_err(OrdersError::from)?;
         Ok(Response::new(RedeliverResponse { queued }))
-    }
-}
-
-impl WebhookService {
-    async fn set_enabled(&self, request: Request<EndpointRef>, enabled: bool) -> Result<Response<Endpoint>, Status> {
-        let client_id = required(request.metadata(), CLIENT_ID)?;
-        let endpoint = self.subscriptions.set_enabled(client_id, &request.get_ref().endpoint_id, enabled).await.map_err(OrdersError::from)?;
-        Ok(Response::new(endpoint_message(endpoint)))
     }
 }
 

@@ -78,7 +78,6 @@ struct Range {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct DeliveriesQuery {
     limit: Option<u32>,
 }

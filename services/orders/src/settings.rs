@@ -78,3 +78,17 @@ impl Default for Settings {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn webhook_test_hosts_are_a_list_and_empty_by_default() {
+        assert!(Settings::default().webhooks.test_hosts.is_empty(), "production refuses plain http and private addresses");
+        let args = settings::SettingsArgs { config: None, overrides: vec![r#"webhooks.test_hosts=["127.0.0.1:9000", "[::1]:9001"]"#.into()] };
+        let loaded: Settings = settings::load("ORDERS_TEST", &args).unwrap();
+        assert_eq!(loaded.webhooks.test_hosts, ["127.0.0.1:9000", "[::1]:9001"]);
+        assert_eq!(loaded.webhooks.rotation_overlap_ms, 86_400_000);
+    }
+}

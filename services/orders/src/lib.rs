@@ -174,9 +174,12 @@ impl OrderService {
             }
         };
 
-        // Phase 3: the outcome, with the answer every repeat will get.
+        // Phase 3: the outcome, with the answer every repeat will get and the event that tells
+        // the client's webhook endpoints, all in one transaction: no event without the outcome,
+        // no outcome without its event.
         let mut phase = self.keys.phase(&mut lease).await?;
         let order = store::record_payment(phase.connection(), &order.order_id, &payment).await?;
+        store::announce_payment(phase.connection(), client_id, &order).await?;
         phase.complete(&Stored { code: Code::Ok as i32, body: order.encode_to_vec() }).await?;
         Ok(Answer { order, replayed: false })
     }

@@ -1,7 +1,11 @@
 //! Order rows through sqlx, on SQLite or PostgreSQL.
 
-use idempotency::Database;
-use proto::common::v1::{LineItem, Order, OrderStatus, Payment, PaymentStatus};
+use idempotency::{Clock, Database, SystemClock};
+use outbox::NewEvent;
+use proto::{
+    common::v1::{LineItem, Order, OrderStatus, Payment, PaymentStatus},
+    json::OrderJson,
+};
 use serde::{Deserialize, Serialize};
 use sqlx::{AnyConnection, FromRow};
 
@@ -80,6 +84,17 @@ pub async fn record_payment(connection: &mut AnyConnection, order_id: &str, paym
         .fetch_one(connection)
         .await?;
     row.into_order()
+}
+
+/// Puts the payment's outcome on the order in the outbox, for the client's webhook endpoints:
+/// call it in the transaction that records the outcome.
+pub async fn announce_payment(connection: &mut AnyConnection, client_id: &str, order: &Order) -> Result<(), OrdersError> {
+    let event_type = if order.status() == OrderStatus::Paid { outbox::ORDER_PAID } else { outbox::ORDER_PAYMENT_DECLINED };
+    let data = serde_json::json!({ "order": OrderJson::from(order.clone()) });
+    // The second state of an order: created (1), then paid or declined (2).
+    let event = NewEvent { event_type, version: 2, data: &data };
+    outbox::record(connection, client_id, &event, SystemClock.now_ms()).await?;
+    Ok(())
 }
 
 impl Orders {

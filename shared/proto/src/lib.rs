@@ -36,4 +36,5 @@ pub mod bank {
 /// Encoded `FileDescriptorSet` of every package, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("descriptor");
 
+pub mod json;
 pub mod validate;

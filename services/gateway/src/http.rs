@@ -16,7 +16,10 @@ use axum::{
 };
 use deadline::{Hop, InboundPolicy, LEDGER_HEADER, ledger, server::Protocol};
 use resilience::load_shed::{Intake, LoadShedLayer};
-use proto::common::v1::{CreateOrderRequest, LineItem, Order, OrderStatus, Payment, PaymentStatus};
+use proto::{
+    common::v1::{CreateOrderRequest, LineItem},
+    json::{OrderJson, PaymentJson},
+};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::{
@@ -80,78 +83,22 @@ impl NewOrder {
     }
 }
 
-/// An order as JSON.
+/// An order as read: its JSON form, marked when it is the last known copy served while orders
+/// could not answer.
 #[derive(Debug, Serialize)]
-struct OrderJson {
-    order_id: String,
-    customer_id: String,
-    items: Vec<ItemJson>,
-    amount_minor: i64,
-    currency: String,
-    status: &'static str,
-    payment: Option<PaymentJson>,
-    created_at: String,
-    /// Present only on a last known copy served while orders could not answer.
+struct ReadJson {
+    #[serde(flatten)]
+    order: OrderJson,
     #[serde(skip_serializing_if = "Option::is_none")]
     stale: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     as_of: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
-struct ItemJson {
-    sku: String,
-    quantity: u32,
-}
-
-#[derive(Debug, Serialize)]
-struct PaymentJson {
-    payment_id: String,
-    status: &'static str,
-    bank_charge_id: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    decline_reason: String,
-}
-
-impl From<Order> for OrderJson {
-    fn from(order: Order) -> Self {
-        let status = match order.status() {
-            OrderStatus::Paid => "paid",
-            OrderStatus::PendingPayment => "pending_payment",
-            OrderStatus::PaymentDeclined => "payment_declined",
-            OrderStatus::Unspecified => "unknown",
-        };
-        let payment = order.payment.map(PaymentJson::from);
-        Self {
-            order_id: order.order_id,
-            customer_id: order.customer_id,
-            items: order.items.into_iter().map(|i| ItemJson { sku: i.sku, quantity: i.quantity }).collect(),
-            amount_minor: order.amount_minor,
-            currency: order.currency,
-            status,
-            payment,
-            created_at: order.created_at,
-            stale: None,
-            as_of: None,
-        }
-    }
-}
-
-impl From<Payment> for PaymentJson {
-    fn from(payment: Payment) -> Self {
-        Self {
-            status: if payment.status() == PaymentStatus::Approved { "approved" } else { "declined" },
-            payment_id: payment.payment_id,
-            bank_charge_id: payment.bank_charge_id,
-            decline_reason: payment.decline_reason,
-        }
-    }
-}
-
-impl From<Read> for OrderJson {
+impl From<Read> for ReadJson {
     fn from(read: Read) -> Self {
         let as_of = read.stale_since.map(rfc3339);
-        Self { stale: as_of.is_some().then_some(true), as_of, ..OrderJson::from(read.order) }
+        Self { order: OrderJson::from(read.order), stale: as_of.is_some().then_some(true), as_of }
     }
 }
 
@@ -167,7 +114,7 @@ pub const FALLBACK_HEADER: &str = "x-fallback";
 /// unknown value is never shown as zero (R-F2).
 #[derive(Debug, Serialize)]
 struct SummaryJson {
-    order: OrderJson,
+    order: ReadJson,
     payment: Option<PaymentJson>,
     exchange_rate: Option<RateJson>,
     recommendations: RecommendationsJson,
@@ -239,7 +186,7 @@ async fn get_order(State(api): State<Api>, headers: HeaderMap, Path(order_id): P
     let client = authenticate(&api, &headers)?;
     let read = api.get_order(&client, order_id).await?;
     let fallback = read.stale_since.map(|since| format!("stale-copy; as-of={}", rfc3339(since)));
-    let mut response = Json(OrderJson::from(read)).into_response();
+    let mut response = Json(ReadJson::from(read)).into_response();
     if let Some(fallback) = fallback.and_then(|value| HeaderValue::try_from(value).ok()) {
         response.headers_mut().insert(FALLBACK_HEADER, fallback);
     }
@@ -288,7 +235,7 @@ async fn get_summary(State(api): State<Api>, headers: HeaderMap, Path(order_id):
         }
     };
     let summary = SummaryJson {
-        order: OrderJson::from(read),
+        order: ReadJson::from(read),
         payment,
         exchange_rate,
         recommendations: RecommendationsJson { kind, skus: recommended.skus },

@@ -47,17 +47,17 @@ impl NewEndpoint {
         Ok(CreateEndpointRequest {
             url: required(self.url, "url")?,
             event_types: required(self.event_types, "event_types")?,
-            // Zero means "the default" on the wire; over HTTP the default is asked for by leaving
-            // the field out, so an explicit zero is the mistake it looks like.
             max_in_flight: positive(self.max_in_flight, "max_in_flight")?,
             rate_per_sec: positive(self.rate_per_sec, "rate_per_sec")?,
         })
     }
 }
 
-fn positive(value: Option<u32>, field: &str) -> Result<u32, GatewayError> {
+/// An optional number as the wire has it, where 0 means "the default". Over HTTP the default is
+/// asked for by leaving the field out, so an explicit 0 is the mistake it looks like.
+fn positive<N: Default + PartialEq>(value: Option<N>, field: &str) -> Result<N, GatewayError> {
     match value {
-        Some(0) => Err(GatewayError::field(field, "must be at least 1 (leave it out for the default)")),
+        Some(zero) if zero == N::default() => Err(GatewayError::field(field, "must be at least 1 (leave it out for the default)")),
         value => Ok(value.unwrap_or_default()),
     }
 }
@@ -210,10 +210,7 @@ async fn rotate_secret(State(api): State<Api>, headers: HeaderMap, Path(endpoint
     let client = authenticate(&api, &headers)?;
     let key = idempotency_key(&headers)?;
     let rotation = if body.is_empty() { Rotation::default() } else { json_body(&body)? };
-    let overlap_ms = match rotation.overlap_ms {
-        Some(0) => return Err(GatewayError::field("overlap_ms", "must be at least 1 (leave it out for the default)")),
-        overlap_ms => overlap_ms.unwrap_or_default(),
-    };
+    let overlap_ms = positive(rotation.overlap_ms, "overlap_ms")?;
     let rotated = api.webhooks().rotate_secret(&client, key, RotateSecretRequest { endpoint_id, overlap_ms }).await?;
     Ok(secret_response(StatusCode::OK, rotated))
 }

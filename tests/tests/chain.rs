@@ -78,6 +78,7 @@ async fn every_service_answers_health_checks_and_reflection() {
     for (name, addr, service) in [
         ("gateway", a.gateway_grpc, "gateway.v1.Gateway"),
         ("orders", a.orders, "orders.v1.Orders"),
+        ("orders", a.orders, "orders.v1.Webhooks"),
         ("payment", a.payment, "payment.v1.PaymentService"),
         ("bank-mock", a.bank, "bank.v1.Bank"),
     ] {

@@ -22,6 +22,7 @@ use crate::{
     error::GatewayError,
     fallback::{OrderCache, RateCache, stands_in_for},
     settings::ApiClient,
+    webhooks::WebhooksApi,
 };
 
 /// The authenticated caller.
@@ -29,7 +30,7 @@ use crate::{
 pub struct ClientId(pub String);
 
 /// One operation on orders, retried by the edge policy.
-type Operation<M> = BoxCloneSyncService<Call<M>, Response<Order>, Status>;
+pub type Operation<M, R = Order> = BoxCloneSyncService<Call<M>, Response<R>, Status>;
 
 /// An order and whether orders replayed it from the idempotency key's stored answer.
 pub struct Created {
@@ -76,14 +77,16 @@ pub struct Api {
     orders_seen: Arc<OrderCache>,
     rates_seen: Arc<RateCache>,
     fallbacks: Counter<u64>,
+    webhooks: WebhooksApi,
 }
 
 /// `call` as an operation on orders: each attempt in its own span, the whole under `retry`.
-fn operation<M, F, Fut>(retry: &RetryPolicy, call: F) -> Operation<M>
+pub fn operation<M, R, F, Fut>(retry: &RetryPolicy, call: F) -> Operation<M, R>
 where
     M: Clone + Send + Sync + 'static,
+    R: Send + 'static,
     F: Fn(Request<M>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Result<Response<Order>, Status>> + Send + 'static,
+    Fut: Future<Output = Result<Response<R>, Status>> + Send + 'static,
 {
     let attempt = tower::service_fn(move |call_once: Call<M>| {
         // i64: exported as a number (unsigned fields are exported as text).
@@ -98,6 +101,7 @@ impl Api {
     /// are retried under the one `retry` policy (one budget for the dependency).
     pub fn new(orders: Client, clients: Vec<ApiClient>, retry: &RetryPolicy, sources: SummarySources, cache_capacity: usize) -> Self {
         let api_keys = clients.into_iter().map(|c| (c.api_key, c.client_id)).collect();
+        let webhooks = WebhooksApi::new(orders.clone(), retry);
         let orders = OrdersClient::new(orders);
         let create = operation(retry, {
             let orders = orders.clone();
@@ -118,7 +122,13 @@ impl Api {
             orders_seen: Arc::new(OrderCache::new(cache_capacity)),
             rates_seen: Arc::default(),
             fallbacks: metrics::counter(metrics::name::FALLBACKS, "Answers made from a fallback"),
+            webhooks,
         }
+    }
+
+    /// The client's webhook subscriptions.
+    pub fn webhooks(&self) -> &WebhooksApi {
+        &self.webhooks
     }
 
     /// The client owning `Bearer <api key>`.
@@ -230,6 +240,6 @@ impl Api {
     }
 }
 
-fn metadata_value(value: &str) -> Result<tonic::metadata::AsciiMetadataValue, GatewayError> {
+pub fn metadata_value(value: &str) -> Result<tonic::metadata::AsciiMetadataValue, GatewayError> {
     value.parse().map_err(|_| GatewayError::field("Idempotency-Key", "must be visible ASCII characters"))
 }

@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use serde::Serialize;
 use tonic::{Code, Status};
+use tonic_types::StatusExt;
 
 /// Marks an HTTP answer replayed from an idempotency key's stored response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -102,7 +103,9 @@ impl IntoResponse for GatewayError {
             GatewayError::Upstream(status) => {
                 let (http, title) = http_status(status.code());
                 retry_after = pushback_seconds(&status);
-                Problem { grpc_code: Some(format!("{:?}", status.code())), ..Problem::new(http, title, detail) }
+                // The field at fault, when the hop below named it in a google.rpc.BadRequest.
+                let field = status.get_details_bad_request().and_then(|bad| bad.field_violations.into_iter().next()).map(|violation| violation.field);
+                Problem { field, grpc_code: Some(format!("{:?}", status.code())), ..Problem::new(http, title, detail) }
             }
         };
         let unauthenticated = problem.status == StatusCode::UNAUTHORIZED.as_u16();

@@ -1,4 +1,5 @@
-//! The HTTP/JSON face: `POST /v1/orders`, `GET /v1/orders/{id}`.
+//! The HTTP/JSON face: `POST /v1/orders`, `GET /v1/orders/{id}`, `GET /v1/orders/{id}/summary`,
+//! and the webhook routes of [`crate::webhooks::http`].
 
 use std::{
     sync::Arc,
@@ -15,11 +16,14 @@ use axum::{
 };
 use deadline::{Hop, InboundPolicy, LEDGER_HEADER, ledger, server::Protocol};
 use resilience::load_shed::{Intake, LoadShedLayer};
-use proto::common::v1::{CreateOrderRequest, LineItem, Order, OrderStatus, Payment, PaymentStatus};
-use serde::{Deserialize, Serialize};
+use proto::{
+    common::v1::{CreateOrderRequest, LineItem},
+    json::{OrderJson, PaymentJson},
+};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::{
-    api::{Api, Rate, Read},
+    api::{Api, ClientId, Rate, Read},
     error::{GatewayError, Problem, REPLAYED_HEADER},
 };
 
@@ -31,6 +35,7 @@ pub fn router(api: Api, creates: Arc<Intake>) -> Router {
         .route("/v1/orders", post(create_order).route_layer(LoadShedLayer::new(creates)))
         .route("/v1/orders/{order_id}", get(get_order))
         .route("/v1/orders/{order_id}/summary", get(get_summary))
+        .merge(crate::webhooks::http::routes())
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "Not found", "no such route".into()).into_http::<axum::body::Body>() })
         .with_state(api)
 }
@@ -53,7 +58,7 @@ struct NewItem {
     quantity: Option<u32>,
 }
 
-fn required<T>(value: Option<T>, field: impl Into<String>) -> Result<T, GatewayError> {
+pub fn required<T>(value: Option<T>, field: impl Into<String>) -> Result<T, GatewayError> {
     value.ok_or_else(|| GatewayError::field(field, "is required"))
 }
 
@@ -78,78 +83,22 @@ impl NewOrder {
     }
 }
 
-/// An order as JSON.
+/// An order as read: its JSON form, marked when it is the last known copy served while orders
+/// could not answer.
 #[derive(Debug, Serialize)]
-struct OrderJson {
-    order_id: String,
-    customer_id: String,
-    items: Vec<ItemJson>,
-    amount_minor: i64,
-    currency: String,
-    status: &'static str,
-    payment: Option<PaymentJson>,
-    created_at: String,
-    /// Present only on a last known copy served while orders could not answer.
+struct ReadJson {
+    #[serde(flatten)]
+    order: OrderJson,
     #[serde(skip_serializing_if = "Option::is_none")]
     stale: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     as_of: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
-struct ItemJson {
-    sku: String,
-    quantity: u32,
-}
-
-#[derive(Debug, Serialize)]
-struct PaymentJson {
-    payment_id: String,
-    status: &'static str,
-    bank_charge_id: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    decline_reason: String,
-}
-
-impl From<Order> for OrderJson {
-    fn from(order: Order) -> Self {
-        let status = match order.status() {
-            OrderStatus::Paid => "paid",
-            OrderStatus::PendingPayment => "pending_payment",
-            OrderStatus::PaymentDeclined => "payment_declined",
-            OrderStatus::Unspecified => "unknown",
-        };
-        let payment = order.payment.map(PaymentJson::from);
-        Self {
-            order_id: order.order_id,
-            customer_id: order.customer_id,
-            items: order.items.into_iter().map(|i| ItemJson { sku: i.sku, quantity: i.quantity }).collect(),
-            amount_minor: order.amount_minor,
-            currency: order.currency,
-            status,
-            payment,
-            created_at: order.created_at,
-            stale: None,
-            as_of: None,
-        }
-    }
-}
-
-impl From<Payment> for PaymentJson {
-    fn from(payment: Payment) -> Self {
-        Self {
-            status: if payment.status() == PaymentStatus::Approved { "approved" } else { "declined" },
-            payment_id: payment.payment_id,
-            bank_charge_id: payment.bank_charge_id,
-            decline_reason: payment.decline_reason,
-        }
-    }
-}
-
-impl From<Read> for OrderJson {
+impl From<Read> for ReadJson {
     fn from(read: Read) -> Self {
         let as_of = read.stale_since.map(rfc3339);
-        Self { stale: as_of.is_some().then_some(true), as_of, ..OrderJson::from(read.order) }
+        Self { order: OrderJson::from(read.order), stale: as_of.is_some().then_some(true), as_of }
     }
 }
 
@@ -165,7 +114,7 @@ pub const FALLBACK_HEADER: &str = "x-fallback";
 /// unknown value is never shown as zero (R-F2).
 #[derive(Debug, Serialize)]
 struct SummaryJson {
-    order: OrderJson,
+    order: ReadJson,
     payment: Option<PaymentJson>,
     exchange_rate: Option<RateJson>,
     recommendations: RecommendationsJson,
@@ -198,19 +147,33 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|value| value.to_str().ok())
 }
 
-async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
-    let client = api.authenticate(header(&headers, "authorization"))?;
-    let key = header(&headers, "idempotency-key")
-        .ok_or_else(|| GatewayError::field("Idempotency-Key", "header is required (1 to 255 characters)"))?;
-    let deserializer = &mut serde_json::Deserializer::from_slice(&body);
-    let order: NewOrder = serde_path_to_error::deserialize(deserializer).map_err(|error| {
+/// The client named by the request's API key.
+pub fn authenticate(api: &Api, headers: &HeaderMap) -> Result<ClientId, GatewayError> {
+    api.authenticate(header(headers, "authorization"))
+}
+
+/// The `Idempotency-Key` header of a write that needs one.
+pub fn idempotency_key(headers: &HeaderMap) -> Result<&str, GatewayError> {
+    header(headers, "idempotency-key").ok_or_else(|| GatewayError::field("Idempotency-Key", "header is required (1 to 255 characters)"))
+}
+
+/// A JSON body, a fault in it reported with the path of the field at fault.
+pub fn json_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, GatewayError> {
+    let deserializer = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(deserializer).map_err(|error| {
         let path = error.path().to_string();
         if path == "." {
             GatewayError::MalformedBody(error.into_inner().to_string())
         } else {
             GatewayError::field(path, error.into_inner().to_string())
         }
-    })?;
+    })
+}
+
+async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
+    let client = authenticate(&api, &headers)?;
+    let key = idempotency_key(&headers)?;
+    let order: NewOrder = json_body(&body)?;
     let created = api.create_order(&client, key, order.into_request()?).await?;
     let mut response = (StatusCode::CREATED, Json(OrderJson::from(created.order))).into_response();
     if created.replayed {
@@ -220,10 +183,10 @@ async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -
 }
 
 async fn get_order(State(api): State<Api>, headers: HeaderMap, Path(order_id): Path<String>) -> Result<Response, GatewayError> {
-    let client = api.authenticate(header(&headers, "authorization"))?;
+    let client = authenticate(&api, &headers)?;
     let read = api.get_order(&client, order_id).await?;
     let fallback = read.stale_since.map(|since| format!("stale-copy; as-of={}", rfc3339(since)));
-    let mut response = Json(OrderJson::from(read)).into_response();
+    let mut response = Json(ReadJson::from(read)).into_response();
     if let Some(fallback) = fallback.and_then(|value| HeaderValue::try_from(value).ok()) {
         response.headers_mut().insert(FALLBACK_HEADER, fallback);
     }
@@ -231,7 +194,7 @@ async fn get_order(State(api): State<Api>, headers: HeaderMap, Path(order_id): P
 }
 
 async fn get_summary(State(api): State<Api>, headers: HeaderMap, Path(order_id): Path<String>) -> Result<Response, GatewayError> {
-    let client = api.authenticate(header(&headers, "authorization"))?;
+    let client = authenticate(&api, &headers)?;
     // Without the order there is nothing to show: the honest error, with Retry-After when known (R-F4).
     let read = api.get_order(&client, order_id).await?;
     let (payment, rate, recommended) = tokio::join!(
@@ -272,7 +235,7 @@ async fn get_summary(State(api): State<Api>, headers: HeaderMap, Path(order_id):
         }
     };
     let summary = SummaryJson {
-        order: OrderJson::from(read),
+        order: ReadJson::from(read),
         payment,
         exchange_rate,
         recommendations: RecommendationsJson { kind, skus: recommended.skus },

@@ -12,6 +12,7 @@ mod grpc;
 mod http;
 mod rate_limit;
 mod settings;
+mod webhooks;
 
 pub use http::TIMEOUT_HEADER;
 pub use rate_limit::ClientLimits;

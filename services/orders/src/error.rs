@@ -2,7 +2,8 @@
 
 use idempotency::KeyError;
 use outbox::OutboxError;
-use tonic::Status;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OrdersError {
@@ -25,17 +26,8 @@ pub enum OrdersError {
     StoredAnswer(#[from] prost::DecodeError),
     #[error("stored order {0} is unreadable: {1}")]
     Corrupt(String, String),
-}
-
-impl From<OutboxError> for OrdersError {
-    fn from(error: OutboxError) -> Self {
-        match error {
-            OutboxError::Storage(error) => OrdersError::Storage(error),
-            OutboxError::EndpointNotFound(_) | OutboxError::DeliveryNotFound { .. } | OutboxError::Invalid(_) => {
-                OrdersError::Corrupt("webhook outbox".into(), error.to_string())
-            }
-        }
-    }
+    #[error(transparent)]
+    Webhooks(#[from] OutboxError),
 }
 
 impl From<KeyError> for OrdersError {
@@ -52,15 +44,29 @@ impl From<OrdersError> for Status {
     fn from(error: OrdersError) -> Self {
         let message = format!("{}: {error}", crate::HOP);
         match error {
-            OrdersError::MissingMetadata(_) | OrdersError::InvalidRequest(_) => Status::invalid_argument(message),
+            OrdersError::MissingMetadata(_) => Status::invalid_argument(message),
+            OrdersError::InvalidRequest(ref reason) | OrdersError::Webhooks(OutboxError::Invalid(ref reason)) => invalid_field(reason, message),
             OrdersError::KeyReused => Status::failed_precondition(message),
             OrdersError::InFlight => Status::aborted(message),
             OrdersError::NotFound(_) => Status::not_found(message),
             OrdersError::Payment(status) => rpc::relay(&status),
+            OrdersError::Webhooks(OutboxError::EndpointNotFound(_) | OutboxError::DeliveryNotFound { .. }) => Status::not_found(message),
+            OrdersError::Webhooks(OutboxError::Storage(_)) => {
+                tracing::error!(%message, "storage failure");
+                Status::internal(format!("{}: webhook storage failed", crate::HOP))
+            }
             OrdersError::Storage(_) | OrdersError::Corrupt(..) | OrdersError::StoredAnswer(_) => {
                 tracing::error!(%message, "storage failure");
                 Status::internal(format!("{}: order storage failed", crate::HOP))
             }
         }
     }
+}
+
+/// `INVALID_ARGUMENT` with a `google.rpc.BadRequest` detail naming the field at fault, so that the
+/// gateway can name it in its problem. Every invalid-input message here starts with the field
+/// (`url: …`, `limit: …`), as `proto::validate::FieldError` and the outbox's checks write them.
+fn invalid_field(reason: &str, message: String) -> Status {
+    let field = reason.split_once(": ").map_or("", |(field, _)| field);
+    Status::with_error_details(Code::InvalidArgument, message, ErrorDetails::with_bad_request_violation(field, reason))
 }

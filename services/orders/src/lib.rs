@@ -9,8 +9,9 @@
 mod error;
 mod settings;
 mod store;
+mod webhooks;
 
-pub use settings::Settings;
+pub use settings::{Settings, WebhookSettings};
 
 use std::{net::SocketAddr, sync::Arc, time::{Duration, SystemTime}};
 
@@ -23,6 +24,7 @@ use proto::{
     orders::v1::{
         RecommendRequest, Recommendations,
         orders_server::{Orders, OrdersServer},
+        webhooks_server::WebhooksServer,
     },
     payment::v1::{PayRequest, payment_service_client::PaymentServiceClient},
 };
@@ -55,18 +57,21 @@ impl Application {
         .await
         // The URL is not repeated: it may carry a password.
         .map_err(|error| ServerError::Settings(format!("database: {error}")))?;
-        outbox::migrate(&database).await.map_err(|error| ServerError::Settings(format!("database: {error}")))?;
+        outbox::migrate(&database).await.map_err(|error| ServerError::Settings(format!("database (webhook tables): {error}")))?;
         let payment = rpc::connect(HOP, "payment", &settings.payment, settings.mode, settings.naive)
             .map_err(|error| ServerError::Settings(format!("payment: {error}")))?;
         let payment_breaker = payment.breaker.clone();
         let keys = KeyStore::new(database.clone(), settings.idempotency);
+        let default_lease = Duration::from_millis(settings.deadline.max_ms);
         let service = OrderService {
             keys: keys.clone(),
             orders: store::Orders::new(database),
             payment: PaymentServiceClient::new(payment.client),
-            default_lease: Duration::from_millis(settings.deadline.max_ms),
+            default_lease,
         };
-        let grpc = GrpcServer::bind(HOP, rpc::Role::Inner, settings.listen, settings.deadline, OrdersServer::new(service)).await?;
+        let webhooks = webhooks::WebhookService::new(keys.clone(), &settings.webhooks, default_lease).map_err(ServerError::Settings)?;
+        let services = rpc::Services::new(OrdersServer::new(service)).add_service(WebhooksServer::new(webhooks));
+        let grpc = GrpcServer::bind_all(HOP, rpc::Role::Inner, settings.listen, settings.deadline, services).await?;
         Ok(Self { grpc, keys, payment_breaker })
     }
 

@@ -2,6 +2,7 @@ use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
 use idempotency::KeySettings;
+use outbox::EndpointLimits;
 use rpc::Dependency;
 use resilience::{ChainMode, breaker::BreakerSettings, naive::NaiveSettings};
 use serde::{Deserialize, Serialize};
@@ -25,6 +26,35 @@ pub struct Settings {
     pub mode: ChainMode,
     /// The naive client's attempts and fixed per-attempt timeout (used in `naive` mode only).
     pub naive: NaiveSettings,
+    /// The webhook subscription API.
+    pub webhooks: WebhookSettings,
+}
+
+/// How orders' `Webhooks` service creates endpoints and rotates their secrets.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhookSettings {
+    /// How long the previous secrets keep signing after a rotation that names no overlap.
+    pub rotation_overlap_ms: u64,
+    /// `host:port` receivers accepted over plain http and exempt from the SSRF deny list: for
+    /// tests and local demos only, since such a receiver is what the deny list exists to refuse.
+    pub test_hosts: Vec<String>,
+    /// Deliveries in flight at once to an endpoint created without its own limit.
+    pub default_max_in_flight: u32,
+    /// Deliveries started per second to an endpoint created without its own limit.
+    pub default_rate_per_sec: u32,
+}
+
+impl Default for WebhookSettings {
+    fn default() -> Self {
+        let limits = EndpointLimits::default();
+        Self {
+            rotation_overlap_ms: 24 * 60 * 60 * 1000,
+            test_hosts: Vec::new(),
+            default_max_in_flight: limits.max_in_flight,
+            default_rate_per_sec: limits.rate_per_sec,
+        }
+    }
 }
 
 impl Default for Settings {
@@ -44,6 +74,21 @@ impl Default for Settings {
                 breaker: BreakerSettings { slow_call_ms: 60_000, ..BreakerSettings::default() },
                 ..Dependency::default()
             },
+            webhooks: WebhookSettings::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn webhook_test_hosts_are_a_list_and_empty_by_default() {
+        assert!(Settings::default().webhooks.test_hosts.is_empty(), "production refuses plain http and private addresses");
+        let args = settings::SettingsArgs { config: None, overrides: vec![r#"webhooks.test_hosts=["127.0.0.1:9000", "[::1]:9001"]"#.into()] };
+        let loaded: Settings = settings::load("ORDERS_TEST", &args).unwrap();
+        assert_eq!(loaded.webhooks.test_hosts, ["127.0.0.1:9000", "[::1]:9001"]);
+        assert_eq!(loaded.webhooks.rotation_overlap_ms, 86_400_000);
     }
 }

@@ -3,8 +3,9 @@
 //! - [`Dependency`] + [`connect`]: a lazily connecting channel with the three separate timeouts of
 //!   R-D1 (connect, idle, and the operation deadline forwarded by [`deadline::client`]), behind
 //!   the dependency's bulkhead and circuit breaker.
-//! - [`GrpcServer`]: binds, adds `grpc.health.v1` and reflection, puts every request under the
-//!   deadline layer, counts every answer in the chain's metrics and serves until shutdown.
+//! - [`GrpcServer`]: binds, serves one service or several ([`Services`]) on one port with
+//!   `grpc.health.v1` (each service SERVING) and reflection, puts every request under the deadline
+//!   layer, counts every answer in the chain's metrics and serves until shutdown.
 //! - [`health::Command`]: the `healthcheck` subcommand of every service binary.
 //! - [`metrics::router`]: `GET /metrics` in Prometheus text, on every port a service serves.
 
@@ -14,7 +15,7 @@ pub mod metrics;
 mod server;
 
 pub use client::{Client, Connection, Dependency, connect};
-pub use server::{GrpcServer, Role, ServerError, bind, serve_http, shutdown_signal};
+pub use server::{GrpcServer, GrpcService, Role, ServerError, Services, bind, serve_http, shutdown_signal};
 
 mod relay;
 pub use relay::{PUSHBACK_HEADER, derive_key, relay};

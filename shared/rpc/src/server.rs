@@ -88,34 +88,86 @@ pub struct GrpcServer {
     stats: Arc<HopStats>,
 }
 
+/// A gRPC service as tonic generates it (`…Server::new(handler)`), ready to be routed.
+pub trait GrpcService:
+    tower::Service<
+        http::Request<tonic::body::Body>,
+        Error = std::convert::Infallible,
+        Response: axum::response::IntoResponse,
+        Future: Send + 'static,
+    > + NamedService
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> GrpcService for S where
+    S: tower::Service<
+            http::Request<tonic::body::Body>,
+            Error = std::convert::Infallible,
+            Response: axum::response::IntoResponse,
+            Future: Send + 'static,
+        > + NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// The gRPC services that one server serves, each reported SERVING by its health service.
+pub struct Services {
+    routes: Routes,
+    names: Vec<&'static str>,
+}
+
+impl Services {
+    pub fn new<S: GrpcService>(service: S) -> Self {
+        Self { routes: Routes::new(service), names: vec![S::NAME] }
+    }
+
+    /// Serves `service` too, on the same port.
+    pub fn add_service<S: GrpcService>(mut self, service: S) -> Self {
+        self.routes = self.routes.add_service(service);
+        self.names.push(S::NAME);
+        self
+    }
+}
+
 impl GrpcServer {
     /// Binds `addr` (port 0 picks a free port) and mounts `service` with health and reflection,
     /// every request under the deadline layer as hop `hop`, in the chain at `role`.
-    pub async fn bind<S>(
+    pub async fn bind(
         hop: &'static str,
         role: Role,
         addr: SocketAddr,
         inbound: InboundPolicy,
-        service: S,
-    ) -> Result<Self, ServerError>
-    where
-        S: tower::Service<http::Request<tonic::body::Body>, Error = std::convert::Infallible>
-            + NamedService
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Response: axum::response::IntoResponse,
-        S::Future: Send + 'static,
-    {
+        service: impl GrpcService,
+    ) -> Result<Self, ServerError> {
+        Self::bind_all(hop, role, addr, inbound, Services::new(service)).await
+    }
+
+    /// [`GrpcServer::bind`] for several services on one port.
+    pub async fn bind_all(
+        hop: &'static str,
+        role: Role,
+        addr: SocketAddr,
+        inbound: InboundPolicy,
+        services: Services,
+    ) -> Result<Self, ServerError> {
         let listener = bind(addr).await?;
         let (health, health_service) = tonic_health::server::health_reporter();
-        health.set_serving::<S>().await;
+        for name in services.names {
+            health.set_service_status(name, tonic_health::ServingStatus::Serving).await;
+        }
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
             .build_v1()?;
         let stats = HopStats::new();
-        let routes = Routes::new(service)
+        let routes = services
+            .routes
             .add_service(health_service)
             .add_service(reflection)
             .prepare()

@@ -1,0 +1,135 @@
+//! The client's webhook subscriptions, kept by orders' `orders.v1.Webhooks` service.
+//!
+//! Reads and the keyed writes (creating an endpoint, rotating its secret) are retried under the
+//! edge policy like the order calls; the other writes (disable, enable, redeliver) carry no key,
+//! so they are tried once (R-R3): a retry after a lost answer would queue a redelivery twice.
+
+pub mod http;
+
+use proto::orders::v1::{
+    CreateEndpointRequest, Endpoint, EndpointRef, EndpointWithSecret, ListDeliveriesRequest, ListDeliveriesResponse, ListEndpointsRequest,
+    ListEndpointsResponse, RedeliverRangeRequest, RedeliverRequest, RedeliverResponse, RotateSecretRequest, webhooks_client::WebhooksClient,
+};
+use resilience::retry::{Call, RetryPolicy};
+use rpc::{
+    Client,
+    metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
+};
+use tonic::{Request, Response, Status, metadata::MetadataMap};
+use tower::ServiceExt;
+
+use crate::{
+    api::{ClientId, Operation, metadata_value, operation},
+    error::GatewayError,
+};
+
+/// A secret and the endpoint it signs for, and whether orders replayed it from the key's answer.
+pub struct Keyed {
+    pub answer: EndpointWithSecret,
+    pub replayed: bool,
+}
+
+#[derive(Clone)]
+pub struct WebhooksApi {
+    webhooks: WebhooksClient<Client>,
+    create: Operation<CreateEndpointRequest, EndpointWithSecret>,
+    rotate: Operation<RotateSecretRequest, EndpointWithSecret>,
+    list: Operation<ListEndpointsRequest, ListEndpointsResponse>,
+    get: Operation<EndpointRef, Endpoint>,
+    deliveries: Operation<ListDeliveriesRequest, ListDeliveriesResponse>,
+}
+
+/// An operation that calls one method of `webhooks` per attempt.
+macro_rules! retried {
+    ($retry:expr, $webhooks:expr, $method:ident) => {{
+        let webhooks = $webhooks.clone();
+        operation($retry, move |request| {
+            let mut webhooks = webhooks.clone();
+            async move { webhooks.$method(request).await }
+        })
+    }};
+}
+
+impl WebhooksApi {
+    pub fn new(orders: Client, retry: &RetryPolicy) -> Self {
+        let webhooks = WebhooksClient::new(orders);
+        Self {
+            create: retried!(retry, webhooks, create_endpoint),
+            rotate: retried!(retry, webhooks, rotate_secret),
+            list: retried!(retry, webhooks, list_endpoints),
+            get: retried!(retry, webhooks, get_endpoint),
+            deliveries: retried!(retry, webhooks, list_deliveries),
+            webhooks,
+        }
+    }
+
+    pub async fn create_endpoint(&self, client: &ClientId, key: &str, request: CreateEndpointRequest) -> Result<Keyed, GatewayError> {
+        keyed(call(&self.create, request, keyed_metadata(client, key)?).await?)
+    }
+
+    pub async fn rotate_secret(&self, client: &ClientId, key: &str, request: RotateSecretRequest) -> Result<Keyed, GatewayError> {
+        keyed(call(&self.rotate, request, keyed_metadata(client, key)?).await?)
+    }
+
+    pub async fn endpoints(&self, client: &ClientId) -> Result<ListEndpointsResponse, GatewayError> {
+        Ok(call(&self.list, ListEndpointsRequest {}, metadata(client)?).await?.into_inner())
+    }
+
+    pub async fn endpoint(&self, client: &ClientId, endpoint_id: String) -> Result<Endpoint, GatewayError> {
+        Ok(call(&self.get, EndpointRef { endpoint_id }, metadata(client)?).await?.into_inner())
+    }
+
+    pub async fn deliveries(&self, client: &ClientId, request: ListDeliveriesRequest) -> Result<ListDeliveriesResponse, GatewayError> {
+        Ok(call(&self.deliveries, request, metadata(client)?).await?.into_inner())
+    }
+
+    pub async fn set_enabled(&self, client: &ClientId, endpoint_id: String, enabled: bool) -> Result<Endpoint, GatewayError> {
+        let request = once(client, EndpointRef { endpoint_id })?;
+        let mut webhooks = self.webhooks.clone();
+        let answer = if enabled { webhooks.enable_endpoint(request).await } else { webhooks.disable_endpoint(request).await };
+        answer.map(Response::into_inner).map_err(upstream)
+    }
+
+    pub async fn redeliver(&self, client: &ClientId, request: RedeliverRequest) -> Result<RedeliverResponse, GatewayError> {
+        let request = once(client, request)?;
+        self.webhooks.clone().redeliver(request).await.map(Response::into_inner).map_err(upstream)
+    }
+
+    pub async fn redeliver_range(&self, client: &ClientId, request: RedeliverRangeRequest) -> Result<RedeliverResponse, GatewayError> {
+        let request = once(client, request)?;
+        self.webhooks.clone().redeliver_range(request).await.map(Response::into_inner).map_err(upstream)
+    }
+}
+
+async fn call<M, R>(operation: &Operation<M, R>, message: M, metadata: MetadataMap) -> Result<Response<R>, GatewayError> {
+    operation.clone().oneshot(Call::new(message, metadata)).await.map_err(upstream)
+}
+
+fn keyed(response: Response<EndpointWithSecret>) -> Result<Keyed, GatewayError> {
+    let replayed = response.metadata().get(IDEMPOTENT_REPLAYED).is_some_and(|value| value == "true");
+    Ok(Keyed { answer: response.into_inner(), replayed })
+}
+
+/// A request tried once, under the client's id.
+fn once<M>(client: &ClientId, message: M) -> Result<Request<M>, GatewayError> {
+    let mut request = Request::new(message);
+    *request.metadata_mut() = metadata(client)?;
+    Ok(request)
+}
+
+fn metadata(client: &ClientId) -> Result<MetadataMap, GatewayError> {
+    let mut metadata = MetadataMap::new();
+    metadata.insert(CLIENT_ID, metadata_value(&client.0)?);
+    Ok(metadata)
+}
+
+fn keyed_metadata(client: &ClientId, key: &str) -> Result<MetadataMap, GatewayError> {
+    proto::validate::idempotency_key(key).map_err(|error| GatewayError::field(error.field, error.reason))?;
+    let mut metadata = metadata(client)?;
+    metadata.insert(IDEMPOTENCY_KEY, metadata_value(key)?);
+    Ok(metadata)
+}
+
+fn upstream(status: Status) -> GatewayError {
+    GatewayError::Upstream(rpc::relay(&status))
+}

@@ -1,0 +1,292 @@
+//! `orders.v1.Webhooks`: the client's webhook endpoints, their secrets and their delivery logs,
+//! kept in orders' database beside the outbox that the order events go to.
+//!
+//! Creating an endpoint and rotating a secret show a secret once, so a client that lost the
+//! answer must be able to ask again and get the same secret rather than a second endpoint or a
+//! second rotation: both run under the client's idempotency key, in one phase that writes and
+//! stores the answer together.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use deadline::Hop;
+use idempotency::{Begin, Clock, KeyStore, Stored, SystemClock};
+use outbox::{AttemptLog, DeliveryLog, EndpointLimits, NewEndpoint, Subscriptions};
+use prost::Message;
+use proto::orders::v1::{
+    Attempt, CreateEndpointRequest, Delivery, Endpoint, EndpointRef, EndpointWithSecret, ListDeliveriesRequest, ListDeliveriesResponse,
+    ListEndpointsRequest, ListEndpointsResponse, RedeliverRangeRequest, RedeliverRequest, RedeliverResponse, RotateSecretRequest,
+    webhooks_server::Webhooks,
+};
+use rpc::metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use sqlx::AnyConnection;
+use tonic::{Code, Request, Response, Status};
+use webhooks::ssrf;
+
+use crate::{error::OrdersError, required, settings::WebhookSettings};
+
+/// Methods named in the fingerprints of their idempotency keys.
+const CREATE_ENDPOINT: &str = "/orders.v1.Webhooks/CreateEndpoint";
+const ROTATE_SECRET: &str = "/orders.v1.Webhooks/RotateSecret";
+
+/// Deliveries listed when the request names no limit, and the most it may name.
+const DEFAULT_DELIVERIES: u32 = 50;
+const MAX_DELIVERIES: u32 = 500;
+
+/// The longest rotation overlap a client may ask for.
+const MAX_OVERLAP_MS: u64 = 30 * 24 * 60 * 60 * 1000;
+
+#[derive(Debug, Clone)]
+pub struct WebhookService {
+    keys: KeyStore,
+    subscriptions: Subscriptions,
+    /// What endpoint URLs may name.
+    policy: ssrf::Policy,
+    rotation_overlap_ms: u64,
+    default_limits: EndpointLimits,
+    /// Lease of a key when the request carries no deadline.
+    default_lease: Duration,
+}
+
+impl WebhookService {
+    pub fn new(keys: KeyStore, settings: &WebhookSettings, default_lease: Duration) -> Result<Self, String> {
+        let policy = policy(&settings.test_hosts)?;
+        let default_limits = EndpointLimits { max_in_flight: settings.default_max_in_flight, rate_per_sec: settings.default_rate_per_sec };
+        let max = EndpointLimits::MAX;
+        if !(1..=max.max_in_flight).contains(&default_limits.max_in_flight) || !(1..=max.rate_per_sec).contains(&default_limits.rate_per_sec) {
+            return Err(format!("webhooks.default_max_in_flight must be 1..={} and webhooks.default_rate_per_sec 1..={}", max.max_in_flight, max.rate_per_sec));
+        }
+        Ok(Self {
+            subscriptions: Subscriptions::new(keys.database().clone()),
+            keys,
+            policy,
+            rotation_overlap_ms: settings.rotation_overlap_ms,
+            default_limits,
+            default_lease,
+        })
+    }
+
+    /// Runs `write` once under the client's idempotency key, in one phase that also stores its
+    /// answer; a repeat gets that answer back byte for byte (the same secret). A failed write
+    /// releases the key, so that a corrected repeat is not refused as in flight.
+    async fn keyed(
+        &self,
+        request: &Request<impl Message>,
+        method: &str,
+        write: impl AsyncFnOnce(&mut AnyConnection, &str) -> Result<EndpointWithSecret, OrdersError>,
+    ) -> Result<Response<EndpointWithSecret>, OrdersError> {
+        let client_id = required(request.metadata(), CLIENT_ID)?;
+        let key = required(request.metadata(), IDEMPOTENCY_KEY)?;
+        proto::validate::idempotency_key(key).map_err(|error| OrdersError::InvalidRequest(error.to_string()))?;
+        // The method is part of the fingerprint: a key already used for an order (or the other
+        // method) is refused as reused instead of being answered with that other answer.
+        let fingerprint = idempotency::fingerprint(&[method.as_bytes(), b"\n", &request.get_ref().encode_to_vec()].concat());
+        let lease = Hop::current().map_or(self.default_lease, |hop| hop.deadline().remaining());
+        let mut lease = match self.keys.begin(client_id, key, &fingerprint, lease).await? {
+            Begin::Replay(stored) => {
+                let mut response = Response::new(EndpointWithSecret::decode(stored.body.as_slice())?);
+                response.metadata_mut().insert(IDEMPOTENT_REPLAYED, "true".parse().expect("ascii"));
+                return Ok(response);
+            }
+            Begin::Execute(lease) => lease,
+        };
+        let mut phase = self.keys.phase(&mut lease).await?;
+        match write(phase.connection(), client_id).await {
+            Ok(answer) => {
+                phase.complete(&Stored { code: Code::Ok as i32, body: answer.encode_to_vec() }).await?;
+                Ok(Response::new(answer))
+            }
+            Err(error) => {
+                drop(phase);
+                self.keys.release(&lease).await?;
+                Err(error)
+            }
+        }
+    }
+
+    async fn set_enabled(&self, request: Request<EndpointRef>, enabled: bool) -> Result<Response<Endpoint>, Status> {
+        let client_id = required(request.metadata(), CLIENT_ID)?;
+        let endpoint = self.subscriptions.set_enabled(client_id, &request.get_ref().endpoint_id, enabled).await.map_err(OrdersError::from)?;
+        Ok(Response::new(endpoint_message(endpoint)))
+    }
+}
+
+#[tonic::async_trait]
+impl Webhooks for WebhookService {
+    async fn create_endpoint(&self, request: Request<CreateEndpointRequest>) -> Result<Response<EndpointWithSecret>, Status> {
+        let message = request.get_ref();
+        let or_default = |asked: u32, default: u32| if asked == 0 { default } else { asked };
+        let new = NewEndpoint {
+            url: message.url.clone(),
+            event_types: message.event_types.clone(),
+            limits: EndpointLimits {
+                max_in_flight: or_default(message.max_in_flight, self.default_limits.max_in_flight),
+                rate_per_sec: or_default(message.rate_per_sec, self.default_limits.rate_per_sec),
+            },
+        };
+        // Checked before the key is claimed: a refused request does not use up its key.
+        new.validate(&self.policy).map_err(OrdersError::from)?;
+        let created = self.keyed(&request, CREATE_ENDPOINT, async |connection, client_id| {
+            let (endpoint, secret) = Subscriptions::create_endpoint(connection, client_id, &new, SystemClock.now_ms()).await?;
+            Ok(EndpointWithSecret { endpoint: Some(endpoint_message(endpoint)), secret: secret.to_string(), previous_secrets_expire_at: String::new() })
+        });
+        Ok(created.await?)
+    }
+
+    async fn list_endpoints(&self, request: Request<ListEndpointsRequest>) -> Result<Response<ListEndpointsResponse>, Status> {
+        let client_id = required(request.metadata(), CLIENT_ID)?;
+        let endpoints = self.subscriptions.endpoints(client_id).await.map_err(OrdersError::from)?;
+        Ok(Response::new(ListEndpointsResponse { endpoints: endpoints.into_iter().map(endpoint_message).collect() }))
+    }
+
+    async fn get_endpoint(&self, request: Request<EndpointRef>) -> Result<Response<Endpoint>, Status> {
+        let client_id = required(request.metadata(), CLIENT_ID)?;
+        let endpoint = self.subscriptions.endpoint(client_id, &request.get_ref().endpoint_id).await.map_err(OrdersError::from)?;
+        Ok(Response::new(endpoint_message(endpoint)))
+    }
+
+    async fn rotate_secret(&self, request: Request<RotateSecretRequest>) -> Result<Response<EndpointWithSecret>, Status> {
+        let message = request.get_ref();
+        if message.overlap_ms > MAX_OVERLAP_MS {
+            return Err(OrdersError::InvalidRequest(format!("overlap_ms: at most {MAX_OVERLAP_MS} (30 days)")).into());
+        }
+        let overlap_ms = i64::try_from(if message.overlap_ms == 0 { self.rotation_overlap_ms } else { message.overlap_ms }).unwrap_or(i64::MAX);
+        // Read before the phase, which holds the only connection on SQLite: the rotation changes
+        // the endpoint's secrets, not what it shows. An unknown endpoint does not use up the key.
+        let client_id = required(request.metadata(), CLIENT_ID)?;
+        let endpoint = self.subscriptions.endpoint(client_id, &message.endpoint_id).await.map_err(OrdersError::from)?;
+        let rotated = self.keyed(&request, ROTATE_SECRET, async |connection, client_id| {
+            let now = SystemClock.now_ms();
+            let secret = Subscriptions::rotate_secret(connection, client_id, &endpoint.endpoint_id, overlap_ms, now).await?;
+            Ok(EndpointWithSecret {
+                endpoint: Some(endpoint_message(endpoint)),
+                secret: secret.to_string(),
+                previous_secrets_expire_at: rfc3339(now.saturating_add(overlap_ms)),
+            })
+        });
+        Ok(rotated.await?)
+    }
+
+    async fn disable_endpoint(&self, request: Request<EndpointRef>) -> Result<Response<Endpoint>, Status> {
+        self.set_enabled(request, false).await
+    }
+
+    async fn enable_endpoint(&self, request: Request<EndpointRef>) -> Result<Response<Endpoint>, Status> {
+        self.set_enabled(request, true).await
+    }
+
+    async fn list_deliveries(&self, request: Request<ListDeliveriesRequest>) -> Result<Response<ListDeliveriesResponse>, Status> {
+        let client_id = required(request.metadata(), CLIENT_ID)?;
+        let message = request.get_ref();
+        let limit = match message.limit {
+            0 => DEFAULT_DELIVERIES,
+            limit if limit > MAX_DELIVERIES => return Err(OrdersError::InvalidRequest(format!("limit: at most {MAX_DELIVERIES}")).into()),
+            limit => limit,
+        };
+        let deliveries = self.subscriptions.deliveries(client_id, &message.endpoint_id, limit).await.map_err(OrdersError::from)?;
+        Ok(Response::new(ListDeliveriesResponse { deliveries: deliveries.into_iter().map(delivery_message).collect() }))
+    }
+
+    async fn redeliver(&self, request: Request<RedeliverRequest>) -> Result<Response<RedeliverResponse>, Status> {
+        let client_id = required(request.metadata(), CLIENT_ID)?;
+        let message = request.get_ref();
+        self.subscriptions.redeliver(client_id, &message.endpoint_id, &message.event_id, SystemClock.now_ms()).await.map_err(OrdersError::from)?;
+        Ok(Response::new(RedeliverResponse { queued: 1 }))
+    }
+
+    async fn redeliver_range(&self, request: Request<RedeliverRangeRequest>) -> Result<Response<RedeliverResponse>, Status> {
+        let client_id = required(request.metadata(), CLIENT_ID)?;
+        let message = request.get_ref();
+        let (from_ms, until_ms) = (parse_rfc3339("from", &message.from)?, parse_rfc3339("until", &message.until)?);
+        if until_ms <= from_ms {
+            return Err(OrdersError::InvalidRequest("until: must be later than from".into()).into());
+        }
+        let queued = self.subscriptions.redeliver_range(client_id, &message.endpoint_id, from_ms, until_ms, SystemClock.now_ms()).await.map_err(OrdersError::from)?;
+        Ok(Response::new(RedeliverResponse { queued }))
+    }
+}
+
+/// The production policy, with the `host:port` pairs of `test_hosts` exempted.
+fn policy(test_hosts: &[String]) -> Result<ssrf::Policy, String> {
+    let mut policy = ssrf::Policy::default();
+    for test_host in test_hosts {
+        let (host, port) = test_host
+            .rsplit_once(':')
+            .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+            .ok_or_else(|| format!("webhooks.test_hosts: {test_host:?} is not host:port"))?;
+        policy = policy.allow_test_host(host, port).map_err(|error| format!("webhooks.test_hosts: {error}"))?;
+    }
+    Ok(policy)
+}
+
+fn endpoint_message(endpoint: outbox::Endpoint) -> Endpoint {
+    Endpoint {
+        endpoint_id: endpoint.endpoint_id,
+        url: endpoint.url,
+        event_types: endpoint.event_types,
+        enabled: endpoint.enabled,
+        disabled_reason: endpoint.disabled_reason.unwrap_or_default(),
+        failing_since: endpoint.failing_since_ms.map(rfc3339).unwrap_or_default(),
+        max_in_flight: endpoint.limits.max_in_flight,
+        rate_per_sec: endpoint.limits.rate_per_sec,
+        created_at: rfc3339(endpoint.created_at_ms),
+    }
+}
+
+fn delivery_message(delivery: DeliveryLog) -> Delivery {
+    Delivery {
+        event_id: delivery.event_id,
+        event_type: delivery.event_type,
+        state: delivery.state.as_str().into(),
+        next_attempt_at: delivery.next_attempt_at_ms.map(rfc3339).unwrap_or_default(),
+        created_at: rfc3339(delivery.created_at_ms),
+        attempts: delivery.attempts.into_iter().map(attempt_message).collect(),
+    }
+}
+
+fn attempt_message(attempt: AttemptLog) -> Attempt {
+    Attempt {
+        attempt: u32::try_from(attempt.attempt).unwrap_or(u32::MAX),
+        started_at: rfc3339(attempt.started_at_ms),
+        duration_ms: u64::try_from(attempt.duration_ms).unwrap_or_default(),
+        status_code: attempt.status_code.and_then(|code| u32::try_from(code).ok()).unwrap_or_default(),
+        outcome: attempt.outcome,
+        error: attempt.error.unwrap_or_default(),
+    }
+}
+
+/// Milliseconds since the epoch as RFC 3339, UTC.
+fn rfc3339(ms: i64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or_default())).to_string()
+}
+
+fn parse_rfc3339(field: &str, text: &str) -> Result<i64, OrdersError> {
+    let time = humantime::parse_rfc3339(text).map_err(|error| OrdersError::InvalidRequest(format!("{field}: {error} (want RFC 3339 in UTC, e.g. 2026-12-01T10:00:00Z)")))?;
+    let since = time.duration_since(UNIX_EPOCH).map_err(|_| OrdersError::InvalidRequest(format!("{field}: before 1970")))?;
+    Ok(i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(url: &str) -> NewEndpoint {
+        NewEndpoint { url: url.into(), event_types: vec![outbox::ORDER_PAID.into()], limits: EndpointLimits::default() }
+    }
+
+    #[test]
+    fn test_hosts_exempt_exactly_their_host_and_port() {
+        let policy = policy(&["127.0.0.1:9000".into(), "[::1]:9001".into()]).unwrap();
+        assert!(endpoint("http://127.0.0.1:9000/hooks").validate(&policy).is_ok());
+        assert!(endpoint("http://0x7f.1:9000/hooks").validate(&policy).is_ok(), "the same address written otherwise");
+        assert!(endpoint("http://[::1]:9001/").validate(&policy).is_ok());
+        assert!(endpoint("http://127.0.0.1:9001/").validate(&policy).is_err(), "another port");
+        assert!(endpoint("http://127.0.0.1:9000/").validate(&ssrf::Policy::default()).is_err(), "none by default");
+    }
+
+    #[test]
+    fn a_test_host_without_a_port_is_refused() {
+        for bad in ["127.0.0.1", "localhost:http", "exa mple.com:80"] {
+            assert!(policy(&[bad.into()]).unwrap_err().contains("webhooks.test_hosts"), "{bad}");
+        }
+    }
+}

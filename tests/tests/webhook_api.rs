@@ -1,0 +1,257 @@
+//! The webhook subscription API through the gateway: endpoints and their secrets, kept per client
+//! under idempotency keys, URLs vetted against SSRF, and the delivery log with redelivery.
+
+use e2e::{API_KEY, Backend, TestChain, order_body};
+use proto::orders::v1::{CreateEndpointRequest, webhooks_client::WebhooksClient};
+use serde_json::{Value, json};
+use tonic::Code;
+use tonic_types::StatusExt;
+use webhooks::signature::Secret;
+
+const ENDPOINTS: &str = "/v1/webhooks/endpoints";
+const OTHER_API_KEY: &str = "demo-key-2";
+
+fn endpoint_body(url: &str) -> Value {
+    json!({"url": url, "event_types": ["order.paid"]})
+}
+
+async fn create(test: &TestChain, key: &str, body: &Value) -> reqwest::Response {
+    test.http.post(test.url(ENDPOINTS)).bearer_auth(API_KEY).header("idempotency-key", key).json(body).send().await.unwrap()
+}
+
+async fn created(test: &TestChain, key: &str) -> Value {
+    let response = create(test, key, &endpoint_body("https://hooks.example.com/orders")).await;
+    assert_eq!(response.status(), 201);
+    response.json().await.unwrap()
+}
+
+async fn get(test: &TestChain, api_key: &str, path: &str) -> reqwest::Response {
+    test.http.get(test.url(path)).bearer_auth(api_key).send().await.unwrap()
+}
+
+async fn post(test: &TestChain, api_key: &str, path: &str, body: Option<Value>) -> reqwest::Response {
+    let request = test.http.post(test.url(path)).bearer_auth(api_key);
+    match body {
+        Some(body) => request.json(&body),
+        None => request,
+    }
+    .send()
+    .await
+    .unwrap()
+}
+
+/// Asserts a 400 problem whose detail mentions `expected`, and returns the problem.
+async fn refused(response: reqwest::Response, expected: &str) -> Value {
+    assert_eq!(response.status(), 400, "{expected}");
+    assert_eq!(response.headers()["content-type"], "application/problem+json");
+    let problem: Value = response.json().await.unwrap();
+    assert!(problem["detail"].as_str().unwrap().contains(expected), "{expected:?} in {problem}");
+    problem
+}
+
+#[tokio::test]
+async fn a_new_endpoint_shows_its_secret_and_a_repeat_replays_it_byte_for_byte() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        let test = TestChain::start_on(&backend, |_| {}).await;
+        let first = create(&test, "endpoint-1", &endpoint_body("https://hooks.example.com/orders")).await;
+        assert_eq!(first.status(), 201, "{name}");
+        assert!(first.headers().get("idempotent-replayed").is_none(), "{name}");
+        assert!(first.headers().contains_key("x-deadline-ledger"), "the ledger as on the order routes");
+        let first_body = first.bytes().await.unwrap();
+        let answer: Value = serde_json::from_slice(&first_body).unwrap();
+        let secret = answer["secret"].as_str().unwrap();
+        assert!(secret.starts_with("whsec_"), "{answer}");
+        secret.parse::<Secret>().expect("a Standard Webhooks secret");
+        let endpoint = &answer["endpoint"];
+        assert_eq!((endpoint["url"].as_str(), endpoint["enabled"].as_bool()), (Some("https://hooks.example.com/orders"), Some(true)));
+        assert_eq!(endpoint["event_types"], json!(["order.paid"]));
+        assert_eq!((endpoint["max_in_flight"].as_u64(), endpoint["rate_per_sec"].as_u64()), (Some(4), Some(50)), "the default limits");
+
+        let again = create(&test, "endpoint-1", &endpoint_body("https://hooks.example.com/orders")).await;
+        assert_eq!(again.status(), 201, "{name}");
+        assert_eq!(again.headers()["idempotent-replayed"], "true", "{name}");
+        assert_eq!(again.bytes().await.unwrap(), first_body, "{name}: the same endpoint and the same secret");
+
+        let reused = create(&test, "endpoint-1", &endpoint_body("https://other.example.com/")).await;
+        assert_eq!(reused.status(), 422, "{name}");
+        let order_with_the_key = test.post_order("endpoint-1", &order_body()).send().await.unwrap();
+        assert_eq!(order_with_the_key.status(), 422, "{name}: a key used for an endpoint is not an order's");
+
+        let id = endpoint["endpoint_id"].as_str().unwrap();
+        let listed: Value = get(&test, API_KEY, ENDPOINTS).await.json().await.unwrap();
+        assert_eq!(listed["endpoints"], json!([endpoint]), "{name}: one endpoint, however often it was asked for");
+        let read = get(&test, API_KEY, &format!("{ENDPOINTS}/{id}")).await;
+        assert_eq!(read.status(), 200);
+        assert_eq!(&read.json::<Value>().await.unwrap(), endpoint);
+    }
+}
+
+#[tokio::test]
+async fn bad_endpoints_are_refused_naming_the_problem_and_keep_their_key() {
+    let test = TestChain::start().await;
+    // The body, the field named, and what the detail says about it.
+    let cases = [
+        (endpoint_body("https://10.0.0.1/"), "url", "10.0.0.1"),
+        (endpoint_body("http://hooks.example.com/"), "url", "plain http"),
+        (endpoint_body("https://0x7f.1/"), "url", "127.0.0.1"),
+        (endpoint_body("ftp://hooks.example.com/"), "url", "scheme"),
+        (json!({"url": "https://hooks.example.com/", "event_types": ["order.shipped"]}), "event_types", "order.shipped"),
+        (json!({"url": "https://hooks.example.com/", "event_types": []}), "event_types", "at least one"),
+        (json!({"url": "https://hooks.example.com/", "event_types": ["order.paid"], "max_in_flight": 100_000}), "max_in_flight", "1..=64"),
+        (json!({"url": "https://hooks.example.com/", "event_types": ["order.paid"], "rate_per_sec": 1_000_000}), "rate_per_sec", "1..=1000"),
+        (json!({"url": "https://hooks.example.com/", "event_types": ["order.paid"], "max_in_flight": 0}), "max_in_flight", "at least 1"),
+        (json!({"url": "https://hooks.example.com/", "event_types": ["order.paid"], "rate_per_sec": -1}), "rate_per_sec", "invalid value"),
+        (json!({"event_types": ["order.paid"]}), "url", "required"),
+    ];
+    for (body, field, expected) in cases {
+        let problem = refused(create(&test, "refused-key", &body).await, expected).await;
+        assert_eq!(problem["field"], field, "{problem}");
+    }
+    let unknown_field = json!({"url": "https://hooks.example.com/", "event_types": ["order.paid"], "secret": "mine"});
+    refused(create(&test, "refused-key", &unknown_field).await, "secret").await;
+    let no_key = test.http.post(test.url(ENDPOINTS)).bearer_auth(API_KEY).json(&endpoint_body("https://hooks.example.com/")).send().await.unwrap();
+    assert_eq!(refused(no_key, "Idempotency-Key").await["field"], "Idempotency-Key");
+
+    assert_eq!(create(&test, "refused-key", &endpoint_body("https://hooks.example.com/")).await.status(), 201, "a refused request used up no key");
+}
+
+#[tokio::test]
+async fn test_hosts_take_plain_http_to_loopback_and_nothing_else_does() {
+    let test = TestChain::start_with(|settings| settings.orders.webhooks.test_hosts = vec!["127.0.0.1:9999".into()]).await;
+    assert_eq!(create(&test, "test-host", &endpoint_body("http://127.0.0.1:9999/hooks")).await.status(), 201);
+    refused(create(&test, "other-port", &endpoint_body("http://127.0.0.1:9998/hooks")).await, "127.0.0.1").await;
+}
+
+#[tokio::test]
+async fn a_rotation_shows_a_new_secret_and_disable_and_enable_are_reflected() {
+    let test = TestChain::start().await;
+    let answer = created(&test, "endpoint-2").await;
+    let id = answer["endpoint"]["endpoint_id"].as_str().unwrap();
+    let rotate = |key: &'static str, body: Value| {
+        test.http.post(test.url(&format!("{ENDPOINTS}/{id}/rotate-secret"))).bearer_auth(API_KEY).header("idempotency-key", key).json(&body).send()
+    };
+
+    let rotated = rotate("rotation-1", json!({"overlap_ms": 60_000})).await.unwrap();
+    assert_eq!(rotated.status(), 200);
+    let rotated_body = rotated.bytes().await.unwrap();
+    let rotation: Value = serde_json::from_slice(&rotated_body).unwrap();
+    let secret = rotation["secret"].as_str().unwrap();
+    secret.parse::<Secret>().expect("a Standard Webhooks secret");
+    assert_ne!(secret, answer["secret"].as_str().unwrap(), "a new secret");
+    assert!(rotation["previous_secrets_expire_at"].as_str().unwrap().ends_with('Z'), "{rotation}");
+    let again = rotate("rotation-1", json!({"overlap_ms": 60_000})).await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.bytes().await.unwrap(), rotated_body, "a repeat rotates nothing and shows the same secret");
+    assert_eq!(rotate("rotation-1", json!({})).await.unwrap().status(), 422);
+    refused(rotate("rotation-2", json!({"overlap_ms": 0})).await.unwrap(), "overlap_ms").await;
+
+    let disabled: Value = post(&test, API_KEY, &format!("{ENDPOINTS}/{id}/disable"), None).await.json().await.unwrap();
+    assert_eq!((disabled["enabled"].as_bool(), disabled["disabled_reason"].as_str()), (Some(false), Some("disabled by its owner")));
+    let read: Value = get(&test, API_KEY, &format!("{ENDPOINTS}/{id}")).await.json().await.unwrap();
+    assert_eq!(read["enabled"], false);
+    let enabled: Value = post(&test, API_KEY, &format!("{ENDPOINTS}/{id}/enable"), None).await.json().await.unwrap();
+    assert_eq!((enabled["enabled"].as_bool(), &enabled["disabled_reason"]), (Some(true), &Value::Null));
+}
+
+#[tokio::test]
+async fn another_client_can_neither_see_nor_change_an_endpoint() {
+    let test = TestChain::start().await;
+    let id = created(&test, "endpoint-3").await["endpoint"]["endpoint_id"].as_str().unwrap().to_owned();
+    let listed: Value = get(&test, OTHER_API_KEY, ENDPOINTS).await.json().await.unwrap();
+    assert_eq!(listed["endpoints"], json!([]));
+    for path in ["", "/deliveries"] {
+        assert_eq!(get(&test, OTHER_API_KEY, &format!("{ENDPOINTS}/{id}{path}")).await.status(), 404, "GET {path}");
+    }
+    for path in ["/disable", "/enable", "/deliveries/msg_1/redeliver"] {
+        assert_eq!(post(&test, OTHER_API_KEY, &format!("{ENDPOINTS}/{id}{path}"), None).await.status(), 404, "POST {path}");
+    }
+    let range = json!({"from": "2026-01-01T00:00:00Z", "until": "2030-01-01T00:00:00Z"});
+    assert_eq!(post(&test, OTHER_API_KEY, &format!("{ENDPOINTS}/{id}/redeliver"), Some(range)).await.status(), 404);
+    let rotation = test
+        .http
+        .post(test.url(&format!("{ENDPOINTS}/{id}/rotate-secret")))
+        .bearer_auth(OTHER_API_KEY)
+        .header("idempotency-key", "rotation-x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rotation.status(), 404);
+    let unchanged: Value = get(&test, API_KEY, &format!("{ENDPOINTS}/{id}")).await.json().await.unwrap();
+    assert_eq!(unchanged["enabled"], true, "the owner's endpoint is untouched");
+    assert_eq!(get(&test, API_KEY, &format!("{ENDPOINTS}/ep_unknown")).await.status(), 404);
+}
+
+#[tokio::test]
+async fn the_delivery_log_and_redelivery() {
+    let test = TestChain::start().await;
+    let id = created(&test, "endpoint-4").await["endpoint"]["endpoint_id"].as_str().unwrap().to_owned();
+    let deliveries = get(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries?limit=10")).await;
+    assert_eq!(deliveries.status(), 200);
+    assert_eq!(deliveries.json::<Value>().await.unwrap(), json!({"deliveries": []}), "nothing happened yet");
+    for (query, expected) in [("limit=0", "at least 1"), ("limit=many", "invalid digit"), ("limit=501", "at most 500")] {
+        let problem = refused(get(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries?{query}")).await, expected).await;
+        assert_eq!(problem["field"], "limit", "{problem}");
+    }
+
+    let unknown = post(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries/msg_unknown/redeliver"), None).await;
+    assert_eq!(unknown.status(), 404);
+    assert_eq!(unknown.headers()["content-type"], "application/problem+json");
+
+    let range = |from: &str, until: &str| json!({"from": from, "until": until});
+    let range_path = format!("{ENDPOINTS}/{id}/redeliver");
+    let redeliver = |body: Value| post(&test, API_KEY, &range_path, Some(body));
+    let before_any_order = redeliver(range("2020-01-01T00:00:00Z", "2100-01-01T00:00:00Z")).await;
+    assert_eq!(before_any_order.status(), 202);
+    assert_eq!(before_any_order.json::<Value>().await.unwrap(), json!({"queued": 0}));
+    for (body, field) in [
+        (range("yesterday", "2100-01-01T00:00:00Z"), "from"),
+        (range("2100-01-01T00:00:00Z", "2020-01-01T00:00:00Z"), "until"),
+        (json!({"from": "2020-01-01T00:00:00Z"}), "until"),
+    ] {
+        let problem = refused(redeliver(body).await, field).await;
+        assert_eq!(problem["field"], field, "{problem}");
+    }
+
+    // A paid order puts one order.paid event in the outbox, with a delivery to the endpoint; no
+    // sender runs in this chain, so it stays pending.
+    assert_eq!(test.post_order("order-1", &order_body()).send().await.unwrap().status(), 201);
+    let log: Value = get(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries")).await.json().await.unwrap();
+    let [delivery] = log["deliveries"].as_array().unwrap().as_slice() else { panic!("one delivery: {log}") };
+    assert_eq!((delivery["event_type"].as_str(), delivery["state"].as_str()), (Some("order.paid"), Some("pending")), "{delivery}");
+    assert!(delivery["next_attempt_at"].as_str().unwrap().ends_with('Z'), "{delivery}");
+    assert_eq!(delivery["attempts"], json!([]));
+    let event_id = delivery["event_id"].as_str().unwrap();
+    let again = post(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries/{event_id}/redeliver"), None).await;
+    assert_eq!((again.status().as_u16(), again.json::<Value>().await.unwrap()), (202, json!({"queued": 1})));
+    let after_an_order = redeliver(range("2020-01-01T00:00:00Z", "2100-01-01T00:00:00Z")).await;
+    assert_eq!((after_an_order.status().as_u16(), after_an_order.json::<Value>().await.unwrap()), (202, json!({"queued": 1})));
+    let after_the_range = redeliver(range("2020-01-01T00:00:00Z", "2021-01-01T00:00:00Z")).await;
+    assert_eq!(after_the_range.json::<Value>().await.unwrap(), json!({"queued": 0}), "an event outside the range is not queued");
+}
+
+#[tokio::test]
+async fn orders_serves_webhooks_over_grpc_beside_orders() {
+    let test = TestChain::start().await;
+    let mut webhooks = WebhooksClient::connect(format!("http://{}", test.chain.addresses.orders)).await.unwrap();
+    let request = |url: &str, key: Option<&str>| {
+        let mut request = tonic::Request::new(CreateEndpointRequest { url: url.into(), event_types: vec!["order.paid".into()], ..Default::default() });
+        request.metadata_mut().insert("x-client-id", "demo-client-1".parse().unwrap());
+        if let Some(key) = key {
+            request.metadata_mut().insert("idempotency-key", key.parse().unwrap());
+        }
+        request
+    };
+
+    let refused = webhooks.create_endpoint(request("https://[::1]/", Some("grpc-1"))).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    let violation = refused.get_details_bad_request().expect("a BadRequest detail").field_violations.remove(0);
+    assert_eq!(violation.field, "url", "{}", refused.message());
+    let no_key = webhooks.create_endpoint(request("https://hooks.example.com/", None)).await.unwrap_err();
+    assert_eq!((no_key.code(), no_key.message()), (Code::InvalidArgument, "orders: idempotency-key metadata is required"));
+
+    let first = webhooks.create_endpoint(request("https://hooks.example.com/", Some("grpc-1"))).await.unwrap();
+    let again = webhooks.create_endpoint(request("https://hooks.example.com/", Some("grpc-1"))).await.unwrap();
+    assert_eq!(again.metadata().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(again.into_inner(), first.into_inner(), "the same endpoint and secret");
+}

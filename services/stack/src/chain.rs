@@ -1,4 +1,5 @@
-//! Starts the four services in this process, wired to each other's real addresses.
+//! Starts the four services and the webhook sender in this process, wired to each other's real
+//! addresses.
 
 use std::{collections::BTreeMap, net::SocketAddr, path::Path, sync::Arc};
 
@@ -16,8 +17,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 /// Settings of the whole chain: one section per service, each exactly the service's own settings.
-/// The endpoints each service calls are filled in from the addresses actually bound.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// The endpoints each service calls are filled in from the addresses actually bound, and the
+/// webhook sender's database is orders' (it delivers orders' outbox).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ChainSettings {
     /// Sets every service's `mode` at once: `budgeted` or `naive`.
@@ -26,6 +28,27 @@ pub struct ChainSettings {
     pub orders: orders::Settings,
     pub payment: payment::Settings,
     pub bank: bank_mock::Settings,
+    pub webhook_sender: webhook_sender::Settings,
+}
+
+/// Where the example receiver listens by default (`cargo run -p webhook-receiver`): the local
+/// stack lets webhooks go there over plain http, which production settings refuse.
+pub const DEMO_RECEIVER: &str = "127.0.0.1:9000";
+
+impl Default for ChainSettings {
+    fn default() -> Self {
+        let mut settings = Self {
+            mode: None,
+            gateway: gateway::Settings::default(),
+            orders: orders::Settings::default(),
+            payment: payment::Settings::default(),
+            bank: bank_mock::Settings::default(),
+            webhook_sender: webhook_sender::Settings::default(),
+        };
+        settings.orders.webhooks.test_hosts = vec![DEMO_RECEIVER.to_owned()];
+        settings.webhook_sender.test_hosts = vec![DEMO_RECEIVER.to_owned()];
+        settings
+    }
 }
 
 impl ChainSettings {
@@ -39,6 +62,7 @@ impl ChainSettings {
         self.payment.listen = any;
         self.bank.listen = any;
         self.bank.admin_listen = any;
+        self.webhook_sender.listen = any;
         self
     }
 
@@ -53,6 +77,9 @@ impl ChainSettings {
     }
 }
 
+/// The webhook sender's name among the services, for [`Chain::stop_service`].
+pub const WEBHOOK_SENDER: &str = "webhook-sender";
+
 /// Where each part of a running chain listens.
 #[derive(Debug, Clone, Serialize)]
 pub struct Addresses {
@@ -63,6 +90,8 @@ pub struct Addresses {
     pub payment: SocketAddr,
     pub bank: SocketAddr,
     pub bank_admin: SocketAddr,
+    /// The webhook sender's health and metrics.
+    pub webhook_sender: SocketAddr,
 }
 
 /// Deadline counters of every hop.
@@ -137,6 +166,10 @@ impl Chain {
         settings.gateway.payment.endpoint = format!("http://{}", payment.grpc_addr());
         settings.gateway.bank.endpoint = format!("http://{}", bank.grpc_addr());
         let gateway = gateway::Application::build(settings.gateway).await?;
+        settings.webhook_sender.database_url = database_urls.0.clone();
+        let sender = webhook_sender::Application::build(settings.webhook_sender)
+            .await
+            .map_err(|error| ServerError::Settings(format!("webhook-sender: {error}")))?;
 
         let addresses = Addresses {
             gateway_http: gateway.http_addr(),
@@ -146,6 +179,7 @@ impl Chain {
             payment: payment.grpc_addr(),
             bank: bank.grpc_addr(),
             bank_admin: bank.admin_addr(),
+            webhook_sender: sender.local_addr(),
         };
         let hops = HopCounters {
             gateway_http: gateway.http_stats(),
@@ -168,11 +202,18 @@ impl Chain {
 
         // Each service stops with the chain, or alone (to see the others cope).
         let tokens: BTreeMap<&'static str, CancellationToken> =
-            [bank_mock::HOP, payment::HOP, orders::HOP, gateway::HOP].into_iter().map(|hop| (hop, shutdown.child_token())).collect();
+            [bank_mock::HOP, payment::HOP, orders::HOP, gateway::HOP, WEBHOOK_SENDER].into_iter().map(|hop| (hop, shutdown.child_token())).collect();
         servers.spawn(bank.run_until_stopped(tokens[bank_mock::HOP].clone()));
         servers.spawn(payment.run_until_stopped(tokens[payment::HOP].clone()));
         servers.spawn(orders.run_until_stopped(tokens[orders::HOP].clone()));
         servers.spawn(gateway.run_until_stopped(tokens[gateway::HOP].clone()));
+        let sending = sender.run_until_stopped(tokens[WEBHOOK_SENDER].clone());
+        servers.spawn(async move {
+            sending.await.map_err(|error| match error {
+                webhook_sender::SenderError::Server(error) => error,
+                other => ServerError::Settings(format!("webhook-sender: {other}")),
+            })
+        });
         Ok(Self { addresses, database_urls, admin_token, bank: bank_state, hops, guards, gateway_retry, client_limits, tokens, shutdown, servers })
     }
 
@@ -216,7 +257,8 @@ impl Chain {
         }
     }
 
-    /// Stops one service (by its hop name, e.g. `"orders"`), leaving the others running.
+    /// Stops one service (by its hop name, e.g. `"orders"`, or [`WEBHOOK_SENDER`]), leaving the
+    /// others running.
     /// Returns whether a service has that name.
     pub fn stop_service(&self, hop: &str) -> bool {
         self.tokens.get(hop).inspect(|token| token.cancel()).is_some()

@@ -81,7 +81,7 @@ async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Bo
     let chain_settings: ChainSettings = settings::load("STACK", settings)?;
     let mut chain = Chain::start(chain_settings.with_data_dir(dir)).await?;
     let a = &chain.addresses;
-    println!("gateway → orders → payment → bank-mock is up (Ctrl-C stops it)");
+    println!("gateway → orders → payment → bank-mock, and the webhook sender, are up (Ctrl-C stops them)");
     println!("  gateway HTTP      http://{}", a.gateway_http);
     println!("  gateway gRPC      {}", a.gateway_grpc);
     println!("  metrics           http://{}/metrics  (every hop's series)", a.gateway_metrics);
@@ -89,6 +89,7 @@ async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Bo
     println!("  payment gRPC      {}", a.payment);
     println!("  bank-mock gRPC    {}", a.bank);
     println!("  bank-mock admin   http://{}  (X-Admin-Token: {})", a.bank_admin, chain.admin_token);
+    println!("  webhook sender    http://{}/metrics  (delivers orders' outbox)", a.webhook_sender);
     println!("  databases         {}, {}", redact(&chain.database_urls.0), redact(&chain.database_urls.1));
     println!("  API keys          demo-key-1 (client demo-client-1), demo-key-2 (client demo-client-2)");
     println!();

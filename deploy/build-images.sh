@@ -16,7 +16,7 @@ source "$here/env.sh"
 prefix="${IMAGE_PREFIX:-chain}"
 tag="${IMAGE_TAG:-dev}"
 from_host=false
-services=(gateway orders payment bank-mock)
+services=(gateway orders payment bank-mock webhook-sender webhook-receiver)
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -32,7 +32,7 @@ done
 # the Dockerfile's stage order keeps from pulling anything on the offline path. The classic
 # builder builds every stage before its target, so the Rust stage needs BuildKit.
 if [[ " ${services[*]} " == *" otlp-receiver "* ]] && ! $from_host; then
-    echo "--with-test-receiver needs --from-host: the Rust stage builds the four services only" >&2
+    echo "--with-test-receiver needs --from-host: the Rust stage builds the stack's services only" >&2
     exit 2
 fi
 if ! docker buildx version >/dev/null 2>&1; then

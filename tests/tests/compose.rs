@@ -1,7 +1,9 @@
 //! The docker-compose stack, built and run for real: images built offline (static binaries in
-//! `FROM scratch` images, nothing pulled), the four services healthy, an order through the
-//! published gateway port, the fault drills of `deploy/drills.sh`, and the stack's containers,
-//! network and volumes removed at the end, whatever happened (the images are kept for the next run). Without a Docker engine it says so loudly and does nothing.
+//! `FROM scratch` images, nothing pulled), the services healthy, an order through the published
+//! gateway port, its webhook delivered to the example receiver by a sender that cannot reach the
+//! chain's services, the fault drills of `deploy/drills.sh`, and the stack's containers, network
+//! and volumes removed at the end, whatever happened (the images are kept for the next run).
+//! Without a Docker engine it says so loudly and does nothing.
 
 use std::{
     io::Write,
@@ -11,7 +13,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-const SERVICES: [&str; 4] = ["gateway", "orders", "payment", "bank-mock"];
+/// The chain's hops: each answers in the ledger and exports spans.
+const HOPS: [&str; 4] = ["gateway", "orders", "payment", "bank-mock"];
+/// Every service with a health check.
+const SERVICES: [&str; 5] = ["gateway", "orders", "payment", "bank-mock", "webhook-sender"];
+/// Every image of the chain.
+const IMAGES: [&str; 6] = ["gateway", "orders", "payment", "bank-mock", "webhook-sender", "webhook-receiver"];
 const IMAGE_PREFIX: &str = "chain";
 const IMAGE_TAG: &str = "compose-test";
 const ADMIN_TOKEN: &str = "compose-test-token";
@@ -78,10 +85,24 @@ impl Stack {
         command
     }
 
+    fn container(&self, service: &str) -> String {
+        String::from_utf8(run(self.compose().args(["ps", "--all", "-q", service])).stdout).expect("utf-8").trim().to_owned()
+    }
+
     fn health(&self, service: &str) -> String {
-        let id = String::from_utf8(run(self.compose().args(["ps", "--all", "-q", service])).stdout).expect("utf-8");
-        let output = Command::new("docker").args(["inspect", "-f", "{{.State.Health.Status}}", id.trim()]).output().expect("docker inspect");
+        let output = Command::new("docker").args(["inspect", "-f", "{{.State.Health.Status}}", &self.container(service)]).output().expect("docker inspect");
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
+    /// Whether the webhook sender's own health check passes when pointed at `addr`.
+    fn sender_reaches(&self, addr: &str) -> bool {
+        Command::new("docker")
+            .args(["exec", "-e", &format!("WEBHOOK_SENDER_LISTEN={addr}"), &self.container("webhook-sender"), "/service", "healthcheck", "--timeout-ms", "2000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("docker exec")
+            .success()
     }
 }
 
@@ -129,7 +150,7 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
         .expect("the gateway answers on its published port");
     assert_eq!(response.status(), 201);
     let ledger = response.headers()["x-deadline-ledger"].to_str().unwrap().to_owned();
-    for hop in SERVICES {
+    for hop in HOPS {
         assert!(ledger.contains(&format!("{hop};received=")), "{hop} in {ledger}");
     }
     // Its trace reached the collector of the stack.
@@ -137,13 +158,15 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
     let exported = async {
         loop {
             let logs = String::from_utf8_lossy(&run(stack.compose().args(["logs", "--no-color", "otlp-receiver"])).stdout).into_owned();
-            if SERVICES.iter().all(|service| logs.contains(&format!("trace_id={trace_id} service={service} "))) {
+            if HOPS.iter().all(|service| logs.contains(&format!("trace_id={trace_id} service={service} "))) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     };
     tokio::time::timeout(Duration::from_secs(30), exported).await.expect("every service exported its spans of the trace");
+
+    webhooks_leave_the_stack_only_through_the_sender(&stack, &http).await;
 
     // The fault drills, as a user runs them.
     let compose = format!("{} -p {} -f {}", program.join(" "), stack.project, root().join("tests/compose/compose.yaml").display());
@@ -161,8 +184,51 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
     say(&report);
     assert!(drills.status.success(), "every drill passes:\n{report}{}", String::from_utf8_lossy(&drills.stderr));
 
-    for service in SERVICES {
+    for service in IMAGES {
         let size = run(Command::new("docker").args(["image", "inspect", "-f", "{{.Size}}", &format!("{IMAGE_PREFIX}/{service}:{IMAGE_TAG}")])).stdout;
         say(&format!("image {IMAGE_PREFIX}/{service}:{IMAGE_TAG}: {} bytes", String::from_utf8_lossy(&size).trim()));
     }
+}
+
+/// An endpoint for the example receiver, a paid order, and its event printed by the receiver;
+/// the sender's networks have no route to the chain's services.
+async fn webhooks_leave_the_stack_only_through_the_sender(stack: &Stack, http: &reqwest::Client) {
+    let gateway = format!("http://127.0.0.1:{}", stack.gateway_port);
+    let endpoint = serde_json::json!({"url": "http://webhook-receiver:9000/webhooks", "event_types": ["order.paid"]});
+    let created = http.post(format!("{gateway}/v1/webhooks/endpoints")).bearer_auth("demo-key-1").header("idempotency-key", "compose-endpoint").json(&endpoint).send().await.unwrap();
+    assert_eq!(created.status(), 201, "the endpoint is created");
+    let created: serde_json::Value = created.json().await.unwrap();
+    let secret = created["secret"].as_str().expect("a secret").to_owned();
+    run(stack.compose().env("WEBHOOK_SECRET", &secret).args(["--profile", "webhooks", "up", "--detach", "--no-build", "webhook-receiver"]));
+
+    let order = http
+        .post(format!("{gateway}/v1/orders"))
+        .bearer_auth("demo-key-1")
+        .header("idempotency-key", "compose-webhook")
+        .json(&serde_json::json!({"customer_id": "c-2", "items": [{"sku": "sku-2", "quantity": 1}], "amount_minor": 500, "currency": "EUR"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(order.status(), 201);
+    let order_id = order.json::<serde_json::Value>().await.unwrap()["order_id"].as_str().expect("an order id").to_owned();
+    let started = Instant::now();
+    let delivered = async {
+        loop {
+            let logs = String::from_utf8_lossy(&run(stack.compose().args(["logs", "--no-color", "webhook-receiver"])).stdout).into_owned();
+            if logs.lines().any(|line| line.contains("\"order.paid\"") && line.contains(&order_id)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), delivered).await.expect("the receiver printed the order.paid event of the order");
+    say(&format!("compose stack: order.paid of {order_id} printed by the receiver {:.1} s after the order", started.elapsed().as_secs_f64()));
+
+    // The health check reaches the sender itself, and nothing of the chain: its networks have no
+    // route to orders (nor to the others on the chain's network).
+    assert!(stack.sender_reaches("127.0.0.1:50055"), "the sender's own health check passes");
+    let orders_ip = run(Command::new("docker").args(["inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", &stack.container("orders")])).stdout;
+    let orders_ip = String::from_utf8_lossy(&orders_ip).split_whitespace().next().expect("orders has an address").to_owned();
+    assert!(!stack.sender_reaches(&format!("{orders_ip}:50052")), "the sender reaches orders at {orders_ip}:50052");
+    say(&format!("compose stack: the webhook sender has no route to orders at {orders_ip}:50052"));
 }

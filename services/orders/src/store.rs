@@ -86,11 +86,17 @@ pub async fn record_payment(connection: &mut AnyConnection, order_id: &str, paym
     row.into_order()
 }
 
+/// The `data` of an order's events: the order as the API shows it.
+#[derive(Serialize)]
+struct OrderEventData {
+    order: OrderJson,
+}
+
 /// Puts the payment's outcome on the order in the outbox, for the client's webhook endpoints:
 /// call it in the transaction that records the outcome.
 pub async fn announce_payment(connection: &mut AnyConnection, client_id: &str, order: &Order) -> Result<(), OrdersError> {
     let event_type = if order.status() == OrderStatus::Paid { outbox::ORDER_PAID } else { outbox::ORDER_PAYMENT_DECLINED };
-    let data = serde_json::json!({ "order": OrderJson::from(order.clone()) });
+    let data = OrderEventData { order: OrderJson::from(order.clone()) };
     // The second state of an order: created (1), then paid or declined (2).
     let event = NewEvent { event_type, version: 2, data: &data };
     outbox::record(connection, client_id, &event, SystemClock.now_ms()).await?;

@@ -134,8 +134,8 @@ impl Deliveries {
         }))
     }
 
-    /// Records `attempt` and applies `outcome`, both in one transaction; the delivery changes
-    /// only while `claim` is still its lease. Failing since more than `disable_after_ms` disables
+    /// Records `attempt` and applies `outcome`, both in one transaction; the delivery and its
+    /// endpoint change only while `claim` is still the delivery's lease. Failing since more than `disable_after_ms` disables
     /// the endpoint, as a 410 does; a disabled endpoint's owner is told by an
     /// [`ENDPOINT_DISABLED`] event to its other endpoints.
     pub async fn finish(&self, claim: &Claim, attempt: &Attempt, outcome: Outcome, disable_after_ms: i64, now_ms: i64) -> Result<Finished, OutboxError> {
@@ -176,6 +176,13 @@ impl Deliveries {
         .execute(&mut *transaction)
         .await?;
 
+        let lease_lost = updated.rows_affected() == 0;
+        if lease_lost {
+            // Another sender holds the delivery now (or a redelivery reset it): only the attempt
+            // is this sender's to record, not what it means for the delivery or the endpoint.
+            transaction.commit().await?;
+            return Ok(Finished { lease_lost, endpoint_disabled: None });
+        }
         let disable_reason = match outcome {
             Outcome::Delivered => {
                 sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL WHERE endpoint_id = $1 AND failing_since_ms IS NOT NULL")
@@ -203,7 +210,7 @@ impl Deliveries {
             None => None,
         };
         transaction.commit().await?;
-        Ok(Finished { lease_lost: updated.rows_affected() == 0, endpoint_disabled })
+        Ok(Finished { lease_lost, endpoint_disabled })
     }
 
     /// The earliest time a pending delivery of an enabled endpoint falls due, if any.

@@ -1,6 +1,6 @@
 use std::time::{Duration, UNIX_EPOCH};
 
-use serde_json::json;
+use serde::Serialize;
 use sqlx::AnyConnection;
 
 use crate::{OutboxError, new_id};
@@ -16,35 +16,42 @@ pub const EVENT_TYPES: &[&str] = &[ORDER_PAID, ORDER_PAYMENT_DECLINED, ENDPOINT_
 
 /// An event to put in the outbox.
 #[derive(Debug, Clone)]
-pub struct NewEvent<'a> {
+pub struct NewEvent<'a, D> {
     /// One of [`EVENT_TYPES`].
     pub event_type: &'static str,
     /// The version of the subject's state that the event reports. Deliveries are not ordered
     /// (a retry can overtake a later event), so a receiver keeps the highest version it has seen.
     pub version: i64,
-    /// What happened, under `"data"` in the body.
-    pub data: &'a serde_json::Value,
+    /// What happened, under `"data"` in the body, serialized as it is (a struct keeps its fields'
+    /// order, so an order reads as the API shows it).
+    pub data: &'a D,
+}
+
+/// The body of every delivery of an event.
+#[derive(Serialize)]
+struct Payload<'a, D> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    event_type: &'a str,
+    version: i64,
+    timestamp: String,
+    data: &'a D,
 }
 
 /// Inserts `event` for `client_id` and one pending delivery for each of the client's enabled
 /// endpoints that subscribe to its type, on `connection`: call it inside the transaction of the
 /// state change the event reports. Returns the event id, which is the `webhook-id` of every
 /// delivery and every retry.
-pub async fn record(connection: &mut AnyConnection, client_id: &str, event: &NewEvent<'_>, now_ms: i64) -> Result<String, OutboxError> {
+pub async fn record<D: Serialize>(connection: &mut AnyConnection, client_id: &str, event: &NewEvent<'_, D>, now_ms: i64) -> Result<String, OutboxError> {
     let event_id = new_id("msg");
     let occurred = humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(now_ms.max(0) as u64));
-    let payload = json!({
-        "id": event_id,
-        "type": event.event_type,
-        "version": event.version,
-        "timestamp": occurred.to_string(),
-        "data": event.data,
-    });
+    let payload = Payload { id: &event_id, event_type: event.event_type, version: event.version, timestamp: occurred.to_string(), data: event.data };
+    let payload = serde_json::to_string(&payload).map_err(|error| OutboxError::Invalid(format!("event data: {error}")))?;
     sqlx::query("INSERT INTO webhook_events (event_id, client_id, event_type, payload, created_at_ms) VALUES ($1, $2, $3, $4, $5)")
         .bind(&event_id)
         .bind(client_id)
         .bind(event.event_type)
-        .bind(payload.to_string())
+        .bind(payload)
         .bind(now_ms)
         .execute(&mut *connection)
         .await?;

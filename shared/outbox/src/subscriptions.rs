@@ -275,11 +275,12 @@ impl Subscriptions {
     }
 
     /// Sends one event to the endpoint again, now, with a fresh retry schedule and the same
-    /// `webhook-id`.
+    /// `webhook-id`. An attempt in flight loses its lease, so its outcome cannot undo this.
     pub async fn redeliver(&self, client_id: &str, endpoint_id: &str, event_id: &str, now_ms: i64) -> Result<(), OutboxError> {
         self.endpoint(client_id, endpoint_id).await?;
         let updated = sqlx::query(
-            "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $1, updated_at_ms = $1 \
+            "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $1, updated_at_ms = $1, \
+               claim_token = NULL, claimed_until_ms = NULL \
              WHERE endpoint_id = $2 AND event_id = $3",
         )
         .bind(now_ms)
@@ -294,12 +295,14 @@ impl Subscriptions {
     }
 
     /// Sends again every event of the client created in `[from_ms, until_ms)` that the endpoint
-    /// subscribes to: those it was sent, and those it missed while disabled. Returns how many.
+    /// subscribes to: those it was sent, and those it missed while disabled (never those from
+    /// before it existed). Returns how many.
     pub async fn redeliver_range(&self, client_id: &str, endpoint_id: &str, from_ms: i64, until_ms: i64, now_ms: i64) -> Result<u64, OutboxError> {
         self.endpoint(client_id, endpoint_id).await?;
         let mut transaction = self.database.pool().begin().await?;
         let again = sqlx::query(
-            "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $1, updated_at_ms = $1 \
+            "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $1, updated_at_ms = $1, \
+               claim_token = NULL, claimed_until_ms = NULL \
              WHERE endpoint_id = $2 AND event_id IN \
                (SELECT event_id FROM webhook_events WHERE client_id = $3 AND created_at_ms >= $4 AND created_at_ms < $5)",
         )
@@ -315,7 +318,9 @@ impl Subscriptions {
                (endpoint_id, event_id, state, attempts, schedule_step, next_attempt_at_ms, created_at_ms, updated_at_ms) \
              SELECT s.endpoint_id, e.event_id, 'pending', 0, 0, $1, $1, $1 \
              FROM webhook_events e JOIN webhook_subscriptions s ON s.event_type = e.event_type \
+               JOIN webhook_endpoints p ON p.endpoint_id = s.endpoint_id \
              WHERE s.endpoint_id = $2 AND e.client_id = $3 AND e.created_at_ms >= $4 AND e.created_at_ms < $5 \
+               AND e.created_at_ms >= p.created_at_ms \
                AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.endpoint_id = s.endpoint_id AND d.event_id = e.event_id)",
         )
         .bind(now_ms)

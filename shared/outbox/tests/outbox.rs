@@ -215,8 +215,9 @@ async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
 }
 
 #[tokio::test]
-async fn redelivering_a_range_includes_events_missed_while_disabled() {
+async fn redelivering_a_range_includes_events_missed_while_disabled_but_none_from_before_the_endpoint() {
     for (database, _dir) in databases().await {
+        paid(&database, T0 - 5).await;
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
         let subscriptions = Subscriptions::new(database.clone());
         paid(&database, T0 + 10).await;
@@ -224,7 +225,28 @@ async fn redelivering_a_range_includes_events_missed_while_disabled() {
         paid(&database, T0 + 20).await;
         paid(&database, T0 + 30).await;
         subscriptions.set_enabled(CLIENT, &endpoint_id, true).await.expect("enable");
-        let queued = subscriptions.redeliver_range(CLIENT, &endpoint_id, T0 + 10, T0 + 30, T0 + 40).await.expect("range");
-        assert_eq!(queued, 2, "the one it was sent and the one it missed, not the one after the range");
+        let queued = subscriptions.redeliver_range(CLIENT, &endpoint_id, T0 - 10, T0 + 30, T0 + 40).await.expect("range");
+        assert_eq!(queued, 2, "the one it was sent and the one it missed; not the one from before it, nor the one after the range");
+    }
+}
+
+#[tokio::test]
+async fn a_redelivery_during_an_attempt_is_not_undone_by_the_attempts_outcome() {
+    for (database, _dir) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        let event_id = paid(&database, T0).await;
+        let deliveries = Deliveries::new(database.clone());
+        let in_flight = deliveries.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
+        let subscriptions = Subscriptions::new(database.clone());
+        subscriptions.redeliver(CLIENT, &endpoint_id, &event_id, T0 + 1).await.expect("redeliver");
+
+        let finished = deliveries.finish(&in_flight, &answered(410, T0), Outcome::Gone { retry_at_ms: Some(T0 + 5_000) }, DAY_MS, T0 + 2).await.expect("finish");
+        assert!(finished.lease_lost, "the redelivery took the lease away");
+        assert_eq!(finished.endpoint_disabled, None, "a lost lease changes nothing of the endpoint");
+        assert!(subscriptions.endpoint(CLIENT, &endpoint_id).await.expect("endpoint").enabled);
+        let again = deliveries.claim(&endpoint_id, T0 + 2, 30_000).await.expect("claim").expect("the redelivery is due now");
+        assert_eq!(again.event_id, event_id);
+        let log = subscriptions.deliveries(CLIENT, &endpoint_id, 10).await.expect("log");
+        assert_eq!(log[0].attempts.len(), 1, "the attempt itself is logged");
     }
 }

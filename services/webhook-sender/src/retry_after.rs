@@ -9,7 +9,8 @@ use reqwest::header::{HeaderMap, RETRY_AFTER};
 pub fn requested_wait(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
     if !value.is_empty() && value.bytes().all(|byte| byte.is_ascii_digit()) {
-        return value.parse().ok().map(Duration::from_secs);
+        // Too many digits for u64 is still a (very long) wait, which the caller clamps.
+        return Some(Duration::from_secs(value.parse().unwrap_or(u64::MAX)));
     }
     let date = httpdate::parse_http_date(value).ok()?;
     Some(date.duration_since(now).unwrap_or(Duration::ZERO))

@@ -5,6 +5,10 @@ use webhooks::ssrf::Policy;
 
 use crate::schedule::RetrySchedule;
 
+/// What a lease must hold beyond the attempt: waiting for the database pool to record it (its
+/// acquire timeout is 5 s).
+const RECORDING_MARGIN_MS: u64 = 5_000;
+
 /// Every knob of the sender; see the README for the table and the environment names.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -84,8 +88,11 @@ impl Settings {
         if !(1..=self.request_timeout_ms).contains(&self.connect_timeout_ms) {
             return Err(invalid("connect_timeout_ms", "must be 1..=request_timeout_ms"));
         }
-        if self.lease_ms() <= self.request_timeout_ms {
-            return Err(invalid("lease_ms", "must be longer than request_timeout_ms, or a live sender loses deliveries it is still sending"));
+        if self.lease_ms() < self.request_timeout_ms.saturating_add(RECORDING_MARGIN_MS) {
+            return Err(invalid(
+                "lease_ms",
+                "must be at least request_timeout_ms + 5000 (the attempt, then waiting for the database to record it), or a live sender loses deliveries it is still sending",
+            ));
         }
         if self.schedule.is_empty() {
             return Err(invalid("schedule", "needs at least one delay (the first attempt's)"));

@@ -33,8 +33,11 @@ pub struct VettedDns {
 impl VettedDns {
     /// Makes `host` resolve to `addrs`, which the guard has just vetted.
     pub fn pin(&self, host: &str, addrs: &[SocketAddr]) {
+        // Port 0: the connector then dials each request's own port, so two URLs of one host on
+        // different ports never dial each other's.
+        let addrs = addrs.iter().map(|addr| SocketAddr::new(addr.ip(), 0)).collect();
         // A plain map of values: a panic elsewhere cannot leave it half-written.
-        self.by_host.lock().unwrap_or_else(PoisonError::into_inner).insert(host.to_ascii_lowercase(), addrs.to_vec());
+        self.by_host.lock().unwrap_or_else(PoisonError::into_inner).insert(host.to_ascii_lowercase(), addrs);
     }
 
     fn lookup(&self, host: &str) -> Option<Vec<SocketAddr>> {
@@ -47,7 +50,6 @@ impl Resolve for VettedDns {
         let found = self.lookup(name.as_str());
         Box::pin(async move {
             match found {
-                // The connector dials the URL's port on each address.
                 Some(addrs) => Ok(Box::new(addrs.into_iter()) as Addrs),
                 None => Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("{} was not vetted", name.as_str())).into()),
             }
@@ -69,8 +71,8 @@ mod tests {
         let dns = VettedDns::default();
         let error = resolve(&dns, "hooks.example.com").await.expect_err("never vetted");
         assert!(error.contains("not vetted"), "{error}");
-        let vetted = [SocketAddr::from(([93, 184, 215, 14], 443))];
-        dns.pin("Hooks.Example.com", &vetted);
-        assert_eq!(resolve(&dns, "hooks.example.com").await.expect("vetted"), vetted);
+        dns.pin("Hooks.Example.com", &[SocketAddr::from(([93, 184, 215, 14], 443))]);
+        let any_port = SocketAddr::from(([93, 184, 215, 14], 0));
+        assert_eq!(resolve(&dns, "hooks.example.com").await.expect("vetted"), [any_port], "the request's own port is dialled");
     }
 }

@@ -143,12 +143,13 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
         match verdict {
             Verdict::Delivered => Outcome::Delivered,
             Verdict::Gone => Outcome::Gone { retry_at_ms: scheduled.map(at) },
-            // The recipient's wait replaces the schedule's delay but still spends a step, so a
-            // recipient that always asks to wait cannot keep a delivery pending forever.
+            // The recipient's wait is the least the delivery waits, and the endpoint pauses for
+            // it; the schedule still applies, so a recipient that always asks for a short wait
+            // cannot spend the day-long schedule in seconds.
             Verdict::RetryAfter(wait) => {
                 let resume_at_ms = at(wait.clamp(self.retry_after_min, self.retry_after_max));
                 paused_until_ms.fetch_max(resume_at_ms, Ordering::Relaxed);
-                Outcome::Failed { retry_at_ms: scheduled.map(|_| resume_at_ms) }
+                Outcome::Failed { retry_at_ms: scheduled.map(|delay| at(delay).max(resume_at_ms)) }
             }
             Verdict::Failed => Outcome::Failed { retry_at_ms: scheduled.map(at) },
         }
@@ -219,6 +220,10 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = self.rate.until_ready() => {}
+            }
+            // A Retry-After may have arrived while this waited for a permit or for the rate.
+            if self.sender.clock.now_ms() < self.paused_until_ms.load(Ordering::Relaxed) {
+                return;
             }
             let sender = &self.sender;
             let claim = match sender.deliveries.claim(&self.endpoint.endpoint_id, sender.clock.now_ms(), sender.lease_ms).await {

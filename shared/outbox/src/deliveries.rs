@@ -93,8 +93,11 @@ impl Deliveries {
         .await?)
     }
 
-    /// Claims the endpoint's oldest due delivery until `now_ms + lease_ms`, if there is one and
-    /// the endpoint is enabled. Two senders never hold the same delivery at once.
+    /// Claims the endpoint's oldest due delivery until `now_ms + lease_ms`, if there is one, the
+    /// endpoint is enabled and fewer than its `max_in_flight` deliveries are claimed (by every
+    /// sender, so several senders together keep to the limit too; two claiming at the same
+    /// instant on PostgreSQL can each take the last slot). Two senders never hold the same
+    /// delivery at once.
     pub async fn claim(&self, endpoint_id: &str, now_ms: i64, lease_ms: i64) -> Result<Option<Claim>, OutboxError> {
         // PostgreSQL: the row lock of FOR UPDATE SKIP LOCKED keeps concurrent senders on different
         // rows without waiting for each other. SQLite runs one write statement at a time, so the
@@ -193,15 +196,14 @@ impl Deliveries {
             }
             Outcome::Gone { .. } => Some("the endpoint answered 410 Gone".to_owned()),
             Outcome::Failed { .. } => {
-                sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = $1 WHERE endpoint_id = $2 AND failing_since_ms IS NULL")
-                    .bind(now_ms)
-                    .bind(&claim.endpoint_id)
-                    .execute(&mut *transaction)
-                    .await?;
-                let (failing_since_ms,): (i64,) = sqlx::query_as("SELECT failing_since_ms FROM webhook_endpoints WHERE endpoint_id = $1")
-                    .bind(&claim.endpoint_id)
-                    .fetch_one(&mut *transaction)
-                    .await?;
+                // One statement: a success recorded at the same time cannot clear it in between.
+                let (failing_since_ms,): (i64,) = sqlx::query_as(
+                    "UPDATE webhook_endpoints SET failing_since_ms = COALESCE(failing_since_ms, $1) WHERE endpoint_id = $2 RETURNING failing_since_ms",
+                )
+                .bind(now_ms)
+                .bind(&claim.endpoint_id)
+                .fetch_one(&mut *transaction)
+                .await?;
                 (now_ms - failing_since_ms >= disable_after_ms).then(|| format!("the endpoint has failed every attempt for {} s", (now_ms - failing_since_ms) / 1000))
             }
         };
@@ -234,6 +236,7 @@ macro_rules! claim_statement {
                JOIN webhook_endpoints e ON e.endpoint_id = d.endpoint_id \
                WHERE d.endpoint_id = $4 AND e.state = 'enabled' AND d.state = 'pending' AND d.next_attempt_at_ms <= $3 \
                  AND (d.claimed_until_ms IS NULL OR d.claimed_until_ms <= $3) \
+                 AND (SELECT COUNT(*) FROM webhook_deliveries c WHERE c.endpoint_id = $4 AND c.claimed_until_ms > $3) < e.max_in_flight \
                ORDER BY d.next_attempt_at_ms, d.event_id LIMIT 1",
             $lock,
             ") RETURNING event_id, attempts, schedule_step"

@@ -26,7 +26,7 @@ mod subscriptions;
 pub use deliveries::{Attempt, Claim, Deliveries, DueEndpoint, Finished, Outcome};
 pub use error::OutboxError;
 pub use event::{ENDPOINT_DISABLED, EVENT_TYPES, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, record};
-pub use subscriptions::{AttemptLog, DeliveryLog, DeliveryState, Endpoint, EndpointLimits, NewEndpoint, Subscriptions};
+pub use subscriptions::{AttemptLog, DeliveryLog, DeliveryState, Endpoint, EndpointLimits, MAX_ENDPOINTS_PER_CLIENT, NewEndpoint, Subscriptions};
 
 use idempotency::{Backend, Database};
 use sqlx::migrate::MigrateError;

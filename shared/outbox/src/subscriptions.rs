@@ -4,6 +4,10 @@ use webhooks::{signature::Secret, ssrf};
 
 use crate::{EVENT_TYPES, OutboxError, new_id};
 
+/// The most endpoints one client may have: each gets a worker and connections in the sender, so
+/// the sender's resources are shared out fairly among clients.
+pub const MAX_ENDPOINTS_PER_CLIENT: u32 = 20;
+
 /// How hard one endpoint may be pushed: its deliveries in flight at once, and started per second.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EndpointLimits {
@@ -156,7 +160,9 @@ impl Subscriptions {
     /// transaction, e.g. an idempotency key's phase). `new` must have been validated.
     pub async fn create_endpoint(connection: &mut AnyConnection, client_id: &str, new: &NewEndpoint, now_ms: i64) -> Result<(Endpoint, Secret), OutboxError> {
         let endpoint_id = new_id("ep");
-        sqlx::query(
+        // Counted after the insert, in its transaction: a read first could go stale on SQLite
+        // before the write, and two creations at once on PostgreSQL both see the other's row.
+        let insert = sqlx::query(
             "INSERT INTO webhook_endpoints (endpoint_id, client_id, url, state, max_in_flight, rate_per_sec, created_at_ms) \
              VALUES ($1, $2, $3, 'enabled', $4, $5, $6)",
         )
@@ -166,8 +172,15 @@ impl Subscriptions {
         .bind(i64::from(new.limits.max_in_flight))
         .bind(i64::from(new.limits.rate_per_sec))
         .bind(now_ms)
-        .execute(&mut *connection)
-        .await?;
+        .execute(&mut *connection);
+        insert.await?;
+        let (endpoints,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM webhook_endpoints WHERE client_id = $1")
+            .bind(client_id)
+            .fetch_one(&mut *connection)
+            .await?;
+        if endpoints > i64::from(MAX_ENDPOINTS_PER_CLIENT) {
+            return Err(OutboxError::Invalid(format!("a client has at most {MAX_ENDPOINTS_PER_CLIENT} endpoints")));
+        }
         let mut event_types = new.event_types.clone();
         event_types.sort();
         event_types.dedup();
@@ -196,7 +209,17 @@ impl Subscriptions {
     /// signing for `overlap_ms` more (both signatures go with every delivery meanwhile), so the
     /// receiver can switch to the new one without losing a delivery.
     pub async fn rotate_secret(connection: &mut AnyConnection, client_id: &str, endpoint_id: &str, overlap_ms: i64, now_ms: i64) -> Result<Secret, OutboxError> {
-        owned_endpoint(&mut *connection, client_id, endpoint_id).await?;
+        // Writing first takes the endpoint's row lock (PostgreSQL: a concurrent rotation waits,
+        // then sees this one's secret) or the database's write lock (SQLite: no snapshot taken by
+        // a read can go stale before the write).
+        let owned = sqlx::query("UPDATE webhook_endpoints SET state = state WHERE endpoint_id = $1 AND client_id = $2")
+            .bind(endpoint_id)
+            .bind(client_id)
+            .execute(&mut *connection)
+            .await?;
+        if owned.rows_affected() == 0 {
+            return Err(OutboxError::EndpointNotFound(endpoint_id.to_owned()));
+        }
         sqlx::query(
             "UPDATE webhook_secrets SET expires_at_ms = $1 \
              WHERE endpoint_id = $2 AND (expires_at_ms IS NULL OR expires_at_ms > $1)",
@@ -321,7 +344,7 @@ impl Subscriptions {
                JOIN webhook_endpoints p ON p.endpoint_id = s.endpoint_id \
              WHERE s.endpoint_id = $2 AND e.client_id = $3 AND e.created_at_ms >= $4 AND e.created_at_ms < $5 \
                AND e.created_at_ms >= p.created_at_ms \
-               AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.endpoint_id = s.endpoint_id AND d.event_id = e.event_id)",
+             ON CONFLICT (endpoint_id, event_id) DO NOTHING",
         )
         .bind(now_ms)
         .bind(endpoint_id)

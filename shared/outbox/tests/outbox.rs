@@ -35,11 +35,11 @@ async fn fresh_postgres(url: &str) -> Database {
 }
 
 async fn endpoint(database: &Database, event_types: &[&str]) -> String {
-    let new = NewEndpoint {
-        url: "https://hooks.example.com/orders".into(),
-        event_types: event_types.iter().map(|t| t.to_string()).collect(),
-        limits: EndpointLimits::default(),
-    };
+    endpoint_with(database, event_types, EndpointLimits::default()).await
+}
+
+async fn endpoint_with(database: &Database, event_types: &[&str], limits: EndpointLimits) -> String {
+    let new = NewEndpoint { url: "https://hooks.example.com/orders".into(), event_types: event_types.iter().map(|t| t.to_string()).collect(), limits };
     let mut connection = database.pool().acquire().await.expect("connection");
     let (endpoint, _secret) = Subscriptions::create_endpoint(&mut connection, CLIENT, &new, T0).await.expect("endpoint");
     endpoint.endpoint_id
@@ -122,7 +122,7 @@ async fn a_claimed_delivery_is_nobody_elses_until_its_lease_runs_out() {
 #[tokio::test]
 async fn concurrent_claims_never_share_a_delivery() {
     for (database, _dir) in databases().await {
-        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        let endpoint_id = endpoint_with(&database, &[ORDER_PAID], EndpointLimits::MAX).await;
         for n in 0..20 {
             paid(&database, T0 + n).await;
         }
@@ -248,5 +248,38 @@ async fn a_redelivery_during_an_attempt_is_not_undone_by_the_attempts_outcome() 
         assert_eq!(again.event_id, event_id);
         let log = subscriptions.deliveries(CLIENT, &endpoint_id, 10).await.expect("log");
         assert_eq!(log[0].attempts.len(), 1, "the attempt itself is logged");
+    }
+}
+
+#[tokio::test]
+async fn claims_of_every_sender_together_keep_to_the_endpoints_concurrency_limit() {
+    for (database, _dir) in databases().await {
+        let endpoint_id = endpoint_with(&database, &[ORDER_PAID], EndpointLimits { max_in_flight: 2, rate_per_sec: 50 }).await;
+        for n in 0..3 {
+            paid(&database, T0 + n).await;
+        }
+        // Two senders, each with its own view: the third claim waits for a slot.
+        let (one, two) = (Deliveries::new(database.clone()), Deliveries::new(database.clone()));
+        let first = one.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").expect("a slot");
+        two.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").expect("the second slot");
+        assert!(one.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").is_none(), "two in flight already");
+        one.finish(&first, &answered(204, T0 + 10), Outcome::Delivered, DAY_MS, T0 + 11).await.expect("finish");
+        assert!(two.claim(&endpoint_id, T0 + 11, 30_000).await.expect("claim").is_some(), "a slot came free");
+    }
+}
+
+#[tokio::test]
+async fn a_client_has_a_bounded_number_of_endpoints() {
+    for (database, _dir) in databases().await {
+        for _ in 0..outbox::MAX_ENDPOINTS_PER_CLIENT {
+            endpoint(&database, &[ORDER_PAID]).await;
+        }
+        let new = NewEndpoint { url: "https://hooks.example.com/one-more".into(), event_types: vec![ORDER_PAID.into()], limits: EndpointLimits::default() };
+        let mut transaction = database.pool().begin().await.expect("transaction");
+        let refused = Subscriptions::create_endpoint(&mut transaction, CLIENT, &new, T0).await.expect_err("over the bound");
+        assert!(refused.to_string().contains("at most"), "{refused}");
+        drop(transaction);
+        let mut connection = database.pool().acquire().await.expect("connection");
+        Subscriptions::create_endpoint(&mut connection, "another-client", &new, T0).await.expect("the bound is per client");
     }
 }

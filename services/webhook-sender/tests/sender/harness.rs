@@ -289,8 +289,9 @@ impl SenderProcess {
             .env("WEBHOOK_SENDER_LISTEN", listen)
             .env("WEBHOOK_SENDER_POLL_INTERVAL_MS", "20")
             .env("WEBHOOK_SENDER_REQUEST_TIMEOUT_MS", "2000")
-            // Short, so that the restarted sender takes the dead one's delivery over soon.
-            .env("WEBHOOK_SENDER_LEASE_MS", "3000")
+            // As short as the settings allow (the timeout + 5 s to record), so that the restarted
+            // sender takes the dead one's delivery over soon.
+            .env("WEBHOOK_SENDER_LEASE_MS", "7000")
             .args(["--set", &format!("test_hosts=[\"{test_host}\"]")])
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -207,15 +207,10 @@ impl Webhooks for WebhookService {
 
 /// The production policy, with the `host:port` pairs of `test_hosts` exempted.
 fn policy(test_hosts: &[String]) -> Result<ssrf::Policy, String> {
-    let mut policy = ssrf::Policy::default();
-    for test_host in test_hosts {
-        let (host, port) = test_host
-            .rsplit_once(':')
-            .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
-            .ok_or_else(|| format!("webhooks.test_hosts: {test_host:?} is not host:port"))?;
-        policy = policy.allow_test_host(host, port).map_err(|error| format!("webhooks.test_hosts: {error}"))?;
-    }
-    Ok(policy)
+    test_hosts
+        .iter()
+        .try_fold(ssrf::Policy::default(), |policy, host_port| policy.allow_test_host(host_port))
+        .map_err(|error| format!("webhooks.test_hosts: {error}"))
 }
 
 fn endpoint_message(endpoint: outbox::Endpoint) -> Endpoint {

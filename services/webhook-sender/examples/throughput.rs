@@ -15,12 +15,12 @@ use std::{
     collections::HashMap,
     net::SocketAddr,
     sync::{Arc, Mutex},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use axum::{Router, extract::State, http::HeaderMap, http::StatusCode, routing::post};
 use hdrhistogram::Histogram;
-use idempotency::{Database, SystemClock};
+use idempotency::{Clock, Database, SystemClock};
 use outbox::{EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, Subscriptions};
 use tokio_util::sync::CancellationToken;
 use webhook_sender::{Application, Settings};
@@ -28,15 +28,11 @@ use webhooks::ssrf::SystemResolver;
 
 const CLIENT: &str = "bench-client";
 
-fn wall_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as i64)
-}
-
 /// Receipt time by `webhook-id`.
 type Receipts = Arc<Mutex<HashMap<String, i64>>>;
 
 async fn receive(State(receipts): State<Receipts>, headers: HeaderMap) -> StatusCode {
-    let at = wall_ms();
+    let at = SystemClock.now_ms();
     if let Some(id) = headers.get("webhook-id").and_then(|value| value.to_str().ok()) {
         receipts.lock().expect("not poisoned").entry(id.to_owned()).or_insert(at);
     }
@@ -60,7 +56,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The most an endpoint may ask for: 64 in flight, 1,000 per second.
     let endpoint = NewEndpoint { url: format!("http://{receiver}/hook"), event_types: vec![ORDER_PAID.into()], limits: EndpointLimits::MAX };
-    Subscriptions::create_endpoint(&mut *database.pool().acquire().await?, CLIENT, &endpoint, wall_ms()).await?;
+    Subscriptions::create_endpoint(&mut *database.pool().acquire().await?, CLIENT, &endpoint, SystemClock.now_ms()).await?;
 
     let settings = Settings {
         database_url,
@@ -87,8 +83,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             ticks.tick().await;
         }
         let mut transaction = database.pool().begin().await?;
-        let at = wall_ms();
-        let id = outbox::record(&mut transaction, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 1, data: &data }, at).await?;
+        let at = SystemClock.now_ms();
+        let id = outbox::record(&mut transaction, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 1, data: &data }, at).await?.ok_or("the endpoint subscribes to order.paid")?;
         transaction.commit().await?;
         committed_at.insert(id, at);
         if n % 500 == 0 {

@@ -120,12 +120,10 @@ impl Settings {
 
     /// The production SSRF policy, with the test hosts exempted.
     pub fn ssrf_policy(&self) -> Result<Policy, InvalidSetting> {
-        self.test_hosts.iter().try_fold(Policy::default(), |policy, host_port| {
-            // The port follows the last colon; an IPv6 host keeps its brackets.
-            let (host, port) = host_port.rsplit_once(':').ok_or_else(|| invalid("test_hosts", format!("{host_port:?} is not host:port")))?;
-            let port = port.parse().map_err(|_| invalid("test_hosts", format!("{host_port:?} has no valid port")))?;
-            policy.allow_test_host(host, port).map_err(|error| invalid("test_hosts", error.to_string()))
-        })
+        self.test_hosts
+            .iter()
+            .try_fold(Policy::default(), |policy, host_port| policy.allow_test_host(host_port))
+            .map_err(|error| invalid("test_hosts", error.to_string()))
     }
 }
 

@@ -41,20 +41,29 @@ struct Payload<'a, D> {
 /// Inserts `event` for `client_id` and one pending delivery for each of the client's enabled
 /// endpoints that subscribe to its type, on `connection`: call it inside the transaction of the
 /// state change the event reports. Returns the event id, which is the `webhook-id` of every
-/// delivery and every retry.
-pub async fn record<D: Serialize>(connection: &mut AnyConnection, client_id: &str, event: &NewEvent<'_, D>, now_ms: i64) -> Result<String, OutboxError> {
+/// delivery and every retry; `None` when none of the client's endpoints subscribes to the type,
+/// enabled or not: such an event could never be delivered, so it is not kept (a client without
+/// webhooks costs its orders one statement that writes nothing).
+pub async fn record<D: Serialize>(connection: &mut AnyConnection, client_id: &str, event: &NewEvent<'_, D>, now_ms: i64) -> Result<Option<String>, OutboxError> {
     let event_id = new_id("msg");
     let occurred = humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(now_ms.max(0) as u64));
     let payload = Payload { id: &event_id, event_type: event.event_type, version: event.version, timestamp: occurred.to_string(), data: event.data };
     let payload = serde_json::to_string(&payload).map_err(|error| OutboxError::Invalid(format!("event data: {error}")))?;
-    sqlx::query("INSERT INTO webhook_events (event_id, client_id, event_type, payload, created_at_ms) VALUES ($1, $2, $3, $4, $5)")
-        .bind(&event_id)
-        .bind(client_id)
-        .bind(event.event_type)
-        .bind(payload)
-        .bind(now_ms)
-        .execute(&mut *connection)
-        .await?;
+    let inserted = sqlx::query(
+        "INSERT INTO webhook_events (event_id, client_id, event_type, payload, created_at_ms) \
+         SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM webhook_endpoints e \
+           JOIN webhook_subscriptions s ON s.endpoint_id = e.endpoint_id WHERE e.client_id = $2 AND s.event_type = $3)",
+    )
+    .bind(&event_id)
+    .bind(client_id)
+    .bind(event.event_type)
+    .bind(payload)
+    .bind(now_ms)
+    .execute(&mut *connection)
+    .await?;
+    if inserted.rows_affected() == 0 {
+        return Ok(None);
+    }
     sqlx::query(
         "INSERT INTO webhook_deliveries \
            (endpoint_id, event_id, state, attempts, schedule_step, next_attempt_at_ms, created_at_ms, updated_at_ms) \
@@ -68,5 +77,5 @@ pub async fn record<D: Serialize>(connection: &mut AnyConnection, client_id: &st
     .bind(event.event_type)
     .execute(connection)
     .await?;
-    Ok(event_id)
+    Ok(Some(event_id))
 }

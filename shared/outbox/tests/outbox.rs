@@ -45,12 +45,17 @@ async fn endpoint_with(database: &Database, event_types: &[&str], limits: Endpoi
     endpoint.endpoint_id
 }
 
-async fn paid(database: &Database, now_ms: i64) -> String {
+/// Commits an `order.paid` event; its id, or `None` when no endpoint subscribes (nothing kept).
+async fn record_paid(database: &Database, now_ms: i64) -> Option<String> {
     let mut transaction = database.pool().begin().await.expect("transaction");
     let data = json!({"order_id": "ord_1"});
     let id = outbox::record(&mut transaction, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 2, data: &data }, now_ms).await.expect("record");
     transaction.commit().await.expect("commit");
     id
+}
+
+async fn paid(database: &Database, now_ms: i64) -> String {
+    record_paid(database, now_ms).await.expect("an endpoint subscribes")
 }
 
 async fn count(database: &Database, table: &'static str) -> i64 {
@@ -217,7 +222,8 @@ async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
 #[tokio::test]
 async fn redelivering_a_range_includes_events_missed_while_disabled_but_none_from_before_the_endpoint() {
     for (database, _dir) in databases().await {
-        paid(&database, T0 - 5).await;
+        assert_eq!(record_paid(&database, T0 - 5).await, None, "an event nobody subscribes to is not kept");
+        assert_eq!(count(&database, "webhook_events").await, 0);
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
         let subscriptions = Subscriptions::new(database.clone());
         paid(&database, T0 + 10).await;

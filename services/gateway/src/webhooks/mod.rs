@@ -64,11 +64,11 @@ impl WebhooksApi {
     }
 
     pub async fn create_endpoint(&self, client: &ClientId, key: &str, request: CreateEndpointRequest) -> Result<Keyed, GatewayError> {
-        keyed(call(&self.create, request, keyed_metadata(client, key)?).await?)
+        Ok(keyed(call(&self.create, request, keyed_metadata(client, key)?).await?))
     }
 
     pub async fn rotate_secret(&self, client: &ClientId, key: &str, request: RotateSecretRequest) -> Result<Keyed, GatewayError> {
-        keyed(call(&self.rotate, request, keyed_metadata(client, key)?).await?)
+        Ok(keyed(call(&self.rotate, request, keyed_metadata(client, key)?).await?))
     }
 
     pub async fn endpoints(&self, client: &ClientId) -> Result<ListEndpointsResponse, GatewayError> {
@@ -105,9 +105,9 @@ async fn call<M, R>(operation: &Operation<M, R>, message: M, metadata: MetadataM
     operation.clone().oneshot(Call::new(message, metadata)).await.map_err(upstream)
 }
 
-fn keyed(response: Response<EndpointWithSecret>) -> Result<Keyed, GatewayError> {
+fn keyed(response: Response<EndpointWithSecret>) -> Keyed {
     let replayed = response.metadata().get(IDEMPOTENT_REPLAYED).is_some_and(|value| value == "true");
-    Ok(Keyed { answer: response.into_inner(), replayed })
+    Keyed { answer: response.into_inner(), replayed }
 }
 
 /// A request tried once, under the client's id.

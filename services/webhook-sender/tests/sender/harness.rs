@@ -11,7 +11,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
     },
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use axum::{
@@ -22,7 +22,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::post,
 };
-use idempotency::{Clock, Database};
+use idempotency::{Clock, Database, SystemClock};
 use outbox::{DeliveryLog, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, Subscriptions};
 use tokio::net::TcpListener;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -33,7 +33,7 @@ pub const CLIENT: &str = "demo-client-1";
 
 /// The wall-clock time now, in ms since the epoch.
 pub fn wall_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).expect("after 1970").as_millis() as i64
+    SystemClock.now_ms()
 }
 
 /// Waits until `condition` holds, checking every 10 ms for at most `limit`.
@@ -78,7 +78,7 @@ impl Outbox {
         let mut transaction = self.database.pool().begin().await.expect("transaction");
         let data = serde_json::json!({"order_id": "ord_1"});
         let event = NewEvent { event_type: ORDER_PAID, version: 1, data: &data };
-        let id = outbox::record(&mut transaction, CLIENT, &event, now_ms).await.expect("record");
+        let id = outbox::record(&mut transaction, CLIENT, &event, now_ms).await.expect("record").expect("an endpoint subscribes");
         transaction.commit().await.expect("commit");
         id
     }

@@ -54,10 +54,14 @@ pub enum SsrfError {
 
 /// A test host that [`Policy::allow_test_host`] cannot read.
 #[derive(Debug, thiserror::Error)]
-#[error("test host {host:?} is not a host name or an IP address: {source}")]
-pub struct InvalidTestHost {
-    pub host: String,
-    pub source: url::ParseError,
+pub enum InvalidTestHost {
+    #[error("test host {0:?} is not host:port")]
+    NotHostPort(String),
+    #[error("test host {host:?} is not a host name or an IP address: {source}")]
+    Host {
+        host: String,
+        source: url::ParseError,
+    },
 }
 
 /// What a delivery may dial besides public https URLs.
@@ -71,12 +75,18 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Exempts `host:port` from the https rule and from the deny list.
+    /// Exempts `host_port` (`receiver.local:9000`, `127.0.0.1:9000`, `[::1]:9000`) from the
+    /// https rule and from the deny list.
     ///
-    /// `host` is a name or an IP address (IPv6 in brackets); it is normalised as a URL's host
+    /// The host is a name or an IP address (IPv6 in brackets); it is normalised as a URL's host
     /// is, so `LOCALHOST` names `localhost` and `0x7f.1` names `127.0.0.1`.
-    pub fn allow_test_host(mut self, host: &str, port: u16) -> Result<Self, InvalidTestHost> {
-        let parsed = Host::parse(host).map_err(|source| InvalidTestHost {
+    pub fn allow_test_host(mut self, host_port: &str) -> Result<Self, InvalidTestHost> {
+        // The port follows the last colon; an IPv6 host keeps its brackets.
+        let (host, port) = host_port
+            .rsplit_once(':')
+            .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+            .ok_or_else(|| InvalidTestHost::NotHostPort(host_port.to_owned()))?;
+        let parsed = Host::parse(host).map_err(|source| InvalidTestHost::Host {
             host: host.to_owned(),
             source,
         })?;

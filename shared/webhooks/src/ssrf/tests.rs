@@ -134,7 +134,7 @@ fn other_schemes_and_user_information_are_refused() {
 #[tokio::test]
 async fn a_test_host_may_use_http_and_a_loopback_address() {
     let policy = Policy::default()
-        .allow_test_host("127.0.0.1", 8080)
+        .allow_test_host("127.0.0.1:8080")
         .unwrap();
     let resolver = StubResolver::failing();
     let vetted = vet("http://127.0.0.1:8080/hooks", &policy, &resolver)
@@ -159,7 +159,7 @@ async fn a_test_host_may_use_http_and_a_loopback_address() {
 #[tokio::test]
 async fn a_test_host_name_is_normalised_like_the_url_host() {
     let policy = Policy::default()
-        .allow_test_host("Receiver.LOCAL", 9000)
+        .allow_test_host("Receiver.LOCAL:9000")
         .unwrap();
     let resolver = StubResolver::answering(&["172.18.0.5"]);
     let vetted = vet("http://receiver.local:9000/", &policy, &resolver)
@@ -167,9 +167,18 @@ async fn a_test_host_name_is_normalised_like_the_url_host() {
         .unwrap();
     assert_eq!(vetted.addrs(), [addr("172.18.0.5:9000")]);
     assert!(matches!(
-        Policy::default().allow_test_host("[not-ipv6]", 1),
-        Err(InvalidTestHost { .. })
+        Policy::default().allow_test_host("[not-ipv6]:1"),
+        Err(InvalidTestHost::Host { .. })
     ));
+    for without_port in ["127.0.0.1", "localhost:http", "[::1]"] {
+        assert!(
+            matches!(
+                Policy::default().allow_test_host(without_port),
+                Err(InvalidTestHost::NotHostPort(_))
+            ),
+            "{without_port}"
+        );
+    }
 }
 
 #[tokio::test]

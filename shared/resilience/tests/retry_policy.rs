@@ -313,10 +313,11 @@ async fn observed_attempt_time_counts_against_the_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn retry_budget_caps_retries_at_ten_percent_of_requests() {
-    // The budget is tower's TpsBudget: each first attempt deposits 1, each retry withdraws 10
-    // (10 %), with no reserve (budget_min_per_sec 0). Its sliding window runs on std's Instant,
-    // not tokio's, so the paused clock does not age it and the whole test sits in one window.
-    let policy = retry_policy(RetrySettings { budget_min_per_sec: 0, budget_percent: 0.1, ..Default::default() });
+    // The share alone: no floor (budget_min_per_sec 0) and no throttle (throttle_max_tokens 0),
+    // which would otherwise stop every retry after ten failures. A retry is allowed while the
+    // window's retries are fewer than 10 % of its requests: the first operation gets one, then
+    // every tenth. The ten backoffs take about 3 s, well inside the 10 s window.
+    let policy = retry_policy(RetrySettings { budget_min_per_sec: 0, throttle_max_tokens: 0, ..Default::default() });
     let bank = Bank::new(repeat_with(|| Err(unavailable())).take(300));
     let retry = Retry::new(policy.clone(), bank.service());
     for _ in 0..100 {
@@ -325,12 +326,23 @@ async fn retry_budget_caps_retries_at_ten_percent_of_requests() {
         assert_eq!(result.unwrap_err().code(), Code::Unavailable);
     }
 
-    let stats = policy.stats();
-    assert_eq!(stats.requests, 100);
-    assert!(stats.retries > 0 && stats.retries <= 10, "{stats:?}");
-    assert_eq!(bank.attempts().len() as u64, 100 + stats.retries);
-    assert!(stats.stopped_budget > 0, "{stats:?}");
-    assert_eq!(stats.stopped_budget + stats.stopped_attempts, 100, "{stats:?}");
+    // The retried ones failed again, and their third attempt was refused by the budget too.
+    assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 100, retries: 10, stopped_budget: 100, ..Default::default() });
+    assert_eq!(bank.attempts().len(), 110);
+    // Which operations were retried, counted by the first attempts before each retry.
+    let mut operations = 0;
+    let retried: Vec<u32> = bank
+        .attempts()
+        .iter()
+        .filter_map(|attempt| match attempt.previous_attempts {
+            0 => {
+                operations += 1;
+                None
+            }
+            _ => Some(operations),
+        })
+        .collect();
+    assert_eq!(retried, [1, 11, 21, 31, 41, 51, 61, 71, 81, 91]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -360,7 +372,10 @@ async fn first_backoff_is_spread_over_one_base() {
 
 #[tokio::test(start_paused = true)]
 async fn backoff_never_exceeds_backoff_max() {
-    let settings = RetrySettings { max_attempts: 6, backoff_max_ms: 300, ..Default::default() };
+    // Five retries of one operation within about a second: a floor of 10 per second keeps the
+    // budget out of the way (the default 2 per second only just pays for them), and five failures
+    // leave the throttle open.
+    let settings = RetrySettings { max_attempts: 6, backoff_max_ms: 300, budget_min_per_sec: 10, ..Default::default() };
     for _ in 0..50 {
         // A fresh policy per operation: five retries each would soon drain a shared budget.
         let policy = retry_policy(settings.clone());

@@ -11,19 +11,30 @@
 //! - when the remaining deadline holds the wait plus a typical attempt (a moving average), and
 //!   never after a hop failed fast for lack of budget (a retry would have even less), and never
 //!   through an open circuit breaker;
-//! - within a budget: retries are at most 10 % of requests over a sliding window (tower's
-//!   `TpsBudget`), so under a total outage retries stop by themselves instead of adding load.
+//! - within a budget ([`RetryBudget`], ours: tower's `TpsBudget` allows more than it says): over
+//!   a 10 s sliding window retries are at most 10 % of requests, plus a floor of 2 retries per
+//!   second for quiet times;
+//! - while gRPC's retry throttling allows ([`RetryThrottle`]): an attempt failing the way a
+//!   retry could fix takes one of 20 tokens, a success gives one back, and with half or fewer
+//!   left nothing is retried. A budget measured against requests never reaches zero in an outage
+//!   (it settles at 10 % plus the floor); the throttle stops retries once failures outnumber
+//!   successes by ten, and leaves them to the budget while clearly fewer than half of the
+//!   attempts fail (30 % of bank calls failing, say).
 //!
 //! Every operation ends with a [`StopReason`], logged and counted.
 
 mod attempt_time;
+mod budget;
 mod call;
 mod classify;
 mod stats;
+mod throttle;
 
+pub use budget::RetryBudget;
 pub use call::Call;
 pub use classify::{Pushback, is_transient, pushback};
 pub use stats::{RetryStats, RetryStatsSnapshot, StopReason};
+pub use throttle::RetryThrottle;
 
 use std::{sync::Arc, time::Duration};
 
@@ -37,7 +48,7 @@ use tonic::{Code, Status};
 use tower::retry::{
     Policy,
     backoff::{Backoff, ExponentialBackoff, ExponentialBackoffMaker, InvalidBackoff, MakeBackoff},
-    budget::{Budget, TpsBudget},
+    budget::Budget,
 };
 use tower::util::rng::HasherRng;
 
@@ -54,12 +65,19 @@ pub struct RetrySettings {
     pub backoff_base_ms: u64,
     /// Longest wait between attempts, jitter included.
     pub backoff_max_ms: u64,
-    /// Share of requests that may be retried over the window.
+    /// Share of requests that may be retried over the window, 0 to 1.
     pub budget_percent: f32,
-    /// Retries per second allowed even with little traffic (the budget's floor).
+    /// Retries per second allowed beyond the share, with a burst of at most one second's worth
+    /// (the budget's floor, a rate: what keeps retries possible with little traffic).
     pub budget_min_per_sec: u32,
     /// The budget's sliding window (1 to 60 s).
     pub budget_window_ms: u64,
+    /// The retry throttle's tokens (A6's `maxTokens`, at most 1000): retries stop while half or
+    /// fewer are left. 0 turns the throttle off.
+    pub throttle_max_tokens: u32,
+    /// Tokens a success gives back; a failure takes 1 (A6's `tokenRatio`, 0.001 to 1000). The
+    /// throttle trips when more than `ratio / (1 + ratio)` of attempts fail: 50 % with 1.
+    pub throttle_token_ratio: f32,
     /// Time an attempt is assumed to need before one has been observed, and at least.
     pub min_attempt_ms: u64,
 }
@@ -73,6 +91,8 @@ impl Default for RetrySettings {
             budget_percent: 0.1,
             budget_min_per_sec: 2,
             budget_window_ms: 10_000,
+            throttle_max_tokens: 20,
+            throttle_token_ratio: 1.0,
             min_attempt_ms: 50,
         }
     }
@@ -87,6 +107,10 @@ pub enum InvalidRetrySettings {
     Window,
     #[error("retry: budget_percent must be 0 to 1")]
     Percent,
+    #[error("retry: throttle_max_tokens must be at most 1000")]
+    ThrottleTokens,
+    #[error("retry: throttle_token_ratio must be 0.001 to 1000")]
+    ThrottleRatio,
     #[error("retry: {0}")]
     Backoff(#[from] InvalidBackoff),
 }
@@ -95,7 +119,9 @@ pub enum InvalidRetrySettings {
 struct Shared {
     max_attempts: u32,
     min_attempt: Duration,
-    budget: TpsBudget,
+    budget: RetryBudget,
+    /// `None` when `throttle_max_tokens` is 0.
+    throttle: Option<RetryThrottle>,
     backoff_base: Duration,
     backoff_max: Duration,
     attempt_time: AttemptTime,
@@ -122,11 +148,19 @@ impl RetryPolicy {
         if !(0.0..=1.0).contains(&settings.budget_percent) {
             return Err(InvalidRetrySettings::Percent);
         }
-        let budget = TpsBudget::new(
+        if settings.throttle_max_tokens > 1_000 {
+            return Err(InvalidRetrySettings::ThrottleTokens);
+        }
+        if !(0.001..=1_000.0).contains(&settings.throttle_token_ratio) {
+            return Err(InvalidRetrySettings::ThrottleRatio);
+        }
+        let budget = RetryBudget::new(
             Duration::from_millis(settings.budget_window_ms),
             settings.budget_min_per_sec,
             settings.budget_percent,
         );
+        let throttle = (settings.throttle_max_tokens > 0)
+            .then(|| RetryThrottle::new(settings.throttle_max_tokens, settings.throttle_token_ratio));
         let backoff_base = Duration::from_millis(settings.backoff_base_ms);
         let backoff_max = Duration::from_millis(settings.backoff_max_ms.max(settings.backoff_base_ms).max(1));
         backoff_maker(backoff_base, backoff_max)?;
@@ -136,6 +170,7 @@ impl RetryPolicy {
                 max_attempts: settings.max_attempts,
                 min_attempt,
                 budget,
+                throttle,
                 backoff_base,
                 backoff_max,
                 attempt_time: AttemptTime::new(min_attempt),
@@ -175,9 +210,7 @@ impl RetryPolicy {
             Pushback::Wait(wait) => Some(wait),
             Pushback::None => None,
         };
-        let retryable =
-            is_transient(status.code()) || (status.code() == Code::ResourceExhausted && named_wait.is_some());
-        if !retryable {
+        if !is_retryable(status.code(), named_wait) {
             return Err(StopReason::NonRetryable);
         }
         if previous_attempts + 1 >= self.shared.max_attempts {
@@ -201,11 +234,31 @@ impl RetryPolicy {
                 return Err(reason);
             }
         }
+        // The throttle first: a retry it refuses must not spend the budget's share.
+        if self.shared.throttle.as_ref().is_some_and(|throttle| !throttle.allows_retry()) {
+            return Err(StopReason::Budget);
+        }
         if !self.shared.budget.withdraw() {
             return Err(StopReason::Budget);
         }
         Ok(wait)
     }
+}
+
+/// Transient failures, and RESOURCE_EXHAUSTED when the server names a wait.
+fn is_retryable(code: Code, named_wait: Option<Duration>) -> bool {
+    is_transient(code) || (code == Code::ResourceExhausted && named_wait.is_some())
+}
+
+/// Whether a failed attempt counts against the throttle: a failure a retry could fix, whatever
+/// then stops the retry (attempts, deadline, breaker), except a hop's fail-fast for lack of
+/// deadline, which says nothing about the dependency.
+fn takes_a_token(status: &Status) -> bool {
+    let named_wait = match pushback(status) {
+        Pushback::Wait(wait) => Some(wait),
+        Pushback::None | Pushback::DoNotRetry => None,
+    };
+    !status.metadata().contains_key(FAILED_FAST_HEADER) && is_retryable(status.code(), named_wait)
 }
 
 /// Full-size jitter (factor 1): wait = base·2^(n−1) + random(0, same), capped at `max`.
@@ -227,11 +280,19 @@ impl<M: Clone, R> Policy<Call<M>, R, Status> for RetryPolicy {
         let attempts = call.previous_attempts + 1;
         let status = match result {
             Ok(_) => {
+                if let Some(throttle) = &self.shared.throttle {
+                    throttle.succeeded();
+                }
                 self.stop(StopReason::Success, attempts);
                 return None;
             }
             Err(status) => status,
         };
+        if let Some(throttle) = &self.shared.throttle
+            && takes_a_token(status)
+        {
+            throttle.failed();
+        }
         match self.next_wait(status, call.previous_attempts) {
             Ok(wait) => {
                 self.shared.stats.retry();

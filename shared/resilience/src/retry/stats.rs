@@ -13,7 +13,8 @@ pub enum StopReason {
     NonRetryable,
     /// The configured number of attempts is used up.
     Attempts,
-    /// The retry budget (a share of all requests) is spent.
+    /// The retry budget refused: its share of requests and its floor are spent, or the throttle
+    /// is closed because most recent attempts failed.
     Budget,
     /// What is left of the deadline cannot hold the wait plus another attempt.
     Deadline,
@@ -57,7 +58,7 @@ pub struct RetryStatsSnapshot {
     pub stopped_success: u64,
     pub stopped_non_retryable: u64,
     pub stopped_attempts: u64,
-    /// Retries refused by the budget.
+    /// Retries refused by the budget or its throttle.
     pub stopped_budget: u64,
     pub stopped_deadline: u64,
     pub stopped_pushback: u64,

@@ -69,16 +69,6 @@ impl Lease {
     fn new(scope: &str, key: &str, token: i64, recovery_point: String, resource_id: Option<String>) -> Self {
         Self { scope: scope.to_owned(), key: key.to_owned(), token, recovery_point, resource_id }
     }
-
-    /// The scope (e.g. the client) the key belongs to.
-    pub fn scope(&self) -> &str {
-        &self.scope
-    }
-
-    /// The idempotency key itself.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
 }
 
 /// A key whose work was left half-done and nobody holds: see [`KeyStore::stranded`].

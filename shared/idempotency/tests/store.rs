@@ -359,12 +359,9 @@ async fn stranded_keys_are_found_after_their_grace_and_resumed_once() {
     for (backend, database, _dir) in databases().await {
         let (store, clock) = store(&database, KeySettings::default());
         let (grace, window) = (Duration::from_secs(1), Duration::from_secs(60));
-        let released = {
-            let mut lease = execute(store.begin("c", "k-released", "fp", LEASE).await.unwrap());
-            store.phase(&mut lease).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
-            store.release(&lease).await.unwrap();
-            lease
-        };
+        let mut released = execute(store.begin("c", "k-released", "fp", LEASE).await.unwrap());
+        store.phase(&mut released).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
+        store.release(&released).await.unwrap();
         let mut held = execute(store.begin("c", "k-held", "fp", LEASE).await.unwrap());
         store.phase(&mut held).await.unwrap().commit_at("order_created", Some("order-2")).await.unwrap();
         let unstarted = execute(store.begin("c", "k-unstarted", "fp", LEASE).await.unwrap());
@@ -381,7 +378,9 @@ async fn stranded_keys_are_found_after_their_grace_and_resumed_once() {
         assert_eq!(found[0].resource_id.as_deref(), Some("order-1"));
 
         let resumed = store.resume(&found[0], LEASE).await.unwrap().expect("taken over");
-        assert_eq!((resumed.recovery_point.as_str(), resumed.key()), ("order_created", released.key()), "{backend}");
+        assert_eq!((resumed.recovery_point.as_str(), resumed.resource_id.as_deref()), ("order_created", Some("order-1")), "{backend}");
+        let lost = store.phase(&mut released).await.unwrap().complete(&Stored { code: 0, body: vec![] }).await;
+        assert!(matches!(lost, Err(KeyError::LeaseLost)), "{backend}: the request that released it cannot complete it");
         assert_eq!(store.resume(&found[0], LEASE).await.unwrap(), None, "{backend}: a second completer gets nothing");
         assert!(matches!(store.begin("c", "k-released", "fp", LEASE).await, Err(KeyError::InFlight)), "{backend}");
 

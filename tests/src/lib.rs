@@ -3,14 +3,22 @@
 
 pub use otlp_receiver as otlp;
 
-use std::io::Write;
+use std::{
+    io::Write,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use bank_mock::{Faults, Latency};
 use sqlx::{Connection, Executor};
 use proto::gateway::v1::gateway_client::GatewayClient;
 use stack::{Chain, ChainSettings};
+use serde_json::{Value, json};
 use tempfile::TempDir;
+use tokio::net::TcpListener;
 use tonic::transport::Channel;
+use webhook_receiver::{Delivery, PATH, Receiver};
+use webhooks::signature::{Secret, Verifier};
 
 pub const API_KEY: &str = "demo-key-1";
 
@@ -144,3 +152,43 @@ pub fn grpc_request<T>(message: T, key: &str) -> tonic::Request<T> {
 
 /// The README's example order as a gRPC message.
 pub use stack::scenario::order_message;
+
+/// The chain on `backend` after `customize`, with its sender and orders allowing plain http to a
+/// receiver on loopback (serve it with [`subscribe`]).
+pub async fn chain_with_receiver(backend: &Backend, customize: impl FnOnce(&mut ChainSettings)) -> (TestChain, TcpListener) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let receiver = listener.local_addr().unwrap().to_string();
+    let test = TestChain::start_on(backend, |settings| {
+        settings.orders.webhooks.test_hosts = vec![receiver.clone()];
+        settings.webhook_sender.test_hosts = vec![receiver];
+        customize(settings);
+    })
+    .await;
+    (test, listener)
+}
+
+/// Creates an endpoint of the demo client for `listener`, subscribed to the orders' outcomes,
+/// and serves the example receiver there with its secret; returns the endpoint's id and what the
+/// receiver has processed.
+pub async fn subscribe(test: &TestChain, listener: TcpListener) -> (String, Arc<Mutex<Vec<Delivery>>>) {
+    let url = format!("http://{}{PATH}", listener.local_addr().unwrap());
+    let body = json!({"url": url, "event_types": ["order.paid", "order.payment_declined"]});
+    let created = test.http.post(test.url("/v1/webhooks/endpoints")).bearer_auth(API_KEY).header("idempotency-key", "endpoint").json(&body).send().await.unwrap();
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    let secret: Secret = created["secret"].as_str().unwrap().parse().unwrap();
+    let processed = Arc::new(Mutex::new(Vec::new()));
+    let sink = processed.clone();
+    let receiver = Arc::new(Receiver::new(Verifier::new(secret), 3_600, move |delivery| sink.lock().unwrap().push(delivery)));
+    tokio::spawn(async move { axum::serve(listener, receiver.router()).await });
+    (created["endpoint"]["endpoint_id"].as_str().unwrap().to_owned(), processed)
+}
+
+/// The events processed so far (webhook-id and body), once `count` have been or after 15 s.
+pub async fn events(processed: &Mutex<Vec<Delivery>>, count: usize) -> Vec<(String, Value)> {
+    let started = Instant::now();
+    while processed.lock().unwrap().len() < count && started.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    processed.lock().unwrap().iter().map(|delivery| (delivery.id.clone(), serde_json::from_slice(&delivery.body).unwrap())).collect()
+}

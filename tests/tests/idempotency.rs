@@ -3,7 +3,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use e2e::{Backend, TestChain, fast_bank, order_body};
+use e2e::{Backend, TestChain, chain_with_receiver, events, fast_bank, order_body, subscribe};
 use tokio::sync::Barrier;
 
 #[tokio::test]
@@ -133,4 +133,39 @@ async fn a_request_that_fails_validation_does_not_use_up_its_key() {
     invalid["currency"] = "QQQ".into();
     assert_eq!(test.post_order("validated-1", &invalid).send().await.unwrap().status(), 400);
     assert_eq!(test.post_order("validated-1", &order_body()).send().await.unwrap().status(), 201);
+}
+
+/// The bank charges and loses the reply, and nobody retries: the gateway makes one attempt and
+/// the client takes its 503 and leaves. The completer settles the create with the same derived
+/// keys: the order paid by the one charge, its event delivered, the client's later repeat
+/// answered from it.
+#[tokio::test]
+async fn a_charge_whose_reply_was_lost_and_never_retried_is_settled_by_the_completer() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        let (test, listener) = chain_with_receiver(&backend, |s| {
+            s.gateway.retry.max_attempts = 1;
+            s.orders.completer.grace_ms = 300;
+            s.orders.completer.interval_ms = 50;
+        })
+        .await;
+        let (_, processed) = subscribe(&test, listener).await;
+        test.set_faults(fast_bank(|f| f.drop_reply_rate = 1.0));
+        let lost = test.post_order("stranded-1", &order_body()).send().await.unwrap();
+        assert_eq!(lost.status(), 503, "{name}: the reply was lost and the gateway did not retry");
+
+        let [(_, event)] = events(&processed, 1).await.try_into().expect("the settled order is announced once");
+        assert_eq!(event["type"], "order.paid", "{name}: {event}");
+        let order = &event["data"]["order"];
+        let repeat = test.post_order("stranded-1", &order_body()).send().await.unwrap();
+        assert_eq!(repeat.status(), 201, "{name}");
+        assert_eq!(repeat.headers()["idempotent-replayed"], "true", "{name}: answered from what the completer stored");
+        assert_eq!(&repeat.json::<serde_json::Value>().await.unwrap(), order, "{name}: the order the event announced");
+
+        // One execution: the lost call charged, the completer's call was answered from the
+        // bank's record of that charge.
+        let bank = test.chain.bank().stats();
+        assert_eq!((bank.calls, bank.charges, bank.duplicate_keys, bank.dropped_replies), (2, 1, 1, 1), "{name}: {bank:?}");
+        assert_eq!((test.count_rows("orders").await, test.count_rows("payments").await), (1, 1), "{name}");
+    }
 }

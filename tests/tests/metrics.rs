@@ -32,7 +32,13 @@ async fn scrape(test: &TestChain, address: std::net::SocketAddr) -> String {
 async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
     let telemetry = telemetry::init("tests", &TelemetrySettings::default()).expect("metrics are installed");
     assert!(!telemetry.exporting(), "no endpoint: Prometheus only, nothing pushed");
-    let test = TestChain::start_with(e2e::touchy_bank_guards).await;
+    let test = TestChain::start_with(|settings| {
+        e2e::touchy_bank_guards(settings);
+        // The completer resumes the creates the failing bank leaves half-done, soon.
+        settings.orders.completer.interval_ms = 50;
+        settings.orders.completer.grace_ms = 100;
+    })
+    .await;
     let addresses = test.chain.addresses.clone();
     let before = scrape(&test, addresses.gateway_metrics).await;
 
@@ -91,6 +97,20 @@ async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
         let text = tokio::time::timeout(Duration::from_secs(5), scrape(&test, address)).await.expect("scraped in time");
         assert!(text.contains("chain_requests_total"), "{address}: {text}");
     }
+    // The completer's rounds, and its resumes of the creates the failing bank left (which fail
+    // again: the bank still fails, or the breaker answers for it).
+    let completer = async {
+        loop {
+            let text = scrape(&test, addresses.orders).await;
+            if sample(&text, "orders_completer_resumes_total", &[("outcome", "failed")]) >= 1.0 {
+                return text;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let text = tokio::time::timeout(Duration::from_secs(10), completer).await.expect("the completer resumed a create");
+    assert!(sample(&text, "orders_completer_runs_total", &[]) >= 1.0, "{text}");
+    assert_eq!(sample(&text, "orders_completer_unsettled", &[]), 0.0, "{text}");
     for address in [addresses.gateway_http, addresses.gateway_grpc] {
         let response = test.http.get(format!("http://{address}/metrics")).send().await.unwrap();
         assert!(!response.text().await.unwrap().contains("chain_requests_total"), "no metrics on the public face {address}");

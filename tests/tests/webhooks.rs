@@ -2,56 +2,13 @@
 //! the example receiver once, signed with the endpoint's secret, with the order as the API shows
 //! it; a payment that failed announces nothing.
 
-use std::{
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
-};
+use std::time::Duration;
 
 use bank_mock::Faults;
-use e2e::{API_KEY, Backend, TestChain, fast_bank, order_body};
-use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use webhook_receiver::{Delivery, PATH, Receiver};
-use webhooks::signature::{Secret, Verifier};
+use e2e::{API_KEY, Backend, chain_with_receiver, events, fast_bank, order_body, subscribe};
+use serde_json::Value;
 
 const ENDPOINTS: &str = "/v1/webhooks/endpoints";
-
-/// The chain on `backend`, with its sender and orders allowing plain http to a receiver on
-/// loopback.
-async fn chain_with_receiver(backend: &Backend) -> (TestChain, TcpListener) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let receiver = listener.local_addr().unwrap().to_string();
-    let test = TestChain::start_on(backend, |settings| {
-        settings.orders.webhooks.test_hosts = vec![receiver.clone()];
-        settings.webhook_sender.test_hosts = vec![receiver];
-    })
-    .await;
-    (test, listener)
-}
-
-/// Creates an endpoint for `listener` and serves the example receiver there with its secret.
-async fn subscribe(test: &TestChain, listener: TcpListener) -> (String, Arc<Mutex<Vec<Delivery>>>) {
-    let url = format!("http://{}{PATH}", listener.local_addr().unwrap());
-    let body = json!({"url": url, "event_types": ["order.paid", "order.payment_declined"]});
-    let created = test.http.post(test.url(ENDPOINTS)).bearer_auth(API_KEY).header("idempotency-key", "endpoint").json(&body).send().await.unwrap();
-    assert_eq!(created.status(), 201);
-    let created: Value = created.json().await.unwrap();
-    let secret: Secret = created["secret"].as_str().unwrap().parse().unwrap();
-    let processed = Arc::new(Mutex::new(Vec::new()));
-    let sink = processed.clone();
-    let receiver = Arc::new(Receiver::new(Verifier::new(secret), 3_600, move |delivery| sink.lock().unwrap().push(delivery)));
-    tokio::spawn(async move { axum::serve(listener, receiver.router()).await });
-    (created["endpoint"]["endpoint_id"].as_str().unwrap().to_owned(), processed)
-}
-
-/// The events processed so far, once `count` have been or after 15 s.
-async fn events(processed: &Mutex<Vec<Delivery>>, count: usize) -> Vec<(String, Value)> {
-    let started = Instant::now();
-    while processed.lock().unwrap().len() < count && started.elapsed() < Duration::from_secs(15) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    processed.lock().unwrap().iter().map(|delivery| (delivery.id.clone(), serde_json::from_slice(&delivery.body).unwrap())).collect()
-}
 
 #[tokio::test]
 async fn a_paid_and_a_declined_order_reach_the_receiver_once_each_and_a_failed_payment_nothing() {
@@ -61,7 +18,7 @@ async fn a_paid_and_a_declined_order_reach_the_receiver_once_each_and_a_failed_p
 }
 
 async fn paid_and_declined_orders_are_announced(backend: &Backend) {
-    let (test, listener) = chain_with_receiver(backend).await;
+    let (test, listener) = chain_with_receiver(backend, |_| {}).await;
     let (endpoint_id, processed) = subscribe(&test, listener).await;
 
     let paid = test.post_order("paid", &order_body()).send().await.unwrap();

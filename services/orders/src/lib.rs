@@ -6,18 +6,20 @@
 //! answer. A repeat replays that answer; a repeat after a crash, a cancellation or a failed payment
 //! resumes at the last recovery point, so there is never a second order nor a second charge.
 
+pub mod completer;
 mod error;
 mod settings;
 mod store;
 mod webhooks;
 
+pub use completer::CompleterSettings;
 pub use settings::{Settings, WebhookSettings};
 
 use std::{net::SocketAddr, sync::Arc, time::{Duration, SystemTime}};
 
 use deadline::{Hop, HopStats};
 use error::OrdersError;
-use idempotency::{Begin, Database, KeyStore, Stored};
+use idempotency::{Begin, Database, KeyStore, Lease, Stored};
 use prost::Message;
 use proto::{
     common::v1::{CreateOrderRequest, GetOrderRequest, Order, OrderStatus},
@@ -45,11 +47,13 @@ const ORDER_CREATED: &str = "order_created";
 pub struct Application {
     grpc: GrpcServer,
     keys: KeyStore,
+    completer: completer::Completer,
     payment_breaker: Arc<Breaker>,
 }
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
+        settings.check().map_err(ServerError::Settings)?;
         let database = Database::open(&settings.database_url, HOP, |backend| match backend {
             idempotency::Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
             idempotency::Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
@@ -70,9 +74,10 @@ impl Application {
             default_lease,
         };
         let webhooks = webhooks::WebhookService::new(keys.clone(), &settings.webhooks, default_lease).map_err(ServerError::Settings)?;
-        let services = rpc::Services::new(OrdersServer::new(service)).add_service(WebhooksServer::new(webhooks));
+        let services = rpc::Services::new(OrdersServer::new(service.clone())).add_service(WebhooksServer::new(webhooks));
         let grpc = GrpcServer::bind_all(HOP, rpc::Role::Inner, settings.listen, settings.deadline, services).await?;
-        Ok(Self { grpc, keys, payment_breaker })
+        let completer = completer::Completer::new(service, settings.completer, grpc.stats());
+        Ok(Self { grpc, keys, completer, payment_breaker })
     }
 
     /// The breaker in front of payment.
@@ -88,11 +93,13 @@ impl Application {
         self.grpc.stats()
     }
 
-    /// Serves until `shutdown` is cancelled, reaping expired idempotency keys meanwhile.
+    /// Serves until `shutdown` is cancelled, meanwhile settling stranded creates and reaping
+    /// expired idempotency keys.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), ServerError> {
         let reaper = idempotency::spawn_reaper(self.keys, shutdown.clone());
+        let completer = self.completer.spawn(shutdown.clone());
         let served = self.grpc.serve(shutdown.cancelled_owned()).await;
-        let _ = reaper.await;
+        let _ = tokio::join!(reaper, completer);
         served
     }
 }
@@ -152,10 +159,17 @@ impl OrderService {
                 order
             }
         };
+        let order = self.pay(client_id, key, &mut lease, order).await?;
+        Ok(Answer { order, replayed: false })
+    }
 
+    /// Phases 2 and 3 of a create whose order exists, for the client's request and for the
+    /// completer alike, so that a create the completer settles ends exactly as if the client
+    /// had retried.
+    async fn pay(&self, client_id: &str, key: &str, lease: &mut Lease, order: Order) -> Result<Order, OrdersError> {
         // Phase 2: one payment call, whose key is derived from the client's and the order, so a
         // resumed create reaches the bank with the same key. A failure releases the key for the
-        // next repeat.
+        // next repeat (or the completer).
         let mut pay = Request::new(PayRequest {
             order_id: order.order_id.clone(),
             customer_id: order.customer_id.clone(),
@@ -169,7 +183,7 @@ impl OrderService {
         let payment = match self.payment.clone().pay(pay).await {
             Ok(payment) => payment.into_inner(),
             Err(status) => {
-                self.keys.release(&lease).await?;
+                self.keys.release(lease).await?;
                 return Err(OrdersError::Payment(status));
             }
         };
@@ -177,11 +191,11 @@ impl OrderService {
         // Phase 3: the outcome, with the answer every repeat will get and the event that tells
         // the client's webhook endpoints, all in one transaction: no event without the outcome,
         // no outcome without its event.
-        let mut phase = self.keys.phase(&mut lease).await?;
+        let mut phase = self.keys.phase(lease).await?;
         let order = store::record_payment(phase.connection(), &order.order_id, &payment).await?;
         store::announce_payment(phase.connection(), client_id, &order).await?;
         phase.complete(&Stored { code: Code::Ok as i32, body: order.encode_to_vec() }).await?;
-        Ok(Answer { order, replayed: false })
+        Ok(order)
     }
 }
 

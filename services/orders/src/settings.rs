@@ -2,6 +2,8 @@ use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
 use idempotency::KeySettings;
+
+use crate::CompleterSettings;
 use outbox::EndpointLimits;
 use rpc::Dependency;
 use resilience::{ChainMode, breaker::BreakerSettings, naive::NaiveSettings};
@@ -16,8 +18,11 @@ pub struct Settings {
     /// sqlx URL of the order database: `sqlite://…` (the file is created when missing) or
     /// `postgres://…`.
     pub database_url: String,
-    /// Expiry of idempotency keys (24 h by default) and how the reaper deletes them.
+    /// Expiry of idempotency keys (24 h by default) and how the reaper deletes them. Must be at
+    /// least `deadline.max_ms + completer.window_ms`.
     pub idempotency: KeySettings,
+    /// How creates left half-done are settled.
+    pub completer: CompleterSettings,
     /// Deadline for calls that carry none, and the longest accepted.
     pub deadline: InboundPolicy,
     /// Payment: what is left of the deadline minus 200 ms kept for orders' own reply.
@@ -65,6 +70,7 @@ impl Default for Settings {
             listen: SocketAddr::from(([127, 0, 0, 1], 50052)),
             database_url: "sqlite://orders.db".into(),
             idempotency: KeySettings::default(),
+            completer: CompleterSettings::default(),
             deadline: InboundPolicy::default(),
             payment: Dependency {
                 endpoint: "http://127.0.0.1:50053".into(),
@@ -79,6 +85,19 @@ impl Default for Settings {
     }
 }
 
+impl Settings {
+    /// Refuses settings under which a key could stop protecting its create: the key must outlive
+    /// the longest request and the completer's window, so that a create the completer settles
+    /// late can still be replayed to the client who repeats it.
+    pub fn check(&self) -> Result<(), String> {
+        self.completer.check()?;
+        let longest = std::time::Duration::from_millis(self.deadline.max_ms + self.completer.window_ms);
+        self.idempotency
+            .require_ttl(longest, "a key must outlive the longest request (deadline.max_ms) plus the completer's window (completer.window_ms)")
+            .map_err(|error| error.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,5 +109,21 @@ mod tests {
         let loaded: Settings = settings::load("ORDERS_TEST", &args).unwrap();
         assert_eq!(loaded.webhooks.test_hosts, ["127.0.0.1:9000", "[::1]:9001"]);
         assert_eq!(loaded.webhooks.rotation_overlap_ms, 86_400_000);
+    }
+
+    #[test]
+    fn settings_that_would_let_a_key_stop_protecting_its_create_are_refused() {
+        assert_eq!(Settings::default().check(), Ok(()));
+        let mut settings = Settings::default();
+        settings.completer.window_ms = settings.completer.payment_key_ttl_ms;
+        assert!(settings.check().unwrap_err().contains("completer.window_ms"), "a window payment's keys do not cover");
+        let mut settings = Settings::default();
+        settings.idempotency.ttl_ms = settings.completer.window_ms + settings.deadline.max_ms - 1;
+        assert!(settings.check().unwrap_err().contains("idempotency.ttl_ms"), "a key that expires within the completer's window");
+        settings.idempotency.ttl_ms += 1;
+        assert_eq!(settings.check(), Ok(()));
+        let mut settings = Settings::default();
+        settings.completer.grace_ms = settings.completer.window_ms;
+        assert!(settings.check().unwrap_err().contains("completer.grace_ms"));
     }
 }

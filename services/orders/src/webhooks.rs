@@ -89,18 +89,19 @@ impl WebhookService {
             }
             Begin::Execute(lease) => lease,
         };
-        let mut phase = self.keys.phase(&mut lease).await?;
-        match write(phase.connection(), client_id).await {
-            Ok(answer) => {
-                phase.complete(&Stored { code: Code::Ok as i32, body: answer.encode_to_vec() }).await?;
-                Ok(Response::new(answer))
+        let written = {
+            let mut phase = self.keys.phase(&mut lease).await?;
+            match write(phase.connection(), client_id).await {
+                Ok(answer) => phase.complete(&Stored { code: Code::Ok as i32, body: answer.encode_to_vec() }).await.map(|()| answer).map_err(OrdersError::from),
+                Err(error) => Err(error),
             }
-            Err(error) => {
-                drop(phase);
-                self.keys.release(&lease).await?;
-                Err(error)
-            }
+            // A phase that did not complete is rolled back here, before the key is released.
+        };
+        // A failed write or completion committed nothing, so a corrected repeat may start afresh.
+        if written.is_err() {
+            self.keys.release(&lease).await?;
         }
+        written.map(Response::new)
     }
 
     async fn set_enabled(&self, request: Request<EndpointRef>, enabled: bool) -> Result<Response<Endpoint>, Status> {

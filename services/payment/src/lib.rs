@@ -41,6 +41,10 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
+        settings
+            .idempotency
+            .require_ttl(Duration::from_millis(settings.deadline.max_ms), "a key must outlive the longest request (deadline.max_ms)")
+            .map_err(|error| ServerError::Settings(error.to_string()))?;
         let database = Database::open(&settings.database_url, HOP, |backend| match backend {
             idempotency::Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
             idempotency::Backend::Postgres => sqlx::migrate!("./migrations/postgres"),

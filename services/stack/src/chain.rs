@@ -158,6 +158,8 @@ impl Chain {
         let database_urls = (settings.orders.database_url.clone(), settings.payment.database_url.clone());
         let bank = bank_mock::Application::build(settings.bank).await?;
         settings.payment.bank.endpoint = format!("http://{}", bank.grpc_addr());
+        // The completer's window is checked against how long payment really keeps its keys.
+        settings.orders.completer.payment_key_ttl_ms = settings.payment.idempotency.ttl_ms;
         let payment = payment::Application::build(settings.payment).await?;
         settings.orders.payment.endpoint = format!("http://{}", payment.grpc_addr());
         let orders = orders::Application::build(settings.orders).await?;

@@ -2,5 +2,6 @@
 
 pub mod chain;
 pub mod scenario;
+pub mod settlement;
 
 pub use chain::{Addresses, Chain, ChainGuardStats, ChainHopStats, ChainSettings};

@@ -20,7 +20,10 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::chain::{Chain, ChainGuardStats, ChainHopStats, ChainSettings};
+use crate::{
+    chain::{Chain, ChainGuardStats, ChainHopStats, ChainSettings},
+    settlement::{self, Settlement},
+};
 
 /// How requests are sent.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -93,6 +96,9 @@ pub struct Scenario {
     pub one_key: bool,
     /// After the run, send every request again with its key, to measure replays.
     pub replay: bool,
+    /// After the run (and before anything is sent again), wait for orders' completer to settle
+    /// the creates left half-done, and report the orders before and after.
+    pub settle: bool,
     /// Changes to the chain's settings for this scenario.
     pub chain: fn(&mut ChainSettings),
     /// The bank's faults are lifted this long after the start.
@@ -118,6 +124,7 @@ impl Scenario {
         variants: &[BUDGETED],
         one_key: false,
         replay: false,
+        settle: false,
         chain: as_configured,
         heal_after: None,
         api_key: "demo-key-1",
@@ -140,6 +147,16 @@ pub fn without_breakers(settings: &mut ChainSettings) {
 const TIME_LIMIT: Duration = Duration::from_secs(120);
 /// How long after the last answer the bank is watched for work nobody will read.
 const SETTLE: Duration = Duration::from_secs(2);
+/// The longest a scenario waits for the completer to settle its orders.
+const SETTLEMENT_LIMIT: Duration = Duration::from_secs(60);
+
+/// Breakers out of the way (every lost reply is a failure to them), and a completer that resumes
+/// a stranded create 1 s after it was left instead of 10 s, so that the run shows it.
+fn quick_completer(settings: &mut ChainSettings) {
+    without_breakers(settings);
+    settings.orders.completer.grace_ms = 1_000;
+    settings.orders.completer.interval_ms = 200;
+}
 
 fn latency(mean: f64, stddev: f64) -> Latency {
     Latency { mean, stddev }
@@ -222,6 +239,17 @@ pub fn catalogue() -> Vec<Scenario> {
             load: Load::Closed { concurrency: 4 },
             replay: true,
             chain: without_breakers,
+            ..Scenario::DEFAULTS
+        },
+        Scenario {
+            name: "stranded-charges",
+            about: "the bank charges and loses every reply, and the gateway retries only within its budget: the orders it gives up on stay charged but pending until orders' completer settles each with the same keys, one charge each, and the clients' repeats get the settled answers",
+            faults: Faults { drop_reply_rate: 1.0, latency_ms: latency(5.0, 1.0), ..Faults::default() },
+            requests: 200,
+            load: Load::Open { per_second: 40 },
+            replay: true,
+            settle: true,
+            chain: quick_completer,
             ..Scenario::DEFAULTS
         },
         Scenario {
@@ -336,6 +364,8 @@ pub struct Report {
     /// ones), when measured: their latency and HTTP status → count.
     pub replay_latency_ms: Option<Percentiles>,
     pub replay_outcomes: Option<BTreeMap<u16, usize>>,
+    /// The orders when the clients left and once the completer had settled them, when watched.
+    pub settlement: Option<Settlement>,
     pub bank: BankStats,
     /// Bank calls (every attempt that reached it) per user request, before anything was sent again.
     pub bank_calls_per_request: f64,
@@ -639,9 +669,16 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
     let elapsed = started.elapsed();
 
     let calls_when_clients_left = chain.bank().stats().calls;
+    let settlement = if scenario.settle {
+        eprintln!("  [{}] waiting for orders' completer to settle the pending orders", scenario.name);
+        settlement::watch(chain, SETTLEMENT_LIMIT).await.inspect_err(|error| eprintln!("  the orders could not be counted: {error}")).ok()
+    } else {
+        None
+    };
     tokio::time::sleep(SETTLE).await;
     let bank_calls = chain.bank().stats().calls;
     let bank_calls_after_clients_left = bank_calls - calls_when_clients_left;
+
 
     let (replay_latency_ms, replay_outcomes) = if scenario.replay {
         eprintln!("  [{}] sending every request again with its key", scenario.name);
@@ -679,6 +716,7 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
         latency_ms: Percentiles::of(&histogram),
         replay_latency_ms,
         replay_outcomes,
+        settlement,
         requests_per_second: completed as f64 / elapsed.as_secs_f64().max(1e-9),
         bank,
         bank_calls_per_request: bank_calls as f64 / completed.max(1) as f64,
@@ -796,6 +834,23 @@ impl fmt::Display for Report {
                 r.p50,
                 r.p99,
                 r.max
+            )?;
+        }
+        if let Some(Settlement { before, after, elapsed_ms }) = self.settlement {
+            writeln!(
+                f,
+                "  settlement   when the clients left: {} paid, {} declined, {} pending; {:.1} s later: {} paid, {} declined, {} pending; \
+                 {} bank charges for {} paid and declined orders; orders without their key: {}",
+                before.paid,
+                before.declined,
+                before.pending,
+                elapsed_ms / 1e3,
+                after.paid,
+                after.declined,
+                after.pending,
+                self.bank.charges,
+                after.paid + after.declined,
+                after.without_key
             )?;
         }
         let b = self.bank;

@@ -129,6 +129,19 @@ async fn lost_reply_charges_once_per_order_and_the_clients_retries_finish_the_re
 }
 
 #[tokio::test]
+async fn stranded_charges_are_all_settled_by_the_completer_with_one_charge_each() {
+    let report = run("stranded-charges").await;
+    let settlement = report.settlement.expect("the orders were counted");
+    assert!(settlement.before.pending > 0, "the gateway gave up on some orders: {settlement:?}");
+    assert_eq!((settlement.after.paid, settlement.after.pending), (report.requests as u64, 0), "{settlement:?}");
+    assert_eq!(report.bank.charges, settlement.after.paid, "one charge per paid order: {:?}", report.bank);
+    assert_eq!(report.bank.calls - report.bank.duplicate_keys, report.bank.charges, "one execution per charge: {:?}", report.bank);
+    assert_eq!(settlement.after.without_key, 0, "no key of an unsettled create was deleted");
+    let sent_again = report.replay_outcomes.unwrap();
+    assert_eq!(sent_again.get(&201), Some(&report.requests), "the clients' repeats get the settled orders: {sent_again:?}");
+}
+
+#[tokio::test]
 async fn duplicate_storm_executes_once() {
     let report = run("duplicate-storm").await;
     assert_eq!(report.bank.charges, 1, "{:?}", report.bank);

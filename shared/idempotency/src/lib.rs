@@ -17,13 +17,15 @@
 
 mod clock;
 mod database;
+#[cfg(feature = "pause-points")]
+pub mod pause;
 mod reaper;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use database::{Backend, Database, DatabaseError};
 pub use reaper::spawn_reaper;
-pub use store::{Begin, KeyError, KeySettings, KeyStore, Lease, Phase, Stored};
+pub use store::{Begin, KeyError, KeySettings, KeyStore, Lease, Phase, Stored, StrandedKey, TtlTooShort};
 
 use sha2::{Digest, Sha256};
 

@@ -17,6 +17,28 @@ pub struct KeySettings {
     pub reap_batch: u32,
 }
 
+/// A key TTL too short for the work done under the keys: a key that expires while its work can
+/// still go on (or be resumed) stops protecting it.
+#[derive(Debug, thiserror::Error)]
+#[error("idempotency.ttl_ms is {ttl_ms} ms but must be at least {needed_ms} ms: {why}")]
+pub struct TtlTooShort {
+    pub ttl_ms: u64,
+    pub needed_ms: u64,
+    pub why: String,
+}
+
+impl KeySettings {
+    /// Refuses a TTL shorter than `needed`, the longest a key's work can go on (`why` says what
+    /// makes it that long, for the error).
+    pub fn require_ttl(&self, needed: Duration, why: impl Into<String>) -> Result<(), TtlTooShort> {
+        let needed_ms = needed.as_millis() as u64;
+        if self.ttl_ms < needed_ms {
+            return Err(TtlTooShort { ttl_ms: self.ttl_ms, needed_ms, why: why.into() });
+        }
+        Ok(())
+    }
+}
+
 impl Default for KeySettings {
     fn default() -> Self {
         Self { ttl_ms: 24 * 3_600_000, reap_interval_ms: 60_000, reap_batch: 500 }
@@ -41,6 +63,27 @@ pub struct Lease {
     pub recovery_point: String,
     /// What an earlier phase created, e.g. the order id.
     pub resource_id: Option<String>,
+}
+
+impl Lease {
+    fn new(scope: &str, key: &str, token: i64, recovery_point: String, resource_id: Option<String>) -> Self {
+        Self { scope: scope.to_owned(), key: key.to_owned(), token, recovery_point, resource_id }
+    }
+}
+
+/// A key whose work was left half-done and nobody holds: see [`KeyStore::stranded`].
+#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+pub struct StrandedKey {
+    pub scope: String,
+    #[sqlx(rename = "idempotency_key")]
+    pub key: String,
+    /// The holder it was left by, so that resuming it takes over only what was found.
+    lock_token: i64,
+    pub recovery_point: String,
+    pub resource_id: Option<String>,
+    /// When the key was first used, ms since the epoch.
+    #[sqlx(rename = "created_at")]
+    pub created_at_ms: i64,
 }
 
 /// What [`KeyStore::begin`] found.
@@ -73,14 +116,14 @@ pub struct KeyStore {
     database: Database,
     clock: Arc<dyn Clock>,
     settings: KeySettings,
+    #[cfg(feature = "pause-points")]
+    pause: Option<Arc<dyn crate::pause::PauseHook>>,
 }
 
 #[derive(Debug, FromRow)]
 struct KeyRow {
     fingerprint: String,
     state: String,
-    recovery_point: String,
-    resource_id: Option<String>,
     lock_token: i64,
     locked_until: i64,
     response_code: Option<i64>,
@@ -93,13 +136,44 @@ const FINISHED: &str = "finished";
 const IN_FLIGHT: &str = "in_flight";
 const COMPLETED: &str = "completed";
 
+/// The one rule of expiry, for the reaper and `begin`: a key is deleted once it has expired and
+/// nothing can still be done under it, that is when it completed, or when it never got past its
+/// first phase and nobody holds it. A key with a live lease, or one whose work is half-done
+/// (past `started`, not completed), is kept whatever its age: deleting it would let a repeat
+/// execute afresh beside the work already done (a second order, a second charge). `now` is the
+/// placeholder of the current time.
+fn expired_and_settled(now: &str) -> String {
+    format!("expires_at <= {now} AND (state = '{COMPLETED}' OR (recovery_point = '{STARTED}' AND locked_until <= {now}))")
+}
+
 impl KeyStore {
     pub fn new(database: Database, settings: KeySettings) -> Self {
         Self::with_clock(database, settings, Arc::new(SystemClock))
     }
 
     pub fn with_clock(database: Database, settings: KeySettings, clock: Arc<dyn Clock>) -> Self {
-        Self { database, clock, settings }
+        Self {
+            database,
+            clock,
+            settings,
+            #[cfg(feature = "pause-points")]
+            pause: None,
+        }
+    }
+
+    /// Holds requests at the store's pause points while `hook` says so, to force interleavings
+    /// in tests.
+    #[cfg(feature = "pause-points")]
+    pub fn with_pause_hook(mut self, hook: Arc<dyn crate::pause::PauseHook>) -> Self {
+        self.pause = Some(hook);
+        self
+    }
+
+    #[cfg(feature = "pause-points")]
+    async fn pause(&self, at: crate::pause::Pause, key: &str) {
+        if let Some(hook) = &self.pause {
+            hook.reached(at, key).await;
+        }
     }
 
     pub fn settings(&self) -> KeySettings {
@@ -114,9 +188,10 @@ impl KeyStore {
     /// request's remaining deadline: after it, nobody is working on the key any more).
     pub async fn begin(&self, scope: &str, key: &str, fingerprint: &str, lease: Duration) -> Result<Begin, KeyError> {
         let token = rand::random::<i64>();
-        // Two rounds at most: the second after deleting an expired row that the reaper has not
-        // reached yet, so that an expired key executes afresh.
-        for _ in 0..2 {
+        // A few rounds at most: each one that does not decide follows a change another request
+        // made in between (an expired row deleted, a takeover lost to a completion), and the next
+        // round sees what that change left.
+        for _ in 0..3 {
             let now = self.clock.now_ms();
             let locked_until = now + lease.as_millis() as i64;
             let inserted = sqlx::query(
@@ -138,26 +213,39 @@ impl KeyStore {
             .await?
             .rows_affected();
             if inserted == 1 {
-                return Ok(Begin::Execute(self.lease(scope, key, token, STARTED.into(), None)));
+                return Ok(Begin::Execute(Lease::new(scope, key, token, STARTED.into(), None)));
             }
 
-            let row: KeyRow = sqlx::query_as(
-                "SELECT fingerprint, state, recovery_point, resource_id, lock_token, locked_until, \
+            let row: Option<KeyRow> = sqlx::query_as(
+                "SELECT fingerprint, state, lock_token, locked_until, \
                  response_code, response_body, expires_at \
                  FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2",
             )
             .bind(scope)
             .bind(key)
-            .fetch_one(self.database.pool())
+            .fetch_optional(self.database.pool())
             .await?;
+            // Deleted since the insert collided with it: the next round inserts afresh.
+            let Some(row) = row else { continue };
+            #[cfg(feature = "pause-points")]
+            self.pause(crate::pause::Pause::BeginRead, key).await;
+            // An expired key counts as unused, but only once nothing can still be done under it:
+            // the delete checks that in the same statement (see `expired_and_settled`), and a row
+            // it keeps is handled as an unexpired one.
             if row.expires_at <= now {
-                sqlx::query("DELETE FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2 AND expires_at <= $3")
-                    .bind(scope)
-                    .bind(key)
-                    .bind(now)
-                    .execute(self.database.pool())
-                    .await?;
-                continue;
+                let deleted = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DELETE FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2 AND {}",
+                    expired_and_settled("$3")
+                )))
+                .bind(scope)
+                .bind(key)
+                .bind(now)
+                .execute(self.database.pool())
+                .await?
+                .rows_affected();
+                if deleted == 1 {
+                    continue;
+                }
             }
             if row.fingerprint != fingerprint {
                 return Err(KeyError::Mismatch);
@@ -169,44 +257,97 @@ impl KeyStore {
             if row.locked_until > now {
                 return Err(KeyError::InFlight);
             }
-            // The lease ran out (its request was cancelled, crashed or failed): take it over,
-            // unless another repeat got there first.
-            let taken = sqlx::query(
-                "UPDATE idempotency_keys SET lock_token = $1, locked_until = $2 \
-                 WHERE scope = $3 AND idempotency_key = $4 AND lock_token = $5 AND state = $6",
-            )
-            .bind(token)
-            .bind(locked_until)
-            .bind(scope)
-            .bind(key)
-            .bind(row.lock_token)
-            .bind(IN_FLIGHT)
-            .execute(self.database.pool())
-            .await?
-            .rows_affected();
-            if taken == 0 {
-                return Err(KeyError::InFlight);
+            // The lease ran out (its request was cancelled, crashed or failed): take it over.
+            match self.take_over(scope, key, row.lock_token, token, now, locked_until).await? {
+                Some(lease) => {
+                    tracing::info!(scope, recovery_point = %lease.recovery_point, "resuming an idempotency key whose lease ran out");
+                    return Ok(Begin::Execute(lease));
+                }
+                // Another request changed the key since it was read: completed it (the next
+                // round replays its answer) or took it over (the next round finds it in flight).
+                None => continue,
             }
-            tracing::info!(scope, recovery_point = %row.recovery_point, "resuming an idempotency key whose lease ran out");
-            return Ok(Begin::Execute(self.lease(scope, key, token, row.recovery_point, row.resource_id)));
         }
         Err(KeyError::InFlight)
     }
 
-    fn lease(&self, scope: &str, key: &str, token: i64, recovery_point: String, resource_id: Option<String>) -> Lease {
-        Lease { scope: scope.to_owned(), key: key.to_owned(), token, recovery_point, resource_id }
+    /// Takes over the lease of a key whose lease has run out, if it is still the one `seen_token`
+    /// names. The update returns the recovery point and resource it won, so the new holder
+    /// resumes from what the key says now: the old holder may have committed a phase after the
+    /// key was read, and resuming from that read would redo the phase (a second order).
+    async fn take_over(&self, scope: &str, key: &str, seen_token: i64, token: i64, now: i64, locked_until: i64) -> Result<Option<Lease>, KeyError> {
+        let won: Option<(String, Option<String>)> = sqlx::query_as(
+            "UPDATE idempotency_keys SET lock_token = $1, locked_until = $2 \
+             WHERE scope = $3 AND idempotency_key = $4 AND lock_token = $5 AND state = $6 AND locked_until <= $7 \
+             RETURNING recovery_point, resource_id",
+        )
+        .bind(token)
+        .bind(locked_until)
+        .bind(scope)
+        .bind(key)
+        .bind(seen_token)
+        .bind(IN_FLIGHT)
+        .bind(now)
+        .fetch_optional(self.database.pool())
+        .await?;
+        Ok(won.map(|(recovery_point, resource_id)| Lease::new(scope, key, token, recovery_point, resource_id)))
+    }
+
+    /// Keys whose work was left half-done: past their first phase, not completed, and released
+    /// or with a lease that ran out at least `grace` ago (time for the client's own retry),
+    /// first used within `window`. Oldest first, at most `limit`.
+    pub async fn stranded(&self, grace: Duration, window: Duration, limit: u32) -> Result<Vec<StrandedKey>, KeyError> {
+        let now = self.clock.now_ms();
+        // The states are written out, not bound, so that both backends use the partial index
+        // `idempotency_keys_unsettled`, whose condition this must repeat.
+        let keys = sqlx::query_as(
+            "SELECT scope, idempotency_key, lock_token, recovery_point, resource_id, created_at FROM idempotency_keys \
+             WHERE state = 'in_flight' AND recovery_point <> 'started' AND locked_until <= $1 AND created_at > $2 \
+             ORDER BY created_at LIMIT $3",
+        )
+        .bind(now - grace.as_millis() as i64)
+        .bind(now - window.as_millis() as i64)
+        .bind(i64::from(limit.max(1)))
+        .fetch_all(self.database.pool())
+        .await?;
+        Ok(keys)
+    }
+
+    /// Keys past their first phase and not completed that were first used longer than `window`
+    /// ago: work nobody resumes by itself any more, left for an operator to settle.
+    pub async fn count_unsettled_before(&self, window: Duration) -> Result<u64, KeyError> {
+        let now = self.clock.now_ms();
+        let count: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM idempotency_keys \
+             WHERE state = 'in_flight' AND recovery_point <> 'started' AND created_at <= $1",
+        )
+        .bind(now - window.as_millis() as i64)
+        .fetch_one(self.database.pool())
+        .await?;
+        Ok(count as u64)
+    }
+
+    /// Takes over a key [`KeyStore::stranded`] found, leased for `lease`; `None` when another
+    /// request or completer got to it first.
+    pub async fn resume(&self, stranded: &StrandedKey, lease: Duration) -> Result<Option<Lease>, KeyError> {
+        let now = self.clock.now_ms();
+        let token = rand::random::<i64>();
+        self.take_over(&stranded.scope, &stranded.key, stranded.lock_token, token, now, now + lease.as_millis() as i64).await
     }
 
     /// Starts an atomic phase: run its effects on [`Phase::connection`], then commit them with
     /// the key's next recovery point ([`Phase::commit_at`]) or its final answer ([`Phase::complete`]).
     pub async fn phase<'l>(&self, lease: &'l mut Lease) -> Result<Phase<'l>, KeyError> {
-        Ok(Phase { transaction: self.database.pool().begin().await?, lease })
+        let keep_until = self.clock.now_ms() + self.settings.ttl_ms as i64;
+        Ok(Phase { transaction: self.database.pool().begin().await?, lease, keep_until })
     }
 
     /// Gives the key up after a failure a retry may fix: the next repeat resumes at once from the
-    /// last recovery point instead of waiting for the lease to run out.
+    /// last recovery point instead of waiting for the lease to run out. The lease ends now, which
+    /// tells [`KeyStore::stranded`] how long the key has waited.
     pub async fn release(&self, lease: &Lease) -> Result<(), KeyError> {
-        sqlx::query("UPDATE idempotency_keys SET locked_until = 0 WHERE scope = $1 AND idempotency_key = $2 AND lock_token = $3")
+        sqlx::query("UPDATE idempotency_keys SET locked_until = $1 WHERE scope = $2 AND idempotency_key = $3 AND lock_token = $4")
+            .bind(self.clock.now_ms())
             .bind(&lease.scope)
             .bind(&lease.key)
             .bind(lease.token)
@@ -215,15 +356,18 @@ impl KeyStore {
         Ok(())
     }
 
-    /// Deletes expired keys, `reap_batch` rows per statement; returns how many.
+    /// Deletes expired keys that nothing can still be done under (see `expired_and_settled`),
+    /// `reap_batch` rows per statement; returns how many.
     pub async fn reap_expired(&self) -> Result<u64, sqlx::Error> {
         let now = self.clock.now_ms();
+        let statement = format!(
+            "DELETE FROM idempotency_keys WHERE (scope, idempotency_key) IN \
+             (SELECT scope, idempotency_key FROM idempotency_keys WHERE {} LIMIT $2)",
+            expired_and_settled("$1")
+        );
         let mut deleted = 0;
         loop {
-            let batch = sqlx::query(
-                "DELETE FROM idempotency_keys WHERE (scope, idempotency_key) IN \
-                 (SELECT scope, idempotency_key FROM idempotency_keys WHERE expires_at <= $1 LIMIT $2)",
-            )
+            let batch = sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
             .bind(now)
             .bind(i64::from(self.settings.reap_batch.max(1)))
             .execute(self.database.pool())
@@ -241,6 +385,9 @@ impl KeyStore {
 pub struct Phase<'l> {
     transaction: Transaction<'static, Any>,
     lease: &'l mut Lease,
+    /// A key completed now is kept at least until then, so that even work finished late (a
+    /// create the completer settled) can be replayed for a full TTL.
+    keep_until: i64,
 }
 
 impl Phase<'_> {
@@ -278,7 +425,8 @@ impl Phase<'_> {
     pub async fn complete(mut self, answer: &Stored) -> Result<(), KeyError> {
         let updated = sqlx::query(
             "UPDATE idempotency_keys SET state = $1, recovery_point = $2, response_code = $3, response_body = $4, \
-             locked_until = 0 WHERE scope = $5 AND idempotency_key = $6 AND lock_token = $7",
+             locked_until = 0, expires_at = CASE WHEN expires_at < $8 THEN $8 ELSE expires_at END \
+             WHERE scope = $5 AND idempotency_key = $6 AND lock_token = $7",
         )
         .bind(COMPLETED)
         .bind(FINISHED)
@@ -287,6 +435,7 @@ impl Phase<'_> {
         .bind(&self.lease.scope)
         .bind(&self.lease.key)
         .bind(self.lease.token)
+        .bind(self.keep_until)
         .execute(&mut *self.transaction)
         .await?
         .rows_affected();

@@ -1,10 +1,22 @@
 //! The key store against both backends: SQLite always, PostgreSQL when `TEST_POSTGRES_URL` names a
 //! server whose user may create databases (CI starts one; without it these tests say so loudly).
 
-use std::{io::Write, sync::Arc, time::Duration};
+use std::{
+    io::Write,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
-use idempotency::{Begin, Database, KeyError, KeySettings, KeyStore, ManualClock, Stored};
+use futures::future::BoxFuture;
+use idempotency::{
+    Begin, Database, KeyError, KeySettings, KeyStore, ManualClock, Stored,
+    pause::{Pause, PauseHook},
+};
 use sqlx::{Connection, Executor};
+use tokio::sync::Notify;
 
 const LEASE: Duration = Duration::from_secs(2);
 const START_MS: i64 = 1_800_000_000_000;
@@ -169,5 +181,217 @@ async fn an_expired_key_the_reaper_has_not_reached_executes_afresh() {
         clock.advance_ms(1_000);
         let fresh = execute(store.begin("c", "k-5", "fp", LEASE).await.unwrap());
         assert_eq!(fresh.recovery_point, "started", "{backend}");
+    }
+}
+
+/// Holds the first request that reaches `at` on `key` until the test lets it go.
+#[derive(Debug)]
+struct HoldOnce {
+    at: Pause,
+    key: &'static str,
+    armed: AtomicBool,
+    reached: Arc<Notify>,
+    go_on: Arc<Notify>,
+}
+
+impl HoldOnce {
+    fn new(at: Pause, key: &'static str) -> Arc<Self> {
+        Arc::new(Self { at, key, armed: AtomicBool::new(true), reached: Arc::default(), go_on: Arc::default() })
+    }
+
+    /// Waits until the held request is there (at most 10 s, so that a regression fails instead
+    /// of hanging).
+    async fn held(&self) {
+        tokio::time::timeout(Duration::from_secs(10), self.reached.notified()).await.expect("a request reached the pause point");
+    }
+
+    fn let_go(&self) {
+        self.go_on.notify_one();
+    }
+}
+
+impl PauseHook for HoldOnce {
+    fn reached(&self, at: Pause, key: &str) -> BoxFuture<'static, ()> {
+        if at != self.at || key != self.key || !self.armed.swap(false, Ordering::SeqCst) {
+            return Box::pin(async {});
+        }
+        self.reached.notify_one();
+        let go_on = self.go_on.clone();
+        Box::pin(async move { go_on.notified().await })
+    }
+}
+
+/// An order-like effect table for the tests that play a service's phases.
+async fn effects_table(database: &Database, backend: &str, name: &str) -> String {
+    let table = format!("{name}_{backend}");
+    database.pool().execute(sqlx::AssertSqlSafe(format!("CREATE TABLE {table} (id TEXT PRIMARY KEY)"))).await.unwrap();
+    table
+}
+
+async fn insert_effect(phase: &mut idempotency::Phase<'_>, table: &str, id: &str) {
+    phase.connection().execute(sqlx::AssertSqlSafe(format!("INSERT INTO {table} (id) VALUES ('{id}')"))).await.unwrap();
+}
+
+async fn count_effects(database: &Database, table: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}"))).fetch_one(database.pool()).await.unwrap()
+}
+
+/// The old holder of a lease that ran out commits its first phase between a repeat's read of
+/// the key and its takeover: the repeat resumes after that phase instead of redoing it.
+#[tokio::test]
+async fn a_takeover_resumes_from_the_phase_the_old_holder_committed_meanwhile() {
+    for (backend, database, _dir) in databases().await {
+        let orders = effects_table(&database, backend, "race_orders").await;
+        let hold = HoldOnce::new(Pause::BeginRead, "k-race");
+        let (store, clock) = store(&database, KeySettings::default());
+        let store = store.with_pause_hook(hold.clone());
+        let mut old = execute(store.begin("c", "k-race", "fp", Duration::from_millis(500)).await.unwrap());
+        clock.advance_ms(600);
+
+        let repeat = tokio::spawn({
+            let store = store.clone();
+            async move { store.begin("c", "k-race", "fp", LEASE).await }
+        });
+        hold.held().await;
+        // Still running past its lease (a clock step, a COMMIT in flight when its deadline fired).
+        let mut phase = store.phase(&mut old).await.unwrap();
+        insert_effect(&mut phase, &orders, "order-1").await;
+        phase.commit_at("order_created", Some("order-1")).await.unwrap();
+        hold.let_go();
+
+        let mut taken = execute(repeat.await.unwrap().unwrap());
+        assert_eq!((taken.recovery_point.as_str(), taken.resource_id.as_deref()), ("order_created", Some("order-1")), "{backend}");
+        // What a service does with its lease: a lease at `started` makes the order.
+        if taken.resource_id.is_none() {
+            let mut phase = store.phase(&mut taken).await.unwrap();
+            insert_effect(&mut phase, &orders, "order-2").await;
+            phase.commit_at("order_created", Some("order-2")).await.unwrap();
+        }
+        assert_eq!(count_effects(&database, &orders).await, 1, "{backend}: one order under one key");
+        let lost = store.phase(&mut old).await.unwrap().complete(&Stored { code: 0, body: vec![] }).await;
+        assert!(matches!(lost, Err(KeyError::LeaseLost)), "{backend}: the old holder cannot complete");
+    }
+}
+
+/// A repeat that finds a lease run out loses its takeover to the old holder completing the key:
+/// it replays that answer instead of answering "in flight".
+#[tokio::test]
+async fn a_takeover_lost_to_a_completion_replays_it() {
+    for (backend, database, _dir) in databases().await {
+        let hold = HoldOnce::new(Pause::BeginRead, "k-done");
+        let (store, clock) = store(&database, KeySettings::default());
+        let store = store.with_pause_hook(hold.clone());
+        let mut old = execute(store.begin("c", "k-done", "fp", Duration::from_millis(500)).await.unwrap());
+        clock.advance_ms(600);
+
+        let repeat = tokio::spawn({
+            let store = store.clone();
+            async move { store.begin("c", "k-done", "fp", LEASE).await }
+        });
+        hold.held().await;
+        let answer = Stored { code: 0, body: b"paid".to_vec() };
+        store.phase(&mut old).await.unwrap().complete(&answer).await.unwrap();
+        hold.let_go();
+
+        match repeat.await.unwrap() {
+            Ok(Begin::Replay(stored)) => assert_eq!(stored, answer, "{backend}"),
+            other => panic!("{backend}: expected the completed answer, got {other:?}"),
+        }
+    }
+}
+
+/// A key resumed just before its TTL is still being worked on when the TTL passes: neither the
+/// reaper nor another repeat may delete it and start afresh beside that work.
+#[tokio::test]
+async fn an_expired_key_with_a_live_lease_is_kept_and_stays_in_flight() {
+    for (backend, database, _dir) in databases().await {
+        let (store, clock) = store(&database, KeySettings { ttl_ms: 10_000, ..KeySettings::default() });
+        let mut first = execute(store.begin("c", "k-live", "fp", LEASE).await.unwrap());
+        store.phase(&mut first).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
+        store.release(&first).await.unwrap();
+
+        clock.advance_ms(9_000);
+        let mut resumed = execute(store.begin("c", "k-live", "fp", LEASE).await.unwrap());
+        assert_eq!(resumed.recovery_point, "order_created", "{backend}");
+        clock.advance_ms(1_500); // expired 0.5 s ago; the resumed request holds the key 0.5 s more
+
+        assert_eq!(store.reap_expired().await.unwrap(), 0, "{backend}: the reaper keeps a key with a live lease");
+        match store.begin("c", "k-live", "fp", LEASE).await {
+            Err(KeyError::InFlight) => {}
+            other => panic!("{backend}: expected in flight while the resumed request pays, got {other:?}"),
+        }
+        let answer = Stored { code: 0, body: b"paid".to_vec() };
+        store.phase(&mut resumed).await.unwrap().complete(&answer).await.unwrap();
+        // Completed after its TTL, it is kept a full TTL from then, for the client's repeat.
+        clock.advance_ms(9_000);
+        assert_eq!(store.reap_expired().await.unwrap(), 0, "{backend}");
+        assert!(matches!(store.begin("c", "k-live", "fp", LEASE).await, Ok(Begin::Replay(stored)) if stored == answer), "{backend}");
+    }
+}
+
+/// A create left after its first phase (an order made, its payment unsettled) outlives its TTL:
+/// deleting it would lose the link between the order and its payment, and a repeat would pay a
+/// second order.
+#[tokio::test]
+async fn an_expired_key_whose_work_is_half_done_is_kept_and_resumes_where_it_stopped() {
+    for (backend, database, _dir) in databases().await {
+        let (store, clock) = store(&database, KeySettings { ttl_ms: 10_000, ..KeySettings::default() });
+        let mut first = execute(store.begin("c", "k-half", "fp", LEASE).await.unwrap());
+        store.phase(&mut first).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
+        store.release(&first).await.unwrap();
+        // Never started: nothing was committed under it, so it expires like any other.
+        let never = execute(store.begin("c", "k-never", "fp", LEASE).await.unwrap());
+        store.release(&never).await.unwrap();
+
+        clock.advance_ms(11_000);
+        assert_eq!(store.reap_expired().await.unwrap(), 1, "{backend}: only the key that never got past its first phase");
+        let resumed = execute(store.begin("c", "k-half", "fp", LEASE).await.unwrap());
+        assert_eq!((resumed.recovery_point.as_str(), resumed.resource_id.as_deref()), ("order_created", Some("order-1")), "{backend}");
+        let afresh = execute(store.begin("c", "k-never", "another request", LEASE).await.unwrap());
+        assert_eq!(afresh.recovery_point, "started", "{backend}");
+    }
+}
+
+/// What a completer sees: half-done keys nobody holds, after the grace left for the client's own
+/// retry and within its window; resuming one takes it over once.
+#[tokio::test]
+async fn stranded_keys_are_found_after_their_grace_and_resumed_once() {
+    for (backend, database, _dir) in databases().await {
+        let (store, clock) = store(&database, KeySettings::default());
+        let (grace, window) = (Duration::from_secs(1), Duration::from_secs(60));
+        let mut released = execute(store.begin("c", "k-released", "fp", LEASE).await.unwrap());
+        store.phase(&mut released).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
+        store.release(&released).await.unwrap();
+        let mut held = execute(store.begin("c", "k-held", "fp", LEASE).await.unwrap());
+        store.phase(&mut held).await.unwrap().commit_at("order_created", Some("order-2")).await.unwrap();
+        let unstarted = execute(store.begin("c", "k-unstarted", "fp", LEASE).await.unwrap());
+        store.release(&unstarted).await.unwrap();
+        let mut done = execute(store.begin("c", "k-done", "fp", LEASE).await.unwrap());
+        store.phase(&mut done).await.unwrap().complete(&Stored { code: 0, body: vec![] }).await.unwrap();
+
+        clock.advance_ms(500);
+        assert_eq!(store.stranded(grace, window, 10).await.unwrap(), vec![], "{backend}: within the grace");
+        clock.advance_ms(600);
+        let found = store.stranded(grace, window, 10).await.unwrap();
+        let keys: Vec<&str> = found.iter().map(|stranded| stranded.key.as_str()).collect();
+        assert_eq!(keys, ["k-released"], "{backend}");
+        assert_eq!(found[0].resource_id.as_deref(), Some("order-1"));
+
+        let resumed = store.resume(&found[0], LEASE).await.unwrap().expect("taken over");
+        assert_eq!((resumed.recovery_point.as_str(), resumed.resource_id.as_deref()), ("order_created", Some("order-1")), "{backend}");
+        let lost = store.phase(&mut released).await.unwrap().complete(&Stored { code: 0, body: vec![] }).await;
+        assert!(matches!(lost, Err(KeyError::LeaseLost)), "{backend}: the request that released it cannot complete it");
+        assert_eq!(store.resume(&found[0], LEASE).await.unwrap(), None, "{backend}: a second completer gets nothing");
+        assert!(matches!(store.begin("c", "k-released", "fp", LEASE).await, Err(KeyError::InFlight)), "{backend}");
+
+        // The held key strands once its lease has run out and the grace has passed.
+        clock.advance_ms(2_000);
+        let keys: Vec<String> = store.stranded(grace, window, 10).await.unwrap().into_iter().map(|stranded| stranded.key).collect();
+        assert_eq!(keys, ["k-held"], "{backend}: the resumed key holds a live lease again");
+
+        // Past the window a completer leaves them to an operator.
+        clock.advance_ms(60_000);
+        assert_eq!(store.stranded(grace, window, 10).await.unwrap(), vec![], "{backend}");
+        assert_eq!(store.count_unsettled_before(window).await.unwrap(), 2, "{backend}");
     }
 }

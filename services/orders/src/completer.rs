@@ -1,0 +1,216 @@
+//! The completer: settles creates that were left half-done, before anyone repeats them afresh.
+//!
+//! Why a completer? A create whose payment failed is released for the client's retry, but the
+//! client may never retry: the bank charged and the reply was lost, the gateway ran out of
+//! attempts, budget or deadline, and the client got 503. The order then waits in
+//! `pending_payment` with the money taken. The completer finds such keys (past their first phase,
+//! not completed, nobody holding them for `grace_ms`) and resumes them as a repeat of the client
+//! would: the same order, the same derived payment key, so payment and the bank replay the charge
+//! rather than make a second one, and the outcome is recorded with its webhook event. Resuming is
+//! a takeover of the key's lease, so two completers (two replicas) or a completer and the
+//! client's own retry never both work on one key.
+//!
+//! It only resumes keys first used within `window_ms`: past payment's key TTL payment would no
+//! longer know the payment, so the window must be shorter (the settings refuse otherwise), and
+//! what is left beyond it is counted for an operator instead.
+
+use std::{sync::Arc, time::Duration};
+
+use deadline::{Deadline, Hop, HopStats};
+use futures::StreamExt;
+use idempotency::{KeyError, StrandedKey};
+use proto::common::v1::OrderStatus;
+use serde::{Deserialize, Serialize};
+use telemetry::metrics::{Counter, Gauge, KeyValue};
+use tokio::{task::JoinHandle, time::Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::{HOP, OrderService, error::OrdersError};
+
+/// How the completer looks for and resumes stranded creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CompleterSettings {
+    /// How often it looks for stranded creates.
+    pub interval_ms: u64,
+    /// How long a released create (or one whose lease ran out) is left for the client's own
+    /// retry before the completer resumes it; also the wait before it tries one again.
+    pub grace_ms: u64,
+    /// Creates first tried longer ago than this are no longer resumed but counted as unsettled,
+    /// for an operator. Must be shorter than `payment_key_ttl_ms`.
+    pub window_ms: u64,
+    /// How long payment keeps its idempotency keys (payment's `idempotency.ttl_ms`).
+    pub payment_key_ttl_ms: u64,
+    /// The deadline of each resumed create, as a client's request would have.
+    pub deadline_ms: u64,
+    /// Creates resumed at once.
+    pub concurrency: u32,
+    /// Creates taken per round at most.
+    pub batch: u32,
+}
+
+impl Default for CompleterSettings {
+    fn default() -> Self {
+        Self {
+            interval_ms: 1_000,
+            grace_ms: 10_000,
+            window_ms: 12 * 3_600_000,
+            payment_key_ttl_ms: 7 * 24 * 3_600_000,
+            deadline_ms: 2_000,
+            concurrency: 4,
+            batch: 100,
+        }
+    }
+}
+
+impl CompleterSettings {
+    /// Refuses settings that would resume a create payment may have forgotten.
+    pub fn check(&self) -> Result<(), String> {
+        if self.window_ms >= self.payment_key_ttl_ms {
+            return Err(format!(
+                "completer.window_ms ({} ms) must be shorter than payment's key TTL, completer.payment_key_ttl_ms ({} ms): \
+                 a create resumed after payment forgot its key would be paid afresh",
+                self.window_ms, self.payment_key_ttl_ms
+            ));
+        }
+        if self.grace_ms >= self.window_ms {
+            return Err(format!("completer.grace_ms ({} ms) must be shorter than completer.window_ms ({} ms)", self.grace_ms, self.window_ms));
+        }
+        Ok(())
+    }
+}
+
+/// How one resumed create ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resumed {
+    Paid,
+    Declined,
+    /// Payment or storage failed, or the deadline passed: the key is resumed in a later round.
+    Failed,
+    /// Another completer or the client's own retry took the key first.
+    Taken,
+}
+
+impl Resumed {
+    fn as_str(self) -> &'static str {
+        match self {
+            Resumed::Paid => "paid",
+            Resumed::Declined => "declined",
+            Resumed::Failed => "failed",
+            Resumed::Taken => "taken",
+        }
+    }
+}
+
+/// Names of the completer's instruments.
+pub mod name {
+    /// Rounds the completer ran.
+    pub const RUNS: &str = "orders.completer.runs";
+    /// Creates it resumed, by `outcome`: `paid`, `declined`, `failed` (tried again later),
+    /// `taken` (someone else resumed it first).
+    pub const RESUMES: &str = "orders.completer.resumes";
+    /// Half-done creates older than the window, which it no longer resumes: for an operator.
+    pub const UNSETTLED: &str = "orders.completer.unsettled";
+}
+
+/// Resumes stranded creates of one orders service.
+#[derive(Debug, Clone)]
+pub(crate) struct Completer {
+    service: OrderService,
+    settings: CompleterSettings,
+    hop_stats: Arc<HopStats>,
+    runs: Counter<u64>,
+    resumes: Counter<u64>,
+    unsettled: Gauge<u64>,
+}
+
+impl Completer {
+    pub(crate) fn new(service: OrderService, settings: CompleterSettings, hop_stats: Arc<HopStats>) -> Self {
+        let meter = telemetry::metrics::meter();
+        Self {
+            service,
+            settings,
+            hop_stats,
+            runs: telemetry::metrics::counter(name::RUNS, "Rounds of the completer"),
+            resumes: telemetry::metrics::counter(name::RESUMES, "Stranded creates the completer resumed, by outcome"),
+            unsettled: meter.u64_gauge(name::UNSETTLED).with_description("Half-done creates older than the completer's window").build(),
+        }
+    }
+
+    /// Runs a round every `interval_ms` until `shutdown` is cancelled.
+    pub(crate) fn spawn(self, shutdown: CancellationToken) -> JoinHandle<()> {
+        let interval = Duration::from_millis(self.settings.interval_ms.max(1));
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(interval);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    _ = ticks.tick() => if let Err(error) = self.run_once().await {
+                        tracing::warn!(%error, "the completer's round failed; the next one tries again");
+                    },
+                }
+            }
+        })
+    }
+
+    /// One round: resumes the stranded creates found now.
+    async fn run_once(&self) -> Result<(), KeyError> {
+        let span = tracing::info_span!("completer.run", found = tracing::field::Empty);
+        async {
+            self.runs.add(1, &[]);
+            let settings = &self.settings;
+            let keys = self.service.keys.clone();
+            let window = Duration::from_millis(settings.window_ms);
+            self.unsettled.record(keys.count_unsettled_before(window).await?, &[]);
+            let stranded = keys.stranded(Duration::from_millis(settings.grace_ms), window, settings.batch).await?;
+            tracing::Span::current().record("found", stranded.len());
+            futures::stream::iter(stranded).for_each_concurrent(settings.concurrency.max(1) as usize, |key| self.resume(key)).await;
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Resumes one create under a deadline of its own, as the current hop, so that payment gets
+    /// its slice of it and the trace shows it like a client's request.
+    async fn resume(&self, stranded: StrandedKey) {
+        let budget = Duration::from_millis(self.settings.deadline_ms);
+        let hop = Arc::new(Hop::new(HOP, Deadline::after(Instant::now(), budget), self.hop_stats.clone()));
+        let span = tracing::info_span!(
+            "completer.resume",
+            client = %stranded.scope,
+            order_id = stranded.resource_id.as_deref().unwrap_or_default(),
+            recovery_point = %stranded.recovery_point,
+            outcome = tracing::field::Empty,
+        );
+        let work = Hop::scope(hop, self.settle(&stranded, budget));
+        let outcome = match tokio::time::timeout(budget, work).instrument(span.clone()).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(OrdersError::Payment(status))) => {
+                tracing::info!(parent: &span, code = ?status.code(), message = status.message(), "a stranded create's payment failed again");
+                Resumed::Failed
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(parent: &span, %error, "resuming a stranded create failed");
+                Resumed::Failed
+            }
+            // The lease ends with the deadline, so the key is free again for a later round.
+            Err(_) => Resumed::Failed,
+        };
+        span.record("outcome", outcome.as_str());
+        self.resumes.add(1, &[KeyValue::new("outcome", outcome.as_str())]);
+    }
+
+    async fn settle(&self, stranded: &StrandedKey, lease: Duration) -> Result<Resumed, OrdersError> {
+        let service = &self.service;
+        let Some(mut lease) = service.keys.resume(stranded, lease).await? else { return Ok(Resumed::Taken) };
+        let order_id = lease.resource_id.clone().ok_or_else(|| {
+            OrdersError::Corrupt(stranded.key.clone(), format!("its key is at {} but names no order", stranded.recovery_point))
+        })?;
+        let order = service.orders.load(&order_id).await?;
+        let order = service.pay(&stranded.scope, &stranded.key, &mut lease, order).await?;
+        Ok(if order.status() == OrderStatus::Paid { Resumed::Paid } else { Resumed::Declined })
+    }
+}

@@ -1,0 +1,20 @@
+//! Places where a test can hold a request inside the store, to force an interleaving that
+//! timing alone would almost never produce (feature `pause-points`, enabled by tests only).
+
+use std::fmt::Debug;
+
+use futures::future::BoxFuture;
+
+/// A place in the store's code where a request can be held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pause {
+    /// In [`KeyStore::begin`](crate::KeyStore::begin), after the key's row was read and before
+    /// anything is decided from it (a takeover, a delete of an expired row).
+    BeginRead,
+}
+
+/// Decides how long a request on `key` waits at `at`.
+pub trait PauseHook: Send + Sync + Debug {
+    /// Called when a request on `key` reaches `at`; the request goes on when the future ends.
+    fn reached(&self, at: Pause, key: &str) -> BoxFuture<'static, ()>;
+}

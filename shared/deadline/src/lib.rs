@@ -11,6 +11,7 @@
 //! - [`ForwardPolicy`]: how much of what is left a hop passes to one dependency.
 //! - [`Hop`] and [`ledger`]: the per-request record of received, spent, reserved and forwarded.
 //! - [`server`] and [`client`]: the tower layers that read, enforce and forward the deadline.
+//! - [`Slice`]: the slice a call was given, named on its DEADLINE_EXCEEDED for the caller's guards.
 
 mod budget;
 pub mod client;
@@ -18,9 +19,11 @@ mod hop;
 pub mod grpc_timeout;
 pub mod ledger;
 pub mod server;
+mod slice;
 
 pub use budget::{Forward, ForwardPolicy, InboundPolicy, TooLittleBudget};
 pub use hop::{Hop, HopStats, HopStatsSnapshot};
+pub use slice::{SLICE_HEADER, Slice};
 
 use std::time::Duration;
 use tokio::time::Instant;

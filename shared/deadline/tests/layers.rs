@@ -16,7 +16,7 @@ use std::{
 };
 
 use deadline::{
-    Deadline, Forward, ForwardPolicy, Hop, HopStats, HopStatsSnapshot, InboundPolicy, LEDGER_HEADER,
+    Deadline, Forward, ForwardPolicy, Hop, HopStats, HopStatsSnapshot, InboundPolicy, LEDGER_HEADER, Slice,
     client::{ForwardDeadline, ForwardDeadlineLayer},
     grpc_timeout,
     ledger::{self, Entry},
@@ -242,6 +242,52 @@ async fn client_stops_waiting_exactly_when_the_forwarded_budget_runs_out() {
         let status = status_of(&response);
         assert_eq!(status.code(), Code::DeadlineExceeded);
         assert!(status.message().contains("payment did not answer within the 1700 ms"), "{status:?}");
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_names_the_slice_on_every_deadline_exceeded_and_whether_it_was_capped() {
+    let never_answers = || service_fn(|_: Request<String>| std::future::pending::<Result<Response<String>, Infallible>>());
+    let slice_of = |response: &Response<String>| Slice::from_headers(response.headers());
+    Hop::scope(orders_hop(ms(2_000)), async {
+        // All that was left after the reserve: a retry could not have it again.
+        let call = Box::pin(to_payment(never_answers()).oneshot(grpc_request(None)));
+        let response = expect_answer_after(call, ms(1_800)).await.unwrap();
+        assert_eq!(slice_of(&response), Some(Slice::new(ms(1_800), false)));
+    })
+    .await;
+    Hop::scope(orders_hop(ms(2_000)), async {
+        // Capped at 500 ms of the 1.8 s left.
+        let capped = ForwardDeadlineLayer::new("payment", ForwardPolicy { cap_ms: Some(500), ..TO_PAYMENT }).layer(never_answers());
+        let response = expect_answer_after(Box::pin(capped.oneshot(grpc_request(None))), ms(500)).await.unwrap();
+        assert_eq!(slice_of(&response), Some(Slice::new(ms(500), true)));
+    })
+    .await;
+    // The dependency's own DEADLINE_EXCEEDED is named too; other answers are not.
+    let expired = service_fn(|_: Request<String>| async { Ok::<_, Infallible>(Status::deadline_exceeded("bank-mock: out of time").into_http::<String>()) });
+    let response = Hop::scope(orders_hop(ms(2_000)), to_payment(expired).oneshot(grpc_request(None))).await.unwrap();
+    assert_eq!(slice_of(&response), Some(Slice::new(ms(1_800), false)));
+    let response = Hop::scope(orders_hop(ms(2_000)), to_payment(service_fn(mirror)).oneshot(grpc_request(None))).await.unwrap();
+    assert_eq!(slice_of(&response), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_keeps_a_shorter_timeout_the_caller_set() {
+    let hop = orders_hop(ms(2_000));
+    let response = Hop::scope(hop.clone(), to_payment(service_fn(mirror)).oneshot(grpc_request(Some("300m")))).await.unwrap();
+    assert_eq!(response.headers()[grpc_timeout::HEADER].to_str().unwrap(), grpc_timeout::format(ms(300)));
+    assert_eq!(hop.entry_at(Instant::now()).forwarded, ms(300), "the ledger shows what was sent");
+
+    // A longer one gives way to the hop's slice.
+    let response = Hop::scope(orders_hop(ms(2_000)), to_payment(service_fn(mirror)).oneshot(grpc_request(Some("5S")))).await.unwrap();
+    assert_eq!(response.headers()[grpc_timeout::HEADER].to_str().unwrap(), grpc_timeout::format(ms(1_800)));
+
+    let never_answers = service_fn(|_: Request<String>| std::future::pending::<Result<Response<String>, Infallible>>());
+    Hop::scope(orders_hop(ms(2_000)), async {
+        let call = Box::pin(to_payment(never_answers).oneshot(grpc_request(Some("300m"))));
+        let response = expect_answer_after(call, ms(300)).await.unwrap();
+        assert_eq!(Slice::from_headers(response.headers()), Some(Slice::new(ms(300), true)), "a retry could have 300 ms again");
     })
     .await;
 }

@@ -4,7 +4,6 @@ use std::{
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
-    time::Duration,
 };
 
 use http::{HeaderValue, Response};
@@ -13,7 +12,7 @@ use tokio::time::{Instant, Sleep, sleep_until};
 use tonic::{Code, Status, TimeoutExpired};
 use tower::BoxError;
 
-use crate::{Hop, LEDGER_HEADER, millis};
+use crate::{Hop, LEDGER_HEADER, SLICE_HEADER, Slice, millis};
 
 const GRPC_STATUS: &str = "grpc-status";
 
@@ -30,7 +29,7 @@ pin_project! {
             expiry: Sleep,
             hop: Arc<Hop>,
             dependency: &'static str,
-            forwarded: Duration,
+            slice: Slice,
         },
     }
 }
@@ -44,8 +43,8 @@ impl<F, B> ResponseFuture<F, B> {
         Self::Untracked { inner }
     }
 
-    pub(super) fn forwarded(inner: F, hop: Arc<Hop>, dependency: &'static str, forwarded: Duration, gives_up_at: Instant) -> Self {
-        Self::Forwarded { inner, expiry: sleep_until(gives_up_at), hop, dependency, forwarded }
+    pub(super) fn forwarded(inner: F, hop: Arc<Hop>, dependency: &'static str, slice: Slice, gives_up_at: Instant) -> Self {
+        Self::Forwarded { inner, expiry: sleep_until(gives_up_at), hop, dependency, slice }
     }
 }
 
@@ -63,14 +62,16 @@ where
                 Poll::Ready(Ok(response.take().expect("polled after completion")))
             }
             Projection::Untracked { inner } => inner.poll(cx).map_err(Into::into),
-            Projection::Forwarded { inner, expiry, hop, dependency, forwarded } => {
+            Projection::Forwarded { inner, expiry, hop, dependency, slice } => {
                 let out_of_time = |hop: &Hop| {
-                    Status::deadline_exceeded(format!(
+                    let mut response = Status::deadline_exceeded(format!(
                         "{}: {dependency} did not answer within the {} ms it was given",
                         hop.name(),
-                        millis(*forwarded),
+                        millis(slice.given),
                     ))
-                    .into_http()
+                    .into_http();
+                    response.headers_mut().insert(SLICE_HEADER, slice.header_value());
+                    response
                 };
                 match inner.poll(cx) {
                     Poll::Ready(Ok(mut response)) => {
@@ -80,6 +81,9 @@ where
                         // Read the clock: a timer not yet polled or fired does not report elapsed.
                         if Instant::now() >= expiry.deadline() {
                             relabel_cancelled_as_deadline(&mut response);
+                        }
+                        if has_code(&response, Code::DeadlineExceeded) {
+                            response.headers_mut().insert(SLICE_HEADER, slice.header_value());
                         }
                         Poll::Ready(Ok(response))
                     }
@@ -105,11 +109,15 @@ where
 
 /// A peer whose own timer fired reports CANCELLED; past our deadline that means DEADLINE_EXCEEDED.
 fn relabel_cancelled_as_deadline<B>(response: &mut Response<B>) {
-    let cancelled = (Code::Cancelled as i32).to_string();
-    if response.headers().get(GRPC_STATUS).is_some_and(|status| status.as_bytes() == cancelled.as_bytes()) {
+    if has_code(response, Code::Cancelled) {
         let deadline = HeaderValue::from((Code::DeadlineExceeded as i32) as u16);
         response.headers_mut().insert(GRPC_STATUS, deadline);
     }
+}
+
+/// Whether a (trailers-only) answer carries `code`.
+fn has_code<B>(response: &Response<B>, code: Code) -> bool {
+    response.headers().get(GRPC_STATUS).and_then(|status| status.to_str().ok()?.parse::<i32>().ok()) == Some(code as i32)
 }
 
 /// Whether `error` or any of its sources is an `E`.

@@ -5,10 +5,12 @@
 //! - plans the slice with the dependency's [`ForwardPolicy`] and fails fast with DEADLINE_EXCEEDED,
 //!   without calling, when the slice is below the dependency's minimum (marked with
 //!   [`FAILED_FAST_HEADER`](crate::FAILED_FAST_HEADER) so that nobody retries it);
-//! - sends the slice as `grpc-timeout` and stops waiting when it runs out, answering
-//!   DEADLINE_EXCEEDED (tonic's channel starts its own timer from the same header and would
-//!   answer CANCELLED; that error is relabelled too). The dependency, whose clock started later,
-//!   sees the caller leave and drops its work;
+//! - sends the slice as `grpc-timeout` (or a shorter one the caller set on the request, which is
+//!   kept) and stops waiting when it runs out, answering DEADLINE_EXCEEDED (tonic's channel starts
+//!   its own timer from the same header and would answer CANCELLED; that error is relabelled
+//!   too). The dependency, whose clock started later, sees the caller leave and drops its work;
+//! - names the slice on every DEADLINE_EXCEEDED of a forwarded call ([`crate::SLICE_HEADER`]),
+//!   so that breakers and the edge's retries judge the expiry by it;
 //! - keeps the ledger the dependency returns, so this hop can pass it up;
 //! - passes on the edge operation's attempt number (`grpc-previous-rpc-attempts`).
 //!
@@ -28,7 +30,7 @@ use tokio::time::Instant;
 use tonic::{Status, metadata::MetadataValue};
 use tower::{BoxError, Service};
 
-use crate::{FAILED_FAST_HEADER, ForwardPolicy, Hop, PREVIOUS_ATTEMPTS_HEADER, grpc_timeout, hop::Outcome};
+use crate::{FAILED_FAST_HEADER, Forward, ForwardPolicy, Hop, PREVIOUS_ATTEMPTS_HEADER, Slice, grpc_timeout, hop::Outcome};
 
 /// Forwards the deadline to `dependency`; see the module docs.
 #[derive(Debug, Clone)]
@@ -74,14 +76,17 @@ where
                 return ResponseFuture::failed_fast(status.into_http());
             }
         };
-        hop.record_forward(now, forward);
-        let timeout = HeaderValue::try_from(grpc_timeout::format(forward.forwarded))
-            .expect("grpc-timeout values are ASCII");
         let headers = request.headers_mut();
+        // A timeout the caller set on the request (`Request::set_timeout`) is kept when shorter.
+        let set_by_caller = headers.get(grpc_timeout::HEADER).and_then(|value| grpc_timeout::parse(value.to_str().ok()?).ok());
+        let forwarded = set_by_caller.map_or(forward.forwarded, |timeout| timeout.min(forward.forwarded));
+        hop.record_forward(now, Forward { forwarded, ..forward });
+        let slice = Slice::new(forwarded, forwarded < remaining.saturating_sub(forward.reserved));
+        let timeout = HeaderValue::try_from(grpc_timeout::format(forwarded)).expect("grpc-timeout values are ASCII");
         headers.insert(grpc_timeout::HEADER, timeout);
         if hop.previous_attempts() > 0 && !headers.contains_key(PREVIOUS_ATTEMPTS_HEADER) {
             headers.insert(PREVIOUS_ATTEMPTS_HEADER, HeaderValue::from(hop.previous_attempts()));
         }
-        ResponseFuture::forwarded(self.inner.call(request), hop, self.dependency, forward.forwarded, now + forward.forwarded)
+        ResponseFuture::forwarded(self.inner.call(request), hop, self.dependency, slice, now + forwarded)
     }
 }

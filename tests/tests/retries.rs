@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use bank_mock::{Faults, Latency};
-use e2e::{TestChain, fast_bank, order_body};
+use e2e::{TestChain, fast_bank, grpc_request, order_body, order_message};
 
 #[tokio::test]
 async fn inner_hops_send_each_call_once_under_every_fault() {
@@ -138,4 +138,22 @@ async fn a_pushback_that_fits_is_waited_exactly_and_the_retry_succeeds() {
     assert_eq!(response.unwrap().status(), 201);
     assert!(elapsed >= Duration::from_millis(300), "the retry waited the pushback: {elapsed:?}");
     assert_eq!(bank.stats().calls, 2);
+}
+
+#[tokio::test]
+async fn a_grpc_client_is_told_not_to_retry_what_the_gateway_stopped_retrying() {
+    let test = TestChain::start().await;
+    test.set_faults(fast_bank(|f| f.error_rate = 1.0));
+    let mut gateway = test.grpc_gateway().await;
+    let failure = gateway.create_order(grpc_request(order_message(), "spent-1")).await.unwrap_err();
+    assert_eq!(failure.code(), tonic::Code::Unavailable);
+    let retry = test.chain.retry_stats();
+    assert_eq!(retry.stopped_attempts + retry.stopped_budget, 1, "the gateway stopped for its limits: {retry:?}");
+    assert_eq!(failure.metadata().get("grpc-retry-pushback-ms").unwrap(), "-1", "{failure:?}");
+    assert!(failure.metadata().get("x-retries-spent").is_none(), "the mark stays inside the chain");
+
+    // Over HTTP, a Retry-After only where a wait means something: none here.
+    let response = test.post_order("spent-2", &order_body()).send().await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().get("retry-after").is_none());
 }

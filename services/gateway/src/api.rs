@@ -80,7 +80,8 @@ pub struct Api {
     webhooks: WebhooksApi,
 }
 
-/// `call` as an operation on orders: each attempt in its own span, the whole under `retry`.
+/// `call` as an operation on orders: each attempt in its own span, the whole under `retry`, with
+/// its own estimate of an attempt's time.
 pub fn operation<M, R, F, Fut>(retry: &RetryPolicy, call: F) -> Operation<M, R>
 where
     M: Clone + Send + Sync + 'static,
@@ -93,7 +94,7 @@ where
         let span = tracing::info_span!("attempt", retry.attempt = i64::from(call_once.previous_attempts) + 1);
         call(call_once.into_request()).instrument(span)
     });
-    BoxCloneSyncService::new(RetryLayer::new(retry.clone()).layer(attempt))
+    BoxCloneSyncService::new(RetryLayer::new(retry.for_operation()).layer(attempt))
 }
 
 impl Api {

@@ -5,7 +5,8 @@
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use serde::Serialize;
-use tonic::{Code, Status};
+use resilience::retry::{PUSHBACK_HEADER, RETRIES_SPENT_HEADER};
+use tonic::{Code, Status, metadata::MetadataValue};
 use tonic_types::StatusExt;
 
 /// Marks an HTTP answer replayed from an idempotency key's stored response.
@@ -132,7 +133,14 @@ fn pushback_seconds(status: &Status) -> Option<u64> {
 impl From<GatewayError> for Status {
     fn from(error: GatewayError) -> Self {
         match error {
-            GatewayError::Upstream(status) => status,
+            GatewayError::Upstream(mut status) => {
+                // The gateway retried as far as its budget, attempts or an open breaker allowed:
+                // a client retrying on top would only multiply that, so it is told not to.
+                if status.metadata_mut().remove(RETRIES_SPENT_HEADER).is_some() {
+                    status.metadata_mut().insert(PUSHBACK_HEADER, MetadataValue::from_static("-1"));
+                }
+                status
+            }
             GatewayError::Unauthenticated => Status::unauthenticated(error.to_string()),
             GatewayError::InvalidField { .. } | GatewayError::MalformedBody(_) => Status::invalid_argument(error.to_string()),
             GatewayError::PaymentDeclined { .. } => Status::failed_precondition(error.to_string()),

@@ -62,7 +62,7 @@ impl Application {
             // The naive client retries at the HTTP level itself.
             retry.max_attempts = 1;
         }
-        let retry = RetryPolicy::new(&retry).map_err(|error| ServerError::Settings(error.to_string()))?;
+        let retry = RetryPolicy::new(&retry, settings.orders.deadline).map_err(|error| ServerError::Settings(error.to_string()))?;
         let limits = rate_limit::ClientLimits::new(&settings.clients, settings.unknown_key_quota);
         let source = |name: &'static str, dependency: &rpc::Dependency| {
             rpc::connect(HOP, name, dependency, settings.mode, settings.naive)

@@ -21,7 +21,10 @@ use std::{
 
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use pin_project_lite::pin_project;
-use resilience::rate_limit::{Decision, Limiter, QuotaSettings};
+use resilience::{
+    rate_limit::{Decision, Limiter, QuotaSettings},
+    retry::{PUSHBACK_HEADER, wait_millis},
+};
 use tonic::{Status, metadata::MetadataValue};
 use telemetry::metrics::{Counter, KeyValue};
 use tower::{Layer, Service};
@@ -126,8 +129,9 @@ fn state(remaining: u32, reset: Duration) -> HeaderValue {
     HeaderValue::try_from(format!("\"default\";r={remaining};t={}", seconds(reset))).expect("ascii")
 }
 
+/// Whole seconds, rounded up: a client told to come back sooner would be refused again.
 fn seconds(wait: Duration) -> u64 {
-    wait.as_millis().div_ceil(1_000) as u64
+    wait.as_nanos().div_ceil(1_000_000_000) as u64
 }
 
 fn is_grpc(headers: &HeaderMap) -> bool {
@@ -176,12 +180,12 @@ where
                     "over the quota of {} requests per second (burst {}); retry in {} ms",
                     quota.per_second,
                     quota.burst,
-                    retry_after.as_millis()
+                    wait_millis(retry_after)
                 );
                 let mut response = if is_grpc(request.headers()) {
                     let mut status = Status::resource_exhausted(format!("gateway: {detail}"));
-                    let wait = MetadataValue::from(retry_after.as_millis().max(1) as u64);
-                    status.metadata_mut().insert(resilience::retry::PUSHBACK_HEADER, wait);
+                    let wait = MetadataValue::from(wait_millis(retry_after).max(1));
+                    status.metadata_mut().insert(PUSHBACK_HEADER, wait);
                     status.into_http()
                 } else {
                     let mut response: Response<ResBody> =

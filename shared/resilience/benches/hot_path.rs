@@ -11,7 +11,7 @@ use std::{
 };
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use deadline::{Deadline, Hop, HopStats};
+use deadline::{Deadline, ForwardPolicy, Hop, HopStats};
 use resilience::{
     breaker::{Breaker, BreakerService, BreakerSettings, CIRCUIT_OPEN_HEADER},
     retry::{Call, RetryPolicy, RetrySettings},
@@ -20,6 +20,9 @@ use tonic::{Status, metadata::MetadataMap};
 use tower::{BoxError, Service, retry::Policy, service_fn};
 
 /// The answer of a future that must be ready at once (the services here answer without waiting).
+/// The gateway's forwarding toward orders, as configured by default.
+const TO_ORDERS: ForwardPolicy = ForwardPolicy { reserve_ms: 20, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 };
+
 fn at_once<F: Future>(future: F) -> F::Output {
     match pin!(future).poll(&mut Context::from_waker(Waker::noop())) {
         Poll::Ready(output) => output,
@@ -45,7 +48,7 @@ fn retry_budget(c: &mut Criterion) {
     let mut group = c.benchmark_group("retry policy");
     let call = Call::new((), MetadataMap::new());
 
-    let policy = RetryPolicy::new(&RetrySettings::default()).expect("valid settings");
+    let policy = RetryPolicy::new(&RetrySettings::default(), TO_ORDERS).expect("valid settings");
     group.bench_function("a request answered: budget deposit and success", |b| {
         b.iter(|| {
             // tower clones the policy for every request.
@@ -56,8 +59,9 @@ fn retry_budget(c: &mut Criterion) {
     });
 
     // Every deposit funds one withdrawal, so that each iteration's retry is allowed, as the
-    // first retries under the default 10 % are.
-    let funded = RetryPolicy::new(&RetrySettings { budget_percent: 1.0, ..RetrySettings::default() }).expect("valid settings");
+    // first retries under the default 10 % are; the throttle is off, since every iteration fails.
+    let funded = RetryPolicy::new(&RetrySettings { budget_percent: 1.0, throttle_max_tokens: 0, ..RetrySettings::default() }, TO_ORDERS)
+        .expect("valid settings");
     let hop = gateway_hop();
     group.bench_function("an attempt failed: budget deposit, backoff and withdrawal", |b| {
         b.iter(|| {

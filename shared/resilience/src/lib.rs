@@ -5,8 +5,9 @@
 //! - [`bulkhead`]: a concurrency limit per dependency that rejects at once instead of queueing.
 //! - [`load_shed`]: bounded intake for servers: refuse at once beyond the limit, never queue.
 //! - [`rate_limit`]: quotas with governor: per client at the edge, and a caller's self-limit.
-//! - [`retry`]: the gateway's retry policy: transient failures only, a 10 % retry budget,
-//!   exponential backoff with jitter, pushback obeyed, and never a retry the deadline cannot hold.
+//! - [`retry`]: the gateway's retry policy: transient failures only, a 10 % retry budget with a
+//!   floor rate, gRPC's retry throttling on top (no retries while most attempts fail), exponential
+//!   backoff with jitter, pushback obeyed, and never a retry the deadline cannot hold.
 //! - [`naive`]: fixed timeouts and three retries at every hop, no budget, no jitter: the design the
 //!   retry policy replaces, kept only so that its cost can be measured side by side.
 

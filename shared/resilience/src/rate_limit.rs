@@ -86,7 +86,7 @@ impl Limiter {
 
 /// The caller's own quota toward a dependency was used up: the call was not made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{dependency}: our own quota of {per_second} calls/s toward it is used up; not calling (next in {} ms)", retry_after.as_millis())]
+#[error("{dependency}: our own quota of {per_second} calls/s toward it is used up; not calling (next in {} ms)", crate::retry::wait_millis(*retry_after))]
 pub struct OverOwnQuota {
     pub dependency: &'static str,
     pub per_second: u32,
@@ -95,7 +95,7 @@ pub struct OverOwnQuota {
 
 impl From<OverOwnQuota> for Status {
     fn from(over: OverOwnQuota) -> Self {
-        let wait_ms = over.retry_after.as_millis().max(1) as u64;
+        let wait_ms = crate::retry::wait_millis(over.retry_after).max(1);
         let mut status = Status::resource_exhausted(over.to_string());
         status.metadata_mut().insert(PUSHBACK_HEADER, MetadataValue::from(wait_ms));
         status

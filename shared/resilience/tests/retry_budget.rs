@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use deadline::FAILED_FAST_HEADER;
+use deadline::{FAILED_FAST_HEADER, ForwardPolicy};
 use resilience::retry::{Call, InvalidRetrySettings, RetryBudget, RetryPolicy, RetrySettings, RetryStatsSnapshot, RetryThrottle};
 use tokio::time::advance;
 use tonic::{Status, metadata::MetadataMap};
@@ -15,13 +15,17 @@ use tower::retry::{
     budget::{Budget, TpsBudget},
 };
 
+/// The gateway's forwarding toward orders, as configured by default: keep up to 20 ms, never call
+/// with under 50 ms.
+const TO_ORDERS: ForwardPolicy = ForwardPolicy { reserve_ms: 20, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 };
+
 const SECOND: Duration = Duration::from_secs(1);
 
 /// The default budget's floor, in retries per second.
 const FLOOR_PER_SECOND: u64 = 2;
 
 fn retry_policy(settings: RetrySettings) -> RetryPolicy {
-    RetryPolicy::new(&settings).expect("valid retry settings")
+    RetryPolicy::new(&settings, TO_ORDERS).expect("valid retry settings")
 }
 
 fn unavailable() -> Status {
@@ -291,7 +295,7 @@ async fn only_failures_a_retry_could_fix_take_tokens() {
 
 #[test]
 fn throttle_settings_are_checked() {
-    let refused = |settings: RetrySettings| RetryPolicy::new(&settings).err();
+    let refused = |settings: RetrySettings| RetryPolicy::new(&settings, TO_ORDERS).err();
     assert!(matches!(refused(RetrySettings { throttle_max_tokens: 1_001, ..Default::default() }), Some(InvalidRetrySettings::ThrottleTokens)));
     for ratio in [0.0, 0.000_9, 1_000.1, f32::NAN] {
         assert!(matches!(refused(RetrySettings { throttle_token_ratio: ratio, ..Default::default() }), Some(InvalidRetrySettings::ThrottleRatio)), "{ratio}");

@@ -11,10 +11,10 @@ use std::{
     time::Duration,
 };
 
-use deadline::{Deadline, Hop, HopStats};
+use deadline::{Deadline, ForwardPolicy, Hop, HopStats, SLICE_HEADER, Slice};
 use resilience::{
     PREVIOUS_ATTEMPTS_HEADER,
-    retry::{Call, PUSHBACK_HEADER, RetryPolicy, RetrySettings, RetryStatsSnapshot},
+    retry::{Call, PUSHBACK_HEADER, RETRIES_SPENT_HEADER, RetryPolicy, RetrySettings, RetryStatsSnapshot},
 };
 use tokio::time::{Instant, Sleep, sleep};
 use tonic::{Code, Status, metadata::MetadataMap};
@@ -26,12 +26,16 @@ use tower::{
 
 type Answer = Result<&'static str, Status>;
 
+/// The gateway's forwarding toward orders, as configured by default: keep up to 20 ms, never call
+/// with under 50 ms.
+const TO_ORDERS: ForwardPolicy = ForwardPolicy { reserve_ms: 20, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 };
+
 const fn ms(millis: u64) -> Duration {
     Duration::from_millis(millis)
 }
 
 fn retry_policy(settings: RetrySettings) -> RetryPolicy {
-    RetryPolicy::new(&settings).expect("valid retry settings")
+    RetryPolicy::new(&settings, TO_ORDERS).expect("valid retry settings")
 }
 
 fn unavailable() -> Status {
@@ -298,17 +302,89 @@ async fn retry_is_made_when_the_deadline_holds_it() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn observed_attempt_time_counts_against_the_deadline() {
+async fn the_time_of_successful_attempts_counts_against_the_deadline() {
     let policy = retry_policy(RetrySettings::default());
-    // The attempt takes 2 s, which moves the expected attempt time from 50 ms to
-    // 0.8·50 + 0.2·2000 = 440 ms. With 500 ms left, the 50 ms default would have let any backoff
-    // (< 400 ms) through, but the shortest backoff plus 440 ms (640 ms) does not fit.
-    let bank = Bank::new([Err(unavailable()), Ok("too late")]).taking(ms(2_000));
-    let run = operation(&policy, &bank, ms(2_500)).await;
+    // A successful attempt of 2 s moves the expected attempt time from 50 ms to
+    // 0.8·50 + 0.2·2000 = 440 ms.
+    let slow = Bank::new([Ok("paid")]).taking(ms(2_000));
+    assert_eq!(operation(&policy, &slow, ms(2_500)).await.result.unwrap(), "paid");
+    // With 500 ms left the 50 ms default would have let any backoff (< 400 ms) through, but the
+    // shortest backoff plus 440 ms (640 ms) does not fit.
+    let bank = Bank::new([Err(unavailable()), Ok("too late")]);
+    let run = operation(&policy, &bank, ms(500)).await;
 
     assert_eq!(run.attempts.len(), 1);
     assert_eq!(run.result.unwrap_err().code(), Code::Unavailable);
-    assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 1, stopped_deadline: 1, ..Default::default() });
+    assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 2, stopped_success: 1, stopped_deadline: 1, ..Default::default() });
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_attempts_and_other_operations_leave_the_estimate_alone() {
+    let policy = retry_policy(RetrySettings::default());
+    // Another operation's slow successes are its own.
+    let reads = policy.for_operation();
+    let slow = Bank::new([Ok("order")]).taking(ms(2_000));
+    assert_eq!(operation(&reads, &slow, ms(2_500)).await.result.unwrap(), "order");
+    // A failed attempt of 2 s says nothing about how long an answer takes: with 500 ms left a
+    // backoff of 200 to 400 ms still leaves the 50 ms an attempt is assumed to need.
+    let first_slow = Bank::new([Err(unavailable())]).taking(ms(2_000));
+    assert_eq!(operation(&policy, &first_slow, ms(2_100)).await.attempts.len(), 1, "no time left for a retry");
+    let bank = Bank::new([Err(unavailable()), Ok("paid")]);
+    let run = operation(&policy, &bank, ms(500)).await;
+    assert_eq!((run.attempts.len(), run.result.unwrap()), (2, "paid"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_must_leave_the_hop_its_reserve_and_the_dependency_its_minimum() {
+    let policy = retry_policy(RetrySettings::default());
+    // The pushback of 340 ms leaves 60 ms of 400: enough for the 50 ms an attempt takes, but the
+    // gateway keeps 12 ms of it (20 %) and orders would get 48 ms, under its 50 ms minimum.
+    let bank = Bank::new([Err(with_pushback(Status::resource_exhausted("slow down"), "340")), Ok("paid")]);
+    let run = operation(&policy, &bank, ms(400)).await;
+    assert_eq!(run.attempts.len(), 1);
+    assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 1, stopped_pushback: 1, ..Default::default() });
+    // 40 ms less pushback, and the retry fits.
+    let bank = Bank::new([Err(with_pushback(Status::resource_exhausted("slow down"), "300")), Ok("paid")]);
+    assert_eq!(operation(&policy, &bank, ms(400)).await.result.unwrap(), "paid");
+}
+
+fn expired(slice: Option<Slice>) -> Status {
+    let mut status = Status::deadline_exceeded("orders did not answer in time");
+    if let Some(slice) = slice {
+        status.metadata_mut().insert(SLICE_HEADER, slice.header_value().to_str().unwrap().parse().unwrap());
+    }
+    status
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expiry_is_retried_only_when_its_slice_was_capped_and_fits_again() {
+    let policy = retry_policy(RetrySettings::default());
+    // All the time there was: a retry would have less of it.
+    for slice in [None, Some(Slice::new(ms(1_800), false))] {
+        let bank = Bank::new([Err(expired(slice)), Ok("paid")]);
+        let run = operation(&policy, &bank, ms(2_000)).await;
+        assert_eq!((run.attempts.len(), run.result.unwrap_err().code()), (1, Code::DeadlineExceeded), "{slice:?}");
+    }
+    assert_eq!(policy.stats().stopped_deadline, 2);
+    // A capped 300 ms slice, with time left for another 300 ms after the backoff.
+    let bank = Bank::new([Err(expired(Some(Slice::new(ms(300), true)))), Ok("paid")]);
+    assert_eq!(operation(&policy, &bank, ms(2_000)).await.result.unwrap(), "paid");
+    // A capped 300 ms slice with 500 ms left: after a backoff of at least 200 ms another 300 ms
+    // (plus the gateway's reserve) does not fit.
+    let bank = Bank::new([Err(expired(Some(Slice::new(ms(300), true)))), Ok("paid")]);
+    assert_eq!(operation(&policy, &bank, ms(500)).await.attempts.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_the_edge_stopped_retrying_for_its_limits_is_marked_for_its_clients() {
+    let policy = retry_policy(RetrySettings { max_attempts: 2, ..Default::default() });
+    let bank = Bank::new([Err(unavailable()), Err(unavailable())]);
+    let failure = operation(&policy, &bank, ms(2_000)).await.result.unwrap_err();
+    assert_eq!(failure.metadata().get(RETRIES_SPENT_HEADER).unwrap(), "attempts");
+    // A failure no retry could fix is not marked: the client may well send a corrected request.
+    let bank = Bank::new([Err(Status::invalid_argument("bad amount"))]);
+    let failure = operation(&policy, &bank, ms(2_000)).await.result.unwrap_err();
+    assert!(failure.metadata().get(RETRIES_SPENT_HEADER).is_none());
 }
 
 #[tokio::test(start_paused = true)]

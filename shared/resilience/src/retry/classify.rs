@@ -31,8 +31,9 @@ pub fn pushback(status: &Status) -> Pushback {
             _ => Pushback::DoNotRetry,
         };
     }
-    match status.get_details_retry_info() {
-        Some(info) => info.retry_delay.map_or(Pushback::DoNotRetry, Pushback::Wait),
+    // A RetryInfo without a delay names no wait, so the backoff decides (it does not say "stop").
+    match status.get_details_retry_info().and_then(|info| info.retry_delay) {
+        Some(delay) => Pushback::Wait(delay),
         None => Pushback::None,
     }
 }
@@ -62,6 +63,12 @@ mod tests {
         let details = ErrorDetails::with_retry_info(Some(Duration::from_millis(750)));
         let status = Status::with_error_details(Code::ResourceExhausted, "slow down", details);
         assert_eq!(pushback(&status), Pushback::Wait(Duration::from_millis(750)));
+    }
+
+    #[test]
+    fn a_retry_info_without_a_delay_leaves_the_wait_to_the_backoff() {
+        let status = Status::with_error_details(Code::Unavailable, "down", ErrorDetails::with_retry_info(None));
+        assert_eq!(pushback(&status), Pushback::None);
     }
 
     #[test]

@@ -3,14 +3,22 @@
 //! Why here and nowhere else? Retries multiply along a chain: three attempts at each of three
 //! levels turn one user attempt into 27 bank calls, the load that finishes off a struggling
 //! service. So only the edge retries, and only
-//! - transient failures (UNAVAILABLE, DEADLINE_EXCEEDED of an attempt; RESOURCE_EXHAUSTED when
-//!   the server names a wait), of idempotent operations (reads, writes with an idempotency key);
+//! - transient failures (UNAVAILABLE; RESOURCE_EXHAUSTED when the server names a wait; and
+//!   DEADLINE_EXCEEDED only as below), of idempotent operations (reads, writes with an
+//!   idempotency key);
 //! - a few times (3 attempts by default), waiting `base·2^(n−1)` plus a random part of the same
 //!   size, capped, so that clients that failed together do not come back together;
 //! - exactly as long as the server's pushback says, when it says one;
-//! - when the remaining deadline holds the wait plus a typical attempt (a moving average), and
-//!   never after a hop failed fast for lack of budget (a retry would have even less), and never
-//!   through an open circuit breaker;
+//! - when, at the moment the retry would start, what the hop would forward (its own reserve
+//!   taken, the dependency's minimum met) holds a typical successful attempt of this operation (a
+//!   moving average per operation: a create is not a read, and an instant refusal says nothing
+//!   about how long an answer takes), and never after a hop failed fast for lack of budget (a
+//!   retry would have even less), and never through an open circuit breaker;
+//! - a DEADLINE_EXCEEDED only when the attempt's slice was capped below what was left
+//!   ([`deadline::Slice`]) and the retry can be given that slice again: an attempt that had all
+//!   the time there was expired because the budget ran out, and a retry would have less of it
+//!   (AIP-194 advises against retrying such an expiry); a capped slice that expired may have hit
+//!   one slow instance, and a second try of the same length can still succeed;
 //! - within a budget ([`RetryBudget`], ours: tower's `TpsBudget` allows more than it says): over
 //!   a 10 s sliding window retries are at most 10 % of requests, plus a floor of 2 retries per
 //!   second for quiet times;
@@ -21,7 +29,10 @@
 //!   successes by ten, and leaves them to the budget while clearly fewer than half of the
 //!   attempts fail (30 % of bank calls failing, say).
 //!
-//! Every operation ends with a [`StopReason`], logged and counted.
+//! Every operation ends with a [`StopReason`], logged and counted. When the edge stops for its
+//! budget, its attempts or an open breaker, the failure is marked ([`RETRIES_SPENT_HEADER`]) so
+//! that the edge's gRPC face tells its own clients not to retry what it already retried as far as
+//! it should.
 
 mod attempt_time;
 mod budget;
@@ -39,12 +50,12 @@ pub use throttle::RetryThrottle;
 use std::{sync::Arc, time::Duration};
 
 use attempt_time::AttemptTime;
-use deadline::{FAILED_FAST_HEADER, Hop};
+use deadline::{FAILED_FAST_HEADER, ForwardPolicy, Hop, Slice};
 
 use crate::breaker::CIRCUIT_OPEN_HEADER;
 use serde::{Deserialize, Serialize};
 use tokio::time::{Instant, Sleep, sleep};
-use tonic::{Code, Status};
+use tonic::{Code, Status, metadata::MetadataValue};
 use tower::retry::{
     Policy,
     backoff::{Backoff, ExponentialBackoff, ExponentialBackoffMaker, InvalidBackoff, MakeBackoff},
@@ -54,6 +65,17 @@ use tower::util::rng::HasherRng;
 
 /// Metadata in which a server names the wait before a retry (gRPC retry design, A6).
 pub const PUSHBACK_HEADER: &str = "grpc-retry-pushback-ms";
+
+/// Metadata on a failure after which the edge stopped retrying for its budget, its attempts or an
+/// open breaker; its value is the [`StopReason`]. The edge's face answers its own clients "do
+/// not retry" for such a failure: they would only multiply what the edge has already limited.
+pub const RETRIES_SPENT_HEADER: &str = "x-retries-spent";
+
+/// A wait as whole milliseconds, rounded up: a client told to come back after a truncated wait
+/// comes back early and is refused again.
+pub fn wait_millis(wait: Duration) -> u64 {
+    wait.as_nanos().div_ceil(1_000_000) as u64
+}
 
 /// Settings of one retry policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -119,26 +141,32 @@ pub enum InvalidRetrySettings {
 struct Shared {
     max_attempts: u32,
     min_attempt: Duration,
+    /// How the hop forwards its deadline to the dependency these calls go to.
+    forward: ForwardPolicy,
     budget: RetryBudget,
     /// `None` when `throttle_max_tokens` is 0.
     throttle: Option<RetryThrottle>,
     backoff_base: Duration,
     backoff_max: Duration,
-    attempt_time: AttemptTime,
     stats: RetryStats,
 }
 
-/// The policy: clone one per operation kind; tower clones it again per request.
+/// The policy of the calls to one dependency: one budget, throttle and counters for all of them.
+/// Give each operation its own [`RetryPolicy::for_operation`]; tower clones it again per request.
 #[derive(Debug, Clone)]
 pub struct RetryPolicy {
     shared: Arc<Shared>,
+    /// How long a successful attempt of this operation takes.
+    attempt_time: Arc<AttemptTime>,
     /// This request's backoff sequence, made at its first retry.
     backoff: Option<ExponentialBackoff>,
     attempt_started: Option<Instant>,
 }
 
 impl RetryPolicy {
-    pub fn new(settings: &RetrySettings) -> Result<Self, InvalidRetrySettings> {
+    /// The policy of the calls a hop makes to one dependency, to which it forwards its deadline
+    /// with `forward`.
+    pub fn new(settings: &RetrySettings, forward: ForwardPolicy) -> Result<Self, InvalidRetrySettings> {
         if settings.max_attempts == 0 {
             return Err(InvalidRetrySettings::NoAttempts);
         }
@@ -169,16 +197,23 @@ impl RetryPolicy {
             shared: Arc::new(Shared {
                 max_attempts: settings.max_attempts,
                 min_attempt,
+                forward,
                 budget,
                 throttle,
                 backoff_base,
                 backoff_max,
-                attempt_time: AttemptTime::new(min_attempt),
                 stats: RetryStats::new(),
             }),
+            attempt_time: Arc::new(AttemptTime::new(min_attempt)),
             backoff: None,
             attempt_started: None,
         })
+    }
+
+    /// The policy for one operation (a create, a read): the same budget, throttle and counters,
+    /// with its own estimate of how long an attempt takes.
+    pub fn for_operation(&self) -> Self {
+        Self { attempt_time: Arc::new(AttemptTime::new(self.shared.min_attempt)), ..self.clone() }
     }
 
     pub fn stats(&self) -> RetryStatsSnapshot {
@@ -213,6 +248,14 @@ impl RetryPolicy {
         if !is_retryable(status.code(), named_wait) {
             return Err(StopReason::NonRetryable);
         }
+        // An expiry is retried only when its slice was capped: the retry needs that slice again.
+        let expired_slice = match status.code() {
+            Code::DeadlineExceeded => match Slice::from_headers(status.metadata().as_ref()) {
+                Some(slice) if slice.capped => Some(slice.given),
+                _ => return Err(StopReason::Deadline),
+            },
+            _ => None,
+        };
         if previous_attempts + 1 >= self.shared.max_attempts {
             return Err(StopReason::Attempts);
         }
@@ -228,8 +271,10 @@ impl RetryPolicy {
             }
         };
         if let Some(hop) = Hop::current() {
-            let expected = self.shared.attempt_time.expected().max(self.shared.min_attempt);
-            if wait.deadline() + expected > hop.deadline().expires_at() {
+            // What the hop will forward when the retry starts, as it will plan it then.
+            let left_then = hop.deadline().expires_at().saturating_duration_since(wait.deadline());
+            let needed = self.attempt_time.expected().max(self.shared.min_attempt).max(expired_slice.unwrap_or_default());
+            if !self.shared.forward.plan(left_then).is_ok_and(|forward| forward.forwarded >= needed) {
                 let reason = if named_wait.is_some() { StopReason::Pushback } else { StopReason::Deadline };
                 return Err(reason);
             }
@@ -274,8 +319,11 @@ impl<M: Clone, R> Policy<Call<M>, R, Status> for RetryPolicy {
     type Future = Sleep;
 
     fn retry(&mut self, call: &mut Call<M>, result: &mut Result<R, Status>) -> Option<Self::Future> {
-        if let Some(started) = self.attempt_started.take() {
-            self.shared.attempt_time.observe(started.elapsed());
+        // Successful attempts only: a refusal answered at once would make attempts look quick.
+        if let Some(started) = self.attempt_started.take()
+            && result.is_ok()
+        {
+            self.attempt_time.observe(started.elapsed());
         }
         let attempts = call.previous_attempts + 1;
         let status = match result {
@@ -302,6 +350,9 @@ impl<M: Clone, R> Policy<Call<M>, R, Status> for RetryPolicy {
                 Some(wait)
             }
             Err(reason) => {
+                if matches!(reason, StopReason::Budget | StopReason::Attempts | StopReason::Breaker) {
+                    status.metadata_mut().insert(RETRIES_SPENT_HEADER, MetadataValue::from_static(reason.as_str()));
+                }
                 self.stop(reason, attempts);
                 None
             }

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use deadline::{FAILED_FAST_HEADER, ForwardPolicy};
+use deadline::{FAILED_FAST_HEADER, ForwardPolicy, SLICE_HEADER};
 use resilience::retry::{Call, InvalidRetrySettings, RetryBudget, RetryPolicy, RetrySettings, RetryStatsSnapshot, RetryThrottle};
 use tokio::time::advance;
 use tonic::{Status, metadata::MetadataMap};
@@ -281,10 +281,13 @@ async fn only_failures_a_retry_could_fix_take_tokens() {
     let policy = retry_policy(RetrySettings::default());
     let mut failed_fast = Status::deadline_exceeded("gateway: too little budget to call orders");
     failed_fast.metadata_mut().insert(FAILED_FAST_HEADER, "gateway".parse().unwrap());
-    // Answers that say nothing against the dependency: a NOT_FOUND is an answer, and a hop that
-    // failed fast for lack of deadline never called it. Fifty of each would close the throttle
-    // if they took tokens.
-    for status in [Status::not_found("no such order"), failed_fast] {
+    // An expiry of all the time there was: the client chose that deadline.
+    let mut expired = Status::deadline_exceeded("gateway: orders did not answer within the 80 ms it was given");
+    expired.metadata_mut().insert(SLICE_HEADER, "80".parse().unwrap());
+    // Answers that say nothing against the dependency: a NOT_FOUND is an answer, a hop that
+    // failed fast for lack of deadline never called it, and a client's short deadline is its own.
+    // Fifty of each would close the throttle if they took tokens.
+    for status in [Status::not_found("no such order"), failed_fast, expired] {
         for _ in 0..50 {
             assert_eq!(operation(&policy, || Err(status.clone())), 1);
         }

@@ -296,14 +296,18 @@ fn is_retryable(code: Code, named_wait: Option<Duration>) -> bool {
 }
 
 /// Whether a failed attempt counts against the throttle: a failure a retry could fix, whatever
-/// then stops the retry (attempts, deadline, breaker), except a hop's fail-fast for lack of
-/// deadline, which says nothing about the dependency.
+/// then stops the retry (attempts, deadline, breaker), except what says nothing about the
+/// dependency: a hop's fail-fast for lack of deadline, and an expiry of all the time there was
+/// (the client chose that deadline; a client sending tiny ones must not close the throttle for
+/// everyone).
 fn takes_a_token(status: &Status) -> bool {
     let named_wait = match pushback(status) {
         Pushback::Wait(wait) => Some(wait),
         Pushback::None | Pushback::DoNotRetry => None,
     };
-    !status.metadata().contains_key(FAILED_FAST_HEADER) && is_retryable(status.code(), named_wait)
+    let expired_uncapped =
+        status.code() == Code::DeadlineExceeded && !Slice::from_headers(status.metadata().as_ref()).is_some_and(|slice| slice.capped);
+    !status.metadata().contains_key(FAILED_FAST_HEADER) && !expired_uncapped && is_retryable(status.code(), named_wait)
 }
 
 /// Full-size jitter (factor 1): wait = base·2^(n−1) + random(0, same), capped at `max`.

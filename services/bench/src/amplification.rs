@@ -1,11 +1,13 @@
 //! Comparison 3, amplification and waste: the budgeted chain against the naive one while the
-//! bank fails every call, and while it fails 30 % of them.
+//! bank fails every call for a minute, at a moderate and at a high rate, and while it fails 30 %
+//! of them.
 //!
 //! The naive chain retries three times at every hop with fixed timeouts and no budget, so a
 //! failing bank sees up to 27 calls per user request, and work goes on after the clients have
-//! given up. The budgeted chain retries at the gateway only, within 10 % of requests. Its
-//! breakers are off here, so that what is measured is the retry budget alone (an open breaker
-//! would stop the bank calls by itself). Clients use the HTTP face and give up at their deadline.
+//! given up. The budgeted chain retries at the gateway only, within 10 % of requests plus a floor,
+//! and its throttle stops retries once failures outnumber successes. Its breakers are off here,
+//! so that what is measured is the retry policy alone (an open breaker would stop the bank calls
+//! by itself). Clients use the HTTP face and give up at their deadline.
 
 use bank_mock::Latency;
 use resilience::{ChainMode, retry::RetryStatsSnapshot};
@@ -19,13 +21,11 @@ use crate::{
     profile::Profile,
 };
 
-/// The bank's failure rates compared.
-const FAILURE_RATES: [f64; 2] = [1.0, 0.3];
-
 #[derive(Debug, Clone, Serialize)]
 pub struct AmplificationRun {
     /// Share of bank calls answered UNAVAILABLE.
     pub bank_failure_rate: f64,
+    pub per_second: f64,
     pub chain: &'static str,
     /// Every call that reached the bank, until the chain had settled, per user request.
     pub bank_calls_per_request: f64,
@@ -57,7 +57,8 @@ pub async fn measure(profile: &Profile) -> Result<Amplification, BenchError> {
     let (mean, stddev) = settings.bank_latency_ms;
     let latency = Latency { mean, stddev };
     let mut runs = Vec::new();
-    for failure_rate in FAILURE_RATES {
+    for load in &settings.loads {
+        let failure_rate = load.bank_failure_rate;
         for (label, mode) in [("budgeted", ChainMode::Budgeted), ("naive", ChainMode::Naive)] {
             let running = chains::start(&Backend::Sqlite, |chain| {
                 stack::scenario::without_breakers(chain);
@@ -67,10 +68,11 @@ pub async fn measure(profile: &Profile) -> Result<Amplification, BenchError> {
             })
             .await?;
             let orders = HttpOrders::new(running.chain.addresses.gateway_http, label, Some(settings.client_deadline));
+            let requests = (settings.duration.as_secs_f64() * load.per_second).round() as usize;
             let plan = Plan::count(
-                format!("{label} chain, bank failing {:.0} %", failure_rate * 100.0),
-                settings.requests,
-                settings.per_second,
+                format!("{label} chain, bank failing {:.0} %, {}/s", failure_rate * 100.0, load.per_second),
+                requests,
+                load.per_second,
                 profile.bounds,
             );
             let measurement = load::run(&plan, move |index| orders.create(index)).await;
@@ -79,6 +81,7 @@ pub async fn measure(profile: &Profile) -> Result<Amplification, BenchError> {
             let hops = chains::hops(running.chain.hop_stats(), Face::Http);
             runs.push(AmplificationRun {
                 bank_failure_rate: failure_rate,
+                per_second: load.per_second,
                 chain: label,
                 bank_calls_per_request: bank.calls as f64 / measurement.due.max(1) as f64,
                 bank_calls: bank.calls,

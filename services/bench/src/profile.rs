@@ -64,14 +64,23 @@ pub struct PrecisionProfile {
 /// 3. Amplification and waste, budgeted against naive.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AmplificationProfile {
-    pub requests: usize,
-    pub per_second: f64,
+    /// The faults and loads compared, each run for `duration` on each chain.
+    pub loads: Vec<AmplificationLoad>,
+    pub duration: Duration,
     /// The clients' deadline: they stop waiting then, whatever the chain does.
     pub client_deadline: Duration,
     /// The bank's latency (mean and standard deviation, ms) before it fails or answers.
     pub bank_latency_ms: (f64, f64),
     /// How long after the last client left the bank is watched for work nobody will read.
     pub settle: Duration,
+}
+
+/// One fault and load of comparison 3.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct AmplificationLoad {
+    /// Share of bank calls answered UNAVAILABLE.
+    pub bank_failure_rate: f64,
+    pub per_second: f64,
 }
 
 /// 4. Fail-fast: answers of an open breaker and of a full bulkhead.
@@ -127,8 +136,13 @@ impl Profile {
             },
             precision: PrecisionProfile { deadline: ms(500), requests: 200, per_second: 50.0, settle: ms(1_000) },
             amplification: AmplificationProfile {
-                requests: 200,
-                per_second: 40.0,
+                // A minute-long outage at a moderate and a high rate, and partial failure.
+                loads: vec![
+                    AmplificationLoad { bank_failure_rate: 1.0, per_second: 40.0 },
+                    AmplificationLoad { bank_failure_rate: 1.0, per_second: 200.0 },
+                    AmplificationLoad { bank_failure_rate: 0.3, per_second: 40.0 },
+                ],
+                duration: ms(60_000),
                 client_deadline: ms(1_000),
                 bank_latency_ms: (60.0, 10.0),
                 settle: ms(2_000),
@@ -164,8 +178,11 @@ impl Profile {
             },
             precision: PrecisionProfile { deadline: ms(150), requests: 6, per_second: 50.0, settle: ms(200) },
             amplification: AmplificationProfile {
-                requests: 6,
-                per_second: 30.0,
+                loads: vec![
+                    AmplificationLoad { bank_failure_rate: 1.0, per_second: 30.0 },
+                    AmplificationLoad { bank_failure_rate: 0.3, per_second: 30.0 },
+                ],
+                duration: ms(200),
                 client_deadline: ms(300),
                 bank_latency_ms: (5.0, 1.0),
                 settle: ms(300),

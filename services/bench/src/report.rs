@@ -222,12 +222,11 @@ impl Report {
         writeln!(out, "\n## 3. Amplification and waste: budgeted against naive\n")?;
         writeln!(
             out,
-            "{} requests at {} over HTTP per run, a fresh chain each; the bank takes {} ± {} before it \
-             fails or answers; clients give up after {}. The budgeted chain's breakers are off, so \
-             this is the retry budget alone. Bank calls are counted until {} after the last client \
-             left.\n",
-            p.requests,
-            rate(p.per_second),
+            "Each run sends requests over HTTP for {} at the rate given, on a fresh chain; the bank takes {} ± {} \
+             before it fails or answers; clients give up after {}. The budgeted chain's breakers are off, so \
+             this is its retry policy alone (budget and throttle). Bank calls are counted until {} after the \
+             last client left.\n",
+            seconds(p.duration),
             ms(a.bank_latency_ms.mean),
             ms(a.bank_latency_ms.stddev),
             ms(a.client_deadline_ms),
@@ -235,14 +234,15 @@ impl Report {
         )?;
         writeln!(
             out,
-            "| Bank failing | Chain | Bank calls per request | Success | p99 | Clients gave up | Bank calls after the clients left | Work finished after its deadline |"
+            "| Bank failing | Requests | Chain | Bank calls per request | Success | p99 | Clients gave up | Bank calls after the clients left | Work finished after its deadline |"
         )?;
-        writeln!(out, "|---:|---|---:|---:|---:|---:|---:|---:|")?;
+        writeln!(out, "|---:|---:|---|---:|---:|---:|---:|---:|---:|")?;
         for run in &a.runs {
             writeln!(
                 out,
-                "| {} | {} | {:.2} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {:.3} | {} | {} | {} | {} | {} |",
                 percent(run.bank_failure_rate),
+                rate(run.per_second),
                 run.chain,
                 run.bank_calls_per_request,
                 percent(run.success_rate),

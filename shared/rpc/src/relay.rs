@@ -6,6 +6,7 @@ use tonic::{
 
 pub use resilience::retry::PUSHBACK_HEADER;
 use deadline::FAILED_FAST_HEADER;
+use resilience::retry::RETRIES_SPENT_HEADER;
 use resilience::{
     breaker::{CIRCUIT_OPEN_HEADER, RELAYED_HEADER},
     bulkhead::BULKHEAD_FULL_HEADER,
@@ -14,11 +15,11 @@ use resilience::{
 /// Passes a dependency's failure up unchanged: same code, same message (every hop names itself in
 /// the messages it makes, so the message already says which hop failed), marked as relayed (so
 /// that breakers above do not blame this hop), and what the edge needs to decide on a retry: the pushback, the fail-fast, open-circuit and full-bulkhead marks and the
-/// status details. Other metadata (including the
+/// status details, and the edge's own mark that it stopped retrying for its limits. Other metadata (including the
 /// dependency's ledger, which the deadline layers carry separately) is not copied.
 pub fn relay(status: &Status) -> Status {
     let mut metadata = MetadataMap::new();
-    for key in [PUSHBACK_HEADER, FAILED_FAST_HEADER, CIRCUIT_OPEN_HEADER, BULKHEAD_FULL_HEADER] {
+    for key in [PUSHBACK_HEADER, FAILED_FAST_HEADER, CIRCUIT_OPEN_HEADER, BULKHEAD_FULL_HEADER, RETRIES_SPENT_HEADER] {
         if let Some(value) = status.metadata().get(key) {
             metadata.insert(key, value.clone());
         }
@@ -53,6 +54,7 @@ mod tests {
         status.metadata_mut().insert(FAILED_FAST_HEADER, "payment".parse().unwrap());
         status.metadata_mut().insert(CIRCUIT_OPEN_HEADER, "bank-mock".parse().unwrap());
         status.metadata_mut().insert(BULKHEAD_FULL_HEADER, "bank-mock".parse().unwrap());
+        status.metadata_mut().insert(RETRIES_SPENT_HEADER, "budget".parse().unwrap());
         let relayed = relay(&status);
         assert_eq!(relayed.code(), Code::ResourceExhausted);
         assert_eq!(relayed.message(), "bank-mock: slow down");
@@ -60,6 +62,7 @@ mod tests {
         assert_eq!(relayed.metadata().get(FAILED_FAST_HEADER).unwrap(), "payment");
         assert_eq!(relayed.metadata().get(CIRCUIT_OPEN_HEADER).unwrap(), "bank-mock");
         assert_eq!(relayed.metadata().get(BULKHEAD_FULL_HEADER).unwrap(), "bank-mock");
+        assert_eq!(relayed.metadata().get(RETRIES_SPENT_HEADER).unwrap(), "budget");
         assert_eq!(relayed.metadata().get(RELAYED_HEADER).unwrap(), "true", "breakers above do not blame the relaying hop");
         assert!(relayed.metadata().get("x-deadline-ledger").is_none());
     }

@@ -236,23 +236,36 @@ async fn count_effects(database: &Database, table: &str) -> i64 {
     sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}"))).fetch_one(database.pool()).await.unwrap()
 }
 
+/// A holder of `key` whose 500 ms lease has run out, and a repeat of it held after reading the
+/// key, before it decides anything: the gap in which the tests below let the old holder act.
+struct HeldRepeat {
+    store: KeyStore,
+    old: idempotency::Lease,
+    hold: Arc<HoldOnce>,
+    repeat: tokio::task::JoinHandle<Result<Begin, KeyError>>,
+}
+
+async fn repeat_held_after_its_read(database: &Database, key: &'static str) -> HeldRepeat {
+    let hold = HoldOnce::new(Pause::BeginRead, key);
+    let (store, clock) = store(database, KeySettings::default());
+    let store = store.with_pause_hook(hold.clone());
+    let old = execute(store.begin("c", key, "fp", Duration::from_millis(500)).await.unwrap());
+    clock.advance_ms(600);
+    let repeat = tokio::spawn({
+        let store = store.clone();
+        async move { store.begin("c", key, "fp", LEASE).await }
+    });
+    hold.held().await;
+    HeldRepeat { store, old, hold, repeat }
+}
+
 /// The old holder of a lease that ran out commits its first phase between a repeat's read of
 /// the key and its takeover: the repeat resumes after that phase instead of redoing it.
 #[tokio::test]
 async fn a_takeover_resumes_from_the_phase_the_old_holder_committed_meanwhile() {
     for (backend, database, _dir) in databases().await {
         let orders = effects_table(&database, backend, "race_orders").await;
-        let hold = HoldOnce::new(Pause::BeginRead, "k-race");
-        let (store, clock) = store(&database, KeySettings::default());
-        let store = store.with_pause_hook(hold.clone());
-        let mut old = execute(store.begin("c", "k-race", "fp", Duration::from_millis(500)).await.unwrap());
-        clock.advance_ms(600);
-
-        let repeat = tokio::spawn({
-            let store = store.clone();
-            async move { store.begin("c", "k-race", "fp", LEASE).await }
-        });
-        hold.held().await;
+        let HeldRepeat { store, mut old, hold, repeat } = repeat_held_after_its_read(&database, "k-race").await;
         // Still running past its lease (a clock step, a COMMIT in flight when its deadline fired).
         let mut phase = store.phase(&mut old).await.unwrap();
         insert_effect(&mut phase, &orders, "order-1").await;
@@ -278,17 +291,7 @@ async fn a_takeover_resumes_from_the_phase_the_old_holder_committed_meanwhile() 
 #[tokio::test]
 async fn a_takeover_lost_to_a_completion_replays_it() {
     for (backend, database, _dir) in databases().await {
-        let hold = HoldOnce::new(Pause::BeginRead, "k-done");
-        let (store, clock) = store(&database, KeySettings::default());
-        let store = store.with_pause_hook(hold.clone());
-        let mut old = execute(store.begin("c", "k-done", "fp", Duration::from_millis(500)).await.unwrap());
-        clock.advance_ms(600);
-
-        let repeat = tokio::spawn({
-            let store = store.clone();
-            async move { store.begin("c", "k-done", "fp", LEASE).await }
-        });
-        hold.held().await;
+        let HeldRepeat { store, mut old, hold, repeat } = repeat_held_after_its_read(&database, "k-done").await;
         let answer = Stored { code: 0, body: b"paid".to_vec() };
         store.phase(&mut old).await.unwrap().complete(&answer).await.unwrap();
         hold.let_go();

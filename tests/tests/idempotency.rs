@@ -169,3 +169,44 @@ async fn a_charge_whose_reply_was_lost_and_never_retried_is_settled_by_the_compl
         assert_eq!((test.count_rows("orders").await, test.count_rows("payments").await), (1, 1), "{name}");
     }
 }
+
+/// While the bank is down, every stranded create would fail again: the completer must not turn
+/// into a retry loop of its own. It stops a round at its first failure and then probes one create
+/// at a time with a doubling pause; once the bank is back, everything settles.
+#[tokio::test]
+async fn the_completer_probes_instead_of_retrying_every_stranded_create_while_the_bank_is_down() {
+    let test = TestChain::start_with(|s| {
+        // Breakers off, so that the completer's own restraint is what is measured.
+        stack::scenario::without_breakers(s);
+        s.gateway.retry.max_attempts = 1;
+        s.orders.completer.grace_ms = 100;
+        s.orders.completer.interval_ms = 50;
+        s.orders.completer.max_backoff_ms = 400;
+    })
+    .await;
+    test.set_faults(fast_bank(|f| f.error_rate = 1.0));
+    for n in 0..20 {
+        assert_eq!(test.post_order(&format!("outage-{n}"), &order_body()).send().await.unwrap().status(), 503);
+    }
+    let calls_when_left = test.chain.bank().stats().calls;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let completer_calls = test.chain.bank().stats().calls - calls_when_left;
+    // Resuming all 20 after every grace would be about 20 calls every 150 ms, some 400 in 3 s.
+    // A first round stops after the resumes in flight at its first failure (4 at once), then
+    // one probe per pause of 50, 100, 200 and then 400 ms: about 10 in 3 s.
+    assert!((1..=20).contains(&completer_calls), "{completer_calls} bank calls from the completer in 3 s");
+
+    test.set_faults(fast_bank(|_| {}));
+    let database = idempotency::Database::connect(&test.chain.database_urls.0).await.unwrap();
+    let paid = async {
+        loop {
+            let paid: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE status = 'paid'").fetch_one(database.pool()).await.unwrap();
+            if paid == 20 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), paid).await.expect("every stranded create settled once the bank is back");
+    assert_eq!(test.chain.bank().stats().charges, 20);
+}

@@ -10,11 +10,24 @@
 //! a takeover of the key's lease, so two completers (two replicas) or a completer and the
 //! client's own retry never both work on one key.
 //!
+//! It must not become a retry loop of its own in an outage: a stranded create is one that already
+//! failed, and resuming every one of them every few seconds while the bank is down would multiply
+//! the bank's load as retries at every level do. So a round stops starting resumes at its first
+//! failure, and after a round that settled nothing and failed, the completer only probes: one
+//! create per round, the pause between rounds doubling up to `max_backoff_ms`. The first create
+//! that settles brings back full rounds.
+//!
 //! It only resumes keys first used within `window_ms`: past payment's key TTL payment would no
 //! longer know the payment, so the window must be shorter (the settings refuse otherwise), and
 //! what is left beyond it is counted for an operator instead.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use deadline::{Deadline, Hop, HopStats};
 use futures::StreamExt;
@@ -34,6 +47,9 @@ use crate::{HOP, OrderService, error::OrdersError};
 pub struct CompleterSettings {
     /// How often it looks for stranded creates.
     pub interval_ms: u64,
+    /// The longest pause between rounds while resumes keep failing (it doubles from
+    /// `interval_ms`).
+    pub max_backoff_ms: u64,
     /// How long a released create (or one whose lease ran out) is left for the client's own
     /// retry before the completer resumes it; also the wait before it tries one again.
     pub grace_ms: u64,
@@ -54,6 +70,7 @@ impl Default for CompleterSettings {
     fn default() -> Self {
         Self {
             interval_ms: 1_000,
+            max_backoff_ms: 60_000,
             grace_ms: 10_000,
             window_ms: 12 * 3_600_000,
             payment_key_ttl_ms: 7 * 24 * 3_600_000,
@@ -90,6 +107,8 @@ enum Resumed {
     Failed,
     /// Another completer or the client's own retry took the key first.
     Taken,
+    /// Not started: an earlier resume of the round failed.
+    Skipped,
 }
 
 impl Resumed {
@@ -99,6 +118,7 @@ impl Resumed {
             Resumed::Declined => "declined",
             Resumed::Failed => "failed",
             Resumed::Taken => "taken",
+            Resumed::Skipped => "skipped",
         }
     }
 }
@@ -138,25 +158,34 @@ impl Completer {
         }
     }
 
-    /// Runs a round every `interval_ms` until `shutdown` is cancelled.
+    /// Runs rounds until `shutdown` is cancelled: every `interval_ms`, or, while they fail, one
+    /// probe at a time with a doubling pause.
     pub(crate) fn spawn(self, shutdown: CancellationToken) -> JoinHandle<()> {
         let interval = Duration::from_millis(self.settings.interval_ms.max(1));
+        let max_backoff = Duration::from_millis(self.settings.max_backoff_ms).max(interval);
         tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(interval);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut pause = interval;
+            let mut probing = false;
             loop {
                 tokio::select! {
                     () = shutdown.cancelled() => return,
-                    _ = ticks.tick() => if let Err(error) = self.run_once().await {
-                        tracing::warn!(%error, "the completer's round failed; the next one tries again");
-                    },
+                    () = tokio::time::sleep(pause) => {}
                 }
+                let limit = if probing { 1 } else { self.settings.batch };
+                let failing = match self.run_once(limit).await {
+                    Ok(outcomes) => outcomes.contains(&Resumed::Failed) && !outcomes.iter().any(|o| matches!(o, Resumed::Paid | Resumed::Declined)),
+                    Err(error) => {
+                        tracing::warn!(%error, "the completer's round failed; the next one tries again");
+                        true
+                    }
+                };
+                (probing, pause) = if failing { (true, (pause * 2).min(max_backoff)) } else { (false, interval) };
             }
         })
     }
 
-    /// One round: resumes the stranded creates found now.
-    async fn run_once(&self) -> Result<(), KeyError> {
+    /// One round: resumes up to `limit` of the stranded creates found now, until one fails.
+    async fn run_once(&self, limit: u32) -> Result<Vec<Resumed>, KeyError> {
         let span = tracing::info_span!("completer.run", found = tracing::field::Empty);
         async {
             self.runs.add(1, &[]);
@@ -164,10 +193,24 @@ impl Completer {
             let keys = self.service.keys.clone();
             let window = Duration::from_millis(settings.window_ms);
             self.unsettled.record(keys.count_unsettled_before(window).await?, &[]);
-            let stranded = keys.stranded(Duration::from_millis(settings.grace_ms), window, settings.batch).await?;
+            let stranded = keys.stranded(Duration::from_millis(settings.grace_ms), window, limit).await?;
             tracing::Span::current().record("found", stranded.len());
-            futures::stream::iter(stranded).for_each_concurrent(settings.concurrency.max(1) as usize, |key| self.resume(key)).await;
-            Ok(())
+            let failed = AtomicBool::new(false);
+            let outcomes = futures::stream::iter(stranded)
+                .map(|key| async {
+                    if failed.load(Ordering::Relaxed) {
+                        return Resumed::Skipped;
+                    }
+                    let outcome = self.resume(key).await;
+                    if outcome == Resumed::Failed {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                    outcome
+                })
+                .buffer_unordered(settings.concurrency.max(1) as usize)
+                .collect()
+                .await;
+            Ok(outcomes)
         }
         .instrument(span)
         .await
@@ -175,7 +218,7 @@ impl Completer {
 
     /// Resumes one create under a deadline of its own, as the current hop, so that payment gets
     /// its slice of it and the trace shows it like a client's request.
-    async fn resume(&self, stranded: StrandedKey) {
+    async fn resume(&self, stranded: StrandedKey) -> Resumed {
         let budget = Duration::from_millis(self.settings.deadline_ms);
         let hop = Arc::new(Hop::new(HOP, Deadline::after(Instant::now(), budget), self.hop_stats.clone()));
         let span = tracing::info_span!(
@@ -201,6 +244,7 @@ impl Completer {
         };
         span.record("outcome", outcome.as_str());
         self.resumes.add(1, &[KeyValue::new("outcome", outcome.as_str())]);
+        outcome
     }
 
     async fn settle(&self, stranded: &StrandedKey, lease: Duration) -> Result<Resumed, OrdersError> {

@@ -203,7 +203,7 @@ pub fn catalogue() -> Vec<Scenario> {
         },
         Scenario {
             name: "bank-down",
-            about: "every bank call fails UNAVAILABLE at 200 requests/s: the budget keeps bank calls per request near 1.1; the naive chain makes 27",
+            about: "every bank call fails UNAVAILABLE at 200 requests/s: the retry throttle stops the retries and bank calls per request stay near 1; the naive chain makes 27",
             faults: Faults { error_rate: 1.0, latency_ms: latency(5.0, 1.0), ..Faults::default() },
             requests: 2_000,
             load: Load::Open { per_second: 200 },

@@ -192,6 +192,8 @@ async fn a_server_at_capacity_refuses_at_once_with_a_pushback() {
     request.metadata_mut().insert("x-client-id", "direct".parse().unwrap());
     let status = orders.create_order(request).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
-    assert_eq!(status.metadata().get("grpc-retry-pushback-ms").unwrap(), "100");
+    let pushback: u64 = status.metadata().get("grpc-retry-pushback-ms").unwrap().to_str().unwrap().parse().unwrap();
+    let shortest = resilience::load_shed::PUSHBACK.as_millis() as u64;
+    assert!((shortest..2 * shortest).contains(&pushback), "jittered, never shorter than configured: {pushback}");
     assert_eq!(busy.await.unwrap(), 504);
 }

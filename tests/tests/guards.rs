@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use bank_mock::Latency;
 use e2e::{TestChain, fast_bank, grpc_request, order_body};
 use proto::payment::v1::{PayRequest, payment_service_client::PaymentServiceClient};
 use resilience::breaker::Position;
@@ -46,21 +47,34 @@ async fn the_breaker_opens_fails_fast_without_calling_then_probes_and_closes() {
     }
     assert_eq!(test.chain.bank().stats().calls, calls, "the bank was not called while open");
 
-    // Still failing when it half-opens: a probe fails and it opens again.
-    tokio::time::sleep(Duration::from_millis(1_050)).await;
+    // Still failing when it half-opens, after the wait it names (open_ms ± 20 %): a probe fails
+    // and it opens again, for twice as long.
+    let wait = pushback_of_the_bank_breaker(&mut payment, "direct-first-wait").await;
+    assert!((800..=1_200).contains(&wait.as_millis()), "{wait:?}");
+    tokio::time::sleep(wait).await;
     test.post_order("down-probe", &order_body()).send().await.unwrap();
     assert_eq!(test.chain.guard_stats().payment_bank.position, Position::Open);
     assert_eq!(test.chain.bank().stats().calls, calls + 1, "one probe went through");
+    let wait = pushback_of_the_bank_breaker(&mut payment, "direct-second-wait").await;
+    assert!((1_600..=2_400).contains(&wait.as_millis()), "{wait:?}");
 
     // Healthy again: the probes succeed and it closes.
     test.set_faults(fast_bank(|_| {}));
-    tokio::time::sleep(Duration::from_millis(1_050)).await;
+    tokio::time::sleep(wait).await;
     for n in 0..2 {
         assert_eq!(test.post_order(&format!("healed-{n}"), &order_body()).send().await.unwrap().status(), 201);
     }
     let breaker = test.chain.guard_stats().payment_bank;
     assert_eq!(breaker.position, Position::Closed, "{breaker:?}");
     assert_eq!((breaker.opened, breaker.half_opened, breaker.closed), (2, 2, 1), "{breaker:?}");
+}
+
+/// The wait that payment's open breaker toward the bank names in its pushback, asked directly.
+async fn pushback_of_the_bank_breaker(payment: &mut PaymentServiceClient<tonic::transport::Channel>, key: &str) -> Duration {
+    let pay = PayRequest { order_id: format!("ord_{key}"), customer_id: "c".into(), amount_minor: 100, currency: "EUR".into() };
+    let status = payment.pay(grpc_request(pay, key)).await.unwrap_err();
+    assert!(status.metadata().contains_key("x-circuit-open"), "{status:?}");
+    Duration::from_millis(status.metadata().get("grpc-retry-pushback-ms").unwrap().to_str().unwrap().parse().unwrap())
 }
 
 #[tokio::test]
@@ -192,6 +206,86 @@ async fn a_server_at_capacity_refuses_at_once_with_a_pushback() {
     request.metadata_mut().insert("x-client-id", "direct".parse().unwrap());
     let status = orders.create_order(request).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
-    assert_eq!(status.metadata().get("grpc-retry-pushback-ms").unwrap(), "100");
+    let pushback: u64 = status.metadata().get("grpc-retry-pushback-ms").unwrap().to_str().unwrap().parse().unwrap();
+    let shortest = resilience::load_shed::PUSHBACK.as_millis() as u64;
+    assert!((shortest..2 * shortest).contains(&pushback), "jittered, never shorter than configured: {pushback}");
     assert_eq!(busy.await.unwrap(), 504);
+}
+
+/// Payment's breaker toward the bank judging after 5 recorded calls and staying open for the
+/// rest of the test; gateway retries off, so that every user request is one bank call.
+fn quick_verdict(settings: &mut stack::ChainSettings) {
+    let breaker = &mut settings.payment.bank.breaker;
+    breaker.window_calls = 10;
+    breaker.min_calls = 5;
+    breaker.open_ms = 60_000;
+    settings.gateway.retry.max_attempts = 1;
+}
+
+/// Bounds every request of these tests, whatever the chain does.
+const REQUEST_LIMIT: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn a_client_with_tiny_deadlines_cannot_open_the_bank_breaker_for_the_others() {
+    let test = TestChain::start_with(quick_verdict).await;
+    test.set_faults(fast_bank(|f| f.latency_ms = Latency { mean: 60.0, stddev: 10.0 }));
+
+    // demo-key-2 (5/s, burst 10) sends 8 orders with 100 ms deadlines: the bank gets ~50 ms of
+    // them, less than it takes. Those expiries are the client's choice, not the bank's failures.
+    let mut expired = 0;
+    for n in 0..8 {
+        let response = test
+            .http
+            .post(test.url("/v1/orders"))
+            .bearer_auth("demo-key-2")
+            .header("idempotency-key", format!("tiny-{n}"))
+            .header("x-request-timeout-ms", "100")
+            .timeout(REQUEST_LIMIT)
+            .json(&order_body())
+            .send()
+            .await
+            .unwrap();
+        assert!(matches!(response.status().as_u16(), 201 | 504), "{}", response.status());
+        expired += usize::from(response.status() == 504);
+    }
+    assert!(expired >= 5, "most expired at the bank (a quick draw of its latency may make it): {expired} of 8");
+    assert!(test.chain.bank().stats().calls >= 8, "the bank was called each time, no fail-fast: {:?}", test.chain.bank().stats());
+    let guards = test.chain.guard_stats();
+    assert_eq!((guards.payment_bank.position, guards.payment_bank.opened), (Position::Closed, 0), "{:?}", guards.payment_bank);
+
+    // Another client's ordinary orders keep going through.
+    for n in 0..5 {
+        let response = test.post_order(&format!("ordinary-{n}"), &order_body()).timeout(REQUEST_LIMIT).send().await.unwrap();
+        assert_eq!(response.status(), 201);
+    }
+    let guards = test.chain.guard_stats();
+    for (hop, breaker) in [("payment → bank", guards.payment_bank), ("orders → payment", guards.orders_payment), ("gateway → orders", guards.gateway_orders)] {
+        assert_eq!((breaker.position, breaker.opened), (Position::Closed, 0), "{hop}: {breaker:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_bank_slower_than_an_adequate_slice_still_opens_its_breaker() {
+    let test = std::sync::Arc::new(TestChain::start_with(quick_verdict).await);
+    // Beyond the ~1.48 s the bank gets of the default 2 s deadline.
+    test.set_faults(fast_bank(|f| f.latency_ms = Latency { mean: 1_600.0, stddev: 0.0 }));
+    let slow: Vec<_> = (0..5)
+        .map(|n| {
+            let test = test.clone();
+            tokio::spawn(async move { test.post_order(&format!("slow-{n}"), &order_body()).timeout(REQUEST_LIMIT).send().await.unwrap().status() })
+        })
+        .collect();
+    for request in slow {
+        assert_eq!(request.await.unwrap(), 504);
+    }
+    let guards = test.chain.guard_stats();
+    assert_eq!(guards.payment_bank.position, Position::Open, "{:?}", guards.payment_bank);
+    // The expiry is the bank's, relayed above payment: the breakers further up stay closed.
+    assert_eq!(guards.orders_payment.position, Position::Closed, "{:?}", guards.orders_payment);
+    assert_eq!(guards.gateway_orders.position, Position::Closed, "{:?}", guards.gateway_orders);
+
+    let calls = test.chain.bank().stats().calls;
+    let refused = test.post_order("slow-refused", &order_body()).timeout(REQUEST_LIMIT).send().await.unwrap();
+    assert_eq!(refused.status(), 503);
+    assert_eq!(test.chain.bank().stats().calls, calls, "answered without calling the bank");
 }

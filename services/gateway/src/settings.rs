@@ -69,7 +69,9 @@ fn summary_source(endpoint: &str, cap_ms: u64) -> Dependency {
     Dependency {
         endpoint: endpoint.into(),
         deadline: ForwardPolicy { reserve_ms: 20, reserve_max_share: 0.2, cap_ms: Some(cap_ms), min_forward_ms: 20 },
-        breaker: BreakerSettings { slow_call_ms: 60_000, ..BreakerSettings::default() },
+        // The cap is the gateway's own choice, not a client's: a call given all of it and still
+        // unanswered is the source's fault, although the cap is below the usual judged slice.
+        breaker: BreakerSettings { slow_call_ms: 60_000, min_judged_slice_ms: cap_ms, ..BreakerSettings::default() },
         ..Dependency::default()
     }
 }

@@ -4,6 +4,10 @@
 //! times out; refusing it at once is backpressure the caller can act on. The refusal says "slow
 //! down": RESOURCE_EXHAUSTED with a pushback over gRPC (a caller's breaker does not count it as a
 //! failure: the service is alive), 503 with `Retry-After` over HTTP.
+//!
+//! The pushback is drawn anew for each refusal, between [`PUSHBACK`] and twice that: callers
+//! refused in the same burst would otherwise all come back at the same instant, a wave that fills
+//! the intake again and is refused again.
 
 use std::{
     future::Future,
@@ -21,12 +25,21 @@ use pin_project_lite::pin_project;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Status, metadata::MetadataValue};
 use telemetry::metrics::{self, Counter, KeyValue};
-use tower::{Layer, Service};
+use tower::{
+    Layer, Service,
+    util::rng::{HasherRng, Rng},
+};
 
 use crate::retry::PUSHBACK_HEADER;
 
-/// How long a refused caller is asked to wait.
-const PUSHBACK: Duration = Duration::from_millis(100);
+/// The shortest wait a refused gRPC caller is asked for.
+pub const PUSHBACK: Duration = Duration::from_millis(100);
+
+/// The pushback of one refusal, in milliseconds: uniform in [`PUSHBACK`, 2 × `PUSHBACK`).
+fn pushback_ms(rng: &mut impl Rng) -> u64 {
+    let shortest = PUSHBACK.as_millis() as u64;
+    shortest + rng.next_range(0..shortest)
+}
 
 /// The intake of one server (or one kind of request), shared by every clone of its service.
 #[derive(Debug)]
@@ -96,7 +109,8 @@ fn refusal<B: Default + From<String>>(grpc: bool, intake: &Intake) -> Response<B
     let detail = format!("{}: {} requests already in progress; retry shortly", intake.name, intake.limit);
     if grpc {
         let mut status = Status::resource_exhausted(detail);
-        status.metadata_mut().insert(PUSHBACK_HEADER, MetadataValue::from(PUSHBACK.as_millis() as u64));
+        // A generator seeded anew for each refusal, so that refusals do not share one sequence.
+        status.metadata_mut().insert(PUSHBACK_HEADER, MetadataValue::from(pushback_ms(&mut HasherRng::default())));
         return status.into_http();
     }
     let body = serde_json::json!({"type": "about:blank", "title": "Overloaded", "status": 503, "detail": detail});
@@ -147,5 +161,45 @@ where
             Projection::Refused { response } => Poll::Ready(Ok(response.take().expect("polled after completion"))),
             Projection::Admitted { inner, .. } => inner.poll(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::service_fn;
+
+    /// Draws `self.0` every time.
+    struct Draw(u64);
+
+    impl Rng for Draw {
+        fn next_u64(&mut self) -> u64 {
+            self.0
+        }
+    }
+
+    #[test]
+    fn the_pushback_is_never_shorter_than_configured_and_less_than_twice_that() {
+        assert_eq!(pushback_ms(&mut Draw(0)), 100);
+        assert_eq!(pushback_ms(&mut Draw(99)), 199);
+        assert_eq!(pushback_ms(&mut Draw(u64::MAX)), 100 + u64::MAX % 100);
+    }
+
+    #[tokio::test]
+    async fn callers_refused_together_are_asked_to_come_back_at_different_times() {
+        let busy = service_fn(|_: Request<String>| std::future::pending::<Result<Response<String>, std::convert::Infallible>>());
+        let mut service = LoadShedLayer::new(Intake::new("orders", 1)).layer(busy);
+        let _in_progress = service.call(Request::new(String::new()));
+        let mut pushbacks = Vec::new();
+        for _ in 0..200 {
+            let mut request = Request::new(String::new());
+            request.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            let refused = service.call(request).await.unwrap();
+            assert_eq!(refused.headers()["grpc-status"], "8");
+            pushbacks.push(refused.headers()[PUSHBACK_HEADER].to_str().unwrap().parse::<u64>().unwrap());
+        }
+        assert!(pushbacks.iter().all(|ms| (100..200).contains(ms)), "{pushbacks:?}");
+        let (shortest, longest) = (pushbacks.iter().min().unwrap(), pushbacks.iter().max().unwrap());
+        assert!(*shortest < 125 && *longest >= 175, "spread over the range: {shortest}..={longest}");
     }
 }

@@ -3,15 +3,17 @@ use std::{
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
+    time::Duration,
 };
 
+use deadline::{FAILED_FAST_HEADER, Slice};
 use http::Response;
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tonic::Code;
 use tower::BoxError;
 
-use super::{Breaker, Outcome, state::Admission};
+use super::{Breaker, Outcome, RELAYED_HEADER, state::Admission};
 
 pin_project! {
     /// Response future of [`super::BreakerService`]: records the call's outcome when it ends.
@@ -21,6 +23,7 @@ pin_project! {
         Admitted {
             #[pin]
             inner: F,
+            // None once recorded, or from the start when the breaker is disabled.
             verdict: Option<Verdict>,
         },
     }
@@ -50,25 +53,50 @@ impl<F, B> ResponseFuture<F, B> {
     pub(super) fn admitted(inner: F, breaker: Arc<Breaker>, admission: Admission) -> Self {
         Self::Admitted { inner, verdict: Some(Verdict { breaker, admission, started: Instant::now() }) }
     }
+
+    /// A call through a disabled breaker: made, and not recorded.
+    pub(super) fn unjudged(inner: F) -> Self {
+        Self::Admitted { inner, verdict: None }
+    }
 }
 
-/// The outcome of an answer, from its gRPC status (unary failures arrive as trailers-only
-/// answers, with the status in the headers).
-fn classify<B>(response: &Response<B>) -> Outcome {
-    let code = response
-        .headers()
-        .get("grpc-status")
-        .and_then(|value| value.to_str().ok())
-        .and_then(|text| text.parse::<i32>().ok())
-        .map_or(Code::Ok, Code::from_i32);
-    if code != Code::Ok && response.headers().contains_key(super::RELAYED_HEADER) {
-        return Outcome::Ignored;
-    }
-    match code {
-        Code::ResourceExhausted => Outcome::Ignored,
-        Code::DeadlineExceeded if response.headers().contains_key(deadline::FAILED_FAST_HEADER) => Outcome::Ignored,
-        Code::Unavailable | Code::DeadlineExceeded | Code::Internal | Code::Unknown | Code::DataLoss => Outcome::Failure,
-        _ => Outcome::Success,
+/// What an answer's outcome depends on besides its status: when it is slow, and which expiries
+/// the dependency is to blame for.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Thresholds {
+    pub(super) slow_call: Duration,
+    pub(super) min_judged_slice: Duration,
+}
+
+impl Thresholds {
+    /// The outcome of a call that ended with `result` after `elapsed`, from its gRPC status
+    /// (unary failures arrive as trailers-only answers, with the status in the headers).
+    fn outcome<B>(&self, result: &Result<Response<B>, BoxError>, elapsed: Duration) -> Outcome {
+        let Ok(response) = result else { return Outcome::Failure };
+        let headers = response.headers();
+        let code = headers
+            .get("grpc-status")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|text| text.parse::<i32>().ok())
+            .map_or(Code::Ok, Code::from_i32);
+        let slow = elapsed > self.slow_call;
+        if code != Code::Ok && headers.contains_key(RELAYED_HEADER) {
+            return Outcome::Ignored;
+        }
+        match code {
+            Code::ResourceExhausted => Outcome::Ignored,
+            Code::DeadlineExceeded if headers.contains_key(FAILED_FAST_HEADER) => Outcome::Ignored,
+            Code::DeadlineExceeded => match Slice::from_headers(headers) {
+                // The caller's budget ran out before the dependency had a fair chance.
+                Some(slice) if slice.given < self.min_judged_slice => {
+                    if slow { Outcome::Slow } else { Outcome::Ignored }
+                }
+                _ => Outcome::Failure,
+            },
+            Code::Unavailable | Code::Internal | Code::Unknown | Code::DataLoss => Outcome::Failure,
+            _ if slow => Outcome::Slow,
+            _ => Outcome::Success,
+        }
     }
 }
 
@@ -88,17 +116,91 @@ where
                     Poll::Ready(result) => result.map_err(Into::into),
                 };
                 if let Some(Verdict { breaker, admission, started }) = verdict.take() {
-                    let outcome = match &result {
-                        Ok(response) => match classify(response) {
-                            Outcome::Success if started.elapsed() > breaker.slow_call => Outcome::Slow,
-                            outcome => outcome,
-                        },
-                        Err(_) => Outcome::Failure,
-                    };
-                    breaker.record(admission, outcome);
+                    breaker.record(admission, breaker.thresholds.outcome(&result, started.elapsed()));
                 }
                 Poll::Ready(result)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::breaker::{BreakerService, BreakerSettings, Position};
+    use deadline::SLICE_HEADER;
+    use http::{HeaderValue, Request};
+    use tonic::Status;
+    use tower::{Service, service_fn};
+
+    const THRESHOLDS: Thresholds = Thresholds { slow_call: Duration::from_millis(1_000), min_judged_slice: Duration::from_millis(1_000) };
+
+    fn answer(status: Status, headers: &[(&'static str, &'static str)]) -> Result<Response<()>, BoxError> {
+        let mut response = status.into_http::<()>();
+        for (name, value) in headers {
+            response.headers_mut().insert(*name, HeaderValue::from_static(value));
+        }
+        Ok(response)
+    }
+
+    #[test]
+    fn outcomes_of_every_kind_of_answer() {
+        let quick = Duration::from_millis(50);
+        let long = Duration::from_millis(1_500);
+        let expired = || Status::deadline_exceeded("bank-mock did not answer within the slice");
+        let cases = [
+            ("success", THRESHOLDS, Ok(Response::new(())), quick, Outcome::Success),
+            ("an answer such as NOT_FOUND", THRESHOLDS, answer(Status::not_found("no such order"), &[]), quick, Outcome::Success),
+            ("slow success", THRESHOLDS, Ok(Response::new(())), long, Outcome::Slow),
+            ("UNAVAILABLE", THRESHOLDS, answer(Status::unavailable("down"), &[]), quick, Outcome::Failure),
+            ("INTERNAL", THRESHOLDS, answer(Status::internal("broken"), &[]), quick, Outcome::Failure),
+            ("no answer at all", THRESHOLDS, Err("connection refused".into()), quick, Outcome::Failure),
+            ("DEADLINE_EXCEEDED after an adequate slice", THRESHOLDS, answer(expired(), &[(SLICE_HEADER, "1478")]), long, Outcome::Failure),
+            ("DEADLINE_EXCEEDED after exactly the threshold", THRESHOLDS, answer(expired(), &[(SLICE_HEADER, "1000; capped")]), long, Outcome::Failure),
+            ("DEADLINE_EXCEEDED after a short slice", THRESHOLDS, answer(expired(), &[(SLICE_HEADER, "51")]), quick, Outcome::Ignored),
+            ("DEADLINE_EXCEEDED after a capped short slice", THRESHOLDS, answer(expired(), &[(SLICE_HEADER, "51; capped")]), quick, Outcome::Ignored),
+            (
+                "DEADLINE_EXCEEDED after a short slice that outlasted the slow-call threshold",
+                Thresholds { slow_call: Duration::from_millis(200), min_judged_slice: Duration::from_millis(1_000) },
+                answer(expired(), &[(SLICE_HEADER, "600")]),
+                Duration::from_millis(600),
+                Outcome::Slow,
+            ),
+            ("DEADLINE_EXCEEDED with no slice named", THRESHOLDS, answer(expired(), &[]), quick, Outcome::Failure),
+            ("a relayed failure", THRESHOLDS, answer(Status::unavailable("bank-mock: down"), &[(RELAYED_HEADER, "true")]), quick, Outcome::Ignored),
+            ("a relayed DEADLINE_EXCEEDED", THRESHOLDS, answer(expired(), &[(RELAYED_HEADER, "true"), (SLICE_HEADER, "1478")]), long, Outcome::Ignored),
+            ("a fail-fast for lack of budget", THRESHOLDS, answer(expired(), &[(FAILED_FAST_HEADER, "payment")]), quick, Outcome::Ignored),
+            ("RESOURCE_EXHAUSTED", THRESHOLDS, answer(Status::resource_exhausted("slow down"), &[]), quick, Outcome::Ignored),
+            ("a slow RESOURCE_EXHAUSTED", THRESHOLDS, answer(Status::resource_exhausted("slow down"), &[]), long, Outcome::Ignored),
+        ];
+        for (case, thresholds, result, elapsed, expected) in cases {
+            assert_eq!(thresholds.outcome(&result, elapsed), expected, "{case}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_abandoned_by_its_caller_is_ignored() {
+        // Opens on one failure; then one probe at a time.
+        let settings = BreakerSettings { window_calls: 1, min_calls: 1, half_open_probes: 1, ..BreakerSettings::default() };
+        let breaker = Breaker::new("payment", "bank-mock", settings);
+        let bank = service_fn(|request: Request<&'static str>| async move {
+            if *request.body() == "hang" {
+                std::future::pending::<()>().await;
+            }
+            Ok::<_, BoxError>(Status::unavailable("down").into_http::<()>())
+        });
+        let mut service = BreakerService::new(bank, breaker.clone());
+        service.call(Request::new("fail")).await.unwrap();
+        assert_eq!(breaker.stats().position, Position::Open);
+        tokio::time::advance(Duration::from_millis(settings.open_ms * 6 / 5)).await;
+
+        // The probe is abandoned: neither a failure (which would open it) nor a success (which
+        // would close it); its place is free for the next probe.
+        let mut probe = Box::pin(service.call(Request::new("hang")));
+        assert!(probe.as_mut().poll(&mut Context::from_waker(std::task::Waker::noop())).is_pending());
+        drop(probe);
+        assert_eq!(breaker.stats().position, Position::HalfOpen);
+        service.call(Request::new("fail")).await.unwrap();
+        assert_eq!(breaker.stats().position, Position::Open, "the next call went through as the probe");
     }
 }

@@ -5,15 +5,39 @@
 //! are slow, it opens and answers at once, without calling, for `open_ms`. Then it half-opens: a
 //! few probe calls go through; if they succeed it closes, if one fails it opens again.
 //!
-//! What it counts: UNAVAILABLE, DEADLINE_EXCEEDED, internal errors and transport failures are
-//! failures; answers slower than `slow_call_ms` are slow. RESOURCE_EXHAUSTED never counts (the
-//! neighbour is alive and asks us to slow down), nor does a DEADLINE_EXCEEDED that a hop answered
-//! without calling (our own short budget), nor a failure the dependency relayed from further down
-//! (marked with [`RELAYED_HEADER`]), nor a call our caller abandoned.
+//! What it counts: UNAVAILABLE, internal errors and transport failures are failures; answers
+//! slower than `slow_call_ms` are slow. RESOURCE_EXHAUSTED never counts (the neighbour is alive
+//! and asks us to slow down), nor does a DEADLINE_EXCEEDED that a hop answered without calling
+//! (our own short budget), nor a failure the dependency relayed from further down (marked with
+//! [`RELAYED_HEADER`]), nor a call our caller abandoned.
+//!
+//! Why a DEADLINE_EXCEEDED counts only after an adequate slice: the client chooses the deadline,
+//! and the breaker is shared by every client. One client sending 100 ms deadlines gives the bank
+//! ~50 ms, and a breaker that blamed the bank for those expiries would open for everyone. So an
+//! expiry is a failure only when the slice the call was given, as the deadline layer names it
+//! ([`deadline::SLICE_HEADER`]), was at least `min_judged_slice_ms`; after a shorter slice it is
+//! ignored, or slow if the call still outlasted `slow_call_ms`. An expiry with no slice named
+//! counts as a failure. The threshold is a setting of its own, not `slow_call_ms`: the breakers
+//! above payment set that to 60 s so that the bank's slowness does not open them, yet a hung
+//! payment must still open orders' breaker within a 2 s deadline.
+//!
+//! The window holds the last `window_calls` outcomes, and of those only the ones recorded within
+//! `window_ms`: at low traffic, failures from long ago say nothing about the neighbour now.
+//!
+//! Why jitter and growth: breakers that opened together (one per replica, all facing the same
+//! outage) would probe together, every `open_ms`, and a neighbour still down would be probed at
+//! full rate for ever. Each probe that fails in a row doubles the open time, up to
+//! `max_open_ms`; every open time is spread ±20 % at random; closing starts again at `open_ms`.
+//!
+//! Each state change starts a new generation, and a call's outcome is recorded only in the
+//! generation that admitted it: a call let through while closed that ends after the breaker
+//! opened and closed again would otherwise be judged in a window it was never part of, and a
+//! probe of an earlier half-open would free a place, or count a success, in the current one.
 //!
 //! An open breaker answers UNAVAILABLE marked with [`CIRCUIT_OPEN_HEADER`] and the time until it
-//! half-opens as `grpc-retry-pushback-ms`, so the edge neither retries through it nor hides when
-//! trying again makes sense. No tower breaker exists upstream, so this one is written here.
+//! half-opens (rounded up to the millisecond) as `grpc-retry-pushback-ms`, so the edge neither
+//! retries through it nor hides when trying again makes sense. No tower breaker exists upstream,
+//! so this one is written here.
 
 mod error;
 mod future;
@@ -36,6 +60,7 @@ use std::{
 
 use http::{Request, Response};
 use serde::{Deserialize, Serialize};
+use future::Thresholds;
 use state::{Admission, Machine, Transition};
 use telemetry::{
     attr,
@@ -43,7 +68,7 @@ use telemetry::{
 };
 use tokio::time::Instant;
 use tonic::Status;
-use tower::{BoxError, Service};
+use tower::{BoxError, Service, util::rng::HasherRng};
 
 /// Metadata marking an answer given by an open breaker; its value names the dependency.
 pub const CIRCUIT_OPEN_HEADER: &str = "x-circuit-open";
@@ -57,18 +82,27 @@ pub const RELAYED_HEADER: &str = "x-relayed";
 #[serde(deny_unknown_fields, default)]
 pub struct BreakerSettings {
     pub enabled: bool,
-    /// The sliding window: the last this many calls.
+    /// The sliding window holds the outcomes of the last this many calls...
     pub window_calls: u32,
+    /// ...recorded in the last this many milliseconds (30 s): older outcomes leave it.
+    pub window_ms: u64,
     /// No verdict before this many calls are in the window.
     pub min_calls: u32,
     /// Share of failures in the window that opens the breaker.
     pub failure_rate: f64,
     /// A call answered later than this is slow.
     pub slow_call_ms: u64,
+    /// A DEADLINE_EXCEEDED is a failure only when the call was given at least this long (1 s);
+    /// after a shorter slice, which the client chose, it is ignored, or slow if it outlasted
+    /// `slow_call_ms`. Apart from `slow_call_ms`, which may be set far beyond any deadline.
+    pub min_judged_slice_ms: u64,
     /// Share of slow calls in the window that opens the breaker.
     pub slow_call_rate: f64,
-    /// How long the breaker stays open before probing.
+    /// How long the breaker stays open before probing, the first time.
     pub open_ms: u64,
+    /// The longest open time (60 s): each probe that fails in a row doubles the last one, up to
+    /// this; never below `open_ms`. Every open time is then spread ±20 % at random.
+    pub max_open_ms: u64,
     /// Probe calls let through when half-open; all must succeed to close.
     pub half_open_probes: u32,
 }
@@ -78,11 +112,14 @@ impl Default for BreakerSettings {
         Self {
             enabled: true,
             window_calls: 20,
+            window_ms: 30_000,
             min_calls: 10,
             failure_rate: 0.5,
             slow_call_ms: 1_000,
+            min_judged_slice_ms: 1_000,
             slow_call_rate: 0.8,
             open_ms: 5_000,
+            max_open_ms: 60_000,
             half_open_probes: 3,
         }
     }
@@ -139,8 +176,8 @@ pub struct BreakerStats {
 pub struct Breaker {
     dependency: &'static str,
     enabled: bool,
-    slow_call: Duration,
-    machine: Mutex<Machine>,
+    thresholds: Thresholds,
+    machine: Mutex<Machine<HasherRng>>,
     counters: Counters,
 }
 
@@ -159,8 +196,12 @@ impl Breaker {
         Arc::new(Self {
             dependency,
             enabled: settings.enabled,
-            slow_call: Duration::from_millis(settings.slow_call_ms),
-            machine: Mutex::new(Machine::new(settings)),
+            thresholds: Thresholds {
+                slow_call: Duration::from_millis(settings.slow_call_ms),
+                min_judged_slice: Duration::from_millis(settings.min_judged_slice_ms),
+            },
+            // Seeded anew for each breaker, so that the replicas' breakers draw apart.
+            machine: Mutex::new(Machine::new(settings, HasherRng::default())),
             counters: Counters::new(hop, dependency),
         })
     }
@@ -176,32 +217,31 @@ impl Breaker {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Machine> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Machine<HasherRng>> {
         // The machine holds plain values; a panic elsewhere cannot leave it half-written.
         self.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn admit(&self) -> Result<Admission, CircuitOpen> {
+    /// Admits a call (`None`: the breaker is disabled and records nothing), or refuses it.
+    fn admit(&self) -> Result<Option<Admission>, CircuitOpen> {
         if !self.enabled {
-            return Ok(Admission::Normal);
+            return Ok(None);
         }
         let mut machine = self.lock();
         let (admission, transition) = machine.admit(Instant::now());
         // Noted under the lock, so that the state gauge gets the changes in the order they happened.
         self.note(transition);
         drop(machine);
-        admission.map_err(|retry_in| {
+        admission.map(Some).map_err(|retry_in| {
             self.counters.rejected.fetch_add(1, Ordering::Relaxed);
             self.counters.rejections.add(1, &self.counters.labels);
-            tracing::debug!(peer = self.dependency, breaker.state = "open", breaker.retry_in_ms = retry_in.as_millis() as i64, "circuit breaker answered without calling");
-            CircuitOpen { dependency: self.dependency, retry_in }
+            let open = CircuitOpen { dependency: self.dependency, retry_in };
+            tracing::debug!(peer = self.dependency, breaker.state = "open", breaker.retry_in_ms = open.retry_in_ms() as i64, "circuit breaker answered without calling");
+            open
         })
     }
 
-    pub(crate) fn record(&self, admission: Admission, outcome: Outcome) {
-        if !self.enabled {
-            return;
-        }
+    fn record(&self, admission: Admission, outcome: Outcome) {
         let mut machine = self.lock();
         let transition = machine.record(admission, outcome, Instant::now());
         self.note(transition);
@@ -251,7 +291,8 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         match self.breaker.admit() {
-            Ok(admission) => ResponseFuture::admitted(self.inner.call(request), self.breaker.clone(), admission),
+            Ok(Some(admission)) => ResponseFuture::admitted(self.inner.call(request), self.breaker.clone(), admission),
+            Ok(None) => ResponseFuture::unjudged(self.inner.call(request)),
             Err(open) => ResponseFuture::rejected(Status::from(open).into_http()),
         }
     }
@@ -285,5 +326,31 @@ mod tests {
         assert_eq!(response.headers()[CIRCUIT_OPEN_HEADER], "bank-mock");
         assert!(response.headers().contains_key(crate::retry::PUSHBACK_HEADER));
         assert_eq!(calls.load(Ordering::Relaxed), 2, "the inner service was not called");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_the_pushback_of_an_open_breaker_finds_it_probing() {
+        let calls = Arc::new(AtomicU64::new(0));
+        let counted = calls.clone();
+        let failing = service_fn(move |_: Request<String>| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            async { Ok::<_, BoxError>(Status::unavailable("down").into_http::<String>()) }
+        });
+        let settings = BreakerSettings { min_calls: 1, window_calls: 1, ..BreakerSettings::default() };
+        let mut service = BreakerService::new(failing, Breaker::new("payment", "bank-mock", settings));
+        service.call(Request::new(String::new())).await.unwrap();
+        let refused = service.call(Request::new(String::new())).await.unwrap();
+        let pushback: u64 = refused.headers()[crate::retry::PUSHBACK_HEADER].to_str().unwrap().parse().unwrap();
+        assert!((4_000..=6_000).contains(&pushback), "open_ms 5000 ± 20 %: {pushback}");
+
+        // A millisecond short of the pushback it is still open (the wait was rounded up, not down)...
+        tokio::time::advance(Duration::from_millis(pushback - 1)).await;
+        let early = service.call(Request::new(String::new())).await.unwrap();
+        assert!(early.headers().contains_key(CIRCUIT_OPEN_HEADER));
+        assert_eq!(early.headers()[crate::retry::PUSHBACK_HEADER], "1");
+        // ...and once it has passed, the next call is a probe.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        service.call(Request::new(String::new())).await.unwrap();
+        assert_eq!(calls.load(Ordering::Relaxed), 2, "the probe reached the dependency");
     }
 }

@@ -92,7 +92,9 @@ pub struct BreakerSettings {
     pub failure_rate: f64,
     /// A call answered later than this is slow.
     pub slow_call_ms: u64,
-    /// A DEADLINE_EXCEEDED is a failure only when the call was given at least this long (1 s);
+    /// A DEADLINE_EXCEEDED is a failure only when the call was given at least this long (500 ms:
+    /// many times what a healthy dependency needs here, so that a hung one still counts for
+    /// clients whose deadlines are about 1 s);
     /// after a shorter slice, which the client chose, it is ignored, or slow if it outlasted
     /// `slow_call_ms`. Apart from `slow_call_ms`, which may be set far beyond any deadline.
     pub min_judged_slice_ms: u64,
@@ -116,7 +118,7 @@ impl Default for BreakerSettings {
             min_calls: 10,
             failure_rate: 0.5,
             slow_call_ms: 1_000,
-            min_judged_slice_ms: 1_000,
+            min_judged_slice_ms: 500,
             slow_call_rate: 0.8,
             open_ms: 5_000,
             max_open_ms: 60_000,

@@ -140,8 +140,8 @@ const COMPLETED: &str = "completed";
 /// nothing can still be done under it, that is when it completed, or when it never got past its
 /// first phase and nobody holds it. A key with a live lease, or one whose work is half-done
 /// (past `started`, not completed), is kept whatever its age: deleting it would let a repeat
-/// execute afresh beside the work already done (a second order, a second charge). `now` is the
-/// placeholder of the current time.
+/// execute afresh beside the work already done (a second order, a second charge). `now` names
+/// the statement's parameter that holds the current time (e.g. `$3`).
 fn expired_and_settled(now: &str) -> String {
     format!("expires_at <= {now} AND (state = '{COMPLETED}' OR (recovery_point = '{STARTED}' AND locked_until <= {now}))")
 }

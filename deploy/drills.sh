@@ -28,7 +28,7 @@ check() { # check <description> <condition...>
     if "$@"; then note "ok    $description"; else note "FAIL  $description"; failures=$((failures + 1)); fi
 }
 faults() { curl -sSf -X PUT "$admin/admin/faults" -H "X-Admin-Token: $BANK_ADMIN_TOKEN" -H 'content-type: application/json' -d "$1" >/dev/null; }
-healthy_bank() { faults '{"latency_ms": {"mean": 20, "stddev": 5}, "error_rate": 0, "hang": false, "resource_exhausted_rate": 0, "pushback_ms": 0, "drop_reply_rate": 0, "decline_rate": 0}'; }
+healthy_bank() { faults '{"latency_ms": {"mean": 20, "stddev": 5}, "error_rate": 0, "hang": false, "resource_exhausted_rate": 0, "pushback_ms": 0, "drop_reply_rate": 0, "decline_rate": 0, "ignores_deadlines": false}'; }
 bank_charges() { curl -sSf "$admin/admin/stats" -H "X-Admin-Token: $BANK_ADMIN_TOKEN" | sed -E 's/.*"charges":([0-9]+).*/\1/'; }
 # --all: a killed container is listed too (Compose v2 lists running ones only by default).
 container() { $COMPOSE ps --all -q "$1"; }

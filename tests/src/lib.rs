@@ -1,19 +1,19 @@
-//! Test harness: the whole chain on free ports with its own database, request helpers, and an
-//! OTLP receiver.
+//! Test harness: the whole chain on free ports with its own databases (dropped after the test),
+//! its logs on the test's output, request helpers, bounded waits, and an OTLP receiver.
 
 pub use otlp_receiver as otlp;
+pub use test_support::{ScratchDatabase, eventually, missing};
 
 use std::{
-    io::Write,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use bank_mock::{Faults, Latency};
-use sqlx::{Connection, Executor};
 use proto::gateway::v1::gateway_client::GatewayClient;
 use stack::{Chain, ChainSettings};
 use serde_json::{Value, json};
+use telemetry::{Telemetry, TelemetrySettings};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
@@ -22,11 +22,19 @@ use webhooks::signature::{Secret, Verifier};
 
 pub const API_KEY: &str = "demo-key-1";
 
+/// How long a test waits for something the chain does in the background (a delivery, a trace,
+/// a settled create): many times what it takes on a loaded machine, so that only a regression
+/// runs out of it.
+pub const BACKGROUND: Duration = Duration::from_secs(15);
+
 /// A running chain that lives as long as the test.
 pub struct TestChain {
     pub chain: Chain,
     pub http: reqwest::Client,
+    // Dropped after the chain, which still uses them until then.
+    _databases: Vec<ScratchDatabase>,
     _data: TempDir,
+    _logs: Telemetry,
 }
 
 /// Where orders and payment keep their data in a test.
@@ -38,17 +46,10 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// SQLite, and PostgreSQL when `TEST_POSTGRES_URL` is set (CI sets it). Without it the test
-    /// says loudly that its PostgreSQL half did not run.
+    /// SQLite, and PostgreSQL when `TEST_POSTGRES_URL` is set. Without it the test fails in CI
+    /// and elsewhere says loudly that its PostgreSQL half did not run.
     pub fn all() -> Vec<Backend> {
-        match std::env::var("TEST_POSTGRES_URL") {
-            Ok(url) => vec![Backend::Sqlite, Backend::Postgres(url)],
-            Err(_) => {
-                // Written past the test harness's capture, so that the skip shows when tests pass.
-                let _ = writeln!(std::io::stderr(), "SKIPPED: TEST_POSTGRES_URL is not set; the PostgreSQL half of this test did not run");
-                vec![Backend::Sqlite]
-            }
-        }
+        std::iter::once(Backend::Sqlite).chain(test_support::postgres_admin_url().map(Backend::Postgres)).collect()
     }
 
     pub fn name(&self) -> &'static str {
@@ -58,16 +59,17 @@ impl Backend {
         }
     }
 
-    /// Points orders and payment at fresh databases of this backend.
-    async fn configure(&self, settings: &mut ChainSettings) {
-        let Backend::Postgres(admin_url) = self else { return };
-        let mut admin = sqlx::PgConnection::connect(admin_url).await.expect("TEST_POSTGRES_URL is reachable");
-        let base = admin_url.rsplit_once('/').expect("a URL with a database").0;
+    /// Points orders and payment at fresh databases of this backend; returns those that must be
+    /// dropped after the test.
+    async fn configure(&self, settings: &mut ChainSettings) -> Vec<ScratchDatabase> {
+        let Backend::Postgres(admin_url) = self else { return Vec::new() };
+        let mut databases = Vec::new();
         for url in [&mut settings.orders.database_url, &mut settings.payment.database_url] {
-            let name = format!("chain_{}", uuid::Uuid::now_v7().simple());
-            admin.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).await.expect("create a scratch database");
-            *url = format!("{base}/{name}");
+            let database = ScratchDatabase::create(admin_url, "chain").await;
+            database.url().clone_into(url);
+            databases.push(database);
         }
+        databases
     }
 }
 
@@ -84,13 +86,16 @@ impl TestChain {
 
     /// The chain with its databases on `backend`.
     pub async fn start_on(backend: &Backend, customize: impl FnOnce(&mut ChainSettings)) -> Self {
+        // The chain's logs go to the test's output, which the runner prints when the test fails.
+        // A test that installed telemetry of its own keeps it: this one is then inert.
+        let logs = telemetry::init("tests", &TelemetrySettings::default()).expect("logging without an exporter");
         let data = tempfile::tempdir().expect("temporary directory");
         let mut settings = ChainSettings::default().ephemeral().with_data_dir(data.path());
-        backend.configure(&mut settings).await;
+        let databases = backend.configure(&mut settings).await;
         settings.bank.faults = fast_bank(|_| {});
         customize(&mut settings);
         let chain = Chain::start(settings).await.expect("chain starts");
-        Self { chain, http: reqwest::Client::new(), _data: data }
+        Self { chain, http: reqwest::Client::new(), _databases: databases, _data: data, _logs: logs }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -99,7 +104,22 @@ impl TestChain {
 
     /// `POST /v1/orders` with the demo key, the given idempotency key and `body`.
     pub fn post_order(&self, key: &str, body: &serde_json::Value) -> reqwest::RequestBuilder {
-        self.http.post(self.url("/v1/orders")).bearer_auth(API_KEY).header("idempotency-key", key).json(body)
+        self.post_as(API_KEY, "/v1/orders", key, body)
+    }
+
+    /// `POST path` as the client of `api_key`, with an idempotency key and a JSON body.
+    pub fn post_as(&self, api_key: &str, path: &str, idempotency_key: &str, body: &Value) -> reqwest::RequestBuilder {
+        self.http.post(self.url(path)).bearer_auth(api_key).header("idempotency-key", idempotency_key).json(body)
+    }
+
+    /// `GET path` as the demo client.
+    pub fn get(&self, path: &str) -> reqwest::RequestBuilder {
+        self.get_as(API_KEY, path)
+    }
+
+    /// `GET path` as the client of `api_key`.
+    pub fn get_as(&self, api_key: &str, path: &str) -> reqwest::RequestBuilder {
+        self.http.get(self.url(path)).bearer_auth(api_key)
     }
 
     pub fn set_faults(&self, faults: Faults) {
@@ -114,6 +134,14 @@ impl TestChain {
             .fetch_one(database.pool())
             .await
             .expect("count rows")
+    }
+
+    /// The Prometheus text a service serves on `/metrics` at `address`.
+    pub async fn scrape(&self, address: std::net::SocketAddr) -> String {
+        let response = self.http.get(format!("http://{address}/metrics")).send().await.expect("/metrics answers");
+        assert_eq!(response.status(), 200);
+        assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
+        response.text().await.unwrap()
     }
 
     pub async fn grpc_gateway(&self) -> GatewayClient<Channel> {
@@ -184,11 +212,30 @@ pub async fn subscribe(test: &TestChain, listener: TcpListener) -> (String, Arc<
     (created["endpoint"]["endpoint_id"].as_str().unwrap().to_owned(), processed)
 }
 
-/// The events processed so far (webhook-id and body), once `count` have been or after 15 s.
+/// The events processed (webhook-id and body), once `count` have been; fails after [`BACKGROUND`].
 pub async fn events(processed: &Mutex<Vec<Delivery>>, count: usize) -> Vec<(String, Value)> {
-    let started = Instant::now();
-    while processed.lock().unwrap().len() < count && started.elapsed() < Duration::from_secs(15) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(BACKGROUND, &format!("{count} events processed by the receiver"), || async { processed.lock().unwrap().len() >= count }).await;
     processed.lock().unwrap().iter().map(|delivery| (delivery.id.clone(), serde_json::from_slice(&delivery.body).unwrap())).collect()
+}
+
+/// The sum of the samples of `metric` in Prometheus `text` whose labels include every one of
+/// `labels`.
+pub fn sample(text: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (name, rest) = series.split_once('{').unwrap_or((series, ""));
+            (name == metric && labels.iter().all(|(key, value)| rest.contains(&format!("{key}=\"{value}\"")))).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+/// Asserts that `response` is a problem+json answer with `status`, and returns the problem.
+pub async fn problem(response: reqwest::Response, status: u16) -> Value {
+    assert_eq!(response.status(), status, "{response:?}");
+    assert_eq!(response.headers()["content-type"], "application/problem+json", "{response:?}");
+    let problem: Value = response.json().await.expect("a JSON problem");
+    assert_eq!(problem["status"], status, "{problem}");
+    problem
 }

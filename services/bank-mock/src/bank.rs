@@ -8,7 +8,7 @@ use std::{
     },
 };
 
-use deadline::Hop;
+use deadline::{Deadline, Hop};
 use proto::bank::v1::{ChargeOutcome, ChargeReply, ChargeRequest, ExchangeRate, ExchangeRateRequest, bank_server::Bank};
 use serde::Serialize;
 use tonic::{Request, Response, Status};
@@ -199,11 +199,24 @@ impl BankService {
 
     async fn charge(&self, key: &str, request: &ChargeRequest) -> Result<ChargeReply, ChargeError> {
         validate(request)?;
+        let deadline = Hop::current().map(|hop| hop.deadline());
+        let faults = self.state.faults();
+        if !faults.ignores_deadlines || faults.hang {
+            return self.run_charge(key, request, deadline, true).await;
+        }
+        // On a task of its own, which the deadline layer cannot end by dropping this future.
+        let (bank, key, request) = (self.clone(), key.to_owned(), request.clone());
+        tokio::spawn(async move { bank.run_charge(&key, &request, deadline, false).await }).await.map_err(|_| ChargeError::Unavailable)?
+    }
+
+    /// Plays the faults and commits the charge; one that `honours_deadline` commits nothing once
+    /// `deadline` has passed.
+    async fn run_charge(&self, key: &str, request: &ChargeRequest, deadline: Option<Deadline>, honours_deadline: bool) -> Result<ChargeReply, ChargeError> {
         let counters = &self.state.counters;
         let (decline, drop_reply) = self.faults().await?;
+        let expired = || deadline.is_some_and(|deadline| deadline.is_expired_at(tokio::time::Instant::now()));
         // Nobody reads an answer after the caller's deadline: do not charge for it.
-        let expired = || Hop::current().is_some_and(|hop| hop.deadline().is_expired_at(tokio::time::Instant::now()));
-        if expired() {
+        if honours_deadline && expired() {
             return Err(ChargeError::DeadlinePassed);
         }
         let (reply, committed) = self.state.commit(key, request, decline)?;

@@ -34,6 +34,10 @@ pub struct Faults {
     pub drop_reply_rate: f64,
     /// Share of charges declined (a business answer, not a failure).
     pub decline_rate: f64,
+    /// Charges run to their end after their caller's deadline, as at a bank that knows nothing of
+    /// deadlines: one may commit after the caller gave up (a late completion), while the caller's
+    /// retry is already on its way. A hanging call still ends with its caller.
+    pub ignores_deadlines: bool,
 }
 
 impl Faults {
@@ -46,6 +50,7 @@ impl Faults {
         pushback_ms: 0,
         drop_reply_rate: 0.0,
         decline_rate: 0.0,
+        ignores_deadlines: false,
     };
 }
 
@@ -66,6 +71,7 @@ pub struct FaultsPatch {
     pushback_ms: Option<i64>,
     drop_reply_rate: Option<f64>,
     decline_rate: Option<f64>,
+    ignores_deadlines: Option<bool>,
 }
 
 /// A fault setting outside its range.
@@ -95,7 +101,7 @@ impl Faults {
         macro_rules! set {
             ($($field:ident),*) => { $(if let Some(value) = patch.$field { next.$field = value; })* };
         }
-        set!(error_rate, hang, resource_exhausted_rate, pushback_ms, drop_reply_rate, decline_rate);
+        set!(error_rate, hang, resource_exhausted_rate, pushback_ms, drop_reply_rate, decline_rate, ignores_deadlines);
         next.validate()?;
         *self = next;
         Ok(())

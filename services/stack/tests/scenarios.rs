@@ -176,8 +176,10 @@ async fn slow_bank_bulkhead_refuses_the_excess_and_reads_stay_fast() {
     assert!(report.guards.bank_bulkhead.rejected > 0, "{:?}", report.guards);
     assert!(report.outcomes.get(&201).is_some_and(|paid| *paid > 0), "{:?}", report.outcomes);
     let (reads, baseline) = (report.read_latency_ms.unwrap(), report.baseline_read_latency_ms.unwrap());
-    // Generous for a test build on a shared machine: slow bank calls must not make reads slow.
-    assert!(reads.p99 < 100.0_f64.max(20.0 * baseline.p99), "reads {reads:?} against {baseline:?}");
+    // Reads must not wait behind the bank's 1 s calls. The bound is far below that and far above
+    // a read on a loaded machine (a few ms in a test build): a stopwatch on a shared machine can
+    // only tell the two apart that coarsely.
+    assert!(reads.p99 < 300.0_f64.max(20.0 * baseline.p99), "reads {reads:?} against {baseline:?}");
 }
 
 #[tokio::test]

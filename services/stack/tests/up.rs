@@ -4,7 +4,7 @@
 use std::{
     io::{BufRead, BufReader},
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 #[tokio::test]
@@ -50,10 +50,6 @@ async fn up_serves_the_readme_request_and_stops_on_sigterm() {
     assert_eq!(fetched.status(), 200);
 
     Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        assert!(started.elapsed() < Duration::from_secs(10), "stack stops within 10 s of SIGTERM");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(child.wait().unwrap().success());
+    let status = test_support::eventually(Duration::from_secs(10), "the stack stops within 10 s of SIGTERM", || std::future::ready(child.try_wait().unwrap())).await;
+    assert!(status.success(), "{status}");
 }

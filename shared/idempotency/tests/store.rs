@@ -1,8 +1,8 @@
 //! The key store against both backends: SQLite always, PostgreSQL when `TEST_POSTGRES_URL` names a
-//! server whose user may create databases (CI starts one; without it these tests say so loudly).
+//! server whose user may create databases (required in CI; elsewhere its absence is reported
+//! loudly).
 
 use std::{
-    io::Write,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -15,29 +15,28 @@ use idempotency::{
     Begin, Database, KeyError, KeySettings, KeyStore, ManualClock, Stored,
     pause::{Pause, PauseHook},
 };
-use sqlx::{Connection, Executor};
+use sqlx::Executor;
+use test_support::ScratchDatabase;
 use tokio::sync::Notify;
 
 const LEASE: Duration = Duration::from_secs(2);
 const START_MS: i64 = 1_800_000_000_000;
 
+/// What keeps a test's database alive: the SQLite file's directory, or the PostgreSQL scratch
+/// database, dropped with it.
+enum Scratch {
+    Sqlite { _dir: tempfile::TempDir },
+    Postgres { _database: ScratchDatabase },
+}
+
 /// A fresh database of each available backend.
-async fn databases() -> Vec<(&'static str, Database, Option<tempfile::TempDir>)> {
+async fn databases() -> Vec<(&'static str, Database, Scratch)> {
     let dir = tempfile::tempdir().unwrap();
     let sqlite = Database::connect(&format!("sqlite://{}", dir.path().join("keys.db").display())).await.unwrap();
-    let mut all = vec![("sqlite", sqlite, Some(dir))];
-    match std::env::var("TEST_POSTGRES_URL") {
-        Ok(admin_url) => {
-            let name = format!("keys_{}", uuid::Uuid::now_v7().simple());
-            let mut admin = sqlx::PgConnection::connect(&admin_url).await.expect("TEST_POSTGRES_URL is reachable");
-            admin.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).await.unwrap();
-            let url = format!("{}/{name}", admin_url.rsplit_once('/').unwrap().0);
-            all.push(("postgres", Database::connect(&url).await.unwrap(), None));
-        }
-        // Written past the test harness's capture, so that the skip shows even when tests pass.
-        Err(_) => {
-            let _ = writeln!(std::io::stderr(), "SKIPPED: TEST_POSTGRES_URL is not set; the PostgreSQL half of this test did not run");
-        }
+    let mut all = vec![("sqlite", sqlite, Scratch::Sqlite { _dir: dir })];
+    if let Some(admin_url) = test_support::postgres_admin_url() {
+        let scratch = ScratchDatabase::create(&admin_url, "keys").await;
+        all.push(("postgres", Database::connect(scratch.url()).await.unwrap(), Scratch::Postgres { _database: scratch }));
     }
     all
 }
@@ -56,7 +55,7 @@ fn execute(begin: Begin) -> idempotency::Lease {
 
 #[tokio::test]
 async fn a_key_executes_once_and_then_replays_its_exact_answer() {
-    for (backend, database, _dir) in databases().await {
+    for (backend, database, _scratch) in databases().await {
         let (store, _) = store(&database, KeySettings::default());
         let mut lease = execute(store.begin("client-a", "k-1", "fp-1", LEASE).await.unwrap());
         assert_eq!(lease.recovery_point, "started", "{backend}");
@@ -79,7 +78,7 @@ async fn a_key_executes_once_and_then_replays_its_exact_answer() {
 
 #[tokio::test]
 async fn phases_commit_effects_with_the_recovery_point_and_a_released_key_resumes_there() {
-    for (backend, database, _dir) in databases().await {
+    for (backend, database, _scratch) in databases().await {
         database
             .pool()
             .execute(sqlx::AssertSqlSafe(format!("CREATE TABLE effects_{backend} (id TEXT PRIMARY KEY)")))
@@ -105,7 +104,7 @@ async fn phases_commit_effects_with_the_recovery_point_and_a_released_key_resume
 
 #[tokio::test]
 async fn a_phase_whose_effects_fail_leaves_nothing_behind() {
-    for (backend, database, _dir) in databases().await {
+    for (backend, database, _scratch) in databases().await {
         let (store, _) = store(&database, KeySettings::default());
         let mut lease = execute(store.begin("c", "k-3", "fp", LEASE).await.unwrap());
         {
@@ -121,7 +120,7 @@ async fn a_phase_whose_effects_fail_leaves_nothing_behind() {
 
 #[tokio::test]
 async fn a_lease_that_ran_out_is_taken_over_and_the_old_holder_cannot_commit() {
-    for (backend, database, _dir) in databases().await {
+    for (backend, database, _scratch) in databases().await {
         let (store, clock) = store(&database, KeySettings::default());
         let mut stale = execute(store.begin("c", "k-4", "fp", Duration::from_millis(500)).await.unwrap());
         clock.advance_ms(400);
@@ -136,7 +135,7 @@ async fn a_lease_that_ran_out_is_taken_over_and_the_old_holder_cannot_commit() {
 
 #[tokio::test]
 async fn fifty_concurrent_repeats_execute_once() {
-    for (backend, database, _dir) in databases().await {
+    for (backend, database, _scratch) in databases().await {
         let (store, _) = store(&database, KeySettings::default());
         let attempts = (0..50).map(|_| {
             let store = store.clone();
@@ -151,7 +150,7 @@ async fn fifty_concurrent_repeats_execute_once() {
 
 #[tokio::test]
 async fn expired_keys_are_reaped_in_batches_and_then_execute_afresh() {
-    for (backend, database, _dir) in databases().await {
+    for (backend, database, _scratch) in databases().await {
         let settings = KeySettings { ttl_ms: 10_000, reap_interval_ms: 1_000, reap_batch: 2 };
         let (store, clock) = store(&database, settings);
         let scope = format!("reap-{}", uuid::Uuid::now_v7().simple());
@@ -174,7 +173,7 @@ async fn expired_keys_are_reaped_in_batches_and_then_execute_afresh() {
 
 #[tokio::test]
 async fn an_expired_key_the_reaper_has_not_reached_executes_afresh() {
-    for (backend, database, _dir) in databases().await {
+    for (backend, database, _scratch) in databases().await {
         let (store, clock) = store(&database, KeySettings { ttl_ms: 1_000, ..KeySettings::default() });
         let mut lease = execute(store.begin("c", "k-5", "fp", LEASE).await.unwrap());
         store.phase(&mut lease).await.unwrap().complete(&Stored { code: 0, body: b"first".to_vec() }).await.unwrap();
@@ -263,7 +262,7 @@ async fn repeat_held_after_its_read(database: &Database, key: &'static str) -> H
 /// the key and its takeover: the repeat resumes after that phase instead of redoing it.
 #[tokio::test]
 async fn a_takeover_resumes_from_the_phase_the_old_holder_committed_meanwhile() {
-    for (backend, database, _dir) in databases().await {
+    for (backend, database, _scratch) in databases().await {
         let orders = effects_table(&database, backend, "race_orders").await;
         let HeldRepeat { store, mut old, hold, repeat } = repeat_held_after_its_read(&database, "k-race").await;
         // Still running past its lease (a clock step, a COMMIT in flight when its deadline fired).
@@ -290,7 +289,7 @@ async fn a_takeover_resumes_from_the_phase_the_old_holder_committed_meanwhile() 
 /// it replays that answer instead of answering "in flight".
 #[tokio::test]
 async fn a_takeover_lost_to_a_completion_replays_it() {
-    for (backend, database, _dir) in databases().await {
+    for (backend, database, _scratch) in databases().await {
         let HeldRepeat { store, mut old, hold, repeat } = repeat_held_after_its_read(&database, "k-done").await;
         let answer = Stored { code: 0, body: b"paid".to_vec() };
         store.phase(&mut old).await.unwrap().complete(&answer).await.unwrap();
@@ -307,7 +306,7 @@ async fn a_takeover_lost_to_a_completion_replays_it() {
 /// reaper nor another repeat may delete it and start afresh beside that work.
 #[tokio::test]
 async fn an_expired_key_with_a_live_lease_is_kept_and_stays_in_flight() {
-    for (backend, database, _dir) in databases().await {
+    for (backend, database, _scratch) in databases().await {
         let (store, clock) = store(&database, KeySettings { ttl_ms: 10_000, ..KeySettings::default() });
         let mut first = execute(store.begin("c", "k-live", "fp", LEASE).await.unwrap());
         store.phase(&mut first).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
@@ -337,7 +336,7 @@ async fn an_expired_key_with_a_live_lease_is_kept_and_stays_in_flight() {
 /// second order.
 #[tokio::test]
 async fn an_expired_key_whose_work_is_half_done_is_kept_and_resumes_where_it_stopped() {
-    for (backend, database, _dir) in databases().await {
+    for (backend, database, _scratch) in databases().await {
         let (store, clock) = store(&database, KeySettings { ttl_ms: 10_000, ..KeySettings::default() });
         let mut first = execute(store.begin("c", "k-half", "fp", LEASE).await.unwrap());
         store.phase(&mut first).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
@@ -359,7 +358,7 @@ async fn an_expired_key_whose_work_is_half_done_is_kept_and_resumes_where_it_sto
 /// retry and within its window; resuming one takes it over once.
 #[tokio::test]
 async fn stranded_keys_are_found_after_their_grace_and_resumed_once() {
-    for (backend, database, _dir) in databases().await {
+    for (backend, database, _scratch) in databases().await {
         let (store, clock) = store(&database, KeySettings::default());
         let (grace, window) = (Duration::from_secs(1), Duration::from_secs(60));
         let mut released = execute(store.begin("c", "k-released", "fp", LEASE).await.unwrap());

@@ -1,37 +1,35 @@
-//! The webhook tables on SQLite (always) and PostgreSQL (when `TEST_POSTGRES_URL` names a server).
+//! The webhook tables on SQLite (always) and PostgreSQL (when `TEST_POSTGRES_URL` names a server
+//! whose user may create databases; required in CI, reported loudly when missing elsewhere).
 
 use idempotency::Database;
 use outbox::{Attempt, Deliveries, DeliveryState, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, Outcome, Subscriptions};
 use serde_json::json;
-use sqlx::Connection;
+use test_support::ScratchDatabase;
 
 const CLIENT: &str = "demo-client-1";
 const T0: i64 = 1_800_000_000_000;
 const DAY_MS: i64 = 86_400_000;
 
-async fn databases() -> Vec<(Database, Option<tempfile::TempDir>)> {
+/// What keeps a test's database alive: the SQLite file's directory, or the PostgreSQL scratch
+/// database, dropped with it.
+enum Scratch {
+    Sqlite { _dir: tempfile::TempDir },
+    Postgres { _database: ScratchDatabase },
+}
+
+/// A fresh, migrated database of each available backend.
+async fn databases() -> Vec<(Database, Scratch)> {
     let dir = tempfile::tempdir().expect("temporary directory");
     let sqlite = Database::connect(&format!("sqlite://{}", dir.path().join("webhooks.db").display())).await.expect("sqlite");
     outbox::migrate(&sqlite).await.expect("migrations");
-    let mut databases = vec![(sqlite, Some(dir))];
-    match std::env::var("TEST_POSTGRES_URL") {
-        Ok(url) => {
-            let postgres = fresh_postgres(&url).await;
-            outbox::migrate(&postgres).await.expect("migrations");
-            databases.push((postgres, None));
-        }
-        Err(_) => eprintln!("TEST_POSTGRES_URL is not set: the webhook tables are tested on SQLite only"),
+    let mut databases = vec![(sqlite, Scratch::Sqlite { _dir: dir })];
+    if let Some(admin_url) = test_support::postgres_admin_url() {
+        let scratch = ScratchDatabase::create(&admin_url, "outbox").await;
+        let postgres = Database::connect(scratch.url()).await.expect("postgres database");
+        outbox::migrate(&postgres).await.expect("migrations");
+        databases.push((postgres, Scratch::Postgres { _database: scratch }));
     }
     databases
-}
-
-/// A database of its own on the server, so that tests running at once never see each other's rows.
-async fn fresh_postgres(url: &str) -> Database {
-    let name = format!("outbox_{}", uuid::Uuid::now_v7().simple());
-    let mut admin = sqlx::PgConnection::connect(url).await.expect("postgres");
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.expect("create database");
-    let base = url.rsplit_once('/').map_or(url, |(base, _)| base);
-    Database::connect(&format!("{base}/{name}")).await.expect("postgres database")
 }
 
 async fn endpoint(database: &Database, event_types: &[&str]) -> String {
@@ -69,7 +67,7 @@ fn answered(status: u16, at: i64) -> Attempt {
 
 #[tokio::test]
 async fn a_rolled_back_transaction_leaves_no_event_and_no_delivery() {
-    for (database, _dir) in databases().await {
+    for (database, _scratch) in databases().await {
         endpoint(&database, &[ORDER_PAID]).await;
         let mut transaction = database.pool().begin().await.expect("transaction");
         let data = json!({"order_id": "ord_1"});
@@ -86,7 +84,7 @@ async fn a_rolled_back_transaction_leaves_no_event_and_no_delivery() {
 
 #[tokio::test]
 async fn events_reach_only_enabled_endpoints_of_the_client_that_subscribe_to_their_type() {
-    for (database, _dir) in databases().await {
+    for (database, _scratch) in databases().await {
         let subscribed = endpoint(&database, &[ORDER_PAID]).await;
         endpoint(&database, &[outbox::ORDER_PAYMENT_DECLINED]).await;
         let disabled = endpoint(&database, &[ORDER_PAID]).await;
@@ -101,7 +99,7 @@ async fn events_reach_only_enabled_endpoints_of_the_client_that_subscribe_to_the
 
 #[tokio::test]
 async fn a_claimed_delivery_is_nobody_elses_until_its_lease_runs_out() {
-    for (database, _dir) in databases().await {
+    for (database, _scratch) in databases().await {
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
         let event_id = paid(&database, T0).await;
         let deliveries = Deliveries::new(database.clone());
@@ -126,7 +124,7 @@ async fn a_claimed_delivery_is_nobody_elses_until_its_lease_runs_out() {
 
 #[tokio::test]
 async fn concurrent_claims_never_share_a_delivery() {
-    for (database, _dir) in databases().await {
+    for (database, _scratch) in databases().await {
         let endpoint_id = endpoint_with(&database, &[ORDER_PAID], EndpointLimits::MAX).await;
         for n in 0..20 {
             paid(&database, T0 + n).await;
@@ -155,7 +153,7 @@ async fn concurrent_claims_never_share_a_delivery() {
 
 #[tokio::test]
 async fn the_schedule_runs_out_into_undelivered_and_a_redelivery_keeps_the_event_id() {
-    for (database, _dir) in databases().await {
+    for (database, _scratch) in databases().await {
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
         let event_id = paid(&database, T0).await;
         let deliveries = Deliveries::new(database.clone());
@@ -178,7 +176,7 @@ async fn the_schedule_runs_out_into_undelivered_and_a_redelivery_keeps_the_event
 
 #[tokio::test]
 async fn an_endpoint_failing_for_a_day_or_gone_is_disabled_and_its_owner_told() {
-    for (database, _dir) in databases().await {
+    for (database, _scratch) in databases().await {
         let failing = endpoint(&database, &[ORDER_PAID]).await;
         let owner = endpoint(&database, &[outbox::ENDPOINT_DISABLED]).await;
         let deliveries = Deliveries::new(database.clone());
@@ -204,7 +202,7 @@ async fn an_endpoint_failing_for_a_day_or_gone_is_disabled_and_its_owner_told() 
 
 #[tokio::test]
 async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
-    for (database, _dir) in databases().await {
+    for (database, _scratch) in databases().await {
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
         let mut connection = database.pool().acquire().await.expect("connection");
         Subscriptions::rotate_secret(&mut connection, CLIENT, &endpoint_id, DAY_MS, T0 + 1).await.expect("rotate");
@@ -221,7 +219,7 @@ async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
 
 #[tokio::test]
 async fn redelivering_a_range_includes_events_missed_while_disabled_but_none_from_before_the_endpoint() {
-    for (database, _dir) in databases().await {
+    for (database, _scratch) in databases().await {
         assert_eq!(record_paid(&database, T0 - 5).await, None, "an event nobody subscribes to is not kept");
         assert_eq!(count(&database, "webhook_events").await, 0);
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
@@ -238,7 +236,7 @@ async fn redelivering_a_range_includes_events_missed_while_disabled_but_none_fro
 
 #[tokio::test]
 async fn a_redelivery_during_an_attempt_is_not_undone_by_the_attempts_outcome() {
-    for (database, _dir) in databases().await {
+    for (database, _scratch) in databases().await {
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
         let event_id = paid(&database, T0).await;
         let deliveries = Deliveries::new(database.clone());
@@ -259,7 +257,7 @@ async fn a_redelivery_during_an_attempt_is_not_undone_by_the_attempts_outcome() 
 
 #[tokio::test]
 async fn claims_of_every_sender_together_keep_to_the_endpoints_concurrency_limit() {
-    for (database, _dir) in databases().await {
+    for (database, _scratch) in databases().await {
         let endpoint_id = endpoint_with(&database, &[ORDER_PAID], EndpointLimits { max_in_flight: 2, rate_per_sec: 50 }).await;
         for n in 0..3 {
             paid(&database, T0 + n).await;
@@ -276,7 +274,7 @@ async fn claims_of_every_sender_together_keep_to_the_endpoints_concurrency_limit
 
 #[tokio::test]
 async fn a_client_has_a_bounded_number_of_endpoints() {
-    for (database, _dir) in databases().await {
+    for (database, _scratch) in databases().await {
         for _ in 0..outbox::MAX_ENDPOINTS_PER_CLIENT {
             endpoint(&database, &[ORDER_PAID]).await;
         }

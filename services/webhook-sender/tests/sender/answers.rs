@@ -3,23 +3,24 @@
 
 use std::{sync::Arc, time::Duration};
 
-use idempotency::{Clock, ManualClock, SystemClock};
+use idempotency::{Clock, ManualClock};
 use outbox::{DeliveryState, EndpointLimits};
 use webhook_sender::Delay;
 use webhooks::ssrf::SystemResolver;
 
-use crate::harness::{Answer, CLIENT, Outbox, Receiver, settings, start_sender, wall_ms};
+use crate::harness::{Answer, CLIENT, Marker, Outbox, Receiver, settings, start_sender, wall_ms};
 
 #[tokio::test]
 async fn a_410_disables_the_endpoint_and_its_owner_is_told_at_their_other_endpoints() {
     let outbox = Outbox::new().await;
+    let clock = Arc::new(ManualClock::starting_at(wall_ms()));
     let gone = Receiver::answering(410).await;
     let owner = Receiver::answering(204).await;
-    let now = wall_ms();
-    let (gone_id, _) = outbox.endpoint(&gone.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), now).await;
-    outbox.endpoint(&owner.url(), &[outbox::ENDPOINT_DISABLED], EndpointLimits::default(), now).await;
-    let _sender = start_sender(settings(&outbox, &[&gone, &owner]), Arc::new(SystemClock), SystemResolver).await;
-    let event_id = outbox.paid(wall_ms()).await;
+    let (gone_id, _) = outbox.endpoint(&gone.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), clock.now_ms()).await;
+    outbox.endpoint(&owner.url(), &[outbox::ENDPOINT_DISABLED], EndpointLimits::default(), clock.now_ms()).await;
+    let marker = Marker::subscribe(&outbox, clock.now_ms()).await;
+    let _sender = start_sender(settings(&outbox, &[&gone, &owner, &marker.receiver]), clock.clone(), SystemResolver).await;
+    let event_id = outbox.paid(clock.now_ms()).await;
 
     owner.wait_for(1).await;
     let told: serde_json::Value = serde_json::from_slice(&owner.received()[0].body).expect("json");
@@ -30,6 +31,11 @@ async fn a_410_disables_the_endpoint_and_its_owner_is_told_at_their_other_endpoi
     assert!(endpoint.disabled_reason.expect("a reason").contains("410"));
     let delivery = outbox.delivery(&gone_id, &event_id).await;
     assert_eq!((delivery.state, delivery.attempts[0].status_code), (DeliveryState::Pending, Some(410)), "kept in case the owner enables it again");
+
+    // An enabled endpoint would get the delivery again when the schedule says: let that time come.
+    let retry_at_ms = delivery.next_attempt_at_ms.expect("the schedule's next attempt");
+    clock.advance_ms(retry_at_ms - clock.now_ms());
+    marker.passed(&outbox, clock.now_ms()).await;
     assert_eq!(gone.count(), 1, "nothing more is sent to a disabled endpoint");
 }
 
@@ -46,12 +52,13 @@ async fn retry_after_is_the_least_wait_clamped_by_the_settings_and_pauses_the_en
     for receiver in [&two_seconds, &a_day, &unavailable_now] {
         endpoints.push(outbox.endpoint(&receiver.url(), &[outbox::ORDER_PAID], limits, clock.now_ms()).await.0);
     }
+    let marker = Marker::subscribe(&outbox, clock.now_ms()).await;
     let settings = webhook_sender::Settings {
         retry_after_min_ms: 1_000,
         retry_after_max_ms: 60_000,
         schedule: [0, 3, 3].map(|secs| Delay(Duration::from_secs(secs))).to_vec(),
         jitter: 0.0,
-        ..settings(&outbox, &[&two_seconds, &a_day, &unavailable_now])
+        ..settings(&outbox, &[&two_seconds, &a_day, &unavailable_now, &marker.receiver])
     };
     let _sender = start_sender(settings, clock.clone(), SystemResolver).await;
     let event_id = outbox.paid(clock.now_ms()).await;
@@ -65,12 +72,13 @@ async fn retry_after_is_the_least_wait_clamped_by_the_settings_and_pauses_the_en
     }
 
     // The endpoint pauses for its Retry-After: a new event due meanwhile goes when the pause
-    // ends. The 503 endpoint, whose pause (clamped up to 1 s) is over sooner, shows the sender
-    // running meanwhile.
+    // ends. The 503 endpoint, whose pause (clamped up to 1 s) is over sooner, goes meanwhile;
+    // the marker shows that the sender has dispatched what was due 1 ms before the pause ends.
     let paused_at = clock.now_ms();
     let second = outbox.paid(clock.now_ms()).await;
     clock.advance_ms(1_999);
     outbox.attempts(&endpoints[2], &second, 1).await;
+    marker.passed(&outbox, clock.now_ms()).await;
     assert_eq!(two_seconds.count(), 1, "nothing to the paused endpoint before its Retry-After");
     clock.advance_ms(1);
     let waited = outbox.attempts(&endpoints[0], &second, 1).await;

@@ -15,11 +15,12 @@ use axum::{
     response::Response,
 };
 use outbox::{DeliveryState, EndpointLimits};
+use test_support::eventually;
 use tokio::net::TcpListener;
 use webhook_receiver::Receiver;
 use webhooks::signature::{Verifier, WEBHOOK_ID};
 
-use crate::harness::{Outbox, SenderProcess, eventually, wall_ms};
+use crate::harness::{Outbox, SenderProcess, wall_ms};
 
 /// The `webhook-id` of every delivery that arrived, processed or not.
 #[derive(Default)]
@@ -54,13 +55,13 @@ async fn a_sender_killed_after_sending_and_before_recording_delivers_again_and_t
     tokio::spawn(axum::serve(listener, app).into_future());
     let event_id = outbox.paid(wall_ms()).await;
 
-    let first = SenderProcess::spawn(&outbox.url, &addr.to_string());
+    let first = SenderProcess::spawn(&outbox.url, &addr.to_string()).await;
     eventually(Duration::from_secs(20), "the first sender's delivery is processed", || async { processed.lock().expect("not poisoned").len() == 1 }).await;
     first.kill();
     let unrecorded = outbox.delivery(&endpoint_id, &event_id).await;
     assert_eq!((unrecorded.state, unrecorded.attempts.len()), (DeliveryState::Pending, 0), "killed before recording");
 
-    let _second = SenderProcess::spawn(&outbox.url, &addr.to_string());
+    let _second = SenderProcess::spawn(&outbox.url, &addr.to_string()).await;
     eventually(Duration::from_secs(20), "the restarted sender records the delivery", || async {
         outbox.delivery(&endpoint_id, &event_id).await.state == DeliveryState::Delivered
     })

@@ -1,12 +1,12 @@
 //! What the tests share: an orders database with the webhook tables, receivers on loopback, a
-//! sender running in this process or as the binary, and a bounded wait for a condition.
+//! marker recipient that shows when the sender has caught up, and a sender running in this
+//! process or as the binary.
 
 use std::{
     collections::HashMap,
-    future::Future,
-    io,
+    io::{self, BufRead, BufReader},
     net::{IpAddr, SocketAddr},
-    process::{Child, Command, Stdio},
+    process::{Child, ChildStdout, Command, Stdio},
     sync::{
         Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
@@ -23,7 +23,8 @@ use axum::{
     routing::post,
 };
 use idempotency::{Clock, Database, SystemClock};
-use outbox::{DeliveryLog, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, Subscriptions};
+use outbox::{DeliveryLog, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, Subscriptions};
+use test_support::eventually;
 use tokio::net::TcpListener;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use webhook_sender::{Application, Settings};
@@ -34,19 +35,6 @@ pub const CLIENT: &str = "demo-client-1";
 /// The wall-clock time now, in ms since the epoch.
 pub fn wall_ms() -> i64 {
     SystemClock.now_ms()
-}
-
-/// Waits until `condition` holds, checking every 10 ms for at most `limit`.
-pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    while !condition().await {
-        assert!(tokio::time::Instant::now() < deadline, "not within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// The orders database, in a temporary directory.
@@ -75,9 +63,14 @@ impl Outbox {
 
     /// Commits an `order.paid` event at `now_ms`; returns its id.
     pub async fn paid(&self, now_ms: i64) -> String {
+        self.record(ORDER_PAID, now_ms).await
+    }
+
+    /// Commits an event of `event_type` at `now_ms`; returns its id.
+    async fn record(&self, event_type: &'static str, now_ms: i64) -> String {
         let mut transaction = self.database.pool().begin().await.expect("transaction");
         let data = serde_json::json!({"order_id": "ord_1"});
-        let event = NewEvent { event_type: ORDER_PAID, version: 1, data: &data };
+        let event = NewEvent { event_type, version: 1, data: &data };
         let id = outbox::record(&mut transaction, CLIENT, &event, now_ms).await.expect("record").expect("an endpoint subscribes");
         transaction.commit().await.expect("commit");
         id
@@ -99,6 +92,8 @@ impl Outbox {
             self.delivery(endpoint_id, event_id).await.attempts.len() >= attempts
         })
         .await;
+        // Read again: the log reads the delivery and its attempts in two statements, so the read
+        // that saw the attempt may hold the delivery as it was before that attempt's outcome.
         self.delivery(endpoint_id, event_id).await
     }
 }
@@ -187,6 +182,32 @@ impl Receiver {
     }
 }
 
+/// A recipient of marker events (`order.payment_declined`, which no other endpoint of these tests
+/// subscribes to). A marker's delivery shows that the sender has had its chance to send what was
+/// due before it, so that a check that something was not sent means something.
+pub struct Marker {
+    pub receiver: Receiver,
+}
+
+impl Marker {
+    pub async fn subscribe(outbox: &Outbox, now_ms: i64) -> Self {
+        let receiver = Receiver::answering(204).await;
+        outbox.endpoint(&receiver.url(), &[ORDER_PAYMENT_DECLINED], EndpointLimits::default(), now_ms).await;
+        Self { receiver }
+    }
+
+    /// Returns once the sender has dispatched what was due at `now_ms` (sender clock): two markers
+    /// committed then, the second after the first arrived. The first may go out in the same poll
+    /// as what fell due with it and overtake it; the second is only seen by a later poll.
+    pub async fn passed(&self, outbox: &Outbox, now_ms: i64) {
+        for _ in 0..2 {
+            let delivered = self.receiver.count() + 1;
+            outbox.record(ORDER_PAYMENT_DECLINED, now_ms).await;
+            self.receiver.wait_for(delivered).await;
+        }
+    }
+}
+
 /// Counts a delivery in flight until its handler ends, answered or dropped by a disconnect.
 struct InFlight<'a>(&'a AtomicUsize);
 
@@ -230,8 +251,11 @@ impl Forbidden {
         let connections = Arc::new(AtomicUsize::new(0));
         let counted = connections.clone();
         tokio::spawn(async move {
-            while listener.accept().await.is_ok() {
+            // Counted before the connection is closed, so before a sender that dialled it can
+            // record its attempt.
+            while let Ok((connection, _)) = listener.accept().await {
                 counted.fetch_add(1, Ordering::SeqCst);
+                drop(connection);
             }
         });
         Self { addr, connections }
@@ -275,41 +299,86 @@ pub async fn start_sender<R: Resolve + Send + Sync + 'static>(settings: Settings
     RunningSender { _stop: stop.drop_guard() }
 }
 
-/// The sender binary, killed with SIGKILL when dropped.
-pub struct SenderProcess(Child);
+/// The sender binary on a port of its own choosing (port 0), killed with SIGKILL when dropped.
+pub struct SenderProcess {
+    child: KilledOnDrop,
+    /// Where it serves its health check and metrics, as its log reported.
+    pub health: SocketAddr,
+}
+
+struct KilledOnDrop(Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// What the sender's log said by the time it was serving: its address, or, when the log ended
+/// first, everything the log said.
+type Startup = Result<SocketAddr, String>;
 
 impl SenderProcess {
-    pub fn spawn(database_url: &str, test_host: &str) -> Self {
-        Self::spawn_on(database_url, test_host, "127.0.0.1:0")
-    }
-
-    pub fn spawn_on(database_url: &str, test_host: &str, listen: &str) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_webhook-sender"))
+    /// Starts the binary and waits until its log says where it serves.
+    pub async fn spawn(database_url: &str, test_host: &str) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_webhook-sender"))
             .env("WEBHOOK_SENDER_DATABASE_URL", database_url)
-            .env("WEBHOOK_SENDER_LISTEN", listen)
+            .env("WEBHOOK_SENDER_LISTEN", "127.0.0.1:0")
             .env("WEBHOOK_SENDER_POLL_INTERVAL_MS", "20")
             .env("WEBHOOK_SENDER_REQUEST_TIMEOUT_MS", "2000")
             // As short as the settings allow (the timeout + 5 s to record), so that the restarted
             // sender takes the dead one's delivery over soon.
             .env("WEBHOOK_SENDER_LEASE_MS", "7000")
+            // The line with the bound address is logged at info, and read as plain text.
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
             .args(["--set", &format!("test_hosts=[\"{test_host}\"]")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
             .spawn()
             .expect("the sender binary starts");
-        Self(child)
+        let log = child.stdout.take().expect("stdout is piped");
+        let child = KilledOnDrop(child);
+        let startup = Arc::new(Mutex::new(None));
+        std::thread::spawn({
+            let startup = startup.clone();
+            move || read_log(log, &startup)
+        });
+        let started = eventually(Duration::from_secs(20), "the sender logs where it serves", || async { startup.lock().expect("not poisoned").take() }).await;
+        let health = started.unwrap_or_else(|log| panic!("the sender stopped before it served; its log:\n{log}"));
+        Self { child, health }
     }
 
     /// SIGKILL: no chance to record anything.
     pub fn kill(mut self) {
-        self.0.kill().expect("SIGKILL");
-        self.0.wait().expect("reaped");
+        self.child.0.kill().expect("SIGKILL");
+        self.child.0.wait().expect("reaped");
     }
 }
 
-impl Drop for SenderProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+/// Hands over what the sender's log says by the time it serves, then reads the rest, so that the
+/// sender never blocks on a full pipe.
+fn read_log(log: ChildStdout, startup: &Mutex<Option<Startup>>) {
+    let mut lines = BufReader::new(log).lines().map_while(Result::ok);
+    let mut before = String::new();
+    for line in lines.by_ref() {
+        if let Some(health) = serving_address(&line) {
+            *startup.lock().expect("not poisoned") = Some(Ok(health));
+            lines.for_each(drop);
+            return;
+        }
+        before.push_str(&line);
+        before.push('\n');
     }
+    *startup.lock().expect("not poisoned") = Some(Err(before));
+}
+
+/// The address in the line the binary logs once it is bound: `… webhook-sender delivering
+/// health=127.0.0.1:PORT`.
+fn serving_address(line: &str) -> Option<SocketAddr> {
+    if !line.contains("webhook-sender delivering") {
+        return None;
+    }
+    line.split_whitespace().find_map(|field| field.strip_prefix("health="))?.parse().ok()
 }

@@ -5,9 +5,10 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use idempotency::SystemClock;
 use outbox::EndpointLimits;
+use test_support::eventually;
 use webhooks::ssrf::SystemResolver;
 
-use crate::harness::{Answer, Outbox, Receiver, eventually, settings, start_sender, wall_ms};
+use crate::harness::{Answer, Outbox, Receiver, settings, start_sender, wall_ms};
 
 const EVENTS: usize = 200;
 

@@ -3,33 +3,31 @@
 use std::{process::Command, time::Duration};
 
 use outbox::EndpointLimits;
+use test_support::eventually;
 
-use crate::harness::{Outbox, Receiver, SenderProcess, eventually, wall_ms};
+use crate::harness::{Outbox, Receiver, SenderProcess, wall_ms};
 
 #[tokio::test]
 async fn the_binary_answers_its_health_check_and_counts_deliveries_in_metrics() {
     let outbox = Outbox::new().await;
     let receiver = Receiver::answering(204).await;
     outbox.endpoint(&receiver.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), wall_ms()).await;
-    let listen = {
-        let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-        free.local_addr().expect("address").to_string()
-    };
-    let _sender = SenderProcess::spawn_on(&outbox.url, &receiver.test_host(), &listen);
+    let sender = SenderProcess::spawn(&outbox.url, &receiver.test_host()).await;
     outbox.paid(wall_ms()).await;
     receiver.wait_for(1).await;
 
+    let health = sender.health.to_string();
     let healthy = || {
         Command::new(env!("CARGO_BIN_EXE_webhook-sender"))
             .arg("healthcheck")
-            .env("WEBHOOK_SENDER_LISTEN", &listen)
+            .env("WEBHOOK_SENDER_LISTEN", &health)
             .status()
             .expect("the health check runs")
             .success()
     };
     eventually(Duration::from_secs(10), "the health check passes", || async { healthy() }).await;
 
-    let metrics = reqwest::get(format!("http://{listen}/metrics")).await.expect("metrics").text().await.expect("text");
+    let metrics = reqwest::get(format!("http://{health}/metrics")).await.expect("metrics").text().await.expect("text");
     assert!(metrics.contains("webhook_deliveries_total{") && metrics.contains("outcome=\"delivered\""), "{metrics}");
     assert!(metrics.contains("webhook_attempt_duration_milliseconds_bucket"), "{metrics}");
 }

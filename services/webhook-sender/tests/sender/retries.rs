@@ -6,7 +6,7 @@ use idempotency::{Clock, ManualClock};
 use outbox::{DeliveryState, EndpointLimits};
 use webhooks::ssrf::SystemResolver;
 
-use crate::harness::{Answer, CLIENT, Outbox, Receiver, settings, start_sender};
+use crate::harness::{Answer, CLIENT, Marker, Outbox, Receiver, settings, start_sender};
 
 const T0: i64 = 1_800_000_000_000;
 
@@ -17,8 +17,9 @@ async fn retries_follow_the_schedule_within_jitter_then_stop_and_a_redelivery_ke
     let receiver = Receiver::start(|n| Answer::Status(if n < 8 { 500 } else { 204 }, Vec::new())).await;
     let (endpoint_id, _) = outbox.endpoint(&receiver.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), T0).await;
     let event_id = outbox.paid(T0).await;
+    let marker = Marker::subscribe(&outbox, T0).await;
     let clock = Arc::new(ManualClock::starting_at(T0));
-    let settings = settings(&outbox, &[&receiver]);
+    let settings = settings(&outbox, &[&receiver, &marker.receiver]);
     let (schedule, jitter) = (settings.schedule.clone(), settings.jitter);
     // Failing for a day would disable the endpoint before the schedule (about 28 h) is spent.
     let _sender = start_sender(webhook_sender::Settings { disable_after_ms: 7 * 86_400_000, ..settings }, clock.clone(), SystemResolver).await;
@@ -32,6 +33,7 @@ async fn retries_follow_the_schedule_within_jitter_then_stop_and_a_redelivery_ke
         let (low, high) = ((nominal * (1.0 - jitter)).floor() as i64, (nominal * (1.0 + jitter)).ceil() as i64);
         assert!((low..=high).contains(&waited), "attempt {attempt}: waited {waited} ms, the schedule says {delay} ± {jitter}");
         // Nothing happens before that time; at it, the next attempt goes out.
+        marker.passed(&outbox, clock.now_ms()).await;
         assert_eq!(receiver.count(), attempt, "no attempt before its time");
         clock.advance_ms(delivery.next_attempt_at_ms.expect("pending") - clock.now_ms());
     }

@@ -131,6 +131,7 @@ impl Default for BreakerSettings {
 #[derive(Debug)]
 struct Counters {
     rejected: AtomicU64,
+    judged_against: AtomicU64,
     opened: AtomicU64,
     half_opened: AtomicU64,
     closed: AtomicU64,
@@ -151,6 +152,7 @@ impl Counters {
         position.record(Position::Closed.gauge_value(), &labels);
         Self {
             rejected: AtomicU64::new(0),
+            judged_against: AtomicU64::new(0),
             opened: AtomicU64::new(0),
             half_opened: AtomicU64::new(0),
             closed: AtomicU64::new(0),
@@ -168,6 +170,8 @@ pub struct BreakerStats {
     pub position: Position,
     /// Calls answered at once because the breaker was open (or its probes were out).
     pub rejected: u64,
+    /// Calls judged against the dependency: failed, or answered too slowly.
+    pub judged_against: u64,
     pub opened: u64,
     pub half_opened: u64,
     pub closed: u64,
@@ -213,6 +217,7 @@ impl Breaker {
         BreakerStats {
             position: self.lock().position(),
             rejected: read(&self.counters.rejected),
+            judged_against: read(&self.counters.judged_against),
             opened: read(&self.counters.opened),
             half_opened: read(&self.counters.half_opened),
             closed: read(&self.counters.closed),
@@ -244,6 +249,9 @@ impl Breaker {
     }
 
     fn record(&self, admission: Admission, outcome: Outcome) {
+        if matches!(outcome, Outcome::Failure | Outcome::Slow) {
+            self.counters.judged_against.fetch_add(1, Ordering::Relaxed);
+        }
         let mut machine = self.lock();
         let transition = machine.record(admission, outcome, Instant::now());
         self.note(transition);

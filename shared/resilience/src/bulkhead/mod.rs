@@ -173,20 +173,26 @@ mod tests {
         });
         let bulkhead = Bulkhead::new("payment", "bank-mock", 2);
         let service = BulkheadService::new(slow, bulkhead.clone());
-        let first = tokio::spawn(service.clone().oneshot(Request::new(String::new())));
-        let second = tokio::spawn(service.clone().oneshot(Request::new(String::new())));
-        while bulkhead.stats().in_flight < 2 {
-            tokio::task::yield_now().await;
+        // Two calls that take both permits and wait: polled once, so that they are in flight.
+        let mut first = Box::pin(service.clone().oneshot(Request::new(String::new())));
+        let mut second = Box::pin(service.clone().oneshot(Request::new(String::new())));
+        for call in [&mut first, &mut second] {
+            assert!(futures::FutureExt::now_or_never(call.as_mut()).is_none());
         }
+        assert_eq!(bulkhead.stats().in_flight, 2);
 
-        let rejected = service.clone().oneshot(Request::new(String::new())).await.unwrap();
+        // The third is answered on its first poll: rejected, never queued.
+        let rejected = futures::FutureExt::now_or_never(service.clone().oneshot(Request::new(String::new())))
+            .expect("rejected at once")
+            .unwrap();
         assert_eq!(rejected.headers()["grpc-status"], "14");
         assert_eq!(rejected.headers()[BULKHEAD_FULL_HEADER], "bank-mock");
         assert_eq!(bulkhead.stats(), BulkheadStats { limit: 2, in_flight: 2, rejected: 1 });
 
         release.send(true).unwrap();
-        first.await.unwrap().unwrap();
-        second.await.unwrap().unwrap();
+        let (first, second) = tokio::time::timeout(std::time::Duration::from_secs(5), futures::future::join(first, second)).await.expect("released calls end");
+        first.unwrap();
+        second.unwrap();
         assert_eq!(bulkhead.stats().in_flight, 0, "permits return when calls end");
     }
 }

@@ -3,7 +3,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use e2e::{Backend, TestChain, chain_with_receiver, events, fast_bank, order_body, subscribe};
+use e2e::{BACKGROUND, Backend, TestChain, chain_with_receiver, events, eventually, fast_bank, order_body, subscribe};
 use tokio::sync::Barrier;
 
 #[tokio::test]
@@ -22,7 +22,7 @@ async fn a_replay_gets_the_same_status_and_the_same_bytes() {
         assert_eq!(again.bytes().await.unwrap(), first_body, "{name}: byte-identical body");
 
         let bank = test.chain.bank().stats();
-        assert_eq!((bank.calls, bank.charges), (1, 1), "{name}: the replay never reached the bank");
+        assert_eq!((bank.calls, bank.charges, bank.duplicate_keys), (1, 1, 0), "{name}: the replay never reached the bank");
         assert_eq!(test.count_rows("orders").await, 1, "{name}");
         assert_eq!(test.count_rows("payments").await, 1, "{name}");
     }
@@ -52,7 +52,9 @@ async fn a_reused_key_with_another_body_is_refused_and_keys_are_per_client() {
             .await
             .unwrap();
         assert_eq!(another_client.status(), 201, "{name}: the same key of another client is its own");
-        assert_eq!(test.chain.bank().stats().charges, 2, "{name}");
+        let bank = test.chain.bank().stats();
+        assert_eq!((bank.calls, bank.charges, bank.duplicate_keys), (2, 2, 0), "{name}: {bank:?}");
+        assert_eq!(test.count_rows("payments").await, 2, "{name}");
     }
 }
 
@@ -77,8 +79,10 @@ async fn fifty_concurrent_requests_with_one_key_execute_once() {
         let other = outcomes.iter().filter(|(status, replayed)| !(*status == 409 || (*status == 201 && *replayed))).count();
         assert_eq!(executed, 1, "{name}: {outcomes:?}");
         assert_eq!(other, 1, "{name}: the others are replays or 409: {outcomes:?}");
-        assert_eq!(test.chain.bank().stats().charges, 1, "{name}");
-        assert_eq!(test.count_rows("orders").await, 1, "{name}");
+        // One execution, not one de-duplicated charge: the bank was called once.
+        let bank = test.chain.bank().stats();
+        assert_eq!((bank.calls, bank.charges, bank.duplicate_keys), (1, 1, 0), "{name}: {bank:?}");
+        assert_eq!((test.count_rows("orders").await, test.count_rows("payments").await), (1, 1), "{name}");
     }
 }
 
@@ -98,9 +102,12 @@ async fn a_lost_reply_is_retried_without_a_second_charge() {
         let again = test.post_order("lost-1", &order_body()).send().await.unwrap();
         assert_eq!(again.headers()["idempotent-replayed"], "true", "{name}");
         assert_eq!(again.json::<serde_json::Value>().await.unwrap()["order_id"], paid["order_id"]);
+        // The lost call charged; each later call was answered from the bank's record of it.
         let bank = test.chain.bank().stats();
         assert_eq!((bank.charges, bank.dropped_replies), (1, 1), "{name}: {bank:?}");
         assert!(bank.duplicate_keys >= 1, "{name}");
+        assert_eq!(bank.calls, bank.charges + bank.duplicate_keys, "{name}: {bank:?}");
+        assert_eq!((test.count_rows("orders").await, test.count_rows("payments").await), (1, 1), "{name}");
     }
 }
 
@@ -116,13 +123,20 @@ async fn a_create_cancelled_between_its_phases_is_resumed_by_the_retry() {
         assert_eq!(test.count_rows("orders").await, 1, "{name}: the order row was committed before payment");
         assert_eq!(test.chain.bank().stats().charges, 0);
 
-        // The bank recovers; the leases ended with their requests' deadlines.
+        // The bank recovers. The leases end with their requests' deadlines, which the 504 may
+        // have beaten by a moment: until then the repeat is told 409, as any concurrent one.
         test.set_faults(fast_bank(|_| {}));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let resumed = test.post_order("resume-1", &order_body()).send().await.unwrap();
+        let resumed = eventually(BACKGROUND, "the repeat past the lapsed leases", || async {
+            let response = test.post_order("resume-1", &order_body()).send().await.unwrap();
+            (response.status() != 409).then_some(response)
+        })
+        .await;
         assert_eq!(resumed.status(), 201, "{name}");
         assert_eq!(test.count_rows("orders").await, 1, "{name}: the same order, not a second one");
-        assert_eq!(test.chain.bank().stats().charges, 1, "{name}");
+        let bank = test.chain.bank().stats();
+        // The hung call never charged; the resume charged once.
+        assert_eq!((bank.calls, bank.charges, bank.duplicate_keys), (2, 1, 0), "{name}: {bank:?}");
+        assert_eq!(test.count_rows("payments").await, 1, "{name}");
     }
 }
 
@@ -189,6 +203,7 @@ async fn the_completer_probes_instead_of_retrying_every_stranded_create_while_th
         assert_eq!(test.post_order(&format!("outage-{n}"), &order_body()).send().await.unwrap().status(), 503);
     }
     let calls_when_left = test.chain.bank().stats().calls;
+    // A measurement window, not a wait for a condition: the completer's calls over 3 s.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let completer_calls = test.chain.bank().stats().calls - calls_when_left;
     // Resuming all 20 after every grace would be about 20 calls every 150 ms, some 400 in 3 s.
@@ -198,15 +213,96 @@ async fn the_completer_probes_instead_of_retrying_every_stranded_create_while_th
 
     test.set_faults(fast_bank(|_| {}));
     let database = idempotency::Database::connect(&test.chain.database_urls.0).await.unwrap();
-    let paid = async {
-        loop {
-            let paid: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE status = 'paid'").fetch_one(database.pool()).await.unwrap();
-            if paid == 20 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    eventually(BACKGROUND, "every stranded create settled once the bank is back", || async {
+        let paid: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE status = 'paid'").fetch_one(database.pool()).await.unwrap();
+        paid == 20
+    })
+    .await;
+    let bank = test.chain.bank().stats();
+    assert_eq!((bank.charges, bank.duplicate_keys), (20, 0), "{bank:?}");
+    assert_eq!(test.count_rows("payments").await, 20);
+}
+
+/// No reserves: each hop's lease on the key ends with the request's deadline. A bank that knows
+/// nothing of deadlines keeps charging after the first attempt gave up, and the client's retry,
+/// sent at once, takes both keys over while that charge is still under way: the two calls meet
+/// at the bank with the same derived key, and the order is charged once.
+#[tokio::test]
+async fn a_retry_that_takes_over_while_the_first_attempt_is_still_paying_charges_once() {
+    const BANK_MS: f64 = 600.0;
+    for backend in Backend::all() {
+        let name = backend.name();
+        let test = TestChain::start_on(&backend, |s| {
+            no_reserves(s);
+            s.bank.faults = fast_bank(|f| {
+                f.latency_ms.mean = BANK_MS;
+                f.ignores_deadlines = true;
+            });
+        })
+        .await;
+        let orders = 3;
+        for n in 0..orders {
+            let key = format!("still-paying-{n}");
+            let first = test.post_order(&key, &order_body()).header("x-request-timeout-ms", "150").send().await.unwrap();
+            assert_eq!(first.status(), 504, "{name}");
+            assert_eq!(test.chain.bank().stats().charges, n, "{name}: the first attempt is still paying");
+            let settled = retry_until_settled(&test, &key).await;
+            assert_eq!(settled.status(), 201, "{name}");
+            assert_eq!(settled.json::<serde_json::Value>().await.unwrap()["status"], "paid", "{name}");
         }
-    };
-    tokio::time::timeout(Duration::from_secs(10), paid).await.expect("every stranded create settled once the bank is back");
-    assert_eq!(test.chain.bank().stats().charges, 20);
+        let bank = test.chain.bank().stats();
+        // Each order: the first call committed after its caller left, the retry's found it.
+        assert_eq!((bank.calls, bank.charges, bank.duplicate_keys, bank.late_completions), (2 * orders, orders, orders, orders), "{name}: {bank:?}");
+        assert_eq!((test.count_rows("orders").await, test.count_rows("payments").await), (orders as i64, orders as i64), "{name}");
+    }
+}
+
+/// The same without a bank that outlives its deadlines: first attempts on the edge of theirs.
+/// Their deadlines follow a staircase (longer after a 504, shorter after a 201) that keeps them
+/// where a charge commits just before the deadline and its answer is lost on the way up, whatever
+/// the machine's speed; each order is charged once whatever happened.
+#[tokio::test]
+async fn first_attempts_on_the_edge_of_their_deadline_charge_once() {
+    const BANK_MS: u64 = 200;
+    for backend in Backend::all() {
+        let name = backend.name();
+        let test = TestChain::start_on(&backend, |s| {
+            no_reserves(s);
+            s.bank.faults = fast_bank(|f| f.latency_ms.mean = BANK_MS as f64);
+        })
+        .await;
+        let orders = 30;
+        let mut timeout = BANK_MS;
+        let mut first_attempts = Vec::new();
+        for n in 0..orders {
+            let key = format!("on-the-edge-{n}");
+            let first = test.post_order(&key, &order_body()).header("x-request-timeout-ms", timeout.to_string()).send().await.unwrap().status();
+            first_attempts.push((timeout, first.as_u16()));
+            timeout = if first == 504 { timeout + 2 } else { timeout - 1 };
+            let settled = retry_until_settled(&test, &key).await;
+            assert_eq!(settled.status(), 201, "{name}, {key}: first attempts {first_attempts:?}");
+        }
+        let bank = test.chain.bank().stats();
+        assert_eq!((bank.charges, bank.distinct_keys), (orders, orders), "{name}: one charge and one bank key per order: {bank:?}; first attempts: {first_attempts:?}");
+        assert_eq!((test.count_rows("orders").await, test.count_rows("payments").await), (orders as i64, orders as i64), "{name}");
+    }
+}
+
+/// Gateway retries off (the client's retry is the one that takes over) and no hop keeps a reserve:
+/// every lease and every call below ends with the client's deadline.
+fn no_reserves(settings: &mut stack::ChainSettings) {
+    settings.gateway.retry.max_attempts = 1;
+    settings.orders.payment.deadline.reserve_ms = 0;
+    settings.payment.bank.deadline.reserve_ms = 0;
+    settings.payment.bank.deadline.cap_ms = None;
+}
+
+/// The client's retry of `key` with a roomy deadline, repeated while an earlier attempt still
+/// holds the key (409).
+async fn retry_until_settled(test: &TestChain, key: &str) -> reqwest::Response {
+    eventually(BACKGROUND, "the retry settles the order", || async {
+        let response = test.post_order(key, &order_body()).header("x-request-timeout-ms", "3000").send().await.unwrap();
+        (response.status() != 409).then_some(response)
+    })
+    .await
 }

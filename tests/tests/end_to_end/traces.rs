@@ -2,10 +2,10 @@
 //! span, the guards' refusals as events, and the metrics pushed beside them. The services export
 //! to a receiver the test runs, exactly as to a collector.
 
-use std::{sync::OnceLock, time::Duration};
+use std::sync::OnceLock;
 
 use e2e::{
-    TestChain, order_body,
+    BACKGROUND, TestChain, eventually, order_body,
     otlp::{OtlpReceiver, number_attribute, text_attribute},
 };
 use opentelemetry_proto::tonic::trace::v1::{Span, span::SpanKind};
@@ -52,16 +52,12 @@ async fn trace_of(response: &reqwest::Response, enough: impl Fn(&[Span]) -> bool
     let (receiver, telemetry) = exported();
     let traceparent = response.headers()["traceparent"].to_str().unwrap().to_owned();
     let trace_id = traceparent.split('-').nth(1).expect("version-traceid-spanid-flags").to_owned();
-    let mut spans = Vec::new();
-    for _ in 0..50 {
+    eventually(BACKGROUND, "the trace's spans exported", || async {
         telemetry.flush().await;
-        spans = receiver.trace(&trace_id);
-        if enough(&spans) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    spans
+        let spans = receiver.trace(&trace_id);
+        enough(&spans).then_some(spans)
+    })
+    .await
 }
 
 #[tokio::test]
@@ -157,15 +153,12 @@ async fn metrics_are_pushed_over_otlp_too() {
     let (receiver, telemetry) = exported();
     let test = TestChain::start().await;
     assert_eq!(test.post_order("metrics-pushed", &order_body()).send().await.unwrap().status(), 201);
-    let mut names = Vec::new();
-    for _ in 0..50 {
+    let names = eventually(BACKGROUND, "the request metrics pushed", || async {
         telemetry.flush().await;
-        names = receiver.metric_names();
-        if names.iter().any(|name| name == telemetry::metrics::name::REQUESTS) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        let names = receiver.metric_names();
+        names.iter().any(|name| name == telemetry::metrics::name::REQUESTS).then_some(names)
+    })
+    .await;
     for name in [telemetry::metrics::name::REQUESTS, telemetry::metrics::name::DEADLINE_SLACK] {
         assert!(names.iter().any(|received| received == name), "{name} in {names:?}");
     }

@@ -1,32 +1,14 @@
 //! Metrics: every service serves its counters on `/metrics` (Prometheus text), and they move with
 //! what the chain does: answers by code (429 apart from 5xx), retries, breaker transitions and
-//! rejections, bulkhead and quota refusals, fallbacks, and the deadline's slack per hop. (Its own
-//! test binary: the meter provider is process-wide, and the breaker's gauge is read as a value.)
+//! rejections, bulkhead and quota refusals, fallbacks, and the deadline's slack per hop. (The meter
+//! provider is process-wide, and the breaker's gauge is read as a value: the test needs a process
+//! of its own, as the runner gives every test.)
 
 use std::time::Duration;
 
 use bank_mock::Latency;
-use e2e::{TestChain, fast_bank, order_body};
+use e2e::{BACKGROUND, TestChain, eventually, fast_bank, order_body, sample};
 use telemetry::TelemetrySettings;
-
-/// The sum of the samples of `metric` whose labels include every one of `labels`.
-fn sample(text: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let (name, rest) = series.split_once('{').unwrap_or((series, ""));
-            (name == metric && labels.iter().all(|(key, value)| rest.contains(&format!("{key}=\"{value}\"")))).then(|| value.parse::<f64>().ok())?
-        })
-        .sum()
-}
-
-async fn scrape(test: &TestChain, address: std::net::SocketAddr) -> String {
-    let response = test.http.get(format!("http://{address}/metrics")).send().await.expect("/metrics answers");
-    assert_eq!(response.status(), 200);
-    assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
-    response.text().await.unwrap()
-}
 
 #[tokio::test]
 async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
@@ -40,7 +22,7 @@ async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
     })
     .await;
     let addresses = test.chain.addresses.clone();
-    let before = scrape(&test, addresses.gateway_metrics).await;
+    let before = test.scrape(addresses.gateway_metrics).await;
 
     // Healthy orders and a summary, whose exchange rate the gateway remembers.
     let mut order_id = String::new();
@@ -72,7 +54,7 @@ async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
     }
     assert_eq!(summary(&test).await.unwrap().status(), 200);
 
-    let after = scrape(&test, addresses.gateway_metrics).await;
+    let after = test.scrape(addresses.gateway_metrics).await;
     let grew = |metric: &str, labels: &[(&str, &str)]| sample(&after, metric, labels) - sample(&before, metric, labels);
     assert!(grew("chain_requests_total", &[("hop", "gateway"), ("code", "201")]) >= 3.0, "{after}");
     assert!(grew("chain_requests_total", &[("hop", "gateway"), ("code", "429")]) >= 1.0, "429s counted apart: {after}");
@@ -94,21 +76,16 @@ async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
     // Behind the edge every port answers /metrics, the gRPC ports over HTTP/1.1 too; the
     // gateway's public faces do not.
     for address in [addresses.orders, addresses.payment, addresses.bank, addresses.bank_admin] {
-        let text = tokio::time::timeout(Duration::from_secs(5), scrape(&test, address)).await.expect("scraped in time");
+        let text = tokio::time::timeout(Duration::from_secs(5), test.scrape(address)).await.expect("scraped in time");
         assert!(text.contains("chain_requests_total"), "{address}: {text}");
     }
     // The completer's rounds, and its resumes of the creates the failing bank left (which fail
     // again: the bank still fails, or the breaker answers for it).
-    let completer = async {
-        loop {
-            let text = scrape(&test, addresses.orders).await;
-            if sample(&text, "orders_completer_resumes_total", &[("outcome", "failed")]) >= 1.0 {
-                return text;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    let text = tokio::time::timeout(Duration::from_secs(10), completer).await.expect("the completer resumed a create");
+    let text = eventually(BACKGROUND, "the completer resumed a create", || async {
+        let text = test.scrape(addresses.orders).await;
+        (sample(&text, "orders_completer_resumes_total", &[("outcome", "failed")]) >= 1.0).then_some(text)
+    })
+    .await;
     assert!(sample(&text, "orders_completer_runs_total", &[]) >= 1.0, "{text}");
     assert_eq!(sample(&text, "orders_completer_unsettled", &[]), 0.0, "{text}");
     for address in [addresses.gateway_http, addresses.gateway_grpc] {

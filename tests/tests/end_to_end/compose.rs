@@ -3,15 +3,17 @@
 //! gateway port, its webhook delivered to the example receiver by a sender that cannot reach the
 //! chain's services, the fault drills of `deploy/drills.sh`, and the stack's containers, network
 //! and volumes removed at the end, whatever happened (the images are kept for the next run).
-//! Without a Docker engine it says so loudly and does nothing.
+//! Without a Docker engine with Compose it fails in CI, and elsewhere says so loudly and does
+//! nothing.
 
 use std::{
     io::Write,
-    net::TcpListener,
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
     time::{Duration, Instant},
 };
+
+use e2e::eventually;
 
 /// The chain's hops: each answers in the ledger and exports spans.
 const HOPS: [&str; 4] = ["gateway", "orders", "payment", "bank-mock"];
@@ -57,14 +59,11 @@ fn compose_command(program: &[&str]) -> Command {
     command
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("bound").port()
-}
-
 /// The test stack, taken down with its volumes and network when dropped (also on failure).
 struct Stack {
     program: &'static [&'static str],
     project: String,
+    /// The host ports Docker chose for the gateway's HTTP face and the bank's admin API, once up.
     gateway_port: u16,
     admin_port: u16,
 }
@@ -77,12 +76,18 @@ impl Stack {
             .arg(&self.project)
             .arg("-f")
             .arg(root().join("tests/compose/compose.yaml"))
-            .env("GATEWAY_HTTP_PORT", self.gateway_port.to_string())
-            .env("BANK_ADMIN_PORT", self.admin_port.to_string())
             .env("BANK_ADMIN_TOKEN", ADMIN_TOKEN)
             .env("IMAGE_PREFIX", IMAGE_PREFIX)
             .env("IMAGE_TAG", IMAGE_TAG);
         command
+    }
+
+    /// The host port Docker published `service`'s `port` on (the test's compose file lets it
+    /// choose a free one).
+    fn published_port(&self, service: &str, port: u16) -> u16 {
+        let output = String::from_utf8(run(self.compose().args(["port", service, &port.to_string()])).stdout).expect("utf-8");
+        let (_, port) = output.trim().rsplit_once(':').unwrap_or_else(|| panic!("{service}:{port} is published: {output:?}"));
+        port.parse().unwrap_or_else(|_| panic!("a port number: {output:?}"))
     }
 
     fn container(&self, service: &str) -> String {
@@ -115,7 +120,7 @@ impl Drop for Stack {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
     let Some(program) = compose_program() else {
-        say("SKIPPED: no Docker engine with Compose answers here; the compose stack was not built or tested");
+        e2e::missing("a Docker engine with Compose", "the compose stack was not built or tested");
         return;
     };
     // The users' stack file is valid (its PostgreSQL and Jaeger images cannot be had here).
@@ -129,13 +134,11 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
         .expect("build-images.sh runs");
     assert!(build.success(), "the images build offline");
 
-    let stack = Stack { program, project: format!("chain-test-{}", std::process::id()), gateway_port: free_port(), admin_port: free_port() };
+    let mut stack = Stack { program, project: format!("chain-test-{}", std::process::id()), gateway_port: 0, admin_port: 0 };
     let started = Instant::now();
     run(stack.compose().args(["up", "--detach", "--no-build"]));
-    while SERVICES.iter().any(|service| stack.health(service) != "healthy") {
-        assert!(started.elapsed() < Duration::from_secs(120), "healthy within 2 minutes: {:?}", SERVICES.map(|s| (s, stack.health(s))));
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    (stack.gateway_port, stack.admin_port) = (stack.published_port("gateway", 8080), stack.published_port("bank-mock", 8099));
+    eventually(Duration::from_secs(120), "every service healthy", || async { SERVICES.iter().all(|service| stack.health(service) == "healthy") }).await;
     say(&format!("compose stack: up to all healthy in {:.1} s", started.elapsed().as_secs_f64()));
 
     // One order through the published port: paid, with each hop's slice of the deadline.
@@ -155,16 +158,11 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
     }
     // Its trace reached the collector of the stack.
     let trace_id = response.headers()["traceparent"].to_str().unwrap().split('-').nth(1).expect("a trace id").to_owned();
-    let exported = async {
-        loop {
-            let logs = String::from_utf8_lossy(&run(stack.compose().args(["logs", "--no-color", "otlp-receiver"])).stdout).into_owned();
-            if HOPS.iter().all(|service| logs.contains(&format!("trace_id={trace_id} service={service} "))) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), exported).await.expect("every service exported its spans of the trace");
+    eventually(Duration::from_secs(30), "every service exported its spans of the trace", || async {
+        let logs = String::from_utf8_lossy(&run(stack.compose().args(["logs", "--no-color", "otlp-receiver"])).stdout).into_owned();
+        HOPS.iter().all(|service| logs.contains(&format!("trace_id={trace_id} service={service} ")))
+    })
+    .await;
 
     webhooks_leave_the_stack_only_through_the_sender(&stack, &http).await;
 
@@ -212,16 +210,11 @@ async fn webhooks_leave_the_stack_only_through_the_sender(stack: &Stack, http: &
     assert_eq!(order.status(), 201);
     let order_id = order.json::<serde_json::Value>().await.unwrap()["order_id"].as_str().expect("an order id").to_owned();
     let started = Instant::now();
-    let delivered = async {
-        loop {
-            let logs = String::from_utf8_lossy(&run(stack.compose().args(["logs", "--no-color", "webhook-receiver"])).stdout).into_owned();
-            if logs.lines().any(|line| line.contains("\"order.paid\"") && line.contains(&order_id)) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), delivered).await.expect("the receiver printed the order.paid event of the order");
+    eventually(Duration::from_secs(30), "the receiver printed the order.paid event of the order", || async {
+        let logs = String::from_utf8_lossy(&run(stack.compose().args(["logs", "--no-color", "webhook-receiver"])).stdout).into_owned();
+        logs.lines().any(|line| line.contains("\"order.paid\"") && line.contains(&order_id))
+    })
+    .await;
     say(&format!("compose stack: order.paid of {order_id} printed by the receiver {:.1} s after the order", started.elapsed().as_secs_f64()));
 
     // The health check reaches the sender itself, and nothing of the chain: its networks have no

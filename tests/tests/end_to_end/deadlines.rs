@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use bank_mock::Faults;
 use deadline::{LEDGER_HEADER, ledger};
-use e2e::{TestChain, grpc_request, order_body, order_message};
+use e2e::{BACKGROUND, TestChain, eventually, grpc_request, order_body, order_message};
 use tonic::Code;
 
 /// Ample room above a deadline for scheduling on a loaded 2-core machine.
@@ -26,8 +26,13 @@ async fn with_the_bank_hanging_http_gets_504_by_the_deadline_and_no_hop_works_pa
     let entries = ledger::parse(response.headers()[LEDGER_HEADER].to_str().unwrap()).unwrap();
     assert_eq!(entries[0].received, Duration::from_millis(500), "the client's shorter deadline is used");
 
-    // Give any straggler time to show itself, then check that nothing finished after its deadline.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Once the bank's hanging work has been stopped (its deadline ended it, or its caller went
+    // away), every hop is done with the request: nothing may have finished after its deadline.
+    eventually(BACKGROUND, "the bank's hanging work stopped", || async {
+        let bank = test.chain.hop_stats().bank;
+        bank.expired + bank.abandoned >= 1
+    })
+    .await;
     let bank = test.chain.bank().stats();
     assert_eq!((bank.calls, bank.hung, bank.charges, bank.late_completions), (1, 1, 0, 0));
     let hops = test.chain.hop_stats();

@@ -3,18 +3,23 @@
 use std::time::{Duration, Instant};
 
 use bank_mock::Latency;
-use e2e::{TestChain, fast_bank, grpc_request, order_body};
+use e2e::{BACKGROUND, TestChain, eventually, fast_bank, grpc_request, order_body};
 use proto::payment::v1::{PayRequest, payment_service_client::PaymentServiceClient};
-use resilience::breaker::Position;
+use resilience::{breaker::Position, rate_limit::QuotaSettings};
 use tonic::Code;
 
-/// A breaker that judges after 5 calls and stays open for 1 s; gateway retries off, so that
-/// every user request is one call.
+/// How long the breakers of these tests first stay open: long enough for a dozen loopback calls
+/// on a loaded machine, short enough to wait out twice. The timing itself (jitter, growth, the
+/// half-open probes) is unit-tested on a paused clock in `resilience::breaker`.
+const OPEN_MS: u64 = 2_000;
+
+/// A breaker that judges after 5 calls and stays open for [`OPEN_MS`]; gateway retries off, so
+/// that every user request is one call.
 fn small_breaker(settings: &mut stack::ChainSettings) {
     let breaker = &mut settings.payment.bank.breaker;
     breaker.window_calls = 10;
     breaker.min_calls = 5;
-    breaker.open_ms = 1_000;
+    breaker.open_ms = OPEN_MS;
     breaker.half_open_probes = 2;
     settings.gateway.retry.max_attempts = 1;
 }
@@ -37,26 +42,25 @@ async fn the_breaker_opens_fails_fast_without_calling_then_probes_and_closes() {
     let mut payment = PaymentServiceClient::connect(format!("http://{}", test.chain.addresses.payment)).await.unwrap();
     for n in 0..10 {
         let pay = PayRequest { order_id: format!("ord_direct_{n}"), customer_id: "c".into(), amount_minor: 100, currency: "EUR".into() };
-        let started = Instant::now();
         let status = payment.pay(grpc_request(pay, &format!("direct-{n}"))).await.unwrap_err();
         assert_eq!(status.code(), Code::Unavailable);
         assert!(status.metadata().contains_key("x-circuit-open"));
-        // Loopback gRPC in a test build on a busy machine: the bound is generous; the breaker's own
-        // answer is immediate (see the unit tests), and the release figure is in the README.
-        assert!(started.elapsed() < Duration::from_millis(50), "failed fast: {:?}", started.elapsed());
     }
+    // Failing fast is not calling: the bank's count is the proof, not a stopwatch (the breaker's
+    // own latency is in BENCHMARKS.md).
     assert_eq!(test.chain.bank().stats().calls, calls, "the bank was not called while open");
 
-    // Still failing when it half-opens, after the wait it names (open_ms ± 20 %): a probe fails
-    // and it opens again, for twice as long.
+    // Still failing when it half-opens, after the wait it names (what is left of OPEN_MS ± 20 %):
+    // a probe fails and it opens again, for twice as long.
     let wait = pushback_of_the_bank_breaker(&mut payment, "direct-first-wait").await;
-    assert!((800..=1_200).contains(&wait.as_millis()), "{wait:?}");
+    let longest_first = OPEN_MS * 6 / 5;
+    assert!(wait.as_millis() as u64 <= longest_first, "{wait:?}");
     tokio::time::sleep(wait).await;
     test.post_order("down-probe", &order_body()).send().await.unwrap();
     assert_eq!(test.chain.guard_stats().payment_bank.position, Position::Open);
     assert_eq!(test.chain.bank().stats().calls, calls + 1, "one probe went through");
     let wait = pushback_of_the_bank_breaker(&mut payment, "direct-second-wait").await;
-    assert!((1_600..=2_400).contains(&wait.as_millis()), "{wait:?}");
+    assert!((longest_first + 1..=2 * longest_first).contains(&(wait.as_millis() as u64)), "longer than any first opening: {wait:?}");
 
     // Healthy again: the probes succeed and it closes.
     test.set_faults(fast_bank(|_| {}));
@@ -111,8 +115,19 @@ async fn resource_exhausted_never_opens_the_breaker_and_its_pushback_is_honoured
         assert_eq!(response.headers()["retry-after"], "3");
     }
     let breaker = test.chain.guard_stats().payment_bank;
-    assert_eq!((breaker.position, breaker.opened), (Position::Closed, 0));
+    assert_eq!((breaker.position, breaker.opened, breaker.judged_against), (Position::Closed, 0, 0), "{breaker:?}");
     assert_eq!(test.chain.bank().stats().calls, 20, "every call still reaches the bank");
+}
+
+/// `count` creations sent at once in the background with a deadline of `timeout_ms`; each task
+/// ends with its status.
+fn creations_in_the_background(test: &std::sync::Arc<TestChain>, key_prefix: &str, count: usize, timeout_ms: u64) -> Vec<tokio::task::JoinHandle<reqwest::StatusCode>> {
+    (0..count)
+        .map(|n| {
+            let (test, key) = (test.clone(), format!("{key_prefix}-{n}"));
+            tokio::spawn(async move { test.post_order(&key, &order_body()).header("x-request-timeout-ms", timeout_ms.to_string()).send().await.unwrap().status() })
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -128,17 +143,8 @@ async fn a_full_bulkhead_rejects_at_once_and_reads_stay_fast() {
     let order_url = test.url(&format!("/v1/orders/{}", created["order_id"].as_str().unwrap()));
 
     test.set_faults(fast_bank(|f| f.hang = true));
-    let hanging: Vec<_> = (0..2)
-        .map(|n| {
-            let test = test.clone();
-            tokio::spawn(async move {
-                test.post_order(&format!("hang-{n}"), &order_body()).header("x-request-timeout-ms", "1500").send().await.unwrap().status()
-            })
-        })
-        .collect();
-    while test.chain.guard_stats().bank_bulkhead.in_flight < 2 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let hanging = creations_in_the_background(&test, "hang", 2, 1_500);
+    eventually(BACKGROUND, "both hanging creations in the bulkhead", || async { test.chain.guard_stats().bank_bulkhead.in_flight >= 2 }).await;
 
     let started = Instant::now();
     let rejected = test.post_order("over-the-limit", &order_body()).send().await.unwrap();
@@ -164,17 +170,8 @@ async fn long_operations_have_their_own_intake_and_reads_keep_theirs() {
     let order_url = test.url(&format!("/v1/orders/{}", created["order_id"].as_str().unwrap()));
 
     test.set_faults(fast_bank(|f| f.hang = true));
-    let hanging: Vec<_> = (0..2)
-        .map(|n| {
-            let test = test.clone();
-            tokio::spawn(async move {
-                test.post_order(&format!("intake-{n}"), &order_body()).header("x-request-timeout-ms", "1000").send().await.unwrap().status()
-            })
-        })
-        .collect();
-    while test.chain.bank().stats().hung < 2 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let hanging = creations_in_the_background(&test, "intake", 2, 1_000);
+    eventually(BACKGROUND, "both creations hanging at the bank", || async { test.chain.bank().stats().hung >= 2 }).await;
     let refused = test.post_order("intake-over", &order_body()).send().await.unwrap();
     assert_eq!(refused.status(), 503);
     assert_eq!(refused.headers()["retry-after"], "1");
@@ -194,13 +191,8 @@ async fn a_server_at_capacity_refuses_at_once_with_a_pushback() {
 
     let test = std::sync::Arc::new(TestChain::start_with(|s| s.orders.deadline.max_in_flight = 1).await);
     test.set_faults(fast_bank(|f| f.hang = true));
-    let busy = {
-        let test = test.clone();
-        tokio::spawn(async move { test.post_order("busy", &order_body()).header("x-request-timeout-ms", "800").send().await.unwrap().status() })
-    };
-    while test.chain.bank().stats().hung < 1 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let [busy] = creations_in_the_background(&test, "busy", 1, 800).try_into().expect("one creation");
+    eventually(BACKGROUND, "the busy creation hanging at the bank", || async { test.chain.bank().stats().hung >= 1 }).await;
     let mut orders = OrdersClient::connect(format!("http://{}", test.chain.addresses.orders)).await.unwrap();
     let mut request = grpc_request(e2e::order_message(), "at-capacity");
     request.metadata_mut().insert("x-client-id", "direct".parse().unwrap());
@@ -251,7 +243,8 @@ async fn a_client_with_tiny_deadlines_cannot_open_the_bank_breaker_for_the_other
     assert!(expired >= 5, "most expired at the bank (a quick draw of its latency may make it): {expired} of 8");
     assert!(test.chain.bank().stats().calls >= 8, "the bank was called each time, no fail-fast: {:?}", test.chain.bank().stats());
     let guards = test.chain.guard_stats();
-    assert_eq!((guards.payment_bank.position, guards.payment_bank.opened), (Position::Closed, 0), "{:?}", guards.payment_bank);
+    let breaker = guards.payment_bank;
+    assert_eq!((breaker.position, breaker.opened, breaker.judged_against), (Position::Closed, 0, 0), "{breaker:?}");
 
     // Another client's ordinary orders keep going through.
     for n in 0..5 {
@@ -288,4 +281,47 @@ async fn a_bank_slower_than_an_adequate_slice_still_opens_its_breaker() {
     let refused = test.post_order("slow-refused", &order_body()).timeout(REQUEST_LIMIT).send().await.unwrap();
     assert_eq!(refused.status(), 503);
     assert_eq!(test.chain.bank().stats().calls, calls, "answered without calling the bank");
+}
+
+#[tokio::test]
+async fn a_bank_failing_every_call_opens_only_the_breaker_in_front_of_it() {
+    let test = TestChain::start_with(e2e::touchy_bank_guards).await;
+    test.set_faults(fast_bank(|f| f.error_rate = 1.0));
+    for n in 0..20 {
+        let response = test.post_order(&format!("failing-{n}"), &order_body()).timeout(REQUEST_LIMIT).send().await.unwrap();
+        assert_eq!(response.status(), 503);
+    }
+    let guards = test.chain.guard_stats();
+    assert_eq!(guards.payment_bank.position, Position::Open, "{:?}", guards.payment_bank);
+    // Above payment the failures arrive relayed (the bank's) or failed fast (payment's breaker):
+    // neither says anything about payment or orders themselves.
+    for (hop, breaker) in [("orders → payment", guards.orders_payment), ("gateway → orders", guards.gateway_orders)] {
+        assert_eq!((breaker.position, breaker.opened), (Position::Closed, 0), "{hop}: {breaker:?}");
+        assert_eq!(breaker.judged_against, 0, "{hop} counted none of them against its dependency: {breaker:?}");
+    }
+}
+
+#[tokio::test]
+async fn payment_keeps_the_banks_quota_itself_and_the_breaker_stays_closed() {
+    // The bank's quota as payment knows it: a burst of 2, then one call a second.
+    let test = TestChain::start_with(|s| {
+        s.payment.bank.quota = QuotaSettings { per_second: 1, burst: 2 };
+        s.gateway.retry.max_attempts = 1;
+    })
+    .await;
+    for n in 0..2 {
+        assert_eq!(test.post_order(&format!("within-quota-{n}"), &order_body()).send().await.unwrap().status(), 201);
+    }
+    let mut payment = PaymentServiceClient::connect(format!("http://{}", test.chain.addresses.payment)).await.unwrap();
+    let pay = PayRequest { order_id: "ord_over_quota".into(), customer_id: "c".into(), amount_minor: 100, currency: "EUR".into() };
+    let status = payment.pay(grpc_request(pay, "over-quota-direct")).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let pushback: u64 = status.metadata().get("grpc-retry-pushback-ms").expect("a pushback").to_str().unwrap().parse().unwrap();
+    assert!((1..=1_000).contains(&pushback), "until the next call a second: {pushback} ms");
+
+    let refused = test.post_order("over-quota", &order_body()).send().await.unwrap();
+    e2e::problem(refused, 429).await;
+    assert_eq!(test.chain.bank().stats().calls, 2, "the calls over the quota never reached the bank");
+    let breaker = test.chain.guard_stats().payment_bank;
+    assert_eq!((breaker.position, breaker.opened, breaker.judged_against), (Position::Closed, 0, 0), "a refusal of our own is no failure of the bank: {breaker:?}");
 }

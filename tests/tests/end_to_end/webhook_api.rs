@@ -256,3 +256,48 @@ async fn orders_serves_webhooks_over_grpc_beside_orders() {
     assert_eq!(again.metadata().get("idempotent-replayed").unwrap(), "true");
     assert_eq!(again.into_inner(), first.into_inner(), "the same endpoint and secret");
 }
+
+/// A write without an idempotency key cannot be retried safely (a retry after a lost answer
+/// would queue a redelivery twice), so the gateway sends it once even when a retry would help.
+#[tokio::test]
+async fn webhook_writes_without_a_key_are_sent_to_orders_once() {
+    let test = std::sync::Arc::new(TestChain::start_with(|s| s.orders.deadline.max_in_flight = 1).await);
+    let endpoint_id = created(&test, "before-the-crowd").await["endpoint"]["endpoint_id"].as_str().unwrap().to_owned();
+
+    // One creation hangs at the bank and holds orders' only slot: orders refuses everything else
+    // with RESOURCE_EXHAUSTED and a pushback short enough to retry within the deadline.
+    test.set_faults(e2e::fast_bank(|f| f.hang = true));
+    let busy = {
+        let test = test.clone();
+        tokio::spawn(async move { test.post_order("holds-the-slot", &order_body()).header("x-request-timeout-ms", "5000").send().await.unwrap().status() })
+    };
+    e2e::eventually(e2e::BACKGROUND, "the creation hanging at the bank", || async { test.chain.bank().stats().hung >= 1 }).await;
+
+    // Calls orders refused at its full intake: every call the gateway made while the slot is held.
+    let refused = || async {
+        let text = test.scrape(test.chain.addresses.orders).await;
+        e2e::sample(&text, "chain_load_shed_rejections_total", &[("intake", "orders")]) as u64
+    };
+    // A keyed write is retried: the refusal is one a retry is made for.
+    let before = refused().await;
+    let keyed = create(&test, "in-the-crowd", &endpoint_body("https://hooks.example.com/crowd")).await;
+    assert!(!keyed.status().is_success(), "{}", keyed.status());
+    let calls = refused().await - before;
+    assert!(calls >= 2, "the keyed write was retried: {calls} calls");
+
+    let endpoint = format!("{ENDPOINTS}/{endpoint_id}");
+    let range = json!({"from": "2026-01-01T00:00:00Z", "until": "2026-01-02T00:00:00Z"});
+    let unkeyed = [
+        ("disable", format!("{endpoint}/disable"), None),
+        ("enable", format!("{endpoint}/enable"), None),
+        ("redeliver one", format!("{endpoint}/deliveries/evt_unknown/redeliver"), None),
+        ("redeliver a range", format!("{endpoint}/redeliver"), Some(range)),
+    ];
+    for (write, path, body) in unkeyed {
+        let before = refused().await;
+        let response = post(&test, API_KEY, &path, body).await;
+        assert!(!response.status().is_success(), "{write}: {}", response.status());
+        assert_eq!(refused().await - before, 1, "{write}: sent once");
+    }
+    busy.abort();
+}

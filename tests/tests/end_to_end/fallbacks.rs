@@ -1,11 +1,16 @@
-//! What the user sees when a source has no answer: the last known copy (R-F1), the parts there are
-//! with the missing ones named (R-F2), popular items instead of personal ones (R-F3), and an
-//! honest error when nothing can be shown (R-F4). Never a zero in place of an unknown value.
+//! What the user sees when a source has no answer: the last known copy, the parts there are with
+//! the missing ones named, popular items instead of personal ones, and an honest error when
+//! nothing can be shown. Never a zero in place of an unknown value.
 
-use std::time::Duration;
-
-use e2e::{TestChain, fast_bank, order_body};
+use e2e::{BACKGROUND, TestChain, eventually, fast_bank, order_body};
 use serde_json::Value;
+
+/// Stops orders and returns once its port refuses connections.
+async fn stop_orders(test: &TestChain) {
+    assert!(test.chain.stop_service("orders"));
+    let address = test.chain.addresses.orders;
+    eventually(BACKGROUND, "orders stopped listening", || async { tokio::net::TcpStream::connect(address).await.is_err() }).await;
+}
 
 async fn create(test: &TestChain, key: &str) -> Value {
     let response = test.post_order(key, &order_body()).send().await.unwrap();
@@ -27,8 +32,7 @@ async fn with_orders_down_a_read_gets_the_last_known_copy_marked_stale() {
     let fresh: Value = fresh.json().await.unwrap();
     assert!(fresh.get("stale").is_none());
 
-    assert!(test.chain.stop_service("orders"));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop_orders(&test).await;
     let stale = get(&test, &format!("/v1/orders/{id}")).await;
     assert_eq!(stale.status(), 200);
     assert!(stale.headers()["x-fallback"].to_str().unwrap().starts_with("stale-copy; as-of="));
@@ -111,8 +115,7 @@ async fn a_rate_never_quoted_is_null_with_a_reason() {
 #[tokio::test]
 async fn a_summary_of_an_order_nobody_can_show_is_an_honest_error() {
     let test = TestChain::start().await;
-    assert!(test.chain.stop_service("orders"));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop_orders(&test).await;
     let response = get(&test, "/v1/orders/ord_unknown/summary").await;
     assert_eq!(response.status(), 503);
     assert_eq!(response.headers()["content-type"], "application/problem+json");

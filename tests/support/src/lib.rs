@@ -1,0 +1,126 @@
+//! What the workspace's test suites share:
+//! - [`eventually`]: every wait on a condition, with a limit, so that a regression fails instead
+//!   of hanging;
+//! - [`missing`]: the rule for a dependency that is not there (PostgreSQL, Docker with Compose):
+//!   in CI the test fails; elsewhere it says so on the terminal, past the runner's capture;
+//! - [`postgres_admin_url`] and [`ScratchDatabase`]: a database of its own per test, dropped when
+//!   the test ends.
+
+use std::{
+    future::Future,
+    io::Write,
+    time::Duration,
+};
+
+use sqlx::{Connection, Executor, PgConnection};
+
+/// How often [`eventually`] looks again.
+const POLL: Duration = Duration::from_millis(10);
+
+/// What a condition of [`eventually`] answers: `bool`, or `Option<T>` to hand back what it found.
+pub trait Outcome {
+    type Value;
+    fn settled(self) -> Option<Self::Value>;
+}
+
+impl Outcome for bool {
+    type Value = ();
+    fn settled(self) -> Option<()> {
+        self.then_some(())
+    }
+}
+
+impl<T> Outcome for Option<T> {
+    type Value = T;
+    fn settled(self) -> Option<T> {
+        self
+    }
+}
+
+/// Checks `condition` until it holds and returns what it found; panics naming `what` once `limit`
+/// has passed. It runs on tokio's clock, so it also serves tests with a paused clock.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut condition: F) -> <Fut::Output as Outcome>::Value
+where
+    F: FnMut() -> Fut,
+    Fut: Future,
+    Fut::Output: Outcome,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(value) = condition().await.settled() {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not within {limit:?}: {what}");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Whether this run is CI's (`CI` set to anything but `false` or empty), where nothing may skip.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|value| !value.is_empty() && value != "false")
+}
+
+/// A dependency of a test is missing. In CI that fails the test; elsewhere the skip is written to
+/// the terminal (stderr when there is none), so that it shows even when the test passes.
+pub fn missing(dependency: &str, consequence: &str) {
+    assert!(!in_ci(), "{dependency} is required in CI (CI is set): {consequence}");
+    let line = format!("SKIPPED: {dependency}: {consequence}\n");
+    let terminal = std::fs::OpenOptions::new().write(true).open("/dev/tty");
+    let written = terminal.and_then(|mut terminal| terminal.write_all(line.as_bytes()));
+    if written.is_err() {
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }
+}
+
+/// The URL of a PostgreSQL database whose user may create databases, from `TEST_POSTGRES_URL`;
+/// `None`, after saying so by [`missing`], when it is not set.
+pub fn postgres_admin_url() -> Option<String> {
+    let url = std::env::var("TEST_POSTGRES_URL").ok().filter(|url| !url.is_empty());
+    if url.is_none() {
+        missing("PostgreSQL (TEST_POSTGRES_URL is not set)", "the PostgreSQL half of this test did not run");
+    }
+    url
+}
+
+/// A database of its own on the server of an admin URL, so that tests running at once never see
+/// each other's rows; dropped, with any connection still open to it, when this is dropped.
+#[derive(Debug)]
+pub struct ScratchDatabase {
+    admin_url: String,
+    name: String,
+    url: String,
+}
+
+impl ScratchDatabase {
+    /// Creates `<prefix>_<unique>` on the server of `admin_url`.
+    pub async fn create(admin_url: &str, prefix: &str) -> Self {
+        let name = format!("{prefix}_{}", uuid::Uuid::now_v7().simple());
+        let mut admin = PgConnection::connect(admin_url).await.expect("TEST_POSTGRES_URL is reachable");
+        admin.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).await.expect("create a scratch database");
+        let base = admin_url.rsplit_once('/').expect("an admin URL ending with a database").0;
+        Self { admin_url: admin_url.to_owned(), url: format!("{base}/{name}"), name }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl Drop for ScratchDatabase {
+    fn drop(&mut self) {
+        // Drop runs inside or outside a runtime, and may not block the one it is in: the database
+        // is dropped on a thread of its own.
+        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+            runtime.block_on(async {
+                let mut admin = PgConnection::connect(&admin_url).await?;
+                admin.execute(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))).await.map(drop)
+            })
+        })
+        .join();
+        if let Ok(Err(error)) = dropped {
+            let _ = writeln!(std::io::stderr(), "scratch database {} was not dropped: {error}", self.name);
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! The end-to-end suite: the whole chain started in-process on free ports, one module per
+//! technique, in one test binary (linked once).
+//!
+//! Run it with cargo-nextest (the workspace's test command): every test runs in a process of its
+//! own, with the timeout of `.config/nextest.toml`, and its output, the chain's logs included
+//! (`RUST_LOG` sets their level), is printed when it fails. A process of its own matters here:
+//! logging, metrics and the trace exporter are installed once per process, and the telemetry,
+//! metrics and tracing-switch tests each install their own.
+
+mod bad_input;
+mod chain;
+mod collector_unreachable;
+mod compose;
+mod deadlines;
+mod fallbacks;
+mod guards;
+mod idempotency_keys;
+mod metrics;
+mod rate_limit;
+mod retries;
+mod traces;
+mod tracing_switch;
+mod webhook_api;
+mod webhook_delivery;

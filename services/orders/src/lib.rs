@@ -54,7 +54,7 @@ pub struct Application {
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
         settings.check().map_err(ServerError::Settings)?;
-        let database = Database::open(&settings.database_url, HOP, |backend| match backend {
+        let database = Database::open(&settings.database_url, settings.sqlite_synchronous, HOP, |backend| match backend {
             idempotency::Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
             idempotency::Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
         })

@@ -1,7 +1,7 @@
 use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
-use idempotency::KeySettings;
+use idempotency::{KeySettings, Synchronous};
 
 use crate::CompleterSettings;
 use outbox::EndpointLimits;
@@ -18,6 +18,10 @@ pub struct Settings {
     /// sqlx URL of the order database: `sqlite://…` (the file is created when missing) or
     /// `postgres://…`.
     pub database_url: String,
+    /// When a SQLite commit is on disk: `normal` (survives a crash of the process; the last
+    /// commits before a power loss may be lost) or `full` (survives a power loss too, at the cost
+    /// of a sync per commit). PostgreSQL's is the server's `synchronous_commit`.
+    pub sqlite_synchronous: Synchronous,
     /// Expiry of idempotency keys (24 h by default) and how the reaper deletes them. Must be at
     /// least `deadline.max_ms + completer.window_ms`.
     pub idempotency: KeySettings,
@@ -69,6 +73,7 @@ impl Default for Settings {
             naive: NaiveSettings::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 50052)),
             database_url: "sqlite://orders.db".into(),
+            sqlite_synchronous: Synchronous::default(),
             idempotency: KeySettings::default(),
             completer: CompleterSettings::default(),
             deadline: InboundPolicy::default(),

@@ -45,7 +45,7 @@ impl Application {
             .idempotency
             .require_ttl(Duration::from_millis(settings.deadline.max_ms), "a key must outlive the longest request (deadline.max_ms)")
             .map_err(|error| ServerError::Settings(error.to_string()))?;
-        let database = Database::open(&settings.database_url, HOP, |backend| match backend {
+        let database = Database::open(&settings.database_url, settings.sqlite_synchronous, HOP, |backend| match backend {
             idempotency::Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
             idempotency::Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
         })

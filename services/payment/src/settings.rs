@@ -1,7 +1,7 @@
 use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
-use idempotency::KeySettings;
+use idempotency::{KeySettings, Synchronous};
 use rpc::Dependency;
 use resilience::{ChainMode, naive::NaiveSettings, rate_limit::QuotaSettings};
 use serde::{Deserialize, Serialize};
@@ -14,6 +14,10 @@ pub struct Settings {
     pub listen: SocketAddr,
     /// sqlx URL of the payment database: `sqlite://…` (created when missing) or `postgres://…`.
     pub database_url: String,
+    /// When a SQLite commit is on disk: `normal` (survives a crash of the process; the last
+    /// commits before a power loss may be lost) or `full` (survives a power loss too, at the cost
+    /// of a sync per commit). PostgreSQL's is the server's `synchronous_commit`.
+    pub sqlite_synchronous: Synchronous,
     /// Expiry of idempotency keys (7 days by default: payments are repeated late) and reaping.
     pub idempotency: KeySettings,
     /// Deadline for calls that carry none, and the longest accepted.
@@ -33,6 +37,7 @@ impl Default for Settings {
             naive: NaiveSettings::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 50053)),
             database_url: "sqlite://payment.db".into(),
+            sqlite_synchronous: Synchronous::default(),
             idempotency: KeySettings { ttl_ms: 7 * 24 * 3_600_000, ..KeySettings::default() },
             deadline: InboundPolicy::default(),
             bank: Dependency {

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Settings of the whole chain: one section per service, each exactly the service's own settings.
 /// The endpoints each service calls are filled in from the addresses actually bound, and the
-/// webhook sender's database is orders' (it delivers orders' outbox).
+/// webhook sender's database, and how durably it commits, are orders' (it delivers orders' outbox).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ChainSettings {
@@ -29,6 +29,10 @@ pub struct ChainSettings {
     pub payment: payment::Settings,
     pub bank: bank_mock::Settings,
     pub webhook_sender: webhook_sender::Settings,
+    /// The bank payment charges at, when not the chain's own (which still quotes the gateway's
+    /// exchange rates): a bank that outlives the chain, as the crash test needs to count the
+    /// charges made before and after a kill.
+    pub external_bank: Option<String>,
 }
 
 /// Where the example receiver listens by default (`cargo run -p webhook-receiver`): the local
@@ -44,6 +48,7 @@ impl Default for ChainSettings {
             payment: payment::Settings::default(),
             bank: bank_mock::Settings::default(),
             webhook_sender: webhook_sender::Settings::default(),
+            external_bank: None,
         };
         settings.orders.webhooks.test_hosts = vec![DEMO_RECEIVER.to_owned()];
         settings.webhook_sender.test_hosts = vec![DEMO_RECEIVER.to_owned()];
@@ -156,8 +161,9 @@ impl Chain {
         let mut servers = JoinSet::new();
 
         let database_urls = (settings.orders.database_url.clone(), settings.payment.database_url.clone());
+        settings.webhook_sender.sqlite_synchronous = settings.orders.sqlite_synchronous;
         let bank = bank_mock::Application::build(settings.bank).await?;
-        settings.payment.bank.endpoint = format!("http://{}", bank.grpc_addr());
+        settings.payment.bank.endpoint = settings.external_bank.clone().unwrap_or_else(|| format!("http://{}", bank.grpc_addr()));
         // The completer's window is checked against how long payment really keeps its keys.
         settings.orders.completer.payment_key_ttl_ms = settings.payment.idempotency.ttl_ms;
         let payment = payment::Application::build(settings.payment).await?;

@@ -6,6 +6,28 @@ use sqlx::{
     migrate::{MigrateError, Migrator},
 };
 
+/// When a SQLite commit is on disk (`PRAGMA synchronous` in WAL mode). PostgreSQL's is the
+/// server's `synchronous_commit` (`on` by default: a commit waits for its WAL to be flushed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Synchronous {
+    /// The WAL is synced at checkpoints, not at each commit: a commit survives a crash of the
+    /// process, and the last commits before a power loss or an OS crash may be rolled back.
+    #[default]
+    Normal,
+    /// The WAL is synced at every commit: a commit survives a power loss too.
+    Full,
+}
+
+impl Synchronous {
+    fn pragma(self) -> &'static str {
+        match self {
+            Synchronous::Normal => "PRAGMA synchronous = NORMAL",
+            Synchronous::Full => "PRAGMA synchronous = FULL",
+        }
+    }
+}
+
 /// Which database a URL names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -31,8 +53,14 @@ pub enum DatabaseError {
 }
 
 impl Database {
-    /// Connects (creating a SQLite file when missing) and applies the key store's migrations.
+    /// Connects (creating a SQLite file when missing) with [`Synchronous::Normal`] and applies the
+    /// key store's migrations.
     pub async fn connect(url: &str) -> Result<Self, DatabaseError> {
+        Self::connect_with(url, Synchronous::default()).await
+    }
+
+    /// As [`Database::connect`], with SQLite's commits on disk as `synchronous` says.
+    pub async fn connect_with(url: &str, synchronous: Synchronous) -> Result<Self, DatabaseError> {
         sqlx::any::install_default_drivers();
         let (backend, url) = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             (Backend::Postgres, url.to_owned())
@@ -59,7 +87,7 @@ impl Database {
                     if backend == Backend::Sqlite {
                         // WAL lets readers run beside the one writer; the busy timeout makes
                         // concurrent writers wait their turn instead of failing.
-                        for pragma in ["PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL", "PRAGMA busy_timeout = 5000"] {
+                        for pragma in ["PRAGMA journal_mode = WAL", synchronous.pragma(), "PRAGMA busy_timeout = 5000"] {
                             connection.execute(pragma).await?;
                         }
                     }
@@ -79,8 +107,8 @@ impl Database {
 
     /// Connects and applies the key store's migrations and then `owner`'s, chosen for the backend
     /// (a service's `sqlx::migrate!` paths are its own, so it chooses).
-    pub async fn open(url: &str, owner: &'static str, migrations: impl FnOnce(Backend) -> Migrator) -> Result<Self, DatabaseError> {
-        let database = Self::connect(url).await?;
+    pub async fn open(url: &str, synchronous: Synchronous, owner: &'static str, migrations: impl FnOnce(Backend) -> Migrator) -> Result<Self, DatabaseError> {
+        let database = Self::connect_with(url, synchronous).await?;
         database.migrate(owner, migrations(database.backend)).await?;
         Ok(database)
     }

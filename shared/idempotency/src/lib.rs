@@ -23,7 +23,7 @@ mod reaper;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use database::{Backend, Database, DatabaseError};
+pub use database::{Backend, Database, DatabaseError, Synchronous};
 pub use reaper::spawn_reaper;
 pub use store::{Begin, KeyError, KeySettings, KeyStore, Lease, Phase, Stored, StrandedKey, TtlTooShort};
 

@@ -6,13 +6,23 @@
 //! calling the next over a tonic channel. No deadline, retry, breaker, bulkhead, rate limit,
 //! intake limit, ledger or trace layer, and no storage: the bank approves every charge at once,
 //! and nothing is written anywhere.
+//!
+//! With minimal writes, the floor of a durable chain: the same hops, with orders and payment
+//! each writing one row per request in a transaction of its own, on SQLite set up as the chain's
+//! (the same driver, pool and pragmas). Against it, the chain's numbers show the price of its
+//! reliability bookkeeping (keys, phases, recovery points, the outbox) apart from the price of
+//! writing at all.
 
 use std::{
     convert::Infallible,
     net::SocketAddr,
+    path::Path,
     sync::atomic::{AtomicU64, Ordering},
     time::SystemTime,
 };
+
+use idempotency::Database;
+use prost::Message;
 
 use proto::{
     bank::v1::{
@@ -54,6 +64,26 @@ fn next_id(prefix: &str, counter: &AtomicU64) -> String {
     format!("{prefix}_{:032x}", counter.fetch_add(1, Ordering::Relaxed))
 }
 
+/// One row per request, written in a transaction of its own: the least a durable hop does.
+#[derive(Clone)]
+struct MinimalWrites(Database);
+
+impl MinimalWrites {
+    async fn open(path: &Path) -> Result<Self, BenchError> {
+        let database = Database::connect(&format!("sqlite://{}", path.display())).await.map_err(|error| BenchError::Floor(error.to_string()))?;
+        let create = sqlx::query("CREATE TABLE writes (id TEXT PRIMARY KEY, body BLOB NOT NULL)").execute(database.pool()).await;
+        create.map_err(|error| BenchError::Floor(error.to_string()))?;
+        Ok(Self(database))
+    }
+
+    async fn write(&self, id: &str, message: &impl Message) -> Result<(), Status> {
+        let failed = |error: sqlx::Error| Status::internal(error.to_string());
+        let mut transaction = self.0.pool().begin().await.map_err(failed)?;
+        sqlx::query("INSERT INTO writes (id, body) VALUES ($1, $2)").bind(id).bind(message.encode_to_vec()).execute(&mut *transaction).await.map_err(failed)?;
+        transaction.commit().await.map_err(failed)
+    }
+}
+
 #[derive(Default)]
 struct BareBank {
     charges: AtomicU64,
@@ -77,6 +107,7 @@ impl Bank for BareBank {
 struct BarePayment {
     bank: BankClient<Channel>,
     payments: AtomicU64,
+    writes: Option<MinimalWrites>,
 }
 
 #[tonic::async_trait]
@@ -86,12 +117,16 @@ impl PaymentService for BarePayment {
         let charge = ChargeRequest { reference: pay.order_id, amount_minor: pay.amount_minor, currency: pay.currency };
         let reply = self.bank.clone().charge(charge).await?.into_inner();
         let approved = reply.outcome() == ChargeOutcome::Approved;
-        Ok(Response::new(Payment {
+        let payment = Payment {
             payment_id: next_id("pay", &self.payments),
             status: if approved { PaymentStatus::Approved } else { PaymentStatus::Declined } as i32,
             bank_charge_id: reply.charge_id,
             decline_reason: reply.decline_reason,
-        }))
+        };
+        if let Some(writes) = &self.writes {
+            writes.write(&payment.payment_id, &payment).await?;
+        }
+        Ok(Response::new(payment))
     }
 
     async fn get_payment(&self, _: Request<GetPaymentRequest>) -> Result<Response<Payment>, Status> {
@@ -102,6 +137,7 @@ impl PaymentService for BarePayment {
 struct BareOrders {
     payment: PaymentServiceClient<Channel>,
     orders: AtomicU64,
+    writes: Option<MinimalWrites>,
 }
 
 #[tonic::async_trait]
@@ -117,7 +153,7 @@ impl Orders for BareOrders {
         };
         let payment = self.payment.clone().pay(pay).await?.into_inner();
         let paid = payment.status() == PaymentStatus::Approved;
-        Ok(Response::new(Order {
+        let order = Order {
             order_id,
             customer_id: create.customer_id,
             items: create.items,
@@ -126,7 +162,11 @@ impl Orders for BareOrders {
             status: if paid { OrderStatus::Paid } else { OrderStatus::PaymentDeclined } as i32,
             payment: Some(payment),
             created_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-        }))
+        };
+        if let Some(writes) = &self.writes {
+            writes.write(&order.order_id, &order).await?;
+        }
+        Ok(Response::new(order))
     }
 
     async fn get_order(&self, _: Request<GetOrderRequest>) -> Result<Response<Order>, Status> {
@@ -165,12 +205,24 @@ pub struct BareChain {
 impl BareChain {
     /// Starts bank, payment, orders and gateway in that order, each pointed at the one below.
     pub async fn start() -> Result<Self, BenchError> {
+        Self::start_with(None).await
+    }
+
+    /// The same, with orders and payment each writing one row per request to a SQLite file of
+    /// its own in `dir`.
+    pub async fn with_minimal_writes(dir: &Path) -> Result<Self, BenchError> {
+        let writes = (MinimalWrites::open(&dir.join("orders.db")).await?, MinimalWrites::open(&dir.join("payment.db")).await?);
+        Self::start_with(Some(writes)).await
+    }
+
+    async fn start_with(writes: Option<(MinimalWrites, MinimalWrites)>) -> Result<Self, BenchError> {
+        let (orders_writes, payment_writes) = writes.unzip();
         let shutdown = CancellationToken::new();
         let mut servers = JoinSet::new();
         let bank = serve(BankServer::new(BareBank::default()), &shutdown, &mut servers).await?;
-        let payment = BarePayment { bank: BankClient::new(channel(bank)?), payments: AtomicU64::new(0) };
+        let payment = BarePayment { bank: BankClient::new(channel(bank)?), payments: AtomicU64::new(0), writes: payment_writes };
         let payment = serve(PaymentServiceServer::new(payment), &shutdown, &mut servers).await?;
-        let orders = BareOrders { payment: PaymentServiceClient::new(channel(payment)?), orders: AtomicU64::new(0) };
+        let orders = BareOrders { payment: PaymentServiceClient::new(channel(payment)?), orders: AtomicU64::new(0), writes: orders_writes };
         let orders = serve(OrdersServer::new(orders), &shutdown, &mut servers).await?;
         let gateway = BareGateway { orders: OrdersClient::new(channel(orders)?) };
         let gateway = serve(GatewayServer::new(gateway), &shutdown, &mut servers).await?;

@@ -20,15 +20,6 @@ pub enum Backend {
     Postgres(String),
 }
 
-impl Backend {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Backend::Sqlite => "SQLite",
-            Backend::Postgres(_) => "PostgreSQL",
-        }
-    }
-}
-
 /// A running chain and the storage it lives on, removed by [`Running::stop`].
 pub struct Running {
     pub chain: Chain,

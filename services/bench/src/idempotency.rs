@@ -1,5 +1,6 @@
 //! Comparison 6, idempotency: what a create costs the first time and when it is replayed from
-//! its key, and how many creates per second the chain pays, on SQLite and on PostgreSQL.
+//! its key, and how many creates per second the chain pays, on SQLite (with `synchronous` at
+//! `NORMAL`, the default, and at `FULL`, a sync per commit) and on PostgreSQL.
 //!
 //! Orders and payment each keep their keys in their own database, in the same transactions as
 //! the orders and payments, so the database is most of a create's cost. Each backend runs on a
@@ -7,7 +8,9 @@
 //! again with the same keys (every one should be a replay), then closed-loop clients with new
 //! keys for throughput. All over the gateway's HTTP face, where replays are marked.
 
+use idempotency::Synchronous;
 use serde::Serialize;
+use stack::ChainSettings;
 
 use crate::{
     BenchError, Coverage, NotMeasured,
@@ -35,6 +38,8 @@ pub struct BackendIdempotency {
 #[derive(Debug, Clone, Serialize)]
 pub struct Idempotency {
     pub sqlite: BackendIdempotency,
+    /// SQLite with every commit synced (`synchronous = FULL`).
+    pub sqlite_full: BackendIdempotency,
     pub postgres: Coverage<BackendIdempotency>,
 }
 
@@ -45,20 +50,36 @@ pub struct Postgres {
 }
 
 pub async fn measure(profile: &Profile, postgres: Option<&Postgres>) -> Result<Idempotency, BenchError> {
-    let sqlite = measure_on(profile, &Backend::Sqlite, None).await?;
+    let sqlite = measure_on(profile, &Backend::Sqlite, "SQLite", None, |_| {}).await?;
+    let sqlite_full = measure_on(profile, &Backend::Sqlite, "SQLite, synchronous = FULL", None, |chain| {
+        chain.orders.sqlite_synchronous = Synchronous::Full;
+        chain.payment.sqlite_synchronous = Synchronous::Full;
+    })
+    .await?;
     let postgres = match postgres {
-        Some(postgres) => Coverage::Measured(measure_on(profile, &Backend::Postgres(postgres.url.clone()), Some(postgres.version.clone())).await?),
+        Some(postgres) => Coverage::Measured(
+            measure_on(profile, &Backend::Postgres(postgres.url.clone()), "PostgreSQL", Some(postgres.version.clone()), |_| {}).await?,
+        ),
         None => Coverage::NotMeasured(NotMeasured {
             reason: "not measured: no PostgreSQL (set TEST_POSTGRES_URL or pass --postgres-url)".into(),
         }),
     };
-    Ok(Idempotency { sqlite, postgres })
+    Ok(Idempotency { sqlite, sqlite_full, postgres })
 }
 
-async fn measure_on(profile: &Profile, backend: &Backend, server_version: Option<String>) -> Result<BackendIdempotency, BenchError> {
+async fn measure_on(
+    profile: &Profile,
+    backend: &Backend,
+    name: &'static str,
+    server_version: Option<String>,
+    change: impl FnOnce(&mut ChainSettings),
+) -> Result<BackendIdempotency, BenchError> {
     let settings = &profile.idempotency;
-    let name = backend.name();
-    let running = chains::start(backend, |chain| chain.bank.faults = chains::instant_bank()).await?;
+    let running = chains::start(backend, |chain| {
+        chain.bank.faults = chains::instant_bank();
+        change(chain);
+    })
+    .await?;
     let orders = HttpOrders::new(running.chain.addresses.gateway_http, "idempotency", None);
     let plan = |what: &str| Plan::count(format!("{name}: {what}"), settings.requests, settings.per_second, profile.bounds);
     let first = {

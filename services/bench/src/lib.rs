@@ -40,6 +40,8 @@ pub enum BenchError {
     Bare(#[from] tonic::transport::Error),
     #[error("PostgreSQL: {0}")]
     Postgres(#[from] sqlx::Error),
+    #[error("the minimal-writes chain's database: {0}")]
+    Floor(String),
     #[error("{0}")]
     Io(std::io::Error),
     #[error("writing {path}: {source}")]

@@ -1,10 +1,13 @@
 //! Comparison 1, overhead: the chain with every layer against the same four hops in bare tonic.
 //!
-//! Why three chains? The bare chain has no layers and no storage, so "every layer ÷ bare" is
+//! Why four chains? The bare chain has no layers and no storage, so "every layer ÷ bare" is
 //! the whole price of the design on this path. The chain with its guards idle (breakers and
 //! retries off, bulkhead and quota limits out of reach, the same services and storage otherwise)
 //! splits that price: what the guards' decisions cost, and what the rest costs (deadline and
-//! ledger layers, intake limits, idempotency keys and orders in SQLite).
+//! ledger layers, intake limits, idempotency keys and orders in SQLite). The bare chain with
+//! minimal writes (one row per request at orders and at payment, on the same SQLite) is the floor
+//! of any durable chain: "every layer ÷ minimal writes" is the price of the reliability
+//! bookkeeping alone.
 //!
 //! For each chain: a closed-loop probe finds its ceiling, then open-loop rates from the ceiling
 //! down, 10 % of it at a time, find the highest rate it sustains; last, every chain gets the same
@@ -12,6 +15,7 @@
 
 use serde::Serialize;
 use stack::ChainSettings;
+use tempfile::TempDir;
 
 use crate::{
     BenchError,
@@ -24,6 +28,8 @@ use crate::{
 
 /// The label of the baseline.
 pub const BARE: &str = "bare tonic";
+/// The label of the floor of a durable chain.
+pub const MINIMAL_WRITES: &str = "minimal writes";
 
 /// One chain measured.
 #[derive(Debug, Clone, Serialize)]
@@ -50,10 +56,12 @@ pub struct Step {
     pub sustained: bool,
 }
 
-/// A layered chain against the bare one: above 1, the layered chain's number is larger.
+/// A layered chain against a baseline: above 1, the layered chain's number is larger.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Ratio {
     pub chain: &'static str,
+    /// [`BARE`] or [`MINIMAL_WRITES`].
+    pub baseline: &'static str,
     pub max_sustained_throughput: Option<f64>,
     pub p50: Option<f64>,
     pub p99: Option<f64>,
@@ -65,18 +73,19 @@ pub struct Overhead {
     pub sustained_when: String,
     pub moderate_per_second: f64,
     pub chains: Vec<ChainOverhead>,
-    /// Each layered chain divided by the bare one. Every request here is untraced (no spans are
-    /// made until comparison 7 switches tracing on).
+    /// Each layered chain divided by the bare one, then by the one with minimal writes. Every
+    /// request here is untraced (no spans are made until comparison 7 switches tracing on).
     pub ratios: Vec<Ratio>,
 }
 
-/// A chain under test: the real one with some settings, or the bare one.
+/// A chain under test: the real one with some settings, or the bare one, with or without writes.
 enum Subject {
     Layered { label: &'static str, about: &'static str, change: fn(&mut ChainSettings) },
     Bare,
+    MinimalWrites,
 }
 
-const SUBJECTS: [Subject; 3] = [
+const SUBJECTS: [Subject; 4] = [
     Subject::Layered {
         label: "every layer",
         about: "the chain as configured: deadline, retries under the budget, breakers, bulkheads, rate limit, intake limits; orders and keys in SQLite",
@@ -91,6 +100,7 @@ const SUBJECTS: [Subject; 3] = [
         },
     },
     Subject::Bare,
+    Subject::MinimalWrites,
 ];
 
 pub async fn measure(profile: &Profile) -> Result<Overhead, BenchError> {
@@ -112,22 +122,34 @@ pub async fn measure(profile: &Profile) -> Result<Overhead, BenchError> {
                 bare.stop().await?;
                 measured
             }
+            Subject::MinimalWrites => {
+                let data = TempDir::new().map_err(BenchError::Io)?;
+                let floor = BareChain::with_minimal_writes(data.path()).await?;
+                let orders = GrpcOrders::new(floor.gateway, MINIMAL_WRITES, None)?;
+                let about = "the bare hops, with orders and payment each writing one row per request in a transaction of its own, on SQLite as the chain's: the price of writing at all";
+                let measured = measure_chain(profile, MINIMAL_WRITES, about, &orders).await;
+                floor.stop().await?;
+                measured
+            }
         });
     }
-    let bare = chains.iter().find(|chain| chain.chain == BARE).expect("the bare chain is measured");
     let divide = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,
     };
     let p = |chain: &ChainOverhead, pick: fn(&load::Latencies) -> f64| chain.moderate.latency_ms.as_ref().map(pick);
-    let ratios = chains
-        .iter()
-        .filter(|chain| chain.chain != BARE)
-        .map(|chain| Ratio {
-            chain: chain.chain,
-            max_sustained_throughput: divide(chain.max_sustained_per_second, bare.max_sustained_per_second),
-            p50: divide(p(chain, |l| l.p50), p(bare, |l| l.p50)),
-            p99: divide(p(chain, |l| l.p99), p(bare, |l| l.p99)),
+    let layered = || chains.iter().filter(|chain| ![BARE, MINIMAL_WRITES].contains(&chain.chain));
+    let ratios = [BARE, MINIMAL_WRITES]
+        .into_iter()
+        .flat_map(|baseline| {
+            let base = chains.iter().find(|chain| chain.chain == baseline).expect("every baseline is measured");
+            layered().map(move |chain| Ratio {
+                chain: chain.chain,
+                baseline,
+                max_sustained_throughput: divide(chain.max_sustained_per_second, base.max_sustained_per_second),
+                p50: divide(p(chain, |l| l.p50), p(base, |l| l.p50)),
+                p99: divide(p(chain, |l| l.p99), p(base, |l| l.p99)),
+            })
         })
         .collect();
     Ok(Overhead {

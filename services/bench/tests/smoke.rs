@@ -20,8 +20,8 @@ async fn the_smoke_profile_makes_every_comparison_and_writes_them() {
     }
     assert_eq!(json["profile"]["name"], "smoke");
     let chains: Vec<&str> = json["overhead"]["chains"].as_array().unwrap().iter().map(|c| c["chain"].as_str().unwrap()).collect();
-    assert_eq!(chains, ["every layer", "guards idle", "bare tonic"]);
-    assert_eq!(json["overhead"]["ratios"].as_array().unwrap().len(), 2);
+    assert_eq!(chains, ["every layer", "guards idle", "bare tonic", "minimal writes"]);
+    assert_eq!(json["overhead"]["ratios"].as_array().unwrap().len(), 4, "each layered chain against each baseline");
     let tracing = &json["tracing"]["measured"];
     assert!(tracing["spans_received"].as_u64().is_some_and(|spans| spans > 0), "the traced rounds exported: {tracing}");
     assert!(tracing["p50_ratio"].as_f64().is_some(), "{tracing}");
@@ -30,7 +30,9 @@ async fn the_smoke_profile_makes_every_comparison_and_writes_them() {
     assert_eq!(json["fail_fast"]["guards"].as_array().unwrap().len(), 2);
     let memory = &json["memory"]["runs"];
     assert!(memory["measured"].as_array().is_some_and(|runs| runs.len() == 2) || memory["not_measured"]["reason"].is_string(), "{memory}");
-    assert!(json["idempotency"]["sqlite"]["first"]["due"].as_u64().is_some_and(|due| due > 0));
+    for sqlite in ["sqlite", "sqlite_full"] {
+        assert!(json["idempotency"][sqlite]["first"]["due"].as_u64().is_some_and(|due| due > 0), "{sqlite}");
+    }
     let postgres = &json["idempotency"]["postgres"];
     match options.postgres_url {
         Some(_) => assert!(postgres["measured"]["throughput"].is_object(), "{postgres}"),

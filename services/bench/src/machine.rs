@@ -1,7 +1,11 @@
 //! Facts about the run that numbers need beside them: the machine, the code, the command, the
-//! time, and the process's own memory as the kernel counts it.
+//! time, and the process's own memory and CPU time as the kernel counts them.
 
-use std::{path::Path, process::Command, time::SystemTime};
+use std::{
+    path::Path,
+    process::Command,
+    time::{Duration, SystemTime},
+};
 
 use serde::Serialize;
 
@@ -99,6 +103,19 @@ impl Memory {
     }
 }
 
+/// CPU time, user and system, that this process's threads have used so far.
+pub fn process_cpu_time() -> Duration {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes a whole `rusage` to the pointer it is given, which points to one;
+    // RUSAGE_SELF is always a valid target, so it cannot fail.
+    let usage = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
+        usage.assume_init()
+    };
+    let time = |value: libc::timeval| Duration::from_secs(value.tv_sec as u64) + Duration::from_micros(value.tv_usec as u64);
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,3 +143,4 @@ mod tests {
         }
     }
 }
+

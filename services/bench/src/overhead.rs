@@ -23,9 +23,14 @@ use crate::{
     chains::{self, Backend},
     clients::GrpcOrders,
     load::{self, DROPPED, Measurement, Plan},
+    machine,
     profile::{OverheadProfile, Profile},
 };
 
+/// The chain as configured.
+pub const EVERY_LAYER: &str = "every layer";
+/// The chain with its guards out of the way.
+pub const GUARDS_IDLE: &str = "guards idle";
 /// The label of the baseline.
 pub const BARE: &str = "bare tonic";
 /// The label of the floor of a durable chain.
@@ -38,6 +43,10 @@ pub struct ChainOverhead {
     pub about: &'static str,
     /// Successes per second of the closed-loop probe.
     pub ceiling_per_second: f64,
+    /// CPU time of the whole process (the chain and the load generator) per success during the
+    /// closed-loop probe, in µs: the load generator's share is the same for every chain, so the
+    /// differences between chains are the chains' own.
+    pub cpu_us_per_request: Option<f64>,
     /// The highest rate tried that the chain sustained (none if no rate tried was).
     pub max_sustained_per_second: Option<f64>,
     pub steps: Vec<Step>,
@@ -87,12 +96,12 @@ enum Subject {
 
 const SUBJECTS: [Subject; 4] = [
     Subject::Layered {
-        label: "every layer",
+        label: EVERY_LAYER,
         about: "the chain as configured: deadline, retries under the budget, breakers, bulkheads, rate limit, intake limits; orders and keys in SQLite",
         change: |settings| settings.bank.faults = chains::instant_bank(),
     },
     Subject::Layered {
-        label: "guards idle",
+        label: GUARDS_IDLE,
         about: "the same services and storage, with breakers and retries off and bulkhead and quota limits out of reach",
         change: |settings| {
             settings.bank.faults = chains::instant_bank();
@@ -167,11 +176,15 @@ pub async fn measure(profile: &Profile) -> Result<Overhead, BenchError> {
 async fn measure_chain(profile: &Profile, label: &'static str, about: &'static str, orders: &GrpcOrders) -> ChainOverhead {
     let settings = &profile.overhead;
     let probe = Plan::clients(format!("{label}: ceiling"), settings.probe_clients, settings.probe_requests, settings.probe_time, profile.bounds);
-    let ceiling = run(&probe, orders, "probe").await.successes_per_second;
+    let cpu_before = machine::process_cpu_time();
+    let probe = run(&probe, orders, "probe").await;
+    let cpu = machine::process_cpu_time() - cpu_before;
+    let cpu_us_per_request = (probe.successes > 0).then(|| cpu.as_secs_f64() * 1e6 / probe.successes as f64);
+    let ceiling = probe.successes_per_second;
     let (steps, max_sustained) = find_sustained(profile, label, orders, ceiling).await;
     let moderate = Plan::rate(format!("{label}: moderate"), settings.moderate_per_second, settings.moderate_time, profile.bounds);
     let moderate = run(&moderate, orders, "moderate").await;
-    ChainOverhead { chain: label, about, ceiling_per_second: ceiling, max_sustained_per_second: max_sustained, steps, moderate }
+    ChainOverhead { chain: label, about, ceiling_per_second: ceiling, cpu_us_per_request, max_sustained_per_second: max_sustained, steps, moderate }
 }
 
 /// Tries rates from `ceiling` down until one is sustained.

@@ -10,6 +10,7 @@ use crate::{
     Coverage, Report,
     idempotency::{BackendIdempotency, CREATED, REPLAYED},
     load::{Latencies, Measurement},
+    overhead::{BARE, EVERY_LAYER, GUARDS_IDLE, MINIMAL_WRITES},
 };
 
 /// A missing figure.
@@ -150,6 +151,7 @@ impl Report {
             writeln!(out, "| {} | {} | {} | {} | {} |", r.chain, r.baseline, ratio(r.max_sustained_throughput), ratio(r.p50), ratio(r.p99))?;
         }
         writeln!(out, "| tracing, sampled 100 % | tracing off | see 7 | | |")?;
+        self.cpu_per_order(out)?;
         writeln!(out)?;
         for chain in &o.chains {
             writeln!(out, "- **{}**: {}.", chain.chain, chain.about)?;
@@ -172,6 +174,28 @@ impl Report {
             }
         }
         Ok(())
+    }
+
+    /// Where a create's CPU goes: each chain's CPU per request during its ceiling probe, less the
+    /// chain below it, from the bare hops up to every layer.
+    fn cpu_per_order(&self, out: &mut String) -> fmt::Result {
+        let cpu = |label: &str| self.overhead.chains.iter().find(|chain| chain.chain == label).and_then(|chain| chain.cpu_us_per_request);
+        let parts = [
+            ("the hops themselves: gRPC, four services, the load generator's client", None, BARE),
+            ("writing one row per request at orders and at payment", Some(BARE), MINIMAL_WRITES),
+            ("the rest of the bookkeeping: keys, phases, recovery points, the outbox; deadline, ledger and intake layers", Some(MINIMAL_WRITES), GUARDS_IDLE),
+            ("the guards' decisions: retries under the budget, breakers, bulkheads, quotas", Some(GUARDS_IDLE), EVERY_LAYER),
+        ];
+        writeln!(out, "\nCPU per order (the whole process's user and system time per success during each chain's ceiling probe, each part the difference between two chains):\n")?;
+        writeln!(out, "| Part | CPU per order |\n|---|---:|")?;
+        for (part, below, chain) in parts {
+            let value = match below {
+                None => cpu(chain),
+                Some(below) => cpu(chain).zip(cpu(below)).map(|(chain, below)| chain - below),
+            };
+            writeln!(out, "| {part} | {} |", value.map_or_else(|| NONE.to_owned(), |us| format!("{us:.0} µs")))?;
+        }
+        writeln!(out, "| every layer, in all | {} |", cpu(EVERY_LAYER).map_or_else(|| NONE.to_owned(), |us| format!("{us:.0} µs")))
     }
 
     fn precision(&self, out: &mut String) -> fmt::Result {

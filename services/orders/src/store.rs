@@ -122,7 +122,7 @@ impl Orders {
         let row: OrderRow = sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1 AND client_id = $2")))
             .bind(order_id)
             .bind(client_id)
-            .fetch_optional(self.database.pool())
+            .fetch_optional(self.database.reader())
             .await?
             .ok_or_else(|| OrdersError::NotFound(order_id.to_owned()))?;
         row.into_order()
@@ -138,7 +138,7 @@ impl Orders {
             .bind(client_id)
             .bind(&order.customer_id)
             .bind(order_id)
-            .fetch_all(self.database.pool())
+            .fetch_all(self.database.reader())
             .await?;
         let mut counts: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
         for (items,) in rows {

@@ -166,7 +166,7 @@ impl PaymentService for Payments {
         let row: Option<PaymentRow> =
             sqlx::query_as("SELECT payment_id, status, bank_charge_id, decline_reason FROM payments WHERE payment_id = $1")
                 .bind(&payment_id)
-                .fetch_optional(self.keys.database().pool())
+                .fetch_optional(self.keys.database().reader())
                 .await
                 .map_err(PaymentError::Storage)?;
         let row = row.ok_or_else(|| Status::not_found(format!("{HOP}: payment {payment_id} not found")))?;

@@ -35,12 +35,17 @@ pub enum Backend {
     Postgres,
 }
 
-/// A connection pool to a service's database, SQLite or PostgreSQL, behind one query interface.
+/// A connection pool to a service's database, SQLite or PostgreSQL, behind one query interface,
+/// and a pool for reads that write nothing.
 #[derive(Debug, Clone)]
 pub struct Database {
     pool: AnyPool,
+    reader: AnyPool,
     backend: Backend,
 }
+
+/// Connections of the SQLite reader pool: reads beside the one writer, in WAL mode.
+const SQLITE_READERS: u32 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DatabaseError {
@@ -62,18 +67,18 @@ impl Database {
     /// As [`Database::connect`], with SQLite's commits on disk as `synchronous` says.
     pub async fn connect_with(url: &str, synchronous: Synchronous) -> Result<Self, DatabaseError> {
         sqlx::any::install_default_drivers();
-        let (backend, url) = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            (Backend::Postgres, url.to_owned())
+        // A SQLite file opened read-only for the reader pool, unless the URL chose a mode itself
+        // (an in-memory database, for one, exists only on its own connection).
+        let (backend, url, reader_url) = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            (Backend::Postgres, url.to_owned(), None)
         } else if url.starts_with("sqlite:") {
             // Create the file when missing unless the URL chose a mode itself.
-            let url = if url.contains("mode=") || url.contains(":memory:") {
-                url.to_owned()
-            } else if url.contains('?') {
-                format!("{url}&mode=rwc")
+            if url.contains("mode=") || url.contains(":memory:") {
+                (Backend::Sqlite, url.to_owned(), None)
             } else {
-                format!("{url}?mode=rwc")
-            };
-            (Backend::Sqlite, url)
+                let separator = if url.contains('?') { '&' } else { '?' };
+                (Backend::Sqlite, format!("{url}{separator}mode=rwc"), Some(format!("{url}{separator}mode=ro")))
+            }
         } else {
             return Err(DatabaseError::UnsupportedUrl(url.to_owned()));
         };
@@ -96,7 +101,17 @@ impl Database {
             })
             .connect(&url)
             .await?;
-        let database = Self { pool, backend };
+        let reader = match reader_url {
+            // Opened after the writer, which creates the file.
+            Some(reader_url) => AnyPoolOptions::new()
+                .max_connections(SQLITE_READERS)
+                .acquire_timeout(Duration::from_secs(5))
+                .after_connect(|connection, _| Box::pin(async move { connection.execute("PRAGMA busy_timeout = 5000").await.map(drop) }))
+                .connect(&reader_url)
+                .await?,
+            None => pool.clone(),
+        };
+        let database = Self { pool, reader, backend };
         let keys = match backend {
             Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
             Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
@@ -120,8 +135,17 @@ impl Database {
         migrator.run(&self.pool).await
     }
 
+    /// The pool for writes, and for reads inside or right before a write.
     pub fn pool(&self) -> &AnyPool {
         &self.pool
+    }
+
+    /// The pool for reads that write nothing. On a SQLite file, connections of their own that
+    /// read beside the one writer (WAL), each read seeing the last commit, so that a read never
+    /// queues behind a write; on PostgreSQL (and an in-memory SQLite database), the same pool as
+    /// [`Database::pool`].
+    pub fn reader(&self) -> &AnyPool {
+        &self.reader
     }
 
     pub fn backend(&self) -> Backend {

@@ -89,7 +89,7 @@ impl Deliveries {
                  AND (d.claimed_until_ms IS NULL OR d.claimed_until_ms <= $1))",
         )
         .bind(now_ms)
-        .fetch_all(self.database.pool())
+        .fetch_all(self.database.reader())
         .await?)
     }
 
@@ -221,7 +221,7 @@ impl Deliveries {
             "SELECT MIN(d.next_attempt_at_ms) FROM webhook_deliveries d JOIN webhook_endpoints e ON e.endpoint_id = d.endpoint_id \
              WHERE d.state = 'pending' AND e.state = 'enabled'",
         )
-        .fetch_one(self.database.pool())
+        .fetch_one(self.database.reader())
         .await?;
         Ok(next)
     }

@@ -1,5 +1,5 @@
-use idempotency::Database;
-use sqlx::{AnyConnection, FromRow};
+use idempotency::{Backend, Database};
+use sqlx::{Any, AnyConnection, FromRow, Transaction};
 use webhooks::{signature::Secret, ssrf};
 
 use crate::{EVENT_TYPES, OutboxError, new_id};
@@ -232,22 +232,34 @@ impl Subscriptions {
     }
 
     pub async fn endpoints(&self, client_id: &str) -> Result<Vec<Endpoint>, OutboxError> {
+        let mut read = self.read().await?;
         let rows: Vec<EndpointRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT_ENDPOINT} WHERE client_id = $1 ORDER BY created_at_ms, endpoint_id")))
             .bind(client_id)
-            .fetch_all(self.database.pool())
+            .fetch_all(&mut *read)
             .await?;
         let mut endpoints = Vec::with_capacity(rows.len());
         for row in rows {
-            endpoints.push(self.with_event_types(row).await?);
+            endpoints.push(with_event_types(&mut read, row).await?);
         }
         Ok(endpoints)
     }
 
     pub async fn endpoint(&self, client_id: &str, endpoint_id: &str) -> Result<Endpoint, OutboxError> {
-        let mut connection = self.database.pool().acquire().await?;
-        let row = owned_endpoint(&mut connection, client_id, endpoint_id).await?;
-        drop(connection);
-        self.with_event_types(row).await
+        let mut read = self.read().await?;
+        let row = owned_endpoint(&mut read, client_id, endpoint_id).await?;
+        with_event_types(&mut read, row).await
+    }
+
+    /// A read transaction on the reader pool: its statements see one snapshot of the tables, so
+    /// that an endpoint is read with its own subscriptions and a delivery with its own attempts
+    /// (on PostgreSQL that takes REPEATABLE READ; a SQLite read transaction is one snapshot).
+    /// It writes nothing, so it is dropped rather than committed.
+    async fn read(&self) -> Result<Transaction<'static, Any>, OutboxError> {
+        let mut read = self.database.reader().begin().await?;
+        if self.database.backend() == Backend::Postgres {
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *read).await?;
+        }
+        Ok(read)
     }
 
     /// Enables the endpoint (forgetting its failures: it starts afresh, and its pending deliveries
@@ -264,7 +276,8 @@ impl Subscriptions {
 
     /// The endpoint's most recent deliveries, newest first, each with its attempts.
     pub async fn deliveries(&self, client_id: &str, endpoint_id: &str, limit: u32) -> Result<Vec<DeliveryLog>, OutboxError> {
-        self.endpoint(client_id, endpoint_id).await?;
+        let mut read = self.read().await?;
+        owned_endpoint(&mut read, client_id, endpoint_id).await?;
         let rows: Vec<DeliveryRow> = sqlx::query_as(
             "SELECT d.event_id, e.event_type, d.state, d.next_attempt_at_ms, d.created_at_ms \
              FROM webhook_deliveries d JOIN webhook_events e ON e.event_id = d.event_id \
@@ -272,7 +285,7 @@ impl Subscriptions {
         )
         .bind(endpoint_id)
         .bind(i64::from(limit))
-        .fetch_all(self.database.pool())
+        .fetch_all(&mut *read)
         .await?;
         let mut deliveries = Vec::with_capacity(rows.len());
         for row in rows {
@@ -282,7 +295,7 @@ impl Subscriptions {
             )
             .bind(endpoint_id)
             .bind(&row.event_id)
-            .fetch_all(self.database.pool())
+            .fetch_all(&mut *read)
             .await?;
             let state = DeliveryState::parse(&row.state)?;
             deliveries.push(DeliveryLog {
@@ -357,13 +370,14 @@ impl Subscriptions {
         Ok(again.rows_affected() + missed.rows_affected())
     }
 
-    async fn with_event_types(&self, row: EndpointRow) -> Result<Endpoint, OutboxError> {
-        let event_types: Vec<(String,)> = sqlx::query_as("SELECT event_type FROM webhook_subscriptions WHERE endpoint_id = $1 ORDER BY event_type")
-            .bind(&row.endpoint_id)
-            .fetch_all(self.database.pool())
-            .await?;
-        row.into_endpoint(event_types.into_iter().map(|(event_type,)| event_type).collect())
-    }
+}
+
+async fn with_event_types(connection: &mut AnyConnection, row: EndpointRow) -> Result<Endpoint, OutboxError> {
+    let event_types: Vec<(String,)> = sqlx::query_as("SELECT event_type FROM webhook_subscriptions WHERE endpoint_id = $1 ORDER BY event_type")
+        .bind(&row.endpoint_id)
+        .fetch_all(connection)
+        .await?;
+    row.into_endpoint(event_types.into_iter().map(|(event_type,)| event_type).collect())
 }
 
 async fn owned_endpoint(connection: &mut AnyConnection, client_id: &str, endpoint_id: &str) -> Result<EndpointRow, OutboxError> {

@@ -88,13 +88,13 @@ impl Outbox {
 
     /// Waits until the endpoint's delivery of `event_id` has `attempts` attempts recorded.
     pub async fn attempts(&self, endpoint_id: &str, event_id: &str, attempts: usize) -> DeliveryLog {
+        // The log reads a delivery and its attempts in one snapshot: the delivery found is the one
+        // its last attempt left.
         eventually(Duration::from_secs(10), &format!("{attempts} attempts of {event_id}"), || async {
-            self.delivery(endpoint_id, event_id).await.attempts.len() >= attempts
+            let delivery = self.delivery(endpoint_id, event_id).await;
+            (delivery.attempts.len() >= attempts).then_some(delivery)
         })
-        .await;
-        // Read again: the log reads the delivery and its attempts in two statements, so the read
-        // that saw the attempt may hold the delivery as it was before that attempt's outcome.
-        self.delivery(endpoint_id, event_id).await
+        .await
     }
 }
 

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use sqlx::{
-    AnyPool, Executor,
+    Any, AnyPool, Executor, Transaction,
     any::AnyPoolOptions,
     migrate::{MigrateError, Migrator},
 };
@@ -42,6 +42,14 @@ pub struct Database {
     pool: AnyPool,
     reader: AnyPool,
     backend: Backend,
+}
+
+async fn begin_on(pool: &AnyPool) -> Result<Transaction<'static, Any>, sqlx::Error> {
+    let pool = pool.clone();
+    match tokio::spawn(async move { pool.begin().await }).await {
+        Ok(begun) => begun,
+        Err(failed) => std::panic::resume_unwind(failed.into_panic()),
+    }
 }
 
 /// Connections of the SQLite reader pool: reads beside the one writer, in WAL mode.
@@ -138,6 +146,25 @@ impl Database {
     /// The pool for writes, and for reads inside or right before a write.
     pub fn pool(&self) -> &AnyPool {
         &self.pool
+    }
+
+    /// Begins a transaction on [`Database::pool`].
+    ///
+    /// On a task of its own, because of how sqlx 0.9 cancels a PostgreSQL `BEGIN`: if the future
+    /// is dropped while the `BEGIN` runs (a request's deadline passing), its guard rolls nothing
+    /// back (it only rolls back a transaction already counted), and the connection returns to the
+    /// pool inside a transaction that every later statement on it joins and none commits: their
+    /// writes are lost when it closes, and their row locks held until then. On its own task the
+    /// `BEGIN` completes whatever happens to the caller, and a transaction nobody takes any more
+    /// is dropped there, which rolls it back. (sqlx issue 4393, fixed upstream after 0.9.0; the
+    /// test `a_begin_dropped_midway_leaves_no_connection_inside_a_transaction` shows both.)
+    pub async fn begin(&self) -> Result<Transaction<'static, Any>, sqlx::Error> {
+        begin_on(&self.pool).await
+    }
+
+    /// As [`Database::begin`], on [`Database::reader`]: one snapshot for several reads.
+    pub async fn begin_read(&self) -> Result<Transaction<'static, Any>, sqlx::Error> {
+        begin_on(&self.reader).await
     }
 
     /// The pool for reads that write nothing. On a SQLite file, connections of their own that

@@ -339,7 +339,7 @@ impl KeyStore {
     /// the key's next recovery point ([`Phase::commit_at`]) or its final answer ([`Phase::complete`]).
     pub async fn phase<'l>(&self, lease: &'l mut Lease) -> Result<Phase<'l>, KeyError> {
         let keep_until = self.clock.now_ms() + self.settings.ttl_ms as i64;
-        Ok(Phase { transaction: self.database.pool().begin().await?, lease, keep_until })
+        Ok(Phase { transaction: self.database.begin().await?, lease, keep_until })
     }
 
     /// Gives the key up after a failure a retry may fix: the next repeat resumes at once from the

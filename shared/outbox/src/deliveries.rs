@@ -108,7 +108,7 @@ impl Deliveries {
         };
         let token = new_id("claim");
         let claimed_until_ms = now_ms.saturating_add(lease_ms);
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         let row: Option<ClaimedRow> = sqlx::query_as(statement)
             .bind(&token)
             .bind(claimed_until_ms)
@@ -142,7 +142,7 @@ impl Deliveries {
     /// the endpoint, as a 410 does; a disabled endpoint's owner is told by an
     /// [`ENDPOINT_DISABLED`] event to its other endpoints.
     pub async fn finish(&self, claim: &Claim, attempt: &Attempt, outcome: Outcome, disable_after_ms: i64, now_ms: i64) -> Result<Finished, OutboxError> {
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         let outcome_name = if outcome == Outcome::Delivered { "delivered" } else { "failed" };
         sqlx::query(
             "INSERT INTO webhook_attempts (endpoint_id, event_id, attempt, started_at_ms, duration_ms, status_code, outcome, error) \

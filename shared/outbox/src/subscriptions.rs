@@ -255,7 +255,7 @@ impl Subscriptions {
     /// (on PostgreSQL that takes REPEATABLE READ; a SQLite read transaction is one snapshot).
     /// It writes nothing, so it is dropped rather than committed.
     async fn read(&self) -> Result<Transaction<'static, Any>, OutboxError> {
-        let mut read = self.database.reader().begin().await?;
+        let mut read = self.database.begin_read().await?;
         if self.database.backend() == Backend::Postgres {
             sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *read).await?;
         }
@@ -335,7 +335,7 @@ impl Subscriptions {
     /// before it existed). Returns how many.
     pub async fn redeliver_range(&self, client_id: &str, endpoint_id: &str, from_ms: i64, until_ms: i64, now_ms: i64) -> Result<u64, OutboxError> {
         self.endpoint(client_id, endpoint_id).await?;
-        let mut transaction = self.database.pool().begin().await?;
+        let mut transaction = self.database.begin().await?;
         let again = sqlx::query(
             "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $1, updated_at_ms = $1, \
                claim_token = NULL, claimed_until_ms = NULL \

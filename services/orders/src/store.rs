@@ -41,8 +41,15 @@ const PENDING: &str = "pending_payment";
 const PAID: &str = "paid";
 const DECLINED: &str = "payment_declined";
 
-const SELECT: &str = "SELECT order_id, customer_id, items, amount_minor, currency, status, payment_id, \
-                      bank_charge_id, decline_reason, created_at FROM orders";
+/// An order's columns, as [`OrderRow`] reads them (a macro, so that statements can be built
+/// from it with `concat!`).
+macro_rules! order_columns {
+    () => {
+        "order_id, customer_id, items, amount_minor, currency, status, payment_id, bank_charge_id, decline_reason, created_at"
+    };
+}
+
+const SELECT: &str = concat!("SELECT ", order_columns!(), " FROM orders");
 
 /// Inserts a new order awaiting payment (an effect of the key's first phase).
 pub async fn insert(connection: &mut AnyConnection, client_id: &str, order: &Order) -> Result<(), OrdersError> {
@@ -64,25 +71,28 @@ pub async fn insert(connection: &mut AnyConnection, client_id: &str, order: &Ord
     Ok(())
 }
 
-/// Records the payment's outcome on a pending order and returns the order as it now stands.
+/// Records the payment's outcome on a pending order and returns the order as it now stands, in
+/// one statement (`RETURNING`).
 pub async fn record_payment(connection: &mut AnyConnection, order_id: &str, payment: &Payment) -> Result<Order, OrdersError> {
     let status = if payment.status() == PaymentStatus::Approved { PAID } else { DECLINED };
-    sqlx::query(
+    let updated: Option<OrderRow> = sqlx::query_as(concat!(
         "UPDATE orders SET status = $1, payment_id = $2, bank_charge_id = $3, decline_reason = $4 \
-         WHERE order_id = $5 AND status = $6",
-    )
+         WHERE order_id = $5 AND status = $6 RETURNING ",
+        order_columns!()
+    ))
     .bind(status)
     .bind(&payment.payment_id)
     .bind(&payment.bank_charge_id)
     .bind(&payment.decline_reason)
     .bind(order_id)
     .bind(PENDING)
-    .execute(&mut *connection)
+    .fetch_optional(&mut *connection)
     .await?;
-    let row: OrderRow = sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1")))
-        .bind(order_id)
-        .fetch_one(connection)
-        .await?;
+    // Not pending any more: the outcome is already on it.
+    let row = match updated {
+        Some(row) => row,
+        None => sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1"))).bind(order_id).fetch_one(connection).await?,
+    };
     row.into_order()
 }
 

@@ -54,22 +54,28 @@ pub enum Decision {
     Limited { retry_after: Duration },
 }
 
-/// One quota's limiter.
+/// One quota's limiter, on the system's clock (or, in tests, one they move by hand).
 #[derive(Debug)]
-pub struct Limiter {
+pub struct Limiter<C: Clock = DefaultClock> {
     quota: QuotaSettings,
-    limiter: RateLimiter<NotKeyed, InMemoryState, DefaultClock, StateInformationMiddleware>,
-    clock: DefaultClock,
+    limiter: RateLimiter<NotKeyed, InMemoryState, C, StateInformationMiddleware>,
+    clock: C,
 }
 
 impl Limiter {
     pub fn new(quota: QuotaSettings) -> Self {
+        Self::with_clock(quota, DefaultClock::default())
+    }
+}
+
+impl<C: Clock + Clone> Limiter<C> {
+    pub fn with_clock(quota: QuotaSettings, clock: C) -> Self {
         let one = NonZeroU32::MIN;
         let per_second = NonZeroU32::new(quota.per_second).unwrap_or(one);
         let burst = NonZeroU32::new(quota.burst).unwrap_or(one);
-        let limiter = RateLimiter::direct(governor::Quota::per_second(per_second).allow_burst(burst))
+        let limiter = RateLimiter::direct_with_clock(governor::Quota::per_second(per_second).allow_burst(burst), clock.clone())
             .with_middleware::<StateInformationMiddleware>();
-        Self { quota, limiter, clock: DefaultClock::default() }
+        Self { quota, limiter, clock }
     }
 
     pub fn quota(&self) -> QuotaSettings {
@@ -213,6 +219,25 @@ mod tests {
         assert_eq!(limiter.check(), Decision::Allowed { remaining: 0 });
         let Decision::Limited { retry_after } = limiter.check() else { panic!("over the burst") };
         assert!(retry_after <= Duration::from_millis(100), "one request every 100 ms: {retry_after:?}");
+    }
+
+    #[test]
+    fn tokens_come_back_at_the_rate_and_never_beyond_the_burst() {
+        let clock = governor::clock::FakeRelativeClock::default();
+        let limiter = Limiter::with_clock(QuotaSettings { per_second: 10, burst: 3 }, clock.clone());
+        for remaining in [2, 1, 0] {
+            assert_eq!(limiter.check(), Decision::Allowed { remaining });
+        }
+        assert_eq!(limiter.check(), Decision::Limited { retry_after: Duration::from_millis(100) }, "one token every 100 ms");
+        clock.advance(Duration::from_millis(60));
+        assert_eq!(limiter.check(), Decision::Limited { retry_after: Duration::from_millis(40) }, "the rest of the wait");
+        clock.advance(Duration::from_millis(40));
+        assert_eq!(limiter.check(), Decision::Allowed { remaining: 0 }, "one token back, and spent");
+        clock.advance(Duration::from_secs(60));
+        for remaining in [2, 1, 0] {
+            assert_eq!(limiter.check(), Decision::Allowed { remaining }, "a long pause gives back the burst, no more");
+        }
+        assert!(matches!(limiter.check(), Decision::Limited { .. }));
     }
 
     #[test]

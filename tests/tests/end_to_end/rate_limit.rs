@@ -18,8 +18,8 @@ fn field(header: &str, key: &str) -> u64 {
 async fn a_client_over_its_quota_gets_429_with_rate_limit_headers_and_others_do_not() {
     // demo-key-2 with a burst of 10 and one request a second after it. The burst is spent on
     // reads of an order that does not exist, cheap enough that all ten go out long before a
-    // token comes back, however busy the machine; the refill itself is unit-tested on a paused
-    // clock in `resilience::rate_limit`.
+    // token comes back, however busy the machine; the refill itself is unit-tested on a clock
+    // moved by hand in `resilience::rate_limit`.
     let test = TestChain::start_with(|settings| {
         let client = settings.gateway.clients.iter_mut().find(|client| client.api_key == "demo-key-2").expect("the demo client");
         client.quota = QuotaSettings { per_second: 1, burst: 10 };

@@ -75,12 +75,12 @@ impl Database {
     /// As [`Database::connect`], with SQLite's commits on disk as `synchronous` says.
     pub async fn connect_with(url: &str, synchronous: Synchronous) -> Result<Self, DatabaseError> {
         sqlx::any::install_default_drivers();
-        // A SQLite file opened read-only for the reader pool, unless the URL chose a mode itself
-        // (an in-memory database, for one, exists only on its own connection).
+        // A SQLite file is created when missing and opened read-only for the reader pool, unless
+        // the URL chose a mode itself (an in-memory database, for one, exists only on its own
+        // connection, so it has no readers apart).
         let (backend, url, reader_url) = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             (Backend::Postgres, url.to_owned(), None)
         } else if url.starts_with("sqlite:") {
-            // Create the file when missing unless the URL chose a mode itself.
             if url.contains("mode=") || url.contains(":memory:") {
                 (Backend::Sqlite, url.to_owned(), None)
             } else {

@@ -130,10 +130,8 @@ impl TestChain {
     pub async fn count_rows(&self, table: &str) -> i64 {
         let url = if table == "payments" { &self.chain.database_urls.1 } else { &self.chain.database_urls.0 };
         let database = idempotency::Database::connect(url).await.expect("the chain's database");
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
-            .fetch_one(database.pool())
-            .await
-            .expect("count rows")
+        let statement = format!("SELECT COUNT(*) FROM {table}");
+        idempotency::on_driver!(database.reader(), |executor| sqlx::query_scalar(sqlx::AssertSqlSafe(statement.as_str())).fetch_one(executor).await.expect("count rows"))
     }
 
     /// The Prometheus text a service serves on `/metrics` at `address`.

@@ -21,7 +21,7 @@ use std::{
     time::SystemTime,
 };
 
-use idempotency::Database;
+use idempotency::{Database, on_driver};
 use prost::Message;
 
 use proto::{
@@ -71,15 +71,16 @@ struct MinimalWrites(Database);
 impl MinimalWrites {
     async fn open(path: &Path) -> Result<Self, BenchError> {
         let database = Database::connect(&format!("sqlite://{}", path.display())).await.map_err(|error| BenchError::Floor(error.to_string()))?;
-        let create = sqlx::query("CREATE TABLE writes (id TEXT PRIMARY KEY, body BLOB NOT NULL)").execute(database.pool()).await;
-        create.map_err(|error| BenchError::Floor(error.to_string()))?;
+        let create = database.autocommit(async |writes| on_driver!(writes, |executor| sqlx::query("CREATE TABLE writes (id TEXT PRIMARY KEY, body BLOB NOT NULL)").execute(executor).await.map(drop)));
+        create.await.map_err(|error| BenchError::Floor(error.to_string()))?;
         Ok(Self(database))
     }
 
     async fn write(&self, id: &str, message: &impl Message) -> Result<(), Status> {
         let failed = |error: sqlx::Error| Status::internal(error.to_string());
-        let mut transaction = self.0.pool().begin().await.map_err(failed)?;
-        sqlx::query("INSERT INTO writes (id, body) VALUES ($1, $2)").bind(id).bind(message.encode_to_vec()).execute(&mut *transaction).await.map_err(failed)?;
+        let mut transaction = self.0.begin().await.map_err(failed)?;
+        let body = message.encode_to_vec();
+        on_driver!(&mut transaction, |executor| sqlx::query("INSERT INTO writes (id, body) VALUES ($1, $2)").bind(id).bind(body.as_slice()).execute(executor).await.map(drop)).map_err(failed)?;
         transaction.commit().await.map_err(failed)
     }
 }

@@ -52,8 +52,8 @@ pub struct Postgres {
 pub async fn measure(profile: &Profile, postgres: Option<&Postgres>) -> Result<Idempotency, BenchError> {
     let sqlite = measure_on(profile, &Backend::Sqlite, "SQLite", None, |_| {}).await?;
     let sqlite_full = measure_on(profile, &Backend::Sqlite, "SQLite, synchronous = FULL", None, |chain| {
-        chain.orders.sqlite_synchronous = Synchronous::Full;
-        chain.payment.sqlite_synchronous = Synchronous::Full;
+        chain.orders.sqlite.synchronous = Synchronous::Full;
+        chain.payment.sqlite.synchronous = Synchronous::Full;
     })
     .await?;
     let postgres = match postgres {

@@ -54,14 +54,17 @@ pub struct Application {
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
         settings.check().map_err(ServerError::Settings)?;
-        let database = Database::open(&settings.database_url, settings.sqlite_synchronous, HOP, |backend| match backend {
-            idempotency::Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
-            idempotency::Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
+        // The webhook tables live beside the orders: an event is written with its order's outcome.
+        let database = Database::open(&settings.database_url, settings.sqlite, |backend| {
+            let orders = match backend {
+                idempotency::Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
+                idempotency::Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
+            };
+            vec![(HOP, orders), outbox::migrations(backend)]
         })
         .await
         // The URL is not repeated: it may carry a password.
         .map_err(|error| ServerError::Settings(format!("database: {error}")))?;
-        outbox::migrate(&database).await.map_err(|error| ServerError::Settings(format!("database (webhook tables): {error}")))?;
         let payment = rpc::connect(HOP, "payment", &settings.payment, settings.mode, settings.naive)
             .map_err(|error| ServerError::Settings(format!("payment: {error}")))?;
         let payment_breaker = payment.breaker.clone();
@@ -154,7 +157,7 @@ impl OrderService {
                     created_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
                 };
                 let mut phase = self.keys.phase(&mut lease).await?;
-                store::insert(phase.connection(), client_id, &order).await?;
+                store::insert(phase.transaction(), client_id, &order).await?;
                 phase.commit_at(ORDER_CREATED, Some(&order.order_id)).await?;
                 order
             }
@@ -192,8 +195,8 @@ impl OrderService {
         // the client's webhook endpoints, all in one transaction: no event without the outcome,
         // no outcome without its event.
         let mut phase = self.keys.phase(lease).await?;
-        let order = store::record_payment(phase.connection(), &order.order_id, &payment).await?;
-        store::announce_payment(phase.connection(), client_id, &order).await?;
+        let order = store::record_payment(phase.transaction(), &order.order_id, &payment).await?;
+        store::announce_payment(phase.transaction(), client_id, &order).await?;
         phase.complete(&Stored { code: Code::Ok as i32, body: order.encode_to_vec() }).await?;
         Ok(order)
     }

@@ -1,7 +1,7 @@
 use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
-use idempotency::{KeySettings, Synchronous};
+use idempotency::{KeySettings, SqliteSettings};
 
 use crate::CompleterSettings;
 use outbox::EndpointLimits;
@@ -18,10 +18,10 @@ pub struct Settings {
     /// sqlx URL of the order database: `sqlite://…` (the file is created when missing) or
     /// `postgres://…`.
     pub database_url: String,
-    /// When a SQLite commit is on disk: `normal` (survives a crash of the process; the last
-    /// commits before a power loss may be lost) or `full` (survives a power loss too, at the cost
-    /// of a sync per commit). PostgreSQL's is the server's `synchronous_commit`.
-    pub sqlite_synchronous: Synchronous,
+    /// How SQLite is written: when a commit is on disk (`synchronous`: `normal` survives a crash
+    /// of the process, `full` a power loss too, at the cost of a sync per commit) and how the one
+    /// writer batches commits (`max_batch`, `batch_wait_us`). Unused on PostgreSQL.
+    pub sqlite: SqliteSettings,
     /// Expiry of idempotency keys (24 h by default) and how the reaper deletes them. Must be at
     /// least `deadline.max_ms + completer.window_ms`.
     pub idempotency: KeySettings,
@@ -73,7 +73,7 @@ impl Default for Settings {
             naive: NaiveSettings::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 50052)),
             database_url: "sqlite://orders.db".into(),
-            sqlite_synchronous: Synchronous::default(),
+            sqlite: SqliteSettings::default(),
             idempotency: KeySettings::default(),
             completer: CompleterSettings::default(),
             deadline: InboundPolicy::default(),
@@ -114,6 +114,19 @@ mod tests {
         let loaded: Settings = settings::load("ORDERS_TEST", &args).unwrap();
         assert_eq!(loaded.webhooks.test_hosts, ["127.0.0.1:9000", "[::1]:9001"]);
         assert_eq!(loaded.webhooks.rotation_overlap_ms, 86_400_000);
+    }
+
+    #[test]
+    fn sqlite_settings_are_read_and_a_batch_of_none_is_refused() {
+        let args = |overrides: &[&str]| settings::SettingsArgs { config: None, overrides: overrides.iter().map(|o| o.to_string()).collect() };
+        let loaded: Settings = settings::load("ORDERS_TEST", &args(&["sqlite.synchronous=\"full\"", "sqlite.max_batch=8"])).unwrap();
+        assert_eq!(loaded.sqlite.synchronous, idempotency::Synchronous::Full);
+        assert_eq!(loaded.sqlite.max_batch.get(), 8);
+        assert_eq!(loaded.sqlite.batch_wait_us, 0, "unset keys keep their defaults");
+        let zero = settings::load::<Settings>("ORDERS_TEST", &args(&["sqlite.max_batch=0"])).unwrap_err();
+        assert!(zero.to_string().contains("max_batch"), "{zero}");
+        let unknown = settings::load::<Settings>("ORDERS_TEST", &args(&["sqlite.batch=8"])).unwrap_err();
+        assert!(unknown.to_string().contains("batch"), "{unknown}");
     }
 
     #[test]

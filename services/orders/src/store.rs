@@ -7,7 +7,8 @@ use proto::{
     json::OrderJson,
 };
 use serde::{Deserialize, Serialize};
-use sqlx::{AnyConnection, FromRow};
+use idempotency::{Transaction, on_driver};
+use sqlx::FromRow;
 
 use crate::error::OrdersError;
 
@@ -52,9 +53,9 @@ macro_rules! order_columns {
 const SELECT: &str = concat!("SELECT ", order_columns!(), " FROM orders");
 
 /// Inserts a new order awaiting payment (an effect of the key's first phase).
-pub async fn insert(connection: &mut AnyConnection, client_id: &str, order: &Order) -> Result<(), OrdersError> {
+pub async fn insert(transaction: &mut Transaction, client_id: &str, order: &Order) -> Result<(), OrdersError> {
     let items: Vec<ItemJson> = order.items.iter().map(|i| ItemJson { sku: i.sku.clone(), quantity: i.quantity }).collect();
-    sqlx::query(
+    on_driver!(transaction, |executor| sqlx::query(
         "INSERT INTO orders (order_id, client_id, customer_id, items, amount_minor, currency, status, created_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     )
@@ -66,16 +67,17 @@ pub async fn insert(connection: &mut AnyConnection, client_id: &str, order: &Ord
     .bind(&order.currency)
     .bind(PENDING)
     .bind(&order.created_at)
-    .execute(connection)
-    .await?;
+    .execute(executor)
+    .await
+    .map(drop))?;
     Ok(())
 }
 
 /// Records the payment's outcome on a pending order and returns the order as it now stands, in
 /// one statement (`RETURNING`).
-pub async fn record_payment(connection: &mut AnyConnection, order_id: &str, payment: &Payment) -> Result<Order, OrdersError> {
+pub async fn record_payment(transaction: &mut Transaction, order_id: &str, payment: &Payment) -> Result<Order, OrdersError> {
     let status = if payment.status() == PaymentStatus::Approved { PAID } else { DECLINED };
-    let updated: Option<OrderRow> = sqlx::query_as(concat!(
+    let updated: Option<OrderRow> = on_driver!(&mut *transaction, |executor| sqlx::query_as(concat!(
         "UPDATE orders SET status = $1, payment_id = $2, bank_charge_id = $3, decline_reason = $4 \
          WHERE order_id = $5 AND status = $6 RETURNING ",
         order_columns!()
@@ -86,12 +88,12 @@ pub async fn record_payment(connection: &mut AnyConnection, order_id: &str, paym
     .bind(&payment.decline_reason)
     .bind(order_id)
     .bind(PENDING)
-    .fetch_optional(&mut *connection)
-    .await?;
+    .fetch_optional(executor)
+    .await?);
     // Not pending any more: the outcome is already on it.
     let row = match updated {
         Some(row) => row,
-        None => sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1"))).bind(order_id).fetch_one(connection).await?,
+        None => on_driver!(transaction, |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1"))).bind(order_id).fetch_one(executor).await?),
     };
     row.into_order()
 }
@@ -104,12 +106,12 @@ struct OrderEventData {
 
 /// Puts the payment's outcome on the order in the outbox, for the client's webhook endpoints:
 /// call it in the transaction that records the outcome.
-pub async fn announce_payment(connection: &mut AnyConnection, client_id: &str, order: &Order) -> Result<(), OrdersError> {
+pub async fn announce_payment(transaction: &mut Transaction, client_id: &str, order: &Order) -> Result<(), OrdersError> {
     let event_type = if order.status() == OrderStatus::Paid { outbox::ORDER_PAID } else { outbox::ORDER_PAYMENT_DECLINED };
     let data = OrderEventData { order: OrderJson::from(order.clone()) };
     // The second state of an order: created (1), then paid or declined (2).
     let event = NewEvent { event_type, version: 2, data: &data };
-    outbox::record(connection, client_id, &event, SystemClock.now_ms()).await?;
+    outbox::record(transaction, client_id, &event, SystemClock.now_ms()).await?;
     Ok(())
 }
 
@@ -120,21 +122,22 @@ impl Orders {
 
     /// An order an idempotency key names, for resuming its create.
     pub async fn load(&self, order_id: &str) -> Result<Order, OrdersError> {
-        let row: OrderRow = sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1")))
-            .bind(order_id)
-            .fetch_optional(self.database.pool())
-            .await?
-            .ok_or_else(|| OrdersError::Corrupt(order_id.to_owned(), "its idempotency key names it but it is missing".into()))?;
+        // On the writer, which the key's takeover came through, so the two agree.
+        let row: Option<OrderRow> = self
+            .database
+            .autocommit(async |writes| on_driver!(writes, |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1"))).bind(order_id).fetch_optional(executor).await))
+            .await?;
+        let row = row.ok_or_else(|| OrdersError::Corrupt(order_id.to_owned(), "its idempotency key names it but it is missing".into()))?;
         row.into_order()
     }
 
     pub async fn get(&self, client_id: &str, order_id: &str) -> Result<Order, OrdersError> {
-        let row: OrderRow = sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1 AND client_id = $2")))
+        let row: OrderRow = on_driver!(self.database.reader(), |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1 AND client_id = $2")))
             .bind(order_id)
             .bind(client_id)
-            .fetch_optional(self.database.reader())
+            .fetch_optional(executor)
             .await?
-            .ok_or_else(|| OrdersError::NotFound(order_id.to_owned()))?;
+            .ok_or_else(|| OrdersError::NotFound(order_id.to_owned()))?);
         row.into_order()
     }
 }
@@ -144,12 +147,12 @@ impl Orders {
     /// most frequent first.
     pub async fn recommend(&self, client_id: &str, order_id: &str, limit: usize) -> Result<Vec<String>, OrdersError> {
         let order = self.get(client_id, order_id).await?;
-        let rows: Vec<(String,)> = sqlx::query_as("SELECT items FROM orders WHERE client_id = $1 AND customer_id = $2 AND order_id <> $3")
+        let rows: Vec<(String,)> = on_driver!(self.database.reader(), |executor| sqlx::query_as("SELECT items FROM orders WHERE client_id = $1 AND customer_id = $2 AND order_id <> $3")
             .bind(client_id)
             .bind(&order.customer_id)
             .bind(order_id)
-            .fetch_all(self.database.reader())
-            .await?;
+            .fetch_all(executor)
+            .await?);
         let mut counts: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
         for (items,) in rows {
             let items: Vec<ItemJson> = serde_json::from_str(&items).map_err(|e| OrdersError::Corrupt(order_id.to_owned(), e.to_string()))?;

@@ -18,7 +18,7 @@ use proto::orders::v1::{
     webhooks_server::Webhooks,
 };
 use rpc::metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
-use sqlx::AnyConnection;
+use idempotency::Transaction;
 use tonic::{Code, Request, Response, Status};
 use webhooks::ssrf;
 
@@ -72,7 +72,7 @@ impl WebhookService {
         &self,
         request: &Request<impl Message>,
         method: &str,
-        write: impl AsyncFnOnce(&mut AnyConnection, &str) -> Result<EndpointWithSecret, OrdersError>,
+        write: impl AsyncFnOnce(&mut Transaction, &str) -> Result<EndpointWithSecret, OrdersError>,
     ) -> Result<Response<EndpointWithSecret>, OrdersError> {
         let client_id = required(request.metadata(), CLIENT_ID)?;
         let key = required(request.metadata(), IDEMPOTENCY_KEY)?;
@@ -91,7 +91,7 @@ impl WebhookService {
         };
         let written = {
             let mut phase = self.keys.phase(&mut lease).await?;
-            match write(phase.connection(), client_id).await {
+            match write(phase.transaction(), client_id).await {
                 Ok(answer) => phase.complete(&Stored { code: Code::Ok as i32, body: answer.encode_to_vec() }).await.map(|()| answer).map_err(OrdersError::from),
                 Err(error) => Err(error),
             }
@@ -126,8 +126,8 @@ impl Webhooks for WebhookService {
         };
         // Checked before the key is claimed: a refused request does not use up its key.
         new.validate(&self.policy).map_err(OrdersError::from)?;
-        let created = self.keyed(&request, CREATE_ENDPOINT, async |connection, client_id| {
-            let (endpoint, secret) = Subscriptions::create_endpoint(connection, client_id, &new, SystemClock.now_ms()).await?;
+        let created = self.keyed(&request, CREATE_ENDPOINT, async |transaction, client_id| {
+            let (endpoint, secret) = Subscriptions::create_endpoint(transaction, client_id, &new, SystemClock.now_ms()).await?;
             Ok(EndpointWithSecret { endpoint: Some(endpoint_message(endpoint)), secret: secret.to_string(), previous_secrets_expire_at: String::new() })
         });
         Ok(created.await?)
@@ -155,9 +155,9 @@ impl Webhooks for WebhookService {
         // the endpoint's secrets, not what it shows. An unknown endpoint does not use up the key.
         let client_id = required(request.metadata(), CLIENT_ID)?;
         let endpoint = self.subscriptions.endpoint(client_id, &message.endpoint_id).await.map_err(OrdersError::from)?;
-        let rotated = self.keyed(&request, ROTATE_SECRET, async |connection, client_id| {
+        let rotated = self.keyed(&request, ROTATE_SECRET, async |transaction, client_id| {
             let now = SystemClock.now_ms();
-            let secret = Subscriptions::rotate_secret(connection, client_id, &endpoint.endpoint_id, overlap_ms, now).await?;
+            let secret = Subscriptions::rotate_secret(transaction, client_id, &endpoint.endpoint_id, overlap_ms, now).await?;
             Ok(EndpointWithSecret {
                 endpoint: Some(endpoint_message(endpoint)),
                 secret: secret.to_string(),

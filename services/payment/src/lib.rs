@@ -14,7 +14,7 @@ use std::{net::SocketAddr, sync::Arc, time::{Duration, SystemTime}};
 
 use deadline::{Hop, HopStats};
 use error::PaymentError;
-use idempotency::{Begin, Database, KeyStore, Stored};
+use idempotency::{Begin, Database, KeyStore, Stored, on_driver};
 use prost::Message;
 use proto::{
     bank::v1::{ChargeOutcome, ChargeRequest, bank_client::BankClient},
@@ -45,9 +45,14 @@ impl Application {
             .idempotency
             .require_ttl(Duration::from_millis(settings.deadline.max_ms), "a key must outlive the longest request (deadline.max_ms)")
             .map_err(|error| ServerError::Settings(error.to_string()))?;
-        let database = Database::open(&settings.database_url, settings.sqlite_synchronous, HOP, |backend| match backend {
-            idempotency::Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
-            idempotency::Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
+        let database = Database::open(&settings.database_url, settings.sqlite, |backend| {
+            vec![(
+                HOP,
+                match backend {
+                    idempotency::Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
+                    idempotency::Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
+                },
+            )]
         })
         .await
         // The URL is not repeated: it may carry a password.
@@ -132,7 +137,7 @@ impl Payments {
         };
 
         let mut phase = self.keys.phase(&mut lease).await?;
-        sqlx::query(
+        on_driver!(phase.transaction(), |executor| sqlx::query(
             "INSERT INTO payments (payment_id, order_id, amount_minor, currency, status, bank_charge_id, decline_reason, created_at) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
@@ -144,8 +149,9 @@ impl Payments {
         .bind(&payment.bank_charge_id)
         .bind(&payment.decline_reason)
         .bind(humantime::format_rfc3339_millis(SystemTime::now()).to_string())
-        .execute(phase.connection())
-        .await?;
+        .execute(executor)
+        .await
+        .map(drop))?;
         phase.complete(&Stored { code: Code::Ok as i32, body: payment.encode_to_vec() }).await?;
         Ok((payment, false))
     }
@@ -164,11 +170,11 @@ impl PaymentService for Payments {
     async fn get_payment(&self, request: Request<GetPaymentRequest>) -> Result<Response<Payment>, Status> {
         let payment_id = request.into_inner().payment_id;
         let row: Option<PaymentRow> =
-            sqlx::query_as("SELECT payment_id, status, bank_charge_id, decline_reason FROM payments WHERE payment_id = $1")
+            on_driver!(self.keys.database().reader(), |executor| sqlx::query_as("SELECT payment_id, status, bank_charge_id, decline_reason FROM payments WHERE payment_id = $1")
                 .bind(&payment_id)
-                .fetch_optional(self.keys.database().reader())
+                .fetch_optional(executor)
                 .await
-                .map_err(PaymentError::Storage)?;
+                .map_err(PaymentError::Storage)?);
         let row = row.ok_or_else(|| Status::not_found(format!("{HOP}: payment {payment_id} not found")))?;
         Ok(Response::new(Payment {
             payment_id: row.payment_id,

@@ -1,7 +1,7 @@
 use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
-use idempotency::{KeySettings, Synchronous};
+use idempotency::{KeySettings, SqliteSettings};
 use rpc::Dependency;
 use resilience::{ChainMode, naive::NaiveSettings, rate_limit::QuotaSettings};
 use serde::{Deserialize, Serialize};
@@ -14,10 +14,10 @@ pub struct Settings {
     pub listen: SocketAddr,
     /// sqlx URL of the payment database: `sqlite://…` (created when missing) or `postgres://…`.
     pub database_url: String,
-    /// When a SQLite commit is on disk: `normal` (survives a crash of the process; the last
-    /// commits before a power loss may be lost) or `full` (survives a power loss too, at the cost
-    /// of a sync per commit). PostgreSQL's is the server's `synchronous_commit`.
-    pub sqlite_synchronous: Synchronous,
+    /// How SQLite is written: when a commit is on disk (`synchronous`: `normal` survives a crash
+    /// of the process, `full` a power loss too, at the cost of a sync per commit) and how the one
+    /// writer batches commits (`max_batch`, `batch_wait_us`). Unused on PostgreSQL.
+    pub sqlite: SqliteSettings,
     /// Expiry of idempotency keys (7 days by default: payments are repeated late) and reaping.
     pub idempotency: KeySettings,
     /// Deadline for calls that carry none, and the longest accepted.
@@ -37,7 +37,7 @@ impl Default for Settings {
             naive: NaiveSettings::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 50053)),
             database_url: "sqlite://payment.db".into(),
-            sqlite_synchronous: Synchronous::default(),
+            sqlite: SqliteSettings::default(),
             idempotency: KeySettings { ttl_ms: 7 * 24 * 3_600_000, ..KeySettings::default() },
             deadline: InboundPolicy::default(),
             bank: Dependency {

@@ -161,7 +161,7 @@ impl Chain {
         let mut servers = JoinSet::new();
 
         let database_urls = (settings.orders.database_url.clone(), settings.payment.database_url.clone());
-        settings.webhook_sender.sqlite_synchronous = settings.orders.sqlite_synchronous;
+        settings.webhook_sender.sqlite = settings.orders.sqlite;
         let bank = bank_mock::Application::build(settings.bank).await?;
         settings.payment.bank.endpoint = settings.external_bank.clone().unwrap_or_else(|| format!("http://{}", bank.grpc_addr()));
         // The completer's window is checked against how long payment really keeps its keys.

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use idempotency::{Database, DatabaseError};
+use idempotency::{Database, DatabaseError, on_driver};
 use serde::Serialize;
 
 use crate::Chain;
@@ -21,7 +21,7 @@ pub struct OrderCounts {
 
 impl OrderCounts {
     async fn read(database: &Database) -> Result<Self, sqlx::Error> {
-        let by_status: Vec<(String, i64)> = sqlx::query_as("SELECT status, COUNT(*) FROM orders GROUP BY status").fetch_all(database.pool()).await?;
+        let by_status: Vec<(String, i64)> = on_driver!(database.reader(), |executor| sqlx::query_as("SELECT status, COUNT(*) FROM orders GROUP BY status").fetch_all(executor).await?);
         let mut counts = Self::default();
         for (status, count) in by_status {
             let count = count as u64;
@@ -31,12 +31,12 @@ impl OrderCounts {
                 _ => counts.pending += count,
             }
         }
-        counts.without_key = sqlx::query_scalar::<_, i64>(
+        counts.without_key = on_driver!(database.reader(), |executor| sqlx::query_scalar::<_, i64>(
             "SELECT COUNT(*) FROM orders o WHERE NOT EXISTS \
              (SELECT 1 FROM idempotency_keys k WHERE k.scope = o.client_id AND k.resource_id = o.order_id)",
         )
-        .fetch_one(database.pool())
-        .await? as u64;
+        .fetch_one(executor)
+        .await?) as u64;
         Ok(counts)
     }
 }

@@ -172,8 +172,8 @@ async fn crash_and_recover(postgres: Option<(ScratchDatabase, ScratchDatabase)>)
     };
     let (orders, payments) = (Database::connect(&orders_url).await.unwrap(), Database::connect(&payment_url).await.unwrap());
     let count = |database: &Database, query: &'static str| {
-        let pool = database.pool().clone();
-        async move { sqlx::query_scalar::<_, i64>(query).fetch_one(&pool).await.unwrap() as usize }
+        let pool = database.reader().clone();
+        async move { idempotency::on_driver!(&pool, |executor| sqlx::query_scalar::<_, i64>(query).fetch_one(executor).await.unwrap()) as usize }
     };
     let keys = sent.len();
     assert_eq!(count(&orders, "SELECT COUNT(*) FROM orders WHERE status = 'paid'").await, keys, "{backend}: every key one paid order");

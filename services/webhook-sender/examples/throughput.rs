@@ -46,8 +46,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let commits_per_sec: Option<u32> = args.next().map(|n| n.parse()).transpose()?;
     let dir = tempfile::tempdir()?;
     let database_url = format!("sqlite://{}", dir.path().join("orders.db").display());
-    let database = Database::connect(&database_url).await?;
-    outbox::migrate(&database).await?;
+    let database = Database::open(&database_url, Default::default(), |backend| vec![outbox::migrations(backend)]).await?;
 
     let receipts = Receipts::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -56,7 +55,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The most an endpoint may ask for: 64 in flight, 1,000 per second.
     let endpoint = NewEndpoint { url: format!("http://{receiver}/hook"), event_types: vec![ORDER_PAID.into()], limits: EndpointLimits::MAX };
-    Subscriptions::create_endpoint(&mut *database.pool().acquire().await?, CLIENT, &endpoint, SystemClock.now_ms()).await?;
+    let mut transaction = database.begin().await?;
+    Subscriptions::create_endpoint(&mut transaction, CLIENT, &endpoint, SystemClock.now_ms()).await?;
+    transaction.commit().await?;
 
     let settings = Settings {
         database_url,
@@ -82,7 +83,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         if let Some(ticks) = ticks.as_mut() {
             ticks.tick().await;
         }
-        let mut transaction = database.pool().begin().await?;
+        let mut transaction = database.begin().await?;
         let at = SystemClock.now_ms();
         let id = outbox::record(&mut transaction, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 1, data: &data }, at).await?.ok_or("the endpoint subscribes to order.paid")?;
         transaction.commit().await?;

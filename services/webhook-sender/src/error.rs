@@ -1,6 +1,5 @@
 use idempotency::DatabaseError;
 use rpc::ServerError;
-use sqlx::migrate::MigrateError;
 
 use crate::InvalidSetting;
 
@@ -12,8 +11,6 @@ pub enum SenderError {
     // The URL is not repeated: it may carry a password.
     #[error("database: {0}")]
     Database(#[from] DatabaseError),
-    #[error("webhook tables: {0}")]
-    Migrate(#[from] MigrateError),
     #[error("HTTP client: {0}")]
     Client(reqwest::Error),
     #[error(transparent)]

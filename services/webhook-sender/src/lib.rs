@@ -47,8 +47,7 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
     /// the SSRF guard), so that tests can move time and choose what names resolve to.
     pub async fn build_with(settings: Settings, clock: Arc<dyn Clock>, resolver: R) -> Result<Self, SenderError> {
         settings.validate()?;
-        let database = Database::connect_with(&settings.database_url, settings.sqlite_synchronous).await?;
-        outbox::migrate(&database).await?;
+        let database = Database::open(&settings.database_url, settings.sqlite, |backend| vec![outbox::migrations(backend)]).await?;
         let ms = Duration::from_millis;
         let deliverer = Deliverer::new(settings.ssrf_policy()?, resolver, ms(settings.connect_timeout_ms), ms(settings.request_timeout_ms), clock.clone())
             .map_err(SenderError::Client)?;

@@ -1,7 +1,7 @@
 use std::{fmt, net::SocketAddr, time::Duration};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use idempotency::Synchronous;
+use idempotency::SqliteSettings;
 use webhooks::ssrf::Policy;
 
 use crate::schedule::RetrySchedule;
@@ -16,10 +16,10 @@ const RECORDING_MARGIN_MS: u64 = 5_000;
 pub struct Settings {
     /// sqlx URL of the orders database, whose outbox is delivered: `sqlite://…` or `postgres://…`.
     pub database_url: String,
-    /// When a SQLite commit is on disk: `normal` (survives a crash of the process; the last
-    /// commits before a power loss may be lost) or `full` (survives a power loss too, at the cost
-    /// of a sync per commit). PostgreSQL's is the server's `synchronous_commit`.
-    pub sqlite_synchronous: Synchronous,
+    /// How SQLite is written: when a commit is on disk (`synchronous`: `normal` survives a crash
+    /// of the process, `full` a power loss too, at the cost of a sync per commit) and how the one
+    /// writer batches commits (`max_batch`, `batch_wait_us`). Unused on PostgreSQL.
+    pub sqlite: SqliteSettings,
     /// Where `grpc.health.v1` and `GET /metrics` are served.
     pub listen: SocketAddr,
     /// How often the outbox is asked which endpoints have deliveries due.
@@ -54,7 +54,7 @@ impl Default for Settings {
         let delays = [0, 5, 5 * MINUTE, 30 * MINUTE, 2 * HOUR, 5 * HOUR, 10 * HOUR, 10 * HOUR];
         Self {
             database_url: "sqlite://orders.db".into(),
-            sqlite_synchronous: Synchronous::default(),
+            sqlite: SqliteSettings::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 50055)),
             poll_interval_ms: 100,
             request_timeout_ms: 5_000,

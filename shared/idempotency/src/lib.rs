@@ -8,8 +8,9 @@
 //! never a half-done one. The key is leased until the request's deadline: past it nobody is
 //! working on the key any more, and a retry takes the lease over.
 //!
-//! - [`Database`]: one sqlx pool for SQLite (the embedded default, WAL) or PostgreSQL, with the
-//!   migrations of the right backend; the same queries run on both.
+//! - [`Database`]: SQLite (the embedded default: one writer that commits concurrent
+//!   transactions together, WAL readers beside it) or PostgreSQL, through sqlx's typed drivers,
+//!   with the migrations of the right backend; [`on_driver!`] runs one statement on either.
 //! - [`KeyStore`]: [`KeyStore::begin`] → [`Begin::Execute`] with a [`Lease`] (new key, or a
 //!   stale lease taken over, resuming at its recovery point) or [`Begin::Replay`] of the stored
 //!   answer; [`KeyStore::phase`] for each atomic phase; [`KeyStore::release`] after a failure
@@ -23,7 +24,7 @@ mod reaper;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use database::{Backend, Database, DatabaseError, Synchronous};
+pub use database::{Backend, Database, DatabaseError, Driver, Executors, Migrations, Pool, SqliteSettings, Synchronous, Transaction};
 pub use reaper::spawn_reaper;
 pub use store::{Begin, KeyError, KeySettings, KeyStore, Lease, Phase, Stored, StrandedKey, TtlTooShort};
 

@@ -1,9 +1,9 @@
 use std::{sync::Arc, time::Duration};
 
 use serde::{Deserialize, Serialize};
-use sqlx::{Any, AnyConnection, FromRow, Transaction};
+use sqlx::FromRow;
 
-use crate::{Clock, Database, SystemClock};
+use crate::{Clock, Database, SystemClock, Transaction, on_driver};
 
 /// Expiry and reaping of one store's keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,38 +194,46 @@ impl KeyStore {
         for _ in 0..3 {
             let now = self.clock.now_ms();
             let locked_until = now + lease.as_millis() as i64;
-            let inserted = sqlx::query(
-                "INSERT INTO idempotency_keys \
-                 (scope, idempotency_key, fingerprint, state, recovery_point, lock_token, locked_until, created_at, expires_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-                 ON CONFLICT (scope, idempotency_key) DO NOTHING",
-            )
-            .bind(scope)
-            .bind(key)
-            .bind(fingerprint)
-            .bind(IN_FLIGHT)
-            .bind(STARTED)
-            .bind(token)
-            .bind(locked_until)
-            .bind(now)
-            .bind(now + self.settings.ttl_ms as i64)
-            .execute(self.database.pool())
-            .await?
-            .rows_affected();
+            let expires_at = now + self.settings.ttl_ms as i64;
+            let inserted = self
+                .database
+                .autocommit(async |writes| {
+                    Ok(on_driver!(writes, |executor| sqlx::query(
+                        "INSERT INTO idempotency_keys \
+                         (scope, idempotency_key, fingerprint, state, recovery_point, lock_token, locked_until, created_at, expires_at) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                         ON CONFLICT (scope, idempotency_key) DO NOTHING",
+                    )
+                    .bind(scope)
+                    .bind(key)
+                    .bind(fingerprint)
+                    .bind(IN_FLIGHT)
+                    .bind(STARTED)
+                    .bind(token)
+                    .bind(locked_until)
+                    .bind(now)
+                    .bind(expires_at)
+                    .execute(executor)
+                    .await?
+                    .rows_affected()))
+                })
+                .await?;
             if inserted == 1 {
                 return Ok(Begin::Execute(Lease::new(scope, key, token, STARTED.into(), None)));
             }
 
-            let row: Option<KeyRow> = sqlx::query_as(
+            // On the reader: the row is what the last commit left, and the writer stays free.
+            let row: Option<KeyRow> = on_driver!(self.database.reader(), |executor| sqlx::query_as(
                 "SELECT fingerprint, state, lock_token, locked_until, \
                  response_code, response_body, expires_at \
                  FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2",
             )
             .bind(scope)
             .bind(key)
-            .fetch_optional(self.database.pool())
-            .await?;
-            // Deleted since the insert collided with it: the next round inserts afresh.
+            .fetch_optional(executor)
+            .await?);
+            // Deleted since the insert collided with it (the next round inserts afresh), or
+            // inserted by a batch that has not committed yet (the next rounds find it in flight).
             let Some(row) = row else { continue };
             #[cfg(feature = "pause-points")]
             self.pause(crate::pause::Pause::BeginRead, key).await;
@@ -233,16 +241,19 @@ impl KeyStore {
             // the delete checks that in the same statement (see `expired_and_settled`), and a row
             // it keeps is handled as an unexpired one.
             if row.expires_at <= now {
-                let deleted = sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "DELETE FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2 AND {}",
-                    expired_and_settled("$3")
-                )))
-                .bind(scope)
-                .bind(key)
-                .bind(now)
-                .execute(self.database.pool())
-                .await?
-                .rows_affected();
+                let statement = format!("DELETE FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2 AND {}", expired_and_settled("$3"));
+                let deleted = self
+                    .database
+                    .autocommit(async |writes| {
+                        Ok(on_driver!(writes, |executor| sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
+                            .bind(scope)
+                            .bind(key)
+                            .bind(now)
+                            .execute(executor)
+                            .await?
+                            .rows_affected()))
+                    })
+                    .await?;
                 if deleted == 1 {
                     continue;
                 }
@@ -276,20 +287,25 @@ impl KeyStore {
     /// resumes from what the key says now: the old holder may have committed a phase after the
     /// key was read, and resuming from that read would redo the phase (a second order).
     async fn take_over(&self, scope: &str, key: &str, seen_token: i64, token: i64, now: i64, locked_until: i64) -> Result<Option<Lease>, KeyError> {
-        let won: Option<(String, Option<String>)> = sqlx::query_as(
-            "UPDATE idempotency_keys SET lock_token = $1, locked_until = $2 \
-             WHERE scope = $3 AND idempotency_key = $4 AND lock_token = $5 AND state = $6 AND locked_until <= $7 \
-             RETURNING recovery_point, resource_id",
-        )
-        .bind(token)
-        .bind(locked_until)
-        .bind(scope)
-        .bind(key)
-        .bind(seen_token)
-        .bind(IN_FLIGHT)
-        .bind(now)
-        .fetch_optional(self.database.pool())
-        .await?;
+        let won: Option<(String, Option<String>)> = self
+            .database
+            .autocommit(async |writes| {
+                Ok(on_driver!(writes, |executor| sqlx::query_as(
+                    "UPDATE idempotency_keys SET lock_token = $1, locked_until = $2 \
+                     WHERE scope = $3 AND idempotency_key = $4 AND lock_token = $5 AND state = $6 AND locked_until <= $7 \
+                     RETURNING recovery_point, resource_id",
+                )
+                .bind(token)
+                .bind(locked_until)
+                .bind(scope)
+                .bind(key)
+                .bind(seen_token)
+                .bind(IN_FLIGHT)
+                .bind(now)
+                .fetch_optional(executor)
+                .await?))
+            })
+            .await?;
         Ok(won.map(|(recovery_point, resource_id)| Lease::new(scope, key, token, recovery_point, resource_id)))
     }
 
@@ -300,7 +316,7 @@ impl KeyStore {
         let now = self.clock.now_ms();
         // The states are written out, not bound, so that both backends use the partial index
         // `idempotency_keys_unsettled`, whose condition this must repeat.
-        let keys = sqlx::query_as(
+        let keys = on_driver!(self.database.reader(), |executor| sqlx::query_as(
             "SELECT scope, idempotency_key, lock_token, recovery_point, resource_id, created_at FROM idempotency_keys \
              WHERE state = 'in_flight' AND recovery_point <> 'started' AND locked_until <= $1 AND created_at > $2 \
              ORDER BY created_at LIMIT $3",
@@ -308,8 +324,8 @@ impl KeyStore {
         .bind(now - grace.as_millis() as i64)
         .bind(now - window.as_millis() as i64)
         .bind(i64::from(limit.max(1)))
-        .fetch_all(self.database.pool())
-        .await?;
+        .fetch_all(executor)
+        .await?);
         Ok(keys)
     }
 
@@ -317,13 +333,13 @@ impl KeyStore {
     /// ago: work nobody resumes by itself any more, left for an operator to settle.
     pub async fn count_unsettled_before(&self, window: Duration) -> Result<u64, KeyError> {
         let now = self.clock.now_ms();
-        let count: i64 = sqlx::query_scalar(
+        let count: i64 = on_driver!(self.database.reader(), |executor| sqlx::query_scalar(
             "SELECT COUNT(*) FROM idempotency_keys \
              WHERE state = 'in_flight' AND recovery_point <> 'started' AND created_at <= $1",
         )
         .bind(now - window.as_millis() as i64)
-        .fetch_one(self.database.pool())
-        .await?;
+        .fetch_one(executor)
+        .await?);
         Ok(count as u64)
     }
 
@@ -335,7 +351,7 @@ impl KeyStore {
         self.take_over(&stranded.scope, &stranded.key, stranded.lock_token, token, now, now + lease.as_millis() as i64).await
     }
 
-    /// Starts an atomic phase: run its effects on [`Phase::connection`], then commit them with
+    /// Starts an atomic phase: run its effects in [`Phase::transaction`], then commit them with
     /// the key's next recovery point ([`Phase::commit_at`]) or its final answer ([`Phase::complete`]).
     pub async fn phase<'l>(&self, lease: &'l mut Lease) -> Result<Phase<'l>, KeyError> {
         let keep_until = self.clock.now_ms() + self.settings.ttl_ms as i64;
@@ -346,12 +362,18 @@ impl KeyStore {
     /// last recovery point instead of waiting for the lease to run out. The lease ends now, which
     /// tells [`KeyStore::stranded`] how long the key has waited.
     pub async fn release(&self, lease: &Lease) -> Result<(), KeyError> {
-        sqlx::query("UPDATE idempotency_keys SET locked_until = $1 WHERE scope = $2 AND idempotency_key = $3 AND lock_token = $4")
-            .bind(self.clock.now_ms())
-            .bind(&lease.scope)
-            .bind(&lease.key)
-            .bind(lease.token)
-            .execute(self.database.pool())
+        let now = self.clock.now_ms();
+        self.database
+            .autocommit(async |writes| {
+                on_driver!(writes, |executor| sqlx::query("UPDATE idempotency_keys SET locked_until = $1 WHERE scope = $2 AND idempotency_key = $3 AND lock_token = $4")
+                    .bind(now)
+                    .bind(&lease.scope)
+                    .bind(&lease.key)
+                    .bind(lease.token)
+                    .execute(executor)
+                    .await
+                    .map(drop))
+            })
             .await?;
         Ok(())
     }
@@ -367,12 +389,18 @@ impl KeyStore {
         );
         let mut deleted = 0;
         loop {
-            let batch = sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
-            .bind(now)
-            .bind(i64::from(self.settings.reap_batch.max(1)))
-            .execute(self.database.pool())
-            .await?
-            .rows_affected();
+            let limit = i64::from(self.settings.reap_batch.max(1));
+            let batch = self
+                .database
+                .autocommit(async |writes| {
+                    Ok(on_driver!(writes, |executor| sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
+                        .bind(now)
+                        .bind(limit)
+                        .execute(executor)
+                        .await?
+                        .rows_affected()))
+                })
+                .await?;
             deleted += batch;
             if batch < u64::from(self.settings.reap_batch.max(1)) {
                 return Ok(deleted);
@@ -383,7 +411,7 @@ impl KeyStore {
 
 /// One atomic phase: the caller's effects and the key's progress in one transaction.
 pub struct Phase<'l> {
-    transaction: Transaction<'static, Any>,
+    transaction: Transaction,
     lease: &'l mut Lease,
     /// A key completed now is kept at least until then, so that even work finished late (a
     /// create the completer settled) can be replayed for a full TTL.
@@ -392,13 +420,13 @@ pub struct Phase<'l> {
 
 impl Phase<'_> {
     /// Where the phase's own statements run.
-    pub fn connection(&mut self) -> &mut AnyConnection {
+    pub fn transaction(&mut self) -> &mut Transaction {
         &mut self.transaction
     }
 
     /// Commits the phase's effects with the key moved to `point` (and `resource_id` remembered).
     pub async fn commit_at(mut self, point: &str, resource_id: Option<&str>) -> Result<(), KeyError> {
-        let updated = sqlx::query(
+        let updated = on_driver!(&mut self.transaction, |executor| sqlx::query(
             "UPDATE idempotency_keys SET recovery_point = $1, resource_id = COALESCE($2, resource_id) \
              WHERE scope = $3 AND idempotency_key = $4 AND lock_token = $5",
         )
@@ -407,9 +435,9 @@ impl Phase<'_> {
         .bind(&self.lease.scope)
         .bind(&self.lease.key)
         .bind(self.lease.token)
-        .execute(&mut *self.transaction)
+        .execute(executor)
         .await?
-        .rows_affected();
+        .rows_affected());
         if updated == 0 {
             return Err(KeyError::LeaseLost);
         }
@@ -423,7 +451,7 @@ impl Phase<'_> {
 
     /// Commits the phase's effects with the key completed: later repeats replay `answer`.
     pub async fn complete(mut self, answer: &Stored) -> Result<(), KeyError> {
-        let updated = sqlx::query(
+        let updated = on_driver!(&mut self.transaction, |executor| sqlx::query(
             "UPDATE idempotency_keys SET state = $1, recovery_point = $2, response_code = $3, response_body = $4, \
              locked_until = 0, expires_at = CASE WHEN expires_at < $8 THEN $8 ELSE expires_at END \
              WHERE scope = $5 AND idempotency_key = $6 AND lock_token = $7",
@@ -431,14 +459,14 @@ impl Phase<'_> {
         .bind(COMPLETED)
         .bind(FINISHED)
         .bind(i64::from(answer.code))
-        .bind(answer.body.clone())
+        .bind(answer.body.as_slice())
         .bind(&self.lease.scope)
         .bind(&self.lease.key)
         .bind(self.lease.token)
         .bind(self.keep_until)
-        .execute(&mut *self.transaction)
+        .execute(executor)
         .await?
-        .rows_affected();
+        .rows_affected());
         if updated == 0 {
             return Err(KeyError::LeaseLost);
         }

@@ -1,10 +1,12 @@
-//! The database's two pools: a read never queues behind a write, and sees the last commit, not
-//! the write in progress. On a SQLite file, whose one writer connection a phase holds for its
-//! whole transaction, and on PostgreSQL.
+//! The database's writes and reads: a read never queues behind a write, and sees the last
+//! commit, not the write in progress (on a SQLite file, whose one writer connection a phase
+//! holds for its whole transaction, and on PostgreSQL); SQLite's writer commits the transactions
+//! that wait for it together, and one that fails takes only its own work back.
 
 use std::{
     future::Future,
-    task::{Context, Waker},
+    pin::Pin,
+    task::{Context, Poll, Waker},
     time::Duration,
 };
 
@@ -15,19 +17,28 @@ use test_support::ScratchDatabase;
 /// the writer's connection.
 const READ_LIMIT: Duration = Duration::from_secs(2);
 
-async fn keys(pool: &sqlx::AnyPool) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_keys").fetch_one(pool).await.unwrap()
+fn poll_once<F: Future>(future: Pin<&mut F>) -> Poll<F::Output> {
+    future.poll(&mut Context::from_waker(Waker::noop()))
+}
+
+async fn insert_key(transaction: &mut idempotency::Transaction, key: &str) -> Result<(), sqlx::Error> {
+    idempotency::on_driver!(transaction, |executor| sqlx::query(
+        "INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, state, recovery_point, lock_token, locked_until, created_at, expires_at) \
+         VALUES ('s', $1, 'f', 'in_flight', 'started', 1, 0, 0, 1)",
+    )
+    .bind(key)
+    .execute(executor)
+    .await
+    .map(drop))
+}
+
+async fn keys(pool: &idempotency::Pool) -> i64 {
+    idempotency::on_driver!(pool, |executor| sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_keys").fetch_one(executor).await.unwrap())
 }
 
 async fn a_read_does_not_wait_for_a_write_in_progress(backend: &str, database: &Database) {
-    let mut write = database.pool().begin().await.unwrap();
-    sqlx::query(
-        "INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, state, recovery_point, lock_token, locked_until, created_at, expires_at) \
-         VALUES ('s', 'k', 'f', 'in_flight', 'started', 1, 0, 0, 1)",
-    )
-    .execute(&mut *write)
-    .await
-    .unwrap();
+    let mut write = database.begin().await.unwrap();
+    insert_key(&mut write, "k").await.unwrap();
 
     let during = tokio::time::timeout(READ_LIMIT, keys(database.reader())).await;
     let during = during.unwrap_or_else(|_| panic!("{backend}: the read waited for the write"));
@@ -48,10 +59,59 @@ async fn reads_go_beside_a_write_in_progress_and_see_the_last_commit() {
     }
 }
 
+/// Three transactions wait for SQLite's writer together and are committed in one batch, each
+/// in a savepoint of its own. The second fails midway (its second statement breaks the key's
+/// uniqueness) and is dropped, as a request drops its transaction on an error: its first
+/// statement is undone with it, and the first and third transactions commit.
+///
+/// The interleaving is forced, not hoped for: the second and third ask for the writer while the
+/// first holds it, so the writer takes them into the transaction it has open; while the third
+/// holds the writer, the first's commit has not returned and nothing of the batch is visible.
+#[tokio::test]
+async fn a_failing_transaction_in_a_batch_rolls_back_only_its_own_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::connect(&format!("sqlite://{}", dir.path().join("keys.db").display())).await.unwrap();
+    let mut first = database.begin().await.unwrap();
+    insert_key(&mut first, "first").await.unwrap();
+
+    let mut failing = std::pin::pin!(async {
+        let mut transaction = database.begin().await?;
+        insert_key(&mut transaction, "failing").await?;
+        insert_key(&mut transaction, "first").await?;
+        transaction.commit().await
+    });
+    let mut third = std::pin::pin!(database.begin());
+    assert!(poll_once(failing.as_mut()).is_pending(), "the second waits for the writer");
+    assert!(poll_once(third.as_mut()).is_pending(), "the third waits behind it");
+
+    let mut first_commit = std::pin::pin!(first.commit());
+    assert!(poll_once(first_commit.as_mut()).is_pending(), "the first hands the writer on and waits for the batch");
+    let (failed, third) = tokio::join!(failing, third);
+    let failed = failed.expect_err("the second breaks the key's uniqueness");
+    assert!(matches!(&failed, sqlx::Error::Database(error) if error.is_unique_violation()), "{failed}");
+    let mut third = third.unwrap();
+    insert_key(&mut third, "third").await.unwrap();
+    assert!(poll_once(first_commit.as_mut()).is_pending(), "the first is committed with the batch, not before");
+    assert_eq!(keys(database.reader()).await, 0, "nothing of an open batch is seen");
+
+    let (first, third) = tokio::join!(first_commit, third.commit());
+    first.unwrap();
+    third.unwrap();
+    let mut committed: Vec<String> = match database.reader() {
+        idempotency::Pool::Sqlite(pool) => sqlx::query_scalar("SELECT idempotency_key FROM idempotency_keys").fetch_all(pool).await.unwrap(),
+        idempotency::Pool::Postgres(_) => unreachable!("the batching writer is SQLite's"),
+    };
+    committed.sort();
+    assert_eq!(committed, ["first", "third"], "the failed transaction's own insert is undone, the others' kept");
+}
+
 /// Connections of this database that sit inside a transaction nobody is running statements in.
 async fn idle_in_transaction(admin: &Database) -> i64 {
     sqlx::query_scalar("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%'")
-        .fetch_one(admin.pool())
+        .fetch_one(match admin.reader() {
+            idempotency::Pool::Postgres(pool) => pool,
+            idempotency::Pool::Sqlite(_) => unreachable!("pg_stat_activity is PostgreSQL's"),
+        })
         .await
         .unwrap()
 }
@@ -80,10 +140,13 @@ async fn a_begin_dropped_midway_leaves_no_connection_inside_a_transaction() {
              VALUES ('s', $1, 'f', 'in_flight', 'started', 1, 0, 0, 1)",
         )
         .bind(format!("k-{step}"))
-        .execute(database.pool())
+        .execute(match database.reader() {
+            idempotency::Pool::Postgres(pool) => pool,
+            idempotency::Pool::Sqlite(_) => unreachable!("this test runs on PostgreSQL"),
+        })
         .await
         .unwrap();
-        assert_eq!(keys(observer.pool()).await, step + 1, "the write after drop {step} is committed");
+        assert_eq!(keys(observer.reader()).await, step + 1, "the write after drop {step} is committed");
     }
     test_support::eventually(Duration::from_secs(5), "no connection left inside a transaction", || async { idle_in_transaction(&observer).await == 0 }).await;
 }

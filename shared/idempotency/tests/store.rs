@@ -11,6 +11,7 @@ use std::{
 };
 
 use futures::future::BoxFuture;
+use idempotency::on_driver;
 use idempotency::{
     Begin, Database, KeyError, KeySettings, KeyStore, ManualClock, Stored,
     pause::{Pause, PauseHook},
@@ -79,19 +80,11 @@ async fn a_key_executes_once_and_then_replays_its_exact_answer() {
 #[tokio::test]
 async fn phases_commit_effects_with_the_recovery_point_and_a_released_key_resumes_there() {
     for (backend, database, _scratch) in databases().await {
-        database
-            .pool()
-            .execute(sqlx::AssertSqlSafe(format!("CREATE TABLE effects_{backend} (id TEXT PRIMARY KEY)")))
-            .await
-            .unwrap();
+        effects_table(&database, backend, "effects").await;
         let (store, _) = store(&database, KeySettings::default());
         let mut lease = execute(store.begin("c", "k-2", "fp", LEASE).await.unwrap());
         let mut phase = store.phase(&mut lease).await.unwrap();
-        phase
-            .connection()
-            .execute(sqlx::AssertSqlSafe(format!("INSERT INTO effects_{backend} (id) VALUES ('order-1')")))
-            .await
-            .unwrap();
+        insert_effect(&mut phase, &format!("effects_{backend}"), "order-1").await;
         phase.commit_at("order_created", Some("order-1")).await.unwrap();
         assert_eq!((lease.recovery_point.as_str(), lease.resource_id.as_deref()), ("order_created", Some("order-1")));
 
@@ -109,7 +102,7 @@ async fn a_phase_whose_effects_fail_leaves_nothing_behind() {
         let mut lease = execute(store.begin("c", "k-3", "fp", LEASE).await.unwrap());
         {
             let mut phase = store.phase(&mut lease).await.unwrap();
-            phase.connection().execute("INSERT INTO no_such_table VALUES (1)").await.unwrap_err();
+            on_driver!(phase.transaction(), |executor| executor.execute("INSERT INTO no_such_table VALUES (1)").await.map(drop)).unwrap_err();
             // Dropped without commit: rolled back.
         }
         store.release(&lease).await.unwrap();
@@ -223,16 +216,19 @@ impl PauseHook for HoldOnce {
 /// An order-like effect table for the tests that play a service's phases.
 async fn effects_table(database: &Database, backend: &str, name: &str) -> String {
     let table = format!("{name}_{backend}");
-    database.pool().execute(sqlx::AssertSqlSafe(format!("CREATE TABLE {table} (id TEXT PRIMARY KEY)"))).await.unwrap();
+    let statement = format!("CREATE TABLE {table} (id TEXT PRIMARY KEY)");
+    database.autocommit(async |writes| on_driver!(writes, |executor| executor.execute(sqlx::AssertSqlSafe(statement.as_str())).await.map(drop))).await.unwrap();
     table
 }
 
 async fn insert_effect(phase: &mut idempotency::Phase<'_>, table: &str, id: &str) {
-    phase.connection().execute(sqlx::AssertSqlSafe(format!("INSERT INTO {table} (id) VALUES ('{id}')"))).await.unwrap();
+    let statement = format!("INSERT INTO {table} (id) VALUES ('{id}')");
+    on_driver!(phase.transaction(), |executor| executor.execute(sqlx::AssertSqlSafe(statement.as_str())).await.map(drop)).unwrap();
 }
 
 async fn count_effects(database: &Database, table: &str) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}"))).fetch_one(database.pool()).await.unwrap()
+    let statement = format!("SELECT COUNT(*) FROM {table}");
+    on_driver!(database.reader(), |executor| sqlx::query_scalar(sqlx::AssertSqlSafe(statement.as_str())).fetch_one(executor).await.unwrap())
 }
 
 /// A holder of `key` whose 500 ms lease has run out, and a repeat of it held after reading the

@@ -1,5 +1,6 @@
 use idempotency::{Backend, Database};
-use sqlx::{AnyConnection, FromRow};
+use idempotency::{Transaction, on_driver};
+use sqlx::FromRow;
 use webhooks::signature::Secret;
 
 use crate::{ENDPOINT_DISABLED, NewEvent, OutboxError, new_id, record};
@@ -82,15 +83,15 @@ impl Deliveries {
 
     /// Enabled endpoints with at least one delivery due at `now_ms` and not leased to a sender.
     pub async fn due_endpoints(&self, now_ms: i64) -> Result<Vec<DueEndpoint>, OutboxError> {
-        Ok(sqlx::query_as(
+        Ok(on_driver!(self.database.reader(), |executor| sqlx::query_as(
             "SELECT e.endpoint_id, e.url, e.max_in_flight, e.rate_per_sec FROM webhook_endpoints e \
              WHERE e.state = 'enabled' AND EXISTS (SELECT 1 FROM webhook_deliveries d \
                WHERE d.endpoint_id = e.endpoint_id AND d.state = 'pending' AND d.next_attempt_at_ms <= $1 \
                  AND (d.claimed_until_ms IS NULL OR d.claimed_until_ms <= $1))",
         )
         .bind(now_ms)
-        .fetch_all(self.database.reader())
-        .await?)
+        .fetch_all(executor)
+        .await?))
     }
 
     /// Claims the endpoint's oldest due delivery until `now_ms + lease_ms`, if there is one, the
@@ -109,20 +110,20 @@ impl Deliveries {
         let token = new_id("claim");
         let claimed_until_ms = now_ms.saturating_add(lease_ms);
         let mut transaction = self.database.begin().await?;
-        let row: Option<ClaimedRow> = sqlx::query_as(statement)
+        let row: Option<ClaimedRow> = on_driver!(&mut transaction, |executor| sqlx::query_as(statement)
             .bind(&token)
             .bind(claimed_until_ms)
             .bind(now_ms)
             .bind(endpoint_id)
-            .fetch_optional(&mut *transaction)
-            .await?;
+            .fetch_optional(executor)
+            .await?);
         let Some(row) = row else {
             return Ok(None);
         };
-        let (payload,): (String,) = sqlx::query_as("SELECT payload FROM webhook_events WHERE event_id = $1")
+        let (payload,): (String,) = on_driver!(&mut transaction, |executor| sqlx::query_as("SELECT payload FROM webhook_events WHERE event_id = $1")
             .bind(&row.event_id)
-            .fetch_one(&mut *transaction)
-            .await?;
+            .fetch_one(executor)
+            .await?);
         let secrets = active_secrets(&mut transaction, endpoint_id, now_ms).await?;
         transaction.commit().await?;
         Ok(Some(Claim {
@@ -144,7 +145,8 @@ impl Deliveries {
     pub async fn finish(&self, claim: &Claim, attempt: &Attempt, outcome: Outcome, disable_after_ms: i64, now_ms: i64) -> Result<Finished, OutboxError> {
         let mut transaction = self.database.begin().await?;
         let outcome_name = if outcome == Outcome::Delivered { "delivered" } else { "failed" };
-        sqlx::query(
+        on_driver!(&mut transaction, |executor| {
+sqlx::query(
             "INSERT INTO webhook_attempts (endpoint_id, event_id, attempt, started_at_ms, duration_ms, status_code, outcome, error) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
@@ -156,15 +158,16 @@ impl Deliveries {
         .bind(attempt.status_code.map(i64::from))
         .bind(outcome_name)
         .bind(attempt.error.as_deref())
-        .execute(&mut *transaction)
+        .execute(executor)
         .await?;
+});
 
         let (state, next_attempt_at_ms, step) = match outcome {
             Outcome::Delivered => ("delivered", now_ms, claim.schedule_step),
             Outcome::Failed { retry_at_ms: Some(at) } | Outcome::Gone { retry_at_ms: Some(at) } => ("pending", at, claim.schedule_step + 1),
             Outcome::Failed { retry_at_ms: None } | Outcome::Gone { retry_at_ms: None } => ("undelivered", now_ms, claim.schedule_step + 1),
         };
-        let updated = sqlx::query(
+        let updated = on_driver!(&mut transaction, |executor| sqlx::query(
             "UPDATE webhook_deliveries SET state = $1, next_attempt_at_ms = $2, schedule_step = $3, \
                claim_token = NULL, claimed_until_ms = NULL, updated_at_ms = $4 \
              WHERE endpoint_id = $5 AND event_id = $6 AND claim_token = $7",
@@ -176,10 +179,10 @@ impl Deliveries {
         .bind(&claim.endpoint_id)
         .bind(&claim.event_id)
         .bind(&claim.token)
-        .execute(&mut *transaction)
-        .await?;
+        .execute(executor)
+        .await?.rows_affected());
 
-        let lease_lost = updated.rows_affected() == 0;
+        let lease_lost = updated == 0;
         if lease_lost {
             // Another sender holds the delivery now (or a redelivery reset it): only the attempt
             // is this sender's to record, not what it means for the delivery or the endpoint.
@@ -188,22 +191,24 @@ impl Deliveries {
         }
         let disable_reason = match outcome {
             Outcome::Delivered => {
-                sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL WHERE endpoint_id = $1 AND failing_since_ms IS NOT NULL")
+                on_driver!(&mut transaction, |executor| {
+sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL WHERE endpoint_id = $1 AND failing_since_ms IS NOT NULL")
                     .bind(&claim.endpoint_id)
-                    .execute(&mut *transaction)
+                    .execute(executor)
                     .await?;
+});
                 None
             }
             Outcome::Gone { .. } => Some("the endpoint answered 410 Gone".to_owned()),
             Outcome::Failed { .. } => {
                 // One statement: a success recorded at the same time cannot clear it in between.
-                let (failing_since_ms,): (i64,) = sqlx::query_as(
+                let (failing_since_ms,): (i64,) = on_driver!(&mut transaction, |executor| sqlx::query_as(
                     "UPDATE webhook_endpoints SET failing_since_ms = COALESCE(failing_since_ms, $1) WHERE endpoint_id = $2 RETURNING failing_since_ms",
                 )
                 .bind(now_ms)
                 .bind(&claim.endpoint_id)
-                .fetch_one(&mut *transaction)
-                .await?;
+                .fetch_one(executor)
+                .await?);
                 (now_ms - failing_since_ms >= disable_after_ms).then(|| format!("the endpoint has failed every attempt for {} s", (now_ms - failing_since_ms) / 1000))
             }
         };
@@ -217,12 +222,12 @@ impl Deliveries {
 
     /// The earliest time a pending delivery of an enabled endpoint falls due, if any.
     pub async fn next_due_ms(&self) -> Result<Option<i64>, OutboxError> {
-        let (next,): (Option<i64>,) = sqlx::query_as(
+        let (next,): (Option<i64>,) = on_driver!(self.database.reader(), |executor| sqlx::query_as(
             "SELECT MIN(d.next_attempt_at_ms) FROM webhook_deliveries d JOIN webhook_endpoints e ON e.endpoint_id = d.endpoint_id \
              WHERE d.state = 'pending' AND e.state = 'enabled'",
         )
-        .fetch_one(self.database.reader())
-        .await?;
+        .fetch_one(executor)
+        .await?);
         Ok(next)
     }
 }
@@ -248,35 +253,35 @@ const CLAIM_POSTGRES: &str = claim_statement!(" FOR UPDATE OF d SKIP LOCKED");
 const CLAIM_SQLITE: &str = claim_statement!("");
 
 /// The endpoint's secrets that sign at `now_ms`, newest first.
-async fn active_secrets(connection: &mut AnyConnection, endpoint_id: &str, now_ms: i64) -> Result<Vec<Secret>, OutboxError> {
-    let rows: Vec<(String,)> = sqlx::query_as(
+async fn active_secrets(transaction: &mut Transaction, endpoint_id: &str, now_ms: i64) -> Result<Vec<Secret>, OutboxError> {
+    let rows: Vec<(String,)> = on_driver!(transaction, |executor| sqlx::query_as(
         "SELECT secret FROM webhook_secrets WHERE endpoint_id = $1 AND (expires_at_ms IS NULL OR expires_at_ms > $2) \
          ORDER BY created_at_ms DESC, secret_id DESC",
     )
     .bind(endpoint_id)
     .bind(now_ms)
-    .fetch_all(connection)
-    .await?;
+    .fetch_all(executor)
+    .await?);
     rows.into_iter()
         .map(|(secret,)| secret.parse().map_err(|error| OutboxError::Storage(sqlx::Error::Decode(Box::new(error)))))
         .collect()
 }
 
 /// Disables an enabled endpoint and tells its owner; `false` when it was not enabled.
-async fn disable(connection: &mut AnyConnection, endpoint_id: &str, reason: &str, now_ms: i64) -> Result<bool, OutboxError> {
-    let disabled = sqlx::query("UPDATE webhook_endpoints SET state = 'disabled', disabled_reason = $1 WHERE endpoint_id = $2 AND state = 'enabled'")
+async fn disable(transaction: &mut Transaction, endpoint_id: &str, reason: &str, now_ms: i64) -> Result<bool, OutboxError> {
+    let disabled = on_driver!(&mut *transaction, |executor| sqlx::query("UPDATE webhook_endpoints SET state = 'disabled', disabled_reason = $1 WHERE endpoint_id = $2 AND state = 'enabled'")
         .bind(reason)
         .bind(endpoint_id)
-        .execute(&mut *connection)
-        .await?;
-    if disabled.rows_affected() == 0 {
+        .execute(executor)
+        .await?.rows_affected());
+    if disabled == 0 {
         return Ok(false);
     }
-    let (client_id, url): (String, String) = sqlx::query_as("SELECT client_id, url FROM webhook_endpoints WHERE endpoint_id = $1")
+    let (client_id, url): (String, String) = on_driver!(&mut *transaction, |executor| sqlx::query_as("SELECT client_id, url FROM webhook_endpoints WHERE endpoint_id = $1")
         .bind(endpoint_id)
-        .fetch_one(&mut *connection)
-        .await?;
+        .fetch_one(executor)
+        .await?);
     let data = serde_json::json!({ "endpoint_id": endpoint_id, "url": url, "reason": reason });
-    record(connection, &client_id, &NewEvent { event_type: ENDPOINT_DISABLED, version: 1, data: &data }, now_ms).await?;
+    record(transaction, &client_id, &NewEvent { event_type: ENDPOINT_DISABLED, version: 1, data: &data }, now_ms).await?;
     Ok(true)
 }

@@ -1,7 +1,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use serde::Serialize;
-use sqlx::AnyConnection;
+use idempotency::{Transaction, on_driver};
 
 use crate::{OutboxError, new_id};
 
@@ -39,17 +39,17 @@ struct Payload<'a, D> {
 }
 
 /// Inserts `event` for `client_id` and one pending delivery for each of the client's enabled
-/// endpoints that subscribe to its type, on `connection`: call it inside the transaction of the
+/// endpoints that subscribe to its type, in `transaction`: call it inside the transaction of the
 /// state change the event reports. Returns the event id, which is the `webhook-id` of every
 /// delivery and every retry; `None` when none of the client's endpoints subscribes to the type,
 /// enabled or not: such an event could never be delivered, so it is not kept (a client without
 /// webhooks costs its orders one statement that writes nothing).
-pub async fn record<D: Serialize>(connection: &mut AnyConnection, client_id: &str, event: &NewEvent<'_, D>, now_ms: i64) -> Result<Option<String>, OutboxError> {
+pub async fn record<D: Serialize>(transaction: &mut Transaction, client_id: &str, event: &NewEvent<'_, D>, now_ms: i64) -> Result<Option<String>, OutboxError> {
     let event_id = new_id("msg");
     let occurred = humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(now_ms.max(0) as u64));
     let payload = Payload { id: &event_id, event_type: event.event_type, version: event.version, timestamp: occurred.to_string(), data: event.data };
     let payload = serde_json::to_string(&payload).map_err(|error| OutboxError::Invalid(format!("event data: {error}")))?;
-    let inserted = sqlx::query(
+    let inserted = on_driver!(&mut *transaction, |executor| sqlx::query(
         "INSERT INTO webhook_events (event_id, client_id, event_type, payload, created_at_ms) \
          SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM webhook_endpoints e \
            JOIN webhook_subscriptions s ON s.endpoint_id = e.endpoint_id WHERE e.client_id = $2 AND s.event_type = $3)",
@@ -59,12 +59,13 @@ pub async fn record<D: Serialize>(connection: &mut AnyConnection, client_id: &st
     .bind(event.event_type)
     .bind(payload)
     .bind(now_ms)
-    .execute(&mut *connection)
-    .await?;
-    if inserted.rows_affected() == 0 {
+    .execute(executor)
+    .await?.rows_affected());
+    if inserted == 0 {
         return Ok(None);
     }
-    sqlx::query(
+    on_driver!(transaction, |executor| {
+sqlx::query(
         "INSERT INTO webhook_deliveries \
            (endpoint_id, event_id, state, attempts, schedule_step, next_attempt_at_ms, created_at_ms, updated_at_ms) \
          SELECT e.endpoint_id, $1, 'pending', 0, 0, $2, $2, $2 \
@@ -75,7 +76,8 @@ pub async fn record<D: Serialize>(connection: &mut AnyConnection, client_id: &st
     .bind(now_ms)
     .bind(client_id)
     .bind(event.event_type)
-    .execute(connection)
+    .execute(executor)
     .await?;
+});
     Ok(Some(event_id))
 }

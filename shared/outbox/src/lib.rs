@@ -28,16 +28,16 @@ pub use error::OutboxError;
 pub use event::{ENDPOINT_DISABLED, EVENT_TYPES, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, record};
 pub use subscriptions::{AttemptLog, DeliveryLog, DeliveryState, Endpoint, EndpointLimits, MAX_ENDPOINTS_PER_CLIENT, NewEndpoint, Subscriptions};
 
-use idempotency::{Backend, Database};
-use sqlx::migrate::MigrateError;
+use idempotency::{Backend, Migrations};
 
-/// Creates or updates the webhook tables in `database` (kept under their own migration history).
-pub async fn migrate(database: &Database) -> Result<(), MigrateError> {
-    let migrations = match database.backend() {
+/// The migrations of the webhook tables for `backend` (kept under their own history), for
+/// [`Database::open`](idempotency::Database::open).
+pub fn migrations(backend: Backend) -> Migrations {
+    let migrations = match backend {
         Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
         Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
     };
-    database.migrate("webhooks", migrations).await
+    ("webhooks", migrations)
 }
 
 /// A new identifier: `prefix` and a time-ordered UUID.

@@ -1,5 +1,5 @@
-use idempotency::{Backend, Database};
-use sqlx::{Any, AnyConnection, FromRow, Transaction};
+use idempotency::{Backend, Database, Transaction, on_driver};
+use sqlx::FromRow;
 use webhooks::{signature::Secret, ssrf};
 
 use crate::{EVENT_TYPES, OutboxError, new_id};
@@ -156,13 +156,13 @@ impl Subscriptions {
         Self { database }
     }
 
-    /// Creates an enabled endpoint and its first secret, on `connection` (inside the caller's
+    /// Creates an enabled endpoint and its first secret, in `transaction` (inside the caller's
     /// transaction, e.g. an idempotency key's phase). `new` must have been validated.
-    pub async fn create_endpoint(connection: &mut AnyConnection, client_id: &str, new: &NewEndpoint, now_ms: i64) -> Result<(Endpoint, Secret), OutboxError> {
+    pub async fn create_endpoint(transaction: &mut Transaction, client_id: &str, new: &NewEndpoint, now_ms: i64) -> Result<(Endpoint, Secret), OutboxError> {
         let endpoint_id = new_id("ep");
         // Counted after the insert, in its transaction: a read first could go stale on SQLite
         // before the write, and two creations at once on PostgreSQL both see the other's row.
-        let insert = sqlx::query(
+        on_driver!(&mut *transaction, |executor| sqlx::query(
             "INSERT INTO webhook_endpoints (endpoint_id, client_id, url, state, max_in_flight, rate_per_sec, created_at_ms) \
              VALUES ($1, $2, $3, 'enabled', $4, $5, $6)",
         )
@@ -172,12 +172,13 @@ impl Subscriptions {
         .bind(i64::from(new.limits.max_in_flight))
         .bind(i64::from(new.limits.rate_per_sec))
         .bind(now_ms)
-        .execute(&mut *connection);
-        insert.await?;
-        let (endpoints,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM webhook_endpoints WHERE client_id = $1")
+        .execute(executor)
+        .await?
+        .rows_affected());
+        let (endpoints,): (i64,) = on_driver!(&mut *transaction, |executor| sqlx::query_as("SELECT COUNT(*) FROM webhook_endpoints WHERE client_id = $1")
             .bind(client_id)
-            .fetch_one(&mut *connection)
-            .await?;
+            .fetch_one(executor)
+            .await?);
         if endpoints > i64::from(MAX_ENDPOINTS_PER_CLIENT) {
             return Err(OutboxError::Invalid(format!("a client has at most {MAX_ENDPOINTS_PER_CLIENT} endpoints")));
         }
@@ -185,13 +186,15 @@ impl Subscriptions {
         event_types.sort();
         event_types.dedup();
         for event_type in &event_types {
-            sqlx::query("INSERT INTO webhook_subscriptions (endpoint_id, event_type) VALUES ($1, $2)")
+            on_driver!(&mut *transaction, |executor| {
+sqlx::query("INSERT INTO webhook_subscriptions (endpoint_id, event_type) VALUES ($1, $2)")
                 .bind(&endpoint_id)
                 .bind(event_type)
-                .execute(&mut *connection)
+                .execute(executor)
                 .await?;
+});
         }
-        let secret = insert_secret(connection, &endpoint_id, now_ms).await?;
+        let secret = insert_secret(transaction, &endpoint_id, now_ms).await?;
         let endpoint = Endpoint {
             endpoint_id,
             url: new.url.clone(),
@@ -205,38 +208,40 @@ impl Subscriptions {
         Ok((endpoint, secret))
     }
 
-    /// A new secret for the endpoint, on `connection`. The secrets that signed until now keep
+    /// A new secret for the endpoint, in `transaction`. The secrets that signed until now keep
     /// signing for `overlap_ms` more (both signatures go with every delivery meanwhile), so the
     /// receiver can switch to the new one without losing a delivery.
-    pub async fn rotate_secret(connection: &mut AnyConnection, client_id: &str, endpoint_id: &str, overlap_ms: i64, now_ms: i64) -> Result<Secret, OutboxError> {
+    pub async fn rotate_secret(transaction: &mut Transaction, client_id: &str, endpoint_id: &str, overlap_ms: i64, now_ms: i64) -> Result<Secret, OutboxError> {
         // Writing first takes the endpoint's row lock (PostgreSQL: a concurrent rotation waits,
         // then sees this one's secret) or the database's write lock (SQLite: no snapshot taken by
         // a read can go stale before the write).
-        let owned = sqlx::query("UPDATE webhook_endpoints SET state = state WHERE endpoint_id = $1 AND client_id = $2")
+        let owned = on_driver!(&mut *transaction, |executor| sqlx::query("UPDATE webhook_endpoints SET state = state WHERE endpoint_id = $1 AND client_id = $2")
             .bind(endpoint_id)
             .bind(client_id)
-            .execute(&mut *connection)
-            .await?;
-        if owned.rows_affected() == 0 {
+            .execute(executor)
+            .await?.rows_affected());
+        if owned == 0 {
             return Err(OutboxError::EndpointNotFound(endpoint_id.to_owned()));
         }
-        sqlx::query(
+        on_driver!(&mut *transaction, |executor| {
+sqlx::query(
             "UPDATE webhook_secrets SET expires_at_ms = $1 \
              WHERE endpoint_id = $2 AND (expires_at_ms IS NULL OR expires_at_ms > $1)",
         )
         .bind(now_ms.saturating_add(overlap_ms))
         .bind(endpoint_id)
-        .execute(&mut *connection)
+        .execute(executor)
         .await?;
-        insert_secret(connection, endpoint_id, now_ms).await
+});
+        insert_secret(transaction, endpoint_id, now_ms).await
     }
 
     pub async fn endpoints(&self, client_id: &str) -> Result<Vec<Endpoint>, OutboxError> {
         let mut read = self.read().await?;
-        let rows: Vec<EndpointRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT_ENDPOINT} WHERE client_id = $1 ORDER BY created_at_ms, endpoint_id")))
+        let rows: Vec<EndpointRow> = on_driver!(&mut read, |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT_ENDPOINT} WHERE client_id = $1 ORDER BY created_at_ms, endpoint_id")))
             .bind(client_id)
-            .fetch_all(&mut *read)
-            .await?;
+            .fetch_all(executor)
+            .await?);
         let mut endpoints = Vec::with_capacity(rows.len());
         for row in rows {
             endpoints.push(with_event_types(&mut read, row).await?);
@@ -254,10 +259,12 @@ impl Subscriptions {
     /// that an endpoint is read with its own subscriptions and a delivery with its own attempts
     /// (on PostgreSQL that takes REPEATABLE READ; a SQLite read transaction is one snapshot).
     /// It writes nothing, so it is dropped rather than committed.
-    async fn read(&self) -> Result<Transaction<'static, Any>, OutboxError> {
+    async fn read(&self) -> Result<Transaction, OutboxError> {
         let mut read = self.database.begin_read().await?;
         if self.database.backend() == Backend::Postgres {
-            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *read).await?;
+            on_driver!(&mut read, |executor| {
+sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(executor).await?;
+});
         }
         Ok(read)
     }
@@ -270,7 +277,9 @@ impl Subscriptions {
         } else {
             "UPDATE webhook_endpoints SET state = 'disabled', disabled_reason = 'disabled by its owner' WHERE endpoint_id = $1 AND client_id = $2 AND state = 'enabled'"
         };
-        sqlx::query(statement).bind(endpoint_id).bind(client_id).execute(self.database.pool()).await?;
+        self.database
+            .autocommit(async |writes| on_driver!(writes, |executor| sqlx::query(statement).bind(endpoint_id).bind(client_id).execute(executor).await.map(drop)))
+            .await?;
         self.endpoint(client_id, endpoint_id).await
     }
 
@@ -278,25 +287,25 @@ impl Subscriptions {
     pub async fn deliveries(&self, client_id: &str, endpoint_id: &str, limit: u32) -> Result<Vec<DeliveryLog>, OutboxError> {
         let mut read = self.read().await?;
         owned_endpoint(&mut read, client_id, endpoint_id).await?;
-        let rows: Vec<DeliveryRow> = sqlx::query_as(
+        let rows: Vec<DeliveryRow> = on_driver!(&mut read, |executor| sqlx::query_as(
             "SELECT d.event_id, e.event_type, d.state, d.next_attempt_at_ms, d.created_at_ms \
              FROM webhook_deliveries d JOIN webhook_events e ON e.event_id = d.event_id \
              WHERE d.endpoint_id = $1 ORDER BY d.created_at_ms DESC, d.event_id DESC LIMIT $2",
         )
         .bind(endpoint_id)
         .bind(i64::from(limit))
-        .fetch_all(&mut *read)
-        .await?;
+        .fetch_all(executor)
+        .await?);
         let mut deliveries = Vec::with_capacity(rows.len());
         for row in rows {
-            let attempts: Vec<AttemptLog> = sqlx::query_as(
+            let attempts: Vec<AttemptLog> = on_driver!(&mut read, |executor| sqlx::query_as(
                 "SELECT attempt, started_at_ms, duration_ms, status_code, outcome, error FROM webhook_attempts \
                  WHERE endpoint_id = $1 AND event_id = $2 ORDER BY attempt",
             )
             .bind(endpoint_id)
             .bind(&row.event_id)
-            .fetch_all(&mut *read)
-            .await?;
+            .fetch_all(executor)
+            .await?);
             let state = DeliveryState::parse(&row.state)?;
             deliveries.push(DeliveryLog {
                 event_id: row.event_id,
@@ -314,17 +323,23 @@ impl Subscriptions {
     /// `webhook-id`. An attempt in flight loses its lease, so its outcome cannot undo this.
     pub async fn redeliver(&self, client_id: &str, endpoint_id: &str, event_id: &str, now_ms: i64) -> Result<(), OutboxError> {
         self.endpoint(client_id, endpoint_id).await?;
-        let updated = sqlx::query(
-            "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $1, updated_at_ms = $1, \
-               claim_token = NULL, claimed_until_ms = NULL \
-             WHERE endpoint_id = $2 AND event_id = $3",
-        )
-        .bind(now_ms)
-        .bind(endpoint_id)
-        .bind(event_id)
-        .execute(self.database.pool())
-        .await?;
-        if updated.rows_affected() == 0 {
+        let updated = self
+            .database
+            .autocommit(async |writes| {
+                Ok(on_driver!(writes, |executor| sqlx::query(
+                    "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $1, updated_at_ms = $1, \
+                       claim_token = NULL, claimed_until_ms = NULL \
+                     WHERE endpoint_id = $2 AND event_id = $3",
+                )
+                .bind(now_ms)
+                .bind(endpoint_id)
+                .bind(event_id)
+                .execute(executor)
+                .await?
+                .rows_affected()))
+            })
+            .await?;
+        if updated == 0 {
             return Err(OutboxError::DeliveryNotFound { endpoint_id: endpoint_id.to_owned(), event_id: event_id.to_owned() });
         }
         Ok(())
@@ -336,7 +351,7 @@ impl Subscriptions {
     pub async fn redeliver_range(&self, client_id: &str, endpoint_id: &str, from_ms: i64, until_ms: i64, now_ms: i64) -> Result<u64, OutboxError> {
         self.endpoint(client_id, endpoint_id).await?;
         let mut transaction = self.database.begin().await?;
-        let again = sqlx::query(
+        let again = on_driver!(&mut transaction, |executor| sqlx::query(
             "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $1, updated_at_ms = $1, \
                claim_token = NULL, claimed_until_ms = NULL \
              WHERE endpoint_id = $2 AND event_id IN \
@@ -347,9 +362,9 @@ impl Subscriptions {
         .bind(client_id)
         .bind(from_ms)
         .bind(until_ms)
-        .execute(&mut *transaction)
-        .await?;
-        let missed = sqlx::query(
+        .execute(executor)
+        .await?.rows_affected());
+        let missed = on_driver!(&mut transaction, |executor| sqlx::query(
             "INSERT INTO webhook_deliveries \
                (endpoint_id, event_id, state, attempts, schedule_step, next_attempt_at_ms, created_at_ms, updated_at_ms) \
              SELECT s.endpoint_id, e.event_id, 'pending', 0, 0, $1, $1, $1 \
@@ -364,40 +379,42 @@ impl Subscriptions {
         .bind(client_id)
         .bind(from_ms)
         .bind(until_ms)
-        .execute(&mut *transaction)
-        .await?;
+        .execute(executor)
+        .await?.rows_affected());
         transaction.commit().await?;
-        Ok(again.rows_affected() + missed.rows_affected())
+        Ok(again + missed)
     }
 
 }
 
-async fn with_event_types(connection: &mut AnyConnection, row: EndpointRow) -> Result<Endpoint, OutboxError> {
-    let event_types: Vec<(String,)> = sqlx::query_as("SELECT event_type FROM webhook_subscriptions WHERE endpoint_id = $1 ORDER BY event_type")
+async fn with_event_types(transaction: &mut Transaction, row: EndpointRow) -> Result<Endpoint, OutboxError> {
+    let event_types: Vec<(String,)> = on_driver!(transaction, |executor| sqlx::query_as("SELECT event_type FROM webhook_subscriptions WHERE endpoint_id = $1 ORDER BY event_type")
         .bind(&row.endpoint_id)
-        .fetch_all(connection)
-        .await?;
+        .fetch_all(executor)
+        .await?);
     row.into_endpoint(event_types.into_iter().map(|(event_type,)| event_type).collect())
 }
 
-async fn owned_endpoint(connection: &mut AnyConnection, client_id: &str, endpoint_id: &str) -> Result<EndpointRow, OutboxError> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT_ENDPOINT} WHERE endpoint_id = $1 AND client_id = $2")))
+async fn owned_endpoint(transaction: &mut Transaction, client_id: &str, endpoint_id: &str) -> Result<EndpointRow, OutboxError> {
+    on_driver!(transaction, |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT_ENDPOINT} WHERE endpoint_id = $1 AND client_id = $2")))
         .bind(endpoint_id)
         .bind(client_id)
-        .fetch_optional(connection)
+        .fetch_optional(executor)
         .await?
-        .ok_or_else(|| OutboxError::EndpointNotFound(endpoint_id.to_owned()))
+        .ok_or_else(|| OutboxError::EndpointNotFound(endpoint_id.to_owned())))
 }
 
-async fn insert_secret(connection: &mut AnyConnection, endpoint_id: &str, now_ms: i64) -> Result<Secret, OutboxError> {
+async fn insert_secret(transaction: &mut Transaction, endpoint_id: &str, now_ms: i64) -> Result<Secret, OutboxError> {
     let secret = Secret::generate();
-    sqlx::query("INSERT INTO webhook_secrets (secret_id, endpoint_id, secret, created_at_ms) VALUES ($1, $2, $3, $4)")
+    on_driver!(transaction, |executor| {
+sqlx::query("INSERT INTO webhook_secrets (secret_id, endpoint_id, secret, created_at_ms) VALUES ($1, $2, $3, $4)")
         .bind(new_id("sec"))
         .bind(endpoint_id)
         .bind(secret.to_string())
         .bind(now_ms)
-        .execute(connection)
+        .execute(executor)
         .await?;
+});
     Ok(secret)
 }
 

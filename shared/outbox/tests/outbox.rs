@@ -20,13 +20,13 @@ enum Scratch {
 /// A fresh, migrated database of each available backend.
 async fn databases() -> Vec<(Database, Scratch)> {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let sqlite = Database::connect(&format!("sqlite://{}", dir.path().join("webhooks.db").display())).await.expect("sqlite");
-    outbox::migrate(&sqlite).await.expect("migrations");
+    let sqlite = Database::open(&format!("sqlite://{}", dir.path().join("webhooks.db").display()), Default::default(), |backend| vec![outbox::migrations(backend)])
+        .await
+        .expect("sqlite");
     let mut databases = vec![(sqlite, Scratch::Sqlite { _dir: dir })];
     if let Some(admin_url) = test_support::postgres_admin_url() {
         let scratch = ScratchDatabase::create(&admin_url, "outbox").await;
-        let postgres = Database::connect(scratch.url()).await.expect("postgres database");
-        outbox::migrate(&postgres).await.expect("migrations");
+        let postgres = Database::open(scratch.url(), Default::default(), |backend| vec![outbox::migrations(backend)]).await.expect("postgres database");
         databases.push((postgres, Scratch::Postgres { _database: scratch }));
     }
     databases
@@ -38,14 +38,15 @@ async fn endpoint(database: &Database, event_types: &[&str]) -> String {
 
 async fn endpoint_with(database: &Database, event_types: &[&str], limits: EndpointLimits) -> String {
     let new = NewEndpoint { url: "https://hooks.example.com/orders".into(), event_types: event_types.iter().map(|t| t.to_string()).collect(), limits };
-    let mut connection = database.pool().acquire().await.expect("connection");
-    let (endpoint, _secret) = Subscriptions::create_endpoint(&mut connection, CLIENT, &new, T0).await.expect("endpoint");
+    let mut transaction = database.begin().await.expect("transaction");
+    let (endpoint, _secret) = Subscriptions::create_endpoint(&mut transaction, CLIENT, &new, T0).await.expect("endpoint");
+    transaction.commit().await.expect("commit");
     endpoint.endpoint_id
 }
 
 /// Commits an `order.paid` event; its id, or `None` when no endpoint subscribes (nothing kept).
 async fn record_paid(database: &Database, now_ms: i64) -> Option<String> {
-    let mut transaction = database.pool().begin().await.expect("transaction");
+    let mut transaction = database.begin().await.expect("transaction");
     let data = json!({"order_id": "ord_1"});
     let id = outbox::record(&mut transaction, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 2, data: &data }, now_ms).await.expect("record");
     transaction.commit().await.expect("commit");
@@ -57,7 +58,8 @@ async fn paid(database: &Database, now_ms: i64) -> String {
 }
 
 async fn count(database: &Database, table: &'static str) -> i64 {
-    let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}"))).fetch_one(database.pool()).await.expect("count");
+    let statement = format!("SELECT COUNT(*) FROM {table}");
+    let (n,): (i64,) = idempotency::on_driver!(database.reader(), |executor| sqlx::query_as(sqlx::AssertSqlSafe(statement.as_str())).fetch_one(executor).await.expect("count"));
     n
 }
 
@@ -69,10 +71,10 @@ fn answered(status: u16, at: i64) -> Attempt {
 async fn a_rolled_back_transaction_leaves_no_event_and_no_delivery() {
     for (database, _scratch) in databases().await {
         endpoint(&database, &[ORDER_PAID]).await;
-        let mut transaction = database.pool().begin().await.expect("transaction");
+        let mut transaction = database.begin().await.expect("transaction");
         let data = json!({"order_id": "ord_1"});
         outbox::record(&mut transaction, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 2, data: &data }, T0).await.expect("record");
-        transaction.rollback().await.expect("rollback");
+        drop(transaction);
         assert_eq!(count(&database, "webhook_events").await, 0);
         assert_eq!(count(&database, "webhook_deliveries").await, 0);
 
@@ -204,9 +206,9 @@ async fn an_endpoint_failing_for_a_day_or_gone_is_disabled_and_its_owner_told() 
 async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
     for (database, _scratch) in databases().await {
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
-        let mut connection = database.pool().acquire().await.expect("connection");
-        Subscriptions::rotate_secret(&mut connection, CLIENT, &endpoint_id, DAY_MS, T0 + 1).await.expect("rotate");
-        drop(connection);
+        let mut transaction = database.begin().await.expect("transaction");
+        Subscriptions::rotate_secret(&mut transaction, CLIENT, &endpoint_id, DAY_MS, T0 + 1).await.expect("rotate");
+        transaction.commit().await.expect("commit");
         paid(&database, T0 + 2).await;
         let deliveries = Deliveries::new(database.clone());
         let during = deliveries.claim(&endpoint_id, T0 + 2, 1).await.expect("claim").expect("due");
@@ -279,11 +281,12 @@ async fn a_client_has_a_bounded_number_of_endpoints() {
             endpoint(&database, &[ORDER_PAID]).await;
         }
         let new = NewEndpoint { url: "https://hooks.example.com/one-more".into(), event_types: vec![ORDER_PAID.into()], limits: EndpointLimits::default() };
-        let mut transaction = database.pool().begin().await.expect("transaction");
+        let mut transaction = database.begin().await.expect("transaction");
         let refused = Subscriptions::create_endpoint(&mut transaction, CLIENT, &new, T0).await.expect_err("over the bound");
         assert!(refused.to_string().contains("at most"), "{refused}");
         drop(transaction);
-        let mut connection = database.pool().acquire().await.expect("connection");
-        Subscriptions::create_endpoint(&mut connection, "another-client", &new, T0).await.expect("the bound is per client");
+        let mut transaction = database.begin().await.expect("transaction");
+        Subscriptions::create_endpoint(&mut transaction, "another-client", &new, T0).await.expect("the bound is per client");
+        transaction.commit().await.expect("commit");
     }
 }

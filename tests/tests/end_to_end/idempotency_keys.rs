@@ -214,7 +214,7 @@ async fn the_completer_probes_instead_of_retrying_every_stranded_create_while_th
     test.set_faults(fast_bank(|_| {}));
     let database = idempotency::Database::connect(&test.chain.database_urls.0).await.unwrap();
     eventually(BACKGROUND, "every stranded create settled once the bank is back", || async {
-        let paid: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE status = 'paid'").fetch_one(database.pool()).await.unwrap();
+        let paid: i64 = idempotency::on_driver!(database.reader(), |executor| sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE status = 'paid'").fetch_one(executor).await.unwrap());
         paid == 20
     })
     .await;

@@ -48,16 +48,16 @@ impl Outbox {
     pub async fn new() -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
         let url = format!("sqlite://{}", dir.path().join("orders.db").display());
-        let database = Database::connect(&url).await.expect("database");
-        outbox::migrate(&database).await.expect("webhook tables");
+        let database = Database::open(&url, Default::default(), |backend| vec![outbox::migrations(backend)]).await.expect("database");
         Self { database, url, _dir: dir }
     }
 
     /// An endpoint of [`CLIENT`] at `url` for `event_types`, and its secret.
     pub async fn endpoint(&self, url: &str, event_types: &[&str], limits: EndpointLimits, now_ms: i64) -> (String, Secret) {
         let new = NewEndpoint { url: url.into(), event_types: event_types.iter().map(|t| t.to_string()).collect(), limits };
-        let mut connection = self.database.pool().acquire().await.expect("connection");
-        let (endpoint, secret) = Subscriptions::create_endpoint(&mut connection, CLIENT, &new, now_ms).await.expect("endpoint");
+        let mut transaction = self.database.begin().await.expect("transaction");
+        let (endpoint, secret) = Subscriptions::create_endpoint(&mut transaction, CLIENT, &new, now_ms).await.expect("endpoint");
+        transaction.commit().await.expect("commit");
         (endpoint.endpoint_id, secret)
     }
 
@@ -68,7 +68,7 @@ impl Outbox {
 
     /// Commits an event of `event_type` at `now_ms`; returns its id.
     async fn record(&self, event_type: &'static str, now_ms: i64) -> String {
-        let mut transaction = self.database.pool().begin().await.expect("transaction");
+        let mut transaction = self.database.begin().await.expect("transaction");
         let data = serde_json::json!({"order_id": "ord_1"});
         let event = NewEvent { event_type, version: 1, data: &data };
         let id = outbox::record(&mut transaction, CLIENT, &event, now_ms).await.expect("record").expect("an endpoint subscribes");

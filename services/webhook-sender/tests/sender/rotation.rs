@@ -25,9 +25,9 @@ async fn during_the_overlap_both_secrets_sign_and_after_it_only_the_new_one() {
     let receiver = Receiver::answering(204).await;
     let clock = Arc::new(ManualClock::starting_at(wall_ms()));
     let (endpoint_id, old) = outbox.endpoint(&receiver.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), clock.now_ms()).await;
-    let mut connection = outbox.database.pool().acquire().await.expect("connection");
-    let new = Subscriptions::rotate_secret(&mut connection, CLIENT, &endpoint_id, OVERLAP_MS, clock.now_ms()).await.expect("rotate");
-    drop(connection);
+    let mut transaction = outbox.database.begin().await.expect("transaction");
+    let new = Subscriptions::rotate_secret(&mut transaction, CLIENT, &endpoint_id, OVERLAP_MS, clock.now_ms()).await.expect("rotate");
+    transaction.commit().await.expect("commit");
     let _sender = start_sender(settings(&outbox, &[&receiver]), clock.clone(), SystemResolver).await;
 
     outbox.paid(clock.now_ms()).await;

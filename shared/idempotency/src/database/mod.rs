@@ -1,0 +1,319 @@
+//! One service's database, SQLite or PostgreSQL, through sqlx's typed drivers.
+
+mod writer;
+
+use std::{num::NonZeroU32, str::FromStr, time::Duration};
+
+use sqlx::{
+    PgConnection, PgPool, Postgres, Sqlite, SqliteConnection, SqlitePool,
+    migrate::{MigrateError, Migrator},
+    pool::PoolConnection,
+    postgres::PgPoolOptions,
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
+};
+
+/// When a SQLite commit is on disk (`PRAGMA synchronous` in WAL mode). PostgreSQL's is the
+/// server's `synchronous_commit` (`on` by default: a commit waits for its WAL to be flushed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Synchronous {
+    /// The WAL is synced at checkpoints, not at each commit: a commit survives a crash of the
+    /// process, and the last commits before a power loss or an OS crash may be rolled back.
+    #[default]
+    Normal,
+    /// The WAL is synced at every commit: a commit survives a power loss too.
+    Full,
+}
+
+/// How a SQLite database is written: when a commit is on disk, and how the one writer batches
+/// the transactions that wait for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SqliteSettings {
+    pub synchronous: Synchronous,
+    /// Most transactions committed together.
+    pub max_batch: NonZeroU32,
+    /// How long a batch with room left waits for one more transaction before it commits, in
+    /// µs; 0 commits as soon as nobody is waiting.
+    pub batch_wait_us: u64,
+}
+
+impl Default for SqliteSettings {
+    fn default() -> Self {
+        Self { synchronous: Synchronous::default(), max_batch: NonZeroU32::new(64).expect("not zero"), batch_wait_us: 0 }
+    }
+}
+
+/// Which database a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Backend {
+    pub fn of(url: &str) -> Result<Self, DatabaseError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Backend::Postgres)
+        } else if url.starts_with("sqlite:") && !url.contains(":memory:") && !url.contains("mode=memory") {
+            Ok(Backend::Sqlite)
+        } else {
+            Err(DatabaseError::UnsupportedUrl(url.to_owned()))
+        }
+    }
+}
+
+/// A pool of one driver or the other, for reads: see [`Database::reader`].
+#[derive(Debug, Clone)]
+pub enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// A service's database: SQLite's one batching writer and its readers, or a PostgreSQL pool.
+#[derive(Debug, Clone)]
+pub struct Database {
+    writes: Writes,
+    reader: Pool,
+}
+
+#[derive(Debug, Clone)]
+enum Writes {
+    Sqlite(writer::Writer),
+    Postgres(PgPool),
+}
+
+/// Connections of the SQLite reader pool: reads beside the one writer, in WAL mode.
+const SQLITE_READERS: u32 = 4;
+
+/// How long SQLite waits for another process's write lock, and anyone for a pooled connection.
+const WAIT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum DatabaseError {
+    #[error("unsupported database URL {0:?}: use sqlite://FILE or postgres://…")]
+    UnsupportedUrl(String),
+    #[error("connecting to the database: {0}")]
+    Connect(#[from] sqlx::Error),
+    #[error("migrating the database: {0}")]
+    Migrate(#[from] MigrateError),
+}
+
+/// The migrations of one crate, named by its owner: each owner's history is kept in a table of
+/// its own (`_sqlx_migrations_<owner>`), so that two crates' versions never collide.
+pub type Migrations = (&'static str, Migrator);
+
+impl Database {
+    /// Connects with the default [`SqliteSettings`] and applies the key store's migrations.
+    pub async fn connect(url: &str) -> Result<Self, DatabaseError> {
+        Self::open(url, SqliteSettings::default(), |_| Vec::new()).await
+    }
+
+    /// Connects (creating a SQLite file when missing), applies the key store's migrations and
+    /// then those `migrations` chooses for the backend (a crate's `sqlx::migrate!` paths are its
+    /// own, so it chooses), all before the first request.
+    pub async fn open(url: &str, sqlite: SqliteSettings, migrations: impl FnOnce(Backend) -> Vec<Migrations>) -> Result<Self, DatabaseError> {
+        let backend = Backend::of(url)?;
+        let mut all = vec![(
+            "idempotency",
+            match backend {
+                Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
+                Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
+            },
+        )];
+        all.extend(migrations(backend));
+        match backend {
+            Backend::Sqlite => {
+                let options = SqliteConnectOptions::from_str(url)?.busy_timeout(WAIT);
+                // WAL lets the readers run beside the one writer, which creates the file.
+                let mut connection = <SqliteConnection as sqlx::Connection>::connect_with(
+                    &options
+                        .clone()
+                        .create_if_missing(true)
+                        .journal_mode(SqliteJournalMode::Wal)
+                        .synchronous(match sqlite.synchronous {
+                            Synchronous::Normal => SqliteSynchronous::Normal,
+                            Synchronous::Full => SqliteSynchronous::Full,
+                        }),
+                )
+                .await?;
+                for (owner, migrator) in all {
+                    migrate(owner, migrator, &mut connection).await?;
+                }
+                let reader = SqlitePoolOptions::new()
+                    .max_connections(SQLITE_READERS)
+                    .acquire_timeout(WAIT)
+                    .connect_with(options.read_only(true))
+                    .await?;
+                Ok(Self { writes: Writes::Sqlite(writer::Writer::spawn(connection, &sqlite)), reader: Pool::Sqlite(reader) })
+            }
+            Backend::Postgres => {
+                let pool = PgPoolOptions::new().max_connections(16).acquire_timeout(WAIT).connect(url).await?;
+                for (owner, migrator) in all {
+                    migrate(owner, migrator, &pool).await?;
+                }
+                Ok(Self { writes: Writes::Postgres(pool.clone()), reader: Pool::Postgres(pool) })
+            }
+        }
+    }
+
+    /// Begins a write transaction.
+    ///
+    /// On SQLite, the transaction is one member of the writer's current batch (see
+    /// [`SqliteSettings`]): its statements run on the one writer connection inside a SAVEPOINT of
+    /// their own, and [`Transaction::commit`] returns once the whole batch is committed.
+    ///
+    /// On PostgreSQL, the `BEGIN` runs on a task of its own, because of how sqlx 0.9 cancels it:
+    /// if the future is dropped while the `BEGIN` runs (a request's deadline passing), its guard
+    /// rolls nothing back (it only rolls back a transaction already counted), and the connection
+    /// returns to the pool inside a transaction that every later statement on it joins and none
+    /// commits: their writes are lost when it closes, and their row locks held until then. On its
+    /// own task the `BEGIN` completes whatever happens to the caller, and a transaction nobody
+    /// takes any more is dropped there, which rolls it back. (sqlx issue 4393, fixed upstream
+    /// after 0.9.0; the test `a_begin_dropped_midway_leaves_no_connection_inside_a_transaction`
+    /// shows both.)
+    pub async fn begin(&self) -> Result<Transaction, sqlx::Error> {
+        match &self.writes {
+            Writes::Sqlite(writer) => Ok(Transaction(Open::Batched(writer.join().await?))),
+            Writes::Postgres(pool) => Ok(Transaction(Open::Postgres(begin_on(pool).await?))),
+        }
+    }
+
+    /// Runs `statements`, which write without a transaction of their own: on PostgreSQL each
+    /// commits by itself as it runs (no `BEGIN` and `COMMIT`, two round trips fewer); on SQLite
+    /// they join the writer's batch as [`Database::begin`]'s do, and so commit together, which
+    /// is never weaker. For a write of one statement, or of several that are each safe alone.
+    pub async fn autocommit<T>(&self, statements: impl AsyncFnOnce(&mut Transaction) -> Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        let mut transaction = match &self.writes {
+            Writes::Sqlite(writer) => Transaction(Open::Batched(writer.join().await?)),
+            Writes::Postgres(pool) => Transaction(Open::PostgresAutocommit(pool.acquire().await?)),
+        };
+        let done = statements(&mut transaction).await?;
+        transaction.commit().await?;
+        Ok(done)
+    }
+
+    /// As [`Database::begin`], on [`Database::reader`]: one snapshot for several reads.
+    pub async fn begin_read(&self) -> Result<Transaction, sqlx::Error> {
+        match &self.reader {
+            Pool::Sqlite(pool) => Ok(Transaction(Open::SqliteRead(begin_on(pool).await?))),
+            Pool::Postgres(pool) => Ok(Transaction(Open::Postgres(begin_on(pool).await?))),
+        }
+    }
+
+    /// The pool for reads that write nothing. On SQLite, connections of their own that read
+    /// beside the one writer (WAL), each read seeing the last commit, so that a read never
+    /// queues behind a write; on PostgreSQL, the pool writes use too.
+    pub fn reader(&self) -> &Pool {
+        &self.reader
+    }
+
+    pub fn backend(&self) -> Backend {
+        match self.reader {
+            Pool::Sqlite(_) => Backend::Sqlite,
+            Pool::Postgres(_) => Backend::Postgres,
+        }
+    }
+}
+
+async fn migrate<'a, A: sqlx::Acquire<'a>>(owner: &'static str, mut migrator: Migrator, on: A) -> Result<(), MigrateError>
+where
+    <A::Connection as std::ops::Deref>::Target: sqlx::migrate::Migrate,
+{
+    migrator.dangerous_set_table_name(format!("_sqlx_migrations_{owner}"));
+    migrator.run(on).await
+}
+
+async fn begin_on<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> Result<sqlx::Transaction<'static, DB>, sqlx::Error> {
+    let pool = pool.clone();
+    match tokio::spawn(async move { pool.begin().await }).await {
+        Ok(begun) => begun,
+        Err(failed) => std::panic::resume_unwind(failed.into_panic()),
+    }
+}
+
+/// A transaction of [`Database::begin`] or [`Database::begin_read`] (or the statements of
+/// [`Database::autocommit`]):
+/// its statements run through [`on_driver!`]; dropped without [`Transaction::commit`], its
+/// work is rolled back.
+#[derive(Debug)]
+pub struct Transaction(Open);
+
+#[derive(Debug)]
+enum Open {
+    Batched(writer::Member),
+    SqliteRead(sqlx::Transaction<'static, Sqlite>),
+    Postgres(sqlx::Transaction<'static, Postgres>),
+    PostgresAutocommit(PoolConnection<Postgres>),
+}
+
+impl Transaction {
+    /// Commits, and returns once the work is durable as the backend's settings say.
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        match self.0 {
+            Open::Batched(member) => member.commit().await,
+            Open::SqliteRead(transaction) => transaction.commit().await,
+            Open::Postgres(transaction) => transaction.commit().await,
+            Open::PostgresAutocommit(_) => Ok(()),
+        }
+    }
+}
+
+/// A value for one driver or the other: what [`on_driver!`] matches on.
+pub enum Driver<S, P> {
+    Sqlite(S),
+    Postgres(P),
+}
+
+/// Something statements run on, seen as its driver's typed executor.
+pub trait Executors {
+    type Sqlite;
+    type Postgres;
+    fn driver(self) -> Driver<Self::Sqlite, Self::Postgres>;
+}
+
+impl<'a> Executors for &'a Pool {
+    type Sqlite = &'a SqlitePool;
+    type Postgres = &'a PgPool;
+    fn driver(self) -> Driver<Self::Sqlite, Self::Postgres> {
+        match self {
+            Pool::Sqlite(pool) => Driver::Sqlite(pool),
+            Pool::Postgres(pool) => Driver::Postgres(pool),
+        }
+    }
+}
+
+impl<'a> Executors for &'a mut Transaction {
+    type Sqlite = &'a mut SqliteConnection;
+    type Postgres = &'a mut PgConnection;
+    fn driver(self) -> Driver<Self::Sqlite, Self::Postgres> {
+        match &mut self.0 {
+            Open::Batched(member) => Driver::Sqlite(member.connection()),
+            Open::SqliteRead(transaction) => Driver::Sqlite(transaction),
+            Open::Postgres(transaction) => Driver::Postgres(transaction),
+            Open::PostgresAutocommit(connection) => Driver::Postgres(connection),
+        }
+    }
+}
+
+/// Runs `$body` with `$executor` bound to the typed executor behind `$on` (a `&mut`
+/// [`Transaction`] or a `&` [`Pool`]): each statement is written once, with `$1` parameters,
+/// and compiled for both drivers. sqlx's `Any` driver would do the same at run time, at the
+/// price of a boxed future and a copy of every argument and every row.
+///
+/// ```no_run
+/// # async fn count(database: &idempotency::Database) -> Result<i64, sqlx::Error> {
+/// let keys: i64 = idempotency::on_driver!(database.reader(), |executor| {
+///     sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_keys").fetch_one(executor).await?
+/// });
+/// # Ok(keys) }
+/// ```
+#[macro_export]
+macro_rules! on_driver {
+    ($on:expr, |$executor:ident| $body:expr) => {
+        match $crate::Executors::driver($on) {
+            $crate::Driver::Sqlite($executor) => $body,
+            $crate::Driver::Postgres($executor) => $body,
+        }
+    };
+}

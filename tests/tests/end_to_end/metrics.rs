@@ -45,6 +45,14 @@ async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
     test.set_faults(fast_bank(|f| f.latency_ms = Latency { mean: 300.0, stddev: 0.0 }));
     let concurrent = (0..3).map(|n| test.post_order(&format!("metrics-bulkhead-{n}"), &order_body()).send());
     futures::future::join_all(concurrent).await;
+    // The refused creates are left half-done, and the completer resumes them through the slow
+    // bank: until they are paid, its calls could take the bulkhead's one place from the failing
+    // calls below, which would then never reach the bank to open its breaker.
+    test.set_faults(fast_bank(|_| {}));
+    for n in 0..3 {
+        let key = format!("metrics-bulkhead-{n}");
+        eventually(BACKGROUND, &format!("{key} paid"), || async { test.post_order(&key, &order_body()).send().await.is_ok_and(|r| r.status() == 201) }).await;
+    }
 
     // A failing bank: retried at the gateway, then the breaker opens and answers for the bank;
     // the summary's rate comes from the last quote.

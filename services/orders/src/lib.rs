@@ -137,7 +137,8 @@ impl OrderService {
         let fingerprint = idempotency::fingerprint(&request.encode_to_vec());
         // The key is ours until our deadline: after it nobody works on it and a retry may take over.
         let lease = Hop::current().map_or(self.default_lease, |hop| hop.deadline().remaining());
-        let mut lease = match self.keys.begin(client_id, key, &fingerprint, lease).await? {
+        // A new key's claim commits with phase 1, which follows at once.
+        let mut lease = match self.keys.begin_with_first_phase(client_id, key, &fingerprint, lease).await? {
             Begin::Replay(stored) => return Ok(Answer { order: replay(&stored)?, replayed: true }),
             Begin::Execute(lease) => lease,
         };

@@ -99,7 +99,7 @@ impl WebhookService {
         };
         // A failed write or completion committed nothing, so a corrected repeat may start afresh.
         if written.is_err() {
-            self.keys.release(&lease).await?;
+            self.keys.release(&mut lease).await?;
         }
         written.map(Response::new)
     }

@@ -124,7 +124,7 @@ impl Payments {
         let reply = match self.bank.clone().charge(charge).await {
             Ok(reply) => reply.into_inner(),
             Err(status) => {
-                self.keys.release(&lease).await?;
+                self.keys.release(&mut lease).await?;
                 return Err(PaymentError::Bank(status));
             }
         };

@@ -54,7 +54,7 @@ pub struct Stored {
 }
 
 /// The right to work on a key, until the lease runs out or another request takes it over.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Lease {
     scope: String,
     key: String,
@@ -63,11 +63,13 @@ pub struct Lease {
     pub recovery_point: String,
     /// What an earlier phase created, e.g. the order id.
     pub resource_id: Option<String>,
+    /// A new key's claim, not committed yet: see [`KeyStore::begin_with_first_phase`].
+    open: Option<Transaction>,
 }
 
 impl Lease {
     fn new(scope: &str, key: &str, token: i64, recovery_point: String, resource_id: Option<String>) -> Self {
-        Self { scope: scope.to_owned(), key: key.to_owned(), token, recovery_point, resource_id }
+        Self { scope: scope.to_owned(), key: key.to_owned(), token, recovery_point, resource_id, open: None }
     }
 }
 
@@ -146,6 +148,48 @@ fn expired_and_settled(now: &str) -> String {
     format!("expires_at <= {now} AND (state = '{COMPLETED}' OR (recovery_point = '{STARTED}' AND locked_until <= {now}))")
 }
 
+/// Whether a new key's claim commits at once or with the request's first phase.
+#[derive(Debug, Clone, Copy)]
+enum Claim {
+    Committed,
+    WithFirstPhase,
+}
+
+/// The row of a key claimed now.
+struct NewKey<'a> {
+    scope: &'a str,
+    key: &'a str,
+    fingerprint: &'a str,
+    token: i64,
+    now: i64,
+    locked_until: i64,
+    expires_at: i64,
+}
+
+impl NewKey<'_> {
+    /// Inserts the key unless it exists; 1 when it was inserted.
+    async fn insert(&self, transaction: &mut Transaction) -> Result<u64, sqlx::Error> {
+        Ok(on_driver!(transaction, |executor| sqlx::query(
+            "INSERT INTO idempotency_keys \
+             (scope, idempotency_key, fingerprint, state, recovery_point, lock_token, locked_until, created_at, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT (scope, idempotency_key) DO NOTHING",
+        )
+        .bind(self.scope)
+        .bind(self.key)
+        .bind(self.fingerprint)
+        .bind(IN_FLIGHT)
+        .bind(STARTED)
+        .bind(self.token)
+        .bind(self.locked_until)
+        .bind(self.now)
+        .bind(self.expires_at)
+        .execute(executor)
+        .await?
+        .rows_affected()))
+    }
+}
+
 impl KeyStore {
     pub fn new(database: Database, settings: KeySettings) -> Self {
         Self::with_clock(database, settings, Arc::new(SystemClock))
@@ -185,41 +229,41 @@ impl KeyStore {
     }
 
     /// Claims `key` in `scope` for a request with `fingerprint`, leased for `lease` (the
-    /// request's remaining deadline: after it, nobody is working on the key any more).
+    /// request's remaining deadline: after it, nobody is working on the key any more). A new
+    /// key's claim is committed before this returns, so that work outside the database (a call
+    /// to another service) may follow at once.
     pub async fn begin(&self, scope: &str, key: &str, fingerprint: &str, lease: Duration) -> Result<Begin, KeyError> {
+        self.claim(scope, key, fingerprint, lease, Claim::Committed).await
+    }
+
+    /// As [`KeyStore::begin`], for a request whose first phase follows its claim at once: a new
+    /// key's claim is left open, and the first [`KeyStore::phase`] continues its transaction, so
+    /// that the claim commits with that phase's effects, one transaction instead of two. Until
+    /// then the claim holds a write transaction (on SQLite, the one writer): run nothing else
+    /// before the phase. Dropped or released before it, the claim is undone, as if the request
+    /// had never come.
+    pub async fn begin_with_first_phase(&self, scope: &str, key: &str, fingerprint: &str, lease: Duration) -> Result<Begin, KeyError> {
+        self.claim(scope, key, fingerprint, lease, Claim::WithFirstPhase).await
+    }
+
+    async fn claim(&self, scope: &str, key: &str, fingerprint: &str, lease: Duration, claim: Claim) -> Result<Begin, KeyError> {
         let token = rand::random::<i64>();
         // A few rounds at most: each one that does not decide follows a change another request
         // made in between (an expired row deleted, a takeover lost to a completion), and the next
         // round sees what that change left.
         for _ in 0..3 {
             let now = self.clock.now_ms();
-            let locked_until = now + lease.as_millis() as i64;
-            let expires_at = now + self.settings.ttl_ms as i64;
-            let inserted = self
-                .database
-                .autocommit(async |writes| {
-                    Ok(on_driver!(writes, |executor| sqlx::query(
-                        "INSERT INTO idempotency_keys \
-                         (scope, idempotency_key, fingerprint, state, recovery_point, lock_token, locked_until, created_at, expires_at) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-                         ON CONFLICT (scope, idempotency_key) DO NOTHING",
-                    )
-                    .bind(scope)
-                    .bind(key)
-                    .bind(fingerprint)
-                    .bind(IN_FLIGHT)
-                    .bind(STARTED)
-                    .bind(token)
-                    .bind(locked_until)
-                    .bind(now)
-                    .bind(expires_at)
-                    .execute(executor)
-                    .await?
-                    .rows_affected()))
-                })
-                .await?;
-            if inserted == 1 {
-                return Ok(Begin::Execute(Lease::new(scope, key, token, STARTED.into(), None)));
+            let new = NewKey { scope, key, fingerprint, token, now, locked_until: now + lease.as_millis() as i64, expires_at: now + self.settings.ttl_ms as i64 };
+            let claimed = match claim {
+                Claim::Committed => (self.database.autocommit(async |writes| new.insert(writes).await).await? == 1).then_some(None),
+                // A key already there leaves this transaction with nothing done: it is dropped.
+                Claim::WithFirstPhase => {
+                    let mut transaction = self.database.begin().await?;
+                    (new.insert(&mut transaction).await? == 1).then_some(Some(transaction))
+                }
+            };
+            if let Some(open) = claimed {
+                return Ok(Begin::Execute(Lease { open, ..Lease::new(scope, key, token, STARTED.into(), None) }));
             }
 
             // On the reader: the row is what the last commit left, and the writer stays free.
@@ -269,7 +313,7 @@ impl KeyStore {
                 return Err(KeyError::InFlight);
             }
             // The lease ran out (its request was cancelled, crashed or failed): take it over.
-            match self.take_over(scope, key, row.lock_token, token, now, locked_until).await? {
+            match self.take_over(scope, key, row.lock_token, token, now, new.locked_until).await? {
                 Some(lease) => {
                     tracing::info!(scope, recovery_point = %lease.recovery_point, "resuming an idempotency key whose lease ran out");
                     return Ok(Begin::Execute(lease));
@@ -355,13 +399,21 @@ impl KeyStore {
     /// the key's next recovery point ([`Phase::commit_at`]) or its final answer ([`Phase::complete`]).
     pub async fn phase<'l>(&self, lease: &'l mut Lease) -> Result<Phase<'l>, KeyError> {
         let keep_until = self.clock.now_ms() + self.settings.ttl_ms as i64;
-        Ok(Phase { transaction: self.database.begin().await?, lease, keep_until })
+        let transaction = match lease.open.take() {
+            Some(claim) => claim,
+            None => self.database.begin().await?,
+        };
+        Ok(Phase { transaction, lease, keep_until })
     }
 
     /// Gives the key up after a failure a retry may fix: the next repeat resumes at once from the
     /// last recovery point instead of waiting for the lease to run out. The lease ends now, which
-    /// tells [`KeyStore::stranded`] how long the key has waited.
-    pub async fn release(&self, lease: &Lease) -> Result<(), KeyError> {
+    /// tells [`KeyStore::stranded`] how long the key has waited. A claim not committed yet is
+    /// undone instead: the key was never there.
+    pub async fn release(&self, lease: &mut Lease) -> Result<(), KeyError> {
+        if lease.open.take().is_some() {
+            return Ok(());
+        }
         let now = self.clock.now_ms();
         self.database
             .autocommit(async |writes| {

@@ -89,7 +89,7 @@ async fn phases_commit_effects_with_the_recovery_point_and_a_released_key_resume
         assert_eq!((lease.recovery_point.as_str(), lease.resource_id.as_deref()), ("order_created", Some("order-1")));
 
         // A failure a retry may fix: the key is released and the repeat resumes where it stopped.
-        store.release(&lease).await.unwrap();
+        store.release(&mut lease).await.unwrap();
         let resumed = execute(store.begin("c", "k-2", "fp", LEASE).await.unwrap());
         assert_eq!((resumed.recovery_point.as_str(), resumed.resource_id.as_deref()), ("order_created", Some("order-1")), "{backend}");
     }
@@ -105,7 +105,7 @@ async fn a_phase_whose_effects_fail_leaves_nothing_behind() {
             on_driver!(phase.transaction(), |executor| executor.execute("INSERT INTO no_such_table VALUES (1)").await.map(drop)).unwrap_err();
             // Dropped without commit: rolled back.
         }
-        store.release(&lease).await.unwrap();
+        store.release(&mut lease).await.unwrap();
         let resumed = execute(store.begin("c", "k-3", "fp", LEASE).await.unwrap());
         assert_eq!(resumed.recovery_point, "started", "{backend}");
     }
@@ -136,6 +136,89 @@ async fn fifty_concurrent_repeats_execute_once() {
         });
         let results = futures::future::join_all(attempts).await;
         let executed = results.iter().filter(|r| matches!(r.as_ref().unwrap(), Ok(Begin::Execute(_)))).count();
+        let in_flight = results.iter().filter(|r| matches!(r.as_ref().unwrap(), Err(KeyError::InFlight))).count();
+        assert_eq!((executed, in_flight), (1, 49), "{backend}");
+    }
+}
+
+/// A claim left open by `begin_with_first_phase` commits with the first phase, and a request
+/// dropped (or released) before its first phase commits leaves no key behind: its repeat
+/// executes afresh.
+#[tokio::test]
+async fn a_claim_left_open_commits_with_the_first_phase_or_not_at_all() {
+    for (backend, database, _scratch) in databases().await {
+        let table = effects_table(&database, backend, "claimed").await;
+        let (store, _) = store(&database, KeySettings::default());
+        let mut lease = execute(store.begin_with_first_phase("c", "k-open", "fp", LEASE).await.unwrap());
+        assert_eq!(lease.recovery_point, "started", "{backend}");
+        let mut phase = store.phase(&mut lease).await.unwrap();
+        insert_effect(&mut phase, &table, "order-1").await;
+        phase.commit_at("order_created", Some("order-1")).await.unwrap();
+        assert!(matches!(store.begin("c", "k-open", "fp", LEASE).await, Err(KeyError::InFlight)), "{backend}: the claim is committed");
+        store.release(&mut lease).await.unwrap();
+        let resumed = execute(store.begin("c", "k-open", "fp", LEASE).await.unwrap());
+        assert_eq!((resumed.recovery_point.as_str(), resumed.resource_id.as_deref()), ("order_created", Some("order-1")), "{backend}");
+
+        drop(execute(store.begin_with_first_phase("c", "k-dropped", "fp", LEASE).await.unwrap()));
+        let mut failed = execute(store.begin_with_first_phase("c", "k-failed", "fp", LEASE).await.unwrap());
+        {
+            let mut phase = store.phase(&mut failed).await.unwrap();
+            insert_effect(&mut phase, &table, "order-2").await;
+            // Dropped without commit: rolled back, the claim with it.
+        }
+        store.release(&mut failed).await.unwrap();
+        let mut released = execute(store.begin_with_first_phase("c", "k-released", "fp", LEASE).await.unwrap());
+        store.release(&mut released).await.unwrap();
+        for key in ["k-dropped", "k-failed", "k-released"] {
+            let fresh = execute(store.begin("c", key, "another request", LEASE).await.unwrap());
+            assert_eq!(fresh.recovery_point, "started", "{backend}: {key} was never claimed, so it executes afresh");
+        }
+        assert_eq!(count_effects(&database, &table).await, 1, "{backend}: only the committed phase's effect");
+    }
+}
+
+/// A repeat that arrives while a claim is still open waits for it: once the first phase
+/// commits, the repeat finds the key in flight; had the claim been dropped, it executes.
+#[tokio::test]
+async fn a_repeat_during_an_open_claim_waits_for_its_first_phase() {
+    for (backend, database, _scratch) in databases().await {
+        let (store, _) = store(&database, KeySettings::default());
+        for (key, commits) in [("k-commits", true), ("k-drops", false)] {
+            let mut lease = execute(store.begin_with_first_phase("c", key, "fp", LEASE).await.unwrap());
+            let mut repeat = tokio::spawn({
+                let store = store.clone();
+                async move { store.begin("c", key, "fp", LEASE).await }
+            });
+            assert!(tokio::time::timeout(Duration::from_millis(200), &mut repeat).await.is_err(), "{backend}: {key}: the repeat waits for the open claim");
+            if commits {
+                store.phase(&mut lease).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
+                assert!(matches!(repeat.await.unwrap(), Err(KeyError::InFlight)), "{backend}: {key}");
+            } else {
+                drop(lease);
+                assert_eq!(execute(repeat.await.unwrap().unwrap()).recovery_point, "started", "{backend}: {key}");
+            }
+        }
+    }
+}
+
+/// Fifty repeats at once, each claiming with its first phase and committing it when it
+/// executes: one executes, the others find it in flight.
+#[tokio::test]
+async fn fifty_concurrent_repeats_claiming_with_their_first_phase_execute_once() {
+    for (backend, database, _scratch) in databases().await {
+        let (store, _) = store(&database, KeySettings::default());
+        let attempts = (0..50).map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut lease = match store.begin_with_first_phase("c", "storm", "fp", LEASE).await? {
+                    Begin::Execute(lease) => lease,
+                    Begin::Replay(_) => unreachable!("nobody completes the key"),
+                };
+                store.phase(&mut lease).await?.commit_at("order_created", Some("order-1")).await
+            })
+        });
+        let results = futures::future::join_all(attempts).await;
+        let executed = results.iter().filter(|r| matches!(r.as_ref().unwrap(), Ok(()))).count();
         let in_flight = results.iter().filter(|r| matches!(r.as_ref().unwrap(), Err(KeyError::InFlight))).count();
         assert_eq!((executed, in_flight), (1, 49), "{backend}");
     }
@@ -306,7 +389,7 @@ async fn an_expired_key_with_a_live_lease_is_kept_and_stays_in_flight() {
         let (store, clock) = store(&database, KeySettings { ttl_ms: 10_000, ..KeySettings::default() });
         let mut first = execute(store.begin("c", "k-live", "fp", LEASE).await.unwrap());
         store.phase(&mut first).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
-        store.release(&first).await.unwrap();
+        store.release(&mut first).await.unwrap();
 
         clock.advance_ms(9_000);
         let mut resumed = execute(store.begin("c", "k-live", "fp", LEASE).await.unwrap());
@@ -336,10 +419,10 @@ async fn an_expired_key_whose_work_is_half_done_is_kept_and_resumes_where_it_sto
         let (store, clock) = store(&database, KeySettings { ttl_ms: 10_000, ..KeySettings::default() });
         let mut first = execute(store.begin("c", "k-half", "fp", LEASE).await.unwrap());
         store.phase(&mut first).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
-        store.release(&first).await.unwrap();
+        store.release(&mut first).await.unwrap();
         // Never started: nothing was committed under it, so it expires like any other.
-        let never = execute(store.begin("c", "k-never", "fp", LEASE).await.unwrap());
-        store.release(&never).await.unwrap();
+        let mut never = execute(store.begin("c", "k-never", "fp", LEASE).await.unwrap());
+        store.release(&mut never).await.unwrap();
 
         clock.advance_ms(11_000);
         assert_eq!(store.reap_expired().await.unwrap(), 1, "{backend}: only the key that never got past its first phase");
@@ -359,11 +442,11 @@ async fn stranded_keys_are_found_after_their_grace_and_resumed_once() {
         let (grace, window) = (Duration::from_secs(1), Duration::from_secs(60));
         let mut released = execute(store.begin("c", "k-released", "fp", LEASE).await.unwrap());
         store.phase(&mut released).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
-        store.release(&released).await.unwrap();
+        store.release(&mut released).await.unwrap();
         let mut held = execute(store.begin("c", "k-held", "fp", LEASE).await.unwrap());
         store.phase(&mut held).await.unwrap().commit_at("order_created", Some("order-2")).await.unwrap();
-        let unstarted = execute(store.begin("c", "k-unstarted", "fp", LEASE).await.unwrap());
-        store.release(&unstarted).await.unwrap();
+        let mut unstarted = execute(store.begin("c", "k-unstarted", "fp", LEASE).await.unwrap());
+        store.release(&mut unstarted).await.unwrap();
         let mut done = execute(store.begin("c", "k-done", "fp", LEASE).await.unwrap());
         store.phase(&mut done).await.unwrap().complete(&Stored { code: 0, body: vec![] }).await.unwrap();
 
@@ -379,7 +462,7 @@ async fn stranded_keys_are_found_after_their_grace_and_resumed_once() {
         assert_eq!((resumed.recovery_point.as_str(), resumed.resource_id.as_deref()), ("order_created", Some("order-1")), "{backend}");
         let lost = store.phase(&mut released).await.unwrap().complete(&Stored { code: 0, body: vec![] }).await;
         assert!(matches!(lost, Err(KeyError::LeaseLost)), "{backend}: the request that released it cannot complete it");
-        assert_eq!(store.resume(&found[0], LEASE).await.unwrap(), None, "{backend}: a second completer gets nothing");
+        assert!(store.resume(&found[0], LEASE).await.unwrap().is_none(), "{backend}: a second completer gets nothing");
         assert!(matches!(store.begin("c", "k-released", "fp", LEASE).await, Err(KeyError::InFlight)), "{backend}");
 
         // The held key strands once its lease has run out and the grace has passed.

@@ -4,7 +4,7 @@
 //! Why one harness? Numbers from different days, machines or builds cannot be compared; numbers
 //! from one run can. [`run`] starts fresh chains in this process (and a bare tonic chain as the
 //! baseline), drives them with the open-loop [`load`] generator and returns a [`Report`]: the
-//! machine, then seven sections, 1 to 7 as in BENCHMARKS.md. [`write`] stores it as JSON and as
+//! machine, then eight sections, 1 to 8 as in BENCHMARKS.md. [`write`] stores it as JSON and as
 //! Markdown. The smoke [`Profile`] makes every comparison with tiny counts, for CI.
 
 pub mod amplification;
@@ -20,6 +20,7 @@ pub mod overhead;
 pub mod precision;
 pub mod profile;
 mod report;
+pub mod statements;
 pub mod tracing_cost;
 
 use std::{
@@ -50,6 +51,8 @@ pub enum BenchError {
     Json(#[from] serde_json::Error),
     #[error("telemetry: {0}")]
     Telemetry(#[from] telemetry::TelemetryError),
+    #[error("a child process of the harness failed: {0}")]
+    Child(String),
     #[error("/proc/self/status could not be read during the memory run")]
     MemoryUnreadable,
 }
@@ -77,6 +80,8 @@ pub struct Options {
     pub postgres_url: Option<String>,
     /// How the run was started, for the report.
     pub command: String,
+    /// The harness's executable, which comparison 8 starts as a child (see [`statements`]).
+    pub bench_executable: PathBuf,
 }
 
 /// Everything one run measured.
@@ -97,6 +102,7 @@ pub struct Report {
     pub memory: memory::MemoryUnderHang,
     pub idempotency: idempotency::Idempotency,
     pub tracing: Coverage<tracing_cost::TracingCost>,
+    pub statements: statements::Statements,
 }
 
 /// The repository this crate was built from: where BENCHMARKS.md belongs.
@@ -130,6 +136,8 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     let fail_fast = fail_fast::measure(profile).await?;
     eprintln!("6. Idempotency");
     let idempotency = idempotency::measure(profile, postgres.as_ref()).await?;
+    eprintln!("8. Statements per create");
+    let statements = statements::measure(profile, postgres.as_ref(), &options.bench_executable).await?;
     // Last: it installs telemetry for the rest of the process.
     eprintln!("7. Tracing cost");
     let tracing = tracing_cost::measure(profile).await?;
@@ -146,6 +154,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
         memory,
         idempotency,
         tracing,
+        statements,
     })
 }
 

@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-use bench::{Options, Profile};
+use bench::{Options, Profile, chains::Backend};
 use clap::Parser;
 
 /// Measures the chain side by side in one run: layer overhead against bare tonic, deadline
@@ -19,21 +19,38 @@ struct Cli {
     /// with --smoke, target/bench-smoke in it, so that the committed table stays as it is).
     #[arg(long, value_name = "DIR")]
     out_dir: Option<PathBuf>,
+    /// Counts the statements of creates on one backend and prints them as JSON: the child
+    /// process of comparison 8, started by the harness itself.
+    #[arg(long, value_name = "BACKEND", hide = true)]
+    count_statements: Option<CountOn>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum CountOn {
+    Sqlite,
+    Postgres,
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
+    let profile = if cli.smoke { Profile::smoke() } else { Profile::full() };
+    if let Some(on) = cli.count_statements {
+        let backend = match (on, cli.postgres_url) {
+            (CountOn::Sqlite, _) => Backend::Sqlite,
+            (CountOn::Postgres, Some(url)) => Backend::Postgres(url),
+            (CountOn::Postgres, None) => return Err("--count-statements postgres needs --postgres-url".into()),
+        };
+        let counted = bench::statements::count_in_this_process(&profile, &backend).await?;
+        println!("{}", serde_json::to_string(&counted)?);
+        return Ok(());
+    }
     let command = format!(
         "cargo run{} -p bench{}",
         if cfg!(debug_assertions) { "" } else { " --release" },
         if cli.smoke { " -- --smoke" } else { "" }
     );
-    let options = Options {
-        profile: if cli.smoke { Profile::smoke() } else { Profile::full() },
-        postgres_url: cli.postgres_url,
-        command,
-    };
+    let options = Options { profile, postgres_url: cli.postgres_url, command, bench_executable: std::env::current_exe()? };
     let report = bench::run(&options).await?;
     println!("{report}");
     let out_dir = cli.out_dir.unwrap_or_else(|| {

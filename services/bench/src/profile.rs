@@ -20,6 +20,18 @@ pub struct Profile {
     pub memory: MemoryProfile,
     pub idempotency: IdempotencyProfile,
     pub tracing: TracingProfile,
+    pub statements: StatementsProfile,
+}
+
+/// Comparison 8: rounds of creates whose statements are counted.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StatementsProfile {
+    /// Requests of each round.
+    pub requests: usize,
+    /// Clients of the round with many at once.
+    pub clients: usize,
+    /// A round stops sending after this long.
+    pub time_limit: Duration,
 }
 
 /// Comparison 7: rounds of tracing off and on, one request in flight.
@@ -157,6 +169,7 @@ impl Profile {
                 throughput_time_limit: ms(30_000),
             },
             tracing: TracingProfile { rounds: 4, requests_per_round: 1_000, round_time: ms(15_000) },
+            statements: StatementsProfile { requests: 500, clients: 16, time_limit: ms(30_000) },
         }
     }
 
@@ -197,6 +210,7 @@ impl Profile {
                 throughput_time_limit: ms(5_000),
             },
             tracing: TracingProfile { rounds: 2, requests_per_round: 20, round_time: ms(3_000) },
+            statements: StatementsProfile { requests: 20, clients: 4, time_limit: ms(5_000) },
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::{
     idempotency::{BackendIdempotency, CREATED, REPLAYED},
     load::{Latencies, Measurement},
     overhead::{BARE, EVERY_LAYER, GUARDS_IDLE, MINIMAL_WRITES},
+    statements::BackendStatements,
 };
 
 /// A missing figure.
@@ -75,6 +76,7 @@ impl Display for Report {
         self.memory(&mut text)?;
         self.idempotency(&mut text)?;
         self.tracing(&mut text)?;
+        self.statements(&mut text)?;
         f.write_str(&text)
     }
 }
@@ -412,6 +414,44 @@ impl Report {
                     writeln!(out, "\n{} {what}: {}.", b.backend, outcomes(measurement))?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    fn statements(&self, out: &mut String) -> fmt::Result {
+        let s = &self.statements;
+        let p = &self.profile.statements;
+        writeln!(out, "\n## 8. Statements per create: what a create asks of the databases\n")?;
+        writeln!(
+            out,
+            "Over HTTP, a bank that answers at once, on a fresh chain per backend: {} creates one at a \
+             time, the same {} again (replays), then {} new creates from {} clients at once. Every statement \
+             sqlx ran in orders' and payment's databases, by its first word, divided by the successes (the \
+             chain's background polls included). On SQLite each statement is a hand-off to the connection's \
+             thread and back; on PostgreSQL, a network round trip. sqlx does not report PostgreSQL's `BEGIN` \
+             (it is sent as a simple query of its own): there, one more round trip precedes each transaction \
+             that ends in a `COMMIT` or is rolled back.\n",
+            p.requests, p.requests, p.requests, s.clients
+        )?;
+        let backends: Vec<&BackendStatements> = std::iter::once(&s.sqlite)
+            .chain(match &s.postgres {
+                Coverage::Measured(postgres) => Some(postgres),
+                Coverage::NotMeasured(_) => None,
+            })
+            .collect();
+        let mut kinds: Vec<&str> = backends.iter().flat_map(|b| b.rounds.iter().flat_map(|r| r.per_request.keys().map(String::as_str))).collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        writeln!(out, "| Backend | Round | Successes | Statements per success | {} |", kinds.join(" | "))?;
+        writeln!(out, "|---|---|---:|---:|{}", "---:|".repeat(kinds.len()))?;
+        for b in &backends {
+            for r in &b.rounds {
+                let by_kind: Vec<String> = kinds.iter().map(|kind| r.per_request.get(*kind).map_or("".into(), |n| format!("{n:.2}"))).collect();
+                writeln!(out, "| {} | {} | {} | {:.2} | {} |", b.backend, r.label, r.successes, r.total_per_request, by_kind.join(" | "))?;
+            }
+        }
+        if let Coverage::NotMeasured(not) = &s.postgres {
+            writeln!(out, "\nPostgreSQL: **{}**.", not.reason)?;
         }
         Ok(())
     }

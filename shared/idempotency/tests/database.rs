@@ -32,6 +32,16 @@ async fn insert_key(transaction: &mut idempotency::Transaction, key: &str) -> Re
     .map(drop))
 }
 
+/// The keys a SQLite database holds, in order.
+async fn committed_keys(database: &Database) -> Vec<String> {
+    let mut committed: Vec<String> = match database.reader() {
+        idempotency::Pool::Sqlite(pool) => sqlx::query_scalar("SELECT idempotency_key FROM idempotency_keys").fetch_all(pool).await.unwrap(),
+        idempotency::Pool::Postgres(_) => unreachable!("the batching writer is SQLite's"),
+    };
+    committed.sort();
+    committed
+}
+
 async fn keys(pool: &idempotency::Pool) -> i64 {
     idempotency::on_driver!(pool, |executor| sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_keys").fetch_one(executor).await.unwrap())
 }
@@ -97,12 +107,45 @@ async fn a_failing_transaction_in_a_batch_rolls_back_only_its_own_work() {
     let (first, third) = tokio::join!(first_commit, third.commit());
     first.unwrap();
     third.unwrap();
-    let mut committed: Vec<String> = match database.reader() {
-        idempotency::Pool::Sqlite(pool) => sqlx::query_scalar("SELECT idempotency_key FROM idempotency_keys").fetch_all(pool).await.unwrap(),
-        idempotency::Pool::Postgres(_) => unreachable!("the batching writer is SQLite's"),
-    };
-    committed.sort();
+    let committed = committed_keys(&database).await;
     assert_eq!(committed, ["first", "third"], "the failed transaction's own insert is undone, the others' kept");
+}
+
+/// In a batch of four, the second and third members each run in a savepoint that stays open
+/// until the batch commits; the third is dropped after its statement, and rolling back to the
+/// newest savepoint undoes its work alone, not the second's, which sits in the savepoint below.
+#[tokio::test]
+async fn a_member_dropped_after_a_kept_one_undoes_only_its_own_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::connect(&format!("sqlite://{}", dir.path().join("keys.db").display())).await.unwrap();
+    let mut first = database.begin().await.unwrap();
+    let mut second = std::pin::pin!(database.begin());
+    let mut third = std::pin::pin!(database.begin());
+    let mut fourth = std::pin::pin!(database.begin());
+    for waiting in [poll_once(second.as_mut()).is_pending(), poll_once(third.as_mut()).is_pending(), poll_once(fourth.as_mut()).is_pending()] {
+        assert!(waiting, "the others queue behind the first");
+    }
+    insert_key(&mut first, "first").await.unwrap();
+    let mut first_commit = std::pin::pin!(first.commit());
+    assert!(poll_once(first_commit.as_mut()).is_pending(), "the first waits for the batch");
+
+    let mut second = second.await.unwrap();
+    insert_key(&mut second, "second").await.unwrap();
+    let mut second_commit = std::pin::pin!(second.commit());
+    assert!(poll_once(second_commit.as_mut()).is_pending(), "the second waits for the batch");
+
+    let mut third = third.await.unwrap();
+    insert_key(&mut third, "third").await.unwrap();
+    drop(third);
+
+    let mut fourth = fourth.await.unwrap();
+    insert_key(&mut fourth, "fourth").await.unwrap();
+    let (first, second, fourth) = tokio::join!(first_commit, second_commit, fourth.commit());
+    first.unwrap();
+    second.unwrap();
+    fourth.unwrap();
+    let committed = committed_keys(&database).await;
+    assert_eq!(committed, ["first", "fourth", "second"], "only the dropped member's insert is undone");
 }
 
 /// Connections of this database that sit inside a transaction nobody is running statements in.

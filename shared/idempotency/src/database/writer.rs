@@ -90,9 +90,11 @@ impl Drop for Member {
     }
 }
 
-/// The savepoint of every member but a batch's first; one at a time, so one name serves.
+/// The savepoint of every member but a batch's first. A kept member's savepoint is not
+/// released: the batch's `COMMIT` releases them all, and leaving them nested saves a hand-off to
+/// the connection's thread per member. One name serves, because `ROLLBACK TO` goes back to the
+/// newest savepoint of that name, the current member's.
 const SAVEPOINT: &str = "SAVEPOINT member";
-const RELEASE: &str = "RELEASE member";
 const ROLLBACK_TO: &str = "ROLLBACK TO member";
 
 async fn run(mut connection: SqliteConnection, mut waiting: mpsc::Receiver<Join>, max_batch: usize, batch_wait: Duration) {
@@ -138,12 +140,8 @@ async fn run(mut connection: SqliteConnection, mut waiting: mpsc::Receiver<Join>
                 },
             };
             let settled = match (&committed, savepoint) {
-                (Some(_), true) => connection.execute(RELEASE).await.map(drop),
-                (Some(_), false) => Ok(()),
-                (None, true) => match connection.execute(ROLLBACK_TO).await {
-                    Ok(_) => connection.execute(RELEASE).await.map(drop),
-                    Err(error) => Err(error),
-                },
+                (Some(_), _) => Ok(()),
+                (None, true) => connection.execute(ROLLBACK_TO).await.map(drop),
                 (None, false) => {
                     open = false;
                     connection.execute("ROLLBACK").await.map(drop)

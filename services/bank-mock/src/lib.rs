@@ -6,6 +6,7 @@
 
 mod admin;
 mod bank;
+mod callers;
 mod error;
 mod faults;
 mod settings;
@@ -41,7 +42,8 @@ impl Application {
         })?;
         let state = BankState::new(settings.faults);
         let service = BankServer::new(bank::BankService::new(state.clone()));
-        let grpc = GrpcServer::bind(HOP, rpc::Role::Inner, settings.listen, settings.deadline, service).await?;
+        let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?;
+        let grpc = GrpcServer::bind(HOP, rpc::Role::Inner { tls, callers: callers::policy() }, settings.listen, settings.deadline, service).await?;
         let admin = rpc::bind(settings.admin_listen).await?;
         let admin_token = settings.admin_token.unwrap_or_else(random_token).into();
         Ok(Self { grpc, admin, admin_token, state })

@@ -54,7 +54,8 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
-        let orders = rpc::connect(HOP, "orders", &settings.orders, settings.mode, settings.naive)
+        let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?;
+        let orders = rpc::connect(HOP, "orders", &settings.orders, &tls, settings.mode, settings.naive)
             .map_err(|error| ServerError::Settings(format!("orders: {error}")))?;
         let orders_breaker = orders.breaker.clone();
         let mut retry = settings.retry.clone();
@@ -65,7 +66,7 @@ impl Application {
         let retry = RetryPolicy::new(&retry, settings.orders.deadline).map_err(|error| ServerError::Settings(error.to_string()))?;
         let limits = rate_limit::ClientLimits::new(&settings.clients, settings.unknown_key_quota);
         let source = |name: &'static str, dependency: &rpc::Dependency| {
-            rpc::connect(HOP, name, dependency, settings.mode, settings.naive)
+            rpc::connect(HOP, name, dependency, &tls, settings.mode, settings.naive)
                 .map(|connection| connection.client)
                 .map_err(|error| ServerError::Settings(format!("{name}: {error}")))
         };

@@ -16,6 +16,7 @@ mod fallbacks;
 mod guards;
 mod idempotency_keys;
 mod metrics;
+mod mutual_tls;
 mod rate_limit;
 mod retries;
 mod traces;

@@ -13,7 +13,7 @@ use resilience::{
 };
 use rpc::{
     ServerError,
-    dev_certs::{DevCerts, OPERATOR},
+    dev_certs::DevCerts,
     tls::TlsSettings,
 };
 use tempfile::TempDir;
@@ -328,8 +328,7 @@ fn secure(settings: &mut ChainSettings) -> Result<Option<(DevCerts, TempDir)>, S
     }
     let names = [gateway::HOP, orders::HOP, payment::HOP, bank_mock::HOP];
     let dir = tempfile::Builder::new().prefix("chain-certs-").tempdir().map_err(|error| ServerError::Settings(format!("certificates: {error}")))?;
-    let certs = DevCerts::generate(dir.path(), &[gateway::HOP, orders::HOP, payment::HOP, bank_mock::HOP, OPERATOR])
-        .map_err(|error| ServerError::Settings(format!("certificates: {error}")))?;
+    let certs = DevCerts::generate_once(dir.path()).map_err(|error| ServerError::Settings(format!("certificates: {error}")))?;
     for (tls, name) in sections.into_iter().zip(names) {
         *tls = certs.settings(name);
     }

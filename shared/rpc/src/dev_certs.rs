@@ -15,6 +15,10 @@ use crate::tls::{TlsSettings, dns_name};
 /// service, for grpcurl-style tools.
 pub const OPERATOR: &str = "operator";
 
+/// The services of the chain that hold a certificate (the webhook sender calls none and serves
+/// no gRPC methods).
+pub const SERVICES: [&str; 4] = ["gateway", "orders", "payment", "bank-mock"];
+
 /// The files of a generated development CA.
 #[derive(Debug, Clone)]
 pub struct DevCerts {
@@ -56,9 +60,14 @@ impl DevCerts {
         Ok(certs)
     }
 
-    /// The files of a CA generated earlier into `dir`.
-    pub fn at(dir: &Path) -> Self {
-        Self { dir: dir.to_owned() }
+    /// The CA and certificates of every service and the operator in `dir`: those made by an
+    /// earlier run when they are all there (so that services already running keep trusting each
+    /// other when a demo stack is started again), otherwise new ones.
+    pub fn generate_once(dir: &Path) -> Result<Self, DevCertsError> {
+        let names: Vec<&str> = SERVICES.into_iter().chain([OPERATOR]).collect();
+        let existing = Self { dir: dir.to_owned() };
+        let complete = existing.ca().exists() && names.iter().all(|name| existing.cert(name).exists() && existing.key(name).exists());
+        if complete { Ok(existing) } else { Self::generate(dir, &names) }
     }
 
     pub fn ca(&self) -> PathBuf {
@@ -93,4 +102,28 @@ fn write(path: &Path, contents: &[u8], private: bool) -> Result<(), DevCertsErro
         .open(path)
         .and_then(|mut file| file.write_all(contents))
         .map_err(|source| DevCertsError::Write { path: path.to_owned(), source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tls::ServiceTls;
+
+    #[test]
+    fn every_service_gets_a_certificate_that_names_it_and_a_second_run_keeps_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = DevCerts::generate_once(dir.path()).unwrap();
+        for name in SERVICES.into_iter().chain([OPERATOR]) {
+            ServiceTls::load(name, &certs.settings(name)).unwrap();
+        }
+        let ca = std::fs::read(certs.ca()).unwrap();
+        DevCerts::generate_once(dir.path()).unwrap();
+        assert_eq!(std::fs::read(certs.ca()).unwrap(), ca, "the CA of the first run is kept");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(certs.key(OPERATOR)).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "keys are readable by their owner only");
+        }
+    }
 }

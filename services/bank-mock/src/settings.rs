@@ -1,7 +1,7 @@
 use std::net::SocketAddr;
 
 use deadline::InboundPolicy;
-use rpc::tls::TlsSettings;
+use rpc::{connections::ConnectionLimits, tls::TlsSettings};
 use serde::{Deserialize, Serialize};
 
 use crate::faults::Faults;
@@ -22,6 +22,8 @@ pub struct Settings {
     pub faults: Faults,
     /// This service's certificate, key and CA: mutual TLS with payment and the gateway.
     pub tls: TlsSettings,
+    /// Limits on the connections of each of this service's ports (each port counts its own).
+    pub connections: ConnectionLimits,
 }
 
 impl Default for Settings {
@@ -33,6 +35,7 @@ impl Default for Settings {
             deadline: InboundPolicy::default(),
             faults: Faults::default(),
             tls: TlsSettings::default(),
+            connections: ConnectionLimits::default(),
         }
     }
 }

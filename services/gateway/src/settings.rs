@@ -1,7 +1,7 @@
 use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
-use rpc::{Dependency, tls::TlsSettings};
+use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
 use resilience::{ChainMode, breaker::BreakerSettings, naive::NaiveSettings, rate_limit::QuotaSettings, retry::RetrySettings};
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +32,9 @@ pub struct Settings {
     /// Order creations in progress at most (they are the long operations, waiting on the bank);
     /// beyond it they are refused at once, and reads keep the rest of `deadline.max_in_flight`.
     pub max_in_flight_creates: u32,
+    /// Of those, the most one client may have in progress: a client whose creations are slow
+    /// (a slow body, a slow bank for its orders) cannot take every place from the others.
+    pub max_in_flight_creates_per_client: u32,
     /// Orders kept as the last known copy, for reads while orders is unreachable.
     pub order_cache_capacity: usize,
     /// Retries of calls to orders: the only retries in the chain.
@@ -47,6 +50,9 @@ pub struct Settings {
     /// The gateway's certificate, key and CA, presented to orders, payment and the bank. The
     /// public faces stay plain: clients prove who they are with API keys.
     pub tls: TlsSettings,
+    /// Limits on the connections of each of the gateway's ports (each port counts its own, so a
+    /// flood of the public faces leaves the metrics port alone).
+    pub connections: ConnectionLimits,
 }
 
 /// One client: its secret API key, the id that scopes its idempotency keys and orders, and its
@@ -103,6 +109,7 @@ impl Default for Settings {
             recommendations: summary_source("http://127.0.0.1:50052", "orders", 200),
             popular_skus: vec!["sku-1".into(), "sku-7".into(), "sku-42".into()],
             max_in_flight_creates: 500,
+            max_in_flight_creates_per_client: 250,
             order_cache_capacity: 10_000,
             retry: RetrySettings::default(),
             clients: vec![
@@ -121,6 +128,7 @@ impl Default for Settings {
             ],
             unknown_key_quota: QuotaSettings { per_second: 20, burst: 20 },
             tls: TlsSettings::default(),
+            connections: ConnectionLimits::default(),
         }
     }
 }

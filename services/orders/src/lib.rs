@@ -80,7 +80,9 @@ impl Application {
         };
         let webhooks = webhooks::WebhookService::new(keys.clone(), &settings.webhooks, default_lease).map_err(ServerError::Settings)?;
         let services = rpc::Services::new(OrdersServer::new(service.clone())).add_service(WebhooksServer::new(webhooks));
-        let grpc = GrpcServer::bind_all(HOP, rpc::Role::Inner { tls, callers: callers::policy() }, settings.listen, settings.deadline, services).await?;
+        let grpc = GrpcServer::bind_all(HOP, rpc::Role::Inner { tls, callers: callers::policy() }, settings.listen, settings.deadline, services)
+            .await?
+            .connection_limits(settings.connections);
         let completer = completer::Completer::new(service, settings.completer, grpc.stats());
         Ok(Self { grpc, keys, completer, payment_breaker })
     }

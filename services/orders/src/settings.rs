@@ -5,7 +5,7 @@ use idempotency::{KeySettings, SqliteSettings};
 
 use crate::CompleterSettings;
 use outbox::EndpointLimits;
-use rpc::{Dependency, tls::TlsSettings};
+use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
 use resilience::{ChainMode, breaker::BreakerSettings, naive::NaiveSettings};
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +33,8 @@ pub struct Settings {
     pub payment: Dependency,
     /// This service's certificate, key and CA: mutual TLS with the gateway and payment.
     pub tls: TlsSettings,
+    /// Limits on the connections of each of this service's ports (each port counts its own).
+    pub connections: ConnectionLimits,
     /// `budgeted` (the design) or `naive` (per-hop fixed timeouts and retries, for comparison).
     pub mode: ChainMode,
     /// The naive client's attempts and fixed per-attempt timeout (used in `naive` mode only).
@@ -90,6 +92,7 @@ impl Default for Settings {
             },
             webhooks: WebhookSettings::default(),
             tls: TlsSettings::default(),
+            connections: ConnectionLimits::default(),
         }
     }
 }

@@ -68,7 +68,9 @@ impl Application {
             bank: BankClient::new(bank.client),
             default_lease: Duration::from_millis(settings.deadline.max_ms),
         };
-        let grpc = GrpcServer::bind(HOP, rpc::Role::Inner { tls, callers: callers::policy() }, settings.listen, settings.deadline, PaymentServiceServer::new(service)).await?;
+        let grpc = GrpcServer::bind(HOP, rpc::Role::Inner { tls, callers: callers::policy() }, settings.listen, settings.deadline, PaymentServiceServer::new(service))
+            .await?
+            .connection_limits(settings.connections);
         Ok(Self { grpc, keys, breaker, bulkhead })
     }
 

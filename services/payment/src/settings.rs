@@ -2,7 +2,7 @@ use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
 use idempotency::{KeySettings, SqliteSettings};
-use rpc::{Dependency, tls::TlsSettings};
+use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
 use resilience::{ChainMode, naive::NaiveSettings, rate_limit::QuotaSettings};
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +26,8 @@ pub struct Settings {
     pub bank: Dependency,
     /// This service's certificate, key and CA: mutual TLS with orders, the gateway and the bank.
     pub tls: TlsSettings,
+    /// Limits on the connections of each of this service's ports (each port counts its own).
+    pub connections: ConnectionLimits,
     /// `budgeted` (the design) or `naive` (per-hop fixed timeouts and retries, for comparison).
     pub mode: ChainMode,
     /// The naive client's attempts and fixed per-attempt timeout (used in `naive` mode only).
@@ -53,6 +55,7 @@ impl Default for Settings {
                 ..Dependency::default()
             },
             tls: TlsSettings::default(),
+            connections: ConnectionLimits::default(),
         }
     }
 }

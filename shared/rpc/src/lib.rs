@@ -2,15 +2,17 @@
 
 pub mod authorize;
 mod client;
+pub mod connections;
 pub mod dev_certs;
 pub mod health;
 pub mod listener;
+mod serve;
 pub mod tls;
 pub mod metrics;
 mod server;
 
 pub use client::{Client, Connection, Dependency, connect, endpoint};
-pub use server::{GrpcServer, GrpcService, Role, ServerError, Services, bind, serve_http, shutdown_signal};
+pub use server::{GrpcServer, GrpcService, Role, ServerError, Services, bind, serve_http, serve_http_with, shutdown_signal};
 
 mod relay;
 pub use relay::{PUSHBACK_HEADER, derive_key, relay};

@@ -3,19 +3,19 @@
 //! Handshakes run beside the accept loop, each under a time limit, so that a peer that opens a
 //! connection and says nothing holds neither the loop nor a slot for long. The caller's identity,
 //! read once per connection from its certificate, travels with every request on the connection
-//! as axum's `ConnectInfo<Peer>`.
+//! as axum's `ConnectInfo<Peer>` (plain-text connections carry a `Peer` without identity).
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use axum::{
-    extract::connect_info::Connected,
-    serve::{IncomingStream, Listener},
-};
+use axum::serve::Listener;
 use rustls::ServerConfig;
-use tokio::{net::TcpListener, net::TcpStream, task::JoinSet};
+use tokio::{net::TcpStream, task::JoinSet};
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 
-use crate::tls::peer_identity;
+use crate::{
+    connections::{Limited, LimitedListener},
+    tls::peer_identity,
+};
 
 /// Who is on the other end of a connection.
 #[derive(Debug, Clone)]
@@ -26,37 +26,38 @@ pub struct Peer {
     pub identity: Option<Arc<str>>,
 }
 
-impl Connected<IncomingStream<'_, TlsListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
-        stream.remote_addr().clone()
+impl From<SocketAddr> for Peer {
+    /// A peer on a plain-text connection: no certificate, no identity.
+    fn from(addr: SocketAddr) -> Self {
+        Self { addr, identity: None }
     }
 }
 
-/// Accepts TCP connections and hands on those whose TLS handshake completed in time.
+type Connection = TlsStream<Limited<TcpStream>>;
+
+/// Accepts connections (under their limits) and hands on those whose TLS handshake completed in
+/// time.
 pub struct TlsListener {
-    tcp: TcpListener,
+    tcp: LimitedListener,
     acceptor: TlsAcceptor,
     handshake_timeout: Duration,
-    handshakes: JoinSet<Option<(TlsStream<TcpStream>, Peer)>>,
+    handshakes: JoinSet<Option<(Connection, Peer)>>,
 }
 
 impl TlsListener {
-    pub fn new(tcp: TcpListener, config: Arc<ServerConfig>, handshake_timeout: Duration) -> Self {
+    pub fn new(tcp: LimitedListener, config: Arc<ServerConfig>, handshake_timeout: Duration) -> Self {
         Self { tcp, acceptor: TlsAcceptor::from(config), handshake_timeout, handshakes: JoinSet::new() }
     }
 }
 
 impl Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = Connection;
     type Addr = Peer;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         loop {
             tokio::select! {
-                (tcp, addr) = Listener::accept(&mut self.tcp) => {
-                    if let Err(error) = tcp.set_nodelay(true) {
-                        tracing::warn!(%error, "cannot set TCP_NODELAY");
-                    }
+                (tcp, addr) = self.tcp.accept() => {
                     let acceptor = self.acceptor.clone();
                     let limit = self.handshake_timeout;
                     self.handshakes.spawn(async move {

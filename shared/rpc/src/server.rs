@@ -1,6 +1,5 @@
 use std::{future::Future, io, net::SocketAddr, sync::Arc, time::Duration};
 
-use axum::serve::ListenerExt;
 use tokio_util::sync::CancellationToken;
 use deadline::{HopStats, InboundPolicy, server::{DeadlineLayer, Grpc}};
 use resilience::load_shed::{Intake, LoadShedLayer};
@@ -13,7 +12,8 @@ use prost_types::{FileDescriptorProto, FileDescriptorSet};
 
 use crate::{
     authorize::{AuthorizeLayer, Policy},
-    listener::{Peer, TlsListener},
+    connections::{ConnectionLimits, LimitedListener},
+    listener::TlsListener,
     tls::ServiceTls,
 };
 
@@ -36,16 +36,25 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
     TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })
 }
 
-/// Serves an HTTP router (admin APIs, the gateway's JSON API) until `shutdown` completes.
+/// Serves an HTTP router (admin APIs, metrics) until `shutdown` completes, under the default
+/// [`ConnectionLimits`].
 pub async fn serve_http(
     listener: TcpListener,
     router: axum::Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    axum::serve(listener.tap_io(set_nodelay), router)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(ServerError::Serve)
+    serve_http_with(listener, ConnectionLimits::default(), router, shutdown).await
+}
+
+/// [`serve_http`] under `limits`.
+pub async fn serve_http_with(
+    listener: TcpListener,
+    limits: ConnectionLimits,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    crate::serve::serve(LimitedListener::new(listener, limits), &limits, router, shutdown).await;
+    Ok(())
 }
 
 /// A token cancelled on Ctrl-C or SIGTERM, for `run_until_stopped`.
@@ -75,12 +84,6 @@ pub fn shutdown_signal() -> CancellationToken {
     token
 }
 
-fn set_nodelay(tcp: &mut tokio::net::TcpStream) {
-    if let Err(error) = tcp.set_nodelay(true) {
-        tracing::warn!(%error, "cannot set TCP_NODELAY");
-    }
-}
-
 /// How long a TLS handshake may take before the connection is closed.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -102,6 +105,7 @@ pub struct GrpcServer {
     listener: TcpListener,
     routes: axum::Router,
     stats: Arc<HopStats>,
+    limits: ConnectionLimits,
 }
 
 /// A gRPC service as tonic generates it (`…Server::new(handler)`), ready to be routed.
@@ -205,7 +209,7 @@ impl GrpcServer {
             // Outside the deadline: a refused request costs no deadline bookkeeping.
             .layer(LoadShedLayer::new(Intake::new(hop, inbound.max_in_flight)))
             .layer(ServerTraceLayer::new(hop));
-        Ok(Self { hop, role, listener, routes, stats })
+        Ok(Self { hop, role, listener, routes, stats, limits: ConnectionLimits::default() })
     }
 
     /// Puts `layer` in front of every request, outside the deadline layer (e.g. an edge's rate
@@ -219,6 +223,12 @@ impl GrpcServer {
         <L::Service as tower::Service<axum::extract::Request>>::Future: Send + 'static,
     {
         self.routes = self.routes.layer(layer);
+        self
+    }
+
+    /// Keeps this server's connections to `limits` instead of the defaults.
+    pub fn connection_limits(mut self, limits: ConnectionLimits) -> Self {
+        self.limits = limits;
         self
     }
 
@@ -241,18 +251,16 @@ impl GrpcServer {
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
         let routes = self.routes.layer(RequestMetricsLayer::new(self.hop));
         let Role::Inner { tls, callers } = self.role else {
-            return serve_http(self.listener, routes, shutdown).await;
+            return serve_http_with(self.listener, self.limits, routes, shutdown).await;
         };
         let routes = routes.merge(crate::metrics::router());
         let Some(config) = tls.server_config() else {
-            return serve_http(self.listener, routes, shutdown).await;
+            return serve_http_with(self.listener, self.limits, routes, shutdown).await;
         };
         let routes = routes.layer(AuthorizeLayer::new(callers));
-        let listener = TlsListener::new(self.listener, config, HANDSHAKE_TIMEOUT);
-        axum::serve(listener, routes.into_make_service_with_connect_info::<Peer>())
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(ServerError::Serve)
+        let listener = TlsListener::new(LimitedListener::new(self.listener, self.limits), config, HANDSHAKE_TIMEOUT);
+        crate::serve::serve(listener, &self.limits, routes, shutdown).await;
+        Ok(())
     }
 }
 

@@ -14,6 +14,7 @@ mod compose;
 mod deadlines;
 mod fallbacks;
 mod guards;
+mod hardening;
 mod idempotency_keys;
 mod metrics;
 mod mutual_tls;

@@ -5,12 +5,14 @@ pub use otlp_receiver as otlp;
 pub use test_support::{ScratchDatabase, eventually, missing};
 
 use std::{
+    net::SocketAddr,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
 use bank_mock::{Faults, Latency};
 use proto::gateway::v1::gateway_client::GatewayClient;
+use rpc::{dev_certs::DevCerts, tls::ServiceTls};
 use stack::{Chain, ChainSettings};
 use serde_json::{Value, json};
 use telemetry::{Telemetry, TelemetrySettings};
@@ -134,12 +136,48 @@ impl TestChain {
         idempotency::on_driver!(database.reader(), |executor| sqlx::query_scalar(sqlx::AssertSqlSafe(statement.as_str())).fetch_one(executor).await.expect("count rows"))
     }
 
-    /// The Prometheus text a service serves on `/metrics` at `address`.
-    pub async fn scrape(&self, address: std::net::SocketAddr) -> String {
-        let response = self.http.get(format!("http://{address}/metrics")).send().await.expect("/metrics answers");
+    /// The Prometheus text a service serves on `/metrics` at `address`: over mutual TLS with the
+    /// operator's certificate on the ports of orders, payment and the bank.
+    pub async fn scrape(&self, address: SocketAddr) -> String {
+        let a = &self.chain.addresses;
+        let inner = [(a.orders, "orders"), (a.payment, "payment"), (a.bank, "bank-mock")];
+        let request = match inner.iter().find(|(inner, _)| *inner == address) {
+            Some((_, service)) => {
+                let host = rpc::tls::dns_name(service);
+                let client = self.operator_http().resolve(&host, address).build().expect("an HTTPS client");
+                client.get(format!("https://{host}:{}/metrics", address.port()))
+            }
+            None => self.http.get(format!("http://{address}/metrics")),
+        };
+        let response = request.send().await.expect("/metrics answers");
         assert_eq!(response.status(), 200);
         assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
         response.text().await.unwrap()
+    }
+
+    /// The chain's development certificates.
+    pub fn certs(&self) -> &DevCerts {
+        self.chain.dev_certs().expect("the test chain runs with its development CA")
+    }
+
+    /// An HTTPS client that presents the operator's certificate and trusts the chain's CA only.
+    fn operator_http(&self) -> reqwest::ClientBuilder {
+        let certs = self.certs();
+        let read = |path: std::path::PathBuf| std::fs::read(path).expect("a development certificate file");
+        let mut identity = read(certs.cert(rpc::dev_certs::OPERATOR));
+        identity.extend(read(certs.key(rpc::dev_certs::OPERATOR)));
+        reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(&read(certs.ca())).expect("the CA"))
+            .identity(reqwest::Identity::from_pem(&identity).expect("the operator's certificate and key"))
+    }
+
+    /// A channel to the inner `service` at `address`, presenting the certificate of `caller`
+    /// (a service of the chain, or `operator`) as that service's own calls do.
+    pub async fn channel_as(&self, caller: &str, service: &str, address: SocketAddr) -> Channel {
+        let tls = ServiceTls::load(caller, &self.certs().settings(caller)).expect("the caller's certificate");
+        rpc::endpoint(&address.to_string(), service, &tls).expect("an endpoint").connect().await.expect("the inner service connects")
     }
 
     pub async fn grpc_gateway(&self) -> GatewayClient<Channel> {

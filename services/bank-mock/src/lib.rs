@@ -6,6 +6,7 @@
 
 mod admin;
 mod bank;
+mod callers;
 mod error;
 mod faults;
 mod settings;
@@ -32,6 +33,7 @@ pub struct Application {
     admin: TcpListener,
     admin_token: Arc<str>,
     state: Arc<BankState>,
+    connections: rpc::connections::ConnectionLimits,
 }
 
 impl Application {
@@ -41,10 +43,13 @@ impl Application {
         })?;
         let state = BankState::new(settings.faults);
         let service = BankServer::new(bank::BankService::new(state.clone()));
-        let grpc = GrpcServer::bind(HOP, rpc::Role::Inner, settings.listen, settings.deadline, service).await?;
+        let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?;
+        let grpc = GrpcServer::bind(HOP, rpc::Role::Inner { tls, callers: callers::policy() }, settings.listen, settings.deadline, service)
+            .await?
+            .connection_limits(settings.connections);
         let admin = rpc::bind(settings.admin_listen).await?;
         let admin_token = settings.admin_token.unwrap_or_else(random_token).into();
-        Ok(Self { grpc, admin, admin_token, state })
+        Ok(Self { grpc, admin, admin_token, state, connections: settings.connections })
     }
 
     pub fn grpc_addr(&self) -> SocketAddr {
@@ -71,7 +76,7 @@ impl Application {
     /// Serves gRPC and admin until `shutdown` is cancelled.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), ServerError> {
         let admin = admin::router(self.state, self.grpc.stats(), self.admin_token);
-        let admin = rpc::serve_http(self.admin, admin, shutdown.clone().cancelled_owned());
+        let admin = rpc::serve_http_with(self.admin, self.connections, admin, shutdown.clone().cancelled_owned());
         let grpc = self.grpc.serve(shutdown.cancelled_owned());
         tokio::try_join!(grpc, admin)?;
         Ok(())

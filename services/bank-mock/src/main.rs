@@ -16,7 +16,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
     let settings: bank_mock::Settings = settings::load("BANK", &cli.settings)?;
     if let Some(rpc::health::Command::Healthcheck { timeout_ms }) = cli.command {
-        return Ok(rpc::health::check(settings.listen, std::time::Duration::from_millis(timeout_ms)).await?);
+        let tls = rpc::tls::ServiceTls::load(bank_mock::HOP, &settings.tls)?;
+        return Ok(rpc::health::check_as(settings.listen, bank_mock::HOP, &tls, std::time::Duration::from_millis(timeout_ms)).await?);
     }
     let telemetry = telemetry::init("bank-mock", &telemetry::TelemetrySettings::from_env())?;
     let app = bank_mock::Application::build(settings).await?;

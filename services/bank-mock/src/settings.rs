@@ -1,6 +1,7 @@
 use std::net::SocketAddr;
 
 use deadline::InboundPolicy;
+use rpc::{connections::ConnectionLimits, tls::TlsSettings};
 use serde::{Deserialize, Serialize};
 
 use crate::faults::Faults;
@@ -19,6 +20,10 @@ pub struct Settings {
     pub deadline: InboundPolicy,
     /// Faults active at start and after `POST /admin/reset`.
     pub faults: Faults,
+    /// This service's certificate, key and CA: mutual TLS with payment and the gateway.
+    pub tls: TlsSettings,
+    /// Limits on the connections of each of this service's ports (each port counts its own).
+    pub connections: ConnectionLimits,
 }
 
 impl Default for Settings {
@@ -29,6 +34,8 @@ impl Default for Settings {
             admin_token: None,
             deadline: InboundPolicy::default(),
             faults: Faults::default(),
+            tls: TlsSettings::default(),
+            connections: ConnectionLimits::default(),
         }
     }
 }

@@ -50,11 +50,13 @@ pub struct Application {
     retry: RetryPolicy,
     orders_breaker: Arc<Breaker>,
     limits: Arc<rate_limit::ClientLimits>,
+    connections: rpc::connections::ConnectionLimits,
 }
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
-        let orders = rpc::connect(HOP, "orders", &settings.orders, settings.mode, settings.naive)
+        let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?;
+        let orders = rpc::connect(HOP, "orders", &settings.orders, &tls, settings.mode, settings.naive)
             .map_err(|error| ServerError::Settings(format!("orders: {error}")))?;
         let orders_breaker = orders.breaker.clone();
         let mut retry = settings.retry.clone();
@@ -65,7 +67,7 @@ impl Application {
         let retry = RetryPolicy::new(&retry, settings.orders.deadline).map_err(|error| ServerError::Settings(error.to_string()))?;
         let limits = rate_limit::ClientLimits::new(&settings.clients, settings.unknown_key_quota);
         let source = |name: &'static str, dependency: &rpc::Dependency| {
-            rpc::connect(HOP, name, dependency, settings.mode, settings.naive)
+            rpc::connect(HOP, name, dependency, &tls, settings.mode, settings.naive)
                 .map(|connection| connection.client)
                 .map_err(|error| ServerError::Settings(format!("{name}: {error}")))
         };
@@ -78,9 +80,10 @@ impl Application {
         let api = api::Api::new(orders.client, settings.clients, &retry, sources, settings.order_cache_capacity);
         let grpc = GrpcServer::bind(HOP, rpc::Role::Edge, settings.grpc_listen, settings.deadline, GatewayServer::new(grpc::GatewayService::new(api.clone())))
             .await?
-            .layer(rate_limit::RateLimitLayer::new(limits.clone()));
+            .layer(rate_limit::RateLimitLayer::new(limits.clone()))
+            .connection_limits(settings.connections);
         let http_stats = HopStats::new();
-        let creates = Intake::new("gateway (order creation)", settings.max_in_flight_creates);
+        let creates = Intake::with_caller_share("gateway (order creation)", settings.max_in_flight_creates, settings.max_in_flight_creates_per_client);
         let http_router = http::router(api, creates).layer(
             DeadlineLayer::new(
                 HOP,
@@ -96,7 +99,7 @@ impl Application {
         .layer(RequestMetricsLayer::new(HOP));
         let http = rpc::bind(settings.http_listen).await?;
         let metrics = rpc::bind(settings.metrics_listen).await?;
-        Ok(Self { grpc, http, http_router, metrics, http_stats, retry, orders_breaker, limits })
+        Ok(Self { grpc, http, http_router, metrics, http_stats, retry, orders_breaker, limits, connections: settings.connections })
     }
 
     pub fn http_addr(&self) -> SocketAddr {
@@ -138,8 +141,8 @@ impl Application {
     }
 
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), ServerError> {
-        let http = rpc::serve_http(self.http, self.http_router, shutdown.clone().cancelled_owned());
-        let metrics = rpc::serve_http(self.metrics, rpc::metrics::router(), shutdown.clone().cancelled_owned());
+        let http = rpc::serve_http_with(self.http, self.connections, self.http_router, shutdown.clone().cancelled_owned());
+        let metrics = rpc::serve_http_with(self.metrics, self.connections, rpc::metrics::router(), shutdown.clone().cancelled_owned());
         let grpc = self.grpc.serve(shutdown.cancelled_owned());
         tokio::try_join!(grpc, http, metrics)?;
         Ok(())

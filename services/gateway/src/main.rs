@@ -1,4 +1,6 @@
-use clap::Parser;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
 use settings::SettingsArgs;
 
 /// The edge of the chain: HTTP/JSON and gRPC in.
@@ -8,15 +10,36 @@ struct Cli {
     #[command(flatten)]
     settings: SettingsArgs,
     #[command(subcommand)]
-    command: Option<rpc::health::Command>,
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    #[command(flatten)]
+    Service(rpc::health::Command),
+    /// Write a development CA, with a certificate and key for every service of the chain and
+    /// for the operator, into DIR, unless a complete set is there already (the compose demo's
+    /// first step; real deployments install certificates of their own).
+    DevCerts {
+        #[arg(long, value_name = "DIR")]
+        dir: PathBuf,
+    },
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
     let settings: gateway::Settings = settings::load("GATEWAY", &cli.settings)?;
-    if let Some(rpc::health::Command::Healthcheck { timeout_ms }) = cli.command {
-        return Ok(rpc::health::check(settings.grpc_listen, std::time::Duration::from_millis(timeout_ms)).await?);
+    match cli.command {
+        Some(Command::Service(rpc::health::Command::Healthcheck { timeout_ms })) => {
+            return Ok(rpc::health::check(settings.grpc_listen, std::time::Duration::from_millis(timeout_ms)).await?);
+        }
+        Some(Command::DevCerts { dir }) => {
+            let certs = rpc::dev_certs::DevCerts::generate_once(&dir)?;
+            println!("development CA in {}", certs.ca().display());
+            return Ok(());
+        }
+        None => {}
     }
     let telemetry = telemetry::init("gateway", &telemetry::TelemetrySettings::from_env())?;
     let app = gateway::Application::build(settings).await?;

@@ -22,6 +22,7 @@ use std::{
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use pin_project_lite::pin_project;
 use resilience::{
+    load_shed::Caller,
     rate_limit::{Decision, Limiter, QuotaSettings},
     retry::{PUSHBACK_HEADER, wait_millis},
 };
@@ -45,16 +46,22 @@ pub struct ClientLimits {
     rejections: Counter<u64>,
 }
 
-/// One client's limiter, and the labels its refusals are counted under (its id, never its key).
+/// One client's limiter, the labels its refusals are counted under (its id, never its key), and
+/// the name its requests carry on to the intakes that keep each client to a share.
 #[derive(Debug)]
 struct ClientLimit {
     labels: [KeyValue; 2],
     limiter: Limiter,
+    caller: Caller,
 }
 
 impl ClientLimit {
     fn new(client_id: &str, quota: QuotaSettings) -> Self {
-        Self { labels: [KeyValue::new("scope", "client"), KeyValue::new("name", client_id.to_owned())], limiter: Limiter::new(quota) }
+        Self {
+            labels: [KeyValue::new("scope", "client"), KeyValue::new("name", client_id.to_owned())],
+            limiter: Limiter::new(quota),
+            caller: Caller(Arc::from(client_id)),
+        }
     }
 }
 
@@ -160,7 +167,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         // Health checks are the orchestrator's, not a client's: never held to a client's quota.
         if request.uri().path().starts_with(HEALTH_PATH) {
             return ResponseFuture::Allowed { inner: self.inner.call(request), headers: None };
@@ -171,6 +178,7 @@ where
             Decision::Allowed { remaining } => {
                 let until_whole = Duration::from_secs_f64(f64::from(quota.burst - remaining.min(quota.burst)) / f64::from(quota.per_second.max(1)));
                 let headers = Some((state(remaining, until_whole), policy(quota)));
+                request.extensions_mut().insert(limit.caller.clone());
                 ResponseFuture::Allowed { inner: self.inner.call(request), headers }
             }
             Decision::Limited { retry_after } => {

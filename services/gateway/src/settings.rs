@@ -1,7 +1,7 @@
 use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
-use rpc::Dependency;
+use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
 use resilience::{ChainMode, breaker::BreakerSettings, naive::NaiveSettings, rate_limit::QuotaSettings, retry::RetrySettings};
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +32,9 @@ pub struct Settings {
     /// Order creations in progress at most (they are the long operations, waiting on the bank);
     /// beyond it they are refused at once, and reads keep the rest of `deadline.max_in_flight`.
     pub max_in_flight_creates: u32,
+    /// Of those, the most one client may have in progress: a client whose creations are slow
+    /// (a slow body, a slow bank for its orders) cannot take every place from the others.
+    pub max_in_flight_creates_per_client: u32,
     /// Orders kept as the last known copy, for reads while orders is unreachable.
     pub order_cache_capacity: usize,
     /// Retries of calls to orders: the only retries in the chain.
@@ -44,6 +47,12 @@ pub struct Settings {
     pub mode: ChainMode,
     /// The naive client's attempts and fixed per-attempt timeout (used in `naive` mode only).
     pub naive: NaiveSettings,
+    /// The gateway's certificate, key and CA, presented to orders, payment and the bank. The
+    /// public faces stay plain: clients prove who they are with API keys.
+    pub tls: TlsSettings,
+    /// Limits on the connections of each of the gateway's ports (each port counts its own, so a
+    /// flood of the public faces leaves the metrics port alone).
+    pub connections: ConnectionLimits,
 }
 
 /// One client: its secret API key, the id that scopes its idempotency keys and orders, and its
@@ -65,9 +74,10 @@ impl ApiClient {
 
 /// A source of one part of an order summary: a short, capped slice of the deadline, so that a
 /// slow part is given up on while the others are shown.
-fn summary_source(endpoint: &str, cap_ms: u64) -> Dependency {
+fn summary_source(endpoint: &str, service: &str, cap_ms: u64) -> Dependency {
     Dependency {
         endpoint: endpoint.into(),
+        service: service.into(),
         deadline: ForwardPolicy { reserve_ms: 20, reserve_max_share: 0.2, cap_ms: Some(cap_ms), min_forward_ms: 20 },
         // The cap is the gateway's own choice, not a client's: a call given all of it and still
         // unanswered is the source's fault, although the cap is below the usual judged slice.
@@ -87,17 +97,19 @@ impl Default for Settings {
             deadline: InboundPolicy::default(),
             orders: Dependency {
                 endpoint: "http://127.0.0.1:50052".into(),
+                service: "orders".into(),
                 deadline: ForwardPolicy { reserve_ms: 20, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 },
                 // Slowness below is the bank's own, judged by payment's breaker; answers slowed
                 // by it must not open this one (which reads share), so only failures count here.
                 breaker: BreakerSettings { slow_call_ms: 60_000, ..BreakerSettings::default() },
                 ..Dependency::default()
             },
-            payment: summary_source("http://127.0.0.1:50053", 300),
-            bank: summary_source("http://127.0.0.1:50054", 300),
-            recommendations: summary_source("http://127.0.0.1:50052", 200),
+            payment: summary_source("http://127.0.0.1:50053", "payment", 300),
+            bank: summary_source("http://127.0.0.1:50054", "bank-mock", 300),
+            recommendations: summary_source("http://127.0.0.1:50052", "orders", 200),
             popular_skus: vec!["sku-1".into(), "sku-7".into(), "sku-42".into()],
             max_in_flight_creates: 500,
+            max_in_flight_creates_per_client: 250,
             order_cache_capacity: 10_000,
             retry: RetrySettings::default(),
             clients: vec![
@@ -115,6 +127,8 @@ impl Default for Settings {
                 },
             ],
             unknown_key_quota: QuotaSettings { per_second: 20, burst: 20 },
+            tls: TlsSettings::default(),
+            connections: ConnectionLimits::default(),
         }
     }
 }

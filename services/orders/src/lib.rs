@@ -6,6 +6,7 @@
 //! answer. A repeat replays that answer; a repeat after a crash, a cancellation or a failed payment
 //! resumes at the last recovery point, so there is never a second order nor a second charge.
 
+mod callers;
 pub mod completer;
 mod error;
 mod settings;
@@ -65,7 +66,8 @@ impl Application {
         .await
         // The URL is not repeated: it may carry a password.
         .map_err(|error| ServerError::Settings(format!("database: {error}")))?;
-        let payment = rpc::connect(HOP, "payment", &settings.payment, settings.mode, settings.naive)
+        let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?;
+        let payment = rpc::connect(HOP, "payment", &settings.payment, &tls, settings.mode, settings.naive)
             .map_err(|error| ServerError::Settings(format!("payment: {error}")))?;
         let payment_breaker = payment.breaker.clone();
         let keys = KeyStore::new(database.clone(), settings.idempotency);
@@ -78,7 +80,9 @@ impl Application {
         };
         let webhooks = webhooks::WebhookService::new(keys.clone(), &settings.webhooks, default_lease).map_err(ServerError::Settings)?;
         let services = rpc::Services::new(OrdersServer::new(service.clone())).add_service(WebhooksServer::new(webhooks));
-        let grpc = GrpcServer::bind_all(HOP, rpc::Role::Inner, settings.listen, settings.deadline, services).await?;
+        let grpc = GrpcServer::bind_all(HOP, rpc::Role::Inner { tls, callers: callers::policy() }, settings.listen, settings.deadline, services)
+            .await?
+            .connection_limits(settings.connections);
         let completer = completer::Completer::new(service, settings.completer, grpc.stats());
         Ok(Self { grpc, keys, completer, payment_breaker })
     }

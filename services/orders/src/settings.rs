@@ -5,7 +5,7 @@ use idempotency::{KeySettings, SqliteSettings};
 
 use crate::CompleterSettings;
 use outbox::EndpointLimits;
-use rpc::Dependency;
+use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
 use resilience::{ChainMode, breaker::BreakerSettings, naive::NaiveSettings};
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +31,10 @@ pub struct Settings {
     pub deadline: InboundPolicy,
     /// Payment: what is left of the deadline minus 200 ms kept for orders' own reply.
     pub payment: Dependency,
+    /// This service's certificate, key and CA: mutual TLS with the gateway and payment.
+    pub tls: TlsSettings,
+    /// Limits on the connections of each of this service's ports (each port counts its own).
+    pub connections: ConnectionLimits,
     /// `budgeted` (the design) or `naive` (per-hop fixed timeouts and retries, for comparison).
     pub mode: ChainMode,
     /// The naive client's attempts and fixed per-attempt timeout (used in `naive` mode only).
@@ -79,6 +83,7 @@ impl Default for Settings {
             deadline: InboundPolicy::default(),
             payment: Dependency {
                 endpoint: "http://127.0.0.1:50053".into(),
+                service: "payment".into(),
                 deadline: ForwardPolicy { reserve_ms: 200, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 },
                 // Slowness below is the bank's own, judged by payment's breaker; answers slowed
                 // by it must not open this one (which reads share), so only failures count here.
@@ -86,6 +91,8 @@ impl Default for Settings {
                 ..Dependency::default()
             },
             webhooks: WebhookSettings::default(),
+            tls: TlsSettings::default(),
+            connections: ConnectionLimits::default(),
         }
     }
 }

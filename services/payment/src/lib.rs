@@ -5,6 +5,7 @@
 //! idempotency key (derived by orders from the client's) makes a repeat replay the stored payment,
 //! written in the same transaction as the payment row.
 
+mod callers;
 mod error;
 mod settings;
 
@@ -57,7 +58,8 @@ impl Application {
         .await
         // The URL is not repeated: it may carry a password.
         .map_err(|error| ServerError::Settings(format!("database: {error}")))?;
-        let bank = rpc::connect(HOP, "bank-mock", &settings.bank, settings.mode, settings.naive)
+        let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?;
+        let bank = rpc::connect(HOP, "bank-mock", &settings.bank, &tls, settings.mode, settings.naive)
             .map_err(|error| ServerError::Settings(format!("bank: {error}")))?;
         let (breaker, bulkhead) = (bank.breaker.clone(), bank.bulkhead.clone());
         let keys = KeyStore::new(database, settings.idempotency);
@@ -66,7 +68,9 @@ impl Application {
             bank: BankClient::new(bank.client),
             default_lease: Duration::from_millis(settings.deadline.max_ms),
         };
-        let grpc = GrpcServer::bind(HOP, rpc::Role::Inner, settings.listen, settings.deadline, PaymentServiceServer::new(service)).await?;
+        let grpc = GrpcServer::bind(HOP, rpc::Role::Inner { tls, callers: callers::policy() }, settings.listen, settings.deadline, PaymentServiceServer::new(service))
+            .await?
+            .connection_limits(settings.connections);
         Ok(Self { grpc, keys, breaker, bulkhead })
     }
 

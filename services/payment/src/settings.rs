@@ -2,7 +2,7 @@ use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
 use idempotency::{KeySettings, SqliteSettings};
-use rpc::Dependency;
+use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
 use resilience::{ChainMode, naive::NaiveSettings, rate_limit::QuotaSettings};
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +24,10 @@ pub struct Settings {
     pub deadline: InboundPolicy,
     /// The bank: at most 1.5 s of the deadline, 300 ms kept for payment's own reply.
     pub bank: Dependency,
+    /// This service's certificate, key and CA: mutual TLS with orders, the gateway and the bank.
+    pub tls: TlsSettings,
+    /// Limits on the connections of each of this service's ports (each port counts its own).
+    pub connections: ConnectionLimits,
     /// `budgeted` (the design) or `naive` (per-hop fixed timeouts and retries, for comparison).
     pub mode: ChainMode,
     /// The naive client's attempts and fixed per-attempt timeout (used in `naive` mode only).
@@ -42,6 +46,7 @@ impl Default for Settings {
             deadline: InboundPolicy::default(),
             bank: Dependency {
                 endpoint: "http://127.0.0.1:50054".into(),
+                service: "bank-mock".into(),
                 deadline: ForwardPolicy { reserve_ms: 300, reserve_max_share: 0.2, cap_ms: Some(1_500), min_forward_ms: 20 },
                 // Slow bank calls may hold at most 20 of payment's calls; the rest are refused at once.
                 max_concurrent: 20,
@@ -49,6 +54,8 @@ impl Default for Settings {
                 quota: QuotaSettings { per_second: 2_000, burst: 200 },
                 ..Dependency::default()
             },
+            tls: TlsSettings::default(),
+            connections: ConnectionLimits::default(),
         }
     }
 }

@@ -11,7 +11,12 @@ use resilience::{
     bulkhead::{Bulkhead, BulkheadStats},
     retry::{RetryPolicy, RetryStatsSnapshot},
 };
-use rpc::ServerError;
+use rpc::{
+    ServerError,
+    dev_certs::DevCerts,
+    tls::TlsSettings,
+};
+use tempfile::TempDir;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -33,6 +38,10 @@ pub struct ChainSettings {
     /// exchange rates): a bank that outlives the chain, as the crash test needs to count the
     /// charges made before and after a kill.
     pub external_bank: Option<String>,
+    /// Every hop in plain-text gRPC, with no certificates and so no checks of who calls: for
+    /// experiments only (`up` warns). Otherwise, when no service names certificate files of its
+    /// own, a development CA is made at start (see [`Chain::dev_certs`]).
+    pub plaintext: bool,
 }
 
 /// Where the example receiver listens by default (`cargo run -p webhook-receiver`): the local
@@ -49,6 +58,7 @@ impl Default for ChainSettings {
             bank: bank_mock::Settings::default(),
             webhook_sender: webhook_sender::Settings::default(),
             external_bank: None,
+            plaintext: false,
         };
         settings.orders.webhooks.test_hosts = vec![DEMO_RECEIVER.to_owned()];
         settings.webhook_sender.test_hosts = vec![DEMO_RECEIVER.to_owned()];
@@ -147,6 +157,7 @@ pub struct Chain {
     tokens: BTreeMap<&'static str, CancellationToken>,
     shutdown: CancellationToken,
     servers: JoinSet<Result<(), ServerError>>,
+    dev_certs: Option<(DevCerts, TempDir)>,
 }
 
 impl Chain {
@@ -157,6 +168,7 @@ impl Chain {
             settings.orders.mode = mode;
             settings.payment.mode = mode;
         }
+        let dev_certs = secure(&mut settings)?;
         let shutdown = CancellationToken::new();
         let mut servers = JoinSet::new();
 
@@ -222,7 +234,13 @@ impl Chain {
                 other => ServerError::Settings(format!("webhook-sender: {other}")),
             })
         });
-        Ok(Self { addresses, database_urls, admin_token, bank: bank_state, hops, guards, gateway_retry, client_limits, tokens, shutdown, servers })
+        Ok(Self { addresses, database_urls, admin_token, bank: bank_state, hops, guards, gateway_retry, client_limits, tokens, shutdown, servers, dev_certs })
+    }
+
+    /// The development CA made at start, with a certificate for each service and one for the
+    /// operator ([`OPERATOR`]); `None` in plain text or when the settings name files of their own.
+    pub fn dev_certs(&self) -> Option<&DevCerts> {
+        self.dev_certs.as_ref().map(|(certs, _)| certs)
     }
 
     /// The bank's faults and counters, for in-process control.
@@ -293,4 +311,26 @@ impl Chain {
         self.shutdown.cancel();
         self.wait().await
     }
+}
+
+/// Makes every service plain text (`plaintext`), or gives each a certificate of a fresh
+/// development CA when none names files of its own.
+fn secure(settings: &mut ChainSettings) -> Result<Option<(DevCerts, TempDir)>, ServerError> {
+    let sections = [&mut settings.gateway.tls, &mut settings.orders.tls, &mut settings.payment.tls, &mut settings.bank.tls];
+    if settings.plaintext {
+        for tls in sections {
+            *tls = TlsSettings { plaintext: true, ..TlsSettings::default() };
+        }
+        return Ok(None);
+    }
+    if sections.iter().any(|tls| **tls != TlsSettings::default()) {
+        return Ok(None);
+    }
+    let names = [gateway::HOP, orders::HOP, payment::HOP, bank_mock::HOP];
+    let dir = tempfile::Builder::new().prefix("chain-certs-").tempdir().map_err(|error| ServerError::Settings(format!("certificates: {error}")))?;
+    let certs = DevCerts::generate_once(dir.path()).map_err(|error| ServerError::Settings(format!("certificates: {error}")))?;
+    for (tls, name) in sections.into_iter().zip(names) {
+        *tls = certs.settings(name);
+    }
+    Ok(Some((certs, dir)))
 }

@@ -2,6 +2,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use settings::SettingsArgs;
+use rpc::dev_certs::OPERATOR;
 use stack::{Chain, ChainSettings, scenario};
 
 /// Runs gateway → orders → payment → bank-mock in one process.
@@ -79,6 +80,7 @@ async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Bo
     let dir = data_dir.as_deref().or(temporary.as_ref().map(|t| t.path())).expect("one of them is set");
     std::fs::create_dir_all(dir)?;
     let chain_settings: ChainSettings = settings::load("STACK", settings)?;
+    let plaintext = chain_settings.plaintext;
     let mut chain = Chain::start(chain_settings.with_data_dir(dir)).await?;
     let a = &chain.addresses;
     println!("gateway → orders → payment → bank-mock, and the webhook sender, are up (Ctrl-C stops them)");
@@ -92,6 +94,19 @@ async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Bo
     println!("  webhook sender    http://{}/metrics  (delivers orders' outbox)", a.webhook_sender);
     println!("  databases         {}, {}", redact(&chain.database_urls.0), redact(&chain.database_urls.1));
     println!("  API keys          demo-key-1 (client demo-client-1), demo-key-2 (client demo-client-2)");
+    match chain.dev_certs() {
+        Some(certs) => {
+            println!("  mutual TLS        orders, payment and bank-mock answer only the chain's certificates");
+            println!("  dev CA            {}", certs.ca().display());
+            println!("  operator cert     {}", certs.cert(OPERATOR).display());
+            println!("  operator key      {}  (health, reflection, reads of every inner service)", certs.key(OPERATOR).display());
+        }
+        None if plaintext => {
+            eprintln!("WARNING: plaintext = true: the hops talk plain-text gRPC and orders, payment and bank-mock");
+            eprintln!("         answer any caller that can reach them, in any client's name. For experiments only.");
+        }
+        None => println!("  mutual TLS        with the certificate files named in the settings"),
+    }
     println!();
     println!("Try:");
     println!(

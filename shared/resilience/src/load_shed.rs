@@ -8,12 +8,18 @@
 //! The pushback is drawn anew for each refusal, between [`PUSHBACK`] and twice that: callers
 //! refused in the same burst would otherwise all come back at the same instant, a wave that fills
 //! the intake again and is refused again.
+//!
+//! An intake shared by many clients can also keep each to a share of its places
+//! ([`Intake::with_caller_share`]): without it, one client whose requests are slow (a slow body,
+//! a slow dependency of its own orders) holds every place and the others are refused for it. The
+//! request names its caller with a [`Caller`] extension, put there by whoever authenticated it.
 
 use std::{
+    collections::HashMap,
     future::Future,
     pin::Pin,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
     task::{Context, Poll},
@@ -41,26 +47,56 @@ fn pushback_ms(rng: &mut impl Rng) -> u64 {
     shortest + rng.next_range(0..shortest)
 }
 
+/// Who a request is for (an authenticated client's id), as a request extension: the key of an
+/// intake's per-caller share.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Caller(pub Arc<str>);
+
 /// The intake of one server (or one kind of request), shared by every clone of its service.
 #[derive(Debug)]
 pub struct Intake {
     name: &'static str,
     limit: u32,
     permits: Arc<Semaphore>,
+    /// Places one [`Caller`] may hold at once, and how many each holds now.
+    per_caller: Option<(u32, Arc<Mutex<HashMap<Caller, u32>>>)>,
     refused: AtomicU64,
     rejections: Counter<u64>,
 }
 
 impl Intake {
     pub fn new(name: &'static str, limit: u32) -> Arc<Self> {
+        Arc::new(Self::unshared(name, limit))
+    }
+
+    /// An intake of `limit` places of which one [`Caller`] holds `per_caller` at most; a request
+    /// with no `Caller` extension is held to the shared limit only.
+    pub fn with_caller_share(name: &'static str, limit: u32, per_caller: u32) -> Arc<Self> {
+        Arc::new(Self { per_caller: Some((per_caller.max(1), Arc::default())), ..Self::unshared(name, limit) })
+    }
+
+    fn unshared(name: &'static str, limit: u32) -> Self {
         let limit = limit.max(1);
-        Arc::new(Self {
+        Self {
             name,
             limit,
             permits: Arc::new(Semaphore::new(limit as usize)),
+            per_caller: None,
             refused: AtomicU64::new(0),
             rejections: metrics::counter(metrics::name::LOAD_SHED_REJECTIONS, "Requests refused at a full intake"),
-        })
+        }
+    }
+
+    /// A place for `caller` under its share, or `None` when it holds all of it.
+    fn caller_place(&self, caller: &Caller) -> Option<CallerPlace> {
+        let (share, holding) = self.per_caller.as_ref()?;
+        let mut held = holding.lock().expect("the intake's table is never poisoned");
+        let count = held.entry(caller.clone()).or_default();
+        if *count >= *share {
+            return None;
+        }
+        *count += 1;
+        Some(CallerPlace { caller: caller.clone(), holding: holding.clone() })
     }
 
     /// Requests refused so far.
@@ -96,13 +132,49 @@ pub struct LoadShed<S> {
     intake: Arc<Intake>,
 }
 
+/// One of a caller's places in an intake, given back when dropped.
+#[derive(Debug)]
+pub struct CallerPlace {
+    caller: Caller,
+    holding: Arc<Mutex<HashMap<Caller, u32>>>,
+}
+
+impl Drop for CallerPlace {
+    fn drop(&mut self) {
+        let mut held = self.holding.lock().expect("the intake's table is never poisoned");
+        if let Some(count) = held.get_mut(&self.caller) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.caller);
+            }
+        }
+    }
+}
+
 pin_project! {
-    /// Response future of [`LoadShed`]: holds the permit until the answer.
+    /// Response future of [`LoadShed`]: holds the permit (and the caller's place) until the answer.
     #[project = Projection]
     pub enum ResponseFuture<F, B> {
         Refused { response: Option<Response<B>> },
-        Admitted { #[pin] inner: F, permit: OwnedSemaphorePermit },
+        Admitted { #[pin] inner: F, permit: OwnedSemaphorePermit, place: Option<CallerPlace> },
     }
+}
+
+/// The refusal of a caller that holds its whole share: 429 over HTTP (it is this caller's doing,
+/// not the server's load), RESOURCE_EXHAUSTED with a pushback over gRPC.
+fn share_refusal<B: Default + From<String>>(grpc: bool, intake: &Intake, share: u32) -> Response<B> {
+    let detail = format!("{}: {share} requests of this client already in progress; retry when one has finished", intake.name);
+    if grpc {
+        let mut status = Status::resource_exhausted(detail);
+        status.metadata_mut().insert(PUSHBACK_HEADER, MetadataValue::from(pushback_ms(&mut HasherRng::default())));
+        return status.into_http();
+    }
+    let body = serde_json::json!({"type": "about:blank", "title": "Too many requests in progress", "status": 429, "detail": detail});
+    let mut response = Response::new(B::from(body.to_string()));
+    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
+    response
 }
 
 fn refusal<B: Default + From<String>>(grpc: bool, intake: &Intake) -> Response<B> {
@@ -135,15 +207,25 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let grpc = request.headers().get(header::CONTENT_TYPE).is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
+        // The caller's share first: a caller at its share is refused without taking a place
+        // from the others.
+        let place = match (&self.intake.per_caller, request.extensions().get::<Caller>()) {
+            (Some((share, _)), Some(caller)) => match self.intake.caller_place(caller) {
+                Some(place) => Some(place),
+                None => {
+                    self.intake.refused.fetch_add(1, Ordering::Relaxed);
+                    self.intake.rejections.add(1, &[KeyValue::new("intake", self.intake.name), KeyValue::new("scope", "client")]);
+                    return ResponseFuture::Refused { response: Some(share_refusal(grpc, &self.intake, *share)) };
+                }
+            },
+            _ => None,
+        };
         match self.intake.permits.clone().try_acquire_owned() {
-            Ok(permit) => ResponseFuture::Admitted { inner: self.inner.call(request), permit },
+            Ok(permit) => ResponseFuture::Admitted { inner: self.inner.call(request), permit, place },
             Err(_) => {
                 self.intake.refused.fetch_add(1, Ordering::Relaxed);
                 self.intake.rejections.add(1, &[KeyValue::new("intake", self.intake.name)]);
-                let grpc = request
-                    .headers()
-                    .get(header::CONTENT_TYPE)
-                    .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
                 ResponseFuture::Refused { response: Some(refusal(grpc, &self.intake)) }
             }
         }
@@ -201,5 +283,28 @@ mod tests {
         assert!(pushbacks.iter().all(|ms| (100..200).contains(ms)), "{pushbacks:?}");
         let (shortest, longest) = (pushbacks.iter().min().unwrap(), pushbacks.iter().max().unwrap());
         assert!(*shortest < 125 && *longest >= 175, "spread over the range: {shortest}..={longest}");
+    }
+
+    #[tokio::test]
+    async fn one_caller_holds_its_share_and_leaves_the_rest_to_the_others() {
+        let busy = service_fn(|_: Request<String>| std::future::pending::<Result<Response<String>, std::convert::Infallible>>());
+        let mut service = LoadShedLayer::new(Intake::with_caller_share("creates", 3, 2)).layer(busy);
+        let as_caller = |name: &str| {
+            let mut request = Request::new(String::new());
+            request.extensions_mut().insert(Caller(Arc::from(name)));
+            request
+        };
+        let first = service.call(as_caller("greedy"));
+        let second = service.call(as_caller("greedy"));
+        let refused = service.call(as_caller("greedy")).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refused.headers()[header::RETRY_AFTER], "1");
+        // The greedy caller's refusal took no place: another caller still gets the last one.
+        let _other = service.call(as_caller("other"));
+        assert_eq!(service.call(as_caller("third")).await.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE, "the shared limit holds");
+        // A finished request gives its place back to its caller.
+        drop(first);
+        assert!(matches!(service.call(as_caller("greedy")), ResponseFuture::Admitted { .. }));
+        drop(second);
     }
 }

@@ -13,12 +13,18 @@ use resilience::{
 use telemetry::trace::{ClientTrace, ClientTraceLayer};
 use tower::{Layer, ServiceBuilder, util::Either};
 
+use crate::tls::ServiceTls;
+
 /// How to reach one dependency, and how much of the deadline to give it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Dependency {
-    /// `http://host:port` of the dependency.
+    /// `host:port` of the dependency as a URL (`http://host:port`). Whether the channel speaks
+    /// TLS is the service's `tls` setting, never the scheme, so a typo cannot turn TLS off.
     pub endpoint: String,
+    /// The service behind the endpoint (`orders`, `payment`, `bank-mock`): its certificate must
+    /// name it (`orders.chain.internal`), whatever host name or address the endpoint has.
+    pub service: String,
     /// Limit on establishing a TCP connection (short: the peer is near or it is not there).
     pub connect_timeout_ms: u64,
     /// Limit on silence of an established connection: an HTTP/2 ping unanswered for this long
@@ -38,6 +44,7 @@ impl Default for Dependency {
     fn default() -> Self {
         Self {
             endpoint: "http://127.0.0.1:50051".into(),
+            service: "gateway".into(),
             connect_timeout_ms: 250,
             idle_timeout_ms: 5_000,
             deadline: ForwardPolicy::default(),
@@ -62,16 +69,18 @@ pub struct Connection {
 
 /// Builds `hop`'s client for `dependency`, named `name` in ledgers, errors and metrics. Connects lazily, so
 /// services can start in any order, and reconnects by itself. It never retries in the budgeted
-/// chain: retries belong to the gateway alone.
+/// chain: retries belong to the gateway alone. With certificates in `tls`, it dials TLS and
+/// presents `hop`'s certificate.
 pub fn connect(
     hop: &'static str,
     name: &'static str,
     dependency: &Dependency,
+    tls: &ServiceTls,
     mode: ChainMode,
     naive: NaiveSettings,
 ) -> Result<Connection, tonic::transport::Error> {
     let idle = Duration::from_millis(dependency.idle_timeout_ms);
-    let channel = Endpoint::from_shared(dependency.endpoint.clone())?
+    let channel = endpoint(&dependency.endpoint, &dependency.service, tls)?
         .connect_timeout(Duration::from_millis(dependency.connect_timeout_ms))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(idle)
@@ -96,4 +105,16 @@ pub fn connect(
         ChainMode::Naive => Either::Right(NaiveRetryLayer::new(naive).layer(ClientTraceLayer::new(name).layer(channel))),
     };
     Ok(Connection { client, breaker, bulkhead })
+}
+
+/// An endpoint for `address` (a URL or `host:port`) served by `service`, over TLS when `tls` has
+/// certificates: tonic dials TLS only for `https` URLs, so the scheme is set here from `tls`.
+pub fn endpoint(address: &str, service: &str, tls: &ServiceTls) -> Result<Endpoint, tonic::transport::Error> {
+    let authority = address.split_once("://").map_or(address, |(_, rest)| rest);
+    let scheme = if tls.client_config(service).is_some() { "https" } else { "http" };
+    let endpoint = Endpoint::from_shared(format!("{scheme}://{authority}"))?;
+    match tls.client_config(service) {
+        Some(config) => endpoint.tls_config(config),
+        None => Ok(endpoint),
+    }
 }

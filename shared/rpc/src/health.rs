@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use tonic::transport::Endpoint;
+use crate::tls::ServiceTls;
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
 
 /// The subcommands every service binary has besides serving.
@@ -34,17 +34,22 @@ pub enum HealthError {
     Timeout { addr: SocketAddr, timeout: Duration },
 }
 
-/// Checks the server listening on `listen`; an unspecified address (`0.0.0.0`) is checked on
-/// loopback, where a server bound to every interface also answers.
+/// Checks the server listening on `listen` in plain text; an unspecified address (`0.0.0.0`) is
+/// checked on loopback, where a server bound to every interface also answers.
 pub async fn check(listen: SocketAddr, timeout: Duration) -> Result<(), HealthError> {
+    check_as(listen, "", &ServiceTls::Plaintext, timeout).await
+}
+
+/// [`check`] of `service`'s own server, presenting its certificate when `tls` has one.
+pub async fn check_as(listen: SocketAddr, service: &str, tls: &ServiceTls, timeout: Duration) -> Result<(), HealthError> {
     let addr = match listen.ip() {
         IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), listen.port()),
         IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(Ipv6Addr::LOCALHOST.into(), listen.port()),
         _ => listen,
     };
     let ask = async {
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .expect("a socket address makes a valid URI")
+        let channel = crate::endpoint(&addr.to_string(), service, tls)
+            .map_err(|source| HealthError::Unreachable { addr, source })?
             .connect()
             .await
             .map_err(|source| HealthError::Unreachable { addr, source })?;

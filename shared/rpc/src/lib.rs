@@ -1,21 +1,18 @@
-//! The one place where the chain builds gRPC clients and servers.
-//!
-//! - [`Dependency`] + [`connect`]: a lazily connecting channel with the three separate timeouts of
-//!   R-D1 (connect, idle, and the operation deadline forwarded by [`deadline::client`]), behind
-//!   the dependency's bulkhead and circuit breaker.
-//! - [`GrpcServer`]: binds, serves one service or several ([`Services`]) on one port with
-//!   `grpc.health.v1` (each service SERVING) and reflection, puts every request under the deadline
-//!   layer, counts every answer in the chain's metrics and serves until shutdown.
-//! - [`health::Command`]: the `healthcheck` subcommand of every service binary.
-//! - [`metrics::router`]: `GET /metrics` in Prometheus text, on every port a service serves.
+#![doc = include_str!("../README.md")]
 
+pub mod authorize;
 mod client;
+pub mod connections;
+pub mod dev_certs;
 pub mod health;
+pub mod listener;
+mod serve;
+pub mod tls;
 pub mod metrics;
 mod server;
 
-pub use client::{Client, Connection, Dependency, connect};
-pub use server::{GrpcServer, GrpcService, Role, ServerError, Services, bind, serve_http, shutdown_signal};
+pub use client::{Client, Connection, Dependency, connect, endpoint};
+pub use server::{GrpcServer, GrpcService, Role, ServerError, Services, bind, serve_http, serve_http_with, shutdown_signal};
 
 mod relay;
 pub use relay::{PUSHBACK_HEADER, derive_key, relay};

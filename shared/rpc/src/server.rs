@@ -1,12 +1,21 @@
-use std::{future::Future, io, net::SocketAddr, sync::Arc};
+use std::{future::Future, io, net::SocketAddr, sync::Arc, time::Duration};
 
-use axum::serve::ListenerExt;
 use tokio_util::sync::CancellationToken;
 use deadline::{HopStats, InboundPolicy, server::{DeadlineLayer, Grpc}};
 use resilience::load_shed::{Intake, LoadShedLayer};
 use telemetry::{metrics::RequestMetricsLayer, trace::ServerTraceLayer};
 use tokio::net::TcpListener;
 use tonic::{server::NamedService, service::Routes};
+
+use prost::Message;
+use prost_types::{FileDescriptorProto, FileDescriptorSet};
+
+use crate::{
+    authorize::{AuthorizeLayer, Policy},
+    connections::{ConnectionLimits, LimitedListener},
+    listener::TlsListener,
+    tls::ServiceTls,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -18,6 +27,8 @@ pub enum ServerError {
     Serve(io::Error),
     #[error("invalid settings: {0}")]
     Settings(String),
+    #[error("reflection descriptors: {0}")]
+    Descriptors(#[from] prost::DecodeError),
 }
 
 /// Binds `addr` (port 0 picks a free port).
@@ -25,16 +36,25 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
     TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })
 }
 
-/// Serves an HTTP router (admin APIs, the gateway's JSON API) until `shutdown` completes.
+/// Serves an HTTP router (admin APIs, metrics) until `shutdown` completes, under the default
+/// [`ConnectionLimits`].
 pub async fn serve_http(
     listener: TcpListener,
     router: axum::Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    axum::serve(listener.tap_io(set_nodelay), router)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(ServerError::Serve)
+    serve_http_with(listener, ConnectionLimits::default(), router, shutdown).await
+}
+
+/// [`serve_http`] under `limits`.
+pub async fn serve_http_with(
+    listener: TcpListener,
+    limits: ConnectionLimits,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    crate::serve::serve(LimitedListener::new(listener, limits), &limits, router, shutdown).await;
+    Ok(())
 }
 
 /// A token cancelled on Ctrl-C or SIGTERM, for `run_until_stopped`.
@@ -64,19 +84,18 @@ pub fn shutdown_signal() -> CancellationToken {
     token
 }
 
-fn set_nodelay(tcp: &mut tokio::net::TcpStream) {
-    if let Err(error) = tcp.set_nodelay(true) {
-        tracing::warn!(%error, "cannot set TCP_NODELAY");
-    }
-}
+/// How long a TLS handshake may take before the connection is closed.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Where a server sits in the chain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a server sits in the chain, and so whom it answers.
+#[derive(Clone)]
 pub enum Role {
-    /// Where operations start: requests from outside.
+    /// Where operations start: requests from outside, who prove who they are with API keys.
+    /// Reflection describes the public services only.
     Edge,
-    /// Behind the edge: requests from another hop.
-    Inner,
+    /// Behind the edge: requests from other hops, over mutual TLS with `tls`, each caller
+    /// admitted by `callers` (in plain text, every caller is admitted).
+    Inner { tls: ServiceTls, callers: Policy },
 }
 
 /// A bound gRPC server for one hop, not yet serving.
@@ -86,6 +105,7 @@ pub struct GrpcServer {
     listener: TcpListener,
     routes: axum::Router,
     stats: Arc<HopStats>,
+    limits: ConnectionLimits,
 }
 
 /// A gRPC service as tonic generates it (`…Server::new(handler)`), ready to be routed.
@@ -159,27 +179,37 @@ impl GrpcServer {
     ) -> Result<Self, ServerError> {
         let listener = bind(addr).await?;
         let (health, health_service) = tonic_health::server::health_reporter();
-        for name in services.names {
-            health.set_service_status(name, tonic_health::ServingStatus::Serving).await;
+        for name in &services.names {
+            health.set_service_status(*name, tonic_health::ServingStatus::Serving).await;
         }
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-            .build_v1()?;
+        let descriptors = match &role {
+            Role::Edge => public_descriptors(&services.names)?,
+            Role::Inner { .. } => FileDescriptorSet::decode(proto::FILE_DESCRIPTOR_SET)?,
+        };
+        // Both versions describe both reflection services: the port serves both.
+        let reflection = || {
+            tonic_reflection::server::Builder::configure()
+                .include_reflection_service(false)
+                .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
+                .register_file_descriptor_set(descriptors.clone())
+        };
         let stats = HopStats::new();
         let routes = services
             .routes
             .add_service(health_service)
-            .add_service(reflection)
+            .add_service(reflection().build_v1()?)
+            .add_service(reflection().build_v1alpha()?)
             .prepare()
             .into_axum_router()
-            .layer(match role {
+            .layer(match &role {
                 Role::Edge => DeadlineLayer::new(hop, Grpc::new(inbound), stats.clone()).at_edge(),
-                Role::Inner => DeadlineLayer::new(hop, Grpc::new(inbound), stats.clone()),
+                Role::Inner { .. } => DeadlineLayer::new(hop, Grpc::new(inbound), stats.clone()),
             })
             // Outside the deadline: a refused request costs no deadline bookkeeping.
             .layer(LoadShedLayer::new(Intake::new(hop, inbound.max_in_flight)))
             .layer(ServerTraceLayer::new(hop));
-        Ok(Self { hop, role, listener, routes, stats })
+        Ok(Self { hop, role, listener, routes, stats, limits: ConnectionLimits::default() })
     }
 
     /// Puts `layer` in front of every request, outside the deadline layer (e.g. an edge's rate
@@ -196,6 +226,12 @@ impl GrpcServer {
         self
     }
 
+    /// Keeps this server's connections to `limits` instead of the defaults.
+    pub fn connection_limits(mut self, limits: ConnectionLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("a bound listener has an address")
     }
@@ -209,11 +245,43 @@ impl GrpcServer {
     /// counted, those of layers added with [`GrpcServer::layer`] too. Behind the edge, `/metrics`
     /// is served beside the gRPC services; an edge serves it on a port of its own, off its public
     /// face.
+    ///
+    /// An inner server with certificates serves TLS only, and checks every request, `/metrics`
+    /// included, against its callers before anything else.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        let mut routes = self.routes.layer(RequestMetricsLayer::new(self.hop));
-        if self.role == Role::Inner {
-            routes = routes.merge(crate::metrics::router());
-        }
-        serve_http(self.listener, routes, shutdown).await
+        let routes = self.routes.layer(RequestMetricsLayer::new(self.hop));
+        let Role::Inner { tls, callers } = self.role else {
+            return serve_http_with(self.listener, self.limits, routes, shutdown).await;
+        };
+        let routes = routes.merge(crate::metrics::router());
+        let Some(config) = tls.server_config() else {
+            return serve_http_with(self.listener, self.limits, routes, shutdown).await;
+        };
+        let routes = routes.layer(AuthorizeLayer::new(callers));
+        let listener = TlsListener::new(LimitedListener::new(self.listener, self.limits), config, HANDSHAKE_TIMEOUT);
+        crate::serve::serve(listener, &self.limits, routes, shutdown).await;
+        Ok(())
     }
+}
+
+/// The descriptors of `services` and of the files they import, and nothing else: what the public
+/// port's reflection may show.
+fn public_descriptors(services: &[&str]) -> Result<FileDescriptorSet, prost::DecodeError> {
+    let all = FileDescriptorSet::decode(proto::FILE_DESCRIPTOR_SET)?;
+    let defines_served = |file: &FileDescriptorProto| {
+        file.service.iter().any(|service| services.contains(&format!("{}.{}", file.package(), service.name()).as_str()))
+    };
+    let mut wanted: Vec<String> = all.file.iter().filter(|file| defines_served(file)).map(|file| file.name().to_owned()).collect();
+    let mut index = 0;
+    while let Some(name) = wanted.get(index).cloned() {
+        if let Some(file) = all.file.iter().find(|file| file.name() == name) {
+            for dependency in &file.dependency {
+                if !wanted.contains(dependency) {
+                    wanted.push(dependency.clone());
+                }
+            }
+        }
+        index += 1;
+    }
+    Ok(FileDescriptorSet { file: all.file.into_iter().filter(|file| wanted.contains(&file.name().to_owned())).collect() })
 }

@@ -71,6 +71,28 @@ async fn a_declined_payment_is_402_with_the_order_id() {
     assert!(problem["order_id"].as_str().unwrap().starts_with("ord_"), "{problem}");
 }
 
+/// The services that reflection lists on `channel`, asked in both versions of the protocol.
+async fn reflected_services(channel: tonic::transport::Channel) -> Vec<String> {
+    use tonic_reflection::pb::v1alpha as alpha;
+
+    let list = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
+    let mut answers = ServerReflectionClient::new(channel.clone()).server_reflection_info(tokio_stream::once(list)).await.unwrap().into_inner();
+    let answer = answers.message().await.unwrap().unwrap().message_response.unwrap();
+    let MessageResponse::ListServicesResponse(listed) = answer else { panic!("unexpected {answer:?}") };
+    let names: Vec<String> = listed.service.into_iter().map(|s| s.name).collect();
+
+    let list = alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(alpha::server_reflection_request::MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = alpha::server_reflection_client::ServerReflectionClient::new(channel).server_reflection_info(tokio_stream::once(list)).await.unwrap().into_inner();
+    let answer = answers.message().await.unwrap().unwrap().message_response.unwrap();
+    let alpha::server_reflection_response::MessageResponse::ListServicesResponse(listed) = answer else { panic!("unexpected {answer:?}") };
+    let alpha_names: Vec<String> = listed.service.into_iter().map(|s| s.name).collect();
+    assert_eq!(names, alpha_names, "v1 and v1alpha list the same services");
+    names
+}
+
 #[tokio::test]
 async fn every_service_answers_health_checks_and_reflection() {
     let test = TestChain::start().await;
@@ -82,18 +104,43 @@ async fn every_service_answers_health_checks_and_reflection() {
         ("payment", a.payment, "payment.v1.PaymentService"),
         ("bank-mock", a.bank, "bank.v1.Bank"),
     ] {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
+        // The public port is plain, the inner ones answer the operator's certificate.
+        let channel = match name {
+            "gateway" => tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap(),
+            inner => test.channel_as(rpc::dev_certs::OPERATOR, inner, addr).await,
+        };
         let mut health = HealthClient::new(channel.clone());
         for probe in ["", service] {
             let status = health.check(HealthCheckRequest { service: probe.into() }).await.unwrap().into_inner().status();
             assert_eq!(status, ServingStatus::Serving, "{name} {probe:?}");
         }
-        let mut reflection = ServerReflectionClient::new(channel);
-        let list = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
-        let mut answers = reflection.server_reflection_info(tokio_stream::once(list)).await.unwrap().into_inner();
-        let answer = answers.message().await.unwrap().unwrap().message_response.unwrap();
-        let MessageResponse::ListServicesResponse(listed) = answer else { panic!("{name}: unexpected {answer:?}") };
-        assert!(listed.service.iter().any(|s| s.name == service), "{name} lists {service}: {listed:?}");
+        let listed = reflected_services(channel).await;
+        assert!(listed.iter().any(|s| s == service), "{name} lists {service}: {listed:?}");
+    }
+}
+
+#[tokio::test]
+async fn the_public_port_reflects_the_public_services_only() {
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse::{ErrorResponse, FileDescriptorResponse};
+
+    let test = TestChain::start().await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", test.chain.addresses.gateway_grpc)).unwrap().connect().await.unwrap();
+    let mut listed = reflected_services(channel.clone()).await;
+    listed.sort();
+    assert_eq!(listed, ["gateway.v1.Gateway", "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"]);
+    // Nor are the inner services' descriptors there to be asked for by name.
+    for (symbol, public) in [("gateway.v1.Gateway", true), ("common.v1.Order", true), ("orders.v1.Orders", false), ("bank.v1.Bank", false)] {
+        let ask = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::FileContainingSymbol(symbol.into())) };
+        let answer = match ServerReflectionClient::new(channel.clone()).server_reflection_info(tokio_stream::once(ask)).await {
+            Ok(answers) => answers.into_inner().message().await.map(|answer| answer.and_then(|a| a.message_response)),
+            Err(status) => Err(status),
+        };
+        match answer {
+            Ok(Some(FileDescriptorResponse(_))) => assert!(public, "{symbol} is described on the public port"),
+            Ok(Some(ErrorResponse(_))) => assert!(!public, "{symbol} is not described on the public port"),
+            Err(status) if status.code() == tonic::Code::NotFound => assert!(!public, "{symbol} is not described on the public port"),
+            other => panic!("{symbol}: unexpected {other:?}"),
+        }
     }
 }
 

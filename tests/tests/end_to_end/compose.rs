@@ -218,10 +218,12 @@ async fn webhooks_leave_the_stack_only_through_the_sender(stack: &Stack, http: &
     say(&format!("compose stack: order.paid of {order_id} printed by the receiver {:.1} s after the order", started.elapsed().as_secs_f64()));
 
     // The health check reaches the sender itself, and nothing of the chain: its networks have no
-    // route to orders (nor to the others on the chain's network).
+    // route to the chain's network. The probe is the gateway's gRPC port, which answers a plain
+    // health check from anyone (the inner ports would refuse the sender for want of a
+    // certificate, route or not).
     assert!(stack.sender_reaches("127.0.0.1:50055"), "the sender's own health check passes");
-    let orders_ip = run(Command::new("docker").args(["inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", &stack.container("orders")])).stdout;
-    let orders_ip = String::from_utf8_lossy(&orders_ip).split_whitespace().next().expect("orders has an address").to_owned();
-    assert!(!stack.sender_reaches(&format!("{orders_ip}:50052")), "the sender reaches orders at {orders_ip}:50052");
-    say(&format!("compose stack: the webhook sender has no route to orders at {orders_ip}:50052"));
+    let gateway_ip = run(Command::new("docker").args(["inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", &stack.container("gateway")])).stdout;
+    let gateway_ip = String::from_utf8_lossy(&gateway_ip).split_whitespace().next().expect("the gateway has an address").to_owned();
+    assert!(!stack.sender_reaches(&format!("{gateway_ip}:50051")), "the sender reaches the gateway at {gateway_ip}:50051");
+    say(&format!("compose stack: the webhook sender has no route to the chain's network (gateway at {gateway_ip}:50051)"));
 }

@@ -84,13 +84,13 @@ async fn inner_hops_called_directly_also_answer_deadline_exceeded() {
     test.set_faults(Faults { hang: true, ..Faults::default() });
     let a = &test.chain.addresses;
 
-    let mut orders = OrdersClient::connect(format!("http://{}", a.orders)).await.unwrap();
+    let mut orders = OrdersClient::new(test.channel_as("gateway", "orders", a.orders).await);
     let mut request = grpc_request(order_message(), "direct-orders");
     request.metadata_mut().insert("x-client-id", "direct".parse().unwrap());
     request.set_timeout(Duration::from_millis(300));
     assert_eq!(orders.create_order(request).await.unwrap_err().code(), Code::DeadlineExceeded);
 
-    let mut payment = PaymentServiceClient::connect(format!("http://{}", a.payment)).await.unwrap();
+    let mut payment = PaymentServiceClient::new(test.channel_as("orders", "payment", a.payment).await);
     let pay = PayRequest { order_id: "ord_direct".into(), customer_id: "c-1".into(), amount_minor: 100, currency: "EUR".into() };
     let mut request = grpc_request(pay, "direct-payment");
     request.set_timeout(Duration::from_millis(300));

@@ -39,7 +39,7 @@ async fn the_breaker_opens_fails_fast_without_calling_then_probes_and_closes() {
     let response = test.post_order("down-open", &order_body()).send().await.unwrap();
     assert_eq!(response.status(), 503);
     assert!(response.headers().contains_key("retry-after"));
-    let mut payment = PaymentServiceClient::connect(format!("http://{}", test.chain.addresses.payment)).await.unwrap();
+    let mut payment = PaymentServiceClient::new(test.channel_as("orders", "payment", test.chain.addresses.payment).await);
     for n in 0..10 {
         let pay = PayRequest { order_id: format!("ord_direct_{n}"), customer_id: "c".into(), amount_minor: 100, currency: "EUR".into() };
         let status = payment.pay(grpc_request(pay, &format!("direct-{n}"))).await.unwrap_err();
@@ -193,7 +193,7 @@ async fn a_server_at_capacity_refuses_at_once_with_a_pushback() {
     test.set_faults(fast_bank(|f| f.hang = true));
     let [busy] = creations_in_the_background(&test, "busy", 1, 800).try_into().expect("one creation");
     eventually(BACKGROUND, "the busy creation hanging at the bank", || async { test.chain.bank().stats().hung >= 1 }).await;
-    let mut orders = OrdersClient::connect(format!("http://{}", test.chain.addresses.orders)).await.unwrap();
+    let mut orders = OrdersClient::new(test.channel_as("gateway", "orders", test.chain.addresses.orders).await);
     let mut request = grpc_request(e2e::order_message(), "at-capacity");
     request.metadata_mut().insert("x-client-id", "direct".parse().unwrap());
     let status = orders.create_order(request).await.unwrap_err();
@@ -312,7 +312,7 @@ async fn payment_keeps_the_banks_quota_itself_and_the_breaker_stays_closed() {
     for n in 0..2 {
         assert_eq!(test.post_order(&format!("within-quota-{n}"), &order_body()).send().await.unwrap().status(), 201);
     }
-    let mut payment = PaymentServiceClient::connect(format!("http://{}", test.chain.addresses.payment)).await.unwrap();
+    let mut payment = PaymentServiceClient::new(test.channel_as("orders", "payment", test.chain.addresses.payment).await);
     let pay = PayRequest { order_id: "ord_over_quota".into(), customer_id: "c".into(), amount_minor: 100, currency: "EUR".into() };
     let status = payment.pay(grpc_request(pay, "over-quota-direct")).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");

@@ -234,7 +234,7 @@ async fn the_delivery_log_and_redelivery() {
 #[tokio::test]
 async fn orders_serves_webhooks_over_grpc_beside_orders() {
     let test = TestChain::start().await;
-    let mut webhooks = WebhooksClient::connect(format!("http://{}", test.chain.addresses.orders)).await.unwrap();
+    let mut webhooks = WebhooksClient::new(test.channel_as("gateway", "orders", test.chain.addresses.orders).await);
     let request = |url: &str, key: Option<&str>| {
         let mut request = tonic::Request::new(CreateEndpointRequest { url: url.into(), event_types: vec!["order.paid".into()], ..Default::default() });
         request.metadata_mut().insert("x-client-id", "demo-client-1".parse().unwrap());

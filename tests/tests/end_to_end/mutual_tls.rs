@@ -1,0 +1,138 @@
+//! Service identity between hops: orders, payment and the bank answer only the callers that the
+//! chain's shape allows, proven by certificates of the chain's CA; nobody else gets anything done.
+
+use std::net::SocketAddr;
+
+use e2e::{TestChain, grpc_request, order_body, order_message};
+use proto::{
+    bank::v1::{ChargeRequest, bank_client::BankClient},
+    common::v1::GetOrderRequest,
+    orders::v1::orders_client::OrdersClient,
+    payment::v1::{PayRequest, payment_service_client::PaymentServiceClient},
+};
+use rpc::{dev_certs::DevCerts, tls::dns_name};
+use tonic::{
+    Code, Request, Status,
+    transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
+};
+
+/// A TLS channel to `service` that trusts the chain's CA and presents `identity` (or nothing).
+async fn channel(test: &TestChain, service: &str, address: SocketAddr, identity: Option<Identity>) -> Channel {
+    let ca = std::fs::read(test.certs().ca()).unwrap();
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).domain_name(dns_name(service));
+    if let Some(identity) = identity {
+        tls = tls.identity(identity);
+    }
+    Endpoint::from_shared(format!("https://{address}")).unwrap().tls_config(tls).unwrap().connect_lazy()
+}
+
+fn pay() -> Request<PayRequest> {
+    let pay = PayRequest { order_id: "ord_invented".into(), customer_id: "c-1".into(), amount_minor: 99_999_999, currency: "EUR".into() };
+    grpc_request(pay, "pay-without-an-order")
+}
+
+fn charge() -> Request<ChargeRequest> {
+    grpc_request(ChargeRequest { reference: "ch-invented".into(), amount_minor: 99_999_999, currency: "EUR".into() }, "charge-directly")
+}
+
+fn create_as_demo_client() -> Request<proto::common::v1::CreateOrderRequest> {
+    let mut request = grpc_request(order_message(), "create-directly");
+    request.metadata_mut().insert("x-client-id", "demo-client-1".parse().unwrap());
+    request
+}
+
+/// Creates at orders, pays at payment and charges at the bank through `channels` (one per
+/// service), returning the three answers.
+async fn try_everything(orders: Channel, payment: Channel, bank: Channel) -> [Status; 3] {
+    let created = OrdersClient::new(orders).create_order(create_as_demo_client()).await.expect_err("no order");
+    let paid = PaymentServiceClient::new(payment).pay(pay()).await.expect_err("no payment");
+    let charged = BankClient::new(bank).charge(charge()).await.expect_err("no charge");
+    [created, paid, charged]
+}
+
+async fn assert_nothing_was_made(test: &TestChain) {
+    assert_eq!(test.count_rows("orders").await, 0, "no order");
+    assert_eq!(test.count_rows("payments").await, 0, "no payment");
+    let bank = test.chain.bank().stats();
+    assert_eq!((bank.calls, bank.charges), (0, 0), "the bank saw nothing");
+}
+
+#[tokio::test]
+async fn callers_without_a_certificate_or_from_a_hop_the_chain_does_not_allow_are_refused() {
+    let test = TestChain::start().await;
+    let a = test.chain.addresses.clone();
+    let identity = |name: &str| {
+        let certs = test.certs();
+        Some(Identity::from_pem(std::fs::read(certs.cert(name)).unwrap(), std::fs::read(certs.key(name)).unwrap()))
+    };
+
+    // No certificate: the handshake completes, the call does not.
+    let refused = try_everything(
+        channel(&test, "orders", a.orders, None).await,
+        channel(&test, "payment", a.payment, None).await,
+        channel(&test, "bank-mock", a.bank, None).await,
+    )
+    .await;
+    for status in &refused {
+        assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    }
+
+    // Valid certificates of services that may not make these calls: the bank may call nobody,
+    // the gateway may only read payments and exchange rates, the operator only reads.
+    for (orders_caller, payment_caller, bank_caller) in [("bank-mock", "gateway", "orders"), ("payment", "bank-mock", "gateway"), ("operator", "operator", "operator")] {
+        let refused = try_everything(
+            channel(&test, "orders", a.orders, identity(orders_caller)).await,
+            channel(&test, "payment", a.payment, identity(payment_caller)).await,
+            channel(&test, "bank-mock", a.bank, identity(bank_caller)).await,
+        )
+        .await;
+        for (status, caller) in refused.iter().zip([orders_caller, payment_caller, bank_caller]) {
+            assert_eq!(status.code(), Code::PermissionDenied, "{caller}: {status:?}");
+            assert!(status.message().contains(caller), "the refusal names the caller: {status:?}");
+        }
+    }
+
+    // A certificate for the right name from a CA the chain does not trust fails the handshake;
+    // plain text gets no answer either.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let foreign = DevCerts::generate(elsewhere.path(), &["gateway", "orders", "payment"]).unwrap();
+    let foreign_identity = |name: &str| Some(Identity::from_pem(std::fs::read(foreign.cert(name)).unwrap(), std::fs::read(foreign.key(name)).unwrap()));
+    let refused = try_everything(
+        channel(&test, "orders", a.orders, foreign_identity("gateway")).await,
+        channel(&test, "payment", a.payment, foreign_identity("orders")).await,
+        channel(&test, "bank-mock", a.bank, foreign_identity("payment")).await,
+    )
+    .await;
+    for status in &refused {
+        assert!(matches!(status.code(), Code::Unavailable | Code::Unknown), "a failed handshake: {status:?}");
+    }
+    let plain = |address: SocketAddr| Endpoint::from_shared(format!("http://{address}")).unwrap().connect_lazy();
+    let refused = try_everything(plain(a.orders), plain(a.payment), plain(a.bank)).await;
+    for status in &refused {
+        assert_ne!(status.code(), Code::Ok, "{status:?}");
+    }
+
+    assert_nothing_was_made(&test).await;
+    // The chain itself still works: the gateway's certificate is the one orders answers.
+    assert_eq!(test.post_order("after-the-refusals", &order_body()).send().await.unwrap().status(), 201);
+}
+
+#[tokio::test]
+async fn the_operator_reads_and_checks_health_on_every_inner_service() {
+    let test = TestChain::start().await;
+    let a = test.chain.addresses.clone();
+    let created: serde_json::Value = test.post_order("for-the-operator", &order_body()).send().await.unwrap().json().await.unwrap();
+    let order_id = created["order_id"].as_str().unwrap().to_owned();
+
+    let mut orders = OrdersClient::new(test.channel_as(rpc::dev_certs::OPERATOR, "orders", a.orders).await);
+    let mut read = Request::new(GetOrderRequest { order_id: order_id.clone() });
+    read.metadata_mut().insert("x-client-id", "demo-client-1".parse().unwrap());
+    assert_eq!(orders.get_order(read).await.unwrap().into_inner().order_id, order_id);
+
+    // Each service's own certificate passes its health check, as the `healthcheck` subcommand
+    // does in a container.
+    for (service, address) in [("orders", a.orders), ("payment", a.payment), ("bank-mock", a.bank)] {
+        let tls = rpc::tls::ServiceTls::load(service, &test.certs().settings(service)).unwrap();
+        rpc::health::check_as(address, service, &tls, std::time::Duration::from_secs(5)).await.unwrap();
+    }
+}

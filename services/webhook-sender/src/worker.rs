@@ -12,16 +12,12 @@
 //! deliveries while they are due and it has permits, sends each in a task of its own holding a
 //! permit, and leaves when it has been idle for a while with nothing in flight. An endpoint's
 //! limits and URL are read when its worker starts; changes apply to its next worker.
+//!
+//! A `Retry-After` pause is not the worker's: it is the endpoint's row in the outbox
+//! (`paused_until_ms`), which the claim checks. A worker that leaves, a sender that restarts and
+//! every other sender all see it.
 
-use std::{
-    collections::HashMap,
-    num::NonZeroU32,
-    sync::{
-        Arc,
-        atomic::{AtomicI64, Ordering},
-    },
-    time::Duration,
-};
+use std::{collections::HashMap, num::NonZeroU32, sync::Arc, time::Duration};
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use idempotency::Clock;
@@ -103,15 +99,15 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
 
     /// Sends one claimed delivery and records what happened; `_permit` is the endpoint's
     /// concurrency slot, held until then.
-    async fn deliver(self: Arc<Self>, url: Arc<str>, claim: Claim, paused_until_ms: Arc<AtomicI64>, _permit: OwnedSemaphorePermit) {
+    async fn deliver(self: Arc<Self>, url: Arc<str>, claim: Claim, _permit: OwnedSemaphorePermit) {
         let report = self.deliverer.deliver(&url, &claim).await;
         let now_ms = self.clock.now_ms();
-        let outcome = self.next_step(&claim, report.verdict, now_ms, &paused_until_ms);
+        let outcome = self.next_step(&claim, report.verdict, now_ms);
         let label = match outcome {
             Outcome::Delivered => "delivered",
             Outcome::Gone { .. } => "gone",
-            Outcome::Failed { retry_at_ms: Some(_) } => "retrying",
-            Outcome::Failed { retry_at_ms: None } => "undelivered",
+            Outcome::Failed { retry_at_ms: Some(_) } | Outcome::Paused { retry_at_ms: Some(_), .. } => "retrying",
+            Outcome::Failed { retry_at_ms: None } | Outcome::Paused { retry_at_ms: None, .. } => "undelivered",
         };
         self.metrics.attempt(label, report.attempt.duration_ms);
         let attempt = &report.attempt;
@@ -136,7 +132,7 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
     }
 
     /// What comes after an attempt with `verdict`, `claim.schedule_step` failures before it.
-    fn next_step(&self, claim: &Claim, verdict: Verdict, now_ms: i64, paused_until_ms: &AtomicI64) -> Outcome {
+    fn next_step(&self, claim: &Claim, verdict: Verdict, now_ms: i64) -> Outcome {
         let failures = claim.schedule_step + 1;
         let at = |delay: Duration| now_ms.saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
         let scheduled = self.schedule.delay_after(failures, &mut rand::rng());
@@ -147,9 +143,8 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
             // it; the schedule still applies, so a recipient that always asks for a short wait
             // cannot spend the day-long schedule in seconds.
             Verdict::RetryAfter(wait) => {
-                let resume_at_ms = at(wait.clamp(self.retry_after_min, self.retry_after_max));
-                paused_until_ms.fetch_max(resume_at_ms, Ordering::Relaxed);
-                Outcome::Failed { retry_at_ms: scheduled.map(|delay| at(delay).max(resume_at_ms)) }
+                let until_ms = at(wait.clamp(self.retry_after_min, self.retry_after_max));
+                Outcome::Paused { retry_at_ms: scheduled.map(|delay| at(delay).max(until_ms)), until_ms }
             }
             Verdict::Failed => Outcome::Failed { retry_at_ms: scheduled.map(at) },
         }
@@ -164,8 +159,6 @@ struct Worker<R> {
     in_flight: Arc<Semaphore>,
     max_in_flight: usize,
     rate: DefaultDirectRateLimiter,
-    /// Until when the recipient asked us to wait (`Retry-After`), in clock ms.
-    paused_until_ms: Arc<AtomicI64>,
     wake: Arc<Notify>,
 }
 
@@ -180,7 +173,6 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,
             rate: RateLimiter::direct(Quota::per_second(positive(endpoint.rate_per_sec))),
-            paused_until_ms: Arc::new(AtomicI64::new(i64::MIN)),
             wake: Arc::new(Notify::new()),
             endpoint,
         }
@@ -210,9 +202,6 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
 
     async fn claim_while_due(&self, shutdown: &CancellationToken) {
         loop {
-            if self.sender.clock.now_ms() < self.paused_until_ms.load(Ordering::Relaxed) {
-                return;
-            }
             let permit = tokio::select! {
                 () = shutdown.cancelled() => return,
                 permit = self.in_flight.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
@@ -221,10 +210,8 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
                 () = shutdown.cancelled() => return,
                 () = self.rate.until_ready() => {}
             }
-            // A Retry-After may have arrived while this waited for a permit or for the rate.
-            if self.sender.clock.now_ms() < self.paused_until_ms.load(Ordering::Relaxed) {
-                return;
-            }
+            // The claim finds nothing while the endpoint is paused, and the dispatcher does not
+            // wake this worker again before the pause ends.
             let sender = &self.sender;
             let claim = match sender.deliveries.claim(&self.endpoint.endpoint_id, sender.clock.now_ms(), sender.lease_ms).await {
                 Ok(Some(claim)) => claim,
@@ -235,7 +222,7 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
                 }
             };
             let span = tracing::info_span!("delivery", event_id = %claim.event_id, attempt = claim.attempt);
-            let delivery = sender.clone().deliver(self.url.clone(), claim, self.paused_until_ms.clone(), permit);
+            let delivery = sender.clone().deliver(self.url.clone(), claim, permit);
             sender.tasks.spawn(delivery.instrument(span));
         }
     }

@@ -25,6 +25,7 @@ use outbox::{Claim, Deliveries, DueEndpoint, Outcome};
 use tokio::{
     sync::{Notify, OwnedSemaphorePermit, Semaphore},
     task::JoinHandle,
+    time::Instant,
 };
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::Instrument;
@@ -100,6 +101,9 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
     /// Sends one claimed delivery and records what happened; `_permit` is the endpoint's
     /// concurrency slot, held until then.
     async fn deliver(self: Arc<Self>, url: Arc<str>, claim: Claim, _permit: OwnedSemaphorePermit) {
+        // The lease is measured on the database's clock; this is the same length on ours, from a
+        // moment just after the claim, so it ends no earlier than the lease itself.
+        let lease_ends = Instant::now() + Duration::from_millis(u64::try_from(self.lease_ms).unwrap_or(0));
         let report = self.deliverer.deliver(&url, &claim).await;
         let now_ms = self.clock.now_ms();
         let outcome = self.next_step(&claim, report.verdict, now_ms);
@@ -115,7 +119,7 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
             Outcome::Delivered => tracing::debug!(status = attempt.status_code, duration_ms = attempt.duration_ms, "delivered"),
             _ => tracing::info!(outcome = label, status = attempt.status_code, error = attempt.error.as_deref(), duration_ms = attempt.duration_ms, "delivery attempt failed"),
         }
-        match self.deliveries.finish(&claim, attempt, outcome, self.disable_after_ms, now_ms).await {
+        match until_recorded(lease_ends, || self.deliveries.finish(&claim, attempt, outcome, self.disable_after_ms, now_ms)).await {
             Ok(finished) => {
                 if finished.lease_lost {
                     self.metrics.lease_lost();
@@ -127,7 +131,7 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
                 }
             }
             // The lease runs out and the delivery is attempted again, with the same webhook-id.
-            Err(error) => tracing::error!(%error, "cannot record the attempt"),
+            Err(error) => tracing::error!(%error, "cannot record the attempt within the lease"),
         }
     }
 
@@ -147,6 +151,37 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
                 Outcome::Paused { retry_at_ms: scheduled.map(|delay| at(delay).max(until_ms)), until_ms }
             }
             Verdict::Failed => Outcome::Failed { retry_at_ms: scheduled.map(at) },
+        }
+    }
+}
+
+/// The first wait before recording an attempt again, doubled after each failure up to
+/// [`RECORD_RETRY_MAX`].
+const RECORD_RETRY_FIRST: Duration = Duration::from_millis(100);
+const RECORD_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Runs `record` until it succeeds, or until the next try would start after `deadline`.
+///
+/// Why try again? An attempt that cannot be recorded (no pool connection in time, a failover)
+/// is sent again once its lease runs out: a duplicate the receiver must absorb, and an attempt
+/// missing from the log. While the lease lasts, recording later is as good as recording now.
+/// (A try that committed but whose answer was lost fails again on the attempt's key; the
+/// delivery is recorded all the same.)
+async fn until_recorded<T, E: std::fmt::Display, F, Fut>(deadline: Instant, mut record: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let mut wait = RECORD_RETRY_FIRST;
+    loop {
+        match record().await {
+            Ok(recorded) => return Ok(recorded),
+            Err(error) if Instant::now() + wait < deadline => {
+                tracing::warn!(%error, retry_in_ms = wait.as_millis(), "cannot record the attempt yet");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RECORD_RETRY_MAX);
+            }
+            Err(error) => return Err(error),
         }
     }
 }
@@ -225,5 +260,40 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
             let delivery = sender.clone().deliver(self.url.clone(), claim, permit);
             sender.tasks.spawn(delivery.instrument(span));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_that_fails_is_tried_again_while_the_lease_lasts() {
+        let started = Instant::now();
+        let tries = Cell::new(0);
+        let recorded = until_recorded(started + Duration::from_secs(15), || {
+            tries.set(tries.get() + 1);
+            std::future::ready(if tries.get() < 3 { Err("no connection") } else { Ok("recorded") })
+        })
+        .await;
+        assert_eq!(recorded, Ok("recorded"));
+        assert_eq!(started.elapsed(), Duration::from_millis(100 + 200), "waits of 100 ms, then 200 ms");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_that_keeps_failing_gives_up_before_the_lease_ends() {
+        let started = Instant::now();
+        let tries = Cell::new(0);
+        let recorded: Result<(), _> = until_recorded(started + Duration::from_secs(5), || {
+            tries.set(tries.get() + 1);
+            std::future::ready(Err("no connection"))
+        })
+        .await;
+        assert_eq!(recorded, Err("no connection"));
+        // Tries at 0, 0.1, 0.3, 0.7, 1.5 and 3.1 s; the next, 2 s later (the longest wait), would
+        // be past the lease.
+        assert_eq!((tries.get(), started.elapsed()), (6, Duration::from_millis(3_100)));
     }
 }

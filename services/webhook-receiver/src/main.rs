@@ -1,8 +1,11 @@
-use std::{net::SocketAddr, sync::Arc};
+use std::{net::SocketAddr, num::NonZeroUsize, sync::Arc};
 
 use clap::Parser;
-use webhook_receiver::{PATH, Receiver};
-use webhooks::signature::{Secret, Verifier};
+use webhook_receiver::{DEFAULT_MAX_IDS, PATH, Receiver};
+use webhooks::{
+    dedupe::SeenIds,
+    signature::{Secret, Verifier},
+};
 
 /// Receives the chain's webhooks on `POST /webhooks` and prints each event once.
 #[derive(Parser)]
@@ -16,6 +19,9 @@ struct Cli {
     /// How long processed ids are remembered, in seconds.
     #[arg(long, default_value_t = 3 * 24 * 60 * 60)]
     retention_secs: u64,
+    /// The most ids remembered at once; the oldest are forgotten first.
+    #[arg(long, default_value_t = DEFAULT_MAX_IDS)]
+    max_ids: NonZeroUsize,
 }
 
 #[tokio::main]
@@ -24,7 +30,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut secrets = cli.secrets.into_iter();
     let first = secrets.next().expect("clap requires a secret");
     let verifier = secrets.fold(Verifier::new(first), Verifier::with_secret);
-    let receiver = Arc::new(Receiver::new(verifier, cli.retention_secs, |delivery| {
+    let seen = SeenIds::new(cli.retention_secs, cli.max_ids);
+    let receiver = Arc::new(Receiver::with_seen_ids(verifier, seen, |delivery| {
         println!("{}: {}", delivery.id, String::from_utf8_lossy(&delivery.body));
     }));
     let listener = tokio::net::TcpListener::bind(cli.listen).await?;

@@ -4,6 +4,12 @@
 //! private one), 410 means the recipient is gone for good, and a 429 or 503 with `Retry-After`
 //! says when to come back. Everything else (other statuses, timeouts, refused connections, a
 //! URL the SSRF guard refuses) is a failure that the retry schedule takes over.
+//!
+//! The error of an attempt is shown to the endpoint's owner in the delivery log, so it says no
+//! more than the owner may know: an SSRF refusal is only "destination not allowed" (which
+//! address, which range, or whether the name exists at all, would map our network for them; the
+//! details go to the sender's log), no error repeats the URL (its path may hold a secret), and a
+//! redirect's `Location` is cut to [`MAX_LOCATION_BYTES`].
 
 use std::{
     sync::Arc,
@@ -11,7 +17,7 @@ use std::{
 };
 
 use idempotency::Clock;
-use outbox::{Attempt, Claim};
+use outbox::{Attempt, Claim, truncated};
 use reqwest::{StatusCode, header};
 use tokio::time::Instant;
 use webhooks::{
@@ -20,6 +26,12 @@ use webhooks::{
 };
 
 use crate::vetted_dns::VettedDns;
+
+/// What an attempt's error tells of an SSRF refusal.
+const DESTINATION_NOT_ALLOWED: &str = "destination not allowed";
+
+/// The most of a redirect's `Location` an attempt's error repeats, in bytes.
+const MAX_LOCATION_BYTES: usize = 256;
 
 /// The `user-agent` of every delivery.
 pub const USER_AGENT: &str = concat!("webhook-sender/", env!("CARGO_PKG_VERSION"));
@@ -95,7 +107,10 @@ impl<R: Resolve> Deliverer<R> {
 
     /// Vets the URL, then sends the signed delivery to a vetted address.
     async fn send(&self, url: &str, claim: &Claim, now_ms: i64) -> Result<reqwest::Response, String> {
-        let target = ssrf::vet(url, &self.policy, &self.resolver).await.map_err(|error| format!("refused by the SSRF guard: {error}"))?;
+        let target = ssrf::vet(url, &self.policy, &self.resolver).await.map_err(|error| {
+            tracing::warn!(%error, "refused by the SSRF guard");
+            DESTINATION_NOT_ALLOWED.to_owned()
+        })?;
         self.dns.pin(target.host(), target.addrs());
         let (first, others) = claim.secrets.split_first().ok_or("the endpoint has no active secret")?;
         let signer = others.iter().cloned().fold(Signer::new(first.clone()), Signer::with_secret);
@@ -104,7 +119,7 @@ impl<R: Resolve> Deliverer<R> {
         for (name, value) in signer.headers(&claim.event_id, timestamp_secs, claim.payload.as_bytes()) {
             request = request.header(name, value);
         }
-        request.body(claim.payload.clone()).send().await.map_err(|error| describe(&error))
+        request.body(claim.payload.clone()).send().await.map_err(|error| describe(&error.without_url()))
     }
 }
 
@@ -128,7 +143,7 @@ fn classify(status: StatusCode, headers: &header::HeaderMap, now: std::time::Sys
     }
     if status.is_redirection() {
         let location = headers.get(header::LOCATION).and_then(|value| value.to_str().ok()).unwrap_or("(no Location)");
-        return (Verdict::Failed, Some(format!("redirect to {location} not followed")));
+        return (Verdict::Failed, Some(format!("redirect to {} not followed", truncated(location, MAX_LOCATION_BYTES))));
     }
     let error = Some(format!("answered {status}"));
     match status {
@@ -141,7 +156,8 @@ fn classify(status: StatusCode, headers: &header::HeaderMap, now: std::time::Sys
     }
 }
 
-/// A transport error with its causes, which reqwest keeps out of its own message.
+/// A transport error (without its URL) with its causes, which reqwest keeps out of its own
+/// message.
 fn describe(error: &reqwest::Error) -> String {
     let mut text = error.to_string();
     let mut source = std::error::Error::source(error);
@@ -174,5 +190,14 @@ mod tests {
         assert_eq!(classify(StatusCode::INTERNAL_SERVER_ERROR, &with(header::RETRY_AFTER, "2"), now).0, Verdict::Failed);
         let (verdict, error) = classify(StatusCode::FOUND, &with(header::LOCATION, "http://10.0.0.1/"), now);
         assert_eq!((verdict, error.as_deref()), (Verdict::Failed, Some("redirect to http://10.0.0.1/ not followed")));
+    }
+
+    #[test]
+    fn a_long_location_is_cut() {
+        let location = format!("https://example.com/{}", "a".repeat(400_000));
+        let (_, error) = classify(StatusCode::FOUND, &with(header::LOCATION, &location), UNIX_EPOCH);
+        let error = error.expect("a failure");
+        assert!(error.len() <= MAX_LOCATION_BYTES + "redirect to  not followed".len(), "{} bytes", error.len());
+        assert!(error.starts_with("redirect to https://example.com/aaa") && error.ends_with("… not followed"), "{error}");
     }
 }

@@ -45,6 +45,9 @@ pub struct Settings {
     /// FOR TESTS AND LOCAL DEMOS ONLY: `host:port` recipients allowed over plain http and exempt
     /// from the SSRF deny list.
     pub test_hosts: Vec<String>,
+    /// Address ranges (CIDR) that deliveries never dial, beside the built-in deny list: the
+    /// deployment's own public ranges, for one.
+    pub extra_denied_ranges: Vec<String>,
 }
 
 impl Default for Settings {
@@ -66,6 +69,7 @@ impl Default for Settings {
             retry_after_min_ms: 1_000,
             retry_after_max_ms: HOUR * 1_000,
             test_hosts: Vec::new(),
+            extra_denied_ranges: Vec::new(),
         }
     }
 }
@@ -124,11 +128,15 @@ impl Settings {
         RetrySchedule::new(self.schedule.iter().map(|delay| delay.0).collect(), self.jitter)
     }
 
-    /// The production SSRF policy, with the test hosts exempted.
+    /// The production SSRF policy, with the extra denied ranges and the test hosts exempted.
     pub fn ssrf_policy(&self) -> Result<Policy, InvalidSetting> {
+        let policy = self.extra_denied_ranges.iter().try_fold(Policy::default(), |policy, range| {
+            let net = range.parse().map_err(|error| invalid("extra_denied_ranges", format!("{range:?}: {error}")))?;
+            Ok(policy.deny(net))
+        })?;
         self.test_hosts
             .iter()
-            .try_fold(Policy::default(), |policy, host_port| policy.allow_test_host(host_port))
+            .try_fold(policy, |policy, host_port| policy.allow_test_host(host_port))
             .map_err(|error| invalid("test_hosts", error.to_string()))
     }
 }
@@ -198,6 +206,7 @@ mod tests {
             (&["connect_timeout_ms=9000"], "connect_timeout_ms"),
             (&["retry_after_min_ms=10", "retry_after_max_ms=5"], "retry_after_min_ms"),
             (&["test_hosts=[\"localhost\"]"], "test_hosts"),
+            (&["extra_denied_ranges=[\"10.0.0.0/33\"]"], "extra_denied_ranges"),
         ] {
             let error = load(overrides).expect_err("refused");
             assert!(error.contains(named), "{overrides:?}: {error}");
@@ -213,5 +222,14 @@ mod tests {
         assert!(webhooks::ssrf::Target::parse("http://127.0.0.1:8080/hook", &policy).is_ok());
         assert!(webhooks::ssrf::Target::parse("http://[::1]:9000/hook", &policy).is_ok());
         assert!(webhooks::ssrf::Target::parse("http://127.0.0.1:8081/hook", &policy).is_err());
+    }
+
+    #[test]
+    fn extra_denied_ranges_are_refused_beside_the_deny_list() {
+        let settings = load(&["extra_denied_ranges=[\"93.184.0.0/16\", \"2606:4700::/32\"]"]).expect("ranges");
+        let policy = settings.ssrf_policy().expect("policy");
+        assert!(webhooks::ssrf::Target::parse("https://93.184.215.14/hook", &policy).is_err());
+        assert!(webhooks::ssrf::Target::parse("https://[2606:4700::1111]/hook", &policy).is_err());
+        assert!(webhooks::ssrf::Target::parse("https://1.1.1.1/hook", &policy).is_ok());
     }
 }

@@ -12,16 +12,12 @@
 //! deliveries while they are due and it has permits, sends each in a task of its own holding a
 //! permit, and leaves when it has been idle for a while with nothing in flight. An endpoint's
 //! limits and URL are read when its worker starts; changes apply to its next worker.
+//!
+//! A `Retry-After` pause is not the worker's: it is the endpoint's row in the outbox
+//! (`paused_until_ms`), which the claim checks. A worker that leaves, a sender that restarts and
+//! every other sender all see it.
 
-use std::{
-    collections::HashMap,
-    num::NonZeroU32,
-    sync::{
-        Arc,
-        atomic::{AtomicI64, Ordering},
-    },
-    time::Duration,
-};
+use std::{collections::HashMap, num::NonZeroU32, sync::Arc, time::Duration};
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use idempotency::Clock;
@@ -29,6 +25,7 @@ use outbox::{Claim, Deliveries, DueEndpoint, Outcome};
 use tokio::{
     sync::{Notify, OwnedSemaphorePermit, Semaphore},
     task::JoinHandle,
+    time::Instant,
 };
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::Instrument;
@@ -103,15 +100,18 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
 
     /// Sends one claimed delivery and records what happened; `_permit` is the endpoint's
     /// concurrency slot, held until then.
-    async fn deliver(self: Arc<Self>, url: Arc<str>, claim: Claim, paused_until_ms: Arc<AtomicI64>, _permit: OwnedSemaphorePermit) {
+    async fn deliver(self: Arc<Self>, url: Arc<str>, claim: Claim, _permit: OwnedSemaphorePermit) {
+        // The lease is measured on the database's clock; this is the same length on ours, from a
+        // moment just after the claim, so it ends no earlier than the lease itself.
+        let lease_ends = Instant::now() + Duration::from_millis(u64::try_from(self.lease_ms).unwrap_or(0));
         let report = self.deliverer.deliver(&url, &claim).await;
         let now_ms = self.clock.now_ms();
-        let outcome = self.next_step(&claim, report.verdict, now_ms, &paused_until_ms);
+        let outcome = self.next_step(&claim, report.verdict, now_ms);
         let label = match outcome {
             Outcome::Delivered => "delivered",
             Outcome::Gone { .. } => "gone",
-            Outcome::Failed { retry_at_ms: Some(_) } => "retrying",
-            Outcome::Failed { retry_at_ms: None } => "undelivered",
+            Outcome::Failed { retry_at_ms: Some(_) } | Outcome::Paused { retry_at_ms: Some(_), .. } => "retrying",
+            Outcome::Failed { retry_at_ms: None } | Outcome::Paused { retry_at_ms: None, .. } => "undelivered",
         };
         self.metrics.attempt(label, report.attempt.duration_ms);
         let attempt = &report.attempt;
@@ -119,7 +119,7 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
             Outcome::Delivered => tracing::debug!(status = attempt.status_code, duration_ms = attempt.duration_ms, "delivered"),
             _ => tracing::info!(outcome = label, status = attempt.status_code, error = attempt.error.as_deref(), duration_ms = attempt.duration_ms, "delivery attempt failed"),
         }
-        match self.deliveries.finish(&claim, attempt, outcome, self.disable_after_ms, now_ms).await {
+        match until_recorded(lease_ends, || self.deliveries.finish(&claim, attempt, outcome, self.disable_after_ms, now_ms)).await {
             Ok(finished) => {
                 if finished.lease_lost {
                     self.metrics.lease_lost();
@@ -131,12 +131,12 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
                 }
             }
             // The lease runs out and the delivery is attempted again, with the same webhook-id.
-            Err(error) => tracing::error!(%error, "cannot record the attempt"),
+            Err(error) => tracing::error!(%error, "cannot record the attempt within the lease"),
         }
     }
 
     /// What comes after an attempt with `verdict`, `claim.schedule_step` failures before it.
-    fn next_step(&self, claim: &Claim, verdict: Verdict, now_ms: i64, paused_until_ms: &AtomicI64) -> Outcome {
+    fn next_step(&self, claim: &Claim, verdict: Verdict, now_ms: i64) -> Outcome {
         let failures = claim.schedule_step + 1;
         let at = |delay: Duration| now_ms.saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
         let scheduled = self.schedule.delay_after(failures, &mut rand::rng());
@@ -147,11 +147,41 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
             // it; the schedule still applies, so a recipient that always asks for a short wait
             // cannot spend the day-long schedule in seconds.
             Verdict::RetryAfter(wait) => {
-                let resume_at_ms = at(wait.clamp(self.retry_after_min, self.retry_after_max));
-                paused_until_ms.fetch_max(resume_at_ms, Ordering::Relaxed);
-                Outcome::Failed { retry_at_ms: scheduled.map(|delay| at(delay).max(resume_at_ms)) }
+                let until_ms = at(wait.clamp(self.retry_after_min, self.retry_after_max));
+                Outcome::Paused { retry_at_ms: scheduled.map(|delay| at(delay).max(until_ms)), until_ms }
             }
             Verdict::Failed => Outcome::Failed { retry_at_ms: scheduled.map(at) },
+        }
+    }
+}
+
+/// The first wait before recording an attempt again, doubled after each failure up to
+/// [`RECORD_RETRY_MAX`].
+const RECORD_RETRY_FIRST: Duration = Duration::from_millis(100);
+const RECORD_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Runs `record` until it succeeds, or until the next try would start after `deadline`.
+///
+/// Why try again? An attempt that cannot be recorded (no pool connection in time, a failover)
+/// is sent again once its lease runs out: a duplicate the receiver must absorb, and an attempt
+/// missing from the log. While the lease lasts, recording later is as good as recording now.
+/// (A try that committed but whose answer was lost fails again on the attempt's key; the
+/// delivery is recorded all the same.)
+async fn until_recorded<T, E: std::fmt::Display, F, Fut>(deadline: Instant, mut record: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let mut wait = RECORD_RETRY_FIRST;
+    loop {
+        match record().await {
+            Ok(recorded) => return Ok(recorded),
+            Err(error) if Instant::now() + wait < deadline => {
+                tracing::warn!(%error, retry_in_ms = wait.as_millis(), "cannot record the attempt yet");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RECORD_RETRY_MAX);
+            }
+            Err(error) => return Err(error),
         }
     }
 }
@@ -164,8 +194,6 @@ struct Worker<R> {
     in_flight: Arc<Semaphore>,
     max_in_flight: usize,
     rate: DefaultDirectRateLimiter,
-    /// Until when the recipient asked us to wait (`Retry-After`), in clock ms.
-    paused_until_ms: Arc<AtomicI64>,
     wake: Arc<Notify>,
 }
 
@@ -180,7 +208,6 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,
             rate: RateLimiter::direct(Quota::per_second(positive(endpoint.rate_per_sec))),
-            paused_until_ms: Arc::new(AtomicI64::new(i64::MIN)),
             wake: Arc::new(Notify::new()),
             endpoint,
         }
@@ -210,9 +237,6 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
 
     async fn claim_while_due(&self, shutdown: &CancellationToken) {
         loop {
-            if self.sender.clock.now_ms() < self.paused_until_ms.load(Ordering::Relaxed) {
-                return;
-            }
             let permit = tokio::select! {
                 () = shutdown.cancelled() => return,
                 permit = self.in_flight.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
@@ -221,10 +245,8 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
                 () = shutdown.cancelled() => return,
                 () = self.rate.until_ready() => {}
             }
-            // A Retry-After may have arrived while this waited for a permit or for the rate.
-            if self.sender.clock.now_ms() < self.paused_until_ms.load(Ordering::Relaxed) {
-                return;
-            }
+            // The claim finds nothing while the endpoint is paused, and the dispatcher does not
+            // wake this worker again before the pause ends.
             let sender = &self.sender;
             let claim = match sender.deliveries.claim(&self.endpoint.endpoint_id, sender.clock.now_ms(), sender.lease_ms).await {
                 Ok(Some(claim)) => claim,
@@ -235,8 +257,43 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
                 }
             };
             let span = tracing::info_span!("delivery", event_id = %claim.event_id, attempt = claim.attempt);
-            let delivery = sender.clone().deliver(self.url.clone(), claim, self.paused_until_ms.clone(), permit);
+            let delivery = sender.clone().deliver(self.url.clone(), claim, permit);
             sender.tasks.spawn(delivery.instrument(span));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_that_fails_is_tried_again_while_the_lease_lasts() {
+        let started = Instant::now();
+        let tries = Cell::new(0);
+        let recorded = until_recorded(started + Duration::from_secs(15), || {
+            tries.set(tries.get() + 1);
+            std::future::ready(if tries.get() < 3 { Err("no connection") } else { Ok("recorded") })
+        })
+        .await;
+        assert_eq!(recorded, Ok("recorded"));
+        assert_eq!(started.elapsed(), Duration::from_millis(100 + 200), "waits of 100 ms, then 200 ms");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_that_keeps_failing_gives_up_before_the_lease_ends() {
+        let started = Instant::now();
+        let tries = Cell::new(0);
+        let recorded: Result<(), _> = until_recorded(started + Duration::from_secs(5), || {
+            tries.set(tries.get() + 1);
+            std::future::ready(Err("no connection"))
+        })
+        .await;
+        assert_eq!(recorded, Err("no connection"));
+        // Tries at 0, 0.1, 0.3, 0.7, 1.5 and 3.1 s; the next, 2 s later (the longest wait), would
+        // be past the lease.
+        assert_eq!((tries.get(), started.elapsed()), (6, Duration::from_millis(3_100)));
     }
 }

@@ -14,7 +14,7 @@ pub struct DueEndpoint {
     pub rate_per_sec: i64,
 }
 
-/// A delivery claimed by one sender until `claimed_until_ms`.
+/// A delivery claimed by one sender until `claimed_until_ms` (on the database's clock).
 #[derive(Debug, Clone)]
 pub struct Claim {
     pub endpoint_id: String,
@@ -30,6 +30,20 @@ pub struct Claim {
     token: String,
 }
 
+/// The most of an attempt's error that is stored, in bytes: the text comes partly from the
+/// recipient (a redirect's `Location`, for one), and the delivery log must stay small.
+pub const MAX_ERROR_BYTES: usize = 1_024;
+
+/// `text` cut to at most `max` bytes, on a character boundary, with `…` when cut.
+pub fn truncated(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let ellipsis = '…';
+    let end = text.floor_char_boundary(max.saturating_sub(ellipsis.len_utf8()));
+    format!("{}{ellipsis}", &text[..end])
+}
+
 /// What an attempt found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attempt {
@@ -37,7 +51,7 @@ pub struct Attempt {
     pub duration_ms: i64,
     /// The recipient's HTTP status, when it answered.
     pub status_code: Option<u16>,
-    /// Why it failed, when it did.
+    /// Why it failed, when it did; stored cut to [`MAX_ERROR_BYTES`].
     pub error: Option<String>,
 }
 
@@ -51,6 +65,9 @@ pub enum Outcome {
     /// The recipient answered 410 Gone: the endpoint is disabled, and the delivery waits (at its
     /// next step of the schedule) in case its owner enables the endpoint again.
     Gone { retry_at_ms: Option<i64> },
+    /// It failed, and the recipient asked for no deliveries before `until_ms` (a 429 or 503 with
+    /// `Retry-After`): as `Failed`, and the whole endpoint pauses until then, for every sender.
+    Paused { retry_at_ms: Option<i64>, until_ms: i64 },
 }
 
 /// What [`Deliveries::finish`] did.
@@ -66,6 +83,7 @@ pub struct Finished {
 #[derive(Debug, FromRow)]
 struct ClaimedRow {
     event_id: String,
+    claimed_until_ms: i64,
     attempts: i64,
     schedule_step: i64,
 }
@@ -81,20 +99,20 @@ impl Deliveries {
         Self { database }
     }
 
-    /// Enabled endpoints with at least one delivery due at `now_ms` and not leased to a sender.
+    /// Enabled endpoints, not paused, with at least one delivery due at `now_ms` and not leased
+    /// to a sender (leases are compared on the database's clock).
     pub async fn due_endpoints(&self, now_ms: i64) -> Result<Vec<DueEndpoint>, OutboxError> {
-        Ok(on_driver!(self.database.reader(), |executor| sqlx::query_as(
-            "SELECT e.endpoint_id, e.url, e.max_in_flight, e.rate_per_sec FROM webhook_endpoints e \
-             WHERE e.state = 'enabled' AND EXISTS (SELECT 1 FROM webhook_deliveries d \
-               WHERE d.endpoint_id = e.endpoint_id AND d.state = 'pending' AND d.next_attempt_at_ms <= $1 \
-                 AND (d.claimed_until_ms IS NULL OR d.claimed_until_ms <= $1))",
-        )
+        let statement = match self.database.backend() {
+            Backend::Postgres => DUE_ENDPOINTS_POSTGRES,
+            Backend::Sqlite => DUE_ENDPOINTS_SQLITE,
+        };
+        Ok(on_driver!(self.database.reader(), |executor| sqlx::query_as(statement)
         .bind(now_ms)
         .fetch_all(executor)
         .await?))
     }
 
-    /// Claims the endpoint's oldest due delivery until `now_ms + lease_ms`, if there is one, the
+    /// Claims the endpoint's oldest due delivery for `lease_ms` on the database's clock, if there is one, the
     /// endpoint is enabled and fewer than its `max_in_flight` deliveries are claimed (by every
     /// sender, so several senders together keep to the limit too; two claiming at the same
     /// instant on PostgreSQL can each take the last slot). Two senders never hold the same
@@ -108,11 +126,10 @@ impl Deliveries {
             Backend::Sqlite => CLAIM_SQLITE,
         };
         let token = new_id("claim");
-        let claimed_until_ms = now_ms.saturating_add(lease_ms);
         let mut transaction = self.database.begin().await?;
         let row: Option<ClaimedRow> = on_driver!(&mut transaction, |executor| sqlx::query_as(statement)
             .bind(&token)
-            .bind(claimed_until_ms)
+            .bind(lease_ms)
             .bind(now_ms)
             .bind(endpoint_id)
             .fetch_optional(executor)
@@ -133,7 +150,7 @@ impl Deliveries {
             schedule_step: row.schedule_step,
             payload,
             secrets,
-            claimed_until_ms,
+            claimed_until_ms: row.claimed_until_ms,
             token,
         }))
     }
@@ -145,6 +162,21 @@ impl Deliveries {
     pub async fn finish(&self, claim: &Claim, attempt: &Attempt, outcome: Outcome, disable_after_ms: i64, now_ms: i64) -> Result<Finished, OutboxError> {
         let mut transaction = self.database.begin().await?;
         let outcome_name = if outcome == Outcome::Delivered { "delivered" } else { "failed" };
+        if let Outcome::Paused { until_ms, .. } = outcome {
+            // Recorded even when the lease is lost: the answer says what the recipient can take
+            // now, whichever sender asked. Only ever lengthened, so a late short pause cannot
+            // cut a longer one short.
+            on_driver!(&mut transaction, |executor| {
+sqlx::query(
+                "UPDATE webhook_endpoints SET paused_until_ms = $1 \
+                 WHERE endpoint_id = $2 AND (paused_until_ms IS NULL OR paused_until_ms < $1)",
+            )
+            .bind(until_ms)
+            .bind(&claim.endpoint_id)
+            .execute(executor)
+            .await?;
+});
+        }
         on_driver!(&mut transaction, |executor| {
 sqlx::query(
             "INSERT INTO webhook_attempts (endpoint_id, event_id, attempt, started_at_ms, duration_ms, status_code, outcome, error) \
@@ -157,15 +189,19 @@ sqlx::query(
         .bind(attempt.duration_ms)
         .bind(attempt.status_code.map(i64::from))
         .bind(outcome_name)
-        .bind(attempt.error.as_deref())
+        .bind(attempt.error.as_deref().map(|error| truncated(error, MAX_ERROR_BYTES)))
         .execute(executor)
         .await?;
 });
 
         let (state, next_attempt_at_ms, step) = match outcome {
             Outcome::Delivered => ("delivered", now_ms, claim.schedule_step),
-            Outcome::Failed { retry_at_ms: Some(at) } | Outcome::Gone { retry_at_ms: Some(at) } => ("pending", at, claim.schedule_step + 1),
-            Outcome::Failed { retry_at_ms: None } | Outcome::Gone { retry_at_ms: None } => ("undelivered", now_ms, claim.schedule_step + 1),
+            Outcome::Failed { retry_at_ms: Some(at) } | Outcome::Gone { retry_at_ms: Some(at) } | Outcome::Paused { retry_at_ms: Some(at), .. } => {
+                ("pending", at, claim.schedule_step + 1)
+            }
+            Outcome::Failed { retry_at_ms: None } | Outcome::Gone { retry_at_ms: None } | Outcome::Paused { retry_at_ms: None, .. } => {
+                ("undelivered", now_ms, claim.schedule_step + 1)
+            }
         };
         let updated = on_driver!(&mut transaction, |executor| sqlx::query(
             "UPDATE webhook_deliveries SET state = $1, next_attempt_at_ms = $2, schedule_step = $3, \
@@ -200,7 +236,7 @@ sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL WHERE endpoint
                 None
             }
             Outcome::Gone { .. } => Some("the endpoint answered 410 Gone".to_owned()),
-            Outcome::Failed { .. } => {
+            Outcome::Failed { .. } | Outcome::Paused { .. } => {
                 // One statement: a success recorded at the same time cannot clear it in between.
                 let (failing_since_ms,): (i64,) = on_driver!(&mut transaction, |executor| sqlx::query_as(
                     "UPDATE webhook_endpoints SET failing_since_ms = COALESCE(failing_since_ms, $1) WHERE endpoint_id = $2 RETURNING failing_since_ms",
@@ -220,10 +256,11 @@ sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL WHERE endpoint
         Ok(Finished { lease_lost, endpoint_disabled })
     }
 
-    /// The earliest time a pending delivery of an enabled endpoint falls due, if any.
+    /// The earliest time a pending delivery of an enabled endpoint falls due (its endpoint's
+    /// pause included), if any.
     pub async fn next_due_ms(&self) -> Result<Option<i64>, OutboxError> {
         let (next,): (Option<i64>,) = on_driver!(self.database.reader(), |executor| sqlx::query_as(
-            "SELECT MIN(d.next_attempt_at_ms) FROM webhook_deliveries d JOIN webhook_endpoints e ON e.endpoint_id = d.endpoint_id \
+            "SELECT MIN(CASE WHEN e.paused_until_ms > d.next_attempt_at_ms THEN e.paused_until_ms ELSE d.next_attempt_at_ms END) FROM webhook_deliveries d JOIN webhook_endpoints e ON e.endpoint_id = d.endpoint_id \
              WHERE d.state = 'pending' AND e.state = 'enabled'",
         )
         .fetch_one(executor)
@@ -232,25 +269,65 @@ sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL WHERE endpoint
     }
 }
 
-/// The claim statement, with `$lock` after its row choice: the one difference between backends.
-macro_rules! claim_statement {
-    ($lock:literal) => {
+// Leases are on the database's clock, the one clock every sender shares: were each sender's own
+// clock used, one running ahead of the others by more than a lease's margin would see live leases
+// as run out and take deliveries that another sender is still sending. Due times stay on the
+// sender's clock (`now_ms`): a sender whose clock drifts sends early or late, never twice.
+// Both expressions give milliseconds since the Unix epoch.
+macro_rules! postgres_now_ms {
+    () => {
+        "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT"
+    };
+}
+macro_rules! sqlite_now_ms {
+    () => {
+        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+    };
+}
+
+/// The due endpoints' statement, with the database's clock `$now` for the leases.
+macro_rules! due_endpoints_statement {
+    ($now:expr) => {
         concat!(
-            "UPDATE webhook_deliveries SET claim_token = $1, claimed_until_ms = $2, attempts = attempts + 1, updated_at_ms = $3 \
-             WHERE endpoint_id = $4 AND event_id = (SELECT d.event_id FROM webhook_deliveries d \
-               JOIN webhook_endpoints e ON e.endpoint_id = d.endpoint_id \
-               WHERE d.endpoint_id = $4 AND e.state = 'enabled' AND d.state = 'pending' AND d.next_attempt_at_ms <= $3 \
-                 AND (d.claimed_until_ms IS NULL OR d.claimed_until_ms <= $3) \
-                 AND (SELECT COUNT(*) FROM webhook_deliveries c WHERE c.endpoint_id = $4 AND c.claimed_until_ms > $3) < e.max_in_flight \
-               ORDER BY d.next_attempt_at_ms, d.event_id LIMIT 1",
-            $lock,
-            ") RETURNING event_id, attempts, schedule_step"
+            "SELECT e.endpoint_id, e.url, e.max_in_flight, e.rate_per_sec FROM webhook_endpoints e \
+             WHERE e.state = 'enabled' AND EXISTS (SELECT 1 FROM webhook_deliveries d \
+               WHERE d.endpoint_id = e.endpoint_id AND d.state = 'pending' AND d.next_attempt_at_ms <= $1 \
+                 AND (d.claimed_until_ms IS NULL OR d.claimed_until_ms <= ",
+            $now,
+            ")) AND (e.paused_until_ms IS NULL OR e.paused_until_ms <= $1)"
         )
     };
 }
 
-const CLAIM_POSTGRES: &str = claim_statement!(" FOR UPDATE OF d SKIP LOCKED");
-const CLAIM_SQLITE: &str = claim_statement!("");
+const DUE_ENDPOINTS_POSTGRES: &str = due_endpoints_statement!(postgres_now_ms!());
+const DUE_ENDPOINTS_SQLITE: &str = due_endpoints_statement!(sqlite_now_ms!());
+
+/// The claim statement, with the database's clock `$now` for the leases and `$lock` after its
+/// row choice: the differences between backends. `$2` is the lease's length.
+macro_rules! claim_statement {
+    ($now:expr, $lock:literal) => {
+        concat!(
+            "UPDATE webhook_deliveries SET claim_token = $1, claimed_until_ms = ",
+            $now,
+            " + $2, attempts = attempts + 1, updated_at_ms = $3 \
+             WHERE endpoint_id = $4 AND event_id = (SELECT d.event_id FROM webhook_deliveries d \
+               JOIN webhook_endpoints e ON e.endpoint_id = d.endpoint_id \
+               WHERE d.endpoint_id = $4 AND e.state = 'enabled' AND d.state = 'pending' AND d.next_attempt_at_ms <= $3 \
+                 AND (e.paused_until_ms IS NULL OR e.paused_until_ms <= $3) \
+                 AND (d.claimed_until_ms IS NULL OR d.claimed_until_ms <= ",
+            $now,
+            ") AND (SELECT COUNT(*) FROM webhook_deliveries c WHERE c.endpoint_id = $4 AND c.claimed_until_ms > ",
+            $now,
+            ") < e.max_in_flight \
+               ORDER BY d.next_attempt_at_ms, d.event_id LIMIT 1",
+            $lock,
+            ") RETURNING event_id, claimed_until_ms, attempts, schedule_step"
+        )
+    };
+}
+
+const CLAIM_POSTGRES: &str = claim_statement!(postgres_now_ms!(), " FOR UPDATE OF d SKIP LOCKED");
+const CLAIM_SQLITE: &str = claim_statement!(sqlite_now_ms!(), "");
 
 /// The endpoint's secrets that sign at `now_ms`, newest first.
 async fn active_secrets(transaction: &mut Transaction, endpoint_id: &str, now_ms: i64) -> Result<Vec<Secret>, OutboxError> {

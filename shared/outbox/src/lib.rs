@@ -23,7 +23,7 @@ mod error;
 mod event;
 mod subscriptions;
 
-pub use deliveries::{Attempt, Claim, Deliveries, DueEndpoint, Finished, Outcome};
+pub use deliveries::{Attempt, Claim, Deliveries, DueEndpoint, Finished, MAX_ERROR_BYTES, Outcome, truncated};
 pub use error::OutboxError;
 pub use event::{ENDPOINT_DISABLED, EVENT_TYPES, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, record};
 pub use subscriptions::{AttemptLog, DeliveryLog, DeliveryState, Endpoint, EndpointLimits, MAX_ENDPOINTS_PER_CLIENT, NewEndpoint, Subscriptions};

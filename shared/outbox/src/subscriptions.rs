@@ -208,9 +208,11 @@ sqlx::query("INSERT INTO webhook_subscriptions (endpoint_id, event_type) VALUES 
         Ok((endpoint, secret))
     }
 
-    /// A new secret for the endpoint, in `transaction`. The secrets that signed until now keep
-    /// signing for `overlap_ms` more (both signatures go with every delivery meanwhile), so the
-    /// receiver can switch to the new one without losing a delivery.
+    /// A new secret for the endpoint, in `transaction`. The current secret keeps signing for
+    /// `overlap_ms` more (both signatures go with every delivery meanwhile), so the receiver can
+    /// switch to the new one without losing a delivery. An older secret still in its overlap
+    /// stops signing now: there are never more than two, so repeated rotations cannot pile up
+    /// HMACs per delivery and a `webhook-signature` header that receivers refuse.
     pub async fn rotate_secret(transaction: &mut Transaction, client_id: &str, endpoint_id: &str, overlap_ms: i64, now_ms: i64) -> Result<Secret, OutboxError> {
         // Writing first takes the endpoint's row lock (PostgreSQL: a concurrent rotation waits,
         // then sees this one's secret) or the database's write lock (SQLite: no snapshot taken by
@@ -223,11 +225,16 @@ sqlx::query("INSERT INTO webhook_subscriptions (endpoint_id, event_type) VALUES 
         if owned == 0 {
             return Err(OutboxError::EndpointNotFound(endpoint_id.to_owned()));
         }
+        // Every secret but the current one goes (expired or still in an overlap); the current one
+        // becomes the previous, signing until the overlap ends.
         on_driver!(&mut *transaction, |executor| {
-sqlx::query(
-            "UPDATE webhook_secrets SET expires_at_ms = $1 \
-             WHERE endpoint_id = $2 AND (expires_at_ms IS NULL OR expires_at_ms > $1)",
-        )
+sqlx::query("DELETE FROM webhook_secrets WHERE endpoint_id = $1 AND expires_at_ms IS NOT NULL")
+        .bind(endpoint_id)
+        .execute(executor)
+        .await?;
+});
+        on_driver!(&mut *transaction, |executor| {
+sqlx::query("UPDATE webhook_secrets SET expires_at_ms = $1 WHERE endpoint_id = $2 AND expires_at_ms IS NULL")
         .bind(now_ms.saturating_add(overlap_ms))
         .bind(endpoint_id)
         .execute(executor)

@@ -4,11 +4,15 @@
 use idempotency::Database;
 use outbox::{Attempt, Deliveries, DeliveryState, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, Outcome, Subscriptions};
 use serde_json::json;
-use test_support::ScratchDatabase;
+use std::time::Duration;
+
+use test_support::{ScratchDatabase, eventually};
 
 const CLIENT: &str = "demo-client-1";
 const T0: i64 = 1_800_000_000_000;
 const DAY_MS: i64 = 86_400_000;
+/// A lease short enough to run out, in real time, within a test.
+const LEASE_MS: i64 = 300;
 
 /// What keeps a test's database alive: the SQLite file's directory, or the PostgreSQL scratch
 /// database, dropped with it.
@@ -100,18 +104,20 @@ async fn events_reach_only_enabled_endpoints_of_the_client_that_subscribe_to_the
 }
 
 #[tokio::test]
-async fn a_claimed_delivery_is_nobody_elses_until_its_lease_runs_out() {
+async fn a_claimed_delivery_is_nobody_elses_until_its_lease_runs_out_on_the_databases_clock() {
     for (database, _scratch) in databases().await {
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
         let event_id = paid(&database, T0).await;
         let deliveries = Deliveries::new(database.clone());
-        let first = deliveries.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
+        let first = deliveries.claim(&endpoint_id, T0, LEASE_MS).await.expect("claim").expect("due");
         assert_eq!((first.event_id.as_str(), first.attempt), (event_id.as_str(), 1));
-        assert!(deliveries.claim(&endpoint_id, T0 + 29_999, 30_000).await.expect("claim").is_none(), "leased");
+        // A sender whose clock runs a day ahead still sees the lease: leases are on the
+        // database's clock, not the claimer's.
+        assert!(deliveries.claim(&endpoint_id, T0 + DAY_MS, LEASE_MS).await.expect("claim").is_none(), "leased");
 
         // The first sender died after sending: its lease runs out, and the delivery goes out again
         // as the same event.
-        let second = deliveries.claim(&endpoint_id, T0 + 30_000, 30_000).await.expect("claim").expect("lease ran out");
+        let second = eventually(Duration::from_secs(5), "the lease runs out", || async { deliveries.claim(&endpoint_id, T0, LEASE_MS).await.expect("claim") }).await;
         assert_eq!((second.event_id.as_str(), second.attempt), (event_id.as_str(), 2));
         let late = deliveries.finish(&first, &answered(200, T0), Outcome::Delivered, DAY_MS, T0 + 30_001).await.expect("finish");
         assert!(late.lease_lost, "a lease taken over is not the first sender's to finish");
@@ -177,6 +183,32 @@ async fn the_schedule_runs_out_into_undelivered_and_a_redelivery_keeps_the_event
 }
 
 #[tokio::test]
+async fn a_pause_holds_every_delivery_of_the_endpoint_for_every_sender_and_only_grows() {
+    for (database, _scratch) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        paid(&database, T0).await;
+        let one = Deliveries::new(database.clone());
+        let claim = one.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
+        let pause = Outcome::Paused { retry_at_ms: Some(T0 + 60_000), until_ms: T0 + 60_000 };
+        one.finish(&claim, &answered(429, T0), pause, DAY_MS, T0).await.expect("finish");
+        // A shorter pause recorded later does not cut the first one short.
+        paid(&database, T0 + 1).await;
+        let two = Deliveries::new(database.clone());
+        assert!(two.claim(&endpoint_id, T0 + 1, 30_000).await.expect("claim").is_none(), "another sender sees the pause");
+        assert!(two.due_endpoints(T0 + 59_999).await.expect("due").is_empty(), "nothing is due while paused");
+        assert_eq!(two.next_due_ms().await.expect("next due"), Some(T0 + 60_000));
+        let resumed = two.claim(&endpoint_id, T0 + 60_000, 30_000).await.expect("claim").expect("the pause is over");
+        let shorter = Outcome::Paused { retry_at_ms: Some(T0 + 61_000), until_ms: T0 + 10_000 };
+        two.finish(&resumed, &answered(429, T0 + 60_000), shorter, DAY_MS, T0 + 60_000).await.expect("finish");
+        assert_eq!(one.due_endpoints(T0 + 60_000).await.expect("due").len(), 1, "the pause ended; the other event is due");
+        let longer = one.claim(&endpoint_id, T0 + 60_000, 30_000).await.expect("claim").expect("due");
+        one.finish(&longer, &answered(503, T0 + 60_000), Outcome::Paused { retry_at_ms: None, until_ms: T0 + 120_000 }, DAY_MS, T0 + 60_000).await.expect("finish");
+        assert!(two.due_endpoints(T0 + 119_999).await.expect("due").is_empty());
+        assert_eq!(two.due_endpoints(T0 + 120_000).await.expect("due").len(), 1);
+    }
+}
+
+#[tokio::test]
 async fn an_endpoint_failing_for_a_day_or_gone_is_disabled_and_its_owner_told() {
     for (database, _scratch) in databases().await {
         let failing = endpoint(&database, &[ORDER_PAID]).await;
@@ -211,11 +243,46 @@ async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
         transaction.commit().await.expect("commit");
         paid(&database, T0 + 2).await;
         let deliveries = Deliveries::new(database.clone());
-        let during = deliveries.claim(&endpoint_id, T0 + 2, 1).await.expect("claim").expect("due");
+        let during = deliveries.claim(&endpoint_id, T0 + 2, 30_000).await.expect("claim").expect("due");
         assert_eq!(during.secrets.len(), 2, "old and new sign during the overlap");
-        let after = deliveries.claim(&endpoint_id, T0 + 1 + DAY_MS, 1).await.expect("claim").expect("lease ran out");
+        deliveries.finish(&during, &answered(500, T0 + 2), Outcome::Failed { retry_at_ms: Some(T0 + 1 + DAY_MS) }, 2 * DAY_MS, T0 + 2).await.expect("finish");
+        let after = deliveries.claim(&endpoint_id, T0 + 1 + DAY_MS, 30_000).await.expect("claim").expect("due again");
         assert_eq!(after.secrets.len(), 1, "only the new one after it");
         assert_eq!(after.secrets[0].to_string(), during.secrets[0].to_string(), "the newest signs first");
+    }
+}
+
+#[tokio::test]
+async fn rotations_keep_the_current_secret_and_one_previous_at_most() {
+    for (database, _scratch) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        let mut rotated = Vec::new();
+        for n in 1..=4 {
+            let mut transaction = database.begin().await.expect("transaction");
+            rotated.push(Subscriptions::rotate_secret(&mut transaction, CLIENT, &endpoint_id, 30 * DAY_MS, T0 + n).await.expect("rotate").to_string());
+            transaction.commit().await.expect("commit");
+        }
+        paid(&database, T0 + 10).await;
+        let claim = Deliveries::new(database.clone()).claim(&endpoint_id, T0 + 10, 1).await.expect("claim").expect("due");
+        let signing: Vec<String> = claim.secrets.iter().map(ToString::to_string).collect();
+        assert_eq!(signing, [rotated[3].clone(), rotated[2].clone()], "the newest and the one before it, nothing older");
+        assert_eq!(count(&database, "webhook_secrets").await, 2, "older secrets are not kept");
+    }
+}
+
+#[tokio::test]
+async fn a_long_error_is_stored_cut_to_a_kilobyte() {
+    for (database, _scratch) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        paid(&database, T0).await;
+        let deliveries = Deliveries::new(database.clone());
+        let claim = deliveries.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
+        let huge = Attempt { error: Some("é".repeat(200_000)), ..answered(302, T0) };
+        deliveries.finish(&claim, &huge, Outcome::Failed { retry_at_ms: Some(T0 + 5_000) }, DAY_MS, T0).await.expect("finish");
+        let log = Subscriptions::new(database.clone()).deliveries(CLIENT, &endpoint_id, 1).await.expect("log");
+        let stored = log[0].attempts[0].error.clone().expect("an error");
+        assert!(stored.len() <= 1_024 && stored.len() > 1_000, "{} bytes", stored.len());
+        assert!(stored.ends_with("é…"), "cut on a character boundary, and marked");
     }
 }
 

@@ -84,3 +84,33 @@ async fn retry_after_is_the_least_wait_clamped_by_the_settings_and_pauses_the_en
     let waited = outbox.attempts(&endpoints[0], &second, 1).await;
     assert_eq!(waited.attempts[0].started_at_ms, paused_at + 2_000, "the new event waited for the pause");
 }
+
+#[tokio::test]
+async fn a_pause_outlasts_the_endpoints_worker_and_the_sender_itself() {
+    let outbox = Outbox::new().await;
+    let clock = Arc::new(ManualClock::starting_at(wall_ms()));
+    let paused = Receiver::start(|n| if n == 0 { Answer::Status(429, vec![("retry-after", "30".to_owned())]) } else { Answer::Status(204, Vec::new()) }).await;
+    let (endpoint_id, _) = outbox.endpoint(&paused.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), clock.now_ms()).await;
+    let marker = Marker::subscribe(&outbox, clock.now_ms()).await;
+    let settings = webhook_sender::Settings { jitter: 0.0, ..settings(&outbox, &[&paused, &marker.receiver]) };
+    let sender = start_sender(settings.clone(), clock.clone(), SystemResolver).await;
+    let first = outbox.paid(clock.now_ms()).await;
+    let asked_at = outbox.attempts(&endpoint_id, &first, 1).await.attempts[0].started_at_ms;
+
+    // Real time, with the sender's clock standing still: long enough for the endpoint's worker
+    // (50 polls of 10 ms without work) to leave, taking whatever it kept in memory.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let second = outbox.paid(clock.now_ms()).await;
+    marker.passed(&outbox, clock.now_ms()).await;
+    assert_eq!(paused.count(), 1, "the pause outlasts the worker");
+
+    drop(sender);
+    let _restarted = start_sender(settings, clock.clone(), SystemResolver).await;
+    clock.advance_ms(asked_at + 29_999 - clock.now_ms());
+    marker.passed(&outbox, clock.now_ms()).await;
+    assert_eq!(paused.count(), 1, "a restarted sender honours the pause");
+
+    clock.advance_ms(1);
+    let resumed = outbox.attempts(&endpoint_id, &second, 1).await;
+    assert_eq!(resumed.attempts[0].started_at_ms, asked_at + 30_000, "the new event went when the pause ended");
+}

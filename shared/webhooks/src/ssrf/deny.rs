@@ -38,10 +38,11 @@ const fn v6(segments: [u16; 8], prefix_len: u8, reason: &'static str) -> DeniedR
 /// Searched in order, so a narrower range comes before a wider one that contains it and its
 /// more precise reason is the one reported.
 ///
-/// IPv4-mapped IPv6 addresses (`::ffff:0:0/96`) are not in the table: they are the IPv4 address
-/// they embed, and [`denied_range`] judges that address by the IPv4 rows.
+/// IPv4-mapped IPv6 addresses (`::ffff:0:0/96`) and the well-known NAT64 prefix
+/// (`64:ff9b::/96`) are not in the table: they stand for the IPv4 address they embed, and
+/// [`denied_range`] judges that address by the IPv4 rows.
 #[rustfmt::skip] // one aligned row per range: it is read as a table
-pub(crate) static DENY_LIST: [DeniedRange; 31] = [
+pub(crate) static DENY_LIST: [DeniedRange; 30] = [
     v4([0, 0, 0, 0],         8,   "\"this network\"; 0.0.0.0 reaches the local host on many systems (RFC 1122)"),
     v4([10, 0, 0, 0],        8,   "private network (RFC 1918)"),
     v4([100, 64, 0, 0],      10,  "carrier-grade NAT shared space, internal to a provider (RFC 6598)"),
@@ -61,7 +62,6 @@ pub(crate) static DENY_LIST: [DeniedRange; 31] = [
     v6([0, 0, 0, 0, 0, 0, 0, 0],          128, "unspecified address; reaches the local host on many systems (RFC 4291)"),
     v6([0, 0, 0, 0, 0, 0, 0, 1],          128, "loopback: the sender's own host (RFC 4291)"),
     v6([0, 0, 0, 0, 0, 0, 0, 0],          96,  "IPv4-compatible, deprecated: an IPv4 address by another name (RFC 4291)"),
-    v6([0x64, 0xff9b, 0, 0, 0, 0, 0, 0],  96,  "NAT64: reaches the embedded IPv4 address, private ones too (RFC 6052)"),
     v6([0x64, 0xff9b, 1, 0, 0, 0, 0, 0],  48,  "local-use NAT64, internal to a network (RFC 8215)"),
     v6([0x100, 0, 0, 0, 0, 0, 0, 0],      64,  "discard-only (RFC 6666)"),
     v6([0x2001, 0, 0, 0, 0, 0, 0, 0],     32,  "Teredo: tunnels to an embedded IPv4 address (RFC 4380)"),
@@ -75,12 +75,25 @@ pub(crate) static DENY_LIST: [DeniedRange; 31] = [
     v6([0xff00, 0, 0, 0, 0, 0, 0, 0],     8,   "multicast: not one recipient (RFC 4291)"),
 ];
 
+/// The well-known NAT64 prefix (RFC 6052): `64:ff9b::a.b.c.d` reaches `a.b.c.d` through the
+/// network's translator.
+const NAT64: Ipv6Net = Ipv6Net::new_assert(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0), 96);
+
 /// The denied range `ip` falls in, or `None` when a delivery may dial it.
+///
+/// A NAT64 address is judged by the IPv4 address it embeds, as an IPv4-mapped one is: an
+/// IPv6-only cluster behind DNS64 reaches every IPv4 recipient that way, so denying the prefix
+/// whole would cut those recipients off, and what it reaches is exactly the embedded address.
 pub fn denied_range(ip: IpAddr) -> Option<&'static DeniedRange> {
-    if let IpAddr::V6(v6) = ip
-        && let Some(v4) = v6.to_ipv4_mapped()
-    {
-        return denied_range(IpAddr::V4(v4));
+    if let IpAddr::V6(v6) = ip {
+        let nat64 = || {
+            let [.., a, b, c, d] = v6.octets();
+            NAT64.contains(&v6).then_some(Ipv4Addr::new(a, b, c, d))
+        };
+        let embedded = v6.to_ipv4_mapped().or_else(nat64);
+        if let Some(v4) = embedded {
+            return denied_range(IpAddr::V4(v4));
+        }
     }
     DENY_LIST.iter().find(|range| range.net.contains(&ip))
 }
@@ -226,6 +239,8 @@ mod tests {
             "2606:4700:4700::1111",
             "2001:4860:4860::8888",
             "2a00:1450::1",
+            "64:ff9b::101:101",
+            "64:ff9b::808:808",
         ] {
             assert_eq!(denied_range(ip(public)), None, "{public}");
         }
@@ -247,5 +262,19 @@ mod tests {
             Some(DENY_LIST[3].net)
         );
         assert_eq!(denied_range(ip("::ffff:1.1.1.1")), None);
+    }
+
+    #[test]
+    fn nat64_addresses_are_judged_by_the_ipv4_they_embed() {
+        for range in &DENY_LIST {
+            let IpNet::V4(net) = range.net else { continue };
+            for inside in [net.network(), net.broadcast()] {
+                let nat64 = IpAddr::V6(Ipv6Addr::from_bits(NAT64.network().to_bits() | u128::from(inside.to_bits())));
+                assert_eq!(denied_range(nat64), denied_range(inside.into()), "{nat64}");
+            }
+        }
+        assert_eq!(denied_range(ip("64:ff9b::a9fe:a9fe")).map(|denied| denied.net), Some(DENY_LIST[4].net), "169.254.169.254");
+        assert_eq!(denied_range(ip("64:ff9b::1.1.1.1")), None, "a public IPv4 recipient through DNS64");
+        assert!(denied_range(ip("64:ff9b:1::1.1.1.1")).is_some(), "local-use NAT64 stays denied");
     }
 }

@@ -24,6 +24,7 @@ mod resolve;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 
+use ipnet::IpNet;
 use url::{Host, Url};
 
 pub use deny::{DeniedRange, denied_range};
@@ -46,6 +47,8 @@ pub enum SsrfError {
         addr: IpAddr,
         range: &'static DeniedRange,
     },
+    #[error("{host} is {addr}, in {net}, which this deployment denies")]
+    DeniedByPolicy { host: String, addr: IpAddr, net: IpNet },
     #[error("could not resolve {host}: {source}")]
     Resolve { host: String, source: io::Error },
     #[error("{host} resolves to no address")]
@@ -72,9 +75,17 @@ pub enum InvalidTestHost {
 #[derive(Clone, Debug, Default)]
 pub struct Policy {
     test_hosts: Vec<(Host, u16)>,
+    extra_denied: Vec<IpNet>,
 }
 
 impl Policy {
+    /// Denies `net` too, beside the [deny list](denied_range): the deployment's own public
+    /// ranges, say, which the special-purpose registries cannot know. Test hosts stay exempt.
+    pub fn deny(mut self, net: IpNet) -> Self {
+        self.extra_denied.push(net);
+        self
+    }
+
     /// Exempts `host_port` (`receiver.local:9000`, `127.0.0.1:9000`, `[::1]:9000`) from the
     /// https rule and from the deny list.
     ///
@@ -108,6 +119,7 @@ pub struct Target {
     host: Host,
     port: u16,
     test_host: bool,
+    extra_denied: Vec<IpNet>,
 }
 
 impl Target {
@@ -142,6 +154,7 @@ impl Target {
             host,
             port,
             test_host,
+            extra_denied: policy.extra_denied.clone(),
         };
         if let Some(ip) = target.literal_ip() {
             target.check(ip)?;
@@ -197,13 +210,23 @@ impl Target {
     }
 
     fn check(&self, addr: IpAddr) -> Result<(), SsrfError> {
-        match denied_range(addr) {
-            Some(range) if !self.test_host => Err(SsrfError::Denied {
+        if self.test_host {
+            return Ok(());
+        }
+        if let Some(range) = denied_range(addr) {
+            return Err(SsrfError::Denied {
                 host: self.host.to_string(),
                 addr,
                 range,
+            });
+        }
+        match self.extra_denied.iter().find(|net| net.contains(&addr)) {
+            Some(net) => Err(SsrfError::DeniedByPolicy {
+                host: self.host.to_string(),
+                addr,
+                net: *net,
             }),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 }

@@ -261,3 +261,18 @@ async fn the_system_resolver_finds_localhost_on_loopback_and_it_is_refused() {
         "{refused:?}"
     );
 }
+
+#[tokio::test]
+async fn a_range_the_policy_denies_is_refused_beside_the_deny_list() {
+    let policy = Policy::default().deny("93.184.0.0/16".parse().unwrap());
+    let inside = StubResolver::answering(&["93.184.215.14"]);
+    let Err(SsrfError::DeniedByPolicy { addr, net, .. }) =
+        vet("https://hooks.example.com/", &policy, &inside).await
+    else {
+        panic!("an address in an extra denied range must be refused");
+    };
+    assert_eq!((addr.to_string(), net.to_string()), ("93.184.215.14".to_owned(), "93.184.0.0/16".to_owned()));
+    assert!(Target::parse("https://93.184.1.1/", &policy).is_err(), "an IP address in place of a name too");
+    let outside = StubResolver::answering(&["1.1.1.1"]);
+    assert!(vet("https://hooks.example.com/", &policy, &outside).await.is_ok());
+}

@@ -17,6 +17,7 @@ pub mod load_shed;
 pub mod naive;
 pub mod rate_limit;
 pub mod retry;
+pub mod shares;
 
 pub use deadline::PREVIOUS_ATTEMPTS_HEADER;
 

@@ -15,11 +15,10 @@
 //! request names its caller with a [`Caller`] extension, put there by whoever authenticated it.
 
 use std::{
-    collections::HashMap,
     future::Future,
     pin::Pin,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicU64, Ordering},
     },
     task::{Context, Poll},
@@ -31,6 +30,8 @@ use pin_project_lite::pin_project;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Status, metadata::MetadataValue};
 use telemetry::metrics::{self, Counter, KeyValue};
+
+use crate::shares::{Share, Shares};
 use tower::{
     Layer, Service,
     util::rng::{HasherRng, Rng},
@@ -58,8 +59,8 @@ pub struct Intake {
     name: &'static str,
     limit: u32,
     permits: Arc<Semaphore>,
-    /// Places one [`Caller`] may hold at once, and how many each holds now.
-    per_caller: Option<(u32, Arc<Mutex<HashMap<Caller, u32>>>)>,
+    /// Places one [`Caller`] may hold at once.
+    per_caller: Option<Shares<Caller>>,
     refused: AtomicU64,
     rejections: Counter<u64>,
 }
@@ -72,7 +73,7 @@ impl Intake {
     /// An intake of `limit` places of which one [`Caller`] holds `per_caller` at most; a request
     /// with no `Caller` extension is held to the shared limit only.
     pub fn with_caller_share(name: &'static str, limit: u32, per_caller: u32) -> Arc<Self> {
-        Arc::new(Self { per_caller: Some((per_caller.max(1), Arc::default())), ..Self::unshared(name, limit) })
+        Arc::new(Self { per_caller: Some(Shares::new(per_caller as usize)), ..Self::unshared(name, limit) })
     }
 
     fn unshared(name: &'static str, limit: u32) -> Self {
@@ -85,18 +86,6 @@ impl Intake {
             refused: AtomicU64::new(0),
             rejections: metrics::counter(metrics::name::LOAD_SHED_REJECTIONS, "Requests refused at a full intake"),
         }
-    }
-
-    /// A place for `caller` under its share, or `None` when it holds all of it.
-    fn caller_place(&self, caller: &Caller) -> Option<CallerPlace> {
-        let (share, holding) = self.per_caller.as_ref()?;
-        let mut held = holding.lock().expect("the intake's table is never poisoned");
-        let count = held.entry(caller.clone()).or_default();
-        if *count >= *share {
-            return None;
-        }
-        *count += 1;
-        Some(CallerPlace { caller: caller.clone(), holding: holding.clone() })
     }
 
     /// Requests refused so far.
@@ -132,62 +121,40 @@ pub struct LoadShed<S> {
     intake: Arc<Intake>,
 }
 
-/// One of a caller's places in an intake, given back when dropped.
-#[derive(Debug)]
-pub struct CallerPlace {
-    caller: Caller,
-    holding: Arc<Mutex<HashMap<Caller, u32>>>,
-}
-
-impl Drop for CallerPlace {
-    fn drop(&mut self) {
-        let mut held = self.holding.lock().expect("the intake's table is never poisoned");
-        if let Some(count) = held.get_mut(&self.caller) {
-            *count -= 1;
-            if *count == 0 {
-                held.remove(&self.caller);
-            }
-        }
-    }
-}
-
 pin_project! {
     /// Response future of [`LoadShed`]: holds the permit (and the caller's place) until the answer.
     #[project = Projection]
     pub enum ResponseFuture<F, B> {
         Refused { response: Option<Response<B>> },
-        Admitted { #[pin] inner: F, permit: OwnedSemaphorePermit, place: Option<CallerPlace> },
+        Admitted { #[pin] inner: F, permit: OwnedSemaphorePermit, place: Option<Share<Caller>> },
     }
 }
 
 /// The refusal of a caller that holds its whole share: 429 over HTTP (it is this caller's doing,
 /// not the server's load), RESOURCE_EXHAUSTED with a pushback over gRPC.
-fn share_refusal<B: Default + From<String>>(grpc: bool, intake: &Intake, share: u32) -> Response<B> {
+fn share_refusal<B: Default + From<String>>(grpc: bool, intake: &Intake, share: usize) -> Response<B> {
     let detail = format!("{}: {share} requests of this client already in progress; retry when one has finished", intake.name);
-    if grpc {
-        let mut status = Status::resource_exhausted(detail);
-        status.metadata_mut().insert(PUSHBACK_HEADER, MetadataValue::from(pushback_ms(&mut HasherRng::default())));
-        return status.into_http();
-    }
-    let body = serde_json::json!({"type": "about:blank", "title": "Too many requests in progress", "status": 429, "detail": detail});
-    let mut response = Response::new(B::from(body.to_string()));
-    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
-    response
+    refused(grpc, detail, StatusCode::TOO_MANY_REQUESTS, "Too many requests in progress")
 }
 
+/// The refusal of a request beyond the intake's limit: 503 over HTTP.
 fn refusal<B: Default + From<String>>(grpc: bool, intake: &Intake) -> Response<B> {
     let detail = format!("{}: {} requests already in progress; retry shortly", intake.name, intake.limit);
+    refused(grpc, detail, StatusCode::SERVICE_UNAVAILABLE, "Overloaded")
+}
+
+/// A refusal as problem+json with `Retry-After: 1` over HTTP, or RESOURCE_EXHAUSTED with a
+/// random pushback over gRPC.
+fn refused<B: Default + From<String>>(grpc: bool, detail: String, http_status: StatusCode, title: &str) -> Response<B> {
     if grpc {
         let mut status = Status::resource_exhausted(detail);
         // A generator seeded anew for each refusal, so that refusals do not share one sequence.
         status.metadata_mut().insert(PUSHBACK_HEADER, MetadataValue::from(pushback_ms(&mut HasherRng::default())));
         return status.into_http();
     }
-    let body = serde_json::json!({"type": "about:blank", "title": "Overloaded", "status": 503, "detail": detail});
+    let body = serde_json::json!({"type": "about:blank", "title": title, "status": http_status.as_u16(), "detail": detail});
     let mut response = Response::new(B::from(body.to_string()));
-    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    *response.status_mut() = http_status;
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
     response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
     response
@@ -211,12 +178,12 @@ where
         // The caller's share first: a caller at its share is refused without taking a place
         // from the others.
         let place = match (&self.intake.per_caller, request.extensions().get::<Caller>()) {
-            (Some((share, _)), Some(caller)) => match self.intake.caller_place(caller) {
+            (Some(shares), Some(caller)) => match shares.take(caller) {
                 Some(place) => Some(place),
                 None => {
                     self.intake.refused.fetch_add(1, Ordering::Relaxed);
                     self.intake.rejections.add(1, &[KeyValue::new("intake", self.intake.name), KeyValue::new("scope", "client")]);
-                    return ResponseFuture::Refused { response: Some(share_refusal(grpc, &self.intake, *share)) };
+                    return ResponseFuture::Refused { response: Some(share_refusal(grpc, &self.intake, shares.limit())) };
                 }
             },
             _ => None,

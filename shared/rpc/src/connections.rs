@@ -10,16 +10,16 @@
 //! for a while. The HTTP limits (header read time, HTTP/2 pings) are kept by [`crate::serve`].
 
 use std::{
-    collections::HashMap,
     io,
     net::{IpAddr, SocketAddr},
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::Arc,
     task::{Context, Poll},
     time::Duration,
 };
 
 use axum::serve::Listener;
+use resilience::shares::{Share, Shares};
 use serde::{Deserialize, Serialize};
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
@@ -65,28 +65,24 @@ impl Default for ConnectionLimits {
 pub struct LimitedListener {
     tcp: TcpListener,
     open: Arc<Semaphore>,
-    peers: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    /// Connections per peer address; `None` when `max_per_peer` is 0 (no limit).
+    peers: Option<Shares<IpAddr>>,
     limits: ConnectionLimits,
 }
 
 impl LimitedListener {
     pub fn new(tcp: TcpListener, limits: ConnectionLimits) -> Self {
-        Self { tcp, open: Arc::new(Semaphore::new(limits.max_open.max(1))), peers: Arc::default(), limits }
+        Self { tcp, open: Arc::new(Semaphore::new(limits.max_open.max(1))), peers: (limits.max_per_peer > 0).then(|| Shares::new(limits.max_per_peer)), limits }
     }
 
     /// A place for one more connection from `peer`, if there is room.
     fn admit(&self, peer: IpAddr) -> Option<Admission> {
         let permit = self.open.clone().try_acquire_owned().ok()?;
-        let mut peers = self.peers.lock().expect("the peer table is never poisoned");
-        let count = peers.entry(peer).or_default();
-        if self.limits.max_per_peer > 0 && *count >= self.limits.max_per_peer {
-            if *count == 0 {
-                peers.remove(&peer);
-            }
-            return None;
-        }
-        *count += 1;
-        Some(Admission { _permit: permit, peer, peers: self.peers.clone() })
+        let share = match &self.peers {
+            Some(peers) => Some(peers.take(&peer)?),
+            None => None,
+        };
+        Some(Admission { _permit: permit, _share: share })
     }
 }
 
@@ -118,20 +114,7 @@ impl Listener for LimitedListener {
 /// One connection's place under the limits, given back when the connection closes.
 struct Admission {
     _permit: OwnedSemaphorePermit,
-    peer: IpAddr,
-    peers: Arc<Mutex<HashMap<IpAddr, usize>>>,
-}
-
-impl Drop for Admission {
-    fn drop(&mut self) {
-        let mut peers = self.peers.lock().expect("the peer table is never poisoned");
-        if let Some(count) = peers.get_mut(&self.peer) {
-            *count -= 1;
-            if *count == 0 {
-                peers.remove(&self.peer);
-            }
-        }
-    }
+    _share: Option<Share<IpAddr>>,
 }
 
 /// A connection under the limits: it holds its place until it is dropped, and fails with

@@ -10,7 +10,7 @@
 //! by itself). Clients use the HTTP face and give up at their deadline.
 
 use bank_mock::Latency;
-use resilience::{ChainMode, retry::RetryStatsSnapshot};
+use resilience::retry::RetryStatsSnapshot;
 use serde::Serialize;
 
 use crate::{
@@ -59,15 +59,16 @@ pub async fn measure(profile: &Profile) -> Result<Amplification, BenchError> {
     let mut runs = Vec::new();
     for load in &settings.loads {
         let failure_rate = load.bank_failure_rate;
-        for (label, mode) in [("budgeted", ChainMode::Budgeted), ("naive", ChainMode::Naive)] {
+        for (label, naive) in [("budgeted", false), ("naive", true)] {
             let running = chains::start(&Backend::Sqlite, |chain| {
                 stack::scenario::without_breakers(chain);
-                chain.mode = Some(mode);
+                chain.naive.enabled = naive;
                 chain.bank.faults.error_rate = failure_rate;
                 chain.bank.faults.latency_ms = latency;
             })
             .await?;
             let orders = HttpOrders::new(running.chain.addresses.gateway_http, label, Some(settings.client_deadline));
+            let orders = if naive { orders.deadline_untold() } else { orders };
             let requests = (settings.duration.as_secs_f64() * load.per_second).round() as usize;
             let plan = Plan::count(
                 format!("{label} chain, bank failing {:.0} %, {}/s", failure_rate * 100.0, load.per_second),

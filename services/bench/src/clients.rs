@@ -92,6 +92,8 @@ pub struct HttpOrders {
     body: Arc<str>,
     keys: Arc<str>,
     deadline: Option<Duration>,
+    /// Whether `deadline` is sent, or only kept by giving up after it.
+    tell_deadline: bool,
 }
 
 impl HttpOrders {
@@ -104,7 +106,14 @@ impl HttpOrders {
             body: stack::scenario::order_json().to_string().into(),
             keys: key_part(keys).into(),
             deadline,
+            tell_deadline: true,
         }
+    }
+
+    /// The same client, giving up after its deadline without sending it, as the naive chain's
+    /// clients do.
+    pub fn deadline_untold(self) -> Self {
+        Self { tell_deadline: false, ..self }
     }
 
     /// The same client (and connections), its keys further prefixed by `keys`.
@@ -121,7 +130,10 @@ impl HttpOrders {
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(self.body.to_string());
         if let Some(deadline) = self.deadline {
-            request = request.header(gateway::TIMEOUT_HEADER, deadline.as_millis().to_string()).timeout(deadline);
+            request = request.timeout(deadline);
+            if self.tell_deadline {
+                request = request.header(gateway::TIMEOUT_HEADER, deadline.as_millis().to_string());
+            }
         }
         async move {
             let response = match request.send().await {

@@ -253,8 +253,6 @@ async fn get_summary(State(api): State<Api>, headers: HeaderMap, Path(order_id):
 #[derive(Debug, Clone, Copy)]
 pub struct HttpDeadline {
     pub policy: InboundPolicy,
-    /// False in the naive chain, whose gateway keeps its own fixed timeout whatever the client asks.
-    pub honour_client_deadline: bool,
 }
 
 impl Protocol for HttpDeadline {
@@ -277,7 +275,7 @@ impl Protocol for HttpDeadline {
     }
 
     fn grant(&self, requested: Option<Duration>) -> Duration {
-        self.policy.grant(requested.filter(|_| self.honour_client_deadline))
+        self.policy.grant(requested)
     }
 
     fn expired<B: Default + From<String>>(&self, hop: &Hop) -> http::Response<B> {

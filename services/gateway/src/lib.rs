@@ -28,7 +28,6 @@ use proto::{
     payment::v1::payment_service_client::PaymentServiceClient,
 };
 use resilience::{
-    ChainMode,
     breaker::Breaker,
     load_shed::{Intake, LoadShedLayer},
     retry::RetryPolicy,
@@ -55,19 +54,20 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
+        Self::build_with(settings, rpc::Outbound::Guarded).await
+    }
+
+    /// As [`Application::build`], with `outbound` between this service's calls and its
+    /// channels to orders, payment and the bank (see [`rpc::Outbound`]).
+    pub async fn build_with(settings: Settings, outbound: rpc::Outbound) -> Result<Self, ServerError> {
         let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?;
-        let orders = rpc::connect(HOP, "orders", &settings.orders, &tls, settings.mode, settings.naive)
+        let orders = rpc::connect(HOP, "orders", &settings.orders, &tls, &outbound)
             .map_err(|error| ServerError::Settings(format!("orders: {error}")))?;
         let orders_breaker = orders.breaker.clone();
-        let mut retry = settings.retry.clone();
-        if settings.mode == ChainMode::Naive {
-            // The naive client retries at the HTTP level itself.
-            retry.max_attempts = 1;
-        }
-        let retry = RetryPolicy::new(&retry, settings.orders.deadline).map_err(|error| ServerError::Settings(error.to_string()))?;
+        let retry = RetryPolicy::new(&settings.retry, settings.orders.deadline).map_err(|error| ServerError::Settings(error.to_string()))?;
         let limits = rate_limit::ClientLimits::new(&settings.clients, settings.unknown_key_quota);
         let source = |name: &'static str, dependency: &rpc::Dependency| {
-            rpc::connect(HOP, name, dependency, &tls, settings.mode, settings.naive)
+            rpc::connect(HOP, name, dependency, &tls, &outbound)
                 .map(|connection| connection.client)
                 .map_err(|error| ServerError::Settings(format!("{name}: {error}")))
         };
@@ -87,7 +87,7 @@ impl Application {
         let http_router = http::router(api, creates).layer(
             DeadlineLayer::new(
                 HOP,
-                http::HttpDeadline { policy: settings.deadline, honour_client_deadline: settings.mode == ChainMode::Budgeted },
+                http::HttpDeadline { policy: settings.deadline },
                 http_stats.clone(),
             )
             .at_edge(),

@@ -2,7 +2,7 @@ use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
 use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
-use resilience::{ChainMode, breaker::BreakerSettings, naive::NaiveSettings, rate_limit::QuotaSettings, retry::RetrySettings};
+use resilience::{breaker::BreakerSettings, rate_limit::QuotaSettings, retry::RetrySettings};
 use serde::{Deserialize, Serialize};
 
 /// Every knob of the gateway; see the README for the table and the environment names.
@@ -43,10 +43,6 @@ pub struct Settings {
     pub clients: Vec<ApiClient>,
     /// The quota all requests with a missing or unknown API key share.
     pub unknown_key_quota: QuotaSettings,
-    /// `budgeted` (the design) or `naive` (per-hop fixed timeouts and retries, for comparison).
-    pub mode: ChainMode,
-    /// The naive client's attempts and fixed per-attempt timeout (used in `naive` mode only).
-    pub naive: NaiveSettings,
     /// The gateway's certificate, key and CA, presented to orders, payment and the bank. The
     /// public faces stay plain: clients prove who they are with API keys.
     pub tls: TlsSettings,
@@ -89,8 +85,6 @@ fn summary_source(endpoint: &str, service: &str, cap_ms: u64) -> Dependency {
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            mode: ChainMode::default(),
-            naive: NaiveSettings::default(),
             http_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),

@@ -54,6 +54,12 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
+        Self::build_with(settings, rpc::Outbound::Guarded).await
+    }
+
+    /// As [`Application::build`], with `outbound` between this service's calls and its
+    /// channels to payment (see [`rpc::Outbound`]).
+    pub async fn build_with(settings: Settings, outbound: rpc::Outbound) -> Result<Self, ServerError> {
         settings.check().map_err(ServerError::Settings)?;
         // The webhook tables live beside the orders: an event is written with its order's outcome.
         let database = Database::open(&settings.database_url, settings.sqlite, |backend| {
@@ -67,7 +73,7 @@ impl Application {
         // The URL is not repeated: it may carry a password.
         .map_err(|error| ServerError::Settings(format!("database: {error}")))?;
         let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?;
-        let payment = rpc::connect(HOP, "payment", &settings.payment, &tls, settings.mode, settings.naive)
+        let payment = rpc::connect(HOP, "payment", &settings.payment, &tls, &outbound)
             .map_err(|error| ServerError::Settings(format!("payment: {error}")))?;
         let payment_breaker = payment.breaker.clone();
         let keys = KeyStore::new(database.clone(), settings.idempotency);

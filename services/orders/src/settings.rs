@@ -6,7 +6,7 @@ use idempotency::{KeySettings, SqliteSettings};
 use crate::CompleterSettings;
 use outbox::EndpointLimits;
 use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
-use resilience::{ChainMode, breaker::BreakerSettings, naive::NaiveSettings};
+use resilience::breaker::BreakerSettings;
 use serde::{Deserialize, Serialize};
 
 /// Every knob of orders; see the README for the table and the environment names.
@@ -35,10 +35,6 @@ pub struct Settings {
     pub tls: TlsSettings,
     /// Limits on the connections of each of this service's ports (each port counts its own).
     pub connections: ConnectionLimits,
-    /// `budgeted` (the design) or `naive` (per-hop fixed timeouts and retries, for comparison).
-    pub mode: ChainMode,
-    /// The naive client's attempts and fixed per-attempt timeout (used in `naive` mode only).
-    pub naive: NaiveSettings,
     /// The webhook subscription API.
     pub webhooks: WebhookSettings,
 }
@@ -73,8 +69,6 @@ impl Default for WebhookSettings {
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            mode: ChainMode::default(),
-            naive: NaiveSettings::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 50052)),
             database_url: "sqlite://orders.db".into(),
             sqlite: SqliteSettings::default(),

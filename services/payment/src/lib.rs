@@ -42,6 +42,12 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
+        Self::build_with(settings, rpc::Outbound::Guarded).await
+    }
+
+    /// As [`Application::build`], with `outbound` between this service's calls and its
+    /// channels to the bank (see [`rpc::Outbound`]).
+    pub async fn build_with(settings: Settings, outbound: rpc::Outbound) -> Result<Self, ServerError> {
         settings
             .idempotency
             .require_ttl(Duration::from_millis(settings.deadline.max_ms), "a key must outlive the longest request (deadline.max_ms)")
@@ -59,7 +65,7 @@ impl Application {
         // The URL is not repeated: it may carry a password.
         .map_err(|error| ServerError::Settings(format!("database: {error}")))?;
         let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?;
-        let bank = rpc::connect(HOP, "bank-mock", &settings.bank, &tls, settings.mode, settings.naive)
+        let bank = rpc::connect(HOP, "bank-mock", &settings.bank, &tls, &outbound)
             .map_err(|error| ServerError::Settings(format!("bank: {error}")))?;
         let (breaker, bulkhead) = (bank.breaker.clone(), bank.bulkhead.clone());
         let keys = KeyStore::new(database, settings.idempotency);

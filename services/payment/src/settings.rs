@@ -3,7 +3,7 @@ use std::net::SocketAddr;
 use deadline::{ForwardPolicy, InboundPolicy};
 use idempotency::{KeySettings, SqliteSettings};
 use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
-use resilience::{ChainMode, naive::NaiveSettings, rate_limit::QuotaSettings};
+use resilience::rate_limit::QuotaSettings;
 use serde::{Deserialize, Serialize};
 
 /// Every knob of payment; see the README for the table and the environment names.
@@ -28,17 +28,11 @@ pub struct Settings {
     pub tls: TlsSettings,
     /// Limits on the connections of each of this service's ports (each port counts its own).
     pub connections: ConnectionLimits,
-    /// `budgeted` (the design) or `naive` (per-hop fixed timeouts and retries, for comparison).
-    pub mode: ChainMode,
-    /// The naive client's attempts and fixed per-attempt timeout (used in `naive` mode only).
-    pub naive: NaiveSettings,
 }
 
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            mode: ChainMode::default(),
-            naive: NaiveSettings::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 50053)),
             database_url: "sqlite://payment.db".into(),
             sqlite: SqliteSettings::default(),

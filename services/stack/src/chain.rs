@@ -6,7 +6,6 @@ use std::{collections::BTreeMap, net::SocketAddr, path::Path, sync::Arc};
 use bank_mock::BankState;
 use deadline::{HopStats, HopStatsSnapshot};
 use resilience::{
-    ChainMode,
     breaker::{Breaker, BreakerStats},
     bulkhead::{Bulkhead, BulkheadStats},
     retry::{RetryPolicy, RetryStatsSnapshot},
@@ -17,6 +16,8 @@ use rpc::{
     tls::TlsSettings,
 };
 use tempfile::TempDir;
+
+use crate::naive::NaiveSettings;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -27,8 +28,8 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ChainSettings {
-    /// Sets every service's `mode` at once: `budgeted` or `naive`.
-    pub mode: Option<ChainMode>,
+    /// The naive chain instead of the design, to be measured against: see [`crate::naive`].
+    pub naive: NaiveSettings,
     pub gateway: gateway::Settings,
     pub orders: orders::Settings,
     pub payment: payment::Settings,
@@ -51,7 +52,7 @@ pub const DEMO_RECEIVER: &str = "127.0.0.1:9000";
 impl Default for ChainSettings {
     fn default() -> Self {
         let mut settings = Self {
-            mode: None,
+            naive: NaiveSettings::default(),
             gateway: gateway::Settings::default(),
             orders: orders::Settings::default(),
             payment: payment::Settings::default(),
@@ -158,15 +159,17 @@ pub struct Chain {
     shutdown: CancellationToken,
     servers: JoinSet<Result<(), ServerError>>,
     dev_certs: Option<(DevCerts, TempDir)>,
+    naive: bool,
 }
 
 impl Chain {
     /// Binds bank-mock, payment, orders and gateway in that order, pointing each at the one below.
     pub async fn start(mut settings: ChainSettings) -> Result<Self, ServerError> {
-        if let Some(mode) = settings.mode {
-            settings.gateway.mode = mode;
-            settings.orders.mode = mode;
-            settings.payment.mode = mode;
+        let outbound = settings.naive.outbound();
+        let naive = settings.naive.enabled;
+        if settings.naive.enabled {
+            // The naive clients retry at every hop, the gateway's included.
+            settings.gateway.retry.max_attempts = 1;
         }
         let dev_certs = secure(&mut settings)?;
         let shutdown = CancellationToken::new();
@@ -178,14 +181,14 @@ impl Chain {
         settings.payment.bank.endpoint = settings.external_bank.clone().unwrap_or_else(|| format!("http://{}", bank.grpc_addr()));
         // The completer's window is checked against how long payment really keeps its keys.
         settings.orders.completer.payment_key_ttl_ms = settings.payment.idempotency.ttl_ms;
-        let payment = payment::Application::build(settings.payment).await?;
+        let payment = payment::Application::build_with(settings.payment, outbound.clone()).await?;
         settings.orders.payment.endpoint = format!("http://{}", payment.grpc_addr());
-        let orders = orders::Application::build(settings.orders).await?;
+        let orders = orders::Application::build_with(settings.orders, outbound.clone()).await?;
         settings.gateway.orders.endpoint = format!("http://{}", orders.grpc_addr());
         settings.gateway.recommendations.endpoint = format!("http://{}", orders.grpc_addr());
         settings.gateway.payment.endpoint = format!("http://{}", payment.grpc_addr());
         settings.gateway.bank.endpoint = format!("http://{}", bank.grpc_addr());
-        let gateway = gateway::Application::build(settings.gateway).await?;
+        let gateway = gateway::Application::build_with(settings.gateway, outbound).await?;
         settings.webhook_sender.database_url = database_urls.0.clone();
         let sender = webhook_sender::Application::build(settings.webhook_sender)
             .await
@@ -234,13 +237,18 @@ impl Chain {
                 other => ServerError::Settings(format!("webhook-sender: {other}")),
             })
         });
-        Ok(Self { addresses, database_urls, admin_token, bank: bank_state, hops, guards, gateway_retry, client_limits, tokens, shutdown, servers, dev_certs })
+        Ok(Self { addresses, database_urls, admin_token, bank: bank_state, hops, guards, gateway_retry, client_limits, tokens, shutdown, servers, dev_certs, naive })
     }
 
     /// The development CA made at start, with a certificate for each service and one for the
     /// operator ([`OPERATOR`]); `None` in plain text or when the settings name files of their own.
     pub fn dev_certs(&self) -> Option<&DevCerts> {
         self.dev_certs.as_ref().map(|(certs, _)| certs)
+    }
+
+    /// Whether this is the naive chain ([`ChainSettings::naive`]).
+    pub fn naive(&self) -> bool {
+        self.naive
     }
 
     /// The bank's faults and counters, for in-process control.

@@ -1,6 +1,7 @@
 //! The whole chain in one process, and the named scenarios that exercise it.
 
 pub mod chain;
+pub mod naive;
 pub mod scenario;
 pub mod settlement;
 

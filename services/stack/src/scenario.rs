@@ -15,7 +15,7 @@ use std::{
 use bank_mock::{BankStats, Faults, Latency};
 use deadline::ledger;
 use hdrhistogram::Histogram;
-use resilience::{ChainMode, retry::RetryStatsSnapshot};
+use resilience::retry::RetryStatsSnapshot;
 use serde::Serialize;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -49,20 +49,22 @@ pub enum Traffic {
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Variant {
     pub label: &'static str,
-    pub mode: ChainMode,
+    /// The naive chain (see [`crate::naive`]), whose clients do not tell the gateway their
+    /// deadline either: they only give up after it.
+    pub naive: bool,
     /// Changes to the chain's settings for this variant, after the scenario's own.
     #[serde(skip)]
     pub settings: fn(&mut ChainSettings),
 }
 
-const BUDGETED: Variant = Variant { label: "budgeted", mode: ChainMode::Budgeted, settings: as_configured };
-const NAIVE: Variant = Variant { label: "naive", mode: ChainMode::Naive, settings: as_configured };
+const BUDGETED: Variant = Variant { label: "budgeted", naive: false, settings: as_configured };
+const NAIVE: Variant = Variant { label: "naive", naive: true, settings: as_configured };
 const NO_RETRIES: Variant = Variant {
     label: "no retries",
-    mode: ChainMode::Budgeted,
+    naive: false,
     settings: |settings| settings.gateway.retry.max_attempts = 1,
 };
-const LAYERS_OFF: Variant = Variant { label: "layers off", mode: ChainMode::Budgeted, settings: without_guards };
+const LAYERS_OFF: Variant = Variant { label: "layers off", naive: false, settings: without_guards };
 
 /// Every guard out of the way: retries and breakers off, bulkhead and quota limits raised far
 /// beyond the load (the layers stay; their decisions never refuse), to measure what the guards
@@ -455,6 +457,8 @@ struct Sender {
     name: &'static str,
     run_id: u128,
     timeout_ms: Option<u64>,
+    /// Whether the client sends its deadline (`X-Request-Timeout-Ms`) or only gives up after it.
+    tell_deadline: bool,
     one_key: bool,
     total: usize,
     started: Instant,
@@ -464,7 +468,7 @@ struct Sender {
 }
 
 impl Sender {
-    fn new(scenario: &Scenario, target: Target, run_id: u128, started: Instant) -> Arc<Self> {
+    fn new(scenario: &Scenario, target: Target, tell_deadline: bool, run_id: u128, started: Instant) -> Arc<Self> {
         let (url, get) = match target {
             Target::Create(url) => (url, false),
             Target::Get(url) => (url, true),
@@ -477,6 +481,7 @@ impl Sender {
             name: scenario.name,
             run_id,
             timeout_ms: scenario.timeout_ms,
+            tell_deadline,
             one_key: scenario.one_key,
             total: scenario.requests,
             started,
@@ -497,8 +502,11 @@ impl Sender {
                 .json(&order_json())
         };
         if let Some(ms) = self.timeout_ms {
-            // The client asks for this deadline and gives up after it, as a real one would.
-            request = request.header(gateway::TIMEOUT_HEADER, ms).timeout(Duration::from_millis(ms));
+            // The client gives up after its deadline, as a real one would, and asks for it.
+            request = request.timeout(Duration::from_millis(ms));
+            if self.tell_deadline {
+                request = request.header(gateway::TIMEOUT_HEADER, ms);
+            }
         }
         let sent = Instant::now();
         let response = request.send().await;
@@ -645,7 +653,8 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
         _ => Target::Create(format!("{base}/v1/orders")),
     };
     let summaries = scenario.traffic == Traffic::Summaries;
-    let sender = Sender::new(scenario, target(summaries), run_id, started);
+    let tell_deadline = !chain.naive();
+    let sender = Sender::new(scenario, target(summaries), tell_deadline, run_id, started);
     let healing = scenario.heal_after.map(|after| {
         let bank = chain.bank_state();
         tokio::spawn(async move {
@@ -687,7 +696,7 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
 
     let (replay_latency_ms, replay_outcomes) = if scenario.replay {
         eprintln!("  [{}] sending every request again with its key", scenario.name);
-        let replays = Sender::new(scenario, target(summaries), run_id, Instant::now());
+        let replays = Sender::new(scenario, target(summaries), tell_deadline, run_id, Instant::now());
         drive(replays.clone(), scenario).await;
         let histogram = replays.latencies.lock().expect("histogram lock").clone();
         let mut tally = std::mem::take(&mut *replays.tally.lock().expect("tally lock"));
@@ -745,7 +754,7 @@ pub async fn run_variants(scenario: &Scenario, settings: &ChainSettings) -> Resu
         let data = tempfile::tempdir().map_err(rpc::ServerError::Serve)?;
         let mut settings = settings.clone().ephemeral().with_data_dir(data.path());
         (scenario.chain)(&mut settings);
-        settings.mode = Some(variant.mode);
+        settings.naive.enabled = variant.naive;
         (variant.settings)(&mut settings);
         let chain = Chain::start(settings).await?;
         eprintln!("Scenario {} ({}): {} requests, {}", scenario.name, variant.label, scenario.requests, describe(scenario.load));

@@ -8,26 +8,13 @@
 //! - [`retry`]: the gateway's retry policy: transient failures only, a 10 % retry budget with a
 //!   floor rate, gRPC's retry throttling on top (no retries while most attempts fail), exponential
 //!   backoff with jitter, pushback obeyed, and never a retry the deadline cannot hold.
-//! - [`naive`]: fixed timeouts and three retries at every hop, no budget, no jitter: the design the
-//!   retry policy replaces, kept only so that its cost can be measured side by side.
 
 pub mod breaker;
 pub mod bulkhead;
 pub mod load_shed;
-pub mod naive;
 pub mod rate_limit;
 pub mod retry;
 pub mod shares;
 
 pub use deadline::PREVIOUS_ATTEMPTS_HEADER;
 
-/// Which resilience design a service runs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ChainMode {
-    /// One deadline shrinking down the chain; retries only at the gateway, under a budget.
-    #[default]
-    Budgeted,
-    /// Each hop with its own fixed timeout and three attempts: for comparison only.
-    Naive,
-}

@@ -1,17 +1,20 @@
 use std::{sync::Arc, time::Duration};
 
-use deadline::{ForwardPolicy, client::{ForwardDeadline, ForwardDeadlineLayer}};
+use deadline::{ForwardPolicy, client::ForwardDeadlineLayer};
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
+use http::{Request, Response};
 use resilience::{
-    ChainMode,
-    breaker::{Breaker, BreakerLayer, BreakerService, BreakerSettings},
-    bulkhead::{Bulkhead, BulkheadLayer, BulkheadService},
-    naive::{NaiveRetry, NaiveRetryLayer, NaiveSettings},
-    rate_limit::{QuotaSettings, SelfLimit, SelfLimitLayer},
+    breaker::{Breaker, BreakerLayer, BreakerSettings},
+    bulkhead::{Bulkhead, BulkheadLayer},
+    rate_limit::{QuotaSettings, SelfLimitLayer},
 };
 use telemetry::trace::{ClientTrace, ClientTraceLayer};
-use tower::{Layer, ServiceBuilder, util::Either};
+use tonic::{Status, body::Body};
+use tower::{
+    BoxError, Layer, ServiceBuilder,
+    util::{BoxCloneSyncService, BoxCloneSyncServiceLayer},
+};
 
 use crate::tls::ServiceTls;
 
@@ -55,10 +58,38 @@ impl Default for Dependency {
     }
 }
 
-/// A channel to one dependency: behind its bulkhead and breaker and under its deadline policy,
-/// or (naive chain) retried per hop with neither.
-pub type Client =
-    Either<BulkheadService<SelfLimit<BreakerService<ForwardDeadline<ClientTrace<Channel>>>>>, NaiveRetry<ClientTrace<Channel>>>;
+/// A channel to one dependency, behind the layers [`Outbound`] chose: by default its bulkhead,
+/// self-limit and breaker, under its deadline policy. Boxed, so that a service's code names one
+/// type whatever the layers are (one allocation per call, nothing beside a network call). Its
+/// error is the [`Status`] tonic would make of the layers' error anyway
+/// ([`Status::from_error`]): a concrete type, because a boxed error inside the boxed future
+/// trips the compiler's `Send` check of the handlers that await it.
+pub type Client = BoxCloneSyncService<Request<Body>, Response<Body>, Status>;
+
+/// Layers that take a dependency's traced channel to a [`Client`].
+pub type ClientLayers = BoxCloneSyncServiceLayer<ClientTrace<Channel>, Request<Body>, Response<Body>, Status>;
+
+/// What a service puts between its calls and each dependency's channel. The services build
+/// their clients with [`Outbound::Guarded`], the chain's design; the extension point is for a
+/// harness that measures another design on the same services (the stack's comparison chain puts
+/// its per-hop retries here), as a tower user swaps a layer.
+#[derive(Clone, Default)]
+pub enum Outbound {
+    /// The bulkhead, self-limit, breaker and deadline forwarding of [`connect`].
+    #[default]
+    Guarded,
+    /// These layers instead, around every dependency's traced channel.
+    Layers(ClientLayers),
+}
+
+impl std::fmt::Debug for Outbound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Outbound::Guarded => "Outbound::Guarded",
+            Outbound::Layers(_) => "Outbound::Layers(..)",
+        })
+    }
+}
 
 /// A client and the guards in front of it, whose state the service can report.
 pub struct Connection {
@@ -67,17 +98,16 @@ pub struct Connection {
     pub bulkhead: Arc<Bulkhead>,
 }
 
-/// Builds `hop`'s client for `dependency`, named `name` in ledgers, errors and metrics. Connects lazily, so
-/// services can start in any order, and reconnects by itself. It never retries in the budgeted
-/// chain: retries belong to the gateway alone. With certificates in `tls`, it dials TLS and
-/// presents `hop`'s certificate.
+/// Builds `hop`'s client for `dependency`, named `name` in ledgers, errors and metrics, with the
+/// layers `outbound` chooses. Connects lazily, so services can start in any order, and
+/// reconnects by itself. It never retries: retries belong to the gateway alone. With
+/// certificates in `tls`, it dials TLS and presents `hop`'s certificate.
 pub fn connect(
     hop: &'static str,
     name: &'static str,
     dependency: &Dependency,
     tls: &ServiceTls,
-    mode: ChainMode,
-    naive: NaiveSettings,
+    outbound: &Outbound,
 ) -> Result<Connection, tonic::transport::Error> {
     let idle = Duration::from_millis(dependency.idle_timeout_ms);
     let channel = endpoint(&dependency.endpoint, &dependency.service, tls)?
@@ -89,20 +119,21 @@ pub fn connect(
         .connect_lazy();
     let breaker = Breaker::new(hop, name, dependency.breaker);
     let bulkhead = Bulkhead::new(hop, name, dependency.max_concurrent.max(1));
-    let client = match mode {
+    let traced = ClientTraceLayer::new(name).layer(channel);
+    let client = match outbound {
         // The bulkhead and the self-limit answer before the breaker, so that their refusals never
         // count against the dependency; the breaker sits above the deadline so that it sees
         // DEADLINE_EXCEEDED.
-        ChainMode::Budgeted => Either::Left(
+        Outbound::Guarded => BoxCloneSyncService::new(
             ServiceBuilder::new()
+                .map_err(|error: BoxError| Status::from_error(error))
                 .layer(BulkheadLayer::new(bulkhead.clone()))
                 .layer(SelfLimitLayer::new(hop, name, dependency.quota))
                 .layer(BreakerLayer::new(breaker.clone()))
                 .layer(ForwardDeadlineLayer::new(name, dependency.deadline))
-                .layer(ClientTraceLayer::new(name))
-                .service(channel),
+                .service(traced),
         ),
-        ChainMode::Naive => Either::Right(NaiveRetryLayer::new(naive).layer(ClientTraceLayer::new(name).layer(channel))),
+        Outbound::Layers(layers) => layers.layer(traced),
     };
     Ok(Connection { client, breaker, bulkhead })
 }

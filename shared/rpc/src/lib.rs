@@ -11,7 +11,7 @@ pub mod tls;
 pub mod metrics;
 mod server;
 
-pub use client::{Client, Connection, Dependency, connect, endpoint};
+pub use client::{Client, ClientLayers, Connection, Dependency, Outbound, connect, endpoint};
 pub use server::{GrpcServer, GrpcService, Role, ServerError, Services, bind, serve_http, serve_http_with, shutdown_signal};
 
 mod relay;

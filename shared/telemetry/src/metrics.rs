@@ -45,8 +45,7 @@ pub mod name {
     /// downstream call not made for want of budget).
     pub const DEADLINE_OUTCOMES: &str = "chain.deadline.outcomes";
     /// Attempts beyond the first: the gateway's retries of calls to orders, the only retries in
-    /// the budgeted chain (the naive chain's per-hop retries, kept for comparison, are not
-    /// counted here).
+    /// the chain (the per-hop retries of the stack's comparison chain are not counted here).
     pub const RETRIES: &str = "chain.retry.retries";
     /// Why operations stopped being retried, by `reason` (`budget`: the retry budget was
     /// exhausted).

@@ -3,7 +3,9 @@
 //!
 //! Chained over three levels this turns one failing user attempt into 3³ = 27 calls to the bottom
 //! of the chain, and keeps inner hops working long after the client has given up. Do not copy
-//! it: it exists so that the scenarios can show what the budgeted design saves.
+//! it: it exists so that the scenarios and the benchmarks can show what the budgeted design
+//! saves. The services never name it: the stack hands it to them as their outbound layers
+//! ([`rpc::Outbound::Layers`]) in place of the guards.
 
 mod layer;
 
@@ -21,14 +23,17 @@ use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full};
 use serde::{Deserialize, Serialize};
 use tonic::{Code, Status, body::Body};
-use tower::{BoxError, Service, ServiceExt};
+use tower::{BoxError, Service, ServiceBuilder, ServiceExt, util::BoxCloneSyncServiceLayer};
 
-use crate::PREVIOUS_ATTEMPTS_HEADER;
+use deadline::PREVIOUS_ATTEMPTS_HEADER;
 
-/// Settings of the naive client.
+/// Whether the chain is built the naive way, and how its clients retry.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NaiveSettings {
+    /// Every hop's calls go through [`NaiveRetry`] instead of the guards, and the gateway's own
+    /// retries are off (its naive client retries instead).
+    pub enabled: bool,
     /// Attempts per call at every hop.
     pub attempts: u32,
     /// Fixed time each attempt may take, whatever the caller's deadline.
@@ -37,7 +42,19 @@ pub struct NaiveSettings {
 
 impl Default for NaiveSettings {
     fn default() -> Self {
-        Self { attempts: 3, attempt_timeout_ms: 2_000 }
+        Self { enabled: false, attempts: 3, attempt_timeout_ms: 2_000 }
+    }
+}
+
+impl NaiveSettings {
+    /// The services' outbound layers for these settings: the naive retries when enabled, the
+    /// guards otherwise.
+    pub fn outbound(&self) -> rpc::Outbound {
+        if !self.enabled {
+            return rpc::Outbound::Guarded;
+        }
+        let layers = ServiceBuilder::new().map_err(|error: BoxError| Status::from_error(error)).layer(NaiveRetryLayer::new(*self));
+        rpc::Outbound::Layers(BoxCloneSyncServiceLayer::new(layers))
     }
 }
 

@@ -380,14 +380,77 @@ async fn client_appends_the_downstream_ledger_after_its_own_entry() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn client_outside_a_hop_passes_the_request_through_untouched() {
-    let mut request = grpc_request(None);
+async fn client_outside_a_hop_sends_a_deadline_the_caller_set_untouched() {
+    let mut request = grpc_request(Some("300m"));
     request.headers_mut().insert("x-request-id", "42".parse().unwrap());
     let sent_headers = request.headers().clone();
 
     let response = to_payment(service_fn(mirror)).oneshot(request).await.unwrap();
 
     assert!(Hop::current().is_none(), "this test must run outside any served request");
-    assert_eq!(response.headers(), &sent_headers, "no grpc-timeout or other header added");
+    assert_eq!(response.headers(), &sent_headers, "the caller's grpc-timeout kept, nothing added");
     assert_eq!(response.body(), "request");
+}
+
+/// A log sink for one test: what a `tracing` subscriber writes, kept to be read back.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// A handler spawns a task that calls payment without carrying its hop: the call has no deadline
+/// to forward, so it is refused (never sent with none) and a warning names the method.
+#[tokio::test(start_paused = true)]
+async fn a_spawned_task_without_the_hop_is_refused_and_warned_about() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let client = to_payment(service_fn(move |request: Request<String>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        mirror(request)
+    }));
+
+    let mut request = grpc_request(None);
+    *request.uri_mut() = "/payment.v1.PaymentService/Pay".parse().unwrap();
+    let handler = async move { tokio::spawn(client.oneshot(request)).await.unwrap() };
+    let response = Hop::scope(orders_hop(ms(2_000)), handler).await.unwrap();
+
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "nothing was sent");
+    let status = status_of(&response);
+    assert_eq!(status.code(), Code::Internal);
+    assert!(status.message().contains("/payment.v1.PaymentService/Pay"), "{status:?}");
+    let logged = logs.text();
+    assert!(logged.contains("WARN") && logged.contains(r#"method="/payment.v1.PaymentService/Pay""#) && logged.contains("no deadline"), "{logged}");
+}
+
+/// The same task, given the hop with `Hop::scope`, forwards the handler's remaining budget.
+#[tokio::test(start_paused = true)]
+async fn a_spawned_task_that_carries_the_hop_forwards_its_deadline() {
+    let client = to_payment(service_fn(mirror));
+    let handler = async move {
+        let hop = Hop::current().expect("inside the handler");
+        tokio::spawn(Hop::scope(hop, client.oneshot(grpc_request(None)))).await.unwrap()
+    };
+    let response = Hop::scope(orders_hop(ms(2_000)), handler).await.unwrap();
+
+    let sent = response.headers().get(grpc_timeout::HEADER).expect("a grpc-timeout header").to_str().unwrap();
+    assert_eq!(grpc_timeout::parse(sent), Ok(ms(1_800)), "2000 ms less orders' 200 ms reserve");
 }

@@ -20,7 +20,8 @@ pin_project! {
     /// Response future of [`super::ForwardDeadline`].
     #[project = Projection]
     pub enum ResponseFuture<F, B> {
-        FailedFast { response: Option<Response<B>> },
+        /// Answered without calling: failed fast, or refused.
+        AnsweredHere { response: Option<Response<B>> },
         Untracked { #[pin] inner: F },
         Forwarded {
             #[pin]
@@ -35,8 +36,8 @@ pin_project! {
 }
 
 impl<F, B> ResponseFuture<F, B> {
-    pub(super) fn failed_fast(response: Response<B>) -> Self {
-        Self::FailedFast { response: Some(response) }
+    pub(super) fn answered_here(response: Response<B>) -> Self {
+        Self::AnsweredHere { response: Some(response) }
     }
 
     pub(super) fn untracked(inner: F) -> Self {
@@ -58,7 +59,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
-            Projection::FailedFast { response } => {
+            Projection::AnsweredHere { response } => {
                 Poll::Ready(Ok(response.take().expect("polled after completion")))
             }
             Projection::Untracked { inner } => inner.poll(cx).map_err(Into::into),

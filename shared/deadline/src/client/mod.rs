@@ -14,8 +14,20 @@
 //! - keeps the ledger the dependency returns, so this hop can pass it up;
 //! - passes on the edge operation's attempt number (`grpc-previous-rpc-attempts`).
 //!
-//! Outside a served request (a client program) there is no hop: the call passes through untouched
-//! and the program sets its own deadline with `tonic::Request::set_timeout`.
+//! Where no hop is current, a call with a deadline of its own (a client program's
+//! `tonic::Request::set_timeout`) passes through untouched, and a call with none is refused with
+//! INTERNAL and a warning that names its method, never sent without a deadline. That is a task
+//! spawned from a handler: a task-local does not follow `tokio::spawn`, so carry the hop along:
+//!
+//! ```no_run
+//! # async fn notify() {}
+//! # fn handler() {
+//! use deadline::Hop;
+//! if let Some(hop) = Hop::current() {
+//!     tokio::spawn(Hop::scope(hop, notify()));
+//! }
+//! # }
+//! ```
 
 mod future;
 mod layer;
@@ -62,7 +74,13 @@ where
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let Some(hop) = Hop::current() else {
-            return ResponseFuture::untracked(self.inner.call(request));
+            if request.headers().contains_key(grpc_timeout::HEADER) {
+                return ResponseFuture::untracked(self.inner.call(request));
+            }
+            let method = request.uri().path();
+            tracing::warn!(dependency = self.dependency, method, "refused a call with no deadline: no hop is current (a spawned task must carry it with Hop::scope)");
+            let status = Status::internal(format!("{method} to {} was refused: it had no deadline to forward", self.dependency));
+            return ResponseFuture::answered_here(status.into_http());
         };
         let now = Instant::now();
         let remaining = hop.deadline().remaining_at(now);
@@ -73,7 +91,7 @@ where
                 tracing::debug!(%too_little, "failing fast");
                 let mut status = Status::deadline_exceeded(too_little.to_string());
                 status.metadata_mut().insert(FAILED_FAST_HEADER, MetadataValue::from_static(hop.name()));
-                return ResponseFuture::failed_fast(status.into_http());
+                return ResponseFuture::answered_here(status.into_http());
             }
         };
         let headers = request.headers_mut();

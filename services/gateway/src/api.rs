@@ -159,7 +159,7 @@ impl Api {
         Ok(Created { order, replayed })
     }
 
-    /// The order, or its last known copy when orders cannot answer (R-F1).
+    /// The order, or its last known copy when orders cannot answer.
     pub async fn get_order(&self, client: &ClientId, order_id: String) -> Result<Read, GatewayError> {
         if order_id.is_empty() || order_id.len() > proto::validate::MAX_ID_LEN {
             return Err(GatewayError::field("order_id", "must be 1 to 64 characters"));
@@ -198,7 +198,7 @@ impl Api {
         }
     }
 
-    /// The bank's rate for the order's currency, or its last known quote (R-F1).
+    /// The bank's rate for the order's currency, or its last known quote.
     pub async fn rate_part(&self, currency: &str) -> Part<Rate> {
         let request = Request::new(ExchangeRateRequest { currency: currency.to_owned() });
         match self.sources.bank.clone().get_exchange_rate(request).await {
@@ -218,7 +218,7 @@ impl Api {
         }
     }
 
-    /// Personal recommendations, degraded to the popular items when they cannot be had (R-F3).
+    /// Personal recommendations, degraded to the popular items when they cannot be had.
     pub async fn recommendations_part(&self, client: &ClientId, order: &Order) -> Recommended {
         let mut request = Request::new(RecommendRequest { order_id: order.order_id.clone(), limit: 5 });
         let personal = match metadata_value(&client.0) {

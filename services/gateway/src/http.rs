@@ -111,7 +111,7 @@ pub const FALLBACK_HEADER: &str = "x-fallback";
 
 /// `GET /v1/orders/{id}/summary`: the order with its payment, exchange rate and recommendations.
 /// Each part that cannot be had is named in `unavailable` with the reason, and is `null`: an
-/// unknown value is never shown as zero (R-F2).
+/// unknown value is never shown as zero.
 #[derive(Debug, Serialize)]
 struct SummaryJson {
     order: ReadJson,
@@ -132,7 +132,7 @@ struct RateJson {
 
 #[derive(Debug, Serialize)]
 struct RecommendationsJson {
-    /// `personal`, or `popular` when personal ones cannot be had (R-F3).
+    /// `personal`, or `popular` when personal ones cannot be had.
     kind: &'static str,
     skus: Vec<String>,
 }
@@ -195,7 +195,7 @@ async fn get_order(State(api): State<Api>, headers: HeaderMap, Path(order_id): P
 
 async fn get_summary(State(api): State<Api>, headers: HeaderMap, Path(order_id): Path<String>) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
-    // Without the order there is nothing to show: the honest error, with Retry-After when known (R-F4).
+    // Without the order there is nothing to show: the honest error, with Retry-After when known.
     let read = api.get_order(&client, order_id).await?;
     let (payment, rate, recommended) = tokio::join!(
         api.payment_part(&read.order),

@@ -124,3 +124,65 @@ impl Drop for ScratchDatabase {
         }
     }
 }
+
+/// One row of a README's settings table: the dotted key, its environment variable and the
+/// documented default, when the default is a value (the first `code` span of its cell).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DocumentedSetting {
+    pub key: String,
+    pub environment: String,
+    pub default: Option<String>,
+}
+
+/// The rows of every settings table in `readme`: the tables whose header starts with
+/// `| Key | Environment` (or `| Setting | Environment`).
+pub fn documented_settings(readme: &str) -> Vec<DocumentedSetting> {
+    let code = |cell: &str| cell.split('`').nth(1).map(str::to_owned);
+    let mut rows = Vec::new();
+    let mut in_table = false;
+    for line in readme.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if line.starts_with("| Key | Environment") || line.starts_with("| Setting | Environment") {
+            in_table = true;
+        } else if !line.starts_with('|') {
+            in_table = false;
+        } else if in_table && cells.len() > 4 && cells[1].starts_with('`') {
+            if let (Some(key), Some(environment)) = (code(cells[1]), code(cells[2])) {
+                rows.push(DocumentedSetting { key, environment, default: code(cells[3]) });
+            }
+        }
+    }
+    rows
+}
+
+/// Checks every setting `readme` documents against the settings type `T` read with
+/// `env_prefix`: its environment variable is the key's (`a.b_c` → `PREFIX_A__B_C`), the key is
+/// one `T` has, and set to its documented default (when the default is a value) it loads. Rows
+/// that describe a family of keys (`payment.*`, `clients[].quota`) are left to their own rows.
+/// Panics listing every row that is wrong.
+pub fn assert_documented_settings_are_read<T>(readme: &str, env_prefix: &str)
+where
+    T: serde::de::DeserializeOwned + serde::Serialize + Default,
+{
+    let rows = documented_settings(readme);
+    assert!(!rows.is_empty(), "no settings table found");
+    let defaults = serde_json::to_value(T::default()).expect("settings serialize");
+    let mut wrong = Vec::new();
+    for row in rows.iter().filter(|row| !row.key.contains('*') && !row.key.contains("[]")) {
+        let expected = format!("{env_prefix}_{}", row.key.to_uppercase().replace('.', "__"));
+        if row.environment != expected {
+            wrong.push(format!("{}: documented as {}, read as {expected}", row.key, row.environment));
+        }
+        if row.key.split('.').try_fold(&defaults, |tree, part| tree.get(part)).is_none() {
+            wrong.push(format!("{}: not a setting", row.key));
+            continue;
+        }
+        if let Some(value) = &row.default {
+            let args = settings::SettingsArgs { config: None, overrides: vec![format!("{}={value}", row.key)] };
+            if let Err(error) = settings::load::<T>(env_prefix, &args) {
+                wrong.push(format!("{} = {value}: {error}", row.key));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{} of {} documented settings are wrong:\n{}", wrong.len(), rows.len(), wrong.join("\n"));
+}

@@ -2,7 +2,7 @@
 //!
 //! Reads and the keyed writes (creating an endpoint, rotating its secret) are retried under the
 //! edge policy like the order calls; the other writes (disable, enable, redeliver) carry no key,
-//! so they are tried once (R-R3): a retry after a lost answer would queue a redelivery twice.
+//! so they are tried once: a retry after a lost answer would queue a redelivery twice.
 
 pub mod http;
 

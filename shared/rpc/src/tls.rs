@@ -82,7 +82,7 @@ impl ServiceTls {
                 let ca = read(ca)?;
                 let cert_pem = read(cert)?;
                 let key_pem = read(key)?;
-                MutualTls::new(service, &ca, &cert_pem, &key_pem, settings)
+                MutualTls::new(service, &ca, &cert_pem, &key_pem, settings).map(|tls| Self::Mutual(Arc::new(tls)))
             }
             (false, _) => Err(TlsError::Missing),
         }
@@ -90,7 +90,7 @@ impl ServiceTls {
 
     /// TLS from PEM text already in memory (the dev CA's, in tests).
     pub fn from_pem(service: &str, ca: &[u8], cert: &[u8], key: &[u8]) -> Result<Self, TlsError> {
-        MutualTls::new(service, ca, cert, key, &TlsSettings::default())
+        MutualTls::new(service, ca, cert, key, &TlsSettings::default()).map(|tls| Self::Mutual(Arc::new(tls)))
     }
 
     /// The client side for a channel to `server` (a service name): this service's certificate,
@@ -127,7 +127,7 @@ impl ServiceTls {
 }
 
 impl MutualTls {
-    fn new(service: &str, ca: &[u8], cert_pem: &[u8], key_pem: &[u8], settings: &TlsSettings) -> Result<ServiceTls, TlsError> {
+    fn new(service: &str, ca: &[u8], cert_pem: &[u8], key_pem: &[u8], settings: &TlsSettings) -> Result<Self, TlsError> {
         let path = |file: &Option<PathBuf>| file.clone().unwrap_or_else(|| PathBuf::from("<memory>"));
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
             .collect::<Result<_, _>>()
@@ -156,12 +156,12 @@ impl MutualTls {
             .map_err(|error| TlsError::Config(error.to_string()))?;
         // HTTP/1.1 too: `/metrics` is read by scrapers that speak no HTTP/2.
         server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Ok(ServiceTls::Mutual(Arc::new(Self {
+        Ok(Self {
             service: service.to_owned(),
             ca: Certificate::from_pem(ca),
             identity: Identity::from_pem(cert_pem, key_pem),
             server: Arc::new(server),
-        })))
+        })
     }
 }
 

@@ -146,10 +146,11 @@ pub fn documented_settings(readme: &str) -> Vec<DocumentedSetting> {
             in_table = true;
         } else if !line.starts_with('|') {
             in_table = false;
-        } else if in_table && cells.len() > 4 && cells[1].starts_with('`') {
-            if let (Some(key), Some(environment)) = (code(cells[1]), code(cells[2])) {
-                rows.push(DocumentedSetting { key, environment, default: code(cells[3]) });
-            }
+        } else if in_table
+            && cells.len() > 4
+            && let (Some(key), Some(environment)) = (code(cells[1]), code(cells[2]))
+        {
+            rows.push(DocumentedSetting { key, environment, default: code(cells[3]) });
         }
     }
     rows

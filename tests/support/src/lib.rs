@@ -156,6 +156,27 @@ pub fn documented_settings(readme: &str) -> Vec<DocumentedSetting> {
     rows
 }
 
+/// Why `key` (dotted), set to `value` when given, is not a setting `T` reads with `env_prefix`:
+/// `None` when it is one. A key not given a value only has to exist.
+pub fn unread_setting<T>(env_prefix: &str, key: &str, value: Option<&str>) -> Option<String>
+where
+    T: serde::de::DeserializeOwned + serde::Serialize + Default,
+{
+    let defaults = serde_json::to_value(T::default()).expect("settings serialize");
+    if key.split('.').try_fold(&defaults, |tree, part| tree.get(part)).is_none() {
+        return Some(format!("{key}: not a setting"));
+    }
+    let value = value?;
+    let args = settings::SettingsArgs { config: None, overrides: vec![format!("{key}={value}")] };
+    settings::load::<T>(env_prefix, &args).err().map(|error| format!("{key} = {value}: {error}"))
+}
+
+/// The dotted key an environment variable names: `PREFIX_A__B_C` → `a.b_c`.
+pub fn setting_key(env_prefix: &str, environment: &str) -> Option<String> {
+    let key = environment.strip_prefix(env_prefix)?.strip_prefix('_')?;
+    Some(key.to_lowercase().replace("__", "."))
+}
+
 /// Checks every setting `readme` documents against the settings type `T` read with
 /// `env_prefix`: its environment variable is the key's (`a.b_c` → `PREFIX_A__B_C`), the key is
 /// one `T` has, and set to its documented default (when the default is a value) it loads. Rows
@@ -167,23 +188,12 @@ where
 {
     let rows = documented_settings(readme);
     assert!(!rows.is_empty(), "no settings table found");
-    let defaults = serde_json::to_value(T::default()).expect("settings serialize");
     let mut wrong = Vec::new();
     for row in rows.iter().filter(|row| !row.key.contains('*') && !row.key.contains("[]")) {
-        let expected = format!("{env_prefix}_{}", row.key.to_uppercase().replace('.', "__"));
-        if row.environment != expected {
-            wrong.push(format!("{}: documented as {}, read as {expected}", row.key, row.environment));
+        if setting_key(env_prefix, &row.environment).as_deref() != Some(row.key.as_str()) {
+            wrong.push(format!("{}: documented as {}", row.key, row.environment));
         }
-        if row.key.split('.').try_fold(&defaults, |tree, part| tree.get(part)).is_none() {
-            wrong.push(format!("{}: not a setting", row.key));
-            continue;
-        }
-        if let Some(value) = &row.default {
-            let args = settings::SettingsArgs { config: None, overrides: vec![format!("{}={value}", row.key)] };
-            if let Err(error) = settings::load::<T>(env_prefix, &args) {
-                wrong.push(format!("{} = {value}: {error}", row.key));
-            }
-        }
+        wrong.extend(unread_setting::<T>(env_prefix, &row.key, row.default.as_deref()));
     }
     assert!(wrong.is_empty(), "{} of {} documented settings are wrong:\n{}", wrong.len(), rows.len(), wrong.join("\n"));
 }

@@ -16,6 +16,7 @@ mod fallbacks;
 mod guards;
 mod hardening;
 mod idempotency_keys;
+mod kubernetes;
 mod metrics;
 mod mutual_tls;
 mod rate_limit;

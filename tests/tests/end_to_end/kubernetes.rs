@@ -1,0 +1,95 @@
+//! The Kubernetes manifests of `deploy/kubernetes/`, checked without a cluster: both overlays
+//! render (`kubectl kustomize`), every object validates against the Kubernetes schemas
+//! (`kubernetes-validate`), `checkov` finds no failed check (each skip carries its reason in the
+//! manifest), and every setting a manifest passes to a service is one the service reads. The
+//! three tools are installed by `.ci/run`; without them the test fails in CI and elsewhere says
+//! so and stops.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use test_support::{missing, setting_key, unread_setting};
+
+/// The Kubernetes version the manifests are written for (native `sleep` pre-stop hooks, gRPC probes).
+const KUBERNETES_VERSION: &str = "1.32.0";
+
+fn overlay(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/overlays").join(name)
+}
+
+/// Runs `program` with `args`; `None` (after saying so) when the program is not installed.
+fn run(program: &str, args: &[&str]) -> Option<std::process::Output> {
+    match Command::new(program).args(args).output() {
+        Ok(output) => Some(output),
+        Err(error) => {
+            missing(&format!("{program} ({error})"), "the Kubernetes manifests were not checked");
+            None
+        }
+    }
+}
+
+fn succeeded(program: &str, output: &std::process::Output) {
+    assert!(
+        output.status.success(),
+        "{program} failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The settings a rendered manifest passes as environment variables, `(variable, value)`; the
+/// value is `None` when it comes from a Secret.
+fn environment(rendered: &str) -> Vec<(String, Option<String>)> {
+    let lines: Vec<&str> = rendered.lines().map(str::trim).collect();
+    lines
+        .iter()
+        .enumerate()
+        .filter_map(|(at, line)| {
+            let name = line.strip_prefix("- name: ")?;
+            let value = lines.get(at + 1).and_then(|next| next.strip_prefix("value: ")).map(|value| value.trim_matches('"').to_owned());
+            Some((name.to_owned(), value))
+        })
+        .collect()
+}
+
+fn check_settings(rendered: &str) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for (variable, value) in environment(rendered) {
+        let value = value.map(|value| format!("{value:?}"));
+        let unread = match () {
+            () if variable.starts_with("GATEWAY_") => setting_key("GATEWAY", &variable).and_then(|key| unread_setting::<gateway::Settings>("GATEWAY", &key, value.as_deref())),
+            () if variable.starts_with("ORDERS_") => setting_key("ORDERS", &variable).and_then(|key| unread_setting::<orders::Settings>("ORDERS", &key, value.as_deref())),
+            () if variable.starts_with("PAYMENT_") => setting_key("PAYMENT", &variable).and_then(|key| unread_setting::<payment::Settings>("PAYMENT", &key, value.as_deref())),
+            () if variable.starts_with("BANK_") => setting_key("BANK", &variable).and_then(|key| unread_setting::<bank_mock::Settings>("BANK", &key, value.as_deref())),
+            () if variable.starts_with("WEBHOOK_SENDER_") => setting_key("WEBHOOK_SENDER", &variable)
+                .and_then(|key| unread_setting::<webhook_sender::Settings>("WEBHOOK_SENDER", &key, value.as_deref())),
+            () => None,
+        };
+        wrong.extend(unread.map(|why| format!("{variable}: {why}")));
+    }
+    wrong
+}
+
+#[test]
+fn both_overlays_render_validate_and_pass_checkov() {
+    let scratch = tempfile::tempdir().unwrap();
+    for name in ["dev", "production"] {
+        let Some(rendered) = run("kubectl", &["kustomize", overlay(name).to_str().unwrap()]) else { return };
+        succeeded("kubectl kustomize", &rendered);
+        let text = String::from_utf8(rendered.stdout).unwrap();
+        let file = scratch.path().join(format!("{name}.yaml"));
+        std::fs::write(&file, &text).unwrap();
+        let file = file.to_str().unwrap();
+
+        assert!(text.contains("name: default-deny"), "{name}: the default-deny policy is rendered");
+        let wrong = check_settings(&text);
+        assert!(wrong.is_empty(), "{name}: settings the services do not read:\n{}", wrong.join("\n"));
+
+        let Some(validated) = run("kubernetes-validate", &["--strict", "--quiet", "-k", KUBERNETES_VERSION, file]) else { return };
+        succeeded("kubernetes-validate", &validated);
+        let Some(checked) = run("checkov", &["-f", file, "--framework", "kubernetes", "--compact", "--quiet", "--skip-download"]) else { return };
+        succeeded("checkov", &checked);
+    }
+}

@@ -24,7 +24,6 @@ use idempotency::{Clock, Database, SystemClock};
 use outbox::{EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, Subscriptions};
 use tokio_util::sync::CancellationToken;
 use webhook_sender::{Application, Settings};
-use webhooks::ssrf::SystemResolver;
 
 const CLIENT: &str = "bench-client";
 
@@ -66,7 +65,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         test_hosts: vec![receiver.to_string()],
         ..Settings::default()
     };
-    let sender = Application::build_with(settings, Arc::new(SystemClock), SystemResolver).await?;
+    let sender = Application::build_with_clock(settings, Arc::new(SystemClock)).await?;
     let stop = CancellationToken::new();
     let running = tokio::spawn(sender.run_until_stopped(stop.clone()));
 

@@ -48,6 +48,36 @@ pub struct Settings {
     /// Address ranges (CIDR) that deliveries never dial, beside the built-in deny list: the
     /// deployment's own public ranges, for one.
     pub extra_denied_ranges: Vec<String>,
+    /// How recipients' names are looked up.
+    pub dns: DnsSettings,
+}
+
+/// The sender's resolver: where it asks, how long it waits, what it remembers, and how many
+/// lookups one client may have in flight.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DnsSettings {
+    /// The name servers asked (`ip:port`); empty: the system's, from `/etc/resolv.conf`.
+    pub name_servers: Vec<SocketAddr>,
+    /// One lookup in all, shorter than the request timeout so that a lookup that gets no answer
+    /// still leaves its attempt the time to say so. Default: 2 s, at most half the request
+    /// timeout.
+    pub lookup_timeout_ms: Option<u64>,
+    /// Answers kept at most, by name and record type.
+    pub cache_entries: u64,
+    /// The longest an answer is kept, whatever its TTL.
+    pub max_ttl_ms: u64,
+    /// How long an answer that a name does not exist, or has no address, is kept.
+    pub negative_ttl_ms: u64,
+    /// Lookups one client's endpoints may have in flight at once; an attempt over it fails at
+    /// once, to be retried on the schedule.
+    pub max_lookups_per_client: usize,
+}
+
+impl Default for DnsSettings {
+    fn default() -> Self {
+        Self { name_servers: Vec::new(), lookup_timeout_ms: None, cache_entries: 4_096, max_ttl_ms: 300_000, negative_ttl_ms: 30_000, max_lookups_per_client: 4 }
+    }
 }
 
 impl Default for Settings {
@@ -70,6 +100,7 @@ impl Default for Settings {
             retry_after_max_ms: HOUR * 1_000,
             test_hosts: Vec::new(),
             extra_denied_ranges: Vec::new(),
+            dns: DnsSettings::default(),
         }
     }
 }
@@ -116,12 +147,22 @@ impl Settings {
         if self.retry_after_min_ms > self.retry_after_max_ms {
             return Err(invalid("retry_after_min_ms", "must not exceed retry_after_max_ms"));
         }
+        if !(1..self.request_timeout_ms).contains(&self.lookup_timeout_ms()) {
+            return Err(invalid("dns.lookup_timeout_ms", "must be 1..request_timeout_ms: a lookup is part of its attempt"));
+        }
+        if self.dns.max_lookups_per_client == 0 {
+            return Err(invalid("dns.max_lookups_per_client", "must be at least 1"));
+        }
         self.ssrf_policy()?;
         Ok(())
     }
 
     pub fn lease_ms(&self) -> u64 {
         self.lease_ms.unwrap_or(self.request_timeout_ms.saturating_add(10_000))
+    }
+
+    pub fn lookup_timeout_ms(&self) -> u64 {
+        self.dns.lookup_timeout_ms.unwrap_or((self.request_timeout_ms / 2).min(2_000))
     }
 
     pub fn retry_schedule(&self) -> RetrySchedule {
@@ -207,6 +248,8 @@ mod tests {
             (&["retry_after_min_ms=10", "retry_after_max_ms=5"], "retry_after_min_ms"),
             (&["test_hosts=[\"localhost\"]"], "test_hosts"),
             (&["extra_denied_ranges=[\"10.0.0.0/33\"]"], "extra_denied_ranges"),
+            (&["dns.lookup_timeout_ms=5000"], "dns.lookup_timeout_ms"),
+            (&["dns.max_lookups_per_client=0"], "dns.max_lookups_per_client"),
         ] {
             let error = load(overrides).expect_err("refused");
             assert!(error.contains(named), "{overrides:?}: {error}");

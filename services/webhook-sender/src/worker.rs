@@ -98,13 +98,13 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
         }
     }
 
-    /// Sends one claimed delivery and records what happened; `_permit` is the endpoint's
-    /// concurrency slot, held until then.
-    async fn deliver(self: Arc<Self>, url: Arc<str>, claim: Claim, _permit: OwnedSemaphorePermit) {
+    /// Sends one claimed delivery to `url`, an endpoint of `client_id`, and records what
+    /// happened; `_permit` is the endpoint's concurrency slot, held until then.
+    async fn deliver(self: Arc<Self>, url: Arc<str>, client_id: Arc<str>, claim: Claim, _permit: OwnedSemaphorePermit) {
         // The lease is measured on the database's clock; this is the same length on ours, from a
         // moment just after the claim, so it ends no earlier than the lease itself.
         let lease_ends = Instant::now() + Duration::from_millis(u64::try_from(self.lease_ms).unwrap_or(0));
-        let report = self.deliverer.deliver(&url, &claim).await;
+        let report = self.deliverer.deliver(&url, &client_id, &claim).await;
         let now_ms = self.clock.now_ms();
         let outcome = self.next_step(&claim, report.verdict, now_ms);
         let label = match outcome {
@@ -191,6 +191,7 @@ struct Worker<R> {
     sender: Arc<Sender<R>>,
     endpoint: DueEndpoint,
     url: Arc<str>,
+    client_id: Arc<str>,
     in_flight: Arc<Semaphore>,
     max_in_flight: usize,
     rate: DefaultDirectRateLimiter,
@@ -205,6 +206,7 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
         Self {
             sender,
             url: endpoint.url.as_str().into(),
+            client_id: endpoint.client_id.as_str().into(),
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,
             rate: RateLimiter::direct(Quota::per_second(positive(endpoint.rate_per_sec))),
@@ -257,7 +259,7 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
                 }
             };
             let span = tracing::info_span!("delivery", event_id = %claim.event_id, attempt = claim.attempt);
-            let delivery = sender.clone().deliver(self.url.clone(), claim, permit);
+            let delivery = sender.clone().deliver(self.url.clone(), self.client_id.clone(), claim, permit);
             sender.tasks.spawn(delivery.instrument(span));
         }
     }

@@ -9,6 +9,8 @@ use crate::{ENDPOINT_DISABLED, NewEvent, OutboxError, new_id, record};
 #[derive(Debug, Clone, PartialEq, Eq, FromRow)]
 pub struct DueEndpoint {
     pub endpoint_id: String,
+    /// The endpoint's owner, whose share of the sender it draws on.
+    pub client_id: String,
     pub url: String,
     pub max_in_flight: i64,
     pub rate_per_sec: i64,
@@ -289,7 +291,7 @@ macro_rules! sqlite_now_ms {
 macro_rules! due_endpoints_statement {
     ($now:expr) => {
         concat!(
-            "SELECT e.endpoint_id, e.url, e.max_in_flight, e.rate_per_sec FROM webhook_endpoints e \
+            "SELECT e.endpoint_id, e.client_id, e.url, e.max_in_flight, e.rate_per_sec FROM webhook_endpoints e \
              WHERE e.state = 'enabled' AND EXISTS (SELECT 1 FROM webhook_deliveries d \
                WHERE d.endpoint_id = e.endpoint_id AND d.state = 'pending' AND d.next_attempt_at_ms <= $1 \
                  AND (d.claimed_until_ms IS NULL OR d.claimed_until_ms <= ",

@@ -2,6 +2,7 @@
 
 mod answers;
 mod crash;
+mod dns;
 mod harness;
 mod isolation;
 mod process;

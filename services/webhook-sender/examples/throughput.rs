@@ -63,6 +63,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         poll_interval_ms: 10,
         test_hosts: vec![receiver.to_string()],
+        // One client at its endpoint's maximum: the client's own budget must not be the limit.
+        client_rate_per_sec: EndpointLimits::MAX.rate_per_sec,
         ..Settings::default()
     };
     let sender = Application::build_with_clock(settings, Arc::new(SystemClock)).await?;

@@ -9,6 +9,7 @@
 mod delivery;
 mod dns;
 mod error;
+mod fair_share;
 pub mod metrics;
 mod retry_after;
 mod schedule;
@@ -21,15 +22,16 @@ pub use dns::DnsResolver;
 pub use error::SenderError;
 pub use settings::{Delay, DnsSettings, InvalidSetting, Settings};
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, num::NonZeroU32, sync::Arc, time::Duration};
 
+use governor::{Quota, RateLimiter};
 use idempotency::{Clock, Database, SystemClock};
 use outbox::Deliveries;
 use tokio::net::TcpListener;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use webhooks::ssrf::Resolve;
 
-use crate::{delivery::Deliverer, metrics::SenderMetrics, worker::Sender};
+use crate::{delivery::Deliverer, fair_share::FairShares, metrics::SenderMetrics, worker::Sender};
 
 /// The sender, bound and connected, not yet running.
 pub struct Application<R = DnsResolver> {
@@ -73,6 +75,9 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
             disable_after_ms: to_i64(settings.disable_after_ms),
             retry_after_min: ms(settings.retry_after_min_ms),
             retry_after_max: ms(settings.retry_after_max_ms),
+            in_flight: FairShares::new(settings.max_in_flight),
+            client_rate: RateLimiter::keyed(Quota::per_second(NonZeroU32::new(settings.client_rate_per_sec).unwrap_or(NonZeroU32::MIN))),
+            redelivery_batch: settings.redelivery_batch,
             tasks: TaskTracker::new(),
         };
         let listener = rpc::bind(settings.listen).await?;
@@ -91,6 +96,8 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
         let routes = tonic::service::Routes::new(health_service).prepare().into_axum_router().merge(rpc::metrics::router());
         let serving = rpc::serve_http(self.listener, routes, shutdown.clone().cancelled_owned());
         let tasks = self.sender.tasks.clone();
+        // Waited for with the deliveries, at shutdown.
+        self.sender.tasks.spawn(self.sender.clone().redeliver_ranges(shutdown.clone()));
         let delivering = async {
             self.sender.dispatch(shutdown).await;
             tasks.close();

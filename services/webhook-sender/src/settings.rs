@@ -48,6 +48,13 @@ pub struct Settings {
     /// Address ranges (CIDR) that deliveries never dial, beside the built-in deny list: the
     /// deployment's own public ranges, for one.
     pub extra_denied_ranges: Vec<String>,
+    /// Deliveries in flight at once in this sender, all endpoints together; shared fairly
+    /// between clients (one alone holds at most half).
+    pub max_in_flight: usize,
+    /// Deliveries started per second for one client, all its endpoints together.
+    pub client_rate_per_sec: u32,
+    /// Deliveries a range redelivery queues per batch, each batch a short transaction of its own.
+    pub redelivery_batch: u32,
     /// How recipients' names are looked up.
     pub dns: DnsSettings,
 }
@@ -100,6 +107,9 @@ impl Default for Settings {
             retry_after_max_ms: HOUR * 1_000,
             test_hosts: Vec::new(),
             extra_denied_ranges: Vec::new(),
+            max_in_flight: 256,
+            client_rate_per_sec: 200,
+            redelivery_batch: 500,
             dns: DnsSettings::default(),
         }
     }
@@ -146,6 +156,15 @@ impl Settings {
         }
         if self.retry_after_min_ms > self.retry_after_max_ms {
             return Err(invalid("retry_after_min_ms", "must not exceed retry_after_max_ms"));
+        }
+        for (name, value) in [
+            ("max_in_flight", self.max_in_flight as u64),
+            ("client_rate_per_sec", u64::from(self.client_rate_per_sec)),
+            ("redelivery_batch", u64::from(self.redelivery_batch)),
+        ] {
+            if value == 0 {
+                return Err(invalid(name, "must be at least 1"));
+            }
         }
         if !(1..self.request_timeout_ms).contains(&self.lookup_timeout_ms()) {
             return Err(invalid("dns.lookup_timeout_ms", "must be 1..request_timeout_ms: a lookup is part of its attempt"));
@@ -249,6 +268,8 @@ mod tests {
             (&["test_hosts=[\"localhost\"]"], "test_hosts"),
             (&["extra_denied_ranges=[\"10.0.0.0/33\"]"], "extra_denied_ranges"),
             (&["dns.lookup_timeout_ms=5000"], "dns.lookup_timeout_ms"),
+            (&["max_in_flight=0"], "max_in_flight"),
+            (&["client_rate_per_sec=0"], "client_rate_per_sec"),
             (&["dns.max_lookups_per_client=0"], "dns.max_lookups_per_client"),
         ] {
             let error = load(overrides).expect_err("refused");

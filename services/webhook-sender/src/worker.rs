@@ -19,7 +19,7 @@
 
 use std::{collections::HashMap, num::NonZeroU32, sync::Arc, time::Duration};
 
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 use idempotency::Clock;
 use outbox::{Claim, Deliveries, DueEndpoint, Outcome};
 use tokio::{
@@ -33,6 +33,7 @@ use webhooks::ssrf::Resolve;
 
 use crate::{
     delivery::{Deliverer, Verdict},
+    fair_share::{FairShare, FairShares},
     metrics::SenderMetrics,
     schedule::RetrySchedule,
 };
@@ -54,6 +55,12 @@ pub struct Sender<R> {
     /// The bounds of an honoured `Retry-After`.
     pub retry_after_min: Duration,
     pub retry_after_max: Duration,
+    /// Places for deliveries in flight, shared fairly between clients.
+    pub in_flight: FairShares,
+    /// Each client's deliveries per second, all its endpoints together.
+    pub client_rate: DefaultKeyedRateLimiter<Arc<str>>,
+    /// Deliveries a range redelivery queues per poll interval.
+    pub redelivery_batch: u32,
     /// Workers and deliveries, waited for at shutdown.
     pub tasks: TaskTracker,
 }
@@ -68,14 +75,15 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
     /// Polls for due endpoints and wakes their workers until `shutdown`.
     pub async fn dispatch(self: Arc<Self>, shutdown: CancellationToken) {
         let mut workers: HashMap<String, WorkerHandle> = HashMap::new();
-        let mut ticks = tokio::time::interval(self.poll_interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks = self.poll_ticks();
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 _ = ticks.tick() => {}
             }
             workers.retain(|_, worker| !worker.task.is_finished());
+            // Forgets the clients whose budget is full again, so the table holds active ones only.
+            self.client_rate.retain_recent();
             let due = match self.deliveries.due_endpoints(self.clock.now_ms()).await {
                 Ok(due) => due,
                 Err(error) => {
@@ -98,9 +106,35 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
         }
     }
 
+    /// Ticks every poll interval; a tick missed while busy is not made up for in a burst.
+    fn poll_ticks(&self) -> tokio::time::Interval {
+        let mut ticks = tokio::time::interval(self.poll_interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks
+    }
+
+    /// Runs the range redeliveries, one batch every poll interval (they take turns), until
+    /// `shutdown`: each batch is a short transaction of its own, so that orders' commits never
+    /// wait behind a whole range.
+    pub async fn redeliver_ranges(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut ticks = self.poll_ticks();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            match self.deliveries.redeliver_next_batch(self.redelivery_batch, self.clock.now_ms()).await {
+                Ok(Some(queued)) => tracing::debug!(queued, "a batch of a range redelivery queued"),
+                Ok(None) => {}
+                Err(error) => tracing::warn!(%error, "cannot run a batch of a range redelivery"),
+            }
+        }
+    }
+
     /// Sends one claimed delivery to `url`, an endpoint of `client_id`, and records what
-    /// happened; `_permit` is the endpoint's concurrency slot, held until then.
-    async fn deliver(self: Arc<Self>, url: Arc<str>, client_id: Arc<str>, claim: Claim, _permit: OwnedSemaphorePermit) {
+    /// happened; `_places` are the endpoint's concurrency slot and the client's place in the
+    /// sender, held until then.
+    async fn deliver(self: Arc<Self>, url: Arc<str>, client_id: Arc<str>, claim: Claim, _places: (OwnedSemaphorePermit, FairShare)) {
         // The lease is measured on the database's clock; this is the same length on ours, from a
         // moment just after the claim, so it ends no earlier than the lease itself.
         let lease_ends = Instant::now() + Duration::from_millis(u64::try_from(self.lease_ms).unwrap_or(0));
@@ -247,9 +281,20 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
                 () = shutdown.cancelled() => return,
                 () = self.rate.until_ready() => {}
             }
+            // Above the endpoint's limits, the client's: its budget per second, and its fair
+            // share of the sender's places, so that a client with many busy endpoints cannot
+            // crowd the others out.
+            let sender = &self.sender;
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = sender.client_rate.until_key_ready(&self.client_id) => {}
+            }
+            let place = tokio::select! {
+                () = shutdown.cancelled() => return,
+                place = sender.in_flight.take(&self.client_id) => place,
+            };
             // The claim finds nothing while the endpoint is paused, and the dispatcher does not
             // wake this worker again before the pause ends.
-            let sender = &self.sender;
             let claim = match sender.deliveries.claim(&self.endpoint.endpoint_id, sender.clock.now_ms(), sender.lease_ms).await {
                 Ok(Some(claim)) => claim,
                 Ok(None) => return,
@@ -259,7 +304,7 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
                 }
             };
             let span = tracing::info_span!("delivery", event_id = %claim.event_id, attempt = claim.attempt);
-            let delivery = sender.clone().deliver(self.url.clone(), self.client_id.clone(), claim, permit);
+            let delivery = sender.clone().deliver(self.url.clone(), self.client_id.clone(), claim, (permit, place));
             sender.tasks.spawn(delivery.instrument(span));
         }
     }

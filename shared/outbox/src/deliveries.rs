@@ -258,6 +258,13 @@ sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL WHERE endpoint
         Ok(Finished { lease_lost, endpoint_disabled })
     }
 
+    /// Runs the next batch, of at most `batch` deliveries, of the range redelivery whose turn is
+    /// oldest (they take turns, a batch each), in one short transaction; returns how many
+    /// deliveries it queued, or `None` when no range redelivery is running.
+    pub async fn redeliver_next_batch(&self, batch: u32, now_ms: i64) -> Result<Option<u64>, OutboxError> {
+        crate::redeliveries::next_batch(&self.database, batch, now_ms).await
+    }
+
     /// The earliest time a pending delivery of an enabled endpoint falls due (its endpoint's
     /// pause included), if any.
     pub async fn next_due_ms(&self) -> Result<Option<i64>, OutboxError> {

@@ -21,11 +21,13 @@
 mod deliveries;
 mod error;
 mod event;
+mod redeliveries;
 mod subscriptions;
 
 pub use deliveries::{Attempt, Claim, Deliveries, DueEndpoint, Finished, MAX_ERROR_BYTES, Outcome, truncated};
 pub use error::OutboxError;
 pub use event::{ENDPOINT_DISABLED, EVENT_TYPES, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, record};
+pub use redeliveries::{RedeliveryLimits, RedeliveryRange};
 pub use subscriptions::{AttemptLog, DeliveryLog, DeliveryState, Endpoint, EndpointLimits, MAX_ENDPOINTS_PER_CLIENT, NewEndpoint, Subscriptions};
 
 use idempotency::{Backend, Migrations};

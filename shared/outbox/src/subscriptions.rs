@@ -2,7 +2,10 @@ use idempotency::{Backend, Database, Transaction, on_driver};
 use sqlx::FromRow;
 use webhooks::{signature::Secret, ssrf};
 
-use crate::{EVENT_TYPES, OutboxError, new_id};
+use crate::{
+    EVENT_TYPES, OutboxError, new_id,
+    redeliveries::{self, RedeliveryLimits, RedeliveryRange},
+};
 
 /// The most endpoints one client may have: each gets a worker and connections in the sender, so
 /// the sender's resources are shared out fairly among clients.
@@ -352,44 +355,13 @@ sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(executor)
         Ok(())
     }
 
-    /// Sends again every event of the client created in `[from_ms, until_ms)` that the endpoint
-    /// subscribes to: those it was sent, and those it missed while disabled (never those from
-    /// before it existed). Returns how many.
-    pub async fn redeliver_range(&self, client_id: &str, endpoint_id: &str, from_ms: i64, until_ms: i64, now_ms: i64) -> Result<u64, OutboxError> {
+    /// Sends again the events of the client in `range` that the endpoint subscribes to: those
+    /// not delivered (or every one, with `include_delivered`), and those it missed while disabled
+    /// (never those from before it existed). Checked against `limits` now, run by the sender in
+    /// batches; returns how many deliveries it will queue.
+    pub async fn redeliver_range(&self, client_id: &str, endpoint_id: &str, range: RedeliveryRange, limits: RedeliveryLimits, now_ms: i64) -> Result<u64, OutboxError> {
         self.endpoint(client_id, endpoint_id).await?;
-        let mut transaction = self.database.begin().await?;
-        let again = on_driver!(&mut transaction, |executor| sqlx::query(
-            "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $1, updated_at_ms = $1, \
-               claim_token = NULL, claimed_until_ms = NULL \
-             WHERE endpoint_id = $2 AND event_id IN \
-               (SELECT event_id FROM webhook_events WHERE client_id = $3 AND created_at_ms >= $4 AND created_at_ms < $5)",
-        )
-        .bind(now_ms)
-        .bind(endpoint_id)
-        .bind(client_id)
-        .bind(from_ms)
-        .bind(until_ms)
-        .execute(executor)
-        .await?.rows_affected());
-        let missed = on_driver!(&mut transaction, |executor| sqlx::query(
-            "INSERT INTO webhook_deliveries \
-               (endpoint_id, event_id, state, attempts, schedule_step, next_attempt_at_ms, created_at_ms, updated_at_ms) \
-             SELECT s.endpoint_id, e.event_id, 'pending', 0, 0, $1, $1, $1 \
-             FROM webhook_events e JOIN webhook_subscriptions s ON s.event_type = e.event_type \
-               JOIN webhook_endpoints p ON p.endpoint_id = s.endpoint_id \
-             WHERE s.endpoint_id = $2 AND e.client_id = $3 AND e.created_at_ms >= $4 AND e.created_at_ms < $5 \
-               AND e.created_at_ms >= p.created_at_ms \
-             ON CONFLICT (endpoint_id, event_id) DO NOTHING",
-        )
-        .bind(now_ms)
-        .bind(endpoint_id)
-        .bind(client_id)
-        .bind(from_ms)
-        .bind(until_ms)
-        .execute(executor)
-        .await?.rows_affected());
-        transaction.commit().await?;
-        Ok(again + missed)
+        redeliveries::request(&self.database, client_id, endpoint_id, range, limits, now_ms).await
     }
 
 }

@@ -2,7 +2,10 @@
 //! whose user may create databases; required in CI, reported loudly when missing elsewhere).
 
 use idempotency::Database;
-use outbox::{Attempt, Deliveries, DeliveryState, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, Outcome, Subscriptions};
+use outbox::{
+    Attempt, Deliveries, DeliveryState, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, OutboxError, Outcome, RedeliveryLimits, RedeliveryRange,
+    Subscriptions,
+};
 use serde_json::json;
 use std::time::Duration;
 
@@ -298,8 +301,76 @@ async fn redelivering_a_range_includes_events_missed_while_disabled_but_none_fro
         paid(&database, T0 + 20).await;
         paid(&database, T0 + 30).await;
         subscriptions.set_enabled(CLIENT, &endpoint_id, true).await.expect("enable");
-        let queued = subscriptions.redeliver_range(CLIENT, &endpoint_id, T0 - 10, T0 + 30, T0 + 40).await.expect("range");
+        let range = RedeliveryRange { from_ms: T0 - 10, until_ms: T0 + 30, include_delivered: false };
+        let queued = subscriptions.redeliver_range(CLIENT, &endpoint_id, range, RedeliveryLimits::default(), T0 + 40).await.expect("range");
         assert_eq!(queued, 2, "the one it was sent and the one it missed; not the one from before it, nor the one after the range");
+        let deliveries = Deliveries::new(database.clone());
+        assert_eq!(deliveries.redeliver_next_batch(100, T0 + 41).await.expect("batch"), Some(2));
+        assert_eq!(deliveries.redeliver_next_batch(100, T0 + 42).await.expect("batch"), None, "the range is done");
+        assert_eq!(count(&database, "webhook_deliveries").await, 2, "the missed one in the range inserted, not the one after it");
+    }
+}
+
+/// Delivers the endpoint's oldest due delivery.
+async fn deliver_one(deliveries: &Deliveries, endpoint_id: &str, now_ms: i64) -> String {
+    let claim = deliveries.claim(endpoint_id, now_ms, 30_000).await.expect("claim").expect("due");
+    deliveries.finish(&claim, &answered(204, now_ms), Outcome::Delivered, DAY_MS, now_ms).await.expect("finish");
+    claim.event_id
+}
+
+#[tokio::test]
+async fn a_range_redelivery_runs_in_batches_and_skips_delivered_events_unless_asked() {
+    for (database, _scratch) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        for n in 0..5 {
+            paid(&database, T0 + n).await;
+        }
+        let deliveries = Deliveries::new(database.clone());
+        let delivered = [deliver_one(&deliveries, &endpoint_id, T0 + 10).await, deliver_one(&deliveries, &endpoint_id, T0 + 10).await];
+        let subscriptions = Subscriptions::new(database.clone());
+        let limits = RedeliveryLimits::default();
+        let range = RedeliveryRange { from_ms: T0, until_ms: T0 + 5, include_delivered: false };
+        assert_eq!(subscriptions.redeliver_range(CLIENT, &endpoint_id, range, limits, T0 + 20).await.expect("range"), 3);
+        let busy = subscriptions.redeliver_range(CLIENT, &endpoint_id, range, limits, T0 + 20).await;
+        assert!(matches!(busy, Err(OutboxError::Busy(_))), "one range at a time per endpoint: {busy:?}");
+
+        let mut ran = Vec::new();
+        for now_ms in T0 + 21..T0 + 24 {
+            ran.push(deliveries.redeliver_next_batch(2, now_ms).await.expect("batch"));
+        }
+        assert_eq!(ran, [Some(2), Some(1), None], "batches of two, then done");
+        let log = subscriptions.deliveries(CLIENT, &endpoint_id, 10).await.expect("log");
+        for delivery in &log {
+            let expected = if delivered.contains(&delivery.event_id) { DeliveryState::Delivered } else { DeliveryState::Pending };
+            assert_eq!(delivery.state, expected, "{}", delivery.event_id);
+        }
+
+        let everything = RedeliveryRange { include_delivered: true, ..range };
+        assert_eq!(subscriptions.redeliver_range(CLIENT, &endpoint_id, everything, limits, T0 + 30).await.expect("range again"), 5, "the last range is done");
+        while deliveries.redeliver_next_batch(2, T0 + 31).await.expect("batch").is_some() {}
+        let log = subscriptions.deliveries(CLIENT, &endpoint_id, 10).await.expect("log");
+        assert!(log.iter().all(|delivery| delivery.state == DeliveryState::Pending), "delivered ones too, when asked");
+    }
+}
+
+#[tokio::test]
+async fn a_range_redelivery_beyond_its_caps_is_refused_and_names_the_cap() {
+    for (database, _scratch) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        for n in 0..3 {
+            paid(&database, T0 + n).await;
+        }
+        let subscriptions = Subscriptions::new(database.clone());
+        let limits = RedeliveryLimits { max_days: 1, max_events: 2 };
+        let too_long = RedeliveryRange { from_ms: T0 - DAY_MS, until_ms: T0 + 1, include_delivered: false };
+        let error = subscriptions.redeliver_range(CLIENT, &endpoint_id, too_long, limits, T0 + 10).await.expect_err("longer than a day");
+        assert!(error.to_string().contains("at most 1 days"), "{error}");
+        let too_many = RedeliveryRange { from_ms: T0, until_ms: T0 + 3, include_delivered: false };
+        let error = subscriptions.redeliver_range(CLIENT, &endpoint_id, too_many, limits, T0 + 10).await.expect_err("three events");
+        assert!(error.to_string().contains("more than 2 deliveries"), "{error}");
+        assert_eq!(count(&database, "webhook_redeliveries").await, 0, "nothing stored");
+        let two = RedeliveryRange { from_ms: T0, until_ms: T0 + 2, include_delivered: false };
+        assert_eq!(subscriptions.redeliver_range(CLIENT, &endpoint_id, two, limits, T0 + 10).await.expect("within the caps"), 2);
     }
 }
 

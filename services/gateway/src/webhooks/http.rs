@@ -69,12 +69,16 @@ struct Rotation {
     overlap_ms: Option<u64>,
 }
 
-/// `POST …/redeliver` body: RFC 3339 bounds, `from` inclusive, `until` exclusive.
+/// `POST …/redeliver` body: RFC 3339 bounds, `from` inclusive, `until` exclusive, and whether
+/// delivered events go out again too.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Range {
     from: Option<String>,
     until: Option<String>,
+    /// Send the delivered ones again too.
+    #[serde(default)]
+    include_delivered: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -248,7 +252,12 @@ async fn redeliver(State(api): State<Api>, headers: HeaderMap, Path((endpoint_id
 async fn redeliver_range(State(api): State<Api>, headers: HeaderMap, Path(endpoint_id): Path<String>, body: Bytes) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
     let range: Range = json_body(&body)?;
-    let request = RedeliverRangeRequest { endpoint_id, from: required(range.from, "from")?, until: required(range.until, "until")? };
+    let request = RedeliverRangeRequest {
+        endpoint_id,
+        from: required(range.from, "from")?,
+        until: required(range.until, "until")?,
+        include_delivered: range.include_delivered,
+    };
     let queued = api.webhooks().redeliver_range(&client, request).await?.queued;
     Ok((StatusCode::ACCEPTED, Json(serde_json::json!({ "queued": queued }))).into_response())
 }

@@ -2,7 +2,6 @@
 //! deliveries: lookups hold no thread, end at the lookup timeout, and are capped per client.
 
 use std::{
-    collections::HashMap,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -67,12 +66,7 @@ async fn a_silent_name_server_of_one_client_does_not_delay_another() {
     for _ in 0..SLOW_EVENTS {
         outbox.client_paid(SLOW_CLIENT, wall_ms()).await;
     }
-    let mut committed_at = HashMap::new();
-    for _ in 0..OTHER_EVENTS {
-        let at = wall_ms();
-        committed_at.insert(outbox.client_paid(OTHER_CLIENT, at).await, at);
-        tokio::time::sleep(PACE).await;
-    }
+    let committed_at = outbox.paced_commits(OTHER_CLIENT, OTHER_EVENTS, PACE).await;
     eventually(Duration::from_secs(10), "every event of the other client arrives", || async { receiver.count() >= OTHER_EVENTS }).await;
 
     let latencies = commit_to_receipt(&receiver, &committed_at);

@@ -76,6 +76,18 @@ impl Outbox {
         self.record(client, ORDER_PAID, now_ms).await
     }
 
+    /// Commits `events` `order.paid` events of `client`, one every `pace`; returns when each was
+    /// committed (wall-clock ms), by event id.
+    pub async fn paced_commits(&self, client: &str, events: usize, pace: Duration) -> HashMap<String, i64> {
+        let mut committed_at = HashMap::new();
+        for _ in 0..events {
+            let at = wall_ms();
+            committed_at.insert(self.client_paid(client, at).await, at);
+            tokio::time::sleep(pace).await;
+        }
+        committed_at
+    }
+
     /// Commits an event of `event_type` at `now_ms`; returns its id.
     async fn record(&self, client: &str, event_type: &'static str, now_ms: i64) -> String {
         let mut transaction = self.database.begin().await.expect("transaction");

@@ -3,6 +3,7 @@
 mod answers;
 mod crash;
 mod dns;
+mod fairness;
 mod harness;
 mod isolation;
 mod process;

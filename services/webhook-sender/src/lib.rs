@@ -26,7 +26,7 @@ use std::{net::SocketAddr, num::NonZeroU32, sync::Arc, time::Duration};
 
 use governor::{Quota, RateLimiter};
 use idempotency::{Clock, Database, SystemClock};
-use outbox::Deliveries;
+use outbox::{Deliveries, DisableRule};
 use tokio::net::TcpListener;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use webhooks::ssrf::Resolve;
@@ -72,7 +72,7 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
             metrics: SenderMetrics::new(),
             poll_interval: ms(settings.poll_interval_ms),
             lease_ms: to_i64(settings.lease_ms()),
-            disable_after_ms: to_i64(settings.disable_after_ms),
+            disable: DisableRule { after_ms: to_i64(settings.disable_after_ms), after_failures: settings.disable_after_failures.into() },
             retry_after_min: ms(settings.retry_after_min_ms),
             retry_after_max: ms(settings.retry_after_max_ms),
             in_flight: FairShares::new(settings.max_in_flight),

@@ -37,8 +37,10 @@ pub struct Settings {
     /// Each delay is multiplied by a random factor in [1 − jitter, 1 + jitter], so that
     /// deliveries failed together do not all come back together.
     pub jitter: f64,
-    /// An endpoint that has failed every attempt for this long is disabled and its owner told.
+    /// An endpoint that has failed every attempt for this long, and at least
+    /// `disable_after_failures` times, is disabled and its owner told.
     pub disable_after_ms: u64,
+    pub disable_after_failures: u32,
     /// A 429/503 `Retry-After` is honoured within these bounds.
     pub retry_after_min_ms: u64,
     pub retry_after_max_ms: u64,
@@ -102,7 +104,8 @@ impl Default for Settings {
             lease_ms: None,
             schedule: delays.into_iter().map(|secs| Delay(Duration::from_secs(secs))).collect(),
             jitter: 0.1,
-            disable_after_ms: 24 * HOUR * 1_000,
+            disable_after_ms: 5 * 24 * HOUR * 1_000,
+            disable_after_failures: 10,
             retry_after_min_ms: 1_000,
             retry_after_max_ms: HOUR * 1_000,
             test_hosts: Vec::new(),
@@ -153,6 +156,9 @@ impl Settings {
         }
         if self.disable_after_ms == 0 {
             return Err(invalid("disable_after_ms", "must be at least 1"));
+        }
+        if self.disable_after_failures == 0 {
+            return Err(invalid("disable_after_failures", "must be at least 1"));
         }
         if self.retry_after_min_ms > self.retry_after_max_ms {
             return Err(invalid("retry_after_min_ms", "must not exceed retry_after_max_ms"));

@@ -21,7 +21,7 @@ use std::{collections::HashMap, num::NonZeroU32, sync::Arc, time::Duration};
 
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 use idempotency::Clock;
-use outbox::{Claim, Deliveries, DueEndpoint, Outcome};
+use outbox::{Claim, Deliveries, DisableRule, DueEndpoint, Outcome};
 use tokio::{
     sync::{Notify, OwnedSemaphorePermit, Semaphore},
     task::JoinHandle,
@@ -51,7 +51,8 @@ pub struct Sender<R> {
     pub metrics: SenderMetrics,
     pub poll_interval: Duration,
     pub lease_ms: i64,
-    pub disable_after_ms: i64,
+    /// When failures disable an endpoint.
+    pub disable: DisableRule,
     /// The bounds of an honoured `Retry-After`.
     pub retry_after_min: Duration,
     pub retry_after_max: Duration,
@@ -153,7 +154,7 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
             Outcome::Delivered => tracing::debug!(status = attempt.status_code, duration_ms = attempt.duration_ms, "delivered"),
             _ => tracing::info!(outcome = label, status = attempt.status_code, error = attempt.error.as_deref(), duration_ms = attempt.duration_ms, "delivery attempt failed"),
         }
-        match until_recorded(lease_ends, || self.deliveries.finish(&claim, attempt, outcome, self.disable_after_ms, now_ms)).await {
+        match until_recorded(lease_ends, || self.deliveries.finish(&claim, attempt, outcome, self.disable, now_ms)).await {
             Ok(finished) => {
                 if finished.lease_lost {
                     self.metrics.lease_lost();

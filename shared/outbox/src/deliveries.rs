@@ -72,6 +72,15 @@ pub enum Outcome {
     Paused { retry_at_ms: Option<i64>, until_ms: i64 },
 }
 
+/// When failures disable an endpoint: it has failed every attempt for `after_ms` and at least
+/// `after_failures` attempts since its last success. Both, so that neither a single failure on a
+/// quiet day, long ago, nor a burst of failures in a short outage disables it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DisableRule {
+    pub after_ms: i64,
+    pub after_failures: i64,
+}
+
 /// What [`Deliveries::finish`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finished {
@@ -158,10 +167,10 @@ impl Deliveries {
     }
 
     /// Records `attempt` and applies `outcome`, both in one transaction; the delivery and its
-    /// endpoint change only while `claim` is still the delivery's lease. Failing since more than `disable_after_ms` disables
-    /// the endpoint, as a 410 does; a disabled endpoint's owner is told by an
+    /// endpoint change only while `claim` is still the delivery's lease. Failures that meet
+    /// `disable_rule` disable the endpoint, as a 410 does; a disabled endpoint's owner is told by an
     /// [`ENDPOINT_DISABLED`] event to its other endpoints.
-    pub async fn finish(&self, claim: &Claim, attempt: &Attempt, outcome: Outcome, disable_after_ms: i64, now_ms: i64) -> Result<Finished, OutboxError> {
+    pub async fn finish(&self, claim: &Claim, attempt: &Attempt, outcome: Outcome, disable_rule: DisableRule, now_ms: i64) -> Result<Finished, OutboxError> {
         let mut transaction = self.database.begin().await?;
         let outcome_name = if outcome == Outcome::Delivered { "delivered" } else { "failed" };
         if let Outcome::Paused { until_ms, .. } = outcome {
@@ -230,7 +239,7 @@ sqlx::query(
         let disable_reason = match outcome {
             Outcome::Delivered => {
                 on_driver!(&mut transaction, |executor| {
-sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL WHERE endpoint_id = $1 AND failing_since_ms IS NOT NULL")
+sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL, failures_since_success = 0 WHERE endpoint_id = $1 AND failing_since_ms IS NOT NULL")
                     .bind(&claim.endpoint_id)
                     .execute(executor)
                     .await?;
@@ -240,14 +249,17 @@ sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL WHERE endpoint
             Outcome::Gone { .. } => Some("the endpoint answered 410 Gone".to_owned()),
             Outcome::Failed { .. } | Outcome::Paused { .. } => {
                 // One statement: a success recorded at the same time cannot clear it in between.
-                let (failing_since_ms,): (i64,) = on_driver!(&mut transaction, |executor| sqlx::query_as(
-                    "UPDATE webhook_endpoints SET failing_since_ms = COALESCE(failing_since_ms, $1) WHERE endpoint_id = $2 RETURNING failing_since_ms",
+                let (failing_since_ms, failures): (i64, i64) = on_driver!(&mut transaction, |executor| sqlx::query_as(
+                    "UPDATE webhook_endpoints SET failing_since_ms = COALESCE(failing_since_ms, $1), failures_since_success = failures_since_success + 1 \
+                     WHERE endpoint_id = $2 RETURNING failing_since_ms, failures_since_success",
                 )
                 .bind(now_ms)
                 .bind(&claim.endpoint_id)
                 .fetch_one(executor)
                 .await?);
-                (now_ms - failing_since_ms >= disable_after_ms).then(|| format!("the endpoint has failed every attempt for {} s", (now_ms - failing_since_ms) / 1000))
+                let failing_ms = now_ms - failing_since_ms;
+                (failing_ms >= disable_rule.after_ms && failures >= disable_rule.after_failures)
+                    .then(|| format!("the endpoint has failed every attempt ({failures}) for {} s", failing_ms / 1000))
             }
         };
         let endpoint_disabled = match disable_reason {

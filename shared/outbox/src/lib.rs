@@ -24,7 +24,7 @@ mod event;
 mod redeliveries;
 mod subscriptions;
 
-pub use deliveries::{Attempt, Claim, Deliveries, DueEndpoint, Finished, MAX_ERROR_BYTES, Outcome, truncated};
+pub use deliveries::{Attempt, Claim, Deliveries, DisableRule, DueEndpoint, Finished, MAX_ERROR_BYTES, Outcome, truncated};
 pub use error::OutboxError;
 pub use event::{ENDPOINT_DISABLED, EVENT_TYPES, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, record};
 pub use redeliveries::{RedeliveryLimits, RedeliveryRange};

@@ -283,7 +283,8 @@ sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(executor)
     /// go out again) or disables it (nothing is sent to it; its deliveries wait).
     pub async fn set_enabled(&self, client_id: &str, endpoint_id: &str, enabled: bool) -> Result<Endpoint, OutboxError> {
         let statement = if enabled {
-            "UPDATE webhook_endpoints SET state = 'enabled', disabled_reason = NULL, failing_since_ms = NULL WHERE endpoint_id = $1 AND client_id = $2"
+            "UPDATE webhook_endpoints SET state = 'enabled', disabled_reason = NULL, failing_since_ms = NULL, failures_since_success = 0 \
+             WHERE endpoint_id = $1 AND client_id = $2"
         } else {
             "UPDATE webhook_endpoints SET state = 'disabled', disabled_reason = 'disabled by its owner' WHERE endpoint_id = $1 AND client_id = $2 AND state = 'enabled'"
         };

@@ -3,7 +3,7 @@
 
 use idempotency::Database;
 use outbox::{
-    Attempt, Deliveries, DeliveryState, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, OutboxError, Outcome, RedeliveryLimits, RedeliveryRange,
+    Attempt, Deliveries, DeliveryState, DisableRule, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, OutboxError, Outcome, RedeliveryLimits, RedeliveryRange,
     Subscriptions,
 };
 use serde_json::json;
@@ -16,6 +16,8 @@ const T0: i64 = 1_800_000_000_000;
 const DAY_MS: i64 = 86_400_000;
 /// A lease short enough to run out, in real time, within a test.
 const LEASE_MS: i64 = 300;
+/// Failing for a day, from the second failure on.
+const RULE: DisableRule = DisableRule { after_ms: DAY_MS, after_failures: 2 };
 
 /// What keeps a test's database alive: the SQLite file's directory, or the PostgreSQL scratch
 /// database, dropped with it.
@@ -122,9 +124,9 @@ async fn a_claimed_delivery_is_nobody_elses_until_its_lease_runs_out_on_the_data
         // as the same event.
         let second = eventually(Duration::from_secs(5), "the lease runs out", || async { deliveries.claim(&endpoint_id, T0, LEASE_MS).await.expect("claim") }).await;
         assert_eq!((second.event_id.as_str(), second.attempt), (event_id.as_str(), 2));
-        let late = deliveries.finish(&first, &answered(200, T0), Outcome::Delivered, DAY_MS, T0 + 30_001).await.expect("finish");
+        let late = deliveries.finish(&first, &answered(200, T0), Outcome::Delivered, RULE, T0 + 30_001).await.expect("finish");
         assert!(late.lease_lost, "a lease taken over is not the first sender's to finish");
-        let finished = deliveries.finish(&second, &answered(200, T0 + 30_000), Outcome::Delivered, DAY_MS, T0 + 30_002).await.expect("finish");
+        let finished = deliveries.finish(&second, &answered(200, T0 + 30_000), Outcome::Delivered, RULE, T0 + 30_002).await.expect("finish");
         assert!(!finished.lease_lost);
 
         let log = Subscriptions::new(database.clone()).deliveries(CLIENT, &endpoint_id, 10).await.expect("log");
@@ -169,11 +171,11 @@ async fn the_schedule_runs_out_into_undelivered_and_a_redelivery_keeps_the_event
         let event_id = paid(&database, T0).await;
         let deliveries = Deliveries::new(database.clone());
         let claim = deliveries.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
-        deliveries.finish(&claim, &answered(500, T0), Outcome::Failed { retry_at_ms: Some(T0 + 5_000) }, DAY_MS, T0).await.expect("finish");
+        deliveries.finish(&claim, &answered(500, T0), Outcome::Failed { retry_at_ms: Some(T0 + 5_000) }, RULE, T0).await.expect("finish");
         assert!(deliveries.claim(&endpoint_id, T0 + 4_999, 30_000).await.expect("claim").is_none(), "not due yet");
         let claim = deliveries.claim(&endpoint_id, T0 + 5_000, 30_000).await.expect("claim").expect("due");
         assert_eq!(claim.schedule_step, 1);
-        deliveries.finish(&claim, &answered(500, T0 + 5_000), Outcome::Failed { retry_at_ms: None }, DAY_MS, T0 + 5_000).await.expect("finish");
+        deliveries.finish(&claim, &answered(500, T0 + 5_000), Outcome::Failed { retry_at_ms: None }, RULE, T0 + 5_000).await.expect("finish");
         let subscriptions = Subscriptions::new(database.clone());
         let log = subscriptions.deliveries(CLIENT, &endpoint_id, 10).await.expect("log");
         assert_eq!((log[0].state, log[0].attempts.len()), (DeliveryState::Undelivered, 2));
@@ -193,7 +195,7 @@ async fn a_pause_holds_every_delivery_of_the_endpoint_for_every_sender_and_only_
         let one = Deliveries::new(database.clone());
         let claim = one.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
         let pause = Outcome::Paused { retry_at_ms: Some(T0 + 60_000), until_ms: T0 + 60_000 };
-        one.finish(&claim, &answered(429, T0), pause, DAY_MS, T0).await.expect("finish");
+        one.finish(&claim, &answered(429, T0), pause, RULE, T0).await.expect("finish");
         // A shorter pause recorded later does not cut the first one short.
         paid(&database, T0 + 1).await;
         let two = Deliveries::new(database.clone());
@@ -202,10 +204,10 @@ async fn a_pause_holds_every_delivery_of_the_endpoint_for_every_sender_and_only_
         assert_eq!(two.next_due_ms().await.expect("next due"), Some(T0 + 60_000));
         let resumed = two.claim(&endpoint_id, T0 + 60_000, 30_000).await.expect("claim").expect("the pause is over");
         let shorter = Outcome::Paused { retry_at_ms: Some(T0 + 61_000), until_ms: T0 + 10_000 };
-        two.finish(&resumed, &answered(429, T0 + 60_000), shorter, DAY_MS, T0 + 60_000).await.expect("finish");
+        two.finish(&resumed, &answered(429, T0 + 60_000), shorter, RULE, T0 + 60_000).await.expect("finish");
         assert_eq!(one.due_endpoints(T0 + 60_000).await.expect("due").len(), 1, "the pause ended; the other event is due");
         let longer = one.claim(&endpoint_id, T0 + 60_000, 30_000).await.expect("claim").expect("due");
-        one.finish(&longer, &answered(503, T0 + 60_000), Outcome::Paused { retry_at_ms: None, until_ms: T0 + 120_000 }, DAY_MS, T0 + 60_000).await.expect("finish");
+        one.finish(&longer, &answered(503, T0 + 60_000), Outcome::Paused { retry_at_ms: None, until_ms: T0 + 120_000 }, RULE, T0 + 60_000).await.expect("finish");
         assert!(two.due_endpoints(T0 + 119_999).await.expect("due").is_empty());
         assert_eq!(two.due_endpoints(T0 + 120_000).await.expect("due").len(), 1);
     }
@@ -219,10 +221,10 @@ async fn an_endpoint_failing_for_a_day_or_gone_is_disabled_and_its_owner_told() 
         let deliveries = Deliveries::new(database.clone());
         paid(&database, T0).await;
         let claim = deliveries.claim(&failing, T0, 30_000).await.expect("claim").expect("due");
-        let first = deliveries.finish(&claim, &answered(503, T0), Outcome::Failed { retry_at_ms: Some(T0 + DAY_MS) }, DAY_MS, T0).await.expect("finish");
+        let first = deliveries.finish(&claim, &answered(503, T0), Outcome::Failed { retry_at_ms: Some(T0 + DAY_MS) }, RULE, T0).await.expect("finish");
         assert_eq!(first.endpoint_disabled, None);
         let claim = deliveries.claim(&failing, T0 + DAY_MS, 30_000).await.expect("claim").expect("due");
-        let last = deliveries.finish(&claim, &answered(503, T0 + DAY_MS), Outcome::Failed { retry_at_ms: Some(T0 + 2 * DAY_MS) }, DAY_MS, T0 + DAY_MS).await.expect("finish");
+        let last = deliveries.finish(&claim, &answered(503, T0 + DAY_MS), Outcome::Failed { retry_at_ms: Some(T0 + 2 * DAY_MS) }, RULE, T0 + DAY_MS).await.expect("finish");
         assert!(last.endpoint_disabled.is_some(), "failing for a day disables");
         let subscriptions = Subscriptions::new(database.clone());
         assert!(!subscriptions.endpoint(CLIENT, &failing).await.expect("endpoint").enabled);
@@ -232,8 +234,42 @@ async fn an_endpoint_failing_for_a_day_or_gone_is_disabled_and_its_owner_told() 
         // Enabled again, it starts afresh and its waiting delivery goes out.
         subscriptions.set_enabled(CLIENT, &failing, true).await.expect("enable");
         let claim = deliveries.claim(&failing, T0 + 2 * DAY_MS, 30_000).await.expect("claim").expect("waiting delivery");
-        let gone = deliveries.finish(&claim, &answered(410, T0 + 2 * DAY_MS), Outcome::Gone { retry_at_ms: Some(T0 + 3 * DAY_MS) }, DAY_MS, T0 + 2 * DAY_MS).await.expect("finish");
+        let gone = deliveries.finish(&claim, &answered(410, T0 + 2 * DAY_MS), Outcome::Gone { retry_at_ms: Some(T0 + 3 * DAY_MS) }, RULE, T0 + 2 * DAY_MS).await.expect("finish");
         assert!(gone.endpoint_disabled.expect("410 disables").contains("410"));
+    }
+}
+
+/// Fails the endpoint's oldest due delivery at `now_ms`, due again a minute later; whether that
+/// disabled the endpoint.
+async fn fail_one(deliveries: &Deliveries, endpoint_id: &str, rule: DisableRule, now_ms: i64) -> bool {
+    let claim = deliveries.claim(endpoint_id, now_ms, 30_000).await.expect("claim").expect("due");
+    let outcome = Outcome::Failed { retry_at_ms: Some(now_ms + 60_000) };
+    deliveries.finish(&claim, &answered(500, now_ms), outcome, rule, now_ms).await.expect("finish").endpoint_disabled.is_some()
+}
+
+#[tokio::test]
+async fn an_endpoint_is_disabled_only_after_failing_for_days_and_often() {
+    for (database, _scratch) in databases().await {
+        let rule = DisableRule { after_ms: 5 * DAY_MS, after_failures: 10 };
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        paid(&database, T0).await;
+        let deliveries = Deliveries::new(database.clone());
+        assert!(!fail_one(&deliveries, &endpoint_id, rule, T0).await);
+        // A quiet week: one more failure six days later is not enough.
+        assert!(!fail_one(&deliveries, &endpoint_id, rule, T0 + 6 * DAY_MS).await, "two failures in six days");
+        // A success starts afresh: eight failures more (ten since the first) do not disable it.
+        paid(&database, T0 + 6 * DAY_MS).await;
+        deliver_one(&deliveries, &endpoint_id, T0 + 6 * DAY_MS + 60_000).await;
+        let mut now_ms = T0 + 6 * DAY_MS + 60_000;
+        for _ in 0..9 {
+            assert!(!fail_one(&deliveries, &endpoint_id, rule, now_ms).await, "failing since the success, not for five days yet");
+            now_ms += DAY_MS / 2;
+        }
+        // Five days and ten failures since the success.
+        assert!(fail_one(&deliveries, &endpoint_id, rule, T0 + 11 * DAY_MS + 60_000).await, "failing for five days, ten times");
+        let endpoint = Subscriptions::new(database.clone()).endpoint(CLIENT, &endpoint_id).await.expect("endpoint");
+        assert!(!endpoint.enabled);
+        assert!(endpoint.disabled_reason.expect("a reason").contains("(10) for 432000 s"));
     }
 }
 
@@ -248,7 +284,7 @@ async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
         let deliveries = Deliveries::new(database.clone());
         let during = deliveries.claim(&endpoint_id, T0 + 2, 30_000).await.expect("claim").expect("due");
         assert_eq!(during.secrets.len(), 2, "old and new sign during the overlap");
-        deliveries.finish(&during, &answered(500, T0 + 2), Outcome::Failed { retry_at_ms: Some(T0 + 1 + DAY_MS) }, 2 * DAY_MS, T0 + 2).await.expect("finish");
+        deliveries.finish(&during, &answered(500, T0 + 2), Outcome::Failed { retry_at_ms: Some(T0 + 1 + DAY_MS) }, DisableRule { after_ms: 2 * DAY_MS, ..RULE }, T0 + 2).await.expect("finish");
         let after = deliveries.claim(&endpoint_id, T0 + 1 + DAY_MS, 30_000).await.expect("claim").expect("due again");
         assert_eq!(after.secrets.len(), 1, "only the new one after it");
         assert_eq!(after.secrets[0].to_string(), during.secrets[0].to_string(), "the newest signs first");
@@ -281,7 +317,7 @@ async fn a_long_error_is_stored_cut_to_a_kilobyte() {
         let deliveries = Deliveries::new(database.clone());
         let claim = deliveries.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
         let huge = Attempt { error: Some("é".repeat(200_000)), ..answered(302, T0) };
-        deliveries.finish(&claim, &huge, Outcome::Failed { retry_at_ms: Some(T0 + 5_000) }, DAY_MS, T0).await.expect("finish");
+        deliveries.finish(&claim, &huge, Outcome::Failed { retry_at_ms: Some(T0 + 5_000) }, RULE, T0).await.expect("finish");
         let log = Subscriptions::new(database.clone()).deliveries(CLIENT, &endpoint_id, 1).await.expect("log");
         let stored = log[0].attempts[0].error.clone().expect("an error");
         assert!(stored.len() <= 1_024 && stored.len() > 1_000, "{} bytes", stored.len());
@@ -314,7 +350,7 @@ async fn redelivering_a_range_includes_events_missed_while_disabled_but_none_fro
 /// Delivers the endpoint's oldest due delivery.
 async fn deliver_one(deliveries: &Deliveries, endpoint_id: &str, now_ms: i64) -> String {
     let claim = deliveries.claim(endpoint_id, now_ms, 30_000).await.expect("claim").expect("due");
-    deliveries.finish(&claim, &answered(204, now_ms), Outcome::Delivered, DAY_MS, now_ms).await.expect("finish");
+    deliveries.finish(&claim, &answered(204, now_ms), Outcome::Delivered, RULE, now_ms).await.expect("finish");
     claim.event_id
 }
 
@@ -384,7 +420,7 @@ async fn a_redelivery_during_an_attempt_is_not_undone_by_the_attempts_outcome() 
         let subscriptions = Subscriptions::new(database.clone());
         subscriptions.redeliver(CLIENT, &endpoint_id, &event_id, T0 + 1).await.expect("redeliver");
 
-        let finished = deliveries.finish(&in_flight, &answered(410, T0), Outcome::Gone { retry_at_ms: Some(T0 + 5_000) }, DAY_MS, T0 + 2).await.expect("finish");
+        let finished = deliveries.finish(&in_flight, &answered(410, T0), Outcome::Gone { retry_at_ms: Some(T0 + 5_000) }, RULE, T0 + 2).await.expect("finish");
         assert!(finished.lease_lost, "the redelivery took the lease away");
         assert_eq!(finished.endpoint_disabled, None, "a lost lease changes nothing of the endpoint");
         assert!(subscriptions.endpoint(CLIENT, &endpoint_id).await.expect("endpoint").enabled);
@@ -407,7 +443,7 @@ async fn claims_of_every_sender_together_keep_to_the_endpoints_concurrency_limit
         let first = one.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").expect("a slot");
         two.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").expect("the second slot");
         assert!(one.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").is_none(), "two in flight already");
-        one.finish(&first, &answered(204, T0 + 10), Outcome::Delivered, DAY_MS, T0 + 11).await.expect("finish");
+        one.finish(&first, &answered(204, T0 + 10), Outcome::Delivered, RULE, T0 + 11).await.expect("finish");
         assert!(two.claim(&endpoint_id, T0 + 11, 30_000).await.expect("claim").is_some(), "a slot came free");
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use deadline::Hop;
 use idempotency::{Begin, Clock, KeyStore, Stored, SystemClock};
-use outbox::{AttemptLog, DeliveryLog, EndpointLimits, NewEndpoint, RedeliveryLimits, RedeliveryRange, Subscriptions};
+use outbox::{AttemptLog, DeliveryLog, DeliveryQuery, DeliveryState, EndpointLimits, LogCursor, NewEndpoint, RedeliveryLimits, RedeliveryRange, Subscriptions};
 use prost::Message;
 use proto::orders::v1::{
     Attempt, CreateEndpointRequest, Delivery, Endpoint, EndpointRef, EndpointWithSecret, ListDeliveriesRequest, ListDeliveriesResponse,
@@ -189,8 +189,22 @@ impl Webhooks for WebhookService {
             limit if limit > MAX_DELIVERIES => return Err(OrdersError::InvalidRequest(format!("limit: at most {MAX_DELIVERIES}")).into()),
             limit => limit,
         };
-        let deliveries = self.subscriptions.deliveries(client_id, &message.endpoint_id, limit).await.map_err(OrdersError::from)?;
-        Ok(Response::new(ListDeliveriesResponse { deliveries: deliveries.into_iter().map(delivery_message).collect() }))
+        let nonempty = |text: &str| (!text.is_empty()).then(|| text.to_owned());
+        let state = match message.state.as_str() {
+            "" => None,
+            name => Some(DeliveryState::from_name(name).ok_or_else(|| OrdersError::InvalidRequest("state: one of pending, delivered, undelivered".into()))?),
+        };
+        let query = DeliveryQuery {
+            limit,
+            state,
+            event_type: nonempty(&message.event_type),
+            after: nonempty(&message.cursor).map(|cursor| cursor.parse::<LogCursor>()).transpose().map_err(OrdersError::from)?,
+        };
+        let page = self.subscriptions.deliveries(client_id, &message.endpoint_id, &query).await.map_err(OrdersError::from)?;
+        Ok(Response::new(ListDeliveriesResponse {
+            deliveries: page.deliveries.into_iter().map(delivery_message).collect(),
+            next_cursor: page.next.map(|cursor| cursor.to_string()).unwrap_or_default(),
+        }))
     }
 
     async fn redeliver(&self, request: Request<RedeliverRequest>) -> Result<Response<RedeliverResponse>, Status> {

@@ -3,7 +3,7 @@
 
 use idempotency::Database;
 use outbox::{
-    Attempt, Deliveries, DeliveryState, DisableRule, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, OutboxError, Outcome, RedeliveryLimits, RedeliveryRange,
+    Attempt, Deliveries, DeliveryQuery, DeliveryState, DisableRule, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, OutboxError, Outcome, RedeliveryLimits, RedeliveryRange,
     Subscriptions,
 };
 use serde_json::json;
@@ -129,7 +129,7 @@ async fn a_claimed_delivery_is_nobody_elses_until_its_lease_runs_out_on_the_data
         let finished = deliveries.finish(&second, &answered(200, T0 + 30_000), Outcome::Delivered, RULE, T0 + 30_002).await.expect("finish");
         assert!(!finished.lease_lost);
 
-        let log = Subscriptions::new(database.clone()).deliveries(CLIENT, &endpoint_id, 10).await.expect("log");
+        let log = Subscriptions::new(database.clone()).deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
         assert_eq!(log[0].state, DeliveryState::Delivered);
         assert_eq!(log[0].attempts.iter().map(|a| a.attempt).collect::<Vec<_>>(), [1, 2], "both attempts are logged");
     }
@@ -177,7 +177,7 @@ async fn the_schedule_runs_out_into_undelivered_and_a_redelivery_keeps_the_event
         assert_eq!(claim.schedule_step, 1);
         deliveries.finish(&claim, &answered(500, T0 + 5_000), Outcome::Failed { retry_at_ms: None }, RULE, T0 + 5_000).await.expect("finish");
         let subscriptions = Subscriptions::new(database.clone());
-        let log = subscriptions.deliveries(CLIENT, &endpoint_id, 10).await.expect("log");
+        let log = subscriptions.deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
         assert_eq!((log[0].state, log[0].attempts.len()), (DeliveryState::Undelivered, 2));
         assert!(deliveries.claim(&endpoint_id, T0 + DAY_MS, 30_000).await.expect("claim").is_none());
 
@@ -228,7 +228,7 @@ async fn an_endpoint_failing_for_a_day_or_gone_is_disabled_and_its_owner_told() 
         assert!(last.endpoint_disabled.is_some(), "failing for a day disables");
         let subscriptions = Subscriptions::new(database.clone());
         assert!(!subscriptions.endpoint(CLIENT, &failing).await.expect("endpoint").enabled);
-        let told = subscriptions.deliveries(CLIENT, &owner, 10).await.expect("log");
+        let told = subscriptions.deliveries(CLIENT, &owner, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
         assert_eq!(told.iter().map(|d| d.event_type.as_str()).collect::<Vec<_>>(), [outbox::ENDPOINT_DISABLED]);
 
         // Enabled again, it starts afresh and its waiting delivery goes out.
@@ -318,7 +318,7 @@ async fn a_long_error_is_stored_cut_to_a_kilobyte() {
         let claim = deliveries.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
         let huge = Attempt { error: Some("é".repeat(200_000)), ..answered(302, T0) };
         deliveries.finish(&claim, &huge, Outcome::Failed { retry_at_ms: Some(T0 + 5_000) }, RULE, T0).await.expect("finish");
-        let log = Subscriptions::new(database.clone()).deliveries(CLIENT, &endpoint_id, 1).await.expect("log");
+        let log = Subscriptions::new(database.clone()).deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(1)).await.expect("log").deliveries;
         let stored = log[0].attempts[0].error.clone().expect("an error");
         assert!(stored.len() <= 1_024 && stored.len() > 1_000, "{} bytes", stored.len());
         assert!(stored.ends_with("é…"), "cut on a character boundary, and marked");
@@ -375,7 +375,7 @@ async fn a_range_redelivery_runs_in_batches_and_skips_delivered_events_unless_as
             ran.push(deliveries.redeliver_next_batch(2, now_ms).await.expect("batch"));
         }
         assert_eq!(ran, [Some(2), Some(1), None], "batches of two, then done");
-        let log = subscriptions.deliveries(CLIENT, &endpoint_id, 10).await.expect("log");
+        let log = subscriptions.deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
         for delivery in &log {
             let expected = if delivered.contains(&delivery.event_id) { DeliveryState::Delivered } else { DeliveryState::Pending };
             assert_eq!(delivery.state, expected, "{}", delivery.event_id);
@@ -384,8 +384,39 @@ async fn a_range_redelivery_runs_in_batches_and_skips_delivered_events_unless_as
         let everything = RedeliveryRange { include_delivered: true, ..range };
         assert_eq!(subscriptions.redeliver_range(CLIENT, &endpoint_id, everything, limits, T0 + 30).await.expect("range again"), 5, "the last range is done");
         while deliveries.redeliver_next_batch(2, T0 + 31).await.expect("batch").is_some() {}
-        let log = subscriptions.deliveries(CLIENT, &endpoint_id, 10).await.expect("log");
+        let log = subscriptions.deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
         assert!(log.iter().all(|delivery| delivery.state == DeliveryState::Pending), "delivered ones too, when asked");
+    }
+}
+
+#[tokio::test]
+async fn the_delivery_log_pages_with_a_cursor_and_filters() {
+    for (database, _scratch) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        let mut events = Vec::new();
+        for n in 0..5 {
+            events.push(paid(&database, T0 + n).await);
+        }
+        let deliveries = Deliveries::new(database.clone());
+        let delivered = deliver_one(&deliveries, &endpoint_id, T0 + 10).await;
+        let subscriptions = Subscriptions::new(database.clone());
+        let mut query = DeliveryQuery::newest(2);
+        let mut pages = Vec::new();
+        loop {
+            let page = subscriptions.deliveries(CLIENT, &endpoint_id, &query).await.expect("page");
+            pages.push(page.deliveries.iter().map(|delivery| delivery.event_id.clone()).collect::<Vec<_>>());
+            let Some(next) = page.next else { break };
+            query.after = Some(next.to_string().parse().expect("a cursor reads back"));
+        }
+        events.reverse();
+        assert_eq!(pages, [&events[0..2], &events[2..4], &events[4..5]], "newest first, two at a time");
+
+        let only_delivered = DeliveryQuery { state: Some(DeliveryState::Delivered), ..DeliveryQuery::newest(10) };
+        let page = subscriptions.deliveries(CLIENT, &endpoint_id, &only_delivered).await.expect("filtered");
+        assert_eq!(page.deliveries.iter().map(|delivery| (delivery.event_id.as_str(), delivery.attempts.len())).collect::<Vec<_>>(), [(delivered.as_str(), 1)]);
+        let other_type = DeliveryQuery { event_type: Some(outbox::ORDER_PAYMENT_DECLINED.into()), ..DeliveryQuery::newest(10) };
+        assert_eq!(subscriptions.deliveries(CLIENT, &endpoint_id, &other_type).await.expect("filtered").deliveries, []);
+        assert!("nonsense".parse::<outbox::LogCursor>().is_err());
     }
 }
 
@@ -426,7 +457,7 @@ async fn a_redelivery_during_an_attempt_is_not_undone_by_the_attempts_outcome() 
         assert!(subscriptions.endpoint(CLIENT, &endpoint_id).await.expect("endpoint").enabled);
         let again = deliveries.claim(&endpoint_id, T0 + 2, 30_000).await.expect("claim").expect("the redelivery is due now");
         assert_eq!(again.event_id, event_id);
-        let log = subscriptions.deliveries(CLIENT, &endpoint_id, 10).await.expect("log");
+        let log = subscriptions.deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
         assert_eq!(log[0].attempts.len(), 1, "the attempt itself is logged");
     }
 }

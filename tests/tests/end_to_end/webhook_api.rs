@@ -231,6 +231,12 @@ async fn the_delivery_log_and_redelivery() {
     assert!(delivery["next_attempt_at"].as_str().unwrap().ends_with('Z'), "{delivery}");
     assert!(delivery["attempts"].as_array().unwrap().iter().all(|attempt| attempt["outcome"] == "failed"), "{delivery}");
     let event_id = delivery["event_id"].as_str().unwrap();
+    let delivered: Value = get(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries?state=delivered")).await.json().await.unwrap();
+    assert_eq!(delivered, json!({"deliveries": []}), "filtered by state");
+    let problem = refused(get(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries?state=lost")).await, "one of pending").await;
+    assert_eq!(problem["field"], "state", "{problem}");
+    let problem = refused(get(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries?cursor=nonsense")).await, "cursor").await;
+    assert_eq!(problem["field"], "cursor", "{problem}");
     let again = post(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries/{event_id}/redeliver"), None).await;
     assert_eq!((again.status().as_u16(), again.json::<Value>().await.unwrap()), (202, json!({"queued": 1})));
     let after_an_order = redeliver(range(&yesterday, &tomorrow)).await;

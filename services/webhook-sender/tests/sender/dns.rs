@@ -10,7 +10,7 @@ use std::{
 };
 
 use idempotency::SystemClock;
-use outbox::{EndpointLimits, ORDER_PAID};
+use outbox::{DeliveryQuery, EndpointLimits, ORDER_PAID};
 use test_support::eventually;
 use tokio::net::UdpSocket;
 
@@ -73,7 +73,7 @@ async fn a_silent_name_server_of_one_client_does_not_delay_another() {
     let subscriptions = outbox.subscriptions();
     let mut slow_attempts = 0;
     for endpoint in &slow_endpoints {
-        let log = subscriptions.deliveries(SLOW_CLIENT, endpoint, 1_000).await.expect("delivery log");
+        let log = subscriptions.deliveries(SLOW_CLIENT, endpoint, &DeliveryQuery::newest(1_000)).await.expect("delivery log").deliveries;
         slow_attempts += log.iter().map(|delivery| delivery.attempts.len()).sum::<usize>();
     }
     println!(

@@ -23,7 +23,7 @@ use axum::{
     routing::post,
 };
 use idempotency::{Clock, Database, SystemClock};
-use outbox::{DeliveryLog, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, Subscriptions};
+use outbox::{DeliveryLog, DeliveryQuery, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, Subscriptions};
 use test_support::eventually;
 use tokio::net::TcpListener;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -104,7 +104,7 @@ impl Outbox {
 
     /// The endpoint's delivery of `event_id`, with its attempts.
     pub async fn delivery(&self, endpoint_id: &str, event_id: &str) -> DeliveryLog {
-        let log = self.subscriptions().deliveries(CLIENT, endpoint_id, 1_000).await.expect("delivery log");
+        let log = self.subscriptions().deliveries(CLIENT, endpoint_id, &DeliveryQuery::newest(1_000)).await.expect("delivery log").deliveries;
         log.into_iter().find(|delivery| delivery.event_id == event_id).expect("the delivery exists")
     }
 

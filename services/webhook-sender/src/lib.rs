@@ -31,7 +31,7 @@ use tokio::net::TcpListener;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use webhooks::ssrf::Resolve;
 
-use crate::{delivery::Deliverer, fair_share::FairShares, metrics::SenderMetrics, worker::Sender};
+use crate::{delivery::Deliverer, fair_share::FairShares, metrics::SenderMetrics, worker::{Retention, Sender}};
 
 /// The sender, bound and connected, not yet running.
 pub struct Application<R = DnsResolver> {
@@ -78,6 +78,7 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
             in_flight: FairShares::new(settings.max_in_flight),
             client_rate: RateLimiter::keyed(Quota::per_second(NonZeroU32::new(settings.client_rate_per_sec).unwrap_or(NonZeroU32::MIN))),
             redelivery_batch: settings.redelivery_batch,
+            retention: Retention { retention_ms: to_i64(settings.retention_ms), reap_interval: ms(settings.reap_interval_ms), reap_batch: settings.reap_batch },
             tasks: TaskTracker::new(),
         };
         let listener = rpc::bind(settings.listen).await?;
@@ -98,6 +99,7 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
         let tasks = self.sender.tasks.clone();
         // Waited for with the deliveries, at shutdown.
         self.sender.tasks.spawn(self.sender.clone().redeliver_ranges(shutdown.clone()));
+        self.sender.tasks.spawn(self.sender.clone().reap_outbox(shutdown.clone()));
         let delivering = async {
             self.sender.dispatch(shutdown).await;
             tasks.close();

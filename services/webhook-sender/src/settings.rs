@@ -10,6 +10,9 @@ use crate::schedule::RetrySchedule;
 /// acquire timeout is 5 s).
 const RECORDING_MARGIN_MS: u64 = 5_000;
 
+/// The shortest retention of events.
+const RETENTION_MIN_MS: u64 = 86_400_000;
+
 /// Every knob of the sender; see the README for the table and the environment names.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -57,6 +60,12 @@ pub struct Settings {
     pub client_rate_per_sec: u32,
     /// Deliveries a range redelivery queues per batch, each batch a short transaction of its own.
     pub redelivery_batch: u32,
+    /// How long an event is kept after it was created (listed and redeliverable until then);
+    /// longer while a delivery of it is still being delivered.
+    pub retention_ms: u64,
+    /// How often events past retention are reaped, and how many per transaction.
+    pub reap_interval_ms: u64,
+    pub reap_batch: u32,
     /// How recipients' names are looked up.
     pub dns: DnsSettings,
 }
@@ -113,6 +122,9 @@ impl Default for Settings {
             max_in_flight: 256,
             client_rate_per_sec: 200,
             redelivery_batch: 500,
+            retention_ms: 30 * 24 * HOUR * 1_000,
+            reap_interval_ms: 60_000,
+            reap_batch: 500,
             dns: DnsSettings::default(),
         }
     }
@@ -167,10 +179,15 @@ impl Settings {
             ("max_in_flight", self.max_in_flight as u64),
             ("client_rate_per_sec", u64::from(self.client_rate_per_sec)),
             ("redelivery_batch", u64::from(self.redelivery_batch)),
+            ("reap_interval_ms", self.reap_interval_ms),
+            ("reap_batch", u64::from(self.reap_batch)),
         ] {
             if value == 0 {
                 return Err(invalid(name, "must be at least 1"));
             }
+        }
+        if self.retention_ms < RETENTION_MIN_MS {
+            return Err(invalid("retention_ms", "must be at least a day: events are listed and redelivered for that long"));
         }
         if !(1..self.request_timeout_ms).contains(&self.lookup_timeout_ms()) {
             return Err(invalid("dns.lookup_timeout_ms", "must be 1..request_timeout_ms: a lookup is part of its attempt"));
@@ -276,6 +293,7 @@ mod tests {
             (&["dns.lookup_timeout_ms=5000"], "dns.lookup_timeout_ms"),
             (&["max_in_flight=0"], "max_in_flight"),
             (&["client_rate_per_sec=0"], "client_rate_per_sec"),
+            (&["retention_ms=1000"], "retention_ms"),
             (&["dns.max_lookups_per_client=0"], "dns.max_lookups_per_client"),
         ] {
             let error = load(overrides).expect_err("refused");

@@ -62,8 +62,17 @@ pub struct Sender<R> {
     pub client_rate: DefaultKeyedRateLimiter<Arc<str>>,
     /// Deliveries a range redelivery queues per poll interval.
     pub redelivery_batch: u32,
+    pub retention: Retention,
     /// Workers and deliveries, waited for at shutdown.
     pub tasks: TaskTracker,
+}
+
+/// How long the outbox keeps events, and how it reaps them.
+pub struct Retention {
+    pub retention_ms: i64,
+    pub reap_interval: Duration,
+    /// Events deleted per transaction.
+    pub reap_batch: u32,
 }
 
 /// A running worker, as the dispatcher knows it.
@@ -76,7 +85,7 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
     /// Polls for due endpoints and wakes their workers until `shutdown`.
     pub async fn dispatch(self: Arc<Self>, shutdown: CancellationToken) {
         let mut workers: HashMap<String, WorkerHandle> = HashMap::new();
-        let mut ticks = self.poll_ticks();
+        let mut ticks = ticks(self.poll_interval);
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -107,18 +116,29 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
         }
     }
 
-    /// Ticks every poll interval; a tick missed while busy is not made up for in a burst.
-    fn poll_ticks(&self) -> tokio::time::Interval {
-        let mut ticks = tokio::time::interval(self.poll_interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        ticks
+    /// Reaps the outbox every `retention.reap_interval` until `shutdown`: the events past
+    /// retention that nothing still delivers, with their deliveries and attempts, in batches.
+    pub async fn reap_outbox(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut ticks = ticks(self.retention.reap_interval);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            let retention = &self.retention;
+            match self.deliveries.reap_expired(retention.retention_ms, retention.reap_batch, self.clock.now_ms()).await {
+                Ok(0) => {}
+                Ok(reaped) => tracing::info!(reaped, "events past retention reaped"),
+                Err(error) => tracing::warn!(%error, "reaping the outbox failed; will try again"),
+            }
+        }
     }
 
     /// Runs the range redeliveries, one batch every poll interval (they take turns), until
     /// `shutdown`: each batch is a short transaction of its own, so that orders' commits never
     /// wait behind a whole range.
     pub async fn redeliver_ranges(self: Arc<Self>, shutdown: CancellationToken) {
-        let mut ticks = self.poll_ticks();
+        let mut ticks = ticks(self.poll_interval);
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -188,6 +208,13 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
             Verdict::Failed => Outcome::Failed { retry_at_ms: scheduled.map(at) },
         }
     }
+}
+
+/// Ticks every `period`; a tick missed while busy is not made up for in a burst.
+fn ticks(period: Duration) -> tokio::time::Interval {
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks
 }
 
 /// The first wait before recording an attempt again, doubled after each failure up to

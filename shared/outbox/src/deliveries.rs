@@ -277,6 +277,13 @@ sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL, failures_sinc
         crate::redeliveries::next_batch(&self.database, batch, now_ms).await
     }
 
+    /// Deletes the events created more than `retention_ms` before `now_ms` that nothing still
+    /// delivers (no delivery leased, none pending at an enabled endpoint), with their deliveries
+    /// and attempts, `batch` events per transaction; returns how many events.
+    pub async fn reap_expired(&self, retention_ms: i64, batch: u32, now_ms: i64) -> Result<u64, OutboxError> {
+        crate::retention::reap(&self.database, retention_ms, batch, now_ms).await
+    }
+
     /// The earliest time a pending delivery of an enabled endpoint falls due (its endpoint's
     /// pause included), if any.
     pub async fn next_due_ms(&self) -> Result<Option<i64>, OutboxError> {

@@ -22,6 +22,7 @@ mod deliveries;
 mod error;
 mod event;
 mod redeliveries;
+mod retention;
 mod subscriptions;
 
 pub use deliveries::{Attempt, Claim, Deliveries, DisableRule, DueEndpoint, Finished, MAX_ERROR_BYTES, Outcome, truncated};

@@ -421,6 +421,45 @@ async fn the_delivery_log_pages_with_a_cursor_and_filters() {
 }
 
 #[tokio::test]
+async fn events_past_retention_are_reaped_in_batches_unless_still_being_delivered() {
+    const RETENTION_MS: i64 = 30 * DAY_MS;
+    for (database, _scratch) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        let deliveries = Deliveries::new(database.clone());
+        let subscriptions = Subscriptions::new(database.clone());
+        let delivered = [paid(&database, T0).await, paid(&database, T0 + 1).await];
+        for _ in &delivered {
+            deliver_one(&deliveries, &endpoint_id, T0 + 10).await;
+        }
+        let pending = paid(&database, T0 + 2).await;
+        let leased = paid(&database, T0 + 3).await;
+        // Claimed, due again later: leased and pending, and after the lease only pending.
+        let claim = deliveries.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").expect("due");
+        assert_eq!(claim.event_id, pending);
+        deliveries.finish(&claim, &answered(500, T0 + 10), Outcome::Failed { retry_at_ms: Some(T0 + 40 * DAY_MS) }, RULE, T0 + 10).await.expect("finish");
+        deliveries.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").expect("the leased one");
+        let recent = paid(&database, T0 + 20 * DAY_MS).await;
+
+        assert_eq!(deliveries.reap_expired(RETENTION_MS, 1, T0 + RETENTION_MS).await.expect("reap"), 0, "nothing is past retention yet");
+        assert_eq!(deliveries.reap_expired(RETENTION_MS, 1, T0 + RETENTION_MS + 10).await.expect("reap"), 2, "the delivered two, one per batch");
+        let left = |log: Vec<outbox::DeliveryLog>| {
+            let mut ids: Vec<String> = log.into_iter().map(|delivery| delivery.event_id).collect();
+            ids.sort();
+            ids
+        };
+        let mut kept = vec![pending.clone(), leased.clone(), recent.clone()];
+        kept.sort();
+        assert_eq!(left(subscriptions.deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(10)).await.expect("log").deliveries), kept);
+        assert_eq!(count(&database, "webhook_attempts").await, 1, "the reaped deliveries' attempts went with them");
+
+        // Disabled, the endpoint sends nothing: its pending deliveries no longer keep their events.
+        subscriptions.set_enabled(CLIENT, &endpoint_id, false).await.expect("disable");
+        assert_eq!(deliveries.reap_expired(RETENTION_MS, 10, T0 + RETENTION_MS + 10).await.expect("reap"), 1, "the pending one; the leased one stays");
+        assert_eq!(count(&database, "webhook_events").await, 2);
+    }
+}
+
+#[tokio::test]
 async fn a_range_redelivery_beyond_its_caps_is_refused_and_names_the_cap() {
     for (database, _scratch) in databases().await {
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;

@@ -7,6 +7,7 @@ mod fairness;
 mod harness;
 mod isolation;
 mod process;
+mod retention;
 mod retries;
 mod rotation;
 mod ssrf;

@@ -119,11 +119,11 @@ impl<R: Resolve> Deliverer<R> {
         let target = {
             // Held while the name is looked up: a client whose name servers never answer holds
             // its own places, and its other attempts fail here at once instead of waiting.
-            let _lookup = match target.needs_lookup() {
-                true => Some(self.lookups.take(&client_id.to_owned()).ok_or_else(|| {
-                    format!("{} name lookups of this client's endpoints are already in flight", self.lookups.limit())
-                })?),
-                false => None,
+            let _lookup = if target.needs_lookup() {
+                let share = self.lookups.take(&client_id.to_owned());
+                Some(share.ok_or_else(|| format!("{} name lookups of this client's endpoints are already in flight", self.lookups.limit()))?)
+            } else {
+                None
             };
             target.resolve(&self.resolver).await.map_err(refused)?
         };

@@ -28,7 +28,6 @@ use webhooks::ssrf::Resolve;
 use crate::settings::DnsSettings;
 
 /// Looks names up through hickory-resolver, within the lookup timeout.
-#[derive(Clone)]
 pub struct DnsResolver {
     resolver: TokioResolver,
     lookup_timeout: Duration,

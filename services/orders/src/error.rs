@@ -51,6 +51,7 @@ impl From<OrdersError> for Status {
             OrdersError::NotFound(_) => Status::not_found(message),
             OrdersError::Payment(status) => rpc::relay(&status),
             OrdersError::Webhooks(OutboxError::EndpointNotFound(_) | OutboxError::DeliveryNotFound { .. }) => Status::not_found(message),
+            OrdersError::Webhooks(OutboxError::Busy(_)) => Status::aborted(message),
             OrdersError::Webhooks(OutboxError::Storage(_)) => {
                 tracing::error!(%message, "storage failure");
                 Status::internal(format!("{}: webhook storage failed", crate::HOP))

@@ -206,8 +206,9 @@ impl OrderService {
         // the client's webhook endpoints, all in one transaction: no event without the outcome,
         // no outcome without its event.
         let mut phase = self.keys.phase(lease).await?;
-        let order = store::record_payment(phase.transaction(), &order.order_id, &payment).await?;
-        store::announce_payment(phase.transaction(), client_id, &order).await?;
+        let recorded = store::record_payment(phase.transaction(), &order.order_id, &payment).await?;
+        store::announce_payment(phase.transaction(), client_id, &recorded).await?;
+        let order = recorded.order;
         phase.complete(&Stored { code: Code::Ok as i32, body: order.encode_to_vec() }).await?;
         Ok(order)
     }

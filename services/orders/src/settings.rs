@@ -4,7 +4,7 @@ use deadline::{ForwardPolicy, InboundPolicy};
 use idempotency::{KeySettings, SqliteSettings};
 
 use crate::CompleterSettings;
-use outbox::EndpointLimits;
+use outbox::{EndpointLimits, RedeliveryLimits};
 use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
 use resilience::breaker::BreakerSettings;
 use serde::{Deserialize, Serialize};
@@ -52,16 +52,23 @@ pub struct WebhookSettings {
     pub default_max_in_flight: u32,
     /// Deliveries started per second to an endpoint created without its own limit.
     pub default_rate_per_sec: u32,
+    /// The longest range one range redelivery may ask for, in days.
+    pub redelivery_max_days: u32,
+    /// The most deliveries one range redelivery may send again.
+    pub redelivery_max_events: u32,
 }
 
 impl Default for WebhookSettings {
     fn default() -> Self {
         let limits = EndpointLimits::default();
+        let redelivery = RedeliveryLimits::default();
         Self {
             rotation_overlap_ms: 24 * 60 * 60 * 1000,
             test_hosts: Vec::new(),
             default_max_in_flight: limits.max_in_flight,
             default_rate_per_sec: limits.rate_per_sec,
+            redelivery_max_days: redelivery.max_days,
+            redelivery_max_events: redelivery.max_events,
         }
     }
 }

@@ -30,6 +30,7 @@ struct OrderRow {
     bank_charge_id: Option<String>,
     decline_reason: Option<String>,
     created_at: String,
+    version: i64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -46,7 +47,7 @@ const DECLINED: &str = "payment_declined";
 /// from it with `concat!`).
 macro_rules! order_columns {
     () => {
-        "order_id, customer_id, items, amount_minor, currency, status, payment_id, bank_charge_id, decline_reason, created_at"
+        "order_id, customer_id, items, amount_minor, currency, status, payment_id, bank_charge_id, decline_reason, created_at, version"
     };
 }
 
@@ -73,12 +74,18 @@ pub async fn insert(transaction: &mut Transaction, client_id: &str, order: &Orde
     Ok(())
 }
 
-/// Records the payment's outcome on a pending order and returns the order as it now stands, in
-/// one statement (`RETURNING`).
-pub async fn record_payment(transaction: &mut Transaction, order_id: &str, payment: &Payment) -> Result<Order, OrdersError> {
+/// An order as it stands, and the version of its state (one per change of state).
+pub struct VersionedOrder {
+    pub order: Order,
+    pub version: i64,
+}
+
+/// Records the payment's outcome on a pending order, a new version of its state, and returns the
+/// order as it now stands, in one statement (`RETURNING`).
+pub async fn record_payment(transaction: &mut Transaction, order_id: &str, payment: &Payment) -> Result<VersionedOrder, OrdersError> {
     let status = if payment.status() == PaymentStatus::Approved { PAID } else { DECLINED };
     let updated: Option<OrderRow> = on_driver!(&mut *transaction, |executor| sqlx::query_as(concat!(
-        "UPDATE orders SET status = $1, payment_id = $2, bank_charge_id = $3, decline_reason = $4 \
+        "UPDATE orders SET status = $1, payment_id = $2, bank_charge_id = $3, decline_reason = $4, version = version + 1 \
          WHERE order_id = $5 AND status = $6 RETURNING ",
         order_columns!()
     ))
@@ -95,7 +102,8 @@ pub async fn record_payment(transaction: &mut Transaction, order_id: &str, payme
         Some(row) => row,
         None => on_driver!(transaction, |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1"))).bind(order_id).fetch_one(executor).await?),
     };
-    row.into_order()
+    let version = row.version;
+    Ok(VersionedOrder { order: row.into_order()?, version })
 }
 
 /// The `data` of an order's events: the order as the API shows it.
@@ -106,11 +114,11 @@ struct OrderEventData {
 
 /// Puts the payment's outcome on the order in the outbox, for the client's webhook endpoints:
 /// call it in the transaction that records the outcome.
-pub async fn announce_payment(transaction: &mut Transaction, client_id: &str, order: &Order) -> Result<(), OrdersError> {
+pub async fn announce_payment(transaction: &mut Transaction, client_id: &str, versioned: &VersionedOrder) -> Result<(), OrdersError> {
+    let order = &versioned.order;
     let event_type = if order.status() == OrderStatus::Paid { outbox::ORDER_PAID } else { outbox::ORDER_PAYMENT_DECLINED };
     let data = OrderEventData { order: OrderJson::from(order.clone()) };
-    // The second state of an order: created (1), then paid or declined (2).
-    let event = NewEvent { event_type, version: 2, data: &data };
+    let event = NewEvent { event_type, version: versioned.version, data: &data };
     outbox::record(transaction, client_id, &event, SystemClock.now_ms()).await?;
     Ok(())
 }

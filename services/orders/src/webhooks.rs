@@ -10,7 +10,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use deadline::Hop;
 use idempotency::{Begin, Clock, KeyStore, Stored, SystemClock};
-use outbox::{AttemptLog, DeliveryLog, EndpointLimits, NewEndpoint, Subscriptions};
+use outbox::{AttemptLog, DeliveryLog, DeliveryQuery, DeliveryState, EndpointLimits, LogCursor, NewEndpoint, RedeliveryLimits, RedeliveryRange, Subscriptions};
 use prost::Message;
 use proto::orders::v1::{
     Attempt, CreateEndpointRequest, Delivery, Endpoint, EndpointRef, EndpointWithSecret, ListDeliveriesRequest, ListDeliveriesResponse,
@@ -43,6 +43,7 @@ pub struct WebhookService {
     policy: ssrf::Policy,
     rotation_overlap_ms: u64,
     default_limits: EndpointLimits,
+    redelivery_limits: RedeliveryLimits,
     /// Lease of a key when the request carries no deadline.
     default_lease: Duration,
 }
@@ -55,12 +56,17 @@ impl WebhookService {
         if !(1..=max.max_in_flight).contains(&default_limits.max_in_flight) || !(1..=max.rate_per_sec).contains(&default_limits.rate_per_sec) {
             return Err(format!("webhooks.default_max_in_flight must be 1..={} and webhooks.default_rate_per_sec 1..={}", max.max_in_flight, max.rate_per_sec));
         }
+        let redelivery_limits = RedeliveryLimits { max_days: settings.redelivery_max_days, max_events: settings.redelivery_max_events };
+        if redelivery_limits.max_days == 0 || redelivery_limits.max_events == 0 {
+            return Err("webhooks.redelivery_max_days and webhooks.redelivery_max_events must be at least 1".into());
+        }
         Ok(Self {
             subscriptions: Subscriptions::new(keys.database().clone()),
             keys,
             policy,
             rotation_overlap_ms: settings.rotation_overlap_ms,
             default_limits,
+            redelivery_limits,
             default_lease,
         })
     }
@@ -183,8 +189,22 @@ impl Webhooks for WebhookService {
             limit if limit > MAX_DELIVERIES => return Err(OrdersError::InvalidRequest(format!("limit: at most {MAX_DELIVERIES}")).into()),
             limit => limit,
         };
-        let deliveries = self.subscriptions.deliveries(client_id, &message.endpoint_id, limit).await.map_err(OrdersError::from)?;
-        Ok(Response::new(ListDeliveriesResponse { deliveries: deliveries.into_iter().map(delivery_message).collect() }))
+        let nonempty = |text: &str| (!text.is_empty()).then(|| text.to_owned());
+        let state = match message.state.as_str() {
+            "" => None,
+            name => Some(DeliveryState::from_name(name).ok_or_else(|| OrdersError::InvalidRequest("state: one of pending, delivered, undelivered".into()))?),
+        };
+        let query = DeliveryQuery {
+            limit,
+            state,
+            event_type: nonempty(&message.event_type),
+            after: nonempty(&message.cursor).map(|cursor| cursor.parse::<LogCursor>()).transpose().map_err(OrdersError::from)?,
+        };
+        let page = self.subscriptions.deliveries(client_id, &message.endpoint_id, &query).await.map_err(OrdersError::from)?;
+        Ok(Response::new(ListDeliveriesResponse {
+            deliveries: page.deliveries.into_iter().map(delivery_message).collect(),
+            next_cursor: page.next.map(|cursor| cursor.to_string()).unwrap_or_default(),
+        }))
     }
 
     async fn redeliver(&self, request: Request<RedeliverRequest>) -> Result<Response<RedeliverResponse>, Status> {
@@ -197,11 +217,12 @@ impl Webhooks for WebhookService {
     async fn redeliver_range(&self, request: Request<RedeliverRangeRequest>) -> Result<Response<RedeliverResponse>, Status> {
         let client_id = required(request.metadata(), CLIENT_ID)?;
         let message = request.get_ref();
-        let (from_ms, until_ms) = (parse_rfc3339("from", &message.from)?, parse_rfc3339("until", &message.until)?);
-        if until_ms <= from_ms {
-            return Err(OrdersError::InvalidRequest("until: must be later than from".into()).into());
-        }
-        let queued = self.subscriptions.redeliver_range(client_id, &message.endpoint_id, from_ms, until_ms, SystemClock.now_ms()).await.map_err(OrdersError::from)?;
+        let range = RedeliveryRange {
+            from_ms: parse_rfc3339("from", &message.from)?,
+            until_ms: parse_rfc3339("until", &message.until)?,
+            include_delivered: message.include_delivered,
+        };
+        let queued = self.subscriptions.redeliver_range(client_id, &message.endpoint_id, range, self.redelivery_limits, SystemClock.now_ms()).await.map_err(OrdersError::from)?;
         Ok(Response::new(RedeliverResponse { queued }))
     }
 }

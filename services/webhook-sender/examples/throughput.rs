@@ -24,7 +24,6 @@ use idempotency::{Clock, Database, SystemClock};
 use outbox::{EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, Subscriptions};
 use tokio_util::sync::CancellationToken;
 use webhook_sender::{Application, Settings};
-use webhooks::ssrf::SystemResolver;
 
 const CLIENT: &str = "bench-client";
 
@@ -64,9 +63,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         poll_interval_ms: 10,
         test_hosts: vec![receiver.to_string()],
+        // One client at its endpoint's maximum: the client's own budget must not be the limit.
+        client_rate_per_sec: EndpointLimits::MAX.rate_per_sec,
         ..Settings::default()
     };
-    let sender = Application::build_with(settings, Arc::new(SystemClock), SystemResolver).await?;
+    let sender = Application::build_with_clock(settings, Arc::new(SystemClock)).await?;
     let stop = CancellationToken::new();
     let running = tokio::spawn(sender.run_until_stopped(stop.clone()));
 

@@ -18,6 +18,7 @@ use std::{
 
 use idempotency::Clock;
 use outbox::{Attempt, Claim, truncated};
+use resilience::shares::Shares;
 use reqwest::{StatusCode, header};
 use tokio::time::Instant;
 use webhooks::{
@@ -62,14 +63,17 @@ pub struct Deliverer<R> {
     dns: VettedDns,
     policy: Policy,
     resolver: R,
+    /// Lookups in flight per client.
+    lookups: Shares<String>,
     request_timeout: Duration,
     clock: Arc<dyn Clock>,
 }
 
 impl<R: Resolve> Deliverer<R> {
     /// A deliverer whose client connects within `connect_timeout`, gives each attempt
-    /// `request_timeout` in all, and dials only what `policy` and `resolver` vetted.
-    pub fn new(policy: Policy, resolver: R, connect_timeout: Duration, request_timeout: Duration, clock: Arc<dyn Clock>) -> Result<Self, reqwest::Error> {
+    /// `request_timeout` in all, and dials only what `policy` and `resolver` vetted; each client
+    /// has at most `lookups_per_client` lookups in flight.
+    pub fn new(policy: Policy, resolver: R, lookups_per_client: usize, connect_timeout: Duration, request_timeout: Duration, clock: Arc<dyn Clock>) -> Result<Self, reqwest::Error> {
         let dns = VettedDns::default();
         let client = reqwest::Client::builder()
             .user_agent(USER_AGENT)
@@ -79,16 +83,16 @@ impl<R: Resolve> Deliverer<R> {
             .dns_resolver(Arc::new(dns.clone()))
             .connect_timeout(connect_timeout)
             .build()?;
-        Ok(Self { client, dns, policy, resolver, request_timeout, clock })
+        Ok(Self { client, dns, policy, resolver, lookups: Shares::new(lookups_per_client), request_timeout, clock })
     }
 
-    /// Attempts `claim` at `url` once.
-    pub async fn deliver(&self, url: &str, claim: &Claim) -> Report {
+    /// Attempts `claim` at `url`, an endpoint of `client_id`, once.
+    pub async fn deliver(&self, url: &str, client_id: &str, claim: &Claim) -> Report {
         let started_at_ms = self.clock.now_ms();
         let started = Instant::now();
         let deadline = started + self.request_timeout;
         // The look-up is part of the attempt's time, so the timeout covers it too.
-        let (status_code, verdict, error) = match tokio::time::timeout_at(deadline, self.send(url, claim, started_at_ms)).await {
+        let (status_code, verdict, error) = match tokio::time::timeout_at(deadline, self.send(url, client_id, claim, started_at_ms)).await {
             Ok(Ok(response)) => {
                 let now = UNIX_EPOCH + Duration::from_millis(u64::try_from(self.clock.now_ms()).unwrap_or(0));
                 let (verdict, error) = classify(response.status(), response.headers(), now);
@@ -106,11 +110,23 @@ impl<R: Resolve> Deliverer<R> {
     }
 
     /// Vets the URL, then sends the signed delivery to a vetted address.
-    async fn send(&self, url: &str, claim: &Claim, now_ms: i64) -> Result<reqwest::Response, String> {
-        let target = ssrf::vet(url, &self.policy, &self.resolver).await.map_err(|error| {
+    async fn send(&self, url: &str, client_id: &str, claim: &Claim, now_ms: i64) -> Result<reqwest::Response, String> {
+        let refused = |error: ssrf::SsrfError| {
             tracing::warn!(%error, "refused by the SSRF guard");
             DESTINATION_NOT_ALLOWED.to_owned()
-        })?;
+        };
+        let target = ssrf::Target::parse(url, &self.policy).map_err(refused)?;
+        let target = {
+            // Held while the name is looked up: a client whose name servers never answer holds
+            // its own places, and its other attempts fail here at once instead of waiting.
+            let _lookup = if target.needs_lookup() {
+                let share = self.lookups.take(&client_id.to_owned());
+                Some(share.ok_or_else(|| format!("{} name lookups of this client's endpoints are already in flight", self.lookups.limit()))?)
+            } else {
+                None
+            };
+            target.resolve(&self.resolver).await.map_err(refused)?
+        };
         self.dns.pin(target.host(), target.addrs());
         let (first, others) = claim.secrets.split_first().ok_or("the endpoint has no active secret")?;
         let signer = others.iter().cloned().fold(Signer::new(first.clone()), Signer::with_secret);

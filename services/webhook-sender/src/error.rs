@@ -13,6 +13,8 @@ pub enum SenderError {
     Database(#[from] DatabaseError),
     #[error("HTTP client: {0}")]
     Client(reqwest::Error),
+    #[error("resolver: {0}")]
+    Resolver(hickory_resolver::net::NetError),
     #[error(transparent)]
     Server(#[from] ServerError),
 }

@@ -7,7 +7,9 @@
 //! same `webhook-id`: at least once, never lost. See the README for the rules it follows.
 
 mod delivery;
+mod dns;
 mod error;
+mod fair_share;
 pub mod metrics;
 mod retry_after;
 mod schedule;
@@ -16,40 +18,50 @@ mod vetted_dns;
 mod worker;
 
 pub use delivery::USER_AGENT;
+pub use dns::DnsResolver;
 pub use error::SenderError;
-pub use settings::{Delay, InvalidSetting, Settings};
+pub use settings::{Delay, DnsSettings, InvalidSetting, Settings};
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, num::NonZeroU32, sync::Arc, time::Duration};
 
+use governor::{Quota, RateLimiter};
 use idempotency::{Clock, Database, SystemClock};
-use outbox::Deliveries;
+use outbox::{Deliveries, DisableRule};
 use tokio::net::TcpListener;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
-use webhooks::ssrf::{Resolve, SystemResolver};
+use webhooks::ssrf::Resolve;
 
-use crate::{delivery::Deliverer, metrics::SenderMetrics, worker::Sender};
+use crate::{delivery::Deliverer, fair_share::FairShares, metrics::SenderMetrics, worker::{Retention, Sender}};
 
 /// The sender, bound and connected, not yet running.
-pub struct Application<R = SystemResolver> {
+pub struct Application<R = DnsResolver> {
     sender: Arc<Sender<R>>,
     listener: TcpListener,
 }
 
 impl Application {
-    /// The production sender: the system clock and the system resolver.
+    /// The production sender: the system clock, and names looked up as `settings.dns` says.
     pub async fn build(settings: Settings) -> Result<Self, SenderError> {
-        Self::build_with(settings, Arc::new(SystemClock), SystemResolver).await
+        Self::build_with_clock(settings, Arc::new(SystemClock)).await
+    }
+
+    /// A sender with its own clock (wall-clock ms, for due times and pauses), so that tests can
+    /// move time; names are looked up as `settings.dns` says.
+    pub async fn build_with_clock(settings: Settings, clock: Arc<dyn Clock>) -> Result<Self, SenderError> {
+        let lookup_timeout = Duration::from_millis(settings.lookup_timeout_ms());
+        let resolver = DnsResolver::new(&settings.dns, lookup_timeout).map_err(SenderError::Resolver)?;
+        Self::build_with(settings, clock, resolver).await
     }
 }
 
 impl<R: Resolve + Send + Sync + 'static> Application<R> {
-    /// A sender with its own clock (wall-clock ms, for due times and leases) and resolver (for
-    /// the SSRF guard), so that tests can move time and choose what names resolve to.
+    /// A sender with its own clock and resolver (for the SSRF guard), so that tests can move time
+    /// and choose what names resolve to.
     pub async fn build_with(settings: Settings, clock: Arc<dyn Clock>, resolver: R) -> Result<Self, SenderError> {
         settings.validate()?;
         let database = Database::open(&settings.database_url, settings.sqlite, |backend| vec![outbox::migrations(backend)]).await?;
         let ms = Duration::from_millis;
-        let deliverer = Deliverer::new(settings.ssrf_policy()?, resolver, ms(settings.connect_timeout_ms), ms(settings.request_timeout_ms), clock.clone())
+        let deliverer = Deliverer::new(settings.ssrf_policy()?, resolver, settings.dns.max_lookups_per_client, ms(settings.connect_timeout_ms), ms(settings.request_timeout_ms), clock.clone())
             .map_err(SenderError::Client)?;
         let to_i64 = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
         let sender = Sender {
@@ -60,9 +72,13 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
             metrics: SenderMetrics::new(),
             poll_interval: ms(settings.poll_interval_ms),
             lease_ms: to_i64(settings.lease_ms()),
-            disable_after_ms: to_i64(settings.disable_after_ms),
+            disable: DisableRule { after_ms: to_i64(settings.disable_after_ms), after_failures: settings.disable_after_failures.into() },
             retry_after_min: ms(settings.retry_after_min_ms),
             retry_after_max: ms(settings.retry_after_max_ms),
+            in_flight: FairShares::new(settings.max_in_flight),
+            client_rate: RateLimiter::keyed(Quota::per_second(NonZeroU32::new(settings.client_rate_per_sec).unwrap_or(NonZeroU32::MIN))),
+            redelivery_batch: settings.redelivery_batch,
+            retention: Retention { retention_ms: to_i64(settings.retention_ms), reap_interval: ms(settings.reap_interval_ms), reap_batch: settings.reap_batch },
             tasks: TaskTracker::new(),
         };
         let listener = rpc::bind(settings.listen).await?;
@@ -81,6 +97,9 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
         let routes = tonic::service::Routes::new(health_service).prepare().into_axum_router().merge(rpc::metrics::router());
         let serving = rpc::serve_http(self.listener, routes, shutdown.clone().cancelled_owned());
         let tasks = self.sender.tasks.clone();
+        // Waited for with the deliveries, at shutdown.
+        self.sender.tasks.spawn(self.sender.clone().redeliver_ranges(shutdown.clone()));
+        self.sender.tasks.spawn(self.sender.clone().reap_outbox(shutdown.clone()));
         let delivering = async {
             self.sender.dispatch(shutdown).await;
             tasks.close();

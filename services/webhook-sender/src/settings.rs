@@ -10,6 +10,9 @@ use crate::schedule::RetrySchedule;
 /// acquire timeout is 5 s).
 const RECORDING_MARGIN_MS: u64 = 5_000;
 
+/// The shortest retention of events.
+const RETENTION_MIN_MS: u64 = 86_400_000;
+
 /// Every knob of the sender; see the README for the table and the environment names.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -37,8 +40,10 @@ pub struct Settings {
     /// Each delay is multiplied by a random factor in [1 − jitter, 1 + jitter], so that
     /// deliveries failed together do not all come back together.
     pub jitter: f64,
-    /// An endpoint that has failed every attempt for this long is disabled and its owner told.
+    /// An endpoint that has failed every attempt for this long, and at least
+    /// `disable_after_failures` times, is disabled and its owner told.
     pub disable_after_ms: u64,
+    pub disable_after_failures: u32,
     /// A 429/503 `Retry-After` is honoured within these bounds.
     pub retry_after_min_ms: u64,
     pub retry_after_max_ms: u64,
@@ -48,6 +53,49 @@ pub struct Settings {
     /// Address ranges (CIDR) that deliveries never dial, beside the built-in deny list: the
     /// deployment's own public ranges, for one.
     pub extra_denied_ranges: Vec<String>,
+    /// Deliveries in flight at once in this sender, all endpoints together; shared fairly
+    /// between clients (one alone holds at most half).
+    pub max_in_flight: usize,
+    /// Deliveries started per second for one client, all its endpoints together.
+    pub client_rate_per_sec: u32,
+    /// Deliveries a range redelivery queues per batch, each batch a short transaction of its own.
+    pub redelivery_batch: u32,
+    /// How long an event is kept after it was created (listed and redeliverable until then);
+    /// longer while a delivery of it is still being delivered.
+    pub retention_ms: u64,
+    /// How often events past retention are reaped, and how many per transaction.
+    pub reap_interval_ms: u64,
+    pub reap_batch: u32,
+    /// How recipients' names are looked up.
+    pub dns: DnsSettings,
+}
+
+/// The sender's resolver: where it asks, how long it waits, what it remembers, and how many
+/// lookups one client may have in flight.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DnsSettings {
+    /// The name servers asked (`ip:port`); empty: the system's, from `/etc/resolv.conf`.
+    pub name_servers: Vec<SocketAddr>,
+    /// One lookup in all, shorter than the request timeout so that a lookup that gets no answer
+    /// still leaves its attempt the time to say so. Default: 2 s, at most half the request
+    /// timeout.
+    pub lookup_timeout_ms: Option<u64>,
+    /// Answers kept at most, by name and record type.
+    pub cache_entries: u64,
+    /// The longest an answer is kept, whatever its TTL.
+    pub max_ttl_ms: u64,
+    /// How long an answer that a name does not exist, or has no address, is kept.
+    pub negative_ttl_ms: u64,
+    /// Lookups one client's endpoints may have in flight at once; an attempt over it fails at
+    /// once, to be retried on the schedule.
+    pub max_lookups_per_client: usize,
+}
+
+impl Default for DnsSettings {
+    fn default() -> Self {
+        Self { name_servers: Vec::new(), lookup_timeout_ms: None, cache_entries: 4_096, max_ttl_ms: 300_000, negative_ttl_ms: 30_000, max_lookups_per_client: 4 }
+    }
 }
 
 impl Default for Settings {
@@ -65,11 +113,19 @@ impl Default for Settings {
             lease_ms: None,
             schedule: delays.into_iter().map(|secs| Delay(Duration::from_secs(secs))).collect(),
             jitter: 0.1,
-            disable_after_ms: 24 * HOUR * 1_000,
+            disable_after_ms: 5 * 24 * HOUR * 1_000,
+            disable_after_failures: 10,
             retry_after_min_ms: 1_000,
             retry_after_max_ms: HOUR * 1_000,
             test_hosts: Vec::new(),
             extra_denied_ranges: Vec::new(),
+            max_in_flight: 256,
+            client_rate_per_sec: 200,
+            redelivery_batch: 500,
+            retention_ms: 30 * 24 * HOUR * 1_000,
+            reap_interval_ms: 60_000,
+            reap_batch: 500,
+            dns: DnsSettings::default(),
         }
     }
 }
@@ -113,8 +169,31 @@ impl Settings {
         if self.disable_after_ms == 0 {
             return Err(invalid("disable_after_ms", "must be at least 1"));
         }
+        if self.disable_after_failures == 0 {
+            return Err(invalid("disable_after_failures", "must be at least 1"));
+        }
         if self.retry_after_min_ms > self.retry_after_max_ms {
             return Err(invalid("retry_after_min_ms", "must not exceed retry_after_max_ms"));
+        }
+        for (name, value) in [
+            ("max_in_flight", self.max_in_flight as u64),
+            ("client_rate_per_sec", u64::from(self.client_rate_per_sec)),
+            ("redelivery_batch", u64::from(self.redelivery_batch)),
+            ("reap_interval_ms", self.reap_interval_ms),
+            ("reap_batch", u64::from(self.reap_batch)),
+        ] {
+            if value == 0 {
+                return Err(invalid(name, "must be at least 1"));
+            }
+        }
+        if self.retention_ms < RETENTION_MIN_MS {
+            return Err(invalid("retention_ms", "must be at least a day: events are listed and redelivered for that long"));
+        }
+        if !(1..self.request_timeout_ms).contains(&self.lookup_timeout_ms()) {
+            return Err(invalid("dns.lookup_timeout_ms", "must be 1..request_timeout_ms: a lookup is part of its attempt"));
+        }
+        if self.dns.max_lookups_per_client == 0 {
+            return Err(invalid("dns.max_lookups_per_client", "must be at least 1"));
         }
         self.ssrf_policy()?;
         Ok(())
@@ -122,6 +201,10 @@ impl Settings {
 
     pub fn lease_ms(&self) -> u64 {
         self.lease_ms.unwrap_or(self.request_timeout_ms.saturating_add(10_000))
+    }
+
+    pub fn lookup_timeout_ms(&self) -> u64 {
+        self.dns.lookup_timeout_ms.unwrap_or((self.request_timeout_ms / 2).min(2_000))
     }
 
     pub fn retry_schedule(&self) -> RetrySchedule {
@@ -207,6 +290,11 @@ mod tests {
             (&["retry_after_min_ms=10", "retry_after_max_ms=5"], "retry_after_min_ms"),
             (&["test_hosts=[\"localhost\"]"], "test_hosts"),
             (&["extra_denied_ranges=[\"10.0.0.0/33\"]"], "extra_denied_ranges"),
+            (&["dns.lookup_timeout_ms=5000"], "dns.lookup_timeout_ms"),
+            (&["max_in_flight=0"], "max_in_flight"),
+            (&["client_rate_per_sec=0"], "client_rate_per_sec"),
+            (&["retention_ms=1000"], "retention_ms"),
+            (&["dns.max_lookups_per_client=0"], "dns.max_lookups_per_client"),
         ] {
             let error = load(overrides).expect_err("refused");
             assert!(error.contains(named), "{overrides:?}: {error}");

@@ -19,9 +19,9 @@
 
 use std::{collections::HashMap, num::NonZeroU32, sync::Arc, time::Duration};
 
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 use idempotency::Clock;
-use outbox::{Claim, Deliveries, DueEndpoint, Outcome};
+use outbox::{Claim, Deliveries, DisableRule, DueEndpoint, Outcome};
 use tokio::{
     sync::{Notify, OwnedSemaphorePermit, Semaphore},
     task::JoinHandle,
@@ -33,6 +33,7 @@ use webhooks::ssrf::Resolve;
 
 use crate::{
     delivery::{Deliverer, Verdict},
+    fair_share::{FairShare, FairShares},
     metrics::SenderMetrics,
     schedule::RetrySchedule,
 };
@@ -50,12 +51,28 @@ pub struct Sender<R> {
     pub metrics: SenderMetrics,
     pub poll_interval: Duration,
     pub lease_ms: i64,
-    pub disable_after_ms: i64,
+    /// When failures disable an endpoint.
+    pub disable: DisableRule,
     /// The bounds of an honoured `Retry-After`.
     pub retry_after_min: Duration,
     pub retry_after_max: Duration,
+    /// Places for deliveries in flight, shared fairly between clients.
+    pub in_flight: FairShares,
+    /// Each client's deliveries per second, all its endpoints together.
+    pub client_rate: DefaultKeyedRateLimiter<Arc<str>>,
+    /// Deliveries a range redelivery queues per poll interval.
+    pub redelivery_batch: u32,
+    pub retention: Retention,
     /// Workers and deliveries, waited for at shutdown.
     pub tasks: TaskTracker,
+}
+
+/// How long the outbox keeps events, and how it reaps them.
+pub struct Retention {
+    pub retention_ms: i64,
+    pub reap_interval: Duration,
+    /// Events deleted per transaction.
+    pub reap_batch: u32,
 }
 
 /// A running worker, as the dispatcher knows it.
@@ -68,14 +85,15 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
     /// Polls for due endpoints and wakes their workers until `shutdown`.
     pub async fn dispatch(self: Arc<Self>, shutdown: CancellationToken) {
         let mut workers: HashMap<String, WorkerHandle> = HashMap::new();
-        let mut ticks = tokio::time::interval(self.poll_interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks = ticks(self.poll_interval);
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 _ = ticks.tick() => {}
             }
             workers.retain(|_, worker| !worker.task.is_finished());
+            // Forgets the clients whose budget is full again, so the table holds active ones only.
+            self.client_rate.retain_recent();
             let due = match self.deliveries.due_endpoints(self.clock.now_ms()).await {
                 Ok(due) => due,
                 Err(error) => {
@@ -98,13 +116,50 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
         }
     }
 
-    /// Sends one claimed delivery and records what happened; `_permit` is the endpoint's
-    /// concurrency slot, held until then.
-    async fn deliver(self: Arc<Self>, url: Arc<str>, claim: Claim, _permit: OwnedSemaphorePermit) {
+    /// Reaps the outbox every `retention.reap_interval` until `shutdown`: the events past
+    /// retention that nothing still delivers, with their deliveries and attempts, in batches.
+    pub async fn reap_outbox(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut ticks = ticks(self.retention.reap_interval);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            let retention = &self.retention;
+            match self.deliveries.reap_expired(retention.retention_ms, retention.reap_batch, self.clock.now_ms()).await {
+                Ok(0) => {}
+                Ok(reaped) => tracing::info!(reaped, "events past retention reaped"),
+                Err(error) => tracing::warn!(%error, "reaping the outbox failed; will try again"),
+            }
+        }
+    }
+
+    /// Runs the range redeliveries, one batch every poll interval (they take turns), until
+    /// `shutdown`: each batch is a short transaction of its own, so that orders' commits never
+    /// wait behind a whole range.
+    pub async fn redeliver_ranges(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut ticks = ticks(self.poll_interval);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            match self.deliveries.redeliver_next_batch(self.redelivery_batch, self.clock.now_ms()).await {
+                Ok(Some(queued)) => tracing::debug!(queued, "a batch of a range redelivery queued"),
+                Ok(None) => {}
+                Err(error) => tracing::warn!(%error, "cannot run a batch of a range redelivery"),
+            }
+        }
+    }
+
+    /// Sends one claimed delivery to `url`, an endpoint of `client_id`, and records what
+    /// happened; `_places` are the endpoint's concurrency slot and the client's place in the
+    /// sender, held until then.
+    async fn deliver(self: Arc<Self>, url: Arc<str>, client_id: Arc<str>, claim: Claim, _places: (OwnedSemaphorePermit, FairShare)) {
         // The lease is measured on the database's clock; this is the same length on ours, from a
         // moment just after the claim, so it ends no earlier than the lease itself.
         let lease_ends = Instant::now() + Duration::from_millis(u64::try_from(self.lease_ms).unwrap_or(0));
-        let report = self.deliverer.deliver(&url, &claim).await;
+        let report = self.deliverer.deliver(&url, &client_id, &claim).await;
         let now_ms = self.clock.now_ms();
         let outcome = self.next_step(&claim, report.verdict, now_ms);
         let label = match outcome {
@@ -119,7 +174,7 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
             Outcome::Delivered => tracing::debug!(status = attempt.status_code, duration_ms = attempt.duration_ms, "delivered"),
             _ => tracing::info!(outcome = label, status = attempt.status_code, error = attempt.error.as_deref(), duration_ms = attempt.duration_ms, "delivery attempt failed"),
         }
-        match until_recorded(lease_ends, || self.deliveries.finish(&claim, attempt, outcome, self.disable_after_ms, now_ms)).await {
+        match until_recorded(lease_ends, || self.deliveries.finish(&claim, attempt, outcome, self.disable, now_ms)).await {
             Ok(finished) => {
                 if finished.lease_lost {
                     self.metrics.lease_lost();
@@ -153,6 +208,13 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
             Verdict::Failed => Outcome::Failed { retry_at_ms: scheduled.map(at) },
         }
     }
+}
+
+/// Ticks every `period`; a tick missed while busy is not made up for in a burst.
+fn ticks(period: Duration) -> tokio::time::Interval {
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks
 }
 
 /// The first wait before recording an attempt again, doubled after each failure up to
@@ -191,6 +253,7 @@ struct Worker<R> {
     sender: Arc<Sender<R>>,
     endpoint: DueEndpoint,
     url: Arc<str>,
+    client_id: Arc<str>,
     in_flight: Arc<Semaphore>,
     max_in_flight: usize,
     rate: DefaultDirectRateLimiter,
@@ -205,6 +268,7 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
         Self {
             sender,
             url: endpoint.url.as_str().into(),
+            client_id: endpoint.client_id.as_str().into(),
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,
             rate: RateLimiter::direct(Quota::per_second(positive(endpoint.rate_per_sec))),
@@ -245,9 +309,20 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
                 () = shutdown.cancelled() => return,
                 () = self.rate.until_ready() => {}
             }
+            // Above the endpoint's limits, the client's: its budget per second, and its fair
+            // share of the sender's places, so that a client with many busy endpoints cannot
+            // crowd the others out.
+            let sender = &self.sender;
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = sender.client_rate.until_key_ready(&self.client_id) => {}
+            }
+            let place = tokio::select! {
+                () = shutdown.cancelled() => return,
+                place = sender.in_flight.take(&self.client_id) => place,
+            };
             // The claim finds nothing while the endpoint is paused, and the dispatcher does not
             // wake this worker again before the pause ends.
-            let sender = &self.sender;
             let claim = match sender.deliveries.claim(&self.endpoint.endpoint_id, sender.clock.now_ms(), sender.lease_ms).await {
                 Ok(Some(claim)) => claim,
                 Ok(None) => return,
@@ -257,7 +332,7 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
                 }
             };
             let span = tracing::info_span!("delivery", event_id = %claim.event_id, attempt = claim.attempt);
-            let delivery = sender.clone().deliver(self.url.clone(), claim, permit);
+            let delivery = sender.clone().deliver(self.url.clone(), self.client_id.clone(), claim, (permit, place));
             sender.tasks.spawn(delivery.instrument(span));
         }
     }

@@ -9,6 +9,8 @@ use crate::{ENDPOINT_DISABLED, NewEvent, OutboxError, new_id, record};
 #[derive(Debug, Clone, PartialEq, Eq, FromRow)]
 pub struct DueEndpoint {
     pub endpoint_id: String,
+    /// The endpoint's owner, whose share of the sender it draws on.
+    pub client_id: String,
     pub url: String,
     pub max_in_flight: i64,
     pub rate_per_sec: i64,
@@ -68,6 +70,15 @@ pub enum Outcome {
     /// It failed, and the recipient asked for no deliveries before `until_ms` (a 429 or 503 with
     /// `Retry-After`): as `Failed`, and the whole endpoint pauses until then, for every sender.
     Paused { retry_at_ms: Option<i64>, until_ms: i64 },
+}
+
+/// When failures disable an endpoint: it has failed every attempt for `after_ms` and at least
+/// `after_failures` attempts since its last success. Both, so that neither a single failure on a
+/// quiet day, long ago, nor a burst of failures in a short outage disables it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DisableRule {
+    pub after_ms: i64,
+    pub after_failures: i64,
 }
 
 /// What [`Deliveries::finish`] did.
@@ -156,10 +167,10 @@ impl Deliveries {
     }
 
     /// Records `attempt` and applies `outcome`, both in one transaction; the delivery and its
-    /// endpoint change only while `claim` is still the delivery's lease. Failing since more than `disable_after_ms` disables
-    /// the endpoint, as a 410 does; a disabled endpoint's owner is told by an
+    /// endpoint change only while `claim` is still the delivery's lease. Failures that meet
+    /// `disable_rule` disable the endpoint, as a 410 does; a disabled endpoint's owner is told by an
     /// [`ENDPOINT_DISABLED`] event to its other endpoints.
-    pub async fn finish(&self, claim: &Claim, attempt: &Attempt, outcome: Outcome, disable_after_ms: i64, now_ms: i64) -> Result<Finished, OutboxError> {
+    pub async fn finish(&self, claim: &Claim, attempt: &Attempt, outcome: Outcome, disable_rule: DisableRule, now_ms: i64) -> Result<Finished, OutboxError> {
         let mut transaction = self.database.begin().await?;
         let outcome_name = if outcome == Outcome::Delivered { "delivered" } else { "failed" };
         if let Outcome::Paused { until_ms, .. } = outcome {
@@ -228,7 +239,7 @@ sqlx::query(
         let disable_reason = match outcome {
             Outcome::Delivered => {
                 on_driver!(&mut transaction, |executor| {
-sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL WHERE endpoint_id = $1 AND failing_since_ms IS NOT NULL")
+sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL, failures_since_success = 0 WHERE endpoint_id = $1 AND failing_since_ms IS NOT NULL")
                     .bind(&claim.endpoint_id)
                     .execute(executor)
                     .await?;
@@ -238,14 +249,17 @@ sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL WHERE endpoint
             Outcome::Gone { .. } => Some("the endpoint answered 410 Gone".to_owned()),
             Outcome::Failed { .. } | Outcome::Paused { .. } => {
                 // One statement: a success recorded at the same time cannot clear it in between.
-                let (failing_since_ms,): (i64,) = on_driver!(&mut transaction, |executor| sqlx::query_as(
-                    "UPDATE webhook_endpoints SET failing_since_ms = COALESCE(failing_since_ms, $1) WHERE endpoint_id = $2 RETURNING failing_since_ms",
+                let (failing_since_ms, failures): (i64, i64) = on_driver!(&mut transaction, |executor| sqlx::query_as(
+                    "UPDATE webhook_endpoints SET failing_since_ms = COALESCE(failing_since_ms, $1), failures_since_success = failures_since_success + 1 \
+                     WHERE endpoint_id = $2 RETURNING failing_since_ms, failures_since_success",
                 )
                 .bind(now_ms)
                 .bind(&claim.endpoint_id)
                 .fetch_one(executor)
                 .await?);
-                (now_ms - failing_since_ms >= disable_after_ms).then(|| format!("the endpoint has failed every attempt for {} s", (now_ms - failing_since_ms) / 1000))
+                let failing_ms = now_ms - failing_since_ms;
+                (failing_ms >= disable_rule.after_ms && failures >= disable_rule.after_failures)
+                    .then(|| format!("the endpoint has failed every attempt ({failures}) for {} s", failing_ms / 1000))
             }
         };
         let endpoint_disabled = match disable_reason {
@@ -254,6 +268,20 @@ sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL WHERE endpoint
         };
         transaction.commit().await?;
         Ok(Finished { lease_lost, endpoint_disabled })
+    }
+
+    /// Runs the next batch, of at most `batch` deliveries, of the range redelivery whose turn is
+    /// oldest (they take turns, a batch each), in one short transaction; returns how many
+    /// deliveries it queued, or `None` when no range redelivery is running.
+    pub async fn redeliver_next_batch(&self, batch: u32, now_ms: i64) -> Result<Option<u64>, OutboxError> {
+        crate::redeliveries::next_batch(&self.database, batch, now_ms).await
+    }
+
+    /// Deletes the events created more than `retention_ms` before `now_ms` that nothing still
+    /// delivers (no delivery leased, none pending at an enabled endpoint), with their deliveries
+    /// and attempts, `batch` events per transaction; returns how many events.
+    pub async fn reap_expired(&self, retention_ms: i64, batch: u32, now_ms: i64) -> Result<u64, OutboxError> {
+        crate::retention::reap(&self.database, retention_ms, batch, now_ms).await
     }
 
     /// The earliest time a pending delivery of an enabled endpoint falls due (its endpoint's
@@ -289,7 +317,7 @@ macro_rules! sqlite_now_ms {
 macro_rules! due_endpoints_statement {
     ($now:expr) => {
         concat!(
-            "SELECT e.endpoint_id, e.url, e.max_in_flight, e.rate_per_sec FROM webhook_endpoints e \
+            "SELECT e.endpoint_id, e.client_id, e.url, e.max_in_flight, e.rate_per_sec FROM webhook_endpoints e \
              WHERE e.state = 'enabled' AND EXISTS (SELECT 1 FROM webhook_deliveries d \
                WHERE d.endpoint_id = e.endpoint_id AND d.state = 'pending' AND d.next_attempt_at_ms <= $1 \
                  AND (d.claimed_until_ms IS NULL OR d.claimed_until_ms <= ",

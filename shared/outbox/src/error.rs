@@ -7,6 +7,9 @@ pub enum OutboxError {
     DeliveryNotFound { endpoint_id: String, event_id: String },
     #[error("invalid webhook endpoint: {0}")]
     Invalid(String),
+    /// The request is fine but conflicts with work still running; asking again later succeeds.
+    #[error("{0}")]
+    Busy(String),
     #[error("webhook store: {0}")]
     Storage(#[from] sqlx::Error),
 }

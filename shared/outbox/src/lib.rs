@@ -21,12 +21,15 @@
 mod deliveries;
 mod error;
 mod event;
+mod redeliveries;
+mod retention;
 mod subscriptions;
 
-pub use deliveries::{Attempt, Claim, Deliveries, DueEndpoint, Finished, MAX_ERROR_BYTES, Outcome, truncated};
+pub use deliveries::{Attempt, Claim, Deliveries, DisableRule, DueEndpoint, Finished, MAX_ERROR_BYTES, Outcome, truncated};
 pub use error::OutboxError;
 pub use event::{ENDPOINT_DISABLED, EVENT_TYPES, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, record};
-pub use subscriptions::{AttemptLog, DeliveryLog, DeliveryState, Endpoint, EndpointLimits, MAX_ENDPOINTS_PER_CLIENT, NewEndpoint, Subscriptions};
+pub use redeliveries::{RedeliveryLimits, RedeliveryRange};
+pub use subscriptions::{AttemptLog, DeliveryLog, DeliveryPage, DeliveryQuery, DeliveryState, LogCursor, Endpoint, EndpointLimits, MAX_ENDPOINTS_PER_CLIENT, NewEndpoint, Subscriptions};
 
 use idempotency::{Backend, Migrations};
 

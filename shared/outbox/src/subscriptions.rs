@@ -2,7 +2,10 @@ use idempotency::{Backend, Database, Transaction, on_driver};
 use sqlx::FromRow;
 use webhooks::{signature::Secret, ssrf};
 
-use crate::{EVENT_TYPES, OutboxError, new_id};
+use crate::{
+    EVENT_TYPES, OutboxError, new_id,
+    redeliveries::{self, RedeliveryLimits, RedeliveryRange},
+};
 
 /// The most endpoints one client may have: each gets a worker and connections in the sender, so
 /// the sender's resources are shared out fairly among clients.
@@ -104,13 +107,13 @@ impl DeliveryState {
         }
     }
 
+    /// The state named `text` (`pending`, `delivered`, `undelivered`).
+    pub fn from_name(text: &str) -> Option<Self> {
+        [Self::Pending, Self::Delivered, Self::Undelivered].into_iter().find(|state| state.as_str() == text)
+    }
+
     fn parse(text: &str) -> Result<Self, OutboxError> {
-        match text {
-            "pending" => Ok(Self::Pending),
-            "delivered" => Ok(Self::Delivered),
-            "undelivered" => Ok(Self::Undelivered),
-            other => Err(OutboxError::Storage(sqlx::Error::Decode(format!("unknown delivery state {other:?}").into()))),
-        }
+        Self::from_name(text).ok_or_else(|| OutboxError::Storage(sqlx::Error::Decode(format!("unknown delivery state {text:?}").into())))
     }
 }
 
@@ -126,7 +129,7 @@ pub struct DeliveryLog {
 }
 
 /// One attempt as recorded.
-#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptLog {
     pub attempt: i64,
     pub started_at_ms: i64,
@@ -136,13 +139,86 @@ pub struct AttemptLog {
     pub error: Option<String>,
 }
 
+/// Which deliveries of an endpoint the log shows, at most `limit` of them, newest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryQuery {
+    pub limit: u32,
+    pub state: Option<DeliveryState>,
+    pub event_type: Option<String>,
+    /// Only deliveries older than this one: the previous page's [`DeliveryPage::next`].
+    pub after: Option<LogCursor>,
+}
+
+impl DeliveryQuery {
+    /// The newest `limit` deliveries, whatever their state and type.
+    pub fn newest(limit: u32) -> Self {
+        Self { limit, state: None, event_type: None, after: None }
+    }
+}
+
+/// A page of the delivery log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryPage {
+    pub deliveries: Vec<DeliveryLog>,
+    /// Where the next page starts, when there is one.
+    pub next: Option<LogCursor>,
+}
+
+/// A place in the delivery log: the last delivery of a page. Its text form, `<ms>_<event id>`,
+/// is opaque to clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogCursor {
+    created_at_ms: i64,
+    event_id: String,
+}
+
+impl std::fmt::Display for LogCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}_{}", self.created_at_ms, self.event_id)
+    }
+}
+
+impl std::str::FromStr for LogCursor {
+    type Err = OutboxError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let invalid = || OutboxError::Invalid("cursor: not a cursor this log gave".into());
+        let (ms, event_id) = text.split_once('_').ok_or_else(invalid)?;
+        let created_at_ms = ms.parse().map_err(|_| invalid())?;
+        if event_id.is_empty() {
+            return Err(invalid());
+        }
+        Ok(Self { created_at_ms, event_id: event_id.to_owned() })
+    }
+}
+
+/// A delivery of a log page with one of its attempts (none: the attempt's columns are NULL).
 #[derive(Debug, FromRow)]
-struct DeliveryRow {
+struct LogRow {
     event_id: String,
     event_type: String,
     state: String,
     next_attempt_at_ms: i64,
     created_at_ms: i64,
+    attempt: Option<i64>,
+    started_at_ms: Option<i64>,
+    duration_ms: Option<i64>,
+    status_code: Option<i64>,
+    outcome: Option<String>,
+    error: Option<String>,
+}
+
+impl LogRow {
+    fn attempt(&self) -> Option<AttemptLog> {
+        Some(AttemptLog {
+            attempt: self.attempt?,
+            started_at_ms: self.started_at_ms?,
+            duration_ms: self.duration_ms?,
+            status_code: self.status_code,
+            outcome: self.outcome.clone()?,
+            error: self.error.clone(),
+        })
+    }
 }
 
 /// The recipients' side of the webhook tables, each call scoped to one client.
@@ -280,7 +356,8 @@ sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(executor)
     /// go out again) or disables it (nothing is sent to it; its deliveries wait).
     pub async fn set_enabled(&self, client_id: &str, endpoint_id: &str, enabled: bool) -> Result<Endpoint, OutboxError> {
         let statement = if enabled {
-            "UPDATE webhook_endpoints SET state = 'enabled', disabled_reason = NULL, failing_since_ms = NULL WHERE endpoint_id = $1 AND client_id = $2"
+            "UPDATE webhook_endpoints SET state = 'enabled', disabled_reason = NULL, failing_since_ms = NULL, failures_since_success = 0 \
+             WHERE endpoint_id = $1 AND client_id = $2"
         } else {
             "UPDATE webhook_endpoints SET state = 'disabled', disabled_reason = 'disabled by its owner' WHERE endpoint_id = $1 AND client_id = $2 AND state = 'enabled'"
         };
@@ -290,40 +367,58 @@ sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(executor)
         self.endpoint(client_id, endpoint_id).await
     }
 
-    /// The endpoint's most recent deliveries, newest first, each with its attempts.
-    pub async fn deliveries(&self, client_id: &str, endpoint_id: &str, limit: u32) -> Result<Vec<DeliveryLog>, OutboxError> {
+    /// A page of the endpoint's deliveries that match `query`, newest first, each with its
+    /// attempts: one statement whatever the page's size (the page joined with its attempts).
+    pub async fn deliveries(&self, client_id: &str, endpoint_id: &str, query: &DeliveryQuery) -> Result<DeliveryPage, OutboxError> {
         let mut read = self.read().await?;
         owned_endpoint(&mut read, client_id, endpoint_id).await?;
-        let rows: Vec<DeliveryRow> = on_driver!(&mut read, |executor| sqlx::query_as(
-            "SELECT d.event_id, e.event_type, d.state, d.next_attempt_at_ms, d.created_at_ms \
-             FROM webhook_deliveries d JOIN webhook_events e ON e.event_id = d.event_id \
-             WHERE d.endpoint_id = $1 ORDER BY d.created_at_ms DESC, d.event_id DESC LIMIT $2",
+        let (after_ms, after_event_id) = match &query.after {
+            Some(cursor) => (Some(cursor.created_at_ms), cursor.event_id.as_str()),
+            None => (None, ""),
+        };
+        // One more than the page, to know whether another follows.
+        let rows: Vec<LogRow> = on_driver!(&mut read, |executor| sqlx::query_as(
+            "SELECT p.event_id, p.event_type, p.state, p.next_attempt_at_ms, p.created_at_ms, \
+               a.attempt, a.started_at_ms, a.duration_ms, a.status_code, a.outcome, a.error \
+             FROM (SELECT d.event_id, e.event_type, d.state, d.next_attempt_at_ms, d.created_at_ms \
+                   FROM webhook_deliveries d JOIN webhook_events e ON e.event_id = d.event_id \
+                   WHERE d.endpoint_id = $1 AND ($2 IS NULL OR d.state = $2) AND ($3 IS NULL OR e.event_type = $3) \
+                     AND ($4 IS NULL OR d.created_at_ms < $4 OR (d.created_at_ms = $4 AND d.event_id < $5)) \
+                   ORDER BY d.created_at_ms DESC, d.event_id DESC LIMIT $6) p \
+             LEFT JOIN webhook_attempts a ON a.endpoint_id = $1 AND a.event_id = p.event_id \
+             ORDER BY p.created_at_ms DESC, p.event_id DESC, a.attempt",
         )
         .bind(endpoint_id)
-        .bind(i64::from(limit))
+        .bind(query.state.map(DeliveryState::as_str))
+        .bind(query.event_type.as_deref())
+        .bind(after_ms)
+        .bind(after_event_id)
+        .bind(i64::from(query.limit) + 1)
         .fetch_all(executor)
         .await?);
-        let mut deliveries = Vec::with_capacity(rows.len());
+        let mut deliveries: Vec<DeliveryLog> = Vec::new();
         for row in rows {
-            let attempts: Vec<AttemptLog> = on_driver!(&mut read, |executor| sqlx::query_as(
-                "SELECT attempt, started_at_ms, duration_ms, status_code, outcome, error FROM webhook_attempts \
-                 WHERE endpoint_id = $1 AND event_id = $2 ORDER BY attempt",
-            )
-            .bind(endpoint_id)
-            .bind(&row.event_id)
-            .fetch_all(executor)
-            .await?);
-            let state = DeliveryState::parse(&row.state)?;
-            deliveries.push(DeliveryLog {
-                event_id: row.event_id,
-                event_type: row.event_type,
-                state,
-                next_attempt_at_ms: (state == DeliveryState::Pending).then_some(row.next_attempt_at_ms),
-                created_at_ms: row.created_at_ms,
-                attempts,
-            });
+            if deliveries.last().is_none_or(|last| last.event_id != row.event_id) {
+                let state = DeliveryState::parse(&row.state)?;
+                deliveries.push(DeliveryLog {
+                    event_id: row.event_id.clone(),
+                    event_type: row.event_type.clone(),
+                    state,
+                    next_attempt_at_ms: (state == DeliveryState::Pending).then_some(row.next_attempt_at_ms),
+                    created_at_ms: row.created_at_ms,
+                    attempts: Vec::new(),
+                });
+            }
+            if let Some(attempt) = row.attempt() {
+                deliveries.last_mut().expect("pushed above").attempts.push(attempt);
+            }
         }
-        Ok(deliveries)
+        let next = (deliveries.len() > query.limit as usize).then(|| {
+            deliveries.truncate(query.limit as usize);
+            let last = deliveries.last().expect("a full page has a last delivery");
+            LogCursor { created_at_ms: last.created_at_ms, event_id: last.event_id.clone() }
+        });
+        Ok(DeliveryPage { deliveries, next })
     }
 
     /// Sends one event to the endpoint again, now, with a fresh retry schedule and the same
@@ -352,44 +447,13 @@ sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(executor)
         Ok(())
     }
 
-    /// Sends again every event of the client created in `[from_ms, until_ms)` that the endpoint
-    /// subscribes to: those it was sent, and those it missed while disabled (never those from
-    /// before it existed). Returns how many.
-    pub async fn redeliver_range(&self, client_id: &str, endpoint_id: &str, from_ms: i64, until_ms: i64, now_ms: i64) -> Result<u64, OutboxError> {
+    /// Sends again the events of the client in `range` that the endpoint subscribes to: those
+    /// not delivered (or every one, with `include_delivered`), and those it missed while disabled
+    /// (never those from before it existed). Checked against `limits` now, run by the sender in
+    /// batches; returns how many deliveries it will queue.
+    pub async fn redeliver_range(&self, client_id: &str, endpoint_id: &str, range: RedeliveryRange, limits: RedeliveryLimits, now_ms: i64) -> Result<u64, OutboxError> {
         self.endpoint(client_id, endpoint_id).await?;
-        let mut transaction = self.database.begin().await?;
-        let again = on_driver!(&mut transaction, |executor| sqlx::query(
-            "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $1, updated_at_ms = $1, \
-               claim_token = NULL, claimed_until_ms = NULL \
-             WHERE endpoint_id = $2 AND event_id IN \
-               (SELECT event_id FROM webhook_events WHERE client_id = $3 AND created_at_ms >= $4 AND created_at_ms < $5)",
-        )
-        .bind(now_ms)
-        .bind(endpoint_id)
-        .bind(client_id)
-        .bind(from_ms)
-        .bind(until_ms)
-        .execute(executor)
-        .await?.rows_affected());
-        let missed = on_driver!(&mut transaction, |executor| sqlx::query(
-            "INSERT INTO webhook_deliveries \
-               (endpoint_id, event_id, state, attempts, schedule_step, next_attempt_at_ms, created_at_ms, updated_at_ms) \
-             SELECT s.endpoint_id, e.event_id, 'pending', 0, 0, $1, $1, $1 \
-             FROM webhook_events e JOIN webhook_subscriptions s ON s.event_type = e.event_type \
-               JOIN webhook_endpoints p ON p.endpoint_id = s.endpoint_id \
-             WHERE s.endpoint_id = $2 AND e.client_id = $3 AND e.created_at_ms >= $4 AND e.created_at_ms < $5 \
-               AND e.created_at_ms >= p.created_at_ms \
-             ON CONFLICT (endpoint_id, event_id) DO NOTHING",
-        )
-        .bind(now_ms)
-        .bind(endpoint_id)
-        .bind(client_id)
-        .bind(from_ms)
-        .bind(until_ms)
-        .execute(executor)
-        .await?.rows_affected());
-        transaction.commit().await?;
-        Ok(again + missed)
+        redeliveries::request(&self.database, client_id, endpoint_id, range, limits, now_ms).await
     }
 
 }

@@ -2,7 +2,10 @@
 //! whose user may create databases; required in CI, reported loudly when missing elsewhere).
 
 use idempotency::Database;
-use outbox::{Attempt, Deliveries, DeliveryState, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, Outcome, Subscriptions};
+use outbox::{
+    Attempt, Deliveries, DeliveryQuery, DeliveryState, DisableRule, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, OutboxError, Outcome, RedeliveryLimits, RedeliveryRange,
+    Subscriptions,
+};
 use serde_json::json;
 use std::time::Duration;
 
@@ -13,6 +16,8 @@ const T0: i64 = 1_800_000_000_000;
 const DAY_MS: i64 = 86_400_000;
 /// A lease short enough to run out, in real time, within a test.
 const LEASE_MS: i64 = 300;
+/// Failing for a day, from the second failure on.
+const RULE: DisableRule = DisableRule { after_ms: DAY_MS, after_failures: 2 };
 
 /// What keeps a test's database alive: the SQLite file's directory, or the PostgreSQL scratch
 /// database, dropped with it.
@@ -119,12 +124,12 @@ async fn a_claimed_delivery_is_nobody_elses_until_its_lease_runs_out_on_the_data
         // as the same event.
         let second = eventually(Duration::from_secs(5), "the lease runs out", || async { deliveries.claim(&endpoint_id, T0, LEASE_MS).await.expect("claim") }).await;
         assert_eq!((second.event_id.as_str(), second.attempt), (event_id.as_str(), 2));
-        let late = deliveries.finish(&first, &answered(200, T0), Outcome::Delivered, DAY_MS, T0 + 30_001).await.expect("finish");
+        let late = deliveries.finish(&first, &answered(200, T0), Outcome::Delivered, RULE, T0 + 30_001).await.expect("finish");
         assert!(late.lease_lost, "a lease taken over is not the first sender's to finish");
-        let finished = deliveries.finish(&second, &answered(200, T0 + 30_000), Outcome::Delivered, DAY_MS, T0 + 30_002).await.expect("finish");
+        let finished = deliveries.finish(&second, &answered(200, T0 + 30_000), Outcome::Delivered, RULE, T0 + 30_002).await.expect("finish");
         assert!(!finished.lease_lost);
 
-        let log = Subscriptions::new(database.clone()).deliveries(CLIENT, &endpoint_id, 10).await.expect("log");
+        let log = Subscriptions::new(database.clone()).deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
         assert_eq!(log[0].state, DeliveryState::Delivered);
         assert_eq!(log[0].attempts.iter().map(|a| a.attempt).collect::<Vec<_>>(), [1, 2], "both attempts are logged");
     }
@@ -166,13 +171,13 @@ async fn the_schedule_runs_out_into_undelivered_and_a_redelivery_keeps_the_event
         let event_id = paid(&database, T0).await;
         let deliveries = Deliveries::new(database.clone());
         let claim = deliveries.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
-        deliveries.finish(&claim, &answered(500, T0), Outcome::Failed { retry_at_ms: Some(T0 + 5_000) }, DAY_MS, T0).await.expect("finish");
+        deliveries.finish(&claim, &answered(500, T0), Outcome::Failed { retry_at_ms: Some(T0 + 5_000) }, RULE, T0).await.expect("finish");
         assert!(deliveries.claim(&endpoint_id, T0 + 4_999, 30_000).await.expect("claim").is_none(), "not due yet");
         let claim = deliveries.claim(&endpoint_id, T0 + 5_000, 30_000).await.expect("claim").expect("due");
         assert_eq!(claim.schedule_step, 1);
-        deliveries.finish(&claim, &answered(500, T0 + 5_000), Outcome::Failed { retry_at_ms: None }, DAY_MS, T0 + 5_000).await.expect("finish");
+        deliveries.finish(&claim, &answered(500, T0 + 5_000), Outcome::Failed { retry_at_ms: None }, RULE, T0 + 5_000).await.expect("finish");
         let subscriptions = Subscriptions::new(database.clone());
-        let log = subscriptions.deliveries(CLIENT, &endpoint_id, 10).await.expect("log");
+        let log = subscriptions.deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
         assert_eq!((log[0].state, log[0].attempts.len()), (DeliveryState::Undelivered, 2));
         assert!(deliveries.claim(&endpoint_id, T0 + DAY_MS, 30_000).await.expect("claim").is_none());
 
@@ -190,7 +195,7 @@ async fn a_pause_holds_every_delivery_of_the_endpoint_for_every_sender_and_only_
         let one = Deliveries::new(database.clone());
         let claim = one.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
         let pause = Outcome::Paused { retry_at_ms: Some(T0 + 60_000), until_ms: T0 + 60_000 };
-        one.finish(&claim, &answered(429, T0), pause, DAY_MS, T0).await.expect("finish");
+        one.finish(&claim, &answered(429, T0), pause, RULE, T0).await.expect("finish");
         // A shorter pause recorded later does not cut the first one short.
         paid(&database, T0 + 1).await;
         let two = Deliveries::new(database.clone());
@@ -199,10 +204,10 @@ async fn a_pause_holds_every_delivery_of_the_endpoint_for_every_sender_and_only_
         assert_eq!(two.next_due_ms().await.expect("next due"), Some(T0 + 60_000));
         let resumed = two.claim(&endpoint_id, T0 + 60_000, 30_000).await.expect("claim").expect("the pause is over");
         let shorter = Outcome::Paused { retry_at_ms: Some(T0 + 61_000), until_ms: T0 + 10_000 };
-        two.finish(&resumed, &answered(429, T0 + 60_000), shorter, DAY_MS, T0 + 60_000).await.expect("finish");
+        two.finish(&resumed, &answered(429, T0 + 60_000), shorter, RULE, T0 + 60_000).await.expect("finish");
         assert_eq!(one.due_endpoints(T0 + 60_000).await.expect("due").len(), 1, "the pause ended; the other event is due");
         let longer = one.claim(&endpoint_id, T0 + 60_000, 30_000).await.expect("claim").expect("due");
-        one.finish(&longer, &answered(503, T0 + 60_000), Outcome::Paused { retry_at_ms: None, until_ms: T0 + 120_000 }, DAY_MS, T0 + 60_000).await.expect("finish");
+        one.finish(&longer, &answered(503, T0 + 60_000), Outcome::Paused { retry_at_ms: None, until_ms: T0 + 120_000 }, RULE, T0 + 60_000).await.expect("finish");
         assert!(two.due_endpoints(T0 + 119_999).await.expect("due").is_empty());
         assert_eq!(two.due_endpoints(T0 + 120_000).await.expect("due").len(), 1);
     }
@@ -216,21 +221,55 @@ async fn an_endpoint_failing_for_a_day_or_gone_is_disabled_and_its_owner_told() 
         let deliveries = Deliveries::new(database.clone());
         paid(&database, T0).await;
         let claim = deliveries.claim(&failing, T0, 30_000).await.expect("claim").expect("due");
-        let first = deliveries.finish(&claim, &answered(503, T0), Outcome::Failed { retry_at_ms: Some(T0 + DAY_MS) }, DAY_MS, T0).await.expect("finish");
+        let first = deliveries.finish(&claim, &answered(503, T0), Outcome::Failed { retry_at_ms: Some(T0 + DAY_MS) }, RULE, T0).await.expect("finish");
         assert_eq!(first.endpoint_disabled, None);
         let claim = deliveries.claim(&failing, T0 + DAY_MS, 30_000).await.expect("claim").expect("due");
-        let last = deliveries.finish(&claim, &answered(503, T0 + DAY_MS), Outcome::Failed { retry_at_ms: Some(T0 + 2 * DAY_MS) }, DAY_MS, T0 + DAY_MS).await.expect("finish");
+        let last = deliveries.finish(&claim, &answered(503, T0 + DAY_MS), Outcome::Failed { retry_at_ms: Some(T0 + 2 * DAY_MS) }, RULE, T0 + DAY_MS).await.expect("finish");
         assert!(last.endpoint_disabled.is_some(), "failing for a day disables");
         let subscriptions = Subscriptions::new(database.clone());
         assert!(!subscriptions.endpoint(CLIENT, &failing).await.expect("endpoint").enabled);
-        let told = subscriptions.deliveries(CLIENT, &owner, 10).await.expect("log");
+        let told = subscriptions.deliveries(CLIENT, &owner, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
         assert_eq!(told.iter().map(|d| d.event_type.as_str()).collect::<Vec<_>>(), [outbox::ENDPOINT_DISABLED]);
 
         // Enabled again, it starts afresh and its waiting delivery goes out.
         subscriptions.set_enabled(CLIENT, &failing, true).await.expect("enable");
         let claim = deliveries.claim(&failing, T0 + 2 * DAY_MS, 30_000).await.expect("claim").expect("waiting delivery");
-        let gone = deliveries.finish(&claim, &answered(410, T0 + 2 * DAY_MS), Outcome::Gone { retry_at_ms: Some(T0 + 3 * DAY_MS) }, DAY_MS, T0 + 2 * DAY_MS).await.expect("finish");
+        let gone = deliveries.finish(&claim, &answered(410, T0 + 2 * DAY_MS), Outcome::Gone { retry_at_ms: Some(T0 + 3 * DAY_MS) }, RULE, T0 + 2 * DAY_MS).await.expect("finish");
         assert!(gone.endpoint_disabled.expect("410 disables").contains("410"));
+    }
+}
+
+/// Fails the endpoint's oldest due delivery at `now_ms`, due again a minute later; whether that
+/// disabled the endpoint.
+async fn fail_one(deliveries: &Deliveries, endpoint_id: &str, rule: DisableRule, now_ms: i64) -> bool {
+    let claim = deliveries.claim(endpoint_id, now_ms, 30_000).await.expect("claim").expect("due");
+    let outcome = Outcome::Failed { retry_at_ms: Some(now_ms + 60_000) };
+    deliveries.finish(&claim, &answered(500, now_ms), outcome, rule, now_ms).await.expect("finish").endpoint_disabled.is_some()
+}
+
+#[tokio::test]
+async fn an_endpoint_is_disabled_only_after_failing_for_days_and_often() {
+    for (database, _scratch) in databases().await {
+        let rule = DisableRule { after_ms: 5 * DAY_MS, after_failures: 10 };
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        paid(&database, T0).await;
+        let deliveries = Deliveries::new(database.clone());
+        assert!(!fail_one(&deliveries, &endpoint_id, rule, T0).await);
+        // A quiet week: one more failure six days later is not enough.
+        assert!(!fail_one(&deliveries, &endpoint_id, rule, T0 + 6 * DAY_MS).await, "two failures in six days");
+        // A success starts afresh: eight failures more (ten since the first) do not disable it.
+        paid(&database, T0 + 6 * DAY_MS).await;
+        deliver_one(&deliveries, &endpoint_id, T0 + 6 * DAY_MS + 60_000).await;
+        let mut now_ms = T0 + 6 * DAY_MS + 60_000;
+        for _ in 0..9 {
+            assert!(!fail_one(&deliveries, &endpoint_id, rule, now_ms).await, "failing since the success, not for five days yet");
+            now_ms += DAY_MS / 2;
+        }
+        // Five days and ten failures since the success.
+        assert!(fail_one(&deliveries, &endpoint_id, rule, T0 + 11 * DAY_MS + 60_000).await, "failing for five days, ten times");
+        let endpoint = Subscriptions::new(database.clone()).endpoint(CLIENT, &endpoint_id).await.expect("endpoint");
+        assert!(!endpoint.enabled);
+        assert!(endpoint.disabled_reason.expect("a reason").contains("(10) for 432000 s"));
     }
 }
 
@@ -245,7 +284,7 @@ async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
         let deliveries = Deliveries::new(database.clone());
         let during = deliveries.claim(&endpoint_id, T0 + 2, 30_000).await.expect("claim").expect("due");
         assert_eq!(during.secrets.len(), 2, "old and new sign during the overlap");
-        deliveries.finish(&during, &answered(500, T0 + 2), Outcome::Failed { retry_at_ms: Some(T0 + 1 + DAY_MS) }, 2 * DAY_MS, T0 + 2).await.expect("finish");
+        deliveries.finish(&during, &answered(500, T0 + 2), Outcome::Failed { retry_at_ms: Some(T0 + 1 + DAY_MS) }, DisableRule { after_ms: 2 * DAY_MS, ..RULE }, T0 + 2).await.expect("finish");
         let after = deliveries.claim(&endpoint_id, T0 + 1 + DAY_MS, 30_000).await.expect("claim").expect("due again");
         assert_eq!(after.secrets.len(), 1, "only the new one after it");
         assert_eq!(after.secrets[0].to_string(), during.secrets[0].to_string(), "the newest signs first");
@@ -278,8 +317,8 @@ async fn a_long_error_is_stored_cut_to_a_kilobyte() {
         let deliveries = Deliveries::new(database.clone());
         let claim = deliveries.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
         let huge = Attempt { error: Some("é".repeat(200_000)), ..answered(302, T0) };
-        deliveries.finish(&claim, &huge, Outcome::Failed { retry_at_ms: Some(T0 + 5_000) }, DAY_MS, T0).await.expect("finish");
-        let log = Subscriptions::new(database.clone()).deliveries(CLIENT, &endpoint_id, 1).await.expect("log");
+        deliveries.finish(&claim, &huge, Outcome::Failed { retry_at_ms: Some(T0 + 5_000) }, RULE, T0).await.expect("finish");
+        let log = Subscriptions::new(database.clone()).deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(1)).await.expect("log").deliveries;
         let stored = log[0].attempts[0].error.clone().expect("an error");
         assert!(stored.len() <= 1_024 && stored.len() > 1_000, "{} bytes", stored.len());
         assert!(stored.ends_with("é…"), "cut on a character boundary, and marked");
@@ -298,8 +337,146 @@ async fn redelivering_a_range_includes_events_missed_while_disabled_but_none_fro
         paid(&database, T0 + 20).await;
         paid(&database, T0 + 30).await;
         subscriptions.set_enabled(CLIENT, &endpoint_id, true).await.expect("enable");
-        let queued = subscriptions.redeliver_range(CLIENT, &endpoint_id, T0 - 10, T0 + 30, T0 + 40).await.expect("range");
+        let range = RedeliveryRange { from_ms: T0 - 10, until_ms: T0 + 30, include_delivered: false };
+        let queued = subscriptions.redeliver_range(CLIENT, &endpoint_id, range, RedeliveryLimits::default(), T0 + 40).await.expect("range");
         assert_eq!(queued, 2, "the one it was sent and the one it missed; not the one from before it, nor the one after the range");
+        let deliveries = Deliveries::new(database.clone());
+        assert_eq!(deliveries.redeliver_next_batch(100, T0 + 41).await.expect("batch"), Some(2));
+        assert_eq!(deliveries.redeliver_next_batch(100, T0 + 42).await.expect("batch"), None, "the range is done");
+        assert_eq!(count(&database, "webhook_deliveries").await, 2, "the missed one in the range inserted, not the one after it");
+    }
+}
+
+/// Delivers the endpoint's oldest due delivery.
+async fn deliver_one(deliveries: &Deliveries, endpoint_id: &str, now_ms: i64) -> String {
+    let claim = deliveries.claim(endpoint_id, now_ms, 30_000).await.expect("claim").expect("due");
+    deliveries.finish(&claim, &answered(204, now_ms), Outcome::Delivered, RULE, now_ms).await.expect("finish");
+    claim.event_id
+}
+
+#[tokio::test]
+async fn a_range_redelivery_runs_in_batches_and_skips_delivered_events_unless_asked() {
+    for (database, _scratch) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        for n in 0..5 {
+            paid(&database, T0 + n).await;
+        }
+        let deliveries = Deliveries::new(database.clone());
+        let delivered = [deliver_one(&deliveries, &endpoint_id, T0 + 10).await, deliver_one(&deliveries, &endpoint_id, T0 + 10).await];
+        let subscriptions = Subscriptions::new(database.clone());
+        let limits = RedeliveryLimits::default();
+        let range = RedeliveryRange { from_ms: T0, until_ms: T0 + 5, include_delivered: false };
+        assert_eq!(subscriptions.redeliver_range(CLIENT, &endpoint_id, range, limits, T0 + 20).await.expect("range"), 3);
+        let busy = subscriptions.redeliver_range(CLIENT, &endpoint_id, range, limits, T0 + 20).await;
+        assert!(matches!(busy, Err(OutboxError::Busy(_))), "one range at a time per endpoint: {busy:?}");
+
+        let mut ran = Vec::new();
+        for now_ms in T0 + 21..T0 + 24 {
+            ran.push(deliveries.redeliver_next_batch(2, now_ms).await.expect("batch"));
+        }
+        assert_eq!(ran, [Some(2), Some(1), None], "batches of two, then done");
+        let log = subscriptions.deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
+        for delivery in &log {
+            let expected = if delivered.contains(&delivery.event_id) { DeliveryState::Delivered } else { DeliveryState::Pending };
+            assert_eq!(delivery.state, expected, "{}", delivery.event_id);
+        }
+
+        let everything = RedeliveryRange { include_delivered: true, ..range };
+        assert_eq!(subscriptions.redeliver_range(CLIENT, &endpoint_id, everything, limits, T0 + 30).await.expect("range again"), 5, "the last range is done");
+        while deliveries.redeliver_next_batch(2, T0 + 31).await.expect("batch").is_some() {}
+        let log = subscriptions.deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
+        assert!(log.iter().all(|delivery| delivery.state == DeliveryState::Pending), "delivered ones too, when asked");
+    }
+}
+
+#[tokio::test]
+async fn the_delivery_log_pages_with_a_cursor_and_filters() {
+    for (database, _scratch) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        let mut events = Vec::new();
+        for n in 0..5 {
+            events.push(paid(&database, T0 + n).await);
+        }
+        let deliveries = Deliveries::new(database.clone());
+        let delivered = deliver_one(&deliveries, &endpoint_id, T0 + 10).await;
+        let subscriptions = Subscriptions::new(database.clone());
+        let mut query = DeliveryQuery::newest(2);
+        let mut pages = Vec::new();
+        loop {
+            let page = subscriptions.deliveries(CLIENT, &endpoint_id, &query).await.expect("page");
+            pages.push(page.deliveries.iter().map(|delivery| delivery.event_id.clone()).collect::<Vec<_>>());
+            let Some(next) = page.next else { break };
+            query.after = Some(next.to_string().parse().expect("a cursor reads back"));
+        }
+        events.reverse();
+        assert_eq!(pages, [&events[0..2], &events[2..4], &events[4..5]], "newest first, two at a time");
+
+        let only_delivered = DeliveryQuery { state: Some(DeliveryState::Delivered), ..DeliveryQuery::newest(10) };
+        let page = subscriptions.deliveries(CLIENT, &endpoint_id, &only_delivered).await.expect("filtered");
+        assert_eq!(page.deliveries.iter().map(|delivery| (delivery.event_id.as_str(), delivery.attempts.len())).collect::<Vec<_>>(), [(delivered.as_str(), 1)]);
+        let other_type = DeliveryQuery { event_type: Some(outbox::ORDER_PAYMENT_DECLINED.into()), ..DeliveryQuery::newest(10) };
+        assert_eq!(subscriptions.deliveries(CLIENT, &endpoint_id, &other_type).await.expect("filtered").deliveries, []);
+        assert!("nonsense".parse::<outbox::LogCursor>().is_err());
+    }
+}
+
+#[tokio::test]
+async fn events_past_retention_are_reaped_in_batches_unless_still_being_delivered() {
+    const RETENTION_MS: i64 = 30 * DAY_MS;
+    for (database, _scratch) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        let deliveries = Deliveries::new(database.clone());
+        let subscriptions = Subscriptions::new(database.clone());
+        let delivered = [paid(&database, T0).await, paid(&database, T0 + 1).await];
+        for _ in &delivered {
+            deliver_one(&deliveries, &endpoint_id, T0 + 10).await;
+        }
+        let pending = paid(&database, T0 + 2).await;
+        let leased = paid(&database, T0 + 3).await;
+        // Claimed, due again later: leased and pending, and after the lease only pending.
+        let claim = deliveries.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").expect("due");
+        assert_eq!(claim.event_id, pending);
+        deliveries.finish(&claim, &answered(500, T0 + 10), Outcome::Failed { retry_at_ms: Some(T0 + 40 * DAY_MS) }, RULE, T0 + 10).await.expect("finish");
+        deliveries.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").expect("the leased one");
+        let recent = paid(&database, T0 + 20 * DAY_MS).await;
+
+        assert_eq!(deliveries.reap_expired(RETENTION_MS, 1, T0 + RETENTION_MS).await.expect("reap"), 0, "nothing is past retention yet");
+        assert_eq!(deliveries.reap_expired(RETENTION_MS, 1, T0 + RETENTION_MS + 10).await.expect("reap"), 2, "the delivered two, one per batch");
+        let left = |log: Vec<outbox::DeliveryLog>| {
+            let mut ids: Vec<String> = log.into_iter().map(|delivery| delivery.event_id).collect();
+            ids.sort();
+            ids
+        };
+        let mut kept = vec![pending.clone(), leased.clone(), recent.clone()];
+        kept.sort();
+        assert_eq!(left(subscriptions.deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(10)).await.expect("log").deliveries), kept);
+        assert_eq!(count(&database, "webhook_attempts").await, 1, "the reaped deliveries' attempts went with them");
+
+        // Disabled, the endpoint sends nothing: its pending deliveries no longer keep their events.
+        subscriptions.set_enabled(CLIENT, &endpoint_id, false).await.expect("disable");
+        assert_eq!(deliveries.reap_expired(RETENTION_MS, 10, T0 + RETENTION_MS + 10).await.expect("reap"), 1, "the pending one; the leased one stays");
+        assert_eq!(count(&database, "webhook_events").await, 2);
+    }
+}
+
+#[tokio::test]
+async fn a_range_redelivery_beyond_its_caps_is_refused_and_names_the_cap() {
+    for (database, _scratch) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        for n in 0..3 {
+            paid(&database, T0 + n).await;
+        }
+        let subscriptions = Subscriptions::new(database.clone());
+        let limits = RedeliveryLimits { max_days: 1, max_events: 2 };
+        let too_long = RedeliveryRange { from_ms: T0 - DAY_MS, until_ms: T0 + 1, include_delivered: false };
+        let error = subscriptions.redeliver_range(CLIENT, &endpoint_id, too_long, limits, T0 + 10).await.expect_err("longer than a day");
+        assert!(error.to_string().contains("at most 1 days"), "{error}");
+        let too_many = RedeliveryRange { from_ms: T0, until_ms: T0 + 3, include_delivered: false };
+        let error = subscriptions.redeliver_range(CLIENT, &endpoint_id, too_many, limits, T0 + 10).await.expect_err("three events");
+        assert!(error.to_string().contains("more than 2 deliveries"), "{error}");
+        assert_eq!(count(&database, "webhook_redeliveries").await, 0, "nothing stored");
+        let two = RedeliveryRange { from_ms: T0, until_ms: T0 + 2, include_delivered: false };
+        assert_eq!(subscriptions.redeliver_range(CLIENT, &endpoint_id, two, limits, T0 + 10).await.expect("within the caps"), 2);
     }
 }
 
@@ -313,13 +490,13 @@ async fn a_redelivery_during_an_attempt_is_not_undone_by_the_attempts_outcome() 
         let subscriptions = Subscriptions::new(database.clone());
         subscriptions.redeliver(CLIENT, &endpoint_id, &event_id, T0 + 1).await.expect("redeliver");
 
-        let finished = deliveries.finish(&in_flight, &answered(410, T0), Outcome::Gone { retry_at_ms: Some(T0 + 5_000) }, DAY_MS, T0 + 2).await.expect("finish");
+        let finished = deliveries.finish(&in_flight, &answered(410, T0), Outcome::Gone { retry_at_ms: Some(T0 + 5_000) }, RULE, T0 + 2).await.expect("finish");
         assert!(finished.lease_lost, "the redelivery took the lease away");
         assert_eq!(finished.endpoint_disabled, None, "a lost lease changes nothing of the endpoint");
         assert!(subscriptions.endpoint(CLIENT, &endpoint_id).await.expect("endpoint").enabled);
         let again = deliveries.claim(&endpoint_id, T0 + 2, 30_000).await.expect("claim").expect("the redelivery is due now");
         assert_eq!(again.event_id, event_id);
-        let log = subscriptions.deliveries(CLIENT, &endpoint_id, 10).await.expect("log");
+        let log = subscriptions.deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
         assert_eq!(log[0].attempts.len(), 1, "the attempt itself is logged");
     }
 }
@@ -336,7 +513,7 @@ async fn claims_of_every_sender_together_keep_to_the_endpoints_concurrency_limit
         let first = one.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").expect("a slot");
         two.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").expect("the second slot");
         assert!(one.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").is_none(), "two in flight already");
-        one.finish(&first, &answered(204, T0 + 10), Outcome::Delivered, DAY_MS, T0 + 11).await.expect("finish");
+        one.finish(&first, &answered(204, T0 + 10), Outcome::Delivered, RULE, T0 + 11).await.expect("finish");
         assert!(two.claim(&endpoint_id, T0 + 11, 30_000).await.expect("claim").is_some(), "a slot came free");
     }
 }

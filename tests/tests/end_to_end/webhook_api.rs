@@ -199,15 +199,23 @@ async fn the_delivery_log_and_redelivery() {
     assert_eq!(unknown.headers()["content-type"], "application/problem+json");
 
     let range = |from: &str, until: &str| json!({"from": from, "until": until});
+    let days_from_now = |days: i64| {
+        let now = std::time::SystemTime::now();
+        let shift = std::time::Duration::from_secs(days.unsigned_abs() * 86_400);
+        humantime::format_rfc3339_seconds(if days < 0 { now - shift } else { now + shift }).to_string()
+    };
+    let (yesterday, tomorrow) = (days_from_now(-1), days_from_now(1));
     let range_path = format!("{ENDPOINTS}/{id}/redeliver");
     let redeliver = |body: Value| post(&test, API_KEY, &range_path, Some(body));
-    let before_any_order = redeliver(range("2020-01-01T00:00:00Z", "2100-01-01T00:00:00Z")).await;
+    let before_any_order = redeliver(range(&yesterday, &tomorrow)).await;
     assert_eq!(before_any_order.status(), 202);
     assert_eq!(before_any_order.json::<Value>().await.unwrap(), json!({"queued": 0}));
     for (body, field) in [
         (range("yesterday", "2100-01-01T00:00:00Z"), "from"),
         (range("2100-01-01T00:00:00Z", "2020-01-01T00:00:00Z"), "until"),
         (json!({"from": "2020-01-01T00:00:00Z"}), "until"),
+        // Longer than the 14 days one range redelivery may span.
+        (range("2020-01-01T00:00:00Z", "2100-01-01T00:00:00Z"), "until"),
     ] {
         let problem = refused(redeliver(body).await, field).await;
         assert_eq!(problem["field"], field, "{problem}");
@@ -223,11 +231,17 @@ async fn the_delivery_log_and_redelivery() {
     assert!(delivery["next_attempt_at"].as_str().unwrap().ends_with('Z'), "{delivery}");
     assert!(delivery["attempts"].as_array().unwrap().iter().all(|attempt| attempt["outcome"] == "failed"), "{delivery}");
     let event_id = delivery["event_id"].as_str().unwrap();
+    let delivered: Value = get(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries?state=delivered")).await.json().await.unwrap();
+    assert_eq!(delivered, json!({"deliveries": []}), "filtered by state");
+    let problem = refused(get(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries?state=lost")).await, "one of pending").await;
+    assert_eq!(problem["field"], "state", "{problem}");
+    let problem = refused(get(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries?cursor=nonsense")).await, "cursor").await;
+    assert_eq!(problem["field"], "cursor", "{problem}");
     let again = post(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries/{event_id}/redeliver"), None).await;
     assert_eq!((again.status().as_u16(), again.json::<Value>().await.unwrap()), (202, json!({"queued": 1})));
-    let after_an_order = redeliver(range("2020-01-01T00:00:00Z", "2100-01-01T00:00:00Z")).await;
+    let after_an_order = redeliver(range(&yesterday, &tomorrow)).await;
     assert_eq!((after_an_order.status().as_u16(), after_an_order.json::<Value>().await.unwrap()), (202, json!({"queued": 1})));
-    let after_the_range = redeliver(range("2020-01-01T00:00:00Z", "2021-01-01T00:00:00Z")).await;
+    let after_the_range = redeliver(range("2020-01-01T00:00:00Z", "2020-01-02T00:00:00Z")).await;
     assert_eq!(after_the_range.json::<Value>().await.unwrap(), json!({"queued": 0}), "an event outside the range is not queued");
 }
 

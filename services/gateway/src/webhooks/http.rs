@@ -69,17 +69,24 @@ struct Rotation {
     overlap_ms: Option<u64>,
 }
 
-/// `POST …/redeliver` body: RFC 3339 bounds, `from` inclusive, `until` exclusive.
+/// `POST …/redeliver` body: RFC 3339 bounds, `from` inclusive, `until` exclusive, and whether
+/// delivered events go out again too.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Range {
     from: Option<String>,
     until: Option<String>,
+    /// Send the delivered ones again too.
+    #[serde(default)]
+    include_delivered: bool,
 }
 
 #[derive(Debug, Deserialize)]
 struct DeliveriesQuery {
     limit: Option<u32>,
+    cursor: Option<String>,
+    state: Option<String>,
+    event_type: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -233,10 +240,20 @@ async fn list_deliveries(
 ) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
     let Query(query) = query.map_err(|rejection| GatewayError::field("limit", rejection.body_text()))?;
-    let limit = positive(query.limit, "limit")?;
-    let deliveries = api.webhooks().deliveries(&client, ListDeliveriesRequest { endpoint_id, limit }).await?.deliveries;
-    let deliveries: Vec<DeliveryJson> = deliveries.into_iter().map(DeliveryJson::from).collect();
-    Ok(Json(serde_json::json!({ "deliveries": deliveries })).into_response())
+    let request = ListDeliveriesRequest {
+        endpoint_id,
+        limit: positive(query.limit, "limit")?,
+        cursor: query.cursor.unwrap_or_default(),
+        state: query.state.unwrap_or_default(),
+        event_type: query.event_type.unwrap_or_default(),
+    };
+    let page = api.webhooks().deliveries(&client, request).await?;
+    let deliveries: Vec<DeliveryJson> = page.deliveries.into_iter().map(DeliveryJson::from).collect();
+    let mut body = serde_json::json!({ "deliveries": deliveries });
+    if !page.next_cursor.is_empty() {
+        body["next_cursor"] = page.next_cursor.into();
+    }
+    Ok(Json(body).into_response())
 }
 
 async fn redeliver(State(api): State<Api>, headers: HeaderMap, Path((endpoint_id, event_id)): Path<(String, String)>) -> Result<Response, GatewayError> {
@@ -248,7 +265,12 @@ async fn redeliver(State(api): State<Api>, headers: HeaderMap, Path((endpoint_id
 async fn redeliver_range(State(api): State<Api>, headers: HeaderMap, Path(endpoint_id): Path<String>, body: Bytes) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
     let range: Range = json_body(&body)?;
-    let request = RedeliverRangeRequest { endpoint_id, from: required(range.from, "from")?, until: required(range.until, "until")? };
+    let request = RedeliverRangeRequest {
+        endpoint_id,
+        from: required(range.from, "from")?,
+        until: required(range.until, "until")?,
+        include_delivered: range.include_delivered,
+    };
     let queued = api.webhooks().redeliver_range(&client, request).await?.queued;
     Ok((StatusCode::ACCEPTED, Json(serde_json::json!({ "queued": queued }))).into_response())
 }

@@ -6,7 +6,6 @@ use std::{sync::Arc, time::Duration};
 use idempotency::{Clock, ManualClock};
 use outbox::{DeliveryState, EndpointLimits};
 use webhook_sender::Delay;
-use webhooks::ssrf::SystemResolver;
 
 use crate::harness::{Answer, CLIENT, Marker, Outbox, Receiver, settings, start_sender, wall_ms};
 
@@ -19,7 +18,7 @@ async fn a_410_disables_the_endpoint_and_its_owner_is_told_at_their_other_endpoi
     let (gone_id, _) = outbox.endpoint(&gone.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), clock.now_ms()).await;
     outbox.endpoint(&owner.url(), &[outbox::ENDPOINT_DISABLED], EndpointLimits::default(), clock.now_ms()).await;
     let marker = Marker::subscribe(&outbox, clock.now_ms()).await;
-    let _sender = start_sender(settings(&outbox, &[&gone, &owner, &marker.receiver]), clock.clone(), SystemResolver).await;
+    let _sender = start_sender(settings(&outbox, &[&gone, &owner, &marker.receiver]), clock.clone()).await;
     let event_id = outbox.paid(clock.now_ms()).await;
 
     owner.wait_for(1).await;
@@ -60,7 +59,7 @@ async fn retry_after_is_the_least_wait_clamped_by_the_settings_and_pauses_the_en
         jitter: 0.0,
         ..settings(&outbox, &[&two_seconds, &a_day, &unavailable_now, &marker.receiver])
     };
-    let _sender = start_sender(settings, clock.clone(), SystemResolver).await;
+    let _sender = start_sender(settings, clock.clone()).await;
     let event_id = outbox.paid(clock.now_ms()).await;
 
     // 2 s is shorter than the schedule's 3 s: the schedule wins, so a short Retry-After never
@@ -93,7 +92,7 @@ async fn a_pause_outlasts_the_endpoints_worker_and_the_sender_itself() {
     let (endpoint_id, _) = outbox.endpoint(&paused.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), clock.now_ms()).await;
     let marker = Marker::subscribe(&outbox, clock.now_ms()).await;
     let settings = webhook_sender::Settings { jitter: 0.0, ..settings(&outbox, &[&paused, &marker.receiver]) };
-    let sender = start_sender(settings.clone(), clock.clone(), SystemResolver).await;
+    let sender = start_sender(settings.clone(), clock.clone()).await;
     let first = outbox.paid(clock.now_ms()).await;
     let asked_at = outbox.attempts(&endpoint_id, &first, 1).await.attempts[0].started_at_ms;
 
@@ -105,7 +104,7 @@ async fn a_pause_outlasts_the_endpoints_worker_and_the_sender_itself() {
     assert_eq!(paused.count(), 1, "the pause outlasts the worker");
 
     drop(sender);
-    let _restarted = start_sender(settings, clock.clone(), SystemResolver).await;
+    let _restarted = start_sender(settings, clock.clone()).await;
     clock.advance_ms(asked_at + 29_999 - clock.now_ms());
     marker.passed(&outbox, clock.now_ms()).await;
     assert_eq!(paused.count(), 1, "a restarted sender honours the pause");

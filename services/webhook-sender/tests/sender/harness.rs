@@ -23,7 +23,7 @@ use axum::{
     routing::post,
 };
 use idempotency::{Clock, Database, SystemClock};
-use outbox::{DeliveryLog, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, Subscriptions};
+use outbox::{DeliveryLog, DeliveryQuery, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, Subscriptions};
 use test_support::eventually;
 use tokio::net::TcpListener;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -54,24 +54,46 @@ impl Outbox {
 
     /// An endpoint of [`CLIENT`] at `url` for `event_types`, and its secret.
     pub async fn endpoint(&self, url: &str, event_types: &[&str], limits: EndpointLimits, now_ms: i64) -> (String, Secret) {
+        self.client_endpoint(CLIENT, url, event_types, limits, now_ms).await
+    }
+
+    /// An endpoint of `client` at `url` for `event_types`, and its secret.
+    pub async fn client_endpoint(&self, client: &str, url: &str, event_types: &[&str], limits: EndpointLimits, now_ms: i64) -> (String, Secret) {
         let new = NewEndpoint { url: url.into(), event_types: event_types.iter().map(|t| t.to_string()).collect(), limits };
         let mut transaction = self.database.begin().await.expect("transaction");
-        let (endpoint, secret) = Subscriptions::create_endpoint(&mut transaction, CLIENT, &new, now_ms).await.expect("endpoint");
+        let (endpoint, secret) = Subscriptions::create_endpoint(&mut transaction, client, &new, now_ms).await.expect("endpoint");
         transaction.commit().await.expect("commit");
         (endpoint.endpoint_id, secret)
     }
 
-    /// Commits an `order.paid` event at `now_ms`; returns its id.
+    /// Commits an `order.paid` event of [`CLIENT`] at `now_ms`; returns its id.
     pub async fn paid(&self, now_ms: i64) -> String {
-        self.record(ORDER_PAID, now_ms).await
+        self.record(CLIENT, ORDER_PAID, now_ms).await
+    }
+
+    /// Commits an `order.paid` event of `client` at `now_ms`; returns its id.
+    pub async fn client_paid(&self, client: &str, now_ms: i64) -> String {
+        self.record(client, ORDER_PAID, now_ms).await
+    }
+
+    /// Commits `events` `order.paid` events of `client`, one every `pace`; returns when each was
+    /// committed (wall-clock ms), by event id.
+    pub async fn paced_commits(&self, client: &str, events: usize, pace: Duration) -> HashMap<String, i64> {
+        let mut committed_at = HashMap::new();
+        for _ in 0..events {
+            let at = wall_ms();
+            committed_at.insert(self.client_paid(client, at).await, at);
+            tokio::time::sleep(pace).await;
+        }
+        committed_at
     }
 
     /// Commits an event of `event_type` at `now_ms`; returns its id.
-    async fn record(&self, event_type: &'static str, now_ms: i64) -> String {
+    async fn record(&self, client: &str, event_type: &'static str, now_ms: i64) -> String {
         let mut transaction = self.database.begin().await.expect("transaction");
         let data = serde_json::json!({"order_id": "ord_1"});
         let event = NewEvent { event_type, version: 1, data: &data };
-        let id = outbox::record(&mut transaction, CLIENT, &event, now_ms).await.expect("record").expect("an endpoint subscribes");
+        let id = outbox::record(&mut transaction, client, &event, now_ms).await.expect("record").expect("an endpoint subscribes");
         transaction.commit().await.expect("commit");
         id
     }
@@ -82,7 +104,7 @@ impl Outbox {
 
     /// The endpoint's delivery of `event_id`, with its attempts.
     pub async fn delivery(&self, endpoint_id: &str, event_id: &str) -> DeliveryLog {
-        let log = self.subscriptions().deliveries(CLIENT, endpoint_id, 1_000).await.expect("delivery log");
+        let log = self.subscriptions().deliveries(CLIENT, endpoint_id, &DeliveryQuery::newest(1_000)).await.expect("delivery log").deliveries;
         log.into_iter().find(|delivery| delivery.event_id == event_id).expect("the delivery exists")
     }
 
@@ -109,6 +131,27 @@ pub struct Received {
 impl Received {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+}
+
+/// Commit → receipt times of what `receiver` got, in ms, sorted; `committed_at_ms` by event id.
+pub fn commit_to_receipt(receiver: &Receiver, committed_at_ms: &HashMap<String, i64>) -> Latencies {
+    let mut ms: Vec<i64> = receiver
+        .received()
+        .iter()
+        .map(|delivery| delivery.at_ms - committed_at_ms[delivery.header("webhook-id").expect("webhook-id")])
+        .collect();
+    ms.sort_unstable();
+    Latencies(ms)
+}
+
+/// Latencies in ms, sorted.
+pub struct Latencies(pub Vec<i64>);
+
+impl Latencies {
+    /// The `p` quantile (0.0..=1.0), nearest rank.
+    pub fn percentile(&self, p: f64) -> i64 {
+        self.0[((self.0.len() - 1) as f64 * p).round() as usize]
     }
 }
 
@@ -202,7 +245,7 @@ impl Marker {
     pub async fn passed(&self, outbox: &Outbox, now_ms: i64) {
         for _ in 0..2 {
             let delivered = self.receiver.count() + 1;
-            outbox.record(ORDER_PAYMENT_DECLINED, now_ms).await;
+            outbox.record(CLIENT, ORDER_PAYMENT_DECLINED, now_ms).await;
             self.receiver.wait_for(delivered).await;
         }
     }
@@ -292,8 +335,17 @@ pub struct RunningSender {
     _stop: DropGuard,
 }
 
-pub async fn start_sender<R: Resolve + Send + Sync + 'static>(settings: Settings, clock: Arc<dyn Clock>, resolver: R) -> RunningSender {
-    let app = Application::build_with(settings, clock, resolver).await.expect("sender");
+/// A sender with its clock, looking names up as `settings.dns` says.
+pub async fn start_sender(settings: Settings, clock: Arc<dyn Clock>) -> RunningSender {
+    run(Application::build_with_clock(settings, clock).await.expect("sender"))
+}
+
+/// A sender with its clock, whose names resolve through `resolver`.
+pub async fn start_sender_resolving<R: Resolve + Send + Sync + 'static>(settings: Settings, clock: Arc<dyn Clock>, resolver: R) -> RunningSender {
+    run(Application::build_with(settings, clock, resolver).await.expect("sender"))
+}
+
+fn run<R: Resolve + Send + Sync + 'static>(app: Application<R>) -> RunningSender {
     let stop = CancellationToken::new();
     tokio::spawn(app.run_until_stopped(stop.clone()));
     RunningSender { _stop: stop.drop_guard() }

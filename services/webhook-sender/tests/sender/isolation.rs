@@ -6,9 +6,8 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use idempotency::SystemClock;
 use outbox::EndpointLimits;
 use test_support::eventually;
-use webhooks::ssrf::SystemResolver;
 
-use crate::harness::{Answer, Outbox, Receiver, settings, start_sender, wall_ms};
+use crate::harness::{Answer, Outbox, Receiver, commit_to_receipt, settings, start_sender, wall_ms};
 
 const EVENTS: usize = 200;
 
@@ -22,7 +21,7 @@ async fn a_hanging_recipient_never_delays_a_healthy_one_and_never_gets_more_than
     outbox.endpoint(&hanging.url(), &[outbox::ORDER_PAID], hanging_limits, wall_ms()).await;
     outbox.endpoint(&healthy.url(), &[outbox::ORDER_PAID], healthy_limits, wall_ms()).await;
     let settings = webhook_sender::Settings { request_timeout_ms: 1_000, connect_timeout_ms: 500, ..settings(&outbox, &[&hanging, &healthy]) };
-    let _sender = start_sender(settings, Arc::new(SystemClock), SystemResolver).await;
+    let _sender = start_sender(settings, Arc::new(SystemClock)).await;
 
     let mut committed_at = HashMap::new();
     for _ in 0..EVENTS {
@@ -31,16 +30,11 @@ async fn a_hanging_recipient_never_delays_a_healthy_one_and_never_gets_more_than
     }
     eventually(Duration::from_secs(30), "every event reaches the healthy recipient", || async { healthy.count() >= EVENTS }).await;
 
-    let mut latencies: Vec<i64> = healthy
-        .received()
-        .iter()
-        .map(|delivery| delivery.at_ms - committed_at[delivery.header("webhook-id").expect("webhook-id")])
-        .collect();
-    latencies.sort_unstable();
-    let percentile = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize];
+    let latencies = commit_to_receipt(&healthy, &committed_at);
+    let percentile = |p| latencies.percentile(p);
     println!(
         "healthy recipient beside a hanging one: {} deliveries, commit→receipt p50 {} ms, p99 {} ms, max {} ms; the hanging one held at most {} at once and got {}",
-        latencies.len(),
+        latencies.0.len(),
         percentile(0.5),
         percentile(0.99),
         percentile(1.0),

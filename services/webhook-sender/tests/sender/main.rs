@@ -2,9 +2,12 @@
 
 mod answers;
 mod crash;
+mod dns;
+mod fairness;
 mod harness;
 mod isolation;
 mod process;
+mod retention;
 mod retries;
 mod rotation;
 mod ssrf;

@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use idempotency::{Clock, ManualClock};
 use outbox::{DeliveryState, EndpointLimits};
-use webhooks::ssrf::SystemResolver;
 
 use crate::harness::{Answer, CLIENT, Marker, Outbox, Receiver, settings, start_sender};
 
@@ -22,7 +21,7 @@ async fn retries_follow_the_schedule_within_jitter_then_stop_and_a_redelivery_ke
     let settings = settings(&outbox, &[&receiver, &marker.receiver]);
     let (schedule, jitter) = (settings.schedule.clone(), settings.jitter);
     // Failing for a day would disable the endpoint before the schedule (about 28 h) is spent.
-    let _sender = start_sender(webhook_sender::Settings { disable_after_ms: 7 * 86_400_000, ..settings }, clock.clone(), SystemResolver).await;
+    let _sender = start_sender(webhook_sender::Settings { disable_after_ms: 7 * 86_400_000, ..settings }, clock.clone()).await;
 
     for (attempt, delay) in schedule.iter().enumerate().skip(1) {
         let delivery = outbox.attempts(&endpoint_id, &event_id, attempt).await;

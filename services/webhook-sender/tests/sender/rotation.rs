@@ -4,10 +4,7 @@ use std::sync::Arc;
 
 use idempotency::{Clock, ManualClock};
 use outbox::{EndpointLimits, Subscriptions};
-use webhooks::{
-    signature::{ReceivedHeaders, Secret, Verifier, VerifyError},
-    ssrf::SystemResolver,
-};
+use webhooks::signature::{ReceivedHeaders, Secret, Verifier, VerifyError};
 
 use crate::harness::{CLIENT, Outbox, Receiver, Received, settings, start_sender, wall_ms};
 
@@ -28,7 +25,7 @@ async fn during_the_overlap_both_secrets_sign_and_after_it_only_the_new_one() {
     let mut transaction = outbox.database.begin().await.expect("transaction");
     let new = Subscriptions::rotate_secret(&mut transaction, CLIENT, &endpoint_id, OVERLAP_MS, clock.now_ms()).await.expect("rotate");
     transaction.commit().await.expect("commit");
-    let _sender = start_sender(settings(&outbox, &[&receiver]), clock.clone(), SystemResolver).await;
+    let _sender = start_sender(settings(&outbox, &[&receiver]), clock.clone()).await;
 
     outbox.paid(clock.now_ms()).await;
     receiver.wait_for(1).await;

@@ -7,7 +7,7 @@ use outbox::EndpointLimits;
 
 use webhook_sender::Settings;
 
-use crate::harness::{Answer, FixedResolver, Forbidden, Outbox, Receiver, settings, start_sender, wall_ms};
+use crate::harness::{Answer, FixedResolver, Forbidden, Outbox, Receiver, settings, start_sender_resolving, wall_ms};
 
 #[tokio::test]
 async fn refused_addresses_are_never_dialled_and_redirects_are_not_followed() {
@@ -29,7 +29,7 @@ async fn refused_addresses_are_never_dialled_and_redirects_are_not_followed() {
     let (denied, _) = outbox.endpoint(&format!("https://internal.example.com:{}/hook", private.addr.port()), &[outbox::ORDER_PAID], limits, now).await;
     let (mixed, _) = outbox.endpoint(&format!("https://mixed.example.com:{}/hook", mixed_private.addr.port()), &[outbox::ORDER_PAID], limits, now).await;
     let (redirect, _) = outbox.endpoint(&redirecting.url(), &[outbox::ORDER_PAID], limits, now).await;
-    let _sender = start_sender(settings(&outbox, &[&redirecting]), Arc::new(SystemClock), resolver).await;
+    let _sender = start_sender_resolving(settings(&outbox, &[&redirecting]), Arc::new(SystemClock), resolver).await;
     let event_id = outbox.paid(wall_ms()).await;
 
     for (endpoint_id, listener) in [(&denied, &private), (&mixed, &mixed_private)] {
@@ -61,7 +61,7 @@ async fn a_name_that_does_not_resolve_reads_as_a_denied_one_and_no_error_repeats
     let secret_path = "/hook/T0001/B0001/s3cr3t-t0k3n";
     let (refused, _) = outbox.endpoint(&format!("http://{closed}{secret_path}"), &[outbox::ORDER_PAID], limits, now).await;
     let settings = Settings { test_hosts: vec![closed.to_string()], ..settings(&outbox, &[]) };
-    let _sender = start_sender(settings, Arc::new(SystemClock), FixedResolver::default()).await;
+    let _sender = start_sender_resolving(settings, Arc::new(SystemClock), FixedResolver::default()).await;
     let event_id = outbox.paid(wall_ms()).await;
 
     let delivery = outbox.attempts(&unknown, &event_id, 1).await;

@@ -201,6 +201,11 @@ impl Target {
         })
     }
 
+    /// Whether [`Target::resolve`] asks the resolver: the host is a name, not an IP address.
+    pub fn needs_lookup(&self) -> bool {
+        self.literal_ip().is_none()
+    }
+
     fn literal_ip(&self) -> Option<IpAddr> {
         match self.host {
             Host::Ipv4(ip) => Some(ip.into()),

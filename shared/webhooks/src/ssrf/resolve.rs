@@ -12,6 +12,11 @@ pub trait Resolve {
 }
 
 /// The operating system's resolver, through tokio's `lookup_host`.
+///
+/// Each lookup holds a thread of tokio's blocking pool until `getaddrinfo` returns, however long
+/// its name servers take, and a timeout drops only the future: fine for a tool or a test, not for
+/// a sender whose recipients choose their names (the webhook sender has an asynchronous resolver
+/// of its own, with a lookup timeout and a cap per client).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SystemResolver;
 

@@ -33,6 +33,12 @@ impl GatewayError {
     }
 }
 
+impl From<proto::validate::FieldError> for GatewayError {
+    fn from(error: proto::validate::FieldError) -> Self {
+        Self::InvalidField { field: error.field, reason: error.reason }
+    }
+}
+
 /// An `application/problem+json` body.
 #[derive(Debug, Serialize)]
 pub struct Problem {

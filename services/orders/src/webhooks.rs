@@ -115,6 +115,7 @@ impl WebhookService {
 impl Webhooks for WebhookService {
     async fn create_endpoint(&self, request: Request<CreateEndpointRequest>) -> Result<Response<EndpointWithSecret>, Status> {
         let message = request.get_ref();
+        proto::validate::create_endpoint(message).map_err(|error| OrdersError::InvalidRequest(error.to_string()))?;
         let or_default = |asked: u32, default: u32| if asked == 0 { default } else { asked };
         let new = NewEndpoint {
             url: message.url.clone(),

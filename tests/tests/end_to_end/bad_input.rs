@@ -1,7 +1,8 @@
 //! Bad input gets a clear problem+json naming what is wrong, and nothing is written or called.
 
-use e2e::{TestChain, order_body};
+use e2e::{API_KEY, TestChain, grpc_request, order_body, order_message, problem};
 use serde_json::{Value, json};
+use tonic::Code;
 
 fn with(change: impl FnOnce(&mut Value)) -> Value {
     let mut body = order_body();
@@ -70,6 +71,47 @@ async fn malformed_headers_and_bodies_are_rejected() {
     let unknown_key = test.http.post(&url).bearer_auth("nope").header("idempotency-key", "k-3").body(body).send().await.unwrap();
     assert_eq!(unknown_key.status(), 401);
 
+    assert_nothing_reached_orders(&test);
+}
+
+#[tokio::test]
+async fn hidden_and_blank_looking_text_is_refused_in_every_field() {
+    let test = TestChain::start().await;
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("NUL in the customer", with(|b| b["customer_id"] = json!("c-\u{0000}1")), "customer_id"),
+        ("a right-to-left override in the customer", with(|b| b["customer_id"] = json!("c-1\u{202E}")), "customer_id"),
+        ("a lone zero-width space as customer", with(|b| b["customer_id"] = json!("\u{200B}")), "customer_id"),
+        ("a blank sku", with(|b| b["items"][0]["sku"] = json!("   ")), "items[0].sku"),
+        ("an isolate in the sku", with(|b| b["items"][0]["sku"] = json!("\u{2066}sku-1")), "items[0].sku"),
+        ("a newline in the currency", with(|b| b["currency"] = json!("EUR\n")), "currency"),
+    ];
+    for (name, body, field) in cases {
+        let problem = problem(test.post_order(&format!("hidden-{}", name.replace(' ', "-")), &body).send().await.unwrap(), 400).await;
+        assert_eq!(problem["field"], field, "{name}: {problem}");
+    }
+    let read = problem(test.get("/v1/orders/ord%00x").send().await.unwrap(), 400).await;
+    assert_eq!(read["field"], "order_id", "{read}");
+    let key_with_a_tab = test.post_order("key\twith-a-tab", &order_body()).send().await.unwrap();
+    assert_eq!(problem(key_with_a_tab, 400).await["field"], "Idempotency-Key");
+
+    let endpoints = [
+        (json!({"url": "https://hooks.example.com/\u{0000}", "event_types": ["order.paid"]}), "url"),
+        (json!({"url": "https://hooks.example.com/\u{202D}x", "event_types": ["order.paid"]}), "url"),
+        (json!({"url": "https://hooks.example.com/", "event_types": ["order.paid\u{202E}"]}), "event_types[0]"),
+        (json!({"url": "https://hooks.example.com/", "event_types": ["\u{FEFF}"]}), "event_types[0]"),
+    ];
+    for (body, field) in endpoints {
+        let response = test.post_as(API_KEY, "/v1/webhooks/endpoints", "hidden-endpoint", &body).send().await.unwrap();
+        assert_eq!(problem(response, 400).await["field"], field, "{body}");
+    }
+
+    // The gRPC face keeps the same rules.
+    let mut gateway = test.grpc_gateway().await;
+    let mut order = order_message();
+    order.customer_id = "c-1\u{202E}".into();
+    let refused = gateway.create_order(grpc_request(order, "hidden-grpc")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().starts_with("customer_id:"), "{refused:?}");
     assert_nothing_reached_orders(&test);
 }
 

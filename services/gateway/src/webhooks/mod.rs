@@ -64,6 +64,7 @@ impl WebhooksApi {
     }
 
     pub async fn create_endpoint(&self, client: &ClientId, key: &str, request: CreateEndpointRequest) -> Result<Keyed, GatewayError> {
+        proto::validate::create_endpoint(&request)?;
         Ok(keyed(call(&self.create, request, keyed_metadata(client, key)?).await?))
     }
 
@@ -124,7 +125,7 @@ fn metadata(client: &ClientId) -> Result<MetadataMap, GatewayError> {
 }
 
 fn keyed_metadata(client: &ClientId, key: &str) -> Result<MetadataMap, GatewayError> {
-    proto::validate::idempotency_key(key).map_err(|error| GatewayError::field(error.field, error.reason))?;
+    proto::validate::idempotency_key(key)?;
     let mut metadata = metadata(client)?;
     metadata.insert(IDEMPOTENCY_KEY, metadata_value(key)?);
     Ok(metadata)

@@ -117,7 +117,7 @@ impl Webhooks for WebhookService {
         let message = request.get_ref();
         proto::validate::create_endpoint(message).map_err(|error| OrdersError::InvalidRequest(error.to_string()))?;
         let or_default = |asked: u32, default: u32| if asked == 0 { default } else { asked };
-        let new = NewEndpoint {
+        let mut new = NewEndpoint {
             url: message.url.clone(),
             event_types: message.event_types.clone(),
             limits: EndpointLimits {

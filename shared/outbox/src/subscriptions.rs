@@ -35,11 +35,13 @@ pub struct NewEndpoint {
 }
 
 impl NewEndpoint {
-    /// Checks what can be checked before any delivery: the URL under `policy` (its scheme, and
-    /// an IP address in place of a name), known event types, limits within [`EndpointLimits::MAX`].
+    /// Checks what can be checked before any delivery: the URL under `policy` (see
+    /// [`ssrf::Target::parse`]), known event types, limits within [`EndpointLimits::MAX`]; and
+    /// puts the URL in its normalised form, the one stored and shown.
     /// Names are resolved and vetted again at every delivery, since what they resolve to changes.
-    pub fn validate(&self, policy: &ssrf::Policy) -> Result<(), OutboxError> {
-        ssrf::Target::parse(&self.url, policy).map_err(|error| OutboxError::Invalid(format!("url: {error}")))?;
+    pub fn validate(&mut self, policy: &ssrf::Policy) -> Result<(), OutboxError> {
+        let target = ssrf::Target::parse(&self.url, policy).map_err(|error| OutboxError::Invalid(format!("url: {error}")))?;
+        self.url = target.normalised().to_owned();
         if self.event_types.is_empty() {
             return Err(OutboxError::Invalid(format!("event_types: name at least one of {}", EVENT_TYPES.join(", "))));
         }

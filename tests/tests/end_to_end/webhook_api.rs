@@ -301,3 +301,38 @@ async fn webhook_writes_without_a_key_are_sent_to_orders_once() {
     }
     busy.abort();
 }
+
+#[tokio::test]
+async fn urls_are_stored_as_the_whatwg_parser_reads_them_and_bounded() {
+    let test = TestChain::start().await;
+    let normalised = [
+        ("https:///hooks.example.com/a", "https://hooks.example.com/a"),
+        ("https://hooks.example.com\\@127.0.0.1/h", "https://hooks.example.com/@127.0.0.1/h"),
+        ("  https://Hooks.Example.COM:443/a/./b/../c  ", "https://hooks.example.com/a/c"),
+        ("https://hooks.example.com:8443/ä", "https://hooks.example.com:8443/%C3%A4"),
+    ];
+    for (index, (sent, stored)) in normalised.into_iter().enumerate() {
+        let response = create(&test, &format!("normalised-{index}"), &endpoint_body(sent)).await;
+        assert_eq!(response.status(), 201, "{sent:?}");
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(answer["endpoint"]["url"], stored, "{sent:?}");
+        let id = answer["endpoint"]["endpoint_id"].as_str().unwrap();
+        let read: Value = get(&test, API_KEY, &format!("{ENDPOINTS}/{id}")).await.json().await.unwrap();
+        assert_eq!(read["url"], stored, "what is read back is what was stored");
+    }
+
+    let base = "https://hooks.example.com/";
+    let longest = format!("{base}{}", "a".repeat(2_048 - base.len()));
+    assert_eq!(create(&test, "longest", &endpoint_body(&longest)).await.status(), 201);
+    let too_long = refused(create(&test, "too-long", &endpoint_body(&format!("{longest}a"))).await, "at most 2048").await;
+    assert_eq!(too_long["field"], "url");
+    let swelling = format!("{base}{}", "ä".repeat(350));
+    refused(create(&test, "too-long", &endpoint_body(&swelling)).await, "at most 2048").await;
+
+    for port in [0, 22, 25, 80, 1023] {
+        let problem = refused(create(&test, "port", &endpoint_body(&format!("https://hooks.example.com:{port}/"))).await, "port").await;
+        assert_eq!(problem["field"], "url", "{port}");
+    }
+    assert_eq!(create(&test, "high-port", &endpoint_body("https://hooks.example.com:1024/")).await.status(), 201);
+}
+

@@ -276,3 +276,44 @@ async fn a_range_the_policy_denies_is_refused_beside_the_deny_list() {
     let outside = StubResolver::answering(&["1.1.1.1"]);
     assert!(vet("https://hooks.example.com/", &policy, &outside).await.is_ok());
 }
+
+#[test]
+fn urls_are_kept_in_the_form_the_parser_gives_them() {
+    let policy = Policy::default();
+    for (sent, stored) in [
+        ("https:///h", "https://h/"),
+        ("https://example.com\\@127.0.0.1/h", "https://example.com/@127.0.0.1/h"),
+        ("  https://Example.COM:443/a/../b  ", "https://example.com/b"),
+        ("https://example.com:8443/ä", "https://example.com:8443/%C3%A4"),
+    ] {
+        let target = Target::parse(sent, &policy).unwrap();
+        assert_eq!(target.normalised(), stored, "{sent:?}");
+    }
+}
+
+#[test]
+fn urls_over_the_length_limit_are_refused_as_sent_and_as_normalised() {
+    let policy = Policy::default();
+    let base = "https://example.com/";
+    let longest = format!("{base}{}", "a".repeat(MAX_URL_LEN - base.len()));
+    assert!(Target::parse(&longest, &policy).is_ok());
+    assert!(matches!(Target::parse(&format!("{longest}a"), &policy), Err(SsrfError::TooLong)));
+    // 700 characters that percent-encoding makes 2,100.
+    let swelling = format!("{base}{}", "ä".repeat(350));
+    assert!(swelling.len() < MAX_URL_LEN);
+    assert!(matches!(Target::parse(&swelling, &policy), Err(SsrfError::TooLong)));
+}
+
+#[test]
+fn ports_of_a_hosts_own_services_are_refused() {
+    let policy = Policy::default();
+    for port in [0, 22, 25, 80, 1023] {
+        let url = format!("https://example.com:{port}/h");
+        assert!(matches!(Target::parse(&url, &policy), Err(SsrfError::Port(p)) if p == port), "{url}");
+    }
+    for port in [443, 1024, 8443, 65535] {
+        assert!(Target::parse(&format!("https://example.com:{port}/h"), &policy).is_ok(), "{port}");
+    }
+    let tests = Policy::default().allow_test_host("127.0.0.1:80").unwrap();
+    assert!(Target::parse("http://127.0.0.1:80/h", &tests).is_ok(), "a test host keeps its port");
+}

@@ -157,23 +157,31 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<&str, GatewayError> {
     header(headers, "idempotency-key").ok_or_else(|| GatewayError::field("Idempotency-Key", "header is required (1 to 255 characters)"))
 }
 
-/// A JSON body, a fault in it reported with the path of the field at fault.
-pub fn json_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, GatewayError> {
-    let deserializer = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(deserializer).map_err(|error| {
+/// A JSON body sent as `application/json`, a fault in it reported with the path of the field at
+/// fault, and nothing after it but whitespace.
+pub fn json_body<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<T, GatewayError> {
+    // The media type without its parameters (`; charset=utf-8`), compared as RFC 9110 says: case aside.
+    let media_type = header(headers, "content-type").map(|value| value.split(';').next().unwrap_or_default().trim());
+    if !media_type.is_some_and(|media_type| media_type.eq_ignore_ascii_case("application/json")) {
+        return Err(GatewayError::NotJson);
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
         let path = error.path().to_string();
         if path == "." {
             GatewayError::MalformedBody(error.into_inner().to_string())
         } else {
             GatewayError::field(path, error.into_inner().to_string())
         }
-    })
+    })?;
+    deserializer.end().map_err(|error| GatewayError::MalformedBody(format!("data after the JSON value: {error}")))?;
+    Ok(value)
 }
 
 async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
     let key = idempotency_key(&headers)?;
-    let order: NewOrder = json_body(&body)?;
+    let order: NewOrder = json_body(&headers, &body)?;
     let created = api.create_order(&client, key, order.into_request()?).await?;
     let mut response = (StatusCode::CREATED, Json(OrderJson::from(created.order))).into_response();
     if created.replayed {

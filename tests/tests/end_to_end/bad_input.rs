@@ -115,6 +115,34 @@ async fn hidden_and_blank_looking_text_is_refused_in_every_field() {
     assert_nothing_reached_orders(&test);
 }
 
+#[tokio::test]
+async fn bodies_must_be_json_and_end_where_the_json_ends() {
+    let test = TestChain::start().await;
+    let body = order_body().to_string();
+    let post = |key: &str, content_type: Option<&str>, body: String| {
+        let request = test.http.post(test.url("/v1/orders")).bearer_auth(API_KEY).header("idempotency-key", key).body(body);
+        match content_type {
+            Some(content_type) => request.header("content-type", content_type),
+            None => request,
+        }
+    };
+
+    for trailing in [" {}", "x", "\n[1]", " \"more\""] {
+        let response = post("trailing", Some("application/json"), format!("{body}{trailing}")).send().await.unwrap();
+        let problem = problem(response, 400).await;
+        assert!(problem["detail"].as_str().unwrap().contains("after the JSON"), "{trailing:?}: {problem}");
+    }
+    for content_type in [None, Some("text/plain"), Some("application/x-www-form-urlencoded"), Some("application/jsonx")] {
+        let response = post("not-json", content_type, body.clone()).send().await.unwrap();
+        let problem = problem(response, 415).await;
+        assert!(problem["detail"].as_str().unwrap().contains("application/json"), "{content_type:?}: {problem}");
+    }
+    assert_nothing_reached_orders(&test);
+
+    let with_charset = post("json", Some("Application/JSON; charset=utf-8"), format!("{body}\n")).send().await.unwrap();
+    assert_eq!(with_charset.status(), 201, "parameters and trailing whitespace are fine");
+}
+
 fn assert_nothing_reached_orders(test: &TestChain) {
     assert_eq!(test.chain.hop_stats().orders.requests, 0, "no bad request reached orders");
     assert_eq!(test.chain.bank().stats().calls, 0);

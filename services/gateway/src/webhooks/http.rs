@@ -189,7 +189,7 @@ fn secret_response(status: StatusCode, keyed: Keyed) -> Response {
 async fn create_endpoint(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
     let key = idempotency_key(&headers)?;
-    let request = json_body::<NewEndpoint>(&body)?.into_request()?;
+    let request = json_body::<NewEndpoint>(&headers, &body)?.into_request()?;
     let created = api.webhooks().create_endpoint(&client, key, request).await?;
     Ok(secret_response(StatusCode::CREATED, created))
 }
@@ -209,7 +209,7 @@ async fn get_endpoint(State(api): State<Api>, headers: HeaderMap, Path(endpoint_
 async fn rotate_secret(State(api): State<Api>, headers: HeaderMap, Path(endpoint_id): Path<String>, body: Bytes) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
     let key = idempotency_key(&headers)?;
-    let rotation = if body.is_empty() { Rotation::default() } else { json_body(&body)? };
+    let rotation = if body.is_empty() { Rotation::default() } else { json_body(&headers, &body)? };
     let overlap_ms = positive(rotation.overlap_ms, "overlap_ms")?;
     let rotated = api.webhooks().rotate_secret(&client, key, RotateSecretRequest { endpoint_id, overlap_ms }).await?;
     Ok(secret_response(StatusCode::OK, rotated))
@@ -247,7 +247,7 @@ async fn redeliver(State(api): State<Api>, headers: HeaderMap, Path((endpoint_id
 
 async fn redeliver_range(State(api): State<Api>, headers: HeaderMap, Path(endpoint_id): Path<String>, body: Bytes) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
-    let range: Range = json_body(&body)?;
+    let range: Range = json_body(&headers, &body)?;
     let request = RedeliverRangeRequest { endpoint_id, from: required(range.from, "from")?, until: required(range.until, "until")? };
     let queued = api.webhooks().redeliver_range(&client, request).await?.queued;
     Ok((StatusCode::ACCEPTED, Json(serde_json::json!({ "queued": queued }))).into_response())

@@ -143,6 +143,27 @@ async fn bodies_must_be_json_and_end_where_the_json_ends() {
     assert_eq!(with_charset.status(), 201, "parameters and trailing whitespace are fine");
 }
 
+#[tokio::test]
+async fn every_error_the_http_face_answers_is_a_problem() {
+    let test = TestChain::start().await;
+    let unknown_route = problem(test.get("/v1/nothing-here").send().await.unwrap(), 404).await;
+    assert_eq!(unknown_route["title"], "Not found");
+
+    let wrong_method = test.http.put(test.url("/v1/orders")).bearer_auth(API_KEY).send().await.unwrap();
+    assert_eq!(wrong_method.headers()["allow"], "POST", "the Allow header is kept");
+    problem(wrong_method, 405).await;
+
+    let too_large = test.post_order("too-large", &order_body()).body(vec![b' '; 3 * 1024 * 1024]).header("content-type", "application/json");
+    let too_large = problem(too_large.send().await.unwrap(), 413).await;
+    assert!(too_large["detail"].as_str().unwrap().contains("length limit"), "{too_large}");
+
+    let long_uri = format!("/v1/orders/{}", "x".repeat(10 * 1024));
+    problem(test.get(&long_uri).send().await.unwrap(), 414).await;
+
+    let large_headers = test.get("/v1/orders/ord_1").header("x-filler", "x".repeat(20 * 1024));
+    problem(large_headers.send().await.unwrap(), 431).await;
+}
+
 fn assert_nothing_reached_orders(test: &TestChain) {
     assert_eq!(test.chain.hop_stats().orders.requests, 0, "no bad request reached orders");
     assert_eq!(test.chain.bank().stats().calls, 0);

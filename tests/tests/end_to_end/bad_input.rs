@@ -164,6 +164,28 @@ async fn every_error_the_http_face_answers_is_a_problem() {
     problem(large_headers.send().await.unwrap(), 431).await;
 }
 
+#[tokio::test]
+async fn an_undecodable_protobuf_is_invalid_argument() {
+    let test = TestChain::start().await;
+    let http2 = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    // A gRPC frame whose message declares a field longer than itself.
+    let frame = [0u8, 0, 0, 0, 2, 0x0A, 0xFF];
+    let response = http2
+        .post(format!("http://{}/gateway.v1.Gateway/CreateOrder", test.chain.addresses.gateway_grpc))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {API_KEY}"))
+        .header("idempotency-key", "undecodable")
+        .body(frame.to_vec())
+        .send()
+        .await
+        .unwrap();
+    let status = tonic::Status::from_header_map(response.headers()).expect("a trailers-only answer");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("failed to decode"), "{status:?}");
+    assert_nothing_reached_orders(&test);
+}
+
 fn assert_nothing_reached_orders(test: &TestChain) {
     assert_eq!(test.chain.hop_stats().orders.requests, 0, "no bad request reached orders");
     assert_eq!(test.chain.bank().stats().calls, 0);

@@ -1,6 +1,6 @@
 //! Bad input gets a clear problem+json naming what is wrong, and nothing is written or called.
 
-use e2e::{API_KEY, TestChain, grpc_request, order_body, order_message, problem};
+use e2e::{API_KEY, TestChain, fast_bank, grpc_request, order_body, order_message, problem};
 use serde_json::{Value, json};
 use tonic::Code;
 
@@ -184,6 +184,37 @@ async fn an_undecodable_protobuf_is_invalid_argument() {
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("failed to decode"), "{status:?}");
     assert_nothing_reached_orders(&test);
+}
+
+#[tokio::test]
+async fn bank_admin_numbers_are_bounded_and_no_absurd_wait_reaches_a_client() {
+    let test = TestChain::start().await;
+    let faults_url = format!("http://{}/admin/faults", test.chain.addresses.bank_admin);
+    let put = |body: &'static str| test.http.put(&faults_url).header("x-admin-token", &test.chain.admin_token).body(body).send();
+    let cases = [
+        (r#"{"pushback_ms": 9223372036854775807}"#, "pushback_ms"),
+        (r#"{"pushback_ms": -9223372036854775808}"#, "pushback_ms"),
+        (r#"{"pushback_ms": 1e30}"#, "pushback_ms"),
+        (r#"{"latency_ms": {"mean": 1e12, "stddev": 1}}"#, "latency_ms.mean"),
+        (r#"{"latency_ms": {"mean": 5, "stddev": -1}}"#, "latency_ms.stddev"),
+        (r#"{"error_rate": 1.5}"#, "error_rate"),
+        (r#"{"drop_reply_rate": -0.5}"#, "drop_reply_rate"),
+    ];
+    for (body, field) in cases {
+        let problem = problem(put(body).await.unwrap(), 400).await;
+        assert_eq!(problem["field"], field, "{body}: {problem}");
+    }
+    assert_eq!(test.chain.bank().faults().pushback_ms, 0, "a refused change changes nothing");
+
+    // A bank asking for an absurd wait (set past the admin API's checks): the gateway relays an
+    // hour at most.
+    test.set_faults(fast_bank(|f| {
+        f.resource_exhausted_rate = 1.0;
+        f.pushback_ms = i64::MAX;
+    }));
+    let response = test.post_order("absurd-wait", &order_body()).send().await.unwrap();
+    assert_eq!(response.headers()["retry-after"], "3600");
+    problem(response, 429).await;
 }
 
 fn assert_nothing_reached_orders(test: &TestChain) {

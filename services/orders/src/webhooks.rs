@@ -13,7 +13,7 @@ use idempotency::{Begin, Clock, KeyStore, Stored, SystemClock};
 use outbox::{AttemptLog, DeliveryLog, EndpointLimits, NewEndpoint, Subscriptions};
 use prost::Message;
 use proto::orders::v1::{
-    Attempt, CreateEndpointRequest, Delivery, Endpoint, EndpointRef, EndpointWithSecret, ListDeliveriesRequest, ListDeliveriesResponse,
+    Attempt, CreateEndpointRequest, DeleteEndpointResponse, Delivery, Endpoint, EndpointRef, EndpointWithSecret, ListDeliveriesRequest, ListDeliveriesResponse,
     ListEndpointsRequest, ListEndpointsResponse, RedeliverRangeRequest, RedeliverRequest, RedeliverResponse, RotateSecretRequest,
     webhooks_server::Webhooks,
 };
@@ -174,6 +174,12 @@ impl Webhooks for WebhookService {
 
     async fn enable_endpoint(&self, request: Request<EndpointRef>) -> Result<Response<Endpoint>, Status> {
         self.set_enabled(request, true).await
+    }
+
+    async fn delete_endpoint(&self, request: Request<EndpointRef>) -> Result<Response<DeleteEndpointResponse>, Status> {
+        let client_id = required(request.metadata(), CLIENT_ID)?;
+        self.subscriptions.delete_endpoint(client_id, &request.get_ref().endpoint_id).await.map_err(OrdersError::from)?;
+        Ok(Response::new(DeleteEndpointResponse {}))
     }
 
     async fn list_deliveries(&self, request: Request<ListDeliveriesRequest>) -> Result<Response<ListDeliveriesResponse>, Status> {

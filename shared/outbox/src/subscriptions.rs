@@ -292,6 +292,36 @@ sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(executor)
         self.endpoint(client_id, endpoint_id).await
     }
 
+    /// Deletes the endpoint with its subscriptions, secrets, deliveries and their attempts, in
+    /// one transaction: nothing more is sent to it, and its place under
+    /// [`MAX_ENDPOINTS_PER_CLIENT`] is free. The events stay (other endpoints may deliver them).
+    /// An attempt in flight meanwhile finds its delivery gone and is not recorded.
+    pub async fn delete_endpoint(&self, client_id: &str, endpoint_id: &str) -> Result<(), OutboxError> {
+        let mut transaction = self.database.begin().await?;
+        // Locks the endpoint's row first, as a rotation does, and proves it is the client's.
+        let owned = on_driver!(&mut transaction, |executor| sqlx::query("UPDATE webhook_endpoints SET state = state WHERE endpoint_id = $1 AND client_id = $2")
+            .bind(endpoint_id)
+            .bind(client_id)
+            .execute(executor)
+            .await?
+            .rows_affected());
+        if owned == 0 {
+            return Err(OutboxError::EndpointNotFound(endpoint_id.to_owned()));
+        }
+        // Children before parents: every table refers to the endpoint (attempts through deliveries).
+        for statement in [
+            "DELETE FROM webhook_attempts WHERE endpoint_id = $1",
+            "DELETE FROM webhook_deliveries WHERE endpoint_id = $1",
+            "DELETE FROM webhook_secrets WHERE endpoint_id = $1",
+            "DELETE FROM webhook_subscriptions WHERE endpoint_id = $1",
+            "DELETE FROM webhook_endpoints WHERE endpoint_id = $1",
+        ] {
+            on_driver!(&mut transaction, |executor| sqlx::query(statement).bind(endpoint_id).execute(executor).await.map(drop)?);
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+
     /// The endpoint's most recent deliveries, newest first, each with its attempts.
     pub async fn deliveries(&self, client_id: &str, endpoint_id: &str, limit: u32) -> Result<Vec<DeliveryLog>, OutboxError> {
         let mut read = self.read().await?;

@@ -23,7 +23,7 @@ use crate::{
 pub fn routes() -> Router<Api> {
     Router::new()
         .route("/v1/webhooks/endpoints", post(create_endpoint).get(list_endpoints))
-        .route("/v1/webhooks/endpoints/{endpoint_id}", get(get_endpoint))
+        .route("/v1/webhooks/endpoints/{endpoint_id}", get(get_endpoint).delete(delete_endpoint))
         .route("/v1/webhooks/endpoints/{endpoint_id}/rotate-secret", post(rotate_secret))
         .route("/v1/webhooks/endpoints/{endpoint_id}/disable", post(disable_endpoint))
         .route("/v1/webhooks/endpoints/{endpoint_id}/enable", post(enable_endpoint))
@@ -204,6 +204,12 @@ async fn get_endpoint(State(api): State<Api>, headers: HeaderMap, Path(endpoint_
     let client = authenticate(&api, &headers)?;
     let endpoint = api.webhooks().endpoint(&client, endpoint_id).await?;
     Ok(Json(EndpointJson::from(endpoint)).into_response())
+}
+
+async fn delete_endpoint(State(api): State<Api>, headers: HeaderMap, Path(endpoint_id): Path<String>) -> Result<StatusCode, GatewayError> {
+    let client = authenticate(&api, &headers)?;
+    api.webhooks().delete_endpoint(&client, endpoint_id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn rotate_secret(State(api): State<Api>, headers: HeaderMap, Path(endpoint_id): Path<String>, body: Bytes) -> Result<Response, GatewayError> {

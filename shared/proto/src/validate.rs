@@ -113,6 +113,7 @@ pub fn idempotency_key(key: &str) -> Result<(), FieldError> {
 mod tests {
     use super::*;
     use crate::common::v1::LineItem;
+    use proptest::prelude::*;
 
     fn valid() -> CreateOrderRequest {
         CreateOrderRequest {
@@ -166,5 +167,33 @@ mod tests {
         assert!(idempotency_key("").is_err());
         assert!(idempotency_key(&"k".repeat(256)).is_err());
         assert!(idempotency_key("has space").is_err());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn an_idempotency_key_is_accepted_exactly_when_it_is_1_to_255_visible_ascii(key in "\\PC{0,300}|[!-~]{0,300}") {
+            let visible_ascii = key.bytes().all(|byte| byte.is_ascii_graphic());
+            let expected = (1..=MAX_IDEMPOTENCY_KEY_LEN).contains(&key.len()) && visible_ascii;
+            prop_assert_eq!(idempotency_key(&key).is_ok(), expected, "{:?}", key);
+        }
+
+        #[test]
+        fn text_with_a_hidden_character_is_refused_wherever_it_hides(before in "\\PC{0,10}", after in "\\PC{0,10}", hidden in "[\\x00-\\x1F\\x7F-\\u{9F}\\u{202A}-\\u{202E}\\u{2066}-\\u{2069}]") {
+            let value = format!("{before}{hidden}{after}");
+            prop_assert!(text("f", &value).is_err());
+        }
+
+        #[test]
+        fn text_that_shows_a_letter_and_hides_nothing_passes(before in "[ a-z\\u{200B}]{0,10}", letter in "\\p{L}", after in "[ a-z\\u{200B}]{0,10}") {
+            let value = format!("{before}{letter}{after}");
+            prop_assert_eq!(text("f", &value), Ok(()));
+        }
+
+        #[test]
+        fn blank_looking_text_is_refused(blank in "[ \\u{A0}\\u{2003}\\u{3000}\\u{200B}-\\u{200D}\\u{2060}\\u{FEFF}]{0,12}") {
+            prop_assert!(text("f", &blank).is_err());
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! What an attacker or a careless client can do to the chain, each bounded, with the answer it
-//! must get: a flood of idle connections, and one client holding every order creation.
+//! must get: floods of idle connections, connections that send their request a line at a time or
+//! never start it, and one client holding every order creation.
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
@@ -10,7 +11,7 @@ use std::{
 use e2e::{BACKGROUND, TestChain, eventually, fast_bank, order_body};
 use rpc::connections::ConnectionLimits;
 use tokio::{
-    io::AsyncReadExt,
+    io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpSocket, TcpStream},
 };
 
@@ -65,6 +66,78 @@ async fn a_flood_of_idle_connections_on_the_public_port_stops_nothing_else() {
         assert!(closed(stream, BACKGROUND).await, "an idle connection was closed");
     }
     assert!(started.elapsed() < Duration::from_millis(1_500) + Duration::from_secs(3), "within the idle timeout: {:?}", started.elapsed());
+}
+
+/// The first bytes of every HTTP/2 connection.
+const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// How long after it starts the server closes a connection that writes `opening`, then the line
+/// of `drip` at its interval (never finishing a request); `None` if still open after `limit`.
+async fn lifetime(mut stream: TcpStream, opening: &[u8], drip: Option<(&[u8], Duration)>, limit: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    stream.write_all(opening).await.ok()?;
+    let closed = async {
+        let mut buffer = [0u8; 256];
+        loop {
+            let quiet = drip.map_or(limit, |(_, every)| every);
+            match tokio::time::timeout(quiet, stream.read(&mut buffer)).await {
+                Ok(Ok(0) | Err(_)) => return started.elapsed(),
+                Ok(Ok(_)) => {}
+                Err(_) => {
+                    if let Some((line, _)) = drip
+                        && stream.write_all(line).await.is_err()
+                    {
+                        return started.elapsed();
+                    }
+                }
+            }
+        }
+    };
+    tokio::time::timeout(limit, closed).await.ok()
+}
+
+#[tokio::test]
+async fn slow_headers_and_silent_http2_connections_are_closed_within_their_timeouts() {
+    const SLOW: usize = 50;
+    let limits = ConnectionLimits { header_read_timeout_ms: 1_000, idle_timeout_ms: 1_500, ..ConnectionLimits::default() };
+    let test = TestChain::start_with(|s| s.gateway.connections = limits).await;
+    let a = test.chain.addresses.clone();
+    let (header_read, idle) = (Duration::from_millis(limits.header_read_timeout_ms), Duration::from_millis(limits.idle_timeout_ms));
+    // A loaded machine may be slow to notice; a connection held for ever never is.
+    let slack = Duration::from_secs(2);
+
+    // HTTP/1: a header line every 300 ms keeps the connection from ever being idle, so it is the
+    // header read timeout that must close it.
+    let slow_headers: Vec<_> = (0..SLOW)
+        .map(|n| {
+            let to = a.gateway_http;
+            tokio::spawn(async move {
+                let stream = connect_from(FLOODER, to).await.unwrap();
+                let opening = format!("GET /v1/orders/ord_{n} HTTP/1.1\r\nhost: gateway\r\n");
+                lifetime(stream, opening.as_bytes(), Some((b"x-slow: 1\r\n", Duration::from_millis(300))), header_read * 10).await
+            })
+        })
+        .collect();
+    // HTTP/2 on both public ports: the preface and then silence, until the idle timeout.
+    let silent: Vec<_> = (0..SLOW)
+        .map(|n| {
+            let to = if n % 2 == 0 { a.gateway_grpc } else { a.gateway_http };
+            tokio::spawn(async move {
+                let stream = connect_from(FLOODER, to).await.unwrap();
+                lifetime(stream, HTTP2_PREFACE, None, idle * 10).await
+            })
+        })
+        .collect();
+
+    for task in slow_headers {
+        let closed_after = task.await.unwrap().expect("a connection sending its headers a line at a time is closed");
+        assert!(closed_after >= header_read.mul_f64(0.9) && closed_after < header_read + slack, "closed after {closed_after:?}, header read timeout {header_read:?}");
+    }
+    for task in silent {
+        let closed_after = task.await.unwrap().expect("a connection that sent only the HTTP/2 preface is closed");
+        assert!(closed_after >= idle.mul_f64(0.9) && closed_after < idle + slack, "closed after {closed_after:?}, idle timeout {idle:?}");
+    }
+    assert_eq!(test.post_order("after-the-slow-ones", &order_body()).send().await.unwrap().status(), 201);
 }
 
 #[tokio::test]

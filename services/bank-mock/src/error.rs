@@ -52,22 +52,26 @@ pub enum AdminError {
     Unauthorized,
     #[error("{0}")]
     InvalidFaults(#[from] InvalidFault),
-    #[error("malformed faults document: {0}")]
-    MalformedBody(String),
+    #[error("malformed faults document: {reason}")]
+    MalformedBody { field: Option<String>, reason: String },
 }
 
 impl IntoResponse for AdminError {
     fn into_response(self) -> Response {
-        let (status, title) = match &self {
-            AdminError::Unauthorized => (StatusCode::UNAUTHORIZED, "Unauthorized"),
-            AdminError::InvalidFaults(_) | AdminError::MalformedBody(_) => (StatusCode::BAD_REQUEST, "Invalid faults"),
+        let (status, title, field) = match &self {
+            AdminError::Unauthorized => (StatusCode::UNAUTHORIZED, "Unauthorized", None),
+            AdminError::InvalidFaults(fault) => (StatusCode::BAD_REQUEST, "Invalid faults", Some(fault.field.to_owned())),
+            AdminError::MalformedBody { field, .. } => (StatusCode::BAD_REQUEST, "Invalid faults", field.clone()),
         };
-        let body = serde_json::json!({
+        let mut body = serde_json::json!({
             "type": "about:blank",
             "title": title,
             "status": status.as_u16(),
             "detail": self.to_string(),
         });
+        if let Some(field) = field {
+            body["field"] = field.into();
+        }
         let mut response = (status, Json(body)).into_response();
         response.headers_mut().insert(
             axum::http::header::CONTENT_TYPE,

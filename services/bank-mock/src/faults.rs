@@ -15,6 +15,9 @@ pub struct Latency {
     pub stddev: f64,
 }
 
+/// The longest pushback the bank can be set to ask for: an hour, longer than any deadline.
+pub const MAX_PUSHBACK_MS: i64 = 60 * 60 * 1000;
+
 /// What the bank does wrong, switchable at runtime.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -27,7 +30,8 @@ pub struct Faults {
     pub hang: bool,
     /// Share of calls answered RESOURCE_EXHAUSTED ("slow down"), with `pushback_ms`.
     pub resource_exhausted_rate: f64,
-    /// The wait the bank asks for in `grpc-retry-pushback-ms`.
+    /// The wait the bank asks for in `grpc-retry-pushback-ms`, up to [`MAX_PUSHBACK_MS`]; -1
+    /// asks the caller not to retry at all.
     pub pushback_ms: i64,
     /// Share of calls that charge and then lose the reply (the caller sees UNAVAILABLE). A repeat
     /// of a charged key commits nothing, so it gets its reply.
@@ -119,6 +123,9 @@ impl Faults {
                 return Err(InvalidFault { field, reason: "must be a number from 0 to 1" });
             }
         }
+        if !(-1..=MAX_PUSHBACK_MS).contains(&self.pushback_ms) {
+            return Err(InvalidFault { field: "pushback_ms", reason: "must be from -1 (\"do not retry\") to 3600000 (an hour)" });
+        }
         let latency = self.latency_ms;
         if !(latency.mean.is_finite() && (0.0..=60_000.0).contains(&latency.mean)) {
             return Err(InvalidFault { field: "latency_ms.mean", reason: "must be from 0 to 60000" });
@@ -167,6 +174,19 @@ mod tests {
         assert_eq!(faults.apply(bad).unwrap_err().field, "decline_rate");
         assert!(faults.hang, "a rejected patch changes nothing");
         assert!(serde_json::from_str::<FaultsPatch>(r#"{"eror_rate": 1}"#).is_err());
+
+        for (patch, field) in [
+            (r#"{"pushback_ms": 9223372036854775807}"#, "pushback_ms"),
+            (r#"{"pushback_ms": -9223372036854775808}"#, "pushback_ms"),
+            (r#"{"latency_ms": {"mean": 1e300, "stddev": 1}}"#, "latency_ms.mean"),
+            (r#"{"latency_ms": {"mean": 1, "stddev": -1}}"#, "latency_ms.stddev"),
+            (r#"{"error_rate": -0.1}"#, "error_rate"),
+        ] {
+            let patch: FaultsPatch = serde_json::from_str(patch).unwrap();
+            assert_eq!(faults.apply(patch).unwrap_err().field, field);
+        }
+        let longest: FaultsPatch = serde_json::from_str(r#"{"pushback_ms": 3600000}"#).unwrap();
+        assert!(faults.apply(longest).is_ok());
     }
 
     #[test]

@@ -143,8 +143,8 @@ impl Api {
 
     /// Creates and pays an order. A declined payment is an error carrying the order id.
     pub async fn create_order(&self, client: &ClientId, key: &str, order: CreateOrderRequest) -> Result<Created, GatewayError> {
-        proto::validate::idempotency_key(key).map_err(|e| GatewayError::field(e.field, e.reason))?;
-        proto::validate::create_order(&order).map_err(|e| GatewayError::field(e.field, e.reason))?;
+        proto::validate::idempotency_key(key)?;
+        proto::validate::create_order(&order)?;
         let mut metadata = MetadataMap::new();
         metadata.insert(CLIENT_ID, metadata_value(&client.0)?);
         metadata.insert(IDEMPOTENCY_KEY, metadata_value(key)?);
@@ -161,9 +161,7 @@ impl Api {
 
     /// The order, or its last known copy when orders cannot answer.
     pub async fn get_order(&self, client: &ClientId, order_id: String) -> Result<Read, GatewayError> {
-        if order_id.is_empty() || order_id.len() > proto::validate::MAX_ID_LEN {
-            return Err(GatewayError::field("order_id", "must be 1 to 64 characters"));
-        }
+        proto::validate::id("order_id", &order_id)?;
         let mut metadata = MetadataMap::new();
         metadata.insert(CLIENT_ID, metadata_value(&client.0)?);
         let call = Call::new(GetOrderRequest { order_id: order_id.clone() }, metadata);

@@ -21,6 +21,8 @@ pub enum GatewayError {
     InvalidField { field: String, reason: String },
     #[error("the body is not valid JSON: {0}")]
     MalformedBody(String),
+    #[error("the body must be JSON, sent with `Content-Type: application/json`")]
+    NotJson,
     #[error("payment declined: {reason}")]
     PaymentDeclined { order_id: String, reason: String, replayed: bool },
     #[error("{}", .0.message())]
@@ -30,6 +32,12 @@ pub enum GatewayError {
 impl GatewayError {
     pub fn field(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Self::InvalidField { field: field.into(), reason: reason.into() }
+    }
+}
+
+impl From<proto::validate::FieldError> for GatewayError {
+    fn from(error: proto::validate::FieldError) -> Self {
+        Self::InvalidField { field: error.field, reason: error.reason }
     }
 }
 
@@ -97,6 +105,7 @@ impl IntoResponse for GatewayError {
                 Problem { field: Some(field), ..Problem::new(StatusCode::BAD_REQUEST, "Invalid request", detail) }
             }
             GatewayError::MalformedBody(_) => Problem::new(StatusCode::BAD_REQUEST, "Malformed body", detail),
+            GatewayError::NotJson => Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Unsupported media type", detail),
             GatewayError::PaymentDeclined { order_id, .. } => Problem {
                 order_id: Some(order_id),
                 ..Problem::new(StatusCode::PAYMENT_REQUIRED, "Payment declined", detail)
@@ -142,7 +151,7 @@ impl From<GatewayError> for Status {
                 status
             }
             GatewayError::Unauthenticated => Status::unauthenticated(error.to_string()),
-            GatewayError::InvalidField { .. } | GatewayError::MalformedBody(_) => Status::invalid_argument(error.to_string()),
+            GatewayError::InvalidField { .. } | GatewayError::MalformedBody(_) | GatewayError::NotJson => Status::invalid_argument(error.to_string()),
             GatewayError::PaymentDeclined { .. } => Status::failed_precondition(error.to_string()),
         }
     }

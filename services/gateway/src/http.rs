@@ -157,23 +157,31 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<&str, GatewayError> {
     header(headers, "idempotency-key").ok_or_else(|| GatewayError::field("Idempotency-Key", "header is required (1 to 255 characters)"))
 }
 
-/// A JSON body, a fault in it reported with the path of the field at fault.
-pub fn json_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, GatewayError> {
-    let deserializer = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(deserializer).map_err(|error| {
+/// A JSON body sent as `application/json`, a fault in it reported with the path of the field at
+/// fault, and nothing after it but whitespace.
+pub fn json_body<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<T, GatewayError> {
+    // The media type without its parameters (`; charset=utf-8`), compared as RFC 9110 says: case aside.
+    let media_type = header(headers, "content-type").map(|value| value.split(';').next().unwrap_or_default().trim());
+    if !media_type.is_some_and(|media_type| media_type.eq_ignore_ascii_case("application/json")) {
+        return Err(GatewayError::NotJson);
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
         let path = error.path().to_string();
         if path == "." {
             GatewayError::MalformedBody(error.into_inner().to_string())
         } else {
             GatewayError::field(path, error.into_inner().to_string())
         }
-    })
+    })?;
+    deserializer.end().map_err(|error| GatewayError::MalformedBody(format!("data after the JSON value: {error}")))?;
+    Ok(value)
 }
 
 async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
     let key = idempotency_key(&headers)?;
-    let order: NewOrder = json_body(&body)?;
+    let order: NewOrder = json_body(&headers, &body)?;
     let created = api.create_order(&client, key, order.into_request()?).await?;
     let mut response = (StatusCode::CREATED, Json(OrderJson::from(created.order))).into_response();
     if created.replayed {
@@ -248,6 +256,12 @@ async fn get_summary(State(api): State<Api>, headers: HeaderMap, Path(order_id):
     Ok(response)
 }
 
+/// The budget an `X-Request-Timeout-Ms` value asks for: a positive whole number of milliseconds
+/// (spaces around it aside) that fits in 64 bits.
+fn requested_timeout(text: &str) -> Option<Duration> {
+    text.trim().parse::<u64>().ok().filter(|millis| *millis > 0).map(Duration::from_millis)
+}
+
 /// The HTTP face's deadline: asked for in `X-Request-Timeout-Ms`, answered with 504 when it
 /// passes, and the ledger returned as `X-Deadline-Ledger` and `Server-Timing`.
 #[derive(Debug, Clone, Copy)]
@@ -260,9 +274,9 @@ impl Protocol for HttpDeadline {
         let Some(value) = headers.get(TIMEOUT_HEADER) else {
             return Ok(None);
         };
-        match value.to_str().ok().and_then(|text| text.trim().parse::<u64>().ok()) {
-            Some(millis) if millis > 0 => Ok(Some(Duration::from_millis(millis))),
-            _ => Err(Problem {
+        match value.to_str().ok().and_then(requested_timeout) {
+            Some(budget) => Ok(Some(budget)),
+            None => Err(Problem {
                 field: Some("X-Request-Timeout-Ms".into()),
                 ..Problem::new(
                     StatusCode::BAD_REQUEST,
@@ -296,6 +310,37 @@ impl Protocol for HttpDeadline {
         }
         if let Ok(value) = HeaderValue::try_from(ledger_text) {
             headers.insert(LEDGER_HEADER, value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn a_positive_number_of_milliseconds_is_its_budget(millis in 1u64.., before in " {0,2}", after in " {0,2}") {
+            let value = format!("{before}{millis}{after}");
+            prop_assert_eq!(requested_timeout(&value), Some(Duration::from_millis(millis)));
+        }
+
+        #[test]
+        fn zero_and_numbers_beyond_64_bits_are_refused(zeros in "0{1,5}", digits in "[1-9][0-9]{20,30}") {
+            prop_assert_eq!(requested_timeout(&zeros), None);
+            prop_assert_eq!(requested_timeout(&digits), None);
+        }
+
+        #[test]
+        fn text_that_is_not_a_whole_number_is_refused(text in "\\PC{0,24}") {
+            let number = text.trim().strip_prefix('+').unwrap_or(text.trim());
+            let whole = !number.is_empty() && number.bytes().all(|byte| byte.is_ascii_digit());
+            if !whole {
+                prop_assert_eq!(requested_timeout(&text), None, "{:?}", text);
+            }
         }
     }
 }

@@ -10,6 +10,7 @@ mod error;
 mod fallback;
 mod grpc;
 mod http;
+mod problems;
 mod rate_limit;
 mod settings;
 mod webhooks;
@@ -96,7 +97,8 @@ impl Application {
         .layer(telemetry::trace::ServerTraceLayer::new(HOP))
         // Outermost but for counting: the quota is checked before anything else happens.
         .layer(rate_limit::RateLimitLayer::new(limits.clone()))
-        .layer(RequestMetricsLayer::new(HOP));
+        .layer(RequestMetricsLayer::new(HOP))
+        .layer(axum::middleware::from_fn(problems::problem_answers));
         let http = rpc::bind(settings.http_listen).await?;
         let metrics = rpc::bind(settings.metrics_listen).await?;
         Ok(Self { grpc, http, http_router, metrics, http_stats, retry, orders_breaker, limits, connections: settings.connections })

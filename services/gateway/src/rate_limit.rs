@@ -230,3 +230,51 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The parameters of a one-item structured field (RFC 9651) `"default";key=integer;…`, as a
+    /// client of the IETF rate-limit fields reads it.
+    fn parameters(value: &HeaderValue) -> Vec<(String, u64)> {
+        let text = value.to_str().expect("visible ASCII");
+        let rest = text.strip_prefix("\"default\"").expect("the policy's name, quoted");
+        rest.split(';')
+            .skip(1)
+            .map(|parameter| {
+                let (key, number) = parameter.split_once('=').expect("key=value");
+                assert!(!number.is_empty() && number.len() <= 15 && number.bytes().all(|b| b.is_ascii_digit()), "an sf-integer: {number}");
+                (key.to_owned(), number.parse().unwrap())
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn ratelimit_says_what_remains_and_never_too_soon(remaining in any::<u32>(), reset_ms in 0u64..100_000_000) {
+            let reset = Duration::from_millis(reset_ms);
+            let fields = parameters(&state(remaining, reset));
+            prop_assert_eq!(fields[0].clone(), ("r".to_owned(), u64::from(remaining)));
+            let (key, seconds) = fields[1].clone();
+            prop_assert_eq!(key, "t");
+            prop_assert!(Duration::from_secs(seconds) >= reset, "a client back after t is not refused again");
+            prop_assert!(seconds == 0 || Duration::from_secs(seconds - 1) < reset, "rounded up by less than a second");
+        }
+
+        #[test]
+        fn ratelimit_policy_holds_the_burst_and_the_rate(per_second in 1u32..100_000, burst in 1u32..1_000_000) {
+            let quota = QuotaSettings { per_second, burst };
+            let fields = parameters(&policy(quota));
+            let (quota_key, allowed) = fields[0].clone();
+            let (window_key, window) = fields[1].clone();
+            prop_assert_eq!((quota_key.as_str(), window_key.as_str()), ("q", "w"));
+            prop_assert!(window >= 1);
+            prop_assert_eq!(allowed, u64::from(per_second) * window, "q/w is the sustained rate");
+            prop_assert!(allowed >= u64::from(burst), "a full burst fits in one window");
+        }
+    }
+}

@@ -13,7 +13,7 @@ use idempotency::{Begin, Clock, KeyStore, Stored, SystemClock};
 use outbox::{AttemptLog, DeliveryLog, DeliveryQuery, DeliveryState, EndpointLimits, LogCursor, NewEndpoint, RedeliveryLimits, RedeliveryRange, Subscriptions};
 use prost::Message;
 use proto::orders::v1::{
-    Attempt, CreateEndpointRequest, Delivery, Endpoint, EndpointRef, EndpointWithSecret, ListDeliveriesRequest, ListDeliveriesResponse,
+    Attempt, CreateEndpointRequest, DeleteEndpointResponse, Delivery, Endpoint, EndpointRef, EndpointWithSecret, ListDeliveriesRequest, ListDeliveriesResponse,
     ListEndpointsRequest, ListEndpointsResponse, RedeliverRangeRequest, RedeliverRequest, RedeliverResponse, RotateSecretRequest,
     webhooks_server::Webhooks,
 };
@@ -121,8 +121,9 @@ impl WebhookService {
 impl Webhooks for WebhookService {
     async fn create_endpoint(&self, request: Request<CreateEndpointRequest>) -> Result<Response<EndpointWithSecret>, Status> {
         let message = request.get_ref();
+        proto::validate::create_endpoint(message).map_err(|error| OrdersError::InvalidRequest(error.to_string()))?;
         let or_default = |asked: u32, default: u32| if asked == 0 { default } else { asked };
-        let new = NewEndpoint {
+        let mut new = NewEndpoint {
             url: message.url.clone(),
             event_types: message.event_types.clone(),
             limits: EndpointLimits {
@@ -179,6 +180,12 @@ impl Webhooks for WebhookService {
 
     async fn enable_endpoint(&self, request: Request<EndpointRef>) -> Result<Response<Endpoint>, Status> {
         self.set_enabled(request, true).await
+    }
+
+    async fn delete_endpoint(&self, request: Request<EndpointRef>) -> Result<Response<DeleteEndpointResponse>, Status> {
+        let client_id = required(request.metadata(), CLIENT_ID)?;
+        self.subscriptions.delete_endpoint(client_id, &request.get_ref().endpoint_id).await.map_err(OrdersError::from)?;
+        Ok(Response::new(DeleteEndpointResponse {}))
     }
 
     async fn list_deliveries(&self, request: Request<ListDeliveriesRequest>) -> Result<Response<ListDeliveriesResponse>, Status> {

@@ -1,4 +1,4 @@
-use std::path::PathBuf;
+use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 use settings::SettingsArgs;
@@ -16,12 +16,16 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Start the chain on its configured addresses and serve until Ctrl-C.
+    // The chain's settings are each service's under its name; the help's examples say so.
+    #[command(mut_arg("overrides", |arg| arg.help(
+        "One setting as KEY=VALUE, repeatable: `--set gateway.http_listen=127.0.0.1:8081`, `--set bank.faults.hang=true` \
+         (keys: the settings table of each service's README, under the service's name)"
+    )))]
     Up {
         /// Keep the SQLite databases of orders and payment here (default: a temporary directory
         /// removed at exit).
         #[arg(long, value_name = "DIR")]
         data_dir: Option<PathBuf>,
-        /// Settings, per service: `--set gateway.deadline.max_ms=3000`, `--set bank.faults.hang=true`.
         #[command(flatten)]
         settings: SettingsArgs,
     },
@@ -41,9 +45,20 @@ enum Command {
     },
 }
 
+/// Errors end the process with one line on stderr, not `main`'s debug dump of them.
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    match Cli::parse().command {
+async fn main() -> ExitCode {
+    match run(Cli::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+    match cli.command {
         Command::Up { data_dir, settings } => up(data_dir, &settings).await,
         Command::Scenario { list: true, .. } => {
             for s in scenario::catalogue() {
@@ -72,6 +87,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Box<dyn std::error::Error>> {
+    // Settings first: a mistake in them is reported before anything is made.
+    let chain_settings: ChainSettings = settings::load("STACK", settings)?;
     let telemetry = telemetry::init("stack", &telemetry::TelemetrySettings::from_env())?;
     let temporary = match &data_dir {
         Some(_) => None,
@@ -79,7 +96,6 @@ async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Bo
     };
     let dir = data_dir.as_deref().or(temporary.as_ref().map(|t| t.path())).expect("one of them is set");
     std::fs::create_dir_all(dir)?;
-    let chain_settings: ChainSettings = settings::load("STACK", settings)?;
     let plaintext = chain_settings.plaintext;
     let mut chain = Chain::start(chain_settings.with_data_dir(dir)).await?;
     let a = &chain.addresses;

@@ -53,3 +53,26 @@ async fn up_serves_the_readme_request_and_stops_on_sigterm() {
     let status = test_support::eventually(Duration::from_secs(10), "the stack stops within 10 s of SIGTERM", || std::future::ready(child.try_wait().unwrap())).await;
     assert!(status.success(), "{status}");
 }
+
+/// `up --help` shows `--set` examples that work, and a bad `--set` ends the process with one
+/// clear line instead of a debug dump.
+#[test]
+fn up_help_examples_work_and_a_bad_setting_is_one_line() {
+    let stack = || Command::new(env!("CARGO_BIN_EXE_stack"));
+    let help = String::from_utf8(stack().args(["up", "--help"]).output().unwrap().stdout).unwrap();
+    let examples: Vec<&str> = help.split('`').filter_map(|quoted| quoted.strip_prefix("--set ")).collect();
+    assert!(!examples.is_empty(), "{help}");
+    for example in examples {
+        // `--data-dir` on a file that is not a directory stops `up` after the settings are read.
+        let not_a_dir = tempfile::NamedTempFile::new().unwrap();
+        let output = stack().args(["up", "--set", example, "--data-dir"]).arg(not_a_dir.path()).output().unwrap();
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert!(!output.status.success() && !stderr.contains("invalid settings"), "--set {example}: {stderr}");
+    }
+
+    let output = stack().args(["up", "--set", "listen=0.0.0.0:8080"]).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("error: invalid settings") && stderr.contains("listen"), "{stderr}");
+}

@@ -19,6 +19,7 @@ pub fn requested_wait(headers: &HeaderMap, now: SystemTime) -> Option<Duration> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn headers(value: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();
@@ -43,5 +44,36 @@ mod tests {
             assert_eq!(requested_wait(&headers(value), now), None, "{value:?}");
         }
         assert_eq!(requested_wait(&HeaderMap::new(), now), None);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn delay_seconds_are_the_wait(seconds in any::<u64>(), before in " {0,2}", after in " {0,2}") {
+            let value = format!("{before}{seconds}{after}");
+            prop_assert_eq!(requested_wait(&headers(&value), SystemTime::UNIX_EPOCH), Some(Duration::from_secs(seconds)));
+        }
+
+        #[test]
+        fn more_digits_than_u64_holds_are_the_longest_wait(digits in "[1-9][0-9]{20,40}") {
+            prop_assert_eq!(requested_wait(&headers(&digits), SystemTime::UNIX_EPOCH), Some(Duration::from_secs(u64::MAX)));
+        }
+
+        #[test]
+        fn a_date_asks_for_the_time_until_it_and_a_past_one_for_none(now_secs in 0u64..4_000_000_000, offset in -1_000_000_000i64..1_000_000_000) {
+            let now = SystemTime::UNIX_EPOCH + Duration::from_secs(now_secs);
+            let Some(date) = now_secs.checked_add_signed(offset) else { return Ok(()) };
+            let value = httpdate::fmt_http_date(SystemTime::UNIX_EPOCH + Duration::from_secs(date));
+            let expected = Duration::from_secs(date.saturating_sub(now_secs));
+            prop_assert_eq!(requested_wait(&headers(&value), now), Some(expected), "{}", value);
+        }
+
+        #[test]
+        fn other_text_asks_for_nothing(text in "[ -~]{0,40}") {
+            let digits = text.trim();
+            let readable = (!digits.is_empty() && digits.bytes().all(|byte| byte.is_ascii_digit())) || httpdate::parse_http_date(digits).is_ok();
+            prop_assert_eq!(requested_wait(&headers(&text), SystemTime::UNIX_EPOCH).is_some(), readable, "{:?}", text);
+        }
     }
 }

@@ -146,8 +146,14 @@ mod tests {
         }
 
         #[test]
-        fn arbitrary_text_never_panics(text in "\\PC{0,12}") {
-            let _ = parse(&text);
+        fn exactly_the_spec_grammar_is_accepted(text in "\\PC{0,12}|[+-]?[0-9]{0,10}[HMSmunsh ]?") {
+            let mut chars = text.chars();
+            let unit = chars.next_back();
+            let digits = chars.as_str();
+            let grammar = (1..=MAX_DIGITS).contains(&digits.len())
+                && digits.bytes().all(|byte| byte.is_ascii_digit())
+                && UNITS.iter().any(|(symbol, _)| unit == Some(*symbol));
+            prop_assert_eq!(parse(&text).is_ok(), grammar, "{:?}", text);
         }
     }
 }

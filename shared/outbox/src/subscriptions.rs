@@ -38,11 +38,13 @@ pub struct NewEndpoint {
 }
 
 impl NewEndpoint {
-    /// Checks what can be checked before any delivery: the URL under `policy` (its scheme, and
-    /// an IP address in place of a name), known event types, limits within [`EndpointLimits::MAX`].
+    /// Checks what can be checked before any delivery: the URL under `policy` (see
+    /// [`ssrf::Target::parse`]), known event types, limits within [`EndpointLimits::MAX`]; and
+    /// puts the URL in its normalised form, the one stored and shown.
     /// Names are resolved and vetted again at every delivery, since what they resolve to changes.
-    pub fn validate(&self, policy: &ssrf::Policy) -> Result<(), OutboxError> {
-        ssrf::Target::parse(&self.url, policy).map_err(|error| OutboxError::Invalid(format!("url: {error}")))?;
+    pub fn validate(&mut self, policy: &ssrf::Policy) -> Result<(), OutboxError> {
+        let target = ssrf::Target::parse(&self.url, policy).map_err(|error| OutboxError::Invalid(format!("url: {error}")))?;
+        self.url = target.normalised().to_owned();
         if self.event_types.is_empty() {
             return Err(OutboxError::Invalid(format!("event_types: name at least one of {}", EVENT_TYPES.join(", "))));
         }
@@ -365,6 +367,37 @@ sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(executor)
             .autocommit(async |writes| on_driver!(writes, |executor| sqlx::query(statement).bind(endpoint_id).bind(client_id).execute(executor).await.map(drop)))
             .await?;
         self.endpoint(client_id, endpoint_id).await
+    }
+
+    /// Deletes the endpoint with its subscriptions, secrets, deliveries and their attempts, in
+    /// one transaction: nothing more is sent to it, and its place under
+    /// [`MAX_ENDPOINTS_PER_CLIENT`] is free. The events stay (other endpoints may deliver them).
+    /// An attempt in flight meanwhile finds its delivery gone and is not recorded.
+    pub async fn delete_endpoint(&self, client_id: &str, endpoint_id: &str) -> Result<(), OutboxError> {
+        let mut transaction = self.database.begin().await?;
+        // Locks the endpoint's row first, as a rotation does, and proves it is the client's.
+        let owned = on_driver!(&mut transaction, |executor| sqlx::query("UPDATE webhook_endpoints SET state = state WHERE endpoint_id = $1 AND client_id = $2")
+            .bind(endpoint_id)
+            .bind(client_id)
+            .execute(executor)
+            .await?
+            .rows_affected());
+        if owned == 0 {
+            return Err(OutboxError::EndpointNotFound(endpoint_id.to_owned()));
+        }
+        // Children before parents: every table refers to the endpoint (attempts through deliveries).
+        for statement in [
+            "DELETE FROM webhook_attempts WHERE endpoint_id = $1",
+            "DELETE FROM webhook_deliveries WHERE endpoint_id = $1",
+            "DELETE FROM webhook_redeliveries WHERE endpoint_id = $1",
+            "DELETE FROM webhook_secrets WHERE endpoint_id = $1",
+            "DELETE FROM webhook_subscriptions WHERE endpoint_id = $1",
+            "DELETE FROM webhook_endpoints WHERE endpoint_id = $1",
+        ] {
+            on_driver!(&mut transaction, |executor| sqlx::query(statement).bind(endpoint_id).execute(executor).await.map(drop)?);
+        }
+        transaction.commit().await?;
+        Ok(())
     }
 
     /// A page of the endpoint's deliveries that match `query`, newest first, each with its

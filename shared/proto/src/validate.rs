@@ -1,7 +1,7 @@
-//! The rules a new order must satisfy, shared by every service that accepts one, so that the
-//! gateway's HTTP and gRPC faces and the orders service reject the same input with the same words.
+//! The rules input must satisfy, shared by every service that accepts it, so that the gateway's
+//! HTTP and gRPC faces and the orders service reject the same input with the same words.
 
-use crate::common::v1::CreateOrderRequest;
+use crate::{common::v1::CreateOrderRequest, orders::v1::CreateEndpointRequest};
 
 /// Currencies the bank settles (ISO 4217).
 pub const CURRENCIES: &[&str] = &["CHF", "CZK", "DKK", "EUR", "GBP", "JPY", "NOK", "PLN", "SEK", "USD"];
@@ -26,10 +26,38 @@ fn reject(field: impl Into<String>, reason: impl Into<String>) -> Result<(), Fie
     Err(FieldError { field: field.into(), reason: reason.into() })
 }
 
-fn check_id(field: &str, value: &str) -> Result<(), FieldError> {
-    if value.trim().is_empty() {
-        return reject(field, "must not be empty");
+/// Checks one text field of any request: it must show something, and nothing in it may be
+/// hidden or change how the rest reads.
+///
+/// Why: a value that looks blank (spaces, a lone zero-width space) or differs from what it looks
+/// like (a control character, a bidirectional override that reverses what follows) is
+/// indistinguishable from another value in logs, dashboards and support tickets; no identifier,
+/// code or URL of this API needs one.
+pub fn text(field: &str, value: &str) -> Result<(), FieldError> {
+    if let Some(hidden) = value.chars().find(|&c| c.is_control() || is_bidi_control(c)) {
+        return reject(field, format!("must not contain control or bidirectional-override characters (found U+{:04X})", u32::from(hidden)));
     }
+    if value.chars().all(|c| c.is_whitespace() || is_invisible(c)) {
+        return reject(field, "must not be empty or blank");
+    }
+    Ok(())
+}
+
+/// The explicit embeddings, overrides and isolates (U+202A–U+202E, U+2066–U+2069).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Characters that print as nothing although they are not whitespace: zero-width space, joiners,
+/// word joiner, byte order mark, soft hyphen, Mongolian vowel separator.
+fn is_invisible(c: char) -> bool {
+    matches!(c, '\u{200B}'..='\u{200D}' | '\u{2060}' | '\u{FEFF}' | '\u{00AD}' | '\u{180E}')
+}
+
+/// Checks an identifier (a customer, a SKU, an order, an endpoint): [`text`] of at most
+/// [`MAX_ID_LEN`] characters.
+pub fn id(field: &str, value: &str) -> Result<(), FieldError> {
+    text(field, value)?;
     if value.chars().count() > MAX_ID_LEN {
         return reject(field, format!("must be at most {MAX_ID_LEN} characters"));
     }
@@ -38,7 +66,7 @@ fn check_id(field: &str, value: &str) -> Result<(), FieldError> {
 
 /// Checks a new order; the first broken rule is returned.
 pub fn create_order(request: &CreateOrderRequest) -> Result<(), FieldError> {
-    check_id("customer_id", &request.customer_id)?;
+    id("customer_id", &request.customer_id)?;
     if request.items.is_empty() {
         return reject("items", "must list at least one item");
     }
@@ -46,7 +74,7 @@ pub fn create_order(request: &CreateOrderRequest) -> Result<(), FieldError> {
         return reject("items", format!("must list at most {MAX_ITEMS} items"));
     }
     for (index, item) in request.items.iter().enumerate() {
-        check_id(&format!("items[{index}].sku"), &item.sku)?;
+        id(&format!("items[{index}].sku"), &item.sku)?;
         if !(1..=MAX_QUANTITY).contains(&item.quantity) {
             return reject(format!("items[{index}].quantity"), format!("must be between 1 and {MAX_QUANTITY}"));
         }
@@ -56,6 +84,16 @@ pub fn create_order(request: &CreateOrderRequest) -> Result<(), FieldError> {
     }
     if !CURRENCIES.contains(&request.currency.as_str()) {
         return reject("currency", format!("must be one of {}", CURRENCIES.join(", ")));
+    }
+    Ok(())
+}
+
+/// Checks the text of a new webhook endpoint; what the URL may name and which event types exist
+/// are the outbox's rules.
+pub fn create_endpoint(request: &CreateEndpointRequest) -> Result<(), FieldError> {
+    text("url", &request.url)?;
+    for (index, event_type) in request.event_types.iter().enumerate() {
+        text(&format!("event_types[{index}]"), event_type)?;
     }
     Ok(())
 }
@@ -75,6 +113,7 @@ pub fn idempotency_key(key: &str) -> Result<(), FieldError> {
 mod tests {
     use super::*;
     use crate::common::v1::LineItem;
+    use proptest::prelude::*;
 
     fn valid() -> CreateOrderRequest {
         CreateOrderRequest {
@@ -110,11 +149,51 @@ mod tests {
     }
 
     #[test]
+    fn hidden_and_blank_looking_text_is_refused() {
+        for bad in ["", "   ", "\u{200B}", " \u{FEFF}\t", "a\u{0000}b", "abc\u{202E}", "\u{2066}x", "line\nbreak", "del\u{7F}", "c1\u{85}"] {
+            assert_eq!(text("f", bad).unwrap_err().field, "f", "{bad:?}");
+        }
+        for good in ["c-1", "Zoë", "顧客-7", "a b", "sku\u{200B}x"] {
+            assert_eq!(text("f", good), Ok(()), "{good:?}");
+        }
+        assert!(id("f", &"é".repeat(MAX_ID_LEN)).is_ok(), "characters are counted, not bytes");
+        assert!(id("f", &"x".repeat(MAX_ID_LEN + 1)).is_err());
+    }
+
+    #[test]
     fn idempotency_keys_are_bounded() {
         assert!(idempotency_key("k-1").is_ok());
         assert!(idempotency_key(&"k".repeat(255)).is_ok());
         assert!(idempotency_key("").is_err());
         assert!(idempotency_key(&"k".repeat(256)).is_err());
         assert!(idempotency_key("has space").is_err());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn an_idempotency_key_is_accepted_exactly_when_it_is_1_to_255_visible_ascii(key in "\\PC{0,300}|[!-~]{0,300}") {
+            let visible_ascii = key.bytes().all(|byte| byte.is_ascii_graphic());
+            let expected = (1..=MAX_IDEMPOTENCY_KEY_LEN).contains(&key.len()) && visible_ascii;
+            prop_assert_eq!(idempotency_key(&key).is_ok(), expected, "{:?}", key);
+        }
+
+        #[test]
+        fn text_with_a_hidden_character_is_refused_wherever_it_hides(before in "\\PC{0,10}", after in "\\PC{0,10}", hidden in "[\\x00-\\x1F\\x7F-\\u{9F}\\u{202A}-\\u{202E}\\u{2066}-\\u{2069}]") {
+            let value = format!("{before}{hidden}{after}");
+            prop_assert!(text("f", &value).is_err());
+        }
+
+        #[test]
+        fn text_that_shows_a_letter_and_hides_nothing_passes(before in "[ a-z\\u{200B}]{0,10}", letter in "\\p{L}", after in "[ a-z\\u{200B}]{0,10}") {
+            let value = format!("{before}{letter}{after}");
+            prop_assert_eq!(text("f", &value), Ok(()));
+        }
+
+        #[test]
+        fn blank_looking_text_is_refused(blank in "[ \\u{A0}\\u{2003}\\u{3000}\\u{200B}-\\u{200D}\\u{2060}\\u{FEFF}]{0,12}") {
+            prop_assert!(text("f", &blank).is_err());
+        }
     }
 }

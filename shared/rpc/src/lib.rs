@@ -3,6 +3,7 @@
 pub mod authorize;
 mod client;
 pub mod connections;
+mod decode;
 pub mod dev_certs;
 pub mod health;
 pub mod listener;

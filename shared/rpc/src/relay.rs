@@ -6,7 +6,7 @@ use tonic::{
 
 pub use resilience::retry::PUSHBACK_HEADER;
 use deadline::FAILED_FAST_HEADER;
-use resilience::retry::RETRIES_SPENT_HEADER;
+use resilience::retry::{Pushback, RETRIES_SPENT_HEADER, pushback};
 use resilience::{
     breaker::{CIRCUIT_OPEN_HEADER, RELAYED_HEADER},
     bulkhead::BULKHEAD_FULL_HEADER,
@@ -19,10 +19,19 @@ use resilience::{
 /// dependency's ledger, which the deadline layers carry separately) is not copied.
 pub fn relay(status: &Status) -> Status {
     let mut metadata = MetadataMap::new();
-    for key in [PUSHBACK_HEADER, FAILED_FAST_HEADER, CIRCUIT_OPEN_HEADER, BULKHEAD_FULL_HEADER, RETRIES_SPENT_HEADER] {
+    for key in [FAILED_FAST_HEADER, CIRCUIT_OPEN_HEADER, BULKHEAD_FULL_HEADER, RETRIES_SPENT_HEADER] {
         if let Some(value) = status.metadata().get(key) {
             metadata.insert(key, value.clone());
         }
+    }
+    // The pushback as read, not as written: at most MAX_PUSHBACK, and anything negative or
+    // unreadable as -1 ("do not retry"), so that no hop passes on a wait nobody could keep.
+    if status.metadata().contains_key(PUSHBACK_HEADER) {
+        let value = match pushback(status) {
+            Pushback::Wait(wait) => MetadataValue::from(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
+            Pushback::None | Pushback::DoNotRetry => MetadataValue::from_static("-1"),
+        };
+        metadata.insert(PUSHBACK_HEADER, value);
     }
     metadata.insert(RELAYED_HEADER, MetadataValue::from_static("true"));
     // The details (e.g. a google.rpc.RetryInfo) travel too.
@@ -65,6 +74,15 @@ mod tests {
         assert_eq!(relayed.metadata().get(RETRIES_SPENT_HEADER).unwrap(), "budget");
         assert_eq!(relayed.metadata().get(RELAYED_HEADER).unwrap(), "true", "breakers above do not blame the relaying hop");
         assert!(relayed.metadata().get("x-deadline-ledger").is_none());
+    }
+
+    #[test]
+    fn a_relayed_pushback_is_bounded() {
+        for (sent, relayed) in [("300", "300"), (i64::MAX.to_string().as_str(), "3600000"), ("-5", "-1"), ("soon", "-1")] {
+            let mut status = Status::resource_exhausted("bank-mock: slow down");
+            status.metadata_mut().insert(PUSHBACK_HEADER, sent.parse().unwrap());
+            assert_eq!(relay(&status).metadata().get(PUSHBACK_HEADER).unwrap(), relayed, "{sent}");
+        }
     }
 
     #[test]

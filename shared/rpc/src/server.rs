@@ -202,6 +202,7 @@ impl GrpcServer {
             .add_service(reflection().build_v1alpha()?)
             .prepare()
             .into_axum_router()
+            .layer(axum::middleware::map_response(crate::decode::undecodable_is_invalid_argument))
             .layer(match &role {
                 Role::Edge => DeadlineLayer::new(hop, Grpc::new(inbound), stats.clone()).at_edge(),
                 Role::Inner { .. } => DeadlineLayer::new(hop, Grpc::new(inbound), stats.clone()),

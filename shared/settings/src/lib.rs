@@ -23,7 +23,8 @@ pub struct SettingsArgs {
     /// TOML file with settings (overrides the defaults).
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
-    /// One setting, overriding file and environment; repeatable (`--set listen=0.0.0.0:50052`).
+    /// One setting as KEY=VALUE, KEY dotted as in the settings table of the README; overrides
+    /// file and environment; repeatable.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
 }
@@ -34,8 +35,13 @@ pub enum SettingsError {
     MissingFile(PathBuf),
     #[error("--set {0:?} is not KEY=VALUE")]
     BadOverride(String),
-    #[error("invalid settings: {0}")]
+    #[error("invalid settings: {}", one_line(.0))]
     Invalid(#[from] Box<figment::Error>),
+}
+
+/// Every error figment found, on one line (its own text puts each on a line of its own).
+fn one_line(error: &figment::Error) -> String {
+    error.clone().into_iter().map(|error| error.to_string()).collect::<Vec<_>>().join("; ")
 }
 
 /// Loads `T` from the four layers; `env_prefix` is e.g. `"ORDERS"`.
@@ -133,6 +139,8 @@ mod tests {
             assert!(matches!(load::<Example>("SVC", &args(None, &["listen"])), Err(SettingsError::BadOverride(_))));
             assert!(matches!(load::<Example>("SVC", &args(None, &["payment.reserve=1"])), Err(SettingsError::Invalid(_))));
             assert!(matches!(load::<Example>("SVC", &args(None, &["payment.reserve_ms=soon"])), Err(SettingsError::Invalid(_))));
+            let unknown = load::<Example>("SVC", &args(None, &["payment.reserve=1"])).unwrap_err().to_string();
+            assert!(!unknown.contains('\n') && unknown.contains("reserve"), "{unknown}");
             Ok(())
         });
     }

@@ -330,6 +330,7 @@ fn parse_signature_header(header: &str) -> SignatureEntries {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::{collection::vec, prelude::*};
 
     // The test vector published with the Standard Webhooks specification.
     const VECTOR_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
@@ -705,5 +706,53 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// What a sender signs verifies within the window, wherever its entry stands among
+        /// other versions' entries and however many spaces separate them.
+        #[test]
+        fn what_is_signed_verifies(
+            id in "[!-~]{1,64}",
+            timestamp in 0u64..=4_000_000_000,
+            skew in -(TOLERANCE_SECS as i64)..=(TOLERANCE_SECS as i64),
+            body in vec(any::<u8>(), 0..256),
+            other in "v1a,[A-Za-z0-9+/]{0,43}=?",
+            spaces in " {1,3}",
+        ) {
+            let signature = sign(&vector_secret(), &id, timestamp, &body);
+            let header = format!("{spaces}{other}{spaces}{signature}{spaces}");
+            let now = timestamp.saturating_add_signed(skew);
+            let timestamp = timestamp.to_string();
+            prop_assert_eq!(Verifier::new(vector_secret()).verify(&headers(&id, &timestamp, &header), &body, now), Ok(()));
+        }
+
+        /// One changed bit of the tag, and nothing verifies.
+        #[test]
+        fn a_changed_tag_never_verifies(body in vec(any::<u8>(), 0..64), bit in 0usize..256) {
+            let signature = sign(&vector_secret(), VECTOR_ID, VECTOR_TIMESTAMP, &body);
+            let mut tag = BASE64.decode(signature.trim_start_matches("v1,")).unwrap();
+            tag[bit / 8] ^= 1 << (bit % 8);
+            let changed = format!("v1,{}", BASE64.encode(tag));
+            let timestamp = VECTOR_TIMESTAMP.to_string();
+            let result = Verifier::new(vector_secret()).verify(&headers(VECTOR_ID, &timestamp, &changed), &body, VECTOR_TIMESTAMP);
+            prop_assert_eq!(result, Err(VerifyError::NoMatchingSignature { v1_entries: 1 }));
+        }
+
+        /// Any header text is read without a panic and verifies nothing.
+        #[test]
+        fn arbitrary_headers_verify_nothing(id in "\\PC{0,40}", timestamp in "\\PC{0,24}", signature in "\\PC{0,200}") {
+            let result = Verifier::new(vector_secret()).verify(&headers(&id, &timestamp, &signature), VECTOR_BODY, VECTOR_TIMESTAMP);
+            prop_assert!(result.is_err());
+        }
+
+        /// A timestamp is digits only, and a number of seconds that fits in 64 bits.
+        #[test]
+        fn timestamps_are_digits_only(text in "\\PC{0,24}|[0-9]{1,24}") {
+            let digits = !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit());
+            prop_assert_eq!(parse_timestamp(&text).ok(), text.parse::<u64>().ok().filter(|_| digits));
+        }
     }
 }

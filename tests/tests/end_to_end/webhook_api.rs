@@ -315,3 +315,72 @@ async fn webhook_writes_without_a_key_are_sent_to_orders_once() {
     }
     busy.abort();
 }
+
+#[tokio::test]
+async fn urls_are_stored_as_the_whatwg_parser_reads_them_and_bounded() {
+    let test = TestChain::start().await;
+    let normalised = [
+        ("https:///hooks.example.com/a", "https://hooks.example.com/a"),
+        ("https://hooks.example.com\\@127.0.0.1/h", "https://hooks.example.com/@127.0.0.1/h"),
+        ("  https://Hooks.Example.COM:443/a/./b/../c  ", "https://hooks.example.com/a/c"),
+        ("https://hooks.example.com:8443/ä", "https://hooks.example.com:8443/%C3%A4"),
+    ];
+    for (index, (sent, stored)) in normalised.into_iter().enumerate() {
+        let response = create(&test, &format!("normalised-{index}"), &endpoint_body(sent)).await;
+        assert_eq!(response.status(), 201, "{sent:?}");
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(answer["endpoint"]["url"], stored, "{sent:?}");
+        let id = answer["endpoint"]["endpoint_id"].as_str().unwrap();
+        let read: Value = get(&test, API_KEY, &format!("{ENDPOINTS}/{id}")).await.json().await.unwrap();
+        assert_eq!(read["url"], stored, "what is read back is what was stored");
+    }
+
+    let base = "https://hooks.example.com/";
+    let longest = format!("{base}{}", "a".repeat(2_048 - base.len()));
+    assert_eq!(create(&test, "longest", &endpoint_body(&longest)).await.status(), 201);
+    let too_long = refused(create(&test, "too-long", &endpoint_body(&format!("{longest}a"))).await, "at most 2048").await;
+    assert_eq!(too_long["field"], "url");
+    let swelling = format!("{base}{}", "ä".repeat(350));
+    refused(create(&test, "too-long", &endpoint_body(&swelling)).await, "at most 2048").await;
+
+    for port in [0, 22, 25, 80, 1023] {
+        let problem = refused(create(&test, "port", &endpoint_body(&format!("https://hooks.example.com:{port}/"))).await, "port").await;
+        assert_eq!(problem["field"], "url", "{port}");
+    }
+    assert_eq!(create(&test, "high-port", &endpoint_body("https://hooks.example.com:1024/")).await.status(), 201);
+}
+
+#[tokio::test]
+async fn a_client_deletes_its_endpoint_frees_its_place_and_gets_nothing_more() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        let test = TestChain::start_on(&backend, |_| {}).await;
+        let mut ids = Vec::new();
+        for n in 0..20 {
+            ids.push(created(&test, &format!("place-{n}")).await["endpoint"]["endpoint_id"].as_str().unwrap().to_owned());
+        }
+        refused(create(&test, "one-too-many", &endpoint_body("https://hooks.example.com/orders")).await, "at most 20").await;
+
+        // An order event waits for every endpoint (their names resolve nowhere here).
+        assert_eq!(test.post_order("before-the-delete", &order_body()).send().await.unwrap().status(), 201);
+        assert_eq!(test.count_rows("webhook_deliveries").await, 20);
+
+        let delete = |api_key: &'static str, id: String| test.http.delete(test.url(&format!("{ENDPOINTS}/{id}"))).bearer_auth(api_key).send();
+        let not_theirs = delete(OTHER_API_KEY, ids[0].clone()).await.unwrap();
+        assert_eq!(not_theirs.status(), 404, "only the owner may delete");
+        assert_eq!(not_theirs.headers()["content-type"], "application/problem+json");
+        assert_eq!(get(&test, API_KEY, &format!("{ENDPOINTS}/{}", ids[0])).await.status(), 200, "still there");
+
+        let deleted = delete(API_KEY, ids[0].clone()).await.unwrap();
+        assert_eq!(deleted.status(), 204);
+        assert_eq!(get(&test, API_KEY, &format!("{ENDPOINTS}/{}", ids[0])).await.status(), 404);
+        assert_eq!(get(&test, API_KEY, &format!("{ENDPOINTS}/{}/deliveries", ids[0])).await.status(), 404);
+        assert_eq!(delete(API_KEY, ids[0].clone()).await.unwrap().status(), 404, "a repeat finds nothing");
+        assert_eq!(test.count_rows("webhook_deliveries").await, 19, "{name}: its delivery is gone, the sender has nothing more for it");
+        assert_eq!(test.count_rows("webhook_secrets").await, 19, "{name}");
+
+        assert_eq!(create(&test, "in-the-freed-place", &endpoint_body("https://hooks.example.com/orders")).await.status(), 201);
+        let listed: Value = get(&test, API_KEY, ENDPOINTS).await.json().await.unwrap();
+        assert_eq!(listed["endpoints"].as_array().unwrap().len(), 20);
+    }
+}

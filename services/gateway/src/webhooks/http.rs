@@ -23,7 +23,7 @@ use crate::{
 pub fn routes() -> Router<Api> {
     Router::new()
         .route("/v1/webhooks/endpoints", post(create_endpoint).get(list_endpoints))
-        .route("/v1/webhooks/endpoints/{endpoint_id}", get(get_endpoint))
+        .route("/v1/webhooks/endpoints/{endpoint_id}", get(get_endpoint).delete(delete_endpoint))
         .route("/v1/webhooks/endpoints/{endpoint_id}/rotate-secret", post(rotate_secret))
         .route("/v1/webhooks/endpoints/{endpoint_id}/disable", post(disable_endpoint))
         .route("/v1/webhooks/endpoints/{endpoint_id}/enable", post(enable_endpoint))
@@ -196,7 +196,7 @@ fn secret_response(status: StatusCode, keyed: Keyed) -> Response {
 async fn create_endpoint(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
     let key = idempotency_key(&headers)?;
-    let request = json_body::<NewEndpoint>(&body)?.into_request()?;
+    let request = json_body::<NewEndpoint>(&headers, &body)?.into_request()?;
     let created = api.webhooks().create_endpoint(&client, key, request).await?;
     Ok(secret_response(StatusCode::CREATED, created))
 }
@@ -213,10 +213,16 @@ async fn get_endpoint(State(api): State<Api>, headers: HeaderMap, Path(endpoint_
     Ok(Json(EndpointJson::from(endpoint)).into_response())
 }
 
+async fn delete_endpoint(State(api): State<Api>, headers: HeaderMap, Path(endpoint_id): Path<String>) -> Result<StatusCode, GatewayError> {
+    let client = authenticate(&api, &headers)?;
+    api.webhooks().delete_endpoint(&client, endpoint_id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 async fn rotate_secret(State(api): State<Api>, headers: HeaderMap, Path(endpoint_id): Path<String>, body: Bytes) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
     let key = idempotency_key(&headers)?;
-    let rotation = if body.is_empty() { Rotation::default() } else { json_body(&body)? };
+    let rotation = if body.is_empty() { Rotation::default() } else { json_body(&headers, &body)? };
     let overlap_ms = positive(rotation.overlap_ms, "overlap_ms")?;
     let rotated = api.webhooks().rotate_secret(&client, key, RotateSecretRequest { endpoint_id, overlap_ms }).await?;
     Ok(secret_response(StatusCode::OK, rotated))
@@ -264,7 +270,7 @@ async fn redeliver(State(api): State<Api>, headers: HeaderMap, Path((endpoint_id
 
 async fn redeliver_range(State(api): State<Api>, headers: HeaderMap, Path(endpoint_id): Path<String>, body: Bytes) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
-    let range: Range = json_body(&body)?;
+    let range: Range = json_body(&headers, &body)?;
     let request = RedeliverRangeRequest {
         endpoint_id,
         from: required(range.from, "from")?,

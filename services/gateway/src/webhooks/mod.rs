@@ -1,8 +1,8 @@
 //! The client's webhook subscriptions, kept by orders' `orders.v1.Webhooks` service.
 //!
 //! Reads and the keyed writes (creating an endpoint, rotating its secret) are retried under the
-//! edge policy like the order calls; the other writes (disable, enable, redeliver) carry no key,
-//! so they are tried once: a retry after a lost answer would queue a redelivery twice.
+//! edge policy like the order calls; the other writes (disable, enable, delete, redeliver) carry
+//! no key, so they are tried once: a retry after a lost answer would queue a redelivery twice.
 
 pub mod http;
 
@@ -64,6 +64,7 @@ impl WebhooksApi {
     }
 
     pub async fn create_endpoint(&self, client: &ClientId, key: &str, request: CreateEndpointRequest) -> Result<Keyed, GatewayError> {
+        proto::validate::create_endpoint(&request)?;
         Ok(keyed(call(&self.create, request, keyed_metadata(client, key)?).await?))
     }
 
@@ -88,6 +89,12 @@ impl WebhooksApi {
         let mut webhooks = self.webhooks.clone();
         let answer = if enabled { webhooks.enable_endpoint(request).await } else { webhooks.disable_endpoint(request).await };
         answer.map(Response::into_inner).map_err(upstream)
+    }
+
+    /// Tried once, like disabling: a repeat after a lost answer finds nothing and says so.
+    pub async fn delete_endpoint(&self, client: &ClientId, endpoint_id: String) -> Result<(), GatewayError> {
+        let request = once(client, EndpointRef { endpoint_id })?;
+        self.webhooks.clone().delete_endpoint(request).await.map(drop).map_err(upstream)
     }
 
     pub async fn redeliver(&self, client: &ClientId, request: RedeliverRequest) -> Result<RedeliverResponse, GatewayError> {
@@ -124,7 +131,7 @@ fn metadata(client: &ClientId) -> Result<MetadataMap, GatewayError> {
 }
 
 fn keyed_metadata(client: &ClientId, key: &str) -> Result<MetadataMap, GatewayError> {
-    proto::validate::idempotency_key(key).map_err(|error| GatewayError::field(error.field, error.reason))?;
+    proto::validate::idempotency_key(key)?;
     let mut metadata = metadata(client)?;
     metadata.insert(IDEMPOTENCY_KEY, metadata_value(key)?);
     Ok(metadata)

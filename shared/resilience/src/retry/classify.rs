@@ -23,17 +23,22 @@ pub enum Pushback {
     DoNotRetry,
 }
 
-/// Reads `grpc-retry-pushback-ms`, or failing that a `google.rpc.RetryInfo` detail.
+/// The longest wait a pushback can ask for; a longer one is read as this. No deadline is that
+/// long, so it means "not within this operation", and it keeps a `Retry-After` made from it sane.
+pub const MAX_PUSHBACK: Duration = Duration::from_secs(60 * 60);
+
+/// Reads `grpc-retry-pushback-ms`, or failing that a `google.rpc.RetryInfo` detail; a wait is at
+/// most [`MAX_PUSHBACK`].
 pub fn pushback(status: &Status) -> Pushback {
     if let Some(value) = status.metadata().get(crate::retry::PUSHBACK_HEADER) {
         return match value.to_str().ok().and_then(|text| text.trim().parse::<i64>().ok()) {
-            Some(millis) if millis >= 0 => Pushback::Wait(Duration::from_millis(millis as u64)),
+            Some(millis) if millis >= 0 => Pushback::Wait(Duration::from_millis(millis.unsigned_abs()).min(MAX_PUSHBACK)),
             _ => Pushback::DoNotRetry,
         };
     }
     // A RetryInfo without a delay names no wait, so the backoff decides (it does not say "stop").
     match status.get_details_retry_info().and_then(|info| info.retry_delay) {
-        Some(delay) => Pushback::Wait(delay),
+        Some(delay) => Pushback::Wait(delay.min(MAX_PUSHBACK)),
         None => Pushback::None,
     }
 }
@@ -55,6 +60,8 @@ mod tests {
         assert_eq!(pushback(&with_pushback("0")), Pushback::Wait(Duration::ZERO));
         assert_eq!(pushback(&with_pushback("-1")), Pushback::DoNotRetry);
         assert_eq!(pushback(&with_pushback("soon")), Pushback::DoNotRetry);
+        assert_eq!(pushback(&with_pushback(&i64::MAX.to_string())), Pushback::Wait(MAX_PUSHBACK));
+        assert_eq!(pushback(&with_pushback(&i64::MIN.to_string())), Pushback::DoNotRetry);
         assert_eq!(pushback(&Status::unavailable("down")), Pushback::None);
     }
 

@@ -43,7 +43,7 @@ mod throttle;
 
 pub use budget::RetryBudget;
 pub use call::Call;
-pub use classify::{Pushback, is_transient, pushback};
+pub use classify::{MAX_PUSHBACK, Pushback, is_transient, pushback};
 pub use stats::{RetryStats, RetryStatsSnapshot, StopReason};
 pub use throttle::RetryThrottle;
 

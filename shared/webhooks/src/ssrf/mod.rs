@@ -9,7 +9,11 @@
 //! 1. [`Target::parse`] reads the URL with the WHATWG parser that browsers use, so numeric tricks
 //!    such as `0x7f.1`, `2130706433` or `017700000001` come out as the IPv4 address they stand
 //!    for and only one form is ever checked. It refuses anything but https (unless the
-//!    [`Policy`] names the host as a test host) and URLs with a user name or password.
+//!    [`Policy`] names the host as a test host), URLs with a user name or password, URLs longer
+//!    than [`MAX_URL_LEN`], and ports below 1024 other than 443. [`Target::normalised`] is the
+//!    one form to store and show: what the parser made of the URL (`https:///h` is
+//!    `https://h/`, `https://example.com\@127.0.0.1/h` is `https://example.com/@127.0.0.1/h`),
+//!    so that whoever reads it later cannot read it otherwise.
 //! 2. [`Target::resolve`] resolves a host name once, through [`Resolve`], and checks every
 //!    address against the deny list ([`denied_range`]).
 //! 3. The resulting [`VettedTarget`] carries the addresses that passed, and the caller connects
@@ -30,11 +34,18 @@ use url::{Host, Url};
 pub use deny::{DeniedRange, denied_range};
 pub use resolve::{Resolve, SystemResolver};
 
+/// The longest URL accepted, as sent and as normalised: what browsers and CDNs reliably carry.
+pub const MAX_URL_LEN: usize = 2_048;
+
 /// Why a delivery target was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum SsrfError {
     #[error("invalid URL: {0}")]
     InvalidUrl(#[from] url::ParseError),
+    #[error("URLs are at most {MAX_URL_LEN} characters")]
+    TooLong,
+    #[error("port {0} is refused: deliveries go to port 443 or to a port from 1024 up")]
+    Port(u16),
     #[error("URL scheme {0:?} is refused: deliveries go over https")]
     UnsupportedScheme(String),
     #[error("URLs with a user name or password are refused")]
@@ -123,10 +134,18 @@ pub struct Target {
 }
 
 impl Target {
-    /// Parses and checks `url`: http(s) only, https unless a test host, no user information,
-    /// and an IP address in place of a name must not be denied.
+    /// Parses and checks `url`: at most [`MAX_URL_LEN`] characters, http(s) only, https unless
+    /// a test host, no user information, port 443 or from 1024 up unless a test host, and an IP
+    /// address in place of a name must not be denied.
     pub fn parse(url: &str, policy: &Policy) -> Result<Self, SsrfError> {
+        if url.len() > MAX_URL_LEN {
+            return Err(SsrfError::TooLong);
+        }
         let url = Url::parse(url)?;
+        // Percent-encoding can make the stored form longer than what was sent.
+        if url.as_str().len() > MAX_URL_LEN {
+            return Err(SsrfError::TooLong);
+        }
         let https = match url.scheme() {
             "https" => true,
             "http" => false,
@@ -148,6 +167,11 @@ impl Target {
                 host: host.to_string(),
                 port,
             });
+        }
+        // Below 1024 live the services of a host (ssh 22, smtp 25, ...), never a webhook
+        // recipient; a delivery there would turn the sender against them.
+        if port != 443 && port < 1024 && !test_host {
+            return Err(SsrfError::Port(port));
         }
         let target = Self {
             url,
@@ -204,6 +228,11 @@ impl Target {
     /// Whether [`Target::resolve`] asks the resolver: the host is a name, not an IP address.
     pub fn needs_lookup(&self) -> bool {
         self.literal_ip().is_none()
+    }
+
+    /// The URL as the WHATWG parser serialises it: the form to store and show.
+    pub fn normalised(&self) -> &str {
+        self.url.as_str()
     }
 
     fn literal_ip(&self) -> Option<IpAddr> {

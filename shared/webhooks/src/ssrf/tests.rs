@@ -276,3 +276,96 @@ async fn a_range_the_policy_denies_is_refused_beside_the_deny_list() {
     let outside = StubResolver::answering(&["1.1.1.1"]);
     assert!(vet("https://hooks.example.com/", &policy, &outside).await.is_ok());
 }
+
+#[test]
+fn urls_are_kept_in_the_form_the_parser_gives_them() {
+    let policy = Policy::default();
+    for (sent, stored) in [
+        ("https:///h", "https://h/"),
+        ("https://example.com\\@127.0.0.1/h", "https://example.com/@127.0.0.1/h"),
+        ("  https://Example.COM:443/a/../b  ", "https://example.com/b"),
+        ("https://example.com:8443/ä", "https://example.com:8443/%C3%A4"),
+    ] {
+        let target = Target::parse(sent, &policy).unwrap();
+        assert_eq!(target.normalised(), stored, "{sent:?}");
+    }
+}
+
+#[test]
+fn urls_over_the_length_limit_are_refused_as_sent_and_as_normalised() {
+    let policy = Policy::default();
+    let base = "https://example.com/";
+    let longest = format!("{base}{}", "a".repeat(MAX_URL_LEN - base.len()));
+    assert!(Target::parse(&longest, &policy).is_ok());
+    assert!(matches!(Target::parse(&format!("{longest}a"), &policy), Err(SsrfError::TooLong)));
+    // 700 characters that percent-encoding makes 2,100.
+    let swelling = format!("{base}{}", "ä".repeat(350));
+    assert!(swelling.len() < MAX_URL_LEN);
+    assert!(matches!(Target::parse(&swelling, &policy), Err(SsrfError::TooLong)));
+}
+
+#[test]
+fn ports_of_a_hosts_own_services_are_refused() {
+    let policy = Policy::default();
+    for port in [0, 22, 25, 80, 1023] {
+        let url = format!("https://example.com:{port}/h");
+        assert!(matches!(Target::parse(&url, &policy), Err(SsrfError::Port(p)) if p == port), "{url}");
+    }
+    for port in [443, 1024, 8443, 65535] {
+        assert!(Target::parse(&format!("https://example.com:{port}/h"), &policy).is_ok(), "{port}");
+    }
+    let tests = Policy::default().allow_test_host("127.0.0.1:80").unwrap();
+    assert!(Target::parse("http://127.0.0.1:80/h", &tests).is_ok(), "a test host keeps its port");
+}
+
+/// What every URL that [`Target::parse`] accepts under the production policy keeps to.
+fn keeps_the_rules(target: &Target) -> Result<(), proptest::test_runner::TestCaseError> {
+    use proptest::prelude::*;
+    let normalised = target.normalised();
+    prop_assert!(normalised.len() <= MAX_URL_LEN);
+    let url = Url::parse(normalised).expect("the normalised form parses");
+    prop_assert_eq!(url.scheme(), "https");
+    prop_assert!(url.username().is_empty() && url.password().is_none());
+    let port = url.port_or_known_default().expect("https has a port");
+    prop_assert!(port == 443 || port >= 1024, "{}", port);
+    prop_assert!(!normalised.chars().any(|c| c.is_whitespace() || c.is_control()));
+    // Normalising is done once: the stored form reads back as itself.
+    let again = Target::parse(normalised, &Policy::default()).expect("the normalised form passes again");
+    prop_assert_eq!(again.normalised(), normalised);
+    Ok(())
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn any_text_is_refused_or_keeps_the_rules(text in "\\PC{0,80}") {
+        if let Ok(target) = Target::parse(&text, &Policy::default()) {
+            keeps_the_rules(&target)?;
+        }
+    }
+
+    #[test]
+    fn url_shaped_text_is_refused_or_keeps_the_rules(
+        scheme in "https?|HTTPS|ftp|",
+        slashes in "[/\\\\]{0,3}",
+        userinfo in "([a-z]{1,5}(:[a-z]{0,5})?@)?",
+        host in "[a-zA-Z0-9.-]{1,20}|[0-9]{1,10}|0x[0-9a-f]{1,8}|\\[[0-9a-f:]{2,20}\\]",
+        port in proptest::option::of(proptest::prelude::any::<u32>()),
+        path in "[ -~]{0,40}",
+        padding in "[ \\t\\n]{0,2}",
+    ) {
+        let port = port.map(|port| format!(":{port}")).unwrap_or_default();
+        let text = format!("{padding}{scheme}:{slashes}{userinfo}{host}{port}/{path}{padding}");
+        if let Ok(target) = Target::parse(&text, &Policy::default()) {
+            keeps_the_rules(&target)?;
+        }
+    }
+
+    #[test]
+    fn a_url_is_accepted_up_to_the_length_limit_and_not_beyond(length in 21usize..3_000) {
+        let base = "https://example.com/";
+        let text = format!("{base}{}", "a".repeat(length - base.len()));
+        proptest::prop_assert_eq!(Target::parse(&text, &Policy::default()).is_ok(), length <= MAX_URL_LEN);
+    }
+}

@@ -66,7 +66,7 @@ impl Application {
             .map_err(|error| ServerError::Settings(format!("orders: {error}")))?;
         let orders_breaker = orders.breaker.clone();
         let retry = RetryPolicy::new(&settings.retry, settings.orders.deadline).map_err(|error| ServerError::Settings(error.to_string()))?;
-        let limits = rate_limit::ClientLimits::new(&settings.clients, settings.unknown_key_quota);
+        let limits = rate_limit::ClientLimits::new(&settings.clients, settings.unknown_key_quota, settings.replicas);
         let source = |name: &'static str, dependency: &rpc::Dependency| {
             rpc::connect(HOP, name, dependency, &tls, &outbound)
                 .map(|connection| connection.client)

@@ -66,14 +66,16 @@ impl ClientLimit {
 }
 
 impl ClientLimits {
-    pub fn new(clients: &[ApiClient], unknown: QuotaSettings) -> Arc<Self> {
+    /// The limiters of `clients` and of unknown keys, each keeping this gateway's share of its
+    /// quota when `replicas` gateways serve the same clients ([`QuotaSettings::share`]).
+    pub fn new(clients: &[ApiClient], unknown: QuotaSettings, replicas: u32) -> Arc<Self> {
         let by_key = clients
             .iter()
-            .map(|client| (client.api_key.clone(), ClientLimit::new(&client.client_id, client.quota)))
+            .map(|client| (client.api_key.clone(), ClientLimit::new(&client.client_id, client.quota.share(replicas))))
             .collect();
         Arc::new(Self {
             by_key,
-            unknown: ClientLimit::new("unknown", unknown),
+            unknown: ClientLimit::new("unknown", unknown.share(replicas)),
             rejected: AtomicU64::new(0),
             rejections: resilience::rate_limit::rejections_counter(),
         })

@@ -43,6 +43,10 @@ pub struct Settings {
     pub clients: Vec<ApiClient>,
     /// The quota all requests with a missing or unknown API key share.
     pub unknown_key_quota: QuotaSettings,
+    /// How many gateways serve the same clients. Each enforces every quota (the clients' and
+    /// `unknown_key_quota`) divided by this, rounded up, so that together they hold a client to
+    /// its quota whichever gateway its requests reach. 0 is taken as 1.
+    pub replicas: u32,
     /// The gateway's certificate, key and CA, presented to orders, payment and the bank. The
     /// public faces stay plain: clients prove who they are with API keys.
     pub tls: TlsSettings,
@@ -121,6 +125,7 @@ impl Default for Settings {
                 },
             ],
             unknown_key_quota: QuotaSettings { per_second: 20, burst: 20 },
+            replicas: 1,
             tls: TlsSettings::default(),
             connections: ConnectionLimits::default(),
         }

@@ -41,6 +41,15 @@ pub struct QuotaSettings {
 }
 
 impl QuotaSettings {
+    /// One of `holders`' equal shares of this quota, for each of several processes that enforce
+    /// it apart (replicas behind one load balancer): rate and burst divided, rounded up so that no
+    /// share is zero. Together the shares allow at most `holders − 1` more per second and per
+    /// burst than the quota, and exactly the quota when it divides evenly.
+    pub fn share(self, holders: u32) -> Self {
+        let holders = holders.max(1);
+        Self { per_second: self.per_second.div_ceil(holders), burst: self.burst.div_ceil(holders) }
+    }
+
     /// The time a full burst takes to replenish: the window of the quota, in whole seconds.
     pub fn window_secs(&self) -> u64 {
         u64::from(self.burst.max(1)).div_ceil(u64::from(self.per_second.max(1)))
@@ -238,6 +247,35 @@ mod tests {
             assert_eq!(limiter.check(), Decision::Allowed { remaining }, "a long pause gives back the burst, no more");
         }
         assert!(matches!(limiter.check(), Decision::Limited { .. }));
+    }
+
+    /// Two replicas, each with half the quota, behind a load balancer that alternates between
+    /// them: over ten seconds of a client sending as fast as it can, together they admit the
+    /// quota's burst and rate, not twice them.
+    #[test]
+    fn replicas_that_each_keep_a_share_hold_a_client_to_the_whole_quota() {
+        let quota = QuotaSettings { per_second: 100, burst: 50 };
+        let clock = governor::clock::FakeRelativeClock::default();
+        let replicas: Vec<Limiter<_>> = (0..2).map(|_| Limiter::with_clock(quota.share(2), clock.clone())).collect();
+        let mut admitted = 0;
+        for tick in 0..10_000 {
+            // A request every millisecond, to each replica in turn.
+            if matches!(replicas[tick % 2].check(), Decision::Allowed { .. }) {
+                admitted += 1;
+            }
+            clock.advance(Duration::from_millis(1));
+        }
+        let allowed = quota.burst + 10 * quota.per_second;
+        assert!(admitted <= allowed && admitted >= allowed - 2, "{admitted} admitted; the quota allows {allowed}");
+    }
+
+    #[test]
+    fn shares_round_up_and_are_never_zero() {
+        let quota = QuotaSettings { per_second: 5, burst: 10 };
+        assert_eq!(quota.share(1), quota);
+        assert_eq!(quota.share(2), QuotaSettings { per_second: 3, burst: 5 });
+        assert_eq!(quota.share(0), quota, "no replica is taken as one");
+        assert_eq!(QuotaSettings { per_second: 1, burst: 1 }.share(3), QuotaSettings { per_second: 1, burst: 1 });
     }
 
     #[test]

@@ -57,7 +57,6 @@ fn environment(rendered: &str) -> Vec<(String, Option<String>)> {
 fn check_settings(rendered: &str) -> Vec<String> {
     let mut wrong = Vec::new();
     for (variable, value) in environment(rendered) {
-        let value = value.map(|value| format!("{value:?}"));
         let unread = match () {
             () if variable.starts_with("GATEWAY_") => setting_key("GATEWAY", &variable).and_then(|key| unread_setting::<gateway::Settings>("GATEWAY", &key, value.as_deref())),
             () if variable.starts_with("ORDERS_") => setting_key("ORDERS", &variable).and_then(|key| unread_setting::<orders::Settings>("ORDERS", &key, value.as_deref())),

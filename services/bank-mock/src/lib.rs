@@ -1,8 +1,4 @@
-//! bank-mock: the last hop of the chain and its fault injector.
-//!
-//! It charges amounts once per idempotency key (like a real bank API) and misbehaves on request:
-//! latency from a distribution, errors, hangs, RESOURCE_EXHAUSTED with pushback, "commit then
-//! lose the reply" and declines, all switchable at runtime through the admin API.
+#![doc = include_str!("../README.md")]
 
 mod admin;
 mod bank;

@@ -1,11 +1,4 @@
-//! bench: every comparison the project's claims about speed and safety rest on, measured side
-//! by side in one run on one machine.
-//!
-//! Why one harness? Numbers from different days, machines or builds cannot be compared; numbers
-//! from one run can. [`run`] starts fresh chains in this process (and a bare tonic chain as the
-//! baseline), drives them with the open-loop [`load`] generator and returns a [`Report`]: the
-//! machine, then eight sections, 1 to 8 as in BENCHMARKS.md. [`write`] stores it as JSON and as
-//! Markdown. The smoke [`Profile`] makes every comparison with tiny counts, for CI.
+#![doc = include_str!("../README.md")]
 
 pub mod amplification;
 pub mod bare;

@@ -1,9 +1,4 @@
-//! gateway: the edge of the chain.
-//!
-//! It authenticates the client, gives the operation its one deadline (2 s by default, or the
-//! client's shorter one, never more than the maximum) and forwards what is left to orders. It
-//! answers with the ledger of every hop's slice: `X-Deadline-Ledger` and `Server-Timing` over
-//! HTTP, `x-deadline-ledger` metadata over gRPC.
+#![doc = include_str!("../README.md")]
 
 mod api;
 mod error;

@@ -1,10 +1,4 @@
-//! orders: owns the orders and pays each new one through payment.
-//!
-//! A create runs under the client's idempotency key in three atomic phases: (1) the order row is
-//! inserted together with the key's recovery point `order_created`; (2) payment is called once, with
-//! a key derived from the client's; (3) the outcome is recorded together with the key's stored
-//! answer. A repeat replays that answer; a repeat after a crash, a cancellation or a failed payment
-//! resumes at the last recovery point, so there is never a second order nor a second charge.
+#![doc = include_str!("../README.md")]
 
 mod callers;
 pub mod completer;

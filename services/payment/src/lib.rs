@@ -1,9 +1,4 @@
-//! payment: charges an order through the bank.
-//!
-//! It calls the bank exactly once per request (retries belong to the gateway alone), with a key
-//! derived from the one it received, so a repeated payment never charges twice. Its own
-//! idempotency key (derived by orders from the client's) makes a repeat replay the stored payment,
-//! written in the same transaction as the payment row.
+#![doc = include_str!("../README.md")]
 
 mod callers;
 mod error;

@@ -1,4 +1,4 @@
-//! The whole chain in one process, and the named scenarios that exercise it.
+#![doc = include_str!("../README.md")]
 
 pub mod chain;
 pub mod naive;

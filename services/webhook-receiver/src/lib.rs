@@ -1,15 +1,4 @@
-//! The example receiver of the chain's webhooks, as a library (for tests and for your own
-//! receiver) and as the `webhook-receiver` binary (for the demo stack).
-//!
-//! `POST /webhooks` verifies the delivery's signature and timestamp ([`Verifier`]), processes each
-//! `webhook-id` once ([`SeenIds`]) and answers 2xx for every delivery it accepted, a repeat of a
-//! processed one too, so that the sender stops repeating it; 409 for a repeat that arrives while
-//! the first is still being processed, so that the sender comes back later; 401 for one it cannot
-//! trust.
-//!
-//! Why does a receiver dedupe? The sender delivers at least once: it repeats a delivery, with the
-//! same `webhook-id`, whenever it cannot tell that the last attempt arrived (a timeout, a lost
-//! answer, a crash between sending and recording).
+#![doc = include_str!("../README.md")]
 
 use std::{
     num::NonZeroUsize,

@@ -1,10 +1,4 @@
-//! webhook-sender: delivers the webhook outbox of the orders database.
-//!
-//! Orders writes each event, and one delivery row per subscribed endpoint, in the transaction of
-//! the state change (`outbox::record`); this process, apart from the request path, claims those
-//! deliveries under a lease, signs and sends them, and records every attempt. A crash between
-//! sending and recording leaves a lease that runs out, and the delivery goes out again with the
-//! same `webhook-id`: at least once, never lost. See the README for the rules it follows.
+#![doc = include_str!("../README.md")]
 
 mod delivery;
 mod dns;

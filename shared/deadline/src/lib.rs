@@ -1,17 +1,4 @@
-//! One deadline per operation, shrinking hop by hop.
-//!
-//! Why a deadline and not a timeout per call? A timeout says how long *this* call may take; a
-//! deadline says when the *whole operation* stops mattering. The gateway sets it once; every hop
-//! reads what is left, keeps a reserve for its own reply and forwards only the rest, so by the time
-//! the client gives up the whole chain has already wound down. Each hop also writes its slice of the
-//! budget into a ledger that travels back with the response.
-//!
-//! - [`grpc_timeout`]: the wire format of the remaining budget.
-//! - [`Deadline`]: an absolute instant plus the budget it started from.
-//! - [`ForwardPolicy`]: how much of what is left a hop passes to one dependency.
-//! - [`Hop`] and [`ledger`]: the per-request record of received, spent, reserved and forwarded.
-//! - [`server`] and [`client`]: the tower layers that read, enforce and forward the deadline.
-//! - [`Slice`]: the slice a call was given, named on its DEADLINE_EXCEEDED for the caller's guards.
+#![doc = include_str!("../README.md")]
 
 mod budget;
 pub mod client;

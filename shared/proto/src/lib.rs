@@ -1,7 +1,4 @@
-//! The chain's gRPC contracts, generated from `proto/` at the workspace root.
-//!
-//! One crate compiles them all so that every service links the same types and the reflection
-//! service can describe the whole API from one descriptor set.
+#![doc = include_str!("../README.md")]
 
 pub mod common {
     pub mod v1 {

@@ -1,13 +1,4 @@
-//! Typed settings, read once at start-up from four layers, each overriding the one before:
-//!
-//! 1. the defaults in the settings type (`Default`),
-//! 2. a TOML file given with `--config <path>`,
-//! 3. environment variables `<PREFIX>_<KEY>`, nested keys joined by `__`
-//!    (`ORDERS_PAYMENT__DEADLINE__RESERVE_MS=150`),
-//! 4. flags `--set <key>=<value>` with dotted keys (`--set payment.deadline.reserve_ms=150`).
-//!
-//! Unknown keys are errors (the settings types deny them), so a typo never silently falls back to a
-//! default. Nothing else in a service reads the environment.
+#![doc = include_str!("../README.md")]
 
 use std::path::PathBuf;
 

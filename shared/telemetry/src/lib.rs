@@ -1,16 +1,4 @@
-//! Logs, traces and metrics for every service, set up by one call.
-//!
-//! - Logs: the fmt layer, filtered by `RUST_LOG` (default `info`). The filter applies to the log
-//!   output only, so that a quiet log level never silences the spans the trace exporter needs.
-//! - Traces: when an OTLP endpoint is configured (`OTEL_EXPORTER_OTLP_ENDPOINT`, or
-//!   [`TelemetrySettings::otlp_endpoint`]), spans are exported over OTLP/gRPC in batches, named by
-//!   `OTEL_SERVICE_NAME` (or the service's own name). Without one, no exporter exists and nothing
-//!   is spent on it.
-//! - Metrics: [`metrics`], read in Prometheus text on every service's `/metrics`, and pushed over
-//!   OTLP to the same endpoint when one is configured.
-//! - [`trace`]: W3C trace context carried through gRPC metadata and HTTP headers by one layer on
-//!   each side, and a span for every hop's request and every outgoing call.
-//! - [`attr`]: the names of the attributes the chain puts on its spans.
+#![doc = include_str!("../README.md")]
 
 pub mod attr;
 pub mod metrics;

@@ -14,23 +14,16 @@ use rpc::{
 };
 use resilience::retry::{Call, RetryPolicy};
 use telemetry::metrics::{self, Counter, KeyValue};
-use tonic::{Request, Response, Status, metadata::MetadataMap};
-use tower::{Layer, ServiceExt, retry::RetryLayer, util::BoxCloneSyncService};
-use tracing::Instrument;
+use tonic::{Request, Status, metadata::MetadataMap};
+use tower::ServiceExt;
 
 use crate::{
+    edge::{ClientId, Operation, metadata_value, operation},
     error::GatewayError,
     fallback::{OrderCache, RateCache, stands_in_for},
     settings::ApiClient,
     webhooks::WebhooksApi,
 };
-
-/// The authenticated caller.
-#[derive(Debug, Clone)]
-pub struct ClientId(pub String);
-
-/// One operation on orders, retried by the edge policy.
-pub type Operation<M, R = Order> = BoxCloneSyncService<Call<M>, Response<R>, Status>;
 
 /// An order and whether orders replayed it from the idempotency key's stored answer.
 pub struct Created {
@@ -78,23 +71,6 @@ pub struct Api {
     rates_seen: Arc<RateCache>,
     fallbacks: Counter<u64>,
     webhooks: WebhooksApi,
-}
-
-/// `call` as an operation on orders: each attempt in its own span, the whole under `retry`, with
-/// its own estimate of an attempt's time.
-pub fn operation<M, R, F, Fut>(retry: &RetryPolicy, call: F) -> Operation<M, R>
-where
-    M: Clone + Send + Sync + 'static,
-    R: Send + 'static,
-    F: Fn(Request<M>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Result<Response<R>, Status>> + Send + 'static,
-{
-    let attempt = tower::service_fn(move |call_once: Call<M>| {
-        // i64: exported as a number (unsigned fields are exported as text).
-        let span = tracing::info_span!("attempt", retry.attempt = i64::from(call_once.previous_attempts) + 1);
-        call(call_once.into_request()).instrument(span)
-    });
-    BoxCloneSyncService::new(RetryLayer::new(retry.for_operation()).layer(attempt))
 }
 
 impl Api {
@@ -239,6 +215,3 @@ impl Api {
     }
 }
 
-pub fn metadata_value(value: &str) -> Result<tonic::metadata::AsciiMetadataValue, GatewayError> {
-    value.parse().map_err(|_| GatewayError::field("Idempotency-Key", "must be visible ASCII characters"))
-}

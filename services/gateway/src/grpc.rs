@@ -45,7 +45,7 @@ impl Gateway for GatewayService {
         let mut response = Response::new(read.order);
         if let Some(since) = read.stale_since {
             let as_of = humantime::format_rfc3339_millis(since).to_string();
-            response.metadata_mut().insert(crate::http::FALLBACK_HEADER, format!("stale-copy; as-of={as_of}").parse().expect("ascii"));
+            response.metadata_mut().insert(crate::edge::FALLBACK_HEADER, format!("stale-copy; as-of={as_of}").parse().expect("ascii"));
         }
         Ok(response)
     }

@@ -1,16 +1,16 @@
 #![doc = include_str!("../README.md")]
 
 mod api;
+mod edge;
 mod error;
 mod fallback;
 mod grpc;
-mod http;
-mod problems;
+mod rest;
 mod rate_limit;
 mod settings;
 mod webhooks;
 
-pub use http::TIMEOUT_HEADER;
+pub use rest::TIMEOUT_HEADER;
 pub use rate_limit::ClientLimits;
 pub use settings::{ApiClient, Settings};
 
@@ -80,10 +80,10 @@ impl Application {
             .connection_limits(settings.connections);
         let http_stats = HopStats::new();
         let creates = Intake::with_caller_share("gateway (order creation)", settings.max_in_flight_creates, settings.max_in_flight_creates_per_client);
-        let http_router = http::router(api, creates).layer(
+        let http_router = rest::router(api, creates).layer(
             DeadlineLayer::new(
                 HOP,
-                http::HttpDeadline { policy: settings.deadline },
+                rest::HttpDeadline { policy: settings.deadline },
                 http_stats.clone(),
             )
             .at_edge(),
@@ -93,7 +93,7 @@ impl Application {
         // Outermost but for counting: the quota is checked before anything else happens.
         .layer(rate_limit::RateLimitLayer::new(limits.clone()))
         .layer(RequestMetricsLayer::new(HOP))
-        .layer(axum::middleware::from_fn(problems::problem_answers));
+        .layer(axum::middleware::from_fn(rest::problems::problem_answers));
         let http = rpc::bind(settings.http_listen).await?;
         let metrics = rpc::bind(settings.metrics_listen).await?;
         Ok(Self { grpc, http, http_router, metrics, http_stats, retry, orders_breaker, limits, connections: settings.connections })

@@ -4,7 +4,6 @@
 //! edge policy like the order calls; the other writes (disable, enable, delete, redeliver) carry
 //! no key, so they are tried once: a retry after a lost answer would queue a redelivery twice.
 
-pub mod http;
 
 use proto::orders::v1::{
     CreateEndpointRequest, Endpoint, EndpointRef, EndpointWithSecret, ListDeliveriesRequest, ListDeliveriesResponse, ListEndpointsRequest,
@@ -19,7 +18,7 @@ use tonic::{Request, Response, Status, metadata::MetadataMap};
 use tower::ServiceExt;
 
 use crate::{
-    api::{ClientId, Operation, metadata_value, operation},
+    edge::{ClientId, Operation, metadata_value, operation},
     error::GatewayError,
 };
 

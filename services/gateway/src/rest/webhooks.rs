@@ -13,11 +13,11 @@ use proto::orders::v1::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::Keyed;
+use super::extract::{authenticate, idempotency_key, json_body, required};
 use crate::{
     api::Api,
     error::{GatewayError, REPLAYED_HEADER},
-    http::{authenticate, idempotency_key, json_body, required},
+    webhooks::Keyed,
 };
 
 pub fn routes() -> Router<Api> {
@@ -32,7 +32,7 @@ pub fn routes() -> Router<Api> {
         .route("/v1/webhooks/endpoints/{endpoint_id}/redeliver", post(redeliver_range))
 }
 
-/// `POST /v1/webhooks/endpoints` body; see [`crate::http`]'s `NewOrder` for why fields are optional.
+/// `POST /v1/webhooks/endpoints` body; see the orders face's `NewOrder` for why fields are optional.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NewEndpoint {

@@ -1,5 +1,11 @@
 //! The HTTP/JSON face: `POST /v1/orders`, `GET /v1/orders/{id}`, `GET /v1/orders/{id}/summary`,
-//! and the webhook routes of [`crate::webhooks::http`].
+//! and the webhook routes of [`webhooks`]; [`problems`] makes every error it answers a problem.
+
+mod extract;
+pub mod problems;
+mod webhooks;
+
+use extract::{authenticate, idempotency_key, json_body, required};
 
 use std::{
     sync::Arc,
@@ -20,10 +26,11 @@ use proto::{
     common::v1::{CreateOrderRequest, LineItem},
     json::{OrderJson, PaymentJson},
 };
-use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use serde::{Deserialize, Serialize};
 
 use crate::{
-    api::{Api, ClientId, Rate, Read},
+    api::{Api, Rate, Read},
+    edge::FALLBACK_HEADER,
     error::{GatewayError, Problem, REPLAYED_HEADER},
 };
 
@@ -35,7 +42,7 @@ pub fn router(api: Api, creates: Arc<Intake>) -> Router {
         .route("/v1/orders", post(create_order).route_layer(LoadShedLayer::new(creates)))
         .route("/v1/orders/{order_id}", get(get_order))
         .route("/v1/orders/{order_id}/summary", get(get_summary))
-        .merge(crate::webhooks::http::routes())
+        .merge(webhooks::routes())
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "Not found", "no such route".into()).into_http::<axum::body::Body>() })
         .with_state(api)
 }
@@ -56,10 +63,6 @@ struct NewOrder {
 struct NewItem {
     sku: Option<String>,
     quantity: Option<u32>,
-}
-
-pub fn required<T>(value: Option<T>, field: impl Into<String>) -> Result<T, GatewayError> {
-    value.ok_or_else(|| GatewayError::field(field, "is required"))
 }
 
 impl NewOrder {
@@ -106,9 +109,6 @@ fn rfc3339(time: SystemTime) -> String {
     humantime::format_rfc3339_millis(time).to_string()
 }
 
-/// Marks an answer made from a fallback: which one, and since when its data is current.
-pub const FALLBACK_HEADER: &str = "x-fallback";
-
 /// `GET /v1/orders/{id}/summary`: the order with its payment, exchange rate and recommendations.
 /// Each part that cannot be had is named in `unavailable` with the reason, and is `null`: an
 /// unknown value is never shown as zero.
@@ -141,41 +141,6 @@ struct RecommendationsJson {
 struct Unavailable {
     part: &'static str,
     reason: String,
-}
-
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers.get(name).and_then(|value| value.to_str().ok())
-}
-
-/// The client named by the request's API key.
-pub fn authenticate(api: &Api, headers: &HeaderMap) -> Result<ClientId, GatewayError> {
-    api.authenticate(header(headers, "authorization"))
-}
-
-/// The `Idempotency-Key` header of a write that needs one.
-pub fn idempotency_key(headers: &HeaderMap) -> Result<&str, GatewayError> {
-    header(headers, "idempotency-key").ok_or_else(|| GatewayError::field("Idempotency-Key", "header is required (1 to 255 characters)"))
-}
-
-/// A JSON body sent as `application/json`, a fault in it reported with the path of the field at
-/// fault, and nothing after it but whitespace.
-pub fn json_body<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<T, GatewayError> {
-    // The media type without its parameters (`; charset=utf-8`), compared as RFC 9110 says: case aside.
-    let media_type = header(headers, "content-type").map(|value| value.split(';').next().unwrap_or_default().trim());
-    if !media_type.is_some_and(|media_type| media_type.eq_ignore_ascii_case("application/json")) {
-        return Err(GatewayError::NotJson);
-    }
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
-        let path = error.path().to_string();
-        if path == "." {
-            GatewayError::MalformedBody(error.into_inner().to_string())
-        } else {
-            GatewayError::field(path, error.into_inner().to_string())
-        }
-    })?;
-    deserializer.end().map_err(|error| GatewayError::MalformedBody(format!("data after the JSON value: {error}")))?;
-    Ok(value)
 }
 
 async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {

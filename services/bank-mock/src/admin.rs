@@ -20,7 +20,7 @@ use crate::{
     faults::{Faults, FaultsPatch},
 };
 
-pub const TOKEN_HEADER: &str = "x-admin-token";
+pub use wire::ADMIN_TOKEN as TOKEN_HEADER;
 
 #[derive(Clone)]
 struct Admin {

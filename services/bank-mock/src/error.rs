@@ -38,7 +38,7 @@ impl From<ChargeError> for Status {
             ChargeError::Unavailable | ChargeError::ReplyLost { .. } => Status::unavailable(message),
             ChargeError::ResourceExhausted { pushback_ms } => {
                 let mut status = Status::resource_exhausted(message);
-                status.metadata_mut().insert("grpc-retry-pushback-ms", MetadataValue::from(pushback_ms));
+                status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, MetadataValue::from(pushback_ms));
                 status
             }
         }

@@ -36,7 +36,7 @@ where
 }
 
 /// Marks an answer made from a fallback: which one, and since when its data is current.
-pub const FALLBACK_HEADER: &str = "x-fallback";
+pub use wire::FALLBACK as FALLBACK_HEADER;
 
 pub fn metadata_value(value: &str) -> Result<tonic::metadata::AsciiMetadataValue, GatewayError> {
     value.parse().map_err(|_| GatewayError::field("Idempotency-Key", "must be visible ASCII characters"))

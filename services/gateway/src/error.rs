@@ -10,7 +10,7 @@ use tonic::{Code, Status, metadata::MetadataValue};
 use tonic_types::StatusExt;
 
 /// Marks an HTTP answer replayed from an idempotency key's stored response.
-pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+pub use wire::IDEMPOTENT_REPLAYED as REPLAYED_HEADER;
 
 /// Why an operation failed at or below the gateway.
 #[derive(Debug, thiserror::Error)]

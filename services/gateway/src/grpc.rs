@@ -29,7 +29,7 @@ impl Gateway for GatewayService {
     async fn create_order(&self, request: Request<CreateOrderRequest>) -> Result<Response<Order>, Status> {
         let client = self.api.authenticate(text(&request, "authorization"))?;
         let key = text(&request, IDEMPOTENCY_KEY)
-            .ok_or_else(|| GatewayError::field("idempotency-key", "metadata is required (1 to 255 characters)"))?
+            .ok_or_else(|| GatewayError::field(IDEMPOTENCY_KEY, "metadata is required (1 to 255 characters)"))?
             .to_owned();
         let created = self.api.create_order(&client, &key, request.into_inner()).await?;
         let mut response = Response::new(created.order);

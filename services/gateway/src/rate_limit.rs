@@ -30,12 +30,12 @@ use tonic::{Status, metadata::MetadataValue};
 use telemetry::metrics::{Counter, KeyValue};
 use tower::{Layer, Service};
 
+use wire::{RATE_LIMIT, RATE_LIMIT_POLICY};
+
 use crate::{error::Problem, settings::ApiClient};
 
-const RATE_LIMIT: &str = "ratelimit";
 /// The gRPC health service's methods.
 const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
-const RATE_LIMIT_POLICY: &str = "ratelimit-policy";
 
 /// The limiters of every known client, and the shared one of unknown keys.
 #[derive(Debug)]

@@ -498,7 +498,7 @@ impl Sender {
             self.client
                 .post(&self.url)
                 .bearer_auth(self.api_key)
-                .header("idempotency-key", format!("{}-{}-{}", self.name, self.run_id, if self.one_key { 0 } else { index }))
+                .header(wire::IDEMPOTENCY_KEY, format!("{}-{}-{}", self.name, self.run_id, if self.one_key { 0 } else { index }))
                 .json(&order_json())
         };
         if let Some(ms) = self.timeout_ms {
@@ -517,7 +517,7 @@ impl Sender {
             match response {
                 Ok(response) => {
                     *tally.outcomes.entry(response.status().as_u16()).or_default() += 1;
-                    if response.headers().contains_key("x-fallback") {
+                    if response.headers().contains_key(wire::FALLBACK) {
                         tally.fallbacks += 1;
                     }
                     if tally.sample.is_none() {
@@ -546,7 +546,7 @@ async fn seed_order(base: &str, api_key: &str) -> String {
     let client = reqwest::Client::new();
     let key = format!("seed-{}", std::process::id());
     let answer: Option<serde_json::Value> = async {
-        let response = client.post(format!("{base}/v1/orders")).bearer_auth(api_key).header("idempotency-key", key).json(&order_json()).send().await.ok()?;
+        let response = client.post(format!("{base}/v1/orders")).bearer_auth(api_key).header(wire::IDEMPOTENCY_KEY, key).json(&order_json()).send().await.ok()?;
         response.json().await.ok()
     }
     .await;

@@ -16,17 +16,17 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// The metadata key that carries the ledger back up the chain.
-pub const LEDGER_HEADER: &str = "x-deadline-ledger";
+pub use wire::DEADLINE_LEDGER as LEDGER_HEADER;
 
 /// Metadata on a DEADLINE_EXCEEDED that a hop answered without calling its dependency because too
 /// little budget was left. Its value names that hop. A retry would get even less, so the edge does
 /// not retry such a failure.
-pub const FAILED_FAST_HEADER: &str = "x-deadline-failed-fast";
+pub use wire::DEADLINE_FAILED_FAST as FAILED_FAST_HEADER;
 
 /// Metadata carrying the number of earlier attempts of the edge operation a call belongs to. The
 /// gateway sets it on each retry; every hop passes it on with the deadline, so the bank can tell
 /// first attempts from retries (gRPC's retry design, A6, names this header).
-pub const PREVIOUS_ATTEMPTS_HEADER: &str = "grpc-previous-rpc-attempts";
+pub use wire::PREVIOUS_ATTEMPTS as PREVIOUS_ATTEMPTS_HEADER;
 
 /// A point in time after which nobody will read the answer, plus the budget it was made from.
 ///

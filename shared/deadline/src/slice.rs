@@ -15,7 +15,7 @@ use http::{HeaderMap, HeaderValue};
 /// Metadata on a DEADLINE_EXCEEDED that came back from a call the client layer forwarded a slice
 /// to: `<ms>` (rounded up), and `; capped` when the slice was less than what the hop had left
 /// after its reserve (the dependency's cap, or a shorter timeout the caller set).
-pub const SLICE_HEADER: &str = "x-deadline-slice";
+pub use wire::DEADLINE_SLICE as SLICE_HEADER;
 
 const CAPPED: &str = "; capped";
 

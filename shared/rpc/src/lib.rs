@@ -21,10 +21,10 @@ pub use relay::{PUSHBACK_HEADER, derive_key, relay};
 /// Metadata names the services agree on.
 pub mod metadata {
     /// The authenticated client, set by the gateway; scopes idempotency keys and orders.
-    pub const CLIENT_ID: &str = "x-client-id";
+    pub use wire::CLIENT_ID;
     /// The idempotency key of a write (1 to 255 visible ASCII characters).
-    pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+    pub use wire::IDEMPOTENCY_KEY;
     pub use crate::relay::PUSHBACK_HEADER as PUSHBACK;
     /// Set to `true` on an answer replayed from an idempotency key's stored response.
-    pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+    pub use wire::IDEMPOTENT_REPLAYED;
 }

@@ -24,11 +24,11 @@ use rand::Rng as _;
 use sha2::Sha256;
 
 /// Header carrying the delivery's id, stable across retries.
-pub const WEBHOOK_ID: &str = "webhook-id";
+pub use wire::WEBHOOK_ID;
 /// Header carrying the time of signing, in whole seconds since the Unix epoch.
-pub const WEBHOOK_TIMESTAMP: &str = "webhook-timestamp";
+pub use wire::WEBHOOK_TIMESTAMP;
 /// Header carrying the space-separated `v1,<base64>` signatures.
-pub const WEBHOOK_SIGNATURE: &str = "webhook-signature";
+pub use wire::WEBHOOK_SIGNATURE;
 
 /// How far a timestamp may be from the receiver's clock, either way, in seconds (inclusive).
 ///

@@ -22,7 +22,7 @@ pub fn authenticate(api: &Api, headers: &HeaderMap) -> Result<ClientId, GatewayE
 
 /// The `Idempotency-Key` header of a write that needs one.
 pub fn idempotency_key(headers: &HeaderMap) -> Result<&str, GatewayError> {
-    header(headers, "idempotency-key").ok_or_else(|| GatewayError::field("Idempotency-Key", "header is required (1 to 255 characters)"))
+    header(headers, wire::IDEMPOTENCY_KEY).ok_or_else(|| GatewayError::field("Idempotency-Key", "header is required (1 to 255 characters)"))
 }
 
 /// A JSON body sent as `application/json`, a fault in it reported with the path of the field at

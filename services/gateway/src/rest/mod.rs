@@ -35,7 +35,7 @@ use crate::{
 };
 
 /// Header in which an HTTP client may shorten the operation deadline.
-pub const TIMEOUT_HEADER: &str = "x-request-timeout-ms";
+pub use wire::REQUEST_TIMEOUT_MS as TIMEOUT_HEADER;
 
 pub fn router(api: Api, creates: Arc<Intake>) -> Router {
     Router::new()

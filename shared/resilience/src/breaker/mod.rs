@@ -71,11 +71,11 @@ use tonic::Status;
 use tower::{BoxError, Service, util::rng::HasherRng};
 
 /// Metadata marking an answer given by an open breaker; its value names the dependency.
-pub const CIRCUIT_OPEN_HEADER: &str = "x-circuit-open";
+pub use wire::CIRCUIT_OPEN as CIRCUIT_OPEN_HEADER;
 
 /// Metadata marking a failure a hop passed up from its own dependency. A breaker judges only its
 /// dependency's own failures: orders is not broken because the bank is down.
-pub const RELAYED_HEADER: &str = "x-relayed";
+pub use wire::RELAYED as RELAYED_HEADER;
 
 /// Thresholds of one breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -31,7 +31,7 @@ use telemetry::{
 use tower::{BoxError, Service};
 
 /// Metadata marking an answer given by a full bulkhead; its value names the dependency.
-pub const BULKHEAD_FULL_HEADER: &str = "x-bulkhead-full";
+pub use wire::BULKHEAD_FULL as BULKHEAD_FULL_HEADER;
 
 /// The limit was reached: the call was not made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -64,12 +64,12 @@ use tower::retry::{
 use tower::util::rng::HasherRng;
 
 /// Metadata in which a server names the wait before a retry (gRPC retry design, A6).
-pub const PUSHBACK_HEADER: &str = "grpc-retry-pushback-ms";
+pub use wire::RETRY_PUSHBACK_MS as PUSHBACK_HEADER;
 
 /// Metadata on a failure after which the edge stopped retrying for its budget, its attempts or an
 /// open breaker; its value is the [`StopReason`]. The edge's face answers its own clients "do
 /// not retry" for such a failure: they would only multiply what the edge has already limited.
-pub const RETRIES_SPENT_HEADER: &str = "x-retries-spent";
+pub use wire::RETRIES_SPENT as RETRIES_SPENT_HEADER;
 
 /// A wait as whole milliseconds, rounded up: a client told to come back after a truncated wait
 /// comes back early and is refused again.

@@ -137,6 +137,9 @@ drill_postgres_restart() {
     order "pg-$run_id-up" 2000
     while [[ "$status" != 201 ]] && (( SECONDS < deadline )); do sleep 1; order "pg-$run_id-up" 2000; done
     check "orders are paid again" test "$status" = 201
+    for service in orders payment webhook-sender; do
+        check "$service still up and healthy" wait_healthy "$service" 30
+    done
 }
 
 drills=("$@")

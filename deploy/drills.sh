@@ -2,7 +2,7 @@
 # Fault drills on the running compose stack: each drill breaks something for real, sends orders
 # through the published gateway port, checks what a client must see, and repairs what it broke.
 #
-#   deploy/drills.sh [healthy|bank-slow|bank-hang|payment-killed|bank-cut-off|all]...
+#   deploy/drills.sh [healthy|bank-slow|bank-hang|payment-killed|bank-cut-off|postgres-restart|all]...
 #
 # Settings come from deploy/.env, overridable by the environment: GATEWAY_HTTP_PORT,
 # BANK_ADMIN_PORT, BANK_ADMIN_TOKEN, and COMPOSE, the command that reaches the stack (default:
@@ -120,9 +120,31 @@ drill_bank_cut_off() {
     check "reconnected: the breaker closed and orders are paid again" test "$status" = 201
 }
 
+drill_postgres_restart() {
+    echo "==> postgres-restart: PostgreSQL stopped, then started again"
+    local postgres n
+    postgres="$(container postgres)"
+    docker stop "$postgres" >/dev/null
+    for n in 1 2 3; do
+        order "pg-$run_id-down-$n" 2000
+        check "503 Service Unavailable" test "$status" = 503
+        check "answered well before the deadline (≤ 1500 ms)" test "$millis" -le 1500
+    done
+    docker start "$postgres" >/dev/null
+    check "PostgreSQL healthy again" wait_healthy postgres 60
+    # No service was restarted: their pools connect again by themselves.
+    local deadline=$((SECONDS + 30))
+    order "pg-$run_id-up" 2000
+    while [[ "$status" != 201 ]] && (( SECONDS < deadline )); do sleep 1; order "pg-$run_id-up" 2000; done
+    check "orders are paid again" test "$status" = 201
+    for service in orders payment webhook-sender; do
+        check "$service still up and healthy" wait_healthy "$service" 30
+    done
+}
+
 drills=("$@")
 if [[ ${#drills[@]} -eq 0 || " ${drills[*]} " == *" all "* ]]; then
-    drills=(healthy bank-slow bank-hang payment-killed bank-cut-off)
+    drills=(healthy bank-slow bank-hang payment-killed bank-cut-off postgres-restart)
 fi
 for drill in "${drills[@]}"; do
     case "$drill" in
@@ -131,6 +153,7 @@ for drill in "${drills[@]}"; do
         bank-hang) drill_bank_hang ;;
         payment-killed) drill_payment_killed ;;
         bank-cut-off) drill_bank_cut_off ;;
+        postgres-restart) drill_postgres_restart ;;
         *) echo "no drill $drill" >&2; exit 2 ;;
     esac
 done

@@ -52,6 +52,10 @@ impl From<OrdersError> for Status {
             OrdersError::Payment(status) => rpc::relay(&status),
             OrdersError::Webhooks(OutboxError::EndpointNotFound(_) | OutboxError::DeliveryNotFound { .. }) => Status::not_found(message),
             OrdersError::Webhooks(OutboxError::Busy(_)) => Status::aborted(message),
+            OrdersError::Storage(ref storage) | OrdersError::Webhooks(OutboxError::Storage(ref storage)) if idempotency::is_unreachable(storage) => {
+                tracing::error!(%message, "database unreachable");
+                Status::unavailable(format!("{}: database unreachable", crate::HOP))
+            }
             OrdersError::Webhooks(OutboxError::Storage(_)) => {
                 tracing::error!(%message, "storage failure");
                 Status::internal(format!("{}: webhook storage failed", crate::HOP))

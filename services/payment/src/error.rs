@@ -41,6 +41,10 @@ impl From<PaymentError> for Status {
             PaymentError::Bank(status) => rpc::relay(&status),
             PaymentError::InFlight => Status::aborted(format!("{}: {error}", crate::HOP)),
             PaymentError::KeyReused => Status::failed_precondition(format!("{}: {error}", crate::HOP)),
+            PaymentError::Storage(ref storage) if idempotency::is_unreachable(storage) => {
+                tracing::error!(%error, "database unreachable");
+                Status::unavailable(format!("{}: database unreachable", crate::HOP))
+            }
             PaymentError::Storage(_) | PaymentError::StoredAnswer(_) => {
                 tracing::error!(%error, "storage failure");
                 Status::internal(format!("{}: payment storage failed", crate::HOP))

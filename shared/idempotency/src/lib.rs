@@ -8,7 +8,7 @@ mod reaper;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use database::{Backend, Database, DatabaseError, Driver, Executors, Migrations, Pool, SqliteSettings, Synchronous, Transaction};
+pub use database::{Backend, Database, DatabaseError, Driver, Executors, Migrations, Pool, SqliteSettings, Synchronous, Transaction, is_unreachable};
 pub use reaper::spawn_reaper;
 pub use store::{Begin, KeyError, KeySettings, KeyStore, Lease, Phase, Stored, StrandedKey, TtlTooShort};
 

@@ -193,3 +193,16 @@ async fn a_begin_dropped_midway_leaves_no_connection_inside_a_transaction() {
     }
     test_support::eventually(Duration::from_secs(5), "no connection left inside a transaction", || async { idle_in_transaction(&observer).await == 0 }).await;
 }
+
+#[tokio::test]
+async fn a_database_out_of_reach_is_told_apart_from_a_failed_statement() {
+    use sqlx::Connection;
+    // Port 1 on loopback: nothing listens there, the connection is refused.
+    let refused = sqlx::PgConnection::connect("postgres://chain:chain@127.0.0.1:1/orders").await.expect_err("nothing listens on port 1");
+    assert!(idempotency::is_unreachable(&refused), "{refused:?}");
+    let mut sqlite = sqlx::SqliteConnection::connect("sqlite::memory:").await.unwrap();
+    let failed = sqlx::query("SELECT * FROM no_such_table").execute(&mut sqlite).await.expect_err("no such table");
+    assert!(!idempotency::is_unreachable(&failed), "{failed:?}");
+    assert!(!idempotency::is_unreachable(&sqlx::Error::RowNotFound));
+    assert!(idempotency::is_unreachable(&sqlx::Error::PoolTimedOut));
+}

@@ -1,10 +1,13 @@
-//! The docker-compose stack, built and run for real: images built offline (static binaries in
-//! `FROM scratch` images, nothing pulled), the services healthy, an order through the published
-//! gateway port, its webhook delivered to the example receiver by a sender that cannot reach the
-//! chain's services, the fault drills of `deploy/drills.sh`, and the stack's containers, network
-//! and volumes removed at the end, whatever happened (the images are kept for the next run).
-//! Without a Docker engine with Compose it fails in CI, and elsewhere says so loudly and does
-//! nothing.
+//! The users' docker-compose stack, `deploy/compose.yaml`, built and run for real with nothing
+//! pulled: the service images built offline (static binaries in `FROM scratch` images), PostgreSQL
+//! from an image built offline from Debian's packages (`tests/compose/postgres`, named through
+//! `POSTGRES_IMAGE`), and, since Jaeger cannot be had here, the test kit's OTLP receiver in its
+//! place (`tests/compose/compose.yaml`). The services healthy, an order through the published
+//! gateway port and its trace, its webhook delivered to the example receiver by a sender that
+//! cannot reach the chain's services, the fault drills of `deploy/drills.sh` (PostgreSQL's restart
+//! among them), and the stack's containers, networks and volumes removed at the end, whatever
+//! happened (the images are kept for the next run). Without a Docker engine with Compose it fails
+//! in CI, and elsewhere says so loudly and does nothing.
 
 use std::{
     io::Write,
@@ -18,12 +21,14 @@ use e2e::eventually;
 /// The chain's hops: each answers in the ledger and exports spans.
 const HOPS: [&str; 4] = ["gateway", "orders", "payment", "bank-mock"];
 /// Every service with a health check.
-const SERVICES: [&str; 5] = ["gateway", "orders", "payment", "bank-mock", "webhook-sender"];
+const SERVICES: [&str; 6] = ["postgres", "gateway", "orders", "payment", "bank-mock", "webhook-sender"];
 /// Every image of the chain.
 const IMAGES: [&str; 6] = ["gateway", "orders", "payment", "bank-mock", "webhook-sender", "webhook-receiver"];
 const IMAGE_PREFIX: &str = "chain";
 const IMAGE_TAG: &str = "compose-test";
 const ADMIN_TOKEN: &str = "compose-test-token";
+/// PostgreSQL built offline by `tests/compose/postgres/build-image.sh`, kept between runs.
+const POSTGRES_IMAGE: &str = "chain-test/postgres:bookworm";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root").to_owned()
@@ -59,7 +64,21 @@ fn compose_command(program: &[&str]) -> Command {
     command
 }
 
-/// The test stack, taken down with its volumes and network when dropped (also on failure).
+/// `deploy/compose.yaml` with the test's one change (the OTLP receiver for Jaeger), as one
+/// argument list for Compose.
+fn compose_files() -> [PathBuf; 2] {
+    [root().join("deploy/compose.yaml"), root().join("tests/compose/compose.yaml")]
+}
+
+/// Runs `program` with `args`, saying how long it took.
+fn build(what: &str, program: &Path, args: &[&str]) {
+    let started = Instant::now();
+    let status = Command::new("bash").arg(program).args(args).env("IMAGE_PREFIX", IMAGE_PREFIX).status().unwrap_or_else(|error| panic!("{program:?}: {error}"));
+    assert!(status.success(), "{what} builds offline");
+    say(&format!("compose stack: {what} ready in {:.1} s", started.elapsed().as_secs_f64()));
+}
+
+/// The test stack, taken down with its volumes and networks when dropped (also on failure).
 struct Stack {
     program: &'static [&'static str],
     project: String,
@@ -71,19 +90,23 @@ struct Stack {
 impl Stack {
     fn compose(&self) -> Command {
         let mut command = compose_command(self.program);
+        command.arg("-p").arg(&self.project);
+        for file in compose_files() {
+            command.arg("-f").arg(file);
+        }
+        // Run in deploy/, whose .env the users' file reads (the settings below win over it);
+        // port 0: Docker chooses free ports (the test asks which).
         command
-            .arg("-p")
-            .arg(&self.project)
-            .arg("-f")
-            .arg(root().join("tests/compose/compose.yaml"))
+            .current_dir(root().join("deploy"))
             .env("BANK_ADMIN_TOKEN", ADMIN_TOKEN)
             .env("IMAGE_PREFIX", IMAGE_PREFIX)
-            .env("IMAGE_TAG", IMAGE_TAG);
+            .env("IMAGE_TAG", IMAGE_TAG)
+            .env("POSTGRES_IMAGE", POSTGRES_IMAGE)
+            .envs(["GATEWAY_HTTP_PORT", "GATEWAY_GRPC_PORT", "BANK_ADMIN_PORT", "JAEGER_UI_PORT"].map(|port| (port, "0")));
         command
     }
 
-    /// The host port Docker published `service`'s `port` on (the test's compose file lets it
-    /// choose a free one).
+    /// The host port Docker published `service`'s `port` on (chosen by Docker: see `compose`).
     fn published_port(&self, service: &str, port: u16) -> u16 {
         let output = String::from_utf8(run(self.compose().args(["port", service, &port.to_string()])).stdout).expect("utf-8");
         let (_, port) = output.trim().rsplit_once(':').unwrap_or_else(|| panic!("{service}:{port} is published: {output:?}"));
@@ -123,16 +146,8 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
         e2e::missing("a Docker engine with Compose", "the compose stack was not built or tested");
         return;
     };
-    // The users' stack file is valid (its PostgreSQL and Jaeger images cannot be had here).
-    run(compose_command(program).current_dir(root().join("deploy")).args(["config", "--quiet"]));
-
-    let build = Command::new("bash")
-        .arg(root().join("deploy/build-images.sh"))
-        .args(["--from-host", "--with-test-receiver", "--tag", IMAGE_TAG])
-        .env("IMAGE_PREFIX", IMAGE_PREFIX)
-        .status()
-        .expect("build-images.sh runs");
-    assert!(build.success(), "the images build offline");
+    build("the service images", &root().join("deploy/build-images.sh"), &["--from-host", "--with-test-receiver", "--tag", IMAGE_TAG]);
+    build("the PostgreSQL image", &root().join("tests/compose/postgres/build-image.sh"), &[POSTGRES_IMAGE]);
 
     let mut stack = Stack { program, project: format!("chain-test-{}", std::process::id()), gateway_port: 0, admin_port: 0 };
     let started = Instant::now();
@@ -156,18 +171,19 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
     for hop in HOPS {
         assert!(ledger.contains(&format!("{hop};received=")), "{hop} in {ledger}");
     }
-    // Its trace reached the collector of the stack.
+    // Its trace reached the stack's collector: the OTLP receiver in Jaeger's place.
     let trace_id = response.headers()["traceparent"].to_str().unwrap().split('-').nth(1).expect("a trace id").to_owned();
     eventually(Duration::from_secs(30), "every service exported its spans of the trace", || async {
-        let logs = String::from_utf8_lossy(&run(stack.compose().args(["logs", "--no-color", "otlp-receiver"])).stdout).into_owned();
+        let logs = String::from_utf8_lossy(&run(stack.compose().args(["logs", "--no-color", "jaeger"])).stdout).into_owned();
         HOPS.iter().all(|service| logs.contains(&format!("trace_id={trace_id} service={service} ")))
     })
     .await;
 
     webhooks_leave_the_stack_only_through_the_sender(&stack, &http).await;
 
-    // The fault drills, as a user runs them.
-    let compose = format!("{} -p {} -f {}", program.join(" "), stack.project, root().join("tests/compose/compose.yaml").display());
+    // The fault drills, as a user runs them (PostgreSQL's restart among them).
+    let files = compose_files().map(|file| format!("-f {}", file.display())).join(" ");
+    let compose = format!("{} -p {} {files}", program.join(" "), stack.project);
     let drills = Command::new("bash")
         .arg(root().join("deploy/drills.sh"))
         .arg("all")
@@ -175,16 +191,18 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
         .env("GATEWAY_HTTP_PORT", stack.gateway_port.to_string())
         .env("BANK_ADMIN_PORT", stack.admin_port.to_string())
         .env("BANK_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("IMAGE_PREFIX", IMAGE_PREFIX)
         .env("IMAGE_TAG", IMAGE_TAG)
+        .env("POSTGRES_IMAGE", POSTGRES_IMAGE)
         .output()
         .expect("drills.sh runs");
     let report = String::from_utf8_lossy(&drills.stdout);
     say(&report);
     assert!(drills.status.success(), "every drill passes:\n{report}{}", String::from_utf8_lossy(&drills.stderr));
 
-    for service in IMAGES {
-        let size = run(Command::new("docker").args(["image", "inspect", "-f", "{{.Size}}", &format!("{IMAGE_PREFIX}/{service}:{IMAGE_TAG}")])).stdout;
-        say(&format!("image {IMAGE_PREFIX}/{service}:{IMAGE_TAG}: {} bytes", String::from_utf8_lossy(&size).trim()));
+    for image in IMAGES.map(|service| format!("{IMAGE_PREFIX}/{service}:{IMAGE_TAG}")).into_iter().chain([POSTGRES_IMAGE.to_owned()]) {
+        let size = run(Command::new("docker").args(["image", "inspect", "-f", "{{.Size}}", &image])).stdout;
+        say(&format!("image {image}: {} bytes", String::from_utf8_lossy(&size).trim()));
     }
 }
 

@@ -99,6 +99,19 @@ pub enum DatabaseError {
     Migrate(#[from] MigrateError),
 }
 
+/// Whether `error` says the database could not be reached rather than that a statement failed:
+/// no connection (refused, name not resolved, lost midway, none free in time), or the server
+/// shutting down or not yet accepting connections. Such a failure passes once the database is
+/// back, so a service answers it as unavailable (retryable), not as an internal error.
+pub fn is_unreachable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
+        // SQLSTATE class 08 (connection exception), 57P01..57P03 (shutdown, crash, starting up).
+        sqlx::Error::Database(error) => error.code().is_some_and(|code| code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03")),
+        _ => false,
+    }
+}
+
 /// The migrations of one crate, named by its owner: each owner's history is kept in a table of
 /// its own (`_sqlx_migrations_<owner>`), so that two crates' versions never collide.
 pub type Migrations = (&'static str, Migrator);

@@ -72,7 +72,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let telemetry = telemetry::init("stack", &telemetry::TelemetrySettings::from_env())?;
+    let telemetry = telemetry::init_hosting(stack::SERVICE, &stack::SERVICES, &telemetry::TelemetrySettings::from_env())?;
     let temporary = match &data_dir {
         Some(_) => None,
         None => Some(tempfile::tempdir()?),

@@ -29,6 +29,9 @@ use webhooks::ssrf::{Resolve, SystemResolver};
 
 use crate::{delivery::Deliverer, metrics::SenderMetrics, worker::Sender};
 
+/// This service in telemetry: the `service.name` and `service.version` of its spans.
+pub const SERVICE: telemetry::Service = telemetry::Service { name: "webhook-sender", version: env!("CARGO_PKG_VERSION") };
+
 /// The sender, bound and connected, not yet running.
 pub struct Application<R = SystemResolver> {
     sender: Arc<Sender<R>>,

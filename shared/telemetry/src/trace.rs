@@ -14,7 +14,7 @@ use std::{
 
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use opentelemetry::{
-    global,
+    Context as OtelContext, global,
     propagation::{Extractor, Injector},
 };
 use pin_project_lite::pin_project;
@@ -22,7 +22,10 @@ use tower::{Layer, Service};
 use tracing::{Instrument, Span, field::Empty, instrument::Instrumented};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::response::{is_grpc, status_code};
+use crate::{
+    response::{is_grpc, status_code},
+    service,
+};
 
 /// Reads trace context from headers (gRPC metadata are headers too).
 struct HeaderExtractor<'a>(&'a HeaderMap);
@@ -60,15 +63,26 @@ fn inject(span: &Span, headers: &mut HeaderMap) {
     global::get_text_map_propagator(|propagator| propagator.inject_context(&context, &mut HeaderInjector(headers)));
 }
 
+/// Makes `span` and everything below it part of `service`, for a service's own work that no
+/// request started (a background task), where no server layer names the service: in a process
+/// that hosts several services, its spans are then exported under that service's name.
+pub fn set_service(span: &Span, service: &'static str) {
+    if !span.is_disabled() {
+        let _ = span.set_parent(service::context(service));
+    }
+}
+
 /// Applies [`ServerTrace`] for one hop.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ServerTraceLayer {
     hop: &'static str,
+    /// Where the request's span starts: the hop's service, which the caller's span is added to.
+    context: OtelContext,
 }
 
 impl ServerTraceLayer {
     pub fn new(hop: &'static str) -> Self {
-        Self { hop }
+        Self { hop, context: service::context(hop) }
     }
 }
 
@@ -76,7 +90,7 @@ impl<S> Layer<S> for ServerTraceLayer {
     type Service = ServerTrace<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ServerTrace { inner, hop: self.hop }
+        ServerTrace { inner, hop: self.hop, context: self.context.clone() }
     }
 }
 
@@ -85,6 +99,7 @@ impl<S> Layer<S> for ServerTraceLayer {
 pub struct ServerTrace<S> {
     inner: S,
     hop: &'static str,
+    context: OtelContext,
 }
 
 pin_project! {
@@ -146,7 +161,8 @@ where
         );
         // Untraced (no exporter, quiet logs): no context to read, nothing to continue.
         if !span.is_disabled() {
-            let parent = global::get_text_map_propagator(|propagator| propagator.extract(&HeaderExtractor(request.headers())));
+            let headers = HeaderExtractor(request.headers());
+            let parent = global::get_text_map_propagator(|propagator| propagator.extract_with_context(&self.context, &headers));
             let _ = span.set_parent(parent);
         }
         let inner = span.in_scope(|| self.inner.call(request)).instrument(span.clone());

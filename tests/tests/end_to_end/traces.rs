@@ -38,7 +38,7 @@ fn exported() -> &'static (OtlpReceiver, telemetry::Telemetry) {
             runtime.block_on(async {
                 let receiver = OtlpReceiver::start().await;
                 let settings = TelemetrySettings { otlp_endpoint: Some(receiver.endpoint()), otlp_metrics_endpoint: Some(receiver.endpoint()), service_name: Some("chain-under-test".into()) };
-                let telemetry = telemetry::init("tests", &settings).expect("exporter");
+                let telemetry = e2e::init_telemetry(&settings);
                 (receiver, telemetry)
             })
         })
@@ -49,15 +49,26 @@ fn exported() -> &'static (OtlpReceiver, telemetry::Telemetry) {
 
 /// The spans of the trace an answer names in `traceparent`, once `enough` of them are exported.
 async fn trace_of(response: &reqwest::Response, enough: impl Fn(&[Span]) -> bool) -> Vec<Span> {
+    trace_by_service(response, enough).await.into_iter().map(|(_, span)| span).collect()
+}
+
+/// [`trace_of`], each span with the `service.name` it was exported under.
+async fn trace_by_service(response: &reqwest::Response, enough: impl Fn(&[Span]) -> bool) -> Vec<(String, Span)> {
     let (receiver, telemetry) = exported();
     let traceparent = response.headers()["traceparent"].to_str().unwrap().to_owned();
     let trace_id = traceparent.split('-').nth(1).expect("version-traceid-spanid-flags").to_owned();
     eventually(BACKGROUND, "the trace's spans exported", || async {
         telemetry.flush().await;
-        let spans = receiver.trace(&trace_id);
-        enough(&spans).then_some(spans)
+        let exported = receiver.trace_by_service(&trace_id);
+        let spans: Vec<Span> = exported.iter().map(|(_, span)| span.clone()).collect();
+        enough(&spans).then_some(exported)
     })
     .await
+}
+
+/// Whether `spans` hold a server span of each hop of the chain.
+fn every_hop_served(spans: &[Span]) -> bool {
+    spans.iter().filter(|s| s.kind == SpanKind::Server as i32).count() >= 4
 }
 
 #[tokio::test]
@@ -66,7 +77,7 @@ async fn one_trace_crosses_every_hop_and_shows_each_slice_of_the_deadline() {
     let test = TestChain::start().await;
     let response = test.post_order("traced-1", &order_body()).send().await.unwrap();
     assert_eq!(response.status(), 201);
-    let spans = trace_of(&response, |spans| spans.iter().filter(|s| s.kind == SpanKind::Server as i32).count() >= 4).await;
+    let spans = trace_of(&response, every_hop_served).await;
 
     let server = |hop: &str| {
         spans
@@ -89,6 +100,42 @@ async fn one_trace_crosses_every_hop_and_shows_each_slice_of_the_deadline() {
     let budget = number_attribute(hops[0], attr::DEADLINE_RECEIVED_MS).unwrap();
     let spent: f64 = hops.iter().map(|s| number_attribute(s, attr::DEADLINE_SPENT_MS).unwrap()).sum();
     assert!(spent <= budget, "the slices ({spent} ms spent) fit in the gateway's budget ({budget} ms)");
+}
+
+#[tokio::test]
+async fn each_hop_exports_under_its_own_service_name_and_the_links_cross_them() {
+    exported();
+    let test = TestChain::start().await;
+    let response = test.post_order("traced-services", &order_body()).send().await.unwrap();
+    assert_eq!(response.status(), 201);
+    let exported = trace_by_service(&response, every_hop_served).await;
+    let service_of = |span: &Span| exported.iter().find(|(_, s)| s.span_id == span.span_id).map(|(service, _)| service.as_str());
+    let spans: Vec<Span> = exported.iter().map(|(_, span)| span.clone()).collect();
+
+    let hops = ["gateway", "orders", "payment", "bank-mock"];
+    let mut names: Vec<&str> = exported.iter().map(|(service, _)| service.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut expected = hops.to_vec();
+    expected.sort_unstable();
+    assert_eq!(names, expected, "one service name per hop, and nothing under the process's name");
+    for hop in hops {
+        let server = spans
+            .iter()
+            .find(|s| s.kind == SpanKind::Server as i32 && text_attribute(s, attr::HOP) == Some(hop))
+            .unwrap_or_else(|| panic!("a server span for {hop}"));
+        assert_eq!(service_of(server), Some(hop), "{hop}'s request span is exported as {hop}");
+    }
+    for span in &spans {
+        let Some(parent) = by_id(&spans, &span.parent_span_id) else { continue };
+        if service_of(span) != service_of(parent) {
+            assert_eq!(parent.kind, SpanKind::Client as i32, "the service changes only below a client span: {}", parent.name);
+            assert_eq!(span.kind, SpanKind::Server as i32, "and the callee's part starts with its server span: {}", span.name);
+        }
+    }
+    let gateway_server = spans.iter().find(|s| text_attribute(s, attr::HOP) == Some("gateway")).expect("the gateway's span");
+    let bank_server = spans.iter().find(|s| text_attribute(s, attr::HOP) == Some("bank-mock")).expect("the bank's span");
+    assert!(descends_from(&spans, bank_server, gateway_server), "one tree from the gateway down to the bank");
 }
 
 #[tokio::test]

@@ -10,7 +10,10 @@ use resilience::{
     naive::{NaiveRetry, NaiveRetryLayer, NaiveSettings},
     rate_limit::{QuotaSettings, SelfLimit, SelfLimitLayer},
 };
-use telemetry::trace::{ClientTrace, ClientTraceLayer};
+use telemetry::{
+    metrics::{CallMetrics, CallMetricsLayer},
+    trace::{ClientTrace, ClientTraceLayer},
+};
 use tower::{Layer, ServiceBuilder, util::Either};
 
 use crate::tls::ServiceTls;
@@ -57,8 +60,10 @@ impl Default for Dependency {
 
 /// A channel to one dependency: behind its bulkhead and breaker and under its deadline policy,
 /// or (naive chain) retried per hop with neither.
-pub type Client =
-    Either<BulkheadService<SelfLimit<BreakerService<ForwardDeadline<ClientTrace<Channel>>>>>, NaiveRetry<ClientTrace<Channel>>>;
+pub type Client = Either<
+    BulkheadService<SelfLimit<BreakerService<ForwardDeadline<ClientTrace<CallMetrics<Channel>>>>>>,
+    NaiveRetry<ClientTrace<CallMetrics<Channel>>>,
+>;
 
 /// A client and the guards in front of it, whose state the service can report.
 pub struct Connection {
@@ -80,7 +85,10 @@ pub fn connect(
     naive: NaiveSettings,
 ) -> Result<Connection, tonic::transport::Error> {
     let idle = Duration::from_millis(dependency.idle_timeout_ms);
-    let channel = endpoint(&dependency.endpoint, &dependency.service, tls)?
+    let endpoint = endpoint(&dependency.endpoint, &dependency.service, tls)?;
+    let trace = ClientTraceLayer::new(name, endpoint.uri());
+    let timed = CallMetricsLayer::new(endpoint.uri());
+    let channel = endpoint
         .connect_timeout(Duration::from_millis(dependency.connect_timeout_ms))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(idle)
@@ -99,10 +107,11 @@ pub fn connect(
                 .layer(SelfLimitLayer::new(hop, name, dependency.quota))
                 .layer(BreakerLayer::new(breaker.clone()))
                 .layer(ForwardDeadlineLayer::new(name, dependency.deadline))
-                .layer(ClientTraceLayer::new(name))
+                .layer(trace)
+                .layer(timed)
                 .service(channel),
         ),
-        ChainMode::Naive => Either::Right(NaiveRetryLayer::new(naive).layer(ClientTraceLayer::new(name).layer(channel))),
+        ChainMode::Naive => Either::Right(NaiveRetryLayer::new(naive).layer(trace.layer(timed.layer(channel)))),
     };
     Ok(Connection { client, breaker, bulkhead })
 }

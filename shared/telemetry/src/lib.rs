@@ -14,7 +14,7 @@
 
 pub mod attr;
 pub mod metrics;
-mod response;
+mod message;
 mod service;
 pub mod trace;
 

@@ -12,7 +12,7 @@ pub mod metrics;
 mod server;
 
 pub use client::{Client, Connection, Dependency, connect, endpoint};
-pub use server::{GrpcServer, GrpcService, Role, ServerError, Services, bind, serve_http, serve_http_with, shutdown_signal};
+pub use server::{GrpcServer, GrpcService, Role, ServerError, Services, bind, reflection, serve_http, serve_http_with, shutdown_signal};
 
 mod relay;
 pub use relay::{PUSHBACK_HEADER, derive_key, relay};

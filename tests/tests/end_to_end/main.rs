@@ -17,6 +17,7 @@ mod guards;
 mod hardening;
 mod idempotency_keys;
 mod metrics;
+mod python_grpc;
 mod mutual_tls;
 mod rate_limit;
 mod retries;

@@ -59,3 +59,30 @@ pub(crate) fn server_address(uri: &Uri) -> (std::sync::Arc<str>, u16) {
     let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("https") { 443 } else { 80 });
     (uri.host().unwrap_or_default().into(), port)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grpc_path_names_the_service_and_the_method() {
+        assert_eq!(grpc_method("/orders.v1.Orders/CreateOrder"), ("orders.v1.Orders", "CreateOrder"));
+        assert_eq!(grpc_method("/grpc.health.v1.Health/Check"), ("grpc.health.v1.Health", "Check"));
+        assert_eq!(grpc_method("/unshaped"), ("unshaped", ""));
+    }
+
+    #[test]
+    fn only_the_servers_own_faults_mark_a_server_span() {
+        let faults: Vec<i64> = (0..=16).filter(|code| is_server_error(*code)).collect();
+        // UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS.
+        assert_eq!(faults, [2, 4, 12, 13, 14, 15]);
+    }
+
+    #[test]
+    fn a_client_reports_the_address_and_port_it_dials() {
+        let (address, port) = server_address(&"https://payment:50053".parse().unwrap());
+        assert_eq!((&*address, port), ("payment", 50053));
+        assert_eq!(server_address(&"http://127.0.0.1".parse().unwrap()).1, 80);
+        assert_eq!(http_method(&Method::from_bytes(b"BREW").unwrap()), "_OTHER");
+    }
+}

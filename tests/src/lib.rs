@@ -24,6 +24,15 @@ use webhooks::signature::{Secret, Verifier};
 
 pub const API_KEY: &str = "demo-key-1";
 
+/// The test process in telemetry. The tests that export traces install it as `stack up` does,
+/// hosting the chain's services ([`init_telemetry`]).
+pub const SERVICE: telemetry::Service = telemetry::Service { name: "tests", version: env!("CARGO_PKG_VERSION") };
+
+/// Installs telemetry as `stack up` does: each service of the chain exports under its own name.
+pub fn init_telemetry(settings: &TelemetrySettings) -> Telemetry {
+    telemetry::init_hosting(SERVICE, &stack::SERVICES, settings).expect("telemetry is installed")
+}
+
 /// How long a test waits for something the chain does in the background (a delivery, a trace,
 /// a settled create): many times what it takes on a loaded machine, so that only a regression
 /// runs out of it.
@@ -90,7 +99,7 @@ impl TestChain {
     pub async fn start_on(backend: &Backend, customize: impl FnOnce(&mut ChainSettings)) -> Self {
         // The chain's logs go to the test's output, which the runner prints when the test fails.
         // A test that installed telemetry of its own keeps it: this one is then inert.
-        let logs = telemetry::init("tests", &TelemetrySettings::default()).expect("logging without an exporter");
+        let logs = telemetry::init(SERVICE, &TelemetrySettings::default()).expect("logging without an exporter");
         let data = tempfile::tempdir().expect("temporary directory");
         let mut settings = ChainSettings::default().ephemeral().with_data_dir(data.path());
         let databases = backend.configure(&mut settings).await;

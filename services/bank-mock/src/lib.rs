@@ -23,6 +23,9 @@ use tokio_util::sync::CancellationToken;
 /// The hop name in ledgers and errors.
 pub const HOP: &str = "bank-mock";
 
+/// This service in telemetry: the `service.name` and `service.version` of its spans.
+pub const SERVICE: telemetry::Service = telemetry::Service { name: HOP, version: env!("CARGO_PKG_VERSION") };
+
 /// A bound bank-mock, ready to serve.
 pub struct Application {
     grpc: GrpcServer,

@@ -25,6 +25,9 @@ use serde::Serialize;
 
 pub use profile::Profile;
 
+/// The benchmark process in telemetry, hosting the chains it measures.
+pub const SERVICE: telemetry::Service = telemetry::Service { name: "bench", version: env!("CARGO_PKG_VERSION") };
+
 /// Why a run could not finish.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {

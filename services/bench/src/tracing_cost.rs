@@ -45,8 +45,10 @@ pub struct TracingCost {
 pub async fn measure(profile: &Profile) -> Result<Coverage<TracingCost>, BenchError> {
     let settings = &profile.tracing;
     let receiver = otlp_receiver::OtlpReceiver::start().await;
-    let telemetry = telemetry::init(
-        "bench",
+    // As `stack up` installs it: each service's spans go to the provider of its own.
+    let telemetry = telemetry::init_hosting(
+        crate::SERVICE,
+        &stack::SERVICES,
         &telemetry::TelemetrySettings { otlp_endpoint: Some(receiver.endpoint()), ..telemetry::TelemetrySettings::default() },
     )?;
     if !telemetry.exporting() {

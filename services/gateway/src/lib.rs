@@ -36,6 +36,9 @@ use tokio_util::sync::CancellationToken;
 /// The hop name in ledgers and errors.
 pub const HOP: &str = "gateway";
 
+/// This service in telemetry: the `service.name` and `service.version` of its spans.
+pub const SERVICE: telemetry::Service = telemetry::Service { name: HOP, version: env!("CARGO_PKG_VERSION") };
+
 pub struct Application {
     grpc: GrpcServer,
     http: TcpListener,

@@ -187,6 +187,7 @@ impl Completer {
     /// One round: resumes up to `limit` of the stranded creates found now, until one fails.
     async fn run_once(&self, limit: u32) -> Result<Vec<Resumed>, KeyError> {
         let span = tracing::info_span!("completer.run", found = tracing::field::Empty);
+        telemetry::trace::set_service(&span, HOP);
         async {
             self.runs.add(1, &[]);
             let settings = &self.settings;

@@ -36,6 +36,9 @@ use tonic::{Code, Request, Response, Status, metadata::MetadataMap};
 /// The hop name in ledgers and errors.
 pub const HOP: &str = "orders";
 
+/// This service in telemetry: the `service.name` and `service.version` of its spans.
+pub const SERVICE: telemetry::Service = telemetry::Service { name: HOP, version: env!("CARGO_PKG_VERSION") };
+
 /// The recovery point after the order row exists.
 const ORDER_CREATED: &str = "order_created";
 

@@ -25,6 +25,9 @@ use tonic::{Code, Request, Response, Status};
 /// The hop name in ledgers and errors.
 pub const HOP: &str = "payment";
 
+/// This service in telemetry: the `service.name` and `service.version` of its spans.
+pub const SERVICE: telemetry::Service = telemetry::Service { name: HOP, version: env!("CARGO_PKG_VERSION") };
+
 /// Payment's keys come from orders, derived per client, so one scope holds them all.
 const KEY_SCOPE: &str = "orders";
 

@@ -94,7 +94,11 @@ impl ChainSettings {
 }
 
 /// The webhook sender's name among the services, for [`Chain::stop_service`].
-pub const WEBHOOK_SENDER: &str = "webhook-sender";
+pub const WEBHOOK_SENDER: &str = webhook_sender::SERVICE.name;
+
+/// The services a chain runs, each exported under its own name when the process's telemetry
+/// hosts them ([`telemetry::init_hosting`]).
+pub const SERVICES: [telemetry::Service; 5] = [gateway::SERVICE, orders::SERVICE, payment::SERVICE, bank_mock::SERVICE, webhook_sender::SERVICE];
 
 /// Where each part of a running chain listens.
 #[derive(Debug, Clone, Serialize)]

@@ -27,6 +27,9 @@ use webhooks::ssrf::Resolve;
 
 use crate::{delivery::Deliverer, fair_share::FairShares, metrics::SenderMetrics, worker::{Retention, Sender}};
 
+/// This service in telemetry: the `service.name` and `service.version` of its spans.
+pub const SERVICE: telemetry::Service = telemetry::Service { name: "webhook-sender", version: env!("CARGO_PKG_VERSION") };
+
 /// The sender, bound and connected, not yet running.
 pub struct Application<R = DnsResolver> {
     sender: Arc<Sender<R>>,
@@ -79,7 +82,7 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
         Ok(Self { sender: Arc::new(sender), listener })
     }
 
-    /// Where `grpc.health.v1` and `/metrics` are served.
+    /// Where `grpc.health.v1`, its reflection and `/metrics` are served.
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("a bound listener has an address")
     }
@@ -88,7 +91,14 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
     /// recorded (each is bounded by the request timeout).
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), SenderError> {
         let (_health, health_service) = tonic_health::server::health_reporter();
-        let routes = tonic::service::Routes::new(health_service).prepare().into_axum_router().merge(rpc::metrics::router());
+        let health_descriptors = prost::Message::decode(tonic_health::pb::FILE_DESCRIPTOR_SET).map_err(rpc::ServerError::from)?;
+        let (reflection_v1, reflection_v1alpha) = rpc::reflection(&health_descriptors)?;
+        let routes = tonic::service::Routes::new(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .prepare()
+            .into_axum_router()
+            .merge(rpc::metrics::router());
         let serving = rpc::serve_http(self.listener, routes, shutdown.clone().cancelled_owned());
         let tasks = self.sender.tasks.clone();
         // Waited for with the deliveries, at shutdown.

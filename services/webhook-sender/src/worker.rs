@@ -279,6 +279,7 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
 
     async fn run(self, shutdown: CancellationToken) {
         let span = tracing::info_span!("endpoint", endpoint_id = %self.endpoint.endpoint_id);
+        telemetry::trace::set_service(&span, crate::SERVICE.name);
         async {
             loop {
                 self.claim_while_due(&shutdown).await;

@@ -9,7 +9,10 @@ use resilience::{
     bulkhead::{Bulkhead, BulkheadLayer},
     rate_limit::{QuotaSettings, SelfLimitLayer},
 };
-use telemetry::trace::{ClientTrace, ClientTraceLayer};
+use telemetry::{
+    metrics::{CallMetrics, CallMetricsLayer},
+    trace::{ClientTrace, ClientTraceLayer},
+};
 use tonic::{Status, body::Body};
 use tower::{
     BoxError, Layer, ServiceBuilder,
@@ -66,8 +69,11 @@ impl Default for Dependency {
 /// trips the compiler's `Send` check of the handlers that await it.
 pub type Client = BoxCloneSyncService<Request<Body>, Response<Body>, Status>;
 
-/// Layers that take a dependency's traced channel to a [`Client`].
-pub type ClientLayers = BoxCloneSyncServiceLayer<ClientTrace<Channel>, Request<Body>, Response<Body>, Status>;
+/// A dependency's channel with its calls traced and timed: what [`Outbound`]'s layers wrap.
+pub type Traced = ClientTrace<CallMetrics<Channel>>;
+
+/// Layers that take a dependency's [`Traced`] channel to a [`Client`].
+pub type ClientLayers = BoxCloneSyncServiceLayer<Traced, Request<Body>, Response<Body>, Status>;
 
 /// What a service puts between its calls and each dependency's channel. The services build
 /// their clients with [`Outbound::Guarded`], the chain's design; the extension point is for a
@@ -110,7 +116,10 @@ pub fn connect(
     outbound: &Outbound,
 ) -> Result<Connection, tonic::transport::Error> {
     let idle = Duration::from_millis(dependency.idle_timeout_ms);
-    let channel = endpoint(&dependency.endpoint, &dependency.service, tls)?
+    let endpoint = endpoint(&dependency.endpoint, &dependency.service, tls)?;
+    let trace = ClientTraceLayer::new(name, endpoint.uri());
+    let timed = CallMetricsLayer::new(endpoint.uri());
+    let channel = endpoint
         .connect_timeout(Duration::from_millis(dependency.connect_timeout_ms))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(idle)
@@ -119,7 +128,7 @@ pub fn connect(
         .connect_lazy();
     let breaker = Breaker::new(hop, name, dependency.breaker);
     let bulkhead = Bulkhead::new(hop, name, dependency.max_concurrent.max(1));
-    let traced = ClientTraceLayer::new(name).layer(channel);
+    let traced = trace.layer(timed.layer(channel));
     let client = match outbound {
         // The bulkhead and the self-limit answer before the breaker, so that their refusals never
         // count against the dependency; the breaker sits above the deadline so that it sees

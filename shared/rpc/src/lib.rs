@@ -12,8 +12,8 @@ pub mod tls;
 pub mod metrics;
 mod server;
 
-pub use client::{Client, ClientLayers, Connection, Dependency, Outbound, connect, endpoint};
-pub use server::{GrpcServer, GrpcService, Role, ServerError, Services, bind, serve_http, serve_http_with, shutdown_signal};
+pub use client::{Client, ClientLayers, Connection, Dependency, Outbound, Traced, connect, endpoint};
+pub use server::{GrpcServer, GrpcService, Role, ServerError, Services, bind, reflection, serve_http, serve_http_with, shutdown_signal};
 
 mod relay;
 pub use relay::{PUSHBACK_HEADER, derive_key, relay};

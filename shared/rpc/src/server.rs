@@ -186,20 +186,13 @@ impl GrpcServer {
             Role::Edge => public_descriptors(&services.names)?,
             Role::Inner { .. } => FileDescriptorSet::decode(proto::FILE_DESCRIPTOR_SET)?,
         };
-        // Both versions describe both reflection services: the port serves both.
-        let reflection = || {
-            tonic_reflection::server::Builder::configure()
-                .include_reflection_service(false)
-                .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
-                .register_file_descriptor_set(descriptors.clone())
-        };
+        let (reflection_v1, reflection_v1alpha) = reflection(&descriptors)?;
         let stats = HopStats::new();
         let routes = services
             .routes
             .add_service(health_service)
-            .add_service(reflection().build_v1()?)
-            .add_service(reflection().build_v1alpha()?)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
             .prepare()
             .into_axum_router()
             .layer(axum::middleware::map_response(crate::decode::undecodable_is_invalid_argument))
@@ -263,6 +256,20 @@ impl GrpcServer {
         crate::serve::serve(listener, &self.limits, routes, shutdown).await;
         Ok(())
     }
+}
+
+/// Reflection of `descriptors` in both versions, `grpc.reflection.v1` and `grpc.reflection.v1alpha`
+/// (which older clients ask, Python's grpcio-reflection among them). Each describes both
+/// reflection services too: the port serves both.
+pub fn reflection(descriptors: &FileDescriptorSet) -> Result<(impl GrpcService, impl GrpcService), ServerError> {
+    let configure = || {
+        tonic_reflection::server::Builder::configure()
+            .include_reflection_service(false)
+            .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
+            .register_file_descriptor_set(descriptors.clone())
+    };
+    Ok((configure().build_v1()?, configure().build_v1alpha()?))
 }
 
 /// The descriptors of `services` and of the files they import, and nothing else: what the public

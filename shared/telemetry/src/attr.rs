@@ -1,5 +1,24 @@
 //! Names of the attributes on the chain's spans, in one place so that dashboards and tests agree.
 //! All durations are milliseconds.
+//!
+//! The request and call spans follow the OpenTelemetry semantic conventions: the names of HTTP
+//! and `server.*` come from `opentelemetry-semantic-conventions`; the `rpc.*` names are those of
+//! the RPC conventions that trace UIs and dashboards key on (semantic conventions 1.37; later
+//! releases, still experimental for RPC, rename them). The chain's own attributes (`hop`, `peer`,
+//! `deadline.*`, `retry.*`, …) have namespaces of their own.
+
+pub use opentelemetry_semantic_conventions::attribute::{
+    ERROR_TYPE, HTTP_REQUEST_METHOD, HTTP_RESPONSE_STATUS_CODE, HTTP_ROUTE, SERVER_ADDRESS, SERVER_PORT, URL_SCHEME,
+};
+
+/// The remote-call system: `grpc`.
+pub const RPC_SYSTEM: &str = "rpc.system";
+/// The full name of the gRPC service called, e.g. `orders.v1.Orders`.
+pub const RPC_SERVICE: &str = "rpc.service";
+/// The name of the gRPC method called, e.g. `CreateOrder`.
+pub const RPC_METHOD: &str = "rpc.method";
+/// The gRPC status code of the answer, an integer (0: OK).
+pub const RPC_GRPC_STATUS_CODE: &str = "rpc.grpc.status_code";
 
 /// The hop a server span belongs to (`gateway`, `orders`, `payment`, `bank-mock`).
 pub const HOP: &str = "hop";
@@ -15,8 +34,6 @@ pub const DEADLINE_RESERVED_MS: &str = "deadline.reserved_ms";
 pub const DEADLINE_FORWARDED_MS: &str = "deadline.forwarded_ms";
 /// What was left when it answered.
 pub const DEADLINE_LEFT_MS: &str = "deadline.left_ms";
-/// The gRPC status code of the answer (HTTP answers: the HTTP status).
-pub const STATUS_CODE: &str = "rpc.status_code";
 /// On the event of a call an open breaker answered: the breaker's state (`open`).
 pub const BREAKER_STATE: &str = "breaker.state";
 /// On the same event: time until the breaker lets a probe through.

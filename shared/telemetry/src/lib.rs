@@ -2,12 +2,23 @@
 
 pub mod attr;
 pub mod metrics;
-mod response;
+mod message;
+mod service;
 pub mod trace;
 
-use opentelemetry::trace::TracerProvider as _;
+pub use service::Service;
+
+use opentelemetry::{KeyValue, trace::TracerProvider as _};
 use opentelemetry_otlp::{SpanExporter, WithExportConfig};
-use opentelemetry_sdk::{Resource, metrics::SdkMeterProvider, propagation::TraceContextPropagator, trace::SdkTracerProvider};
+use opentelemetry_sdk::{
+    Resource,
+    metrics::SdkMeterProvider,
+    propagation::TraceContextPropagator,
+    resource::{EnvResourceDetector, ResourceDetector, SdkProvidedResourceDetector, TelemetryResourceDetector},
+    trace::SdkTracerProvider,
+};
+use opentelemetry_semantic_conventions::resource;
+use service::ServiceTracers;
 use tracing::Level;
 use tracing_subscriber::{
     EnvFilter, Layer,
@@ -52,7 +63,8 @@ impl TelemetrySettings {
 #[must_use = "dropping the guard without shutdown loses buffered spans"]
 #[derive(Debug)]
 pub struct Telemetry {
-    traces: Option<SdkTracerProvider>,
+    /// The process's tracer provider, then one per hosted service (none without an endpoint).
+    traces: Vec<SdkTracerProvider>,
     meters: Option<SdkMeterProvider>,
     exporting: bool,
     trace_switch: Option<TraceSwitch>,
@@ -71,34 +83,71 @@ impl std::fmt::Debug for TraceSwitch {
 #[error("OTLP exporter: {0}")]
 pub struct TelemetryError(String);
 
-/// Installs logging and metrics, and OTLP export of traces and metrics when configured. A second
-/// call in one process (several services in the local stack) installs nothing and returns an
+/// Installs logging and metrics, and OTLP export of traces and metrics when configured, for a
+/// process that is one `service`. A second call in one process installs nothing and returns an
 /// inert guard: the first installation serves all. Call it before building the services: an
 /// instrument made before it counts into nothing.
-pub fn init(default_service_name: &str, settings: &TelemetrySettings) -> Result<Telemetry, TelemetryError> {
+pub fn init(service: Service, settings: &TelemetrySettings) -> Result<Telemetry, TelemetryError> {
+    init_hosting(service, &[], settings)
+}
+
+/// [`init`] for a process that hosts several `services` (the local stack): the spans of each are
+/// exported under its own name, those that belong to none under the `process`'s (see
+/// [`trace::set_service`]). Metrics are the process's.
+pub fn init_hosting(process: Service, services: &[Service], settings: &TelemetrySettings) -> Result<Telemetry, TelemetryError> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt::layer().with_target(false).with_filter(filter);
-    let service_name = settings.service_name.clone().unwrap_or_else(|| default_service_name.to_owned());
-    let resource = Resource::builder().with_service_name(service_name).build();
+    let process_resource = service_resource(process, settings.service_name.as_deref().unwrap_or(process.name));
     let endpoint = settings.otlp_endpoint.as_deref();
-    let traces = endpoint.map(|endpoint| trace_provider(endpoint, resource.clone())).transpose()?;
-    let (switch, switch_handle) = reload::Layer::new(LevelFilter::TRACE);
-    let spans = traces.as_ref().map(|provider| tracing_opentelemetry::layer().with_tracer(provider.tracer("chain")).with_filter(switch));
-    if tracing_subscriber::registry().with(quiet_transports()).with(logs).with(spans).try_init().is_err() {
-        return Ok(Telemetry { traces: None, meters: None, exporting: false, trace_switch: None });
+    let mut traces = Vec::new();
+    let mut tracers = None;
+    if let Some(endpoint) = endpoint {
+        let process_provider = trace_provider(endpoint, process_resource.clone())?;
+        let mut hosted = Vec::with_capacity(services.len());
+        for service in services {
+            let provider = trace_provider(endpoint, service_resource(*service, service.name))?;
+            hosted.push((service.name, provider.tracer(TRACER)));
+            traces.push(provider);
+        }
+        tracers = Some(ServiceTracers::new(process_provider.tracer(TRACER), hosted));
+        traces.insert(0, process_provider);
     }
-    let trace_switch = traces.is_some().then(|| {
+    let (switch, switch_handle) = reload::Layer::new(LevelFilter::TRACE);
+    let spans = tracers.map(|tracers| tracing_opentelemetry::layer().with_tracer(tracers).with_filter(switch));
+    if tracing_subscriber::registry().with(quiet_transports()).with(logs).with(spans).try_init().is_err() {
+        return Ok(Telemetry { traces: Vec::new(), meters: None, exporting: false, trace_switch: None });
+    }
+    let trace_switch = (!traces.is_empty()).then(|| {
         TraceSwitch(Box::new(move |on: bool| {
             let _ = switch_handle.reload(if on { LevelFilter::TRACE } else { LevelFilter::OFF });
         }))
     });
-    if traces.is_some() {
+    if !traces.is_empty() {
         opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     }
-    let meters = metrics::install(resource, settings.otlp_metrics_endpoint.as_deref())?;
+    let meters = metrics::install(process_resource, settings.otlp_metrics_endpoint.as_deref())?;
     let exporting = endpoint.is_some() || settings.otlp_metrics_endpoint.is_some();
     Ok(Telemetry { traces, meters: Some(meters), exporting, trace_switch })
 }
+
+/// The name of the chain's tracers (the instrumentation scope of its spans).
+const TRACER: &str = "chain";
+
+/// What a service's spans and metrics say of it: its name and version, and the deployment
+/// environment (`dev`, unless `OTEL_RESOURCE_ATTRIBUTES` names another).
+fn service_resource(service: Service, name: &str) -> Resource {
+    let detectors: [Box<dyn ResourceDetector>; 3] =
+        [Box::new(SdkProvidedResourceDetector), Box::new(TelemetryResourceDetector), Box::new(EnvResourceDetector::new())];
+    Resource::builder_empty()
+        .with_attribute(KeyValue::new(resource::DEPLOYMENT_ENVIRONMENT_NAME, DEFAULT_ENVIRONMENT))
+        .with_detectors(&detectors)
+        .with_service_name(name.to_owned())
+        .with_attribute(KeyValue::new(resource::SERVICE_VERSION, service.version))
+        .build()
+}
+
+/// The `deployment.environment.name` of a process not told otherwise.
+pub const DEFAULT_ENVIRONMENT: &str = "dev";
 
 fn trace_provider(endpoint: &str, resource: Resource) -> Result<SdkTracerProvider, TelemetryError> {
     let exporter = SpanExporter::builder()
@@ -136,7 +185,7 @@ impl Telemetry {
     pub async fn flush(&self) {
         let (traces, meters) = (self.traces.clone(), self.meters.clone());
         let _ = tokio::task::spawn_blocking(move || {
-            if let Some(provider) = traces {
+            for provider in traces {
                 let _ = provider.force_flush();
             }
             if let Some(provider) = meters {
@@ -150,7 +199,7 @@ impl Telemetry {
     pub async fn shutdown(self) {
         let (traces, meters) = (self.traces, self.meters);
         let _ = tokio::task::spawn_blocking(move || {
-            if let Some(provider) = traces {
+            for provider in traces {
                 let _ = provider.shutdown();
             }
             if let Some(provider) = meters {

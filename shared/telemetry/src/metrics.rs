@@ -12,8 +12,10 @@
 //! The names are in [`name`]; the Prometheus form replaces dots with underscores, adds the unit
 //! (`_milliseconds`) and ends counters in `_total`.
 
+mod calls;
 mod requests;
 
+pub use calls::{CallMetrics, CallMetricsLayer};
 pub use opentelemetry::{
     KeyValue,
     metrics::{Counter, Gauge, Histogram, Meter},
@@ -67,11 +69,24 @@ pub mod name {
     pub const LOAD_SHED_REJECTIONS: &str = "chain.load_shed.rejections";
     /// Answers made from a fallback, by `kind` (`stale_copy`, `stale_rate`, `popular`).
     pub const FALLBACKS: &str = "chain.fallbacks";
+
+    /// The OpenTelemetry standard duration of the HTTP requests a server answered (s), by
+    /// `http.request.method`, `http.route`, `http.response.status_code` and `url.scheme`.
+    pub use opentelemetry_semantic_conventions::metric::HTTP_SERVER_REQUEST_DURATION;
+    /// The OpenTelemetry standard duration of the gRPC calls a server answered (s), by
+    /// `rpc.system`, `rpc.service`, `rpc.method` and `rpc.grpc.status_code`.
+    pub const RPC_SERVER_CALL_DURATION: &str = "rpc.server.call.duration";
+    /// The OpenTelemetry standard duration of the gRPC calls a client made (s), by the same and
+    /// `server.address` and `server.port`.
+    pub const RPC_CLIENT_CALL_DURATION: &str = "rpc.client.call.duration";
 }
 
 /// Histogram bounds for milliseconds: fine below 10 ms, where a healthy chain answers, and up to
 /// the longest deadline.
 const MILLISECOND_BOUNDS: [f64; 15] = [0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_000.0, 5_000.0, 10_000.0, 30_000.0];
+
+/// Histogram bounds for seconds, as the semantic conventions advise for the standard durations.
+const SECOND_BOUNDS: [f64; 14] = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
 
 static REGISTRY: OnceLock<prometheus::Registry> = OnceLock::new();
 
@@ -83,6 +98,20 @@ pub fn meter() -> Meter {
 /// A histogram of milliseconds named `name`.
 pub fn millisecond_histogram(name: &'static str, description: &'static str) -> Histogram<f64> {
     meter().f64_histogram(name).with_unit("ms").with_description(description).with_boundaries(MILLISECOND_BOUNDS.to_vec()).build()
+}
+
+/// A histogram of seconds named `name`: a standard duration.
+pub fn second_histogram(name: &'static str, description: &'static str) -> Histogram<f64> {
+    meter().f64_histogram(name).with_unit("s").with_description(description).with_boundaries(SECOND_BOUNDS.to_vec()).build()
+}
+
+/// The `rpc.*` attributes of a gRPC call's standard duration, but its status.
+fn rpc_attributes(service: String, method: String) -> [KeyValue; 3] {
+    [
+        KeyValue::new(crate::attr::RPC_SYSTEM, "grpc"),
+        KeyValue::new(crate::attr::RPC_SERVICE, service),
+        KeyValue::new(crate::attr::RPC_METHOD, method),
+    ]
 }
 
 /// A counter named `name`.

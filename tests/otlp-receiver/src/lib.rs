@@ -35,7 +35,8 @@ pub struct OtlpReceiver {
 
 #[derive(Clone, Default)]
 struct Collector {
-    spans: Arc<Mutex<Vec<Span>>>,
+    /// Each span with the `service.name` of the resource it came with.
+    spans: Arc<Mutex<Vec<(String, Span)>>>,
     metrics: Arc<Mutex<Vec<Metric>>>,
     /// Print a line per span received (the compose stack's receiver, read from its log).
     echo: bool,
@@ -61,7 +62,7 @@ impl TraceService for Collector {
                     println!("span trace_id={} service={service} name={:?}", hex::encode(&span.trace_id), span.name);
                 }
             }
-            self.spans.lock().expect("spans lock").extend(spans);
+            self.spans.lock().expect("spans lock").extend(spans.into_iter().map(|span| (service.clone(), span)));
         }
         Ok(Response::new(ExportTraceServiceResponse { partial_success: None }))
     }
@@ -103,8 +104,13 @@ impl OtlpReceiver {
 
     /// The spans received so far of the trace `trace_id` (32 hex digits).
     pub fn trace(&self, trace_id: &str) -> Vec<Span> {
+        self.trace_by_service(trace_id).into_iter().map(|(_, span)| span).collect()
+    }
+
+    /// [`OtlpReceiver::trace`], each span with the `service.name` it was exported under.
+    pub fn trace_by_service(&self, trace_id: &str) -> Vec<(String, Span)> {
         let id = hex::decode(trace_id).expect("a hex trace id");
-        self.received.spans.lock().expect("spans lock").iter().filter(|span| span.trace_id == id).cloned().collect()
+        self.received.spans.lock().expect("spans lock").iter().filter(|(_, span)| span.trace_id == id).cloned().collect()
     }
 
     /// Spans received so far, of every trace.

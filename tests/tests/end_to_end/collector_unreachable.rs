@@ -34,10 +34,10 @@ async fn failing_collector() -> (String, Arc<AtomicUsize>) {
 async fn with_the_collector_failing_every_export_the_chain_keeps_serving() {
     let (endpoint, connections) = failing_collector().await;
     let settings = TelemetrySettings { otlp_endpoint: Some(endpoint), service_name: None, ..TelemetrySettings::default() };
-    let exporter = telemetry::init("tests", &settings).expect("an exporter is built lazily");
+    let exporter = e2e::init_telemetry(&settings);
     assert!(exporter.exporting());
     assert!(
-        !telemetry::init("tests", &TelemetrySettings::default()).expect("no exporter").exporting(),
+        !telemetry::init(e2e::SERVICE, &TelemetrySettings::default()).expect("no exporter").exporting(),
         "without an endpoint no exporter exists"
     );
     let test = TestChain::start().await;

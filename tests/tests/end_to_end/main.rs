@@ -18,6 +18,7 @@ mod hardening;
 mod idempotency_keys;
 mod kubernetes;
 mod metrics;
+mod python_grpc;
 mod mutual_tls;
 mod rate_limit;
 mod readme_links;

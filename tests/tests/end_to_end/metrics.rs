@@ -12,7 +12,7 @@ use telemetry::TelemetrySettings;
 
 #[tokio::test]
 async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
-    let telemetry = telemetry::init("tests", &TelemetrySettings::default()).expect("metrics are installed");
+    let telemetry = telemetry::init(e2e::SERVICE, &TelemetrySettings::default()).expect("metrics are installed");
     assert!(!telemetry.exporting(), "no endpoint: Prometheus only, nothing pushed");
     let test = TestChain::start_with(|settings| {
         e2e::touchy_bank_guards(settings);

@@ -8,7 +8,7 @@ use e2e::{
     BACKGROUND, TestChain, eventually, order_body,
     otlp::{OtlpReceiver, number_attribute, text_attribute},
 };
-use opentelemetry_proto::tonic::trace::v1::{Span, span::SpanKind};
+use opentelemetry_proto::tonic::trace::v1::{Span, span::SpanKind, status::StatusCode};
 use telemetry::{TelemetrySettings, attr};
 
 fn by_id<'a>(spans: &'a [Span], id: &[u8]) -> Option<&'a Span> {
@@ -38,7 +38,7 @@ fn exported() -> &'static (OtlpReceiver, telemetry::Telemetry) {
             runtime.block_on(async {
                 let receiver = OtlpReceiver::start().await;
                 let settings = TelemetrySettings { otlp_endpoint: Some(receiver.endpoint()), otlp_metrics_endpoint: Some(receiver.endpoint()), service_name: Some("chain-under-test".into()) };
-                let telemetry = telemetry::init("tests", &settings).expect("exporter");
+                let telemetry = e2e::init_telemetry(&settings);
                 (receiver, telemetry)
             })
         })
@@ -49,15 +49,26 @@ fn exported() -> &'static (OtlpReceiver, telemetry::Telemetry) {
 
 /// The spans of the trace an answer names in `traceparent`, once `enough` of them are exported.
 async fn trace_of(response: &reqwest::Response, enough: impl Fn(&[Span]) -> bool) -> Vec<Span> {
+    trace_by_service(response, enough).await.into_iter().map(|(_, span)| span).collect()
+}
+
+/// [`trace_of`], each span with the `service.name` it was exported under.
+async fn trace_by_service(response: &reqwest::Response, enough: impl Fn(&[Span]) -> bool) -> Vec<(String, Span)> {
     let (receiver, telemetry) = exported();
     let traceparent = response.headers()["traceparent"].to_str().unwrap().to_owned();
     let trace_id = traceparent.split('-').nth(1).expect("version-traceid-spanid-flags").to_owned();
     eventually(BACKGROUND, "the trace's spans exported", || async {
         telemetry.flush().await;
-        let spans = receiver.trace(&trace_id);
-        enough(&spans).then_some(spans)
+        let exported = receiver.trace_by_service(&trace_id);
+        let spans: Vec<Span> = exported.iter().map(|(_, span)| span.clone()).collect();
+        enough(&spans).then_some(exported)
     })
     .await
+}
+
+/// Whether `spans` hold a server span of each hop of the chain.
+fn every_hop_served(spans: &[Span]) -> bool {
+    spans.iter().filter(|s| s.kind == SpanKind::Server as i32).count() >= 4
 }
 
 #[tokio::test]
@@ -66,7 +77,7 @@ async fn one_trace_crosses_every_hop_and_shows_each_slice_of_the_deadline() {
     let test = TestChain::start().await;
     let response = test.post_order("traced-1", &order_body()).send().await.unwrap();
     assert_eq!(response.status(), 201);
-    let spans = trace_of(&response, |spans| spans.iter().filter(|s| s.kind == SpanKind::Server as i32).count() >= 4).await;
+    let spans = trace_of(&response, every_hop_served).await;
 
     let server = |hop: &str| {
         spans
@@ -89,6 +100,101 @@ async fn one_trace_crosses_every_hop_and_shows_each_slice_of_the_deadline() {
     let budget = number_attribute(hops[0], attr::DEADLINE_RECEIVED_MS).unwrap();
     let spent: f64 = hops.iter().map(|s| number_attribute(s, attr::DEADLINE_SPENT_MS).unwrap()).sum();
     assert!(spent <= budget, "the slices ({spent} ms spent) fit in the gateway's budget ({budget} ms)");
+}
+
+#[tokio::test]
+async fn each_hop_exports_under_its_own_service_name_and_the_links_cross_them() {
+    exported();
+    let test = TestChain::start().await;
+    let response = test.post_order("traced-services", &order_body()).send().await.unwrap();
+    assert_eq!(response.status(), 201);
+    let exported = trace_by_service(&response, every_hop_served).await;
+    let service_of = |span: &Span| exported.iter().find(|(_, s)| s.span_id == span.span_id).map(|(service, _)| service.as_str());
+    let spans: Vec<Span> = exported.iter().map(|(_, span)| span.clone()).collect();
+
+    let hops = ["gateway", "orders", "payment", "bank-mock"];
+    let mut names: Vec<&str> = exported.iter().map(|(service, _)| service.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut expected = hops.to_vec();
+    expected.sort_unstable();
+    assert_eq!(names, expected, "one service name per hop, and nothing under the process's name");
+    for hop in hops {
+        let server = spans
+            .iter()
+            .find(|s| s.kind == SpanKind::Server as i32 && text_attribute(s, attr::HOP) == Some(hop))
+            .unwrap_or_else(|| panic!("a server span for {hop}"));
+        assert_eq!(service_of(server), Some(hop), "{hop}'s request span is exported as {hop}");
+    }
+    for span in &spans {
+        let Some(parent) = by_id(&spans, &span.parent_span_id) else { continue };
+        if service_of(span) != service_of(parent) {
+            assert_eq!(parent.kind, SpanKind::Client as i32, "the service changes only below a client span: {}", parent.name);
+            assert_eq!(span.kind, SpanKind::Server as i32, "and the callee's part starts with its server span: {}", span.name);
+        }
+    }
+    let gateway_server = spans.iter().find(|s| text_attribute(s, attr::HOP) == Some("gateway")).expect("the gateway's span");
+    let bank_server = spans.iter().find(|s| text_attribute(s, attr::HOP) == Some("bank-mock")).expect("the bank's span");
+    assert!(descends_from(&spans, bank_server, gateway_server), "one tree from the gateway down to the bank");
+}
+
+#[tokio::test]
+async fn every_request_and_call_span_follows_the_semantic_conventions() {
+    exported();
+    let test = TestChain::start().await;
+    let response = test.post_order("traced-conventions", &order_body()).send().await.unwrap();
+    assert_eq!(response.status(), 201);
+    let spans = trace_of(&response, every_hop_served).await;
+
+    let http = spans.iter().find(|s| text_attribute(s, attr::HTTP_REQUEST_METHOD).is_some()).expect("the gateway's HTTP span");
+    assert_eq!(http.name, "POST /v1/orders");
+    assert_eq!(http.kind, SpanKind::Server as i32);
+    assert_eq!(text_attribute(http, attr::HTTP_ROUTE), Some("/v1/orders"));
+    assert_eq!(text_attribute(http, attr::URL_SCHEME), Some("http"));
+    assert_eq!(number_attribute(http, attr::HTTP_RESPONSE_STATUS_CODE), Some(201.0));
+    let grpc: Vec<&Span> = spans.iter().filter(|s| s.kind == SpanKind::Server as i32 && s.span_id != http.span_id).collect();
+    let calls: Vec<&Span> = spans.iter().filter(|s| s.kind == SpanKind::Client as i32).collect();
+    assert_eq!((grpc.len(), calls.len()), (3, 3), "orders, payment and the bank serve; the gateway, orders and payment call");
+    for span in grpc.iter().chain(&calls) {
+        let (service, method) = (text_attribute(span, attr::RPC_SERVICE).unwrap(), text_attribute(span, attr::RPC_METHOD).unwrap());
+        assert_eq!(text_attribute(span, attr::RPC_SYSTEM), Some("grpc"), "{}", span.name);
+        assert_eq!(span.name, format!("{service}/{method}"), "named by the method");
+        assert_eq!(number_attribute(span, attr::RPC_GRPC_STATUS_CODE), Some(0.0), "{}", span.name);
+        assert_eq!(span.status.as_ref().map(|s| s.code), Some(StatusCode::Unset as i32), "{}", span.name);
+    }
+    for call in &calls {
+        assert_eq!(text_attribute(call, attr::SERVER_ADDRESS), Some("127.0.0.1"), "{}", call.name);
+        assert!(number_attribute(call, attr::SERVER_PORT).is_some_and(|port| port > 0.0), "{}", call.name);
+    }
+    let mut served: Vec<&str> = grpc.iter().filter_map(|s| text_attribute(s, attr::RPC_SERVICE)).collect();
+    served.sort_unstable();
+    assert_eq!(served, ["bank.v1.Bank", "orders.v1.Orders", "payment.v1.PaymentService"]);
+}
+
+#[tokio::test]
+async fn a_504_marks_every_span_that_failed_as_an_error() {
+    exported();
+    let test = TestChain::start().await;
+    test.set_faults(bank_mock::Faults { hang: true, ..bank_mock::Faults::default() });
+    let response = test.post_order("traced-504", &order_body()).header("x-request-timeout-ms", "500").send().await.unwrap();
+    assert_eq!(response.status(), 504);
+    let spans = trace_of(&response, |spans| spans.iter().filter(|s| s.kind == SpanKind::Client as i32).count() >= 3).await;
+
+    let failed = |span: &Span| span.status.as_ref().is_some_and(|status| status.code == StatusCode::Error as i32);
+    let http = spans.iter().find(|s| text_attribute(s, attr::HTTP_REQUEST_METHOD).is_some()).expect("the gateway's HTTP span");
+    assert_eq!(number_attribute(http, attr::HTTP_RESPONSE_STATUS_CODE), Some(504.0));
+    assert!(failed(http), "the 504 is an error: {:?}", http.status);
+    for span in spans.iter().filter(|s| s.kind == SpanKind::Client as i32) {
+        assert!(failed(span), "a call that got no OK is an error: {} {:?}", span.name, span.status);
+    }
+    // A server that answered DEADLINE_EXCEEDED is an error; one whose caller went away first
+    // never answered, and has no status.
+    let answered: Vec<&Span> = spans.iter().filter(|s| number_attribute(s, attr::RPC_GRPC_STATUS_CODE).is_some() && s.kind == SpanKind::Server as i32).collect();
+    assert!(answered.len() >= 2, "orders and payment answer by their deadlines");
+    for span in answered {
+        assert_eq!(number_attribute(span, attr::RPC_GRPC_STATUS_CODE), Some(4.0), "{}", span.name);
+        assert!(failed(span), "DEADLINE_EXCEEDED is the server's failure: {} {:?}", span.name, span.status);
+    }
 }
 
 #[tokio::test]
@@ -159,7 +265,8 @@ async fn metrics_are_pushed_over_otlp_too() {
         names.iter().any(|name| name == telemetry::metrics::name::REQUESTS).then_some(names)
     })
     .await;
-    for name in [telemetry::metrics::name::REQUESTS, telemetry::metrics::name::DEADLINE_SLACK] {
+    use telemetry::metrics::name::{DEADLINE_SLACK, HTTP_SERVER_REQUEST_DURATION, REQUESTS, RPC_CLIENT_CALL_DURATION, RPC_SERVER_CALL_DURATION};
+    for name in [REQUESTS, DEADLINE_SLACK, HTTP_SERVER_REQUEST_DURATION, RPC_SERVER_CALL_DURATION, RPC_CLIENT_CALL_DURATION] {
         assert!(names.iter().any(|received| received == name), "{name} in {names:?}");
     }
 }

@@ -15,7 +15,7 @@ fn trace_id(response: &reqwest::Response) -> Option<String> {
 async fn tracing_can_be_switched_off_and_on_again() {
     let receiver = OtlpReceiver::start().await;
     let settings = TelemetrySettings { otlp_endpoint: Some(receiver.endpoint()), service_name: None, ..TelemetrySettings::default() };
-    let telemetry = telemetry::init("tests", &settings).expect("exporter");
+    let telemetry = e2e::init_telemetry(&settings);
     let test = TestChain::start().await;
     let exported = |trace_id: String| {
         let (receiver, telemetry) = (&receiver, &telemetry);

@@ -1,4 +1,5 @@
-//! Counts every request a server answers, by answer code, and times it.
+//! Counts every request a server answers, by answer code, and times it: in the chain's own
+//! metrics, by hop, and in the OpenTelemetry standard duration of its kind (gRPC or HTTP).
 
 use std::{
     future::Future,
@@ -6,6 +7,7 @@ use std::{
     task::{Context, Poll},
 };
 
+use axum::extract::MatchedPath;
 use http::{Request, Response};
 use opentelemetry::{
     KeyValue,
@@ -15,8 +17,11 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use super::name;
-use crate::response::status_code;
+use super::{name, rpc_attributes};
+use crate::{
+    attr,
+    message::{grpc_method, http_method, is_grpc, status_code, url_scheme},
+};
 
 /// Applies [`RequestMetrics`] for one hop.
 #[derive(Debug, Clone)]
@@ -24,6 +29,8 @@ pub struct RequestMetricsLayer {
     hop: &'static str,
     requests: Counter<u64>,
     duration: Histogram<f64>,
+    rpc_duration: Histogram<f64>,
+    http_duration: Histogram<f64>,
 }
 
 impl RequestMetricsLayer {
@@ -32,6 +39,8 @@ impl RequestMetricsLayer {
             hop,
             requests: super::counter(name::REQUESTS, "Requests answered, by hop and answer code"),
             duration: super::millisecond_histogram(name::REQUEST_DURATION, "Time to answer a request"),
+            rpc_duration: super::second_histogram(name::RPC_SERVER_CALL_DURATION, "Duration of the gRPC calls a server answered"),
+            http_duration: super::second_histogram(name::HTTP_SERVER_REQUEST_DURATION, "Duration of the HTTP requests a server answered"),
         }
     }
 }
@@ -51,12 +60,19 @@ pub struct RequestMetrics<S> {
     layer: RequestMetricsLayer,
 }
 
+/// What the standard duration of a request is labelled with, as far as the request tells.
+enum Received {
+    Grpc { service: String, method: String },
+    Http { method: &'static str, route: Option<MatchedPath>, scheme: &'static str },
+}
+
 pin_project! {
     /// Response future of [`RequestMetrics`].
     pub struct ResponseFuture<F> {
         #[pin]
         inner: F,
         layer: RequestMetricsLayer,
+        received: Option<Received>,
         started: Instant,
     }
 }
@@ -70,10 +86,28 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let result = std::task::ready!(this.inner.poll(cx));
-        if let Ok(response) = &result {
+        if let (Ok(response), Some(received)) = (&result, this.received.take()) {
+            let elapsed = this.started.elapsed();
+            let code = status_code(response);
             let hop = KeyValue::new("hop", this.layer.hop);
-            this.layer.requests.add(1, &[hop.clone(), KeyValue::new("code", status_code(response))]);
-            this.layer.duration.record(this.started.elapsed().as_secs_f64() * 1_000.0, &[hop]);
+            this.layer.requests.add(1, &[hop.clone(), KeyValue::new("code", code)]);
+            this.layer.duration.record(elapsed.as_secs_f64() * 1_000.0, &[hop]);
+            match received {
+                Received::Grpc { service, method } => {
+                    let [system, service, method] = rpc_attributes(service, method);
+                    let code = KeyValue::new(attr::RPC_GRPC_STATUS_CODE, code);
+                    this.layer.rpc_duration.record(elapsed.as_secs_f64(), &[system, service, method, code]);
+                }
+                Received::Http { method, route, scheme } => {
+                    let mut attributes = vec![
+                        KeyValue::new(attr::HTTP_REQUEST_METHOD, method),
+                        KeyValue::new(attr::HTTP_RESPONSE_STATUS_CODE, code),
+                        KeyValue::new(attr::URL_SCHEME, scheme),
+                    ];
+                    attributes.extend(route.map(|route| KeyValue::new(attr::HTTP_ROUTE, route.as_str().to_owned())));
+                    this.layer.http_duration.record(elapsed.as_secs_f64(), &attributes);
+                }
+            }
         }
         Poll::Ready(result)
     }
@@ -92,6 +126,13 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        ResponseFuture { inner: self.inner.call(request), layer: self.layer.clone(), started: Instant::now() }
+        let received = if is_grpc(request.headers()) {
+            let (service, method) = grpc_method(request.uri().path());
+            Received::Grpc { service: service.to_owned(), method: method.to_owned() }
+        } else {
+            let route = request.extensions().get::<MatchedPath>().cloned();
+            Received::Http { method: http_method(request.method()), route, scheme: url_scheme(request.uri()) }
+        };
+        ResponseFuture { inner: self.inner.call(request), layer: self.layer.clone(), received: Some(received), started: Instant::now() }
     }
 }

@@ -13,8 +13,8 @@ use std::{
 use bank_mock::{Faults, Latency};
 use proto::gateway::v1::gateway_client::GatewayClient;
 use rpc::{dev_certs::DevCerts, tls::ServiceTls};
-use stack::{Chain, ChainSettings};
 use serde_json::{Value, json};
+use stack::{Chain, ChainSettings};
 use telemetry::{Telemetry, TelemetrySettings};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
@@ -142,7 +142,10 @@ impl TestChain {
         let url = if table == "payments" { &self.chain.database_urls.1 } else { &self.chain.database_urls.0 };
         let database = idempotency::Database::connect(url).await.expect("the chain's database");
         let statement = format!("SELECT COUNT(*) FROM {table}");
-        idempotency::on_driver!(database.reader(), |executor| sqlx::query_scalar(sqlx::AssertSqlSafe(statement.as_str())).fetch_one(executor).await.expect("count rows"))
+        idempotency::on_driver!(database.reader(), |executor| sqlx::query_scalar(sqlx::AssertSqlSafe(statement.as_str()))
+            .fetch_one(executor)
+            .await
+            .expect("count rows"))
     }
 
     /// The Prometheus text a service serves on `/metrics` at `address`: over mutual TLS with the
@@ -246,7 +249,15 @@ pub async fn chain_with_receiver(backend: &Backend, customize: impl FnOnce(&mut 
 pub async fn subscribe(test: &TestChain, listener: TcpListener) -> (String, Arc<Mutex<Vec<Delivery>>>) {
     let url = format!("http://{}{PATH}", listener.local_addr().unwrap());
     let body = json!({"url": url, "event_types": ["order.paid", "order.payment_declined"]});
-    let created = test.http.post(test.url("/v1/webhooks/endpoints")).bearer_auth(API_KEY).header("idempotency-key", "endpoint").json(&body).send().await.unwrap();
+    let created = test
+        .http
+        .post(test.url("/v1/webhooks/endpoints"))
+        .bearer_auth(API_KEY)
+        .header("idempotency-key", "endpoint")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(created.status(), 201);
     let created: Value = created.json().await.unwrap();
     let secret: Secret = created["secret"].as_str().unwrap().parse().unwrap();

@@ -13,7 +13,10 @@ use proto::bank::v1::{ChargeOutcome, ChargeReply, ChargeRequest, ExchangeRate, E
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
-use crate::{error::ChargeError, faults::{Faults, Plan}};
+use crate::{
+    error::ChargeError,
+    faults::{Faults, Plan},
+};
 
 /// State shared by the gRPC service and the admin API.
 #[derive(Debug)]
@@ -100,8 +103,16 @@ impl BankState {
         lock(&self.keys_seen).clear();
         let c = &self.counters;
         for counter in [
-            &c.calls, &c.retried_calls, &c.charges, &c.declines, &c.duplicate_keys, &c.injected_unavailable,
-            &c.injected_resource_exhausted, &c.dropped_replies, &c.hung, &c.late_completions,
+            &c.calls,
+            &c.retried_calls,
+            &c.charges,
+            &c.declines,
+            &c.duplicate_keys,
+            &c.injected_unavailable,
+            &c.injected_resource_exhausted,
+            &c.dropped_replies,
+            &c.hung,
+            &c.late_completions,
         ] {
             counter.store(0, Ordering::Relaxed);
         }
@@ -211,7 +222,13 @@ impl BankService {
 
     /// Plays the faults and commits the charge; one that `honours_deadline` commits nothing once
     /// `deadline` has passed.
-    async fn run_charge(&self, key: &str, request: &ChargeRequest, deadline: Option<Deadline>, honours_deadline: bool) -> Result<ChargeReply, ChargeError> {
+    async fn run_charge(
+        &self,
+        key: &str,
+        request: &ChargeRequest,
+        deadline: Option<Deadline>,
+        honours_deadline: bool,
+    ) -> Result<ChargeReply, ChargeError> {
         let counters = &self.state.counters;
         let (decline, drop_reply) = self.faults().await?;
         let expired = || deadline.is_some_and(|deadline| deadline.is_expired_at(tokio::time::Instant::now()));
@@ -235,8 +252,16 @@ impl BankService {
 
 /// USD per unit of each settled currency, as the bank quotes it.
 const USD_RATES: &[(&str, &str)] = &[
-    ("CHF", "1.1300"), ("CZK", "0.0430"), ("DKK", "0.1450"), ("EUR", "1.0800"), ("GBP", "1.2700"),
-    ("JPY", "0.0067"), ("NOK", "0.0920"), ("PLN", "0.2500"), ("SEK", "0.0950"), ("USD", "1.0000"),
+    ("CHF", "1.1300"),
+    ("CZK", "0.0430"),
+    ("DKK", "0.1450"),
+    ("EUR", "1.0800"),
+    ("GBP", "1.2700"),
+    ("JPY", "0.0067"),
+    ("NOK", "0.0920"),
+    ("PLN", "0.2500"),
+    ("SEK", "0.0950"),
+    ("USD", "1.0000"),
 ];
 
 /// Waits `latency`; a zero latency does not wait at all (a timer would round it up to the next

@@ -73,10 +73,7 @@ impl IntoResponse for AdminError {
             body["field"] = field.into();
         }
         let mut response = (status, Json(body)).into_response();
-        response.headers_mut().insert(
-            axum::http::header::CONTENT_TYPE,
-            axum::http::HeaderValue::from_static("application/problem+json"),
-        );
+        response.headers_mut().insert(axum::http::header::CONTENT_TYPE, axum::http::HeaderValue::from_static("application/problem+json"));
         response
     }
 }

@@ -37,9 +37,7 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
-        settings.faults.validate().map_err(|error| {
-            ServerError::Settings(format!("faults.{error}"))
-        })?;
+        settings.faults.validate().map_err(|error| ServerError::Settings(format!("faults.{error}")))?;
         let state = BankState::new(settings.faults);
         let service = BankServer::new(bank::BankService::new(state.clone()));
         let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?;

@@ -71,7 +71,12 @@ struct MinimalWrites(Database);
 impl MinimalWrites {
     async fn open(path: &Path) -> Result<Self, BenchError> {
         let database = Database::connect(&format!("sqlite://{}", path.display())).await.map_err(|error| BenchError::Floor(error.to_string()))?;
-        let create = database.autocommit(async |writes| on_driver!(writes, |executor| sqlx::query("CREATE TABLE writes (id TEXT PRIMARY KEY, body BLOB NOT NULL)").execute(executor).await.map(drop)));
+        let create = database.autocommit(async |writes| {
+            on_driver!(writes, |executor| sqlx::query("CREATE TABLE writes (id TEXT PRIMARY KEY, body BLOB NOT NULL)")
+                .execute(executor)
+                .await
+                .map(drop))
+        });
         create.await.map_err(|error| BenchError::Floor(error.to_string()))?;
         Ok(Self(database))
     }
@@ -80,7 +85,13 @@ impl MinimalWrites {
         let failed = |error: sqlx::Error| Status::internal(error.to_string());
         let mut transaction = self.0.begin().await.map_err(failed)?;
         let body = message.encode_to_vec();
-        on_driver!(&mut transaction, |executor| sqlx::query("INSERT INTO writes (id, body) VALUES ($1, $2)").bind(id).bind(body.as_slice()).execute(executor).await.map(drop)).map_err(failed)?;
+        on_driver!(&mut transaction, |executor| sqlx::query("INSERT INTO writes (id, body) VALUES ($1, $2)")
+            .bind(id)
+            .bind(body.as_slice())
+            .execute(executor)
+            .await
+            .map(drop))
+        .map_err(failed)?;
         transaction.commit().await.map_err(failed)
     }
 }
@@ -252,12 +263,7 @@ async fn serve<S>(
     servers: &mut JoinSet<Result<(), tonic::transport::Error>>,
 ) -> Result<SocketAddr, BenchError>
 where
-    S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
-        + NamedService
-        + Clone
-        + Send
-        + Sync
-        + 'static,
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible> + NamedService + Clone + Send + Sync + 'static,
     S::Future: Send + 'static,
 {
     let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.map_err(BenchError::Io)?;

@@ -4,10 +4,7 @@
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use proto::{
-    common::v1::Order,
-    gateway::v1::gateway_client::GatewayClient,
-};
+use proto::{common::v1::Order, gateway::v1::gateway_client::GatewayClient};
 use resilience::{breaker::CIRCUIT_OPEN_HEADER, bulkhead::BULKHEAD_FULL_HEADER};
 use rpc::metadata::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use tonic::{
@@ -33,7 +30,6 @@ pub const BULKHEAD_FULL: &str = "Unavailable: bulkhead full";
 fn key_part(text: &str) -> String {
     text.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect()
 }
-
 
 /// `CreateOrder` on a gateway's gRPC face (the chain's, or the bare chain's).
 #[derive(Clone)]

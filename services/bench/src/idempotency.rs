@@ -60,9 +60,7 @@ pub async fn measure(profile: &Profile, postgres: Option<&Postgres>) -> Result<I
         Some(postgres) => Coverage::Measured(
             measure_on(profile, &Backend::Postgres(postgres.url.clone()), "PostgreSQL", Some(postgres.version.clone()), |_| {}).await?,
         ),
-        None => Coverage::NotMeasured(NotMeasured {
-            reason: "not measured: no PostgreSQL (set TEST_POSTGRES_URL or pass --postgres-url)".into(),
-        }),
+        None => Coverage::NotMeasured(NotMeasured { reason: "not measured: no PostgreSQL (set TEST_POSTGRES_URL or pass --postgres-url)".into() }),
     };
     Ok(Idempotency { sqlite, sqlite_full, postgres })
 }

@@ -238,8 +238,7 @@ impl Shared {
     /// Takes a place in flight for a request due now, or counts it dropped.
     fn admit(&self, max_in_flight: usize) -> bool {
         self.due.fetch_add(1, Ordering::Relaxed);
-        let admitted =
-            self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max_in_flight).then_some(n + 1)).is_ok();
+        let admitted = self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max_in_flight).then_some(n + 1)).is_ok();
         if admitted {
             self.sent.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -292,9 +291,7 @@ impl Shared {
             classes: recorder
                 .classes
                 .iter()
-                .map(|(name, class)| {
-                    (name.clone(), Class { success: class.success, count: class.count, latency_ms: Latencies::of(&class.latency) })
-                })
+                .map(|(name, class)| (name.clone(), Class { success: class.success, count: class.count, latency_ms: Latencies::of(&class.latency) }))
                 .collect(),
         }
     }
@@ -442,10 +439,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_open_loop_keeps_its_schedule_and_times_each_class_apart() {
         let plan = Plan::count("classes", 40, 400.0, BOUNDS);
-        let measured = run(&plan, |index| async move {
-            if index % 4 == 0 { Outcome::failure("Unavailable") } else { Outcome::success("OK") }
-        })
-        .await;
+        let measured = run(&plan, |index| async move { if index % 4 == 0 { Outcome::failure("Unavailable") } else { Outcome::success("OK") } }).await;
         assert_eq!((measured.sent, measured.count("OK"), measured.count("Unavailable")), (40, 30, 10));
         assert_eq!(measured.successes, 30);
         assert!((measured.success_rate - 0.75).abs() < 1e-9);

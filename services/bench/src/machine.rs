@@ -90,9 +90,7 @@ impl Memory {
     /// None where /proc/self/status is not there (not Linux).
     pub fn now() -> Option<Self> {
         let status = std::fs::read_to_string("/proc/self/status").ok()?;
-        let field = |name: &str| {
-            status.lines().find_map(|line| line.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
-        };
+        let field = |name: &str| status.lines().find_map(|line| line.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok());
         Some(Self { rss_kib: field("VmRSS:")?, peak_rss_kib: field("VmHWM:")? })
     }
 
@@ -143,4 +141,3 @@ mod tests {
         }
     }
 }
-

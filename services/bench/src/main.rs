@@ -45,11 +45,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", serde_json::to_string(&counted)?);
         return Ok(());
     }
-    let command = format!(
-        "cargo run{} -p bench{}",
-        if cfg!(debug_assertions) { "" } else { " --release" },
-        if cli.smoke { " -- --smoke" } else { "" }
-    );
+    let command =
+        format!("cargo run{} -p bench{}", if cfg!(debug_assertions) { "" } else { " --release" }, if cli.smoke { " -- --smoke" } else { "" });
     let options = Options { profile, postgres_url: cli.postgres_url, command, bench_executable: std::env::current_exe()? };
     let report = bench::run(&options).await?;
     println!("{report}");

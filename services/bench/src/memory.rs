@@ -69,12 +69,7 @@ fn room_for(clients: usize) -> impl FnOnce(&mut ChainSettings) {
 
 pub async fn measure(profile: &Profile) -> Result<MemoryUnderHang, BenchError> {
     let settings = &profile.memory;
-    let section = |runs| MemoryUnderHang {
-        clients: settings.clients,
-        deadline_ms: settings.deadline.as_secs_f64() * 1e3,
-        scope: SCOPE,
-        runs,
-    };
+    let section = |runs| MemoryUnderHang { clients: settings.clients, deadline_ms: settings.deadline.as_secs_f64() * 1e3, scope: SCOPE, runs };
     if machine::Memory::now().is_none() {
         return Ok(section(Coverage::NotMeasured(NotMeasured { reason: "not measured: /proc/self/status cannot be read here".into() })));
     }

@@ -58,12 +58,7 @@ pub async fn measure(profile: &Profile) -> Result<DeadlinePrecision, BenchError>
         })
         .await?;
         let gateway = &running.chain.addresses;
-        let plan = Plan::count(
-            format!("deadline precision, {}", face.name()),
-            settings.requests,
-            settings.per_second,
-            profile.bounds,
-        );
+        let plan = Plan::count(format!("deadline precision, {}", face.name()), settings.requests, settings.per_second, profile.bounds);
         let measurement = match face {
             Face::Grpc => {
                 let orders = GrpcOrders::new(gateway.gateway_grpc, "precision", Some(settings.deadline))?;

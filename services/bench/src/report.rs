@@ -165,7 +165,13 @@ impl Report {
                 .iter()
                 .map(|s| {
                     let verdict = if s.sustained { "sustained" } else { "not sustained" };
-                    format!("{} → {}, p99 {}, {} dropped: {verdict}", rate(s.offered_per_second), rate(s.successes_per_second), ms_or_none(s.p99_ms), s.dropped)
+                    format!(
+                        "{} → {}, p99 {}, {} dropped: {verdict}",
+                        rate(s.offered_per_second),
+                        rate(s.successes_per_second),
+                        ms_or_none(s.p99_ms),
+                        s.dropped
+                    )
                 })
                 .collect();
             writeln!(out, "- {}: {}", chain.chain, if steps.is_empty() { NONE.to_owned() } else { steps.join("; ") })?;
@@ -185,10 +191,17 @@ impl Report {
         let parts = [
             ("the hops themselves: gRPC, four services, the load generator's client", None, BARE),
             ("writing one row per request at orders and at payment", Some(BARE), MINIMAL_WRITES),
-            ("the rest of the bookkeeping: keys, phases, recovery points, the outbox; deadline, ledger and intake layers", Some(MINIMAL_WRITES), GUARDS_IDLE),
+            (
+                "the rest of the bookkeeping: keys, phases, recovery points, the outbox; deadline, ledger and intake layers",
+                Some(MINIMAL_WRITES),
+                GUARDS_IDLE,
+            ),
             ("the guards' decisions: retries under the budget, breakers, bulkheads, quotas", Some(GUARDS_IDLE), EVERY_LAYER),
         ];
-        writeln!(out, "\nCPU per order (the whole process's user and system time per success during each chain's ceiling probe, each part the difference between two chains):\n")?;
+        writeln!(
+            out,
+            "\nCPU per order (the whole process's user and system time per success during each chain's ceiling probe, each part the difference between two chains):\n"
+        )?;
         writeln!(out, "| Part | CPU per order |\n|---|---:|")?;
         for (part, below, chain) in parts {
             let value = match below {
@@ -221,22 +234,48 @@ impl Report {
                 Some(o) => format!("{} | {} | {} | {}", ms(o.min), ms(o.p50), ms(o.p99), ms(o.max)),
                 None => format!("{NONE} | {NONE} | {NONE} | {NONE}"),
             };
-            writeln!(out, "| {} | {} | {} | {offsets} | {} |", face.face.name(), face.answered_by_chain, face.client_gave_up, outcomes(&face.measurement))?;
+            writeln!(
+                out,
+                "| {} | {} | {} | {offsets} | {} |",
+                face.face.name(),
+                face.answered_by_chain,
+                face.client_gave_up,
+                outcomes(&face.measurement)
+            )?;
         }
         writeln!(
             out,
             "\nWork at each hop (`finished late`: completed after its deadline, work nobody reads; \
              `expired`: answered DEADLINE_EXCEEDED when the deadline passed at that hop):\n"
         )?;
-        writeln!(out, "| Face | Hop | Requests | Expired | Finished late | Abandoned by the caller | Failed fast |\n|---|---|---:|---:|---:|---:|---:|")?;
+        writeln!(
+            out,
+            "| Face | Hop | Requests | Expired | Finished late | Abandoned by the caller | Failed fast |\n|---|---|---:|---:|---:|---:|---:|"
+        )?;
         for face in &d.faces {
             for hop in &face.hops {
                 let s = hop.stats;
-                writeln!(out, "| {} | {} | {} | {} | {} | {} | {} |", face.face.name(), hop.hop, s.requests, s.expired, s.finished_late, s.abandoned, s.failed_fast)?;
+                writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    face.face.name(),
+                    hop.hop,
+                    s.requests,
+                    s.expired,
+                    s.finished_late,
+                    s.abandoned,
+                    s.failed_fast
+                )?;
             }
         }
         for face in &d.faces {
-            writeln!(out, "\n{}: {} bank calls hung; {} charges completed after their deadline.", face.face.name(), face.bank_hung, face.bank_late_completions)?;
+            writeln!(
+                out,
+                "\n{}: {} bank calls hung; {} charges completed after their deadline.",
+                face.face.name(),
+                face.bank_hung,
+                face.bank_late_completions
+            )?;
         }
         Ok(())
     }
@@ -325,7 +364,10 @@ impl Report {
             seconds(Duration::from_secs_f64(m.clients as f64 / self.profile.memory.per_second)),
             ms(m.deadline_ms)
         )?;
-        writeln!(out, "| Chain | Resident before | Peak during the run | Peak above before | Held at the bank | Outcomes |\n|---|---:|---:|---:|---:|---|")?;
+        writeln!(
+            out,
+            "| Chain | Resident before | Peak during the run | Peak above before | Held at the bank | Outcomes |\n|---|---:|---:|---:|---:|---|"
+        )?;
         for run in runs {
             let reset = if run.peak_reset { "" } else { " (peak not reset: it may be an earlier one)" };
             writeln!(

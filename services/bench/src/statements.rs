@@ -137,7 +137,8 @@ pub async fn count_in_this_process(profile: &Profile, backend: &Backend) -> Resu
         Backend::Sqlite => "SQLite",
         Backend::Postgres(_) => "PostgreSQL",
     };
-    let plan = |label: &str, clients: usize| Plan::clients(format!("{name}: {label}"), clients, settings.requests, settings.time_limit, profile.bounds);
+    let plan =
+        |label: &str, clients: usize| Plan::clients(format!("{name}: {label}"), clients, settings.requests, settings.time_limit, profile.bounds);
     // Connections, caches and prepared statements warm up first.
     let warm = orders.keyed("warm-up");
     load::run(&plan("warm-up", 1), move |index| warm.create(index)).await;

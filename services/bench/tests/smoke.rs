@@ -16,7 +16,9 @@ async fn the_smoke_profile_makes_every_comparison_and_writes_them() {
     let written = bench::write(&report, dir.path()).unwrap();
 
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&written.json).unwrap()).unwrap();
-    for section in ["machine", "profile", "overhead", "deadline_precision", "amplification", "fail_fast", "memory", "idempotency", "tracing", "statements"] {
+    for section in
+        ["machine", "profile", "overhead", "deadline_precision", "amplification", "fail_fast", "memory", "idempotency", "tracing", "statements"]
+    {
         assert!(json.get(section).is_some_and(|value| !value.is_null()), "the JSON has no {section}");
     }
     assert_eq!(json["profile"]["name"], "smoke");
@@ -40,7 +42,9 @@ async fn the_smoke_profile_makes_every_comparison_and_writes_them() {
         None => assert!(postgres["not_measured"]["reason"].as_str().unwrap().contains("no PostgreSQL"), "{postgres}"),
     }
 
-    for backend in std::iter::once(&json["statements"]["sqlite"]).chain(options.postgres_url.as_ref().map(|_| &json["statements"]["postgres"]["measured"])) {
+    for backend in
+        std::iter::once(&json["statements"]["sqlite"]).chain(options.postgres_url.as_ref().map(|_| &json["statements"]["postgres"]["measured"]))
+    {
         let rounds = backend["rounds"].as_array().unwrap_or_else(|| panic!("{backend}"));
         assert_eq!(rounds.len(), 3, "{backend}");
         for round in rounds {
@@ -50,7 +54,17 @@ async fn the_smoke_profile_makes_every_comparison_and_writes_them() {
     }
 
     let markdown = std::fs::read_to_string(&written.markdown).unwrap();
-    for heading in ["# Benchmarks", "## 1. Overhead", "## 2. Deadline precision", "## 3. Amplification", "## 4. Fail-fast", "## 5. Memory", "## 6. Idempotency", "## 7. Tracing", "## 8. Statements"] {
+    for heading in [
+        "# Benchmarks",
+        "## 1. Overhead",
+        "## 2. Deadline precision",
+        "## 3. Amplification",
+        "## 4. Fail-fast",
+        "## 5. Memory",
+        "## 6. Idempotency",
+        "## 7. Tracing",
+        "## 8. Statements",
+    ] {
         assert!(markdown.contains(heading), "BENCHMARKS.md has no {heading:?}:\n{markdown}");
     }
     assert_eq!(markdown, report.to_string());

@@ -8,11 +8,11 @@ use proto::{
     orders::v1::{RecommendRequest, orders_client::OrdersClient},
     payment::v1::{GetPaymentRequest, payment_service_client::PaymentServiceClient},
 };
+use resilience::retry::{Call, RetryPolicy};
 use rpc::{
     Client,
     metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
 };
-use resilience::retry::{Call, RetryPolicy};
 use telemetry::metrics::{self, Counter, KeyValue};
 use tonic::{Request, Status, metadata::MetadataMap};
 use tower::ServiceExt;
@@ -214,4 +214,3 @@ impl Api {
         }
     }
 }
-

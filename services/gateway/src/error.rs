@@ -4,8 +4,8 @@
 
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
-use serde::Serialize;
 use resilience::retry::{PUSHBACK_HEADER, RETRIES_SPENT_HEADER};
+use serde::Serialize;
 use tonic::{Code, Status, metadata::MetadataValue};
 use tonic_types::StatusExt;
 
@@ -106,10 +106,9 @@ impl IntoResponse for GatewayError {
             }
             GatewayError::MalformedBody(_) => Problem::new(StatusCode::BAD_REQUEST, "Malformed body", detail),
             GatewayError::NotJson => Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Unsupported media type", detail),
-            GatewayError::PaymentDeclined { order_id, .. } => Problem {
-                order_id: Some(order_id),
-                ..Problem::new(StatusCode::PAYMENT_REQUIRED, "Payment declined", detail)
-            },
+            GatewayError::PaymentDeclined { order_id, .. } => {
+                Problem { order_id: Some(order_id), ..Problem::new(StatusCode::PAYMENT_REQUIRED, "Payment declined", detail) }
+            }
             GatewayError::Upstream(status) => {
                 let (http, title) = http_status(status.code());
                 retry_after = pushback_seconds(&status);

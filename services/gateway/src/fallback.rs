@@ -1,11 +1,7 @@
 //! What the gateway keeps to answer when a source cannot: the last known copy of each order and
 //! the last exchange rate of each currency, each with the time it was current.
 
-use std::{
-    num::NonZeroUsize,
-    sync::Mutex,
-    time::SystemTime,
-};
+use std::{num::NonZeroUsize, sync::Mutex, time::SystemTime};
 
 use lru::LruCache;
 use proto::{bank::v1::ExchangeRate, common::v1::Order};
@@ -14,10 +10,7 @@ use tonic::Code;
 /// Failures that a stale copy can stand in for: the source is unreachable, overloaded, too slow
 /// or broken. An answer such as NOT_FOUND is the truth and is passed on.
 pub fn stands_in_for(code: Code) -> bool {
-    matches!(
-        code,
-        Code::Unavailable | Code::DeadlineExceeded | Code::ResourceExhausted | Code::Internal | Code::Unknown | Code::Cancelled
-    )
+    matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::ResourceExhausted | Code::Internal | Code::Unknown | Code::Cancelled)
 }
 
 /// The last known copy of recently seen orders, per client, bounded (least recently used go first).

@@ -5,22 +5,20 @@ mod edge;
 mod error;
 mod fallback;
 mod grpc;
-mod rest;
 mod rate_limit;
+mod rest;
 mod settings;
 mod webhooks;
 
-pub use rest::TIMEOUT_HEADER;
 pub use rate_limit::ClientLimits;
+pub use rest::TIMEOUT_HEADER;
 pub use settings::{ApiClient, Settings};
 
 use std::{net::SocketAddr, sync::Arc};
 
 use deadline::{HopStats, server::DeadlineLayer};
 use proto::{
-    bank::v1::bank_client::BankClient,
-    gateway::v1::gateway_server::GatewayServer,
-    orders::v1::orders_client::OrdersClient,
+    bank::v1::bank_client::BankClient, gateway::v1::gateway_server::GatewayServer, orders::v1::orders_client::OrdersClient,
     payment::v1::payment_service_client::PaymentServiceClient,
 };
 use resilience::{
@@ -60,8 +58,8 @@ impl Application {
     /// channels to orders, payment and the bank (see [`rpc::Outbound`]).
     pub async fn build_with(settings: Settings, outbound: rpc::Outbound) -> Result<Self, ServerError> {
         let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?;
-        let orders = rpc::connect(HOP, "orders", &settings.orders, &tls, &outbound)
-            .map_err(|error| ServerError::Settings(format!("orders: {error}")))?;
+        let orders =
+            rpc::connect(HOP, "orders", &settings.orders, &tls, &outbound).map_err(|error| ServerError::Settings(format!("orders: {error}")))?;
         let orders_breaker = orders.breaker.clone();
         let retry = RetryPolicy::new(&settings.retry, settings.orders.deadline).map_err(|error| ServerError::Settings(error.to_string()))?;
         let limits = rate_limit::ClientLimits::new(&settings.clients, settings.unknown_key_quota, settings.replicas);
@@ -77,26 +75,27 @@ impl Application {
             popular: Arc::new(settings.popular_skus.clone()),
         };
         let api = api::Api::new(orders.client, settings.clients, &retry, sources, settings.order_cache_capacity);
-        let grpc = GrpcServer::bind(HOP, rpc::Role::Edge, settings.grpc_listen, settings.deadline, GatewayServer::new(grpc::GatewayService::new(api.clone())))
-            .await?
-            .layer(rate_limit::RateLimitLayer::new(limits.clone()))
-            .connection_limits(settings.connections);
-        let http_stats = HopStats::new();
-        let creates = Intake::with_caller_share("gateway (order creation)", settings.max_in_flight_creates, settings.max_in_flight_creates_per_client);
-        let http_router = rest::router(api, creates).layer(
-            DeadlineLayer::new(
-                HOP,
-                rest::HttpDeadline { policy: settings.deadline },
-                http_stats.clone(),
-            )
-            .at_edge(),
+        let grpc = GrpcServer::bind(
+            HOP,
+            rpc::Role::Edge,
+            settings.grpc_listen,
+            settings.deadline,
+            GatewayServer::new(grpc::GatewayService::new(api.clone())),
         )
-        .layer(LoadShedLayer::new(Intake::new(HOP, settings.deadline.max_in_flight)))
-        .layer(telemetry::trace::ServerTraceLayer::new(HOP))
-        // Outermost but for counting: the quota is checked before anything else happens.
+        .await?
         .layer(rate_limit::RateLimitLayer::new(limits.clone()))
-        .layer(RequestMetricsLayer::new(HOP))
-        .layer(axum::middleware::from_fn(rest::problems::problem_answers));
+        .connection_limits(settings.connections);
+        let http_stats = HopStats::new();
+        let creates =
+            Intake::with_caller_share("gateway (order creation)", settings.max_in_flight_creates, settings.max_in_flight_creates_per_client);
+        let http_router = rest::router(api, creates)
+            .layer(DeadlineLayer::new(HOP, rest::HttpDeadline { policy: settings.deadline }, http_stats.clone()).at_edge())
+            .layer(LoadShedLayer::new(Intake::new(HOP, settings.deadline.max_in_flight)))
+            .layer(telemetry::trace::ServerTraceLayer::new(HOP))
+            // Outermost but for counting: the quota is checked before anything else happens.
+            .layer(rate_limit::RateLimitLayer::new(limits.clone()))
+            .layer(RequestMetricsLayer::new(HOP))
+            .layer(axum::middleware::from_fn(rest::problems::problem_answers));
         let http = rpc::bind(settings.http_listen).await?;
         let metrics = rpc::bind(settings.metrics_listen).await?;
         Ok(Self { grpc, http, http_router, metrics, http_stats, retry, orders_breaker, limits, connections: settings.connections })

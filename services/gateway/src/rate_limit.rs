@@ -26,8 +26,8 @@ use resilience::{
     rate_limit::{Decision, Limiter, QuotaSettings},
     retry::{PUSHBACK_HEADER, wait_millis},
 };
-use tonic::{Status, metadata::MetadataValue};
 use telemetry::metrics::{Counter, KeyValue};
+use tonic::{Status, metadata::MetadataValue};
 use tower::{Layer, Service};
 
 use wire::{RATE_LIMIT, RATE_LIMIT_POLICY};
@@ -69,10 +69,8 @@ impl ClientLimits {
     /// The limiters of `clients` and of unknown keys, each keeping this gateway's share of its
     /// quota when `replicas` gateways serve the same clients ([`QuotaSettings::share`]).
     pub fn new(clients: &[ApiClient], unknown: QuotaSettings, replicas: u32) -> Arc<Self> {
-        let by_key = clients
-            .iter()
-            .map(|client| (client.api_key.clone(), ClientLimit::new(&client.client_id, client.quota.share(replicas))))
-            .collect();
+        let by_key =
+            clients.iter().map(|client| (client.api_key.clone(), ClientLimit::new(&client.client_id, client.quota.share(replicas)))).collect();
         Arc::new(Self {
             by_key,
             unknown: ClientLimit::new("unknown", unknown.share(replicas)),
@@ -198,8 +196,7 @@ where
                     status.metadata_mut().insert(PUSHBACK_HEADER, wait);
                     status.into_http()
                 } else {
-                    let mut response: Response<ResBody> =
-                        Problem::new(StatusCode::TOO_MANY_REQUESTS, "Too many requests", detail).into_http();
+                    let mut response: Response<ResBody> = Problem::new(StatusCode::TOO_MANY_REQUESTS, "Too many requests", detail).into_http();
                     response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds(retry_after).max(1)));
                     response
                 };

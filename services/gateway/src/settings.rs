@@ -1,8 +1,8 @@
 use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
-use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
 use resilience::{breaker::BreakerSettings, rate_limit::QuotaSettings, retry::RetrySettings};
+use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
 use serde::{Deserialize, Serialize};
 
 /// Every knob of the gateway; see the README for the table and the environment names.
@@ -118,11 +118,7 @@ impl Default for Settings {
                     quota: QuotaSettings { per_second: 5_000, burst: 1_000 },
                 },
                 // A small quota, to see 429 and the RateLimit headers by hand.
-                ApiClient {
-                    api_key: "demo-key-2".into(),
-                    client_id: "demo-client-2".into(),
-                    quota: QuotaSettings { per_second: 5, burst: 10 },
-                },
+                ApiClient { api_key: "demo-key-2".into(), client_id: "demo-client-2".into(), quota: QuotaSettings { per_second: 5, burst: 10 } },
             ],
             unknown_key_quota: QuotaSettings { per_second: 20, burst: 20 },
             replicas: 1,
@@ -138,10 +134,7 @@ mod tests {
 
     #[test]
     fn configured_clients_replace_the_demo_clients() {
-        let args = settings::SettingsArgs {
-            config: None,
-            overrides: vec![r#"clients=[{api_key = "team-a-secret", client_id = "team-a"}]"#.into()],
-        };
+        let args = settings::SettingsArgs { config: None, overrides: vec![r#"clients=[{api_key = "team-a-secret", client_id = "team-a"}]"#.into()] };
         let loaded: Settings = settings::load("GATEWAY_TEST", &args).unwrap();
         let expected = ApiClient { api_key: "team-a-secret".into(), client_id: "team-a".into(), quota: ApiClient::default_quota() };
         assert_eq!(loaded.clients, [expected]);

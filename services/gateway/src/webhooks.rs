@@ -4,7 +4,6 @@
 //! edge policy like the order calls; the other writes (disable, enable, delete, redeliver) carry
 //! no key, so they are tried once: a retry after a lost answer would queue a redelivery twice.
 
-
 use proto::orders::v1::{
     CreateEndpointRequest, Endpoint, EndpointRef, EndpointWithSecret, ListDeliveriesRequest, ListDeliveriesResponse, ListEndpointsRequest,
     ListEndpointsResponse, RedeliverRangeRequest, RedeliverRequest, RedeliverResponse, RotateSecretRequest, webhooks_client::WebhooksClient,

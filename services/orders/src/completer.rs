@@ -251,9 +251,10 @@ impl Completer {
     async fn settle(&self, stranded: &StrandedKey, lease: Duration) -> Result<Resumed, OrdersError> {
         let service = &self.service;
         let Some(mut lease) = service.keys.resume(stranded, lease).await? else { return Ok(Resumed::Taken) };
-        let order_id = lease.resource_id.clone().ok_or_else(|| {
-            OrdersError::Corrupt(stranded.key.clone(), format!("its key is at {} but names no order", stranded.recovery_point))
-        })?;
+        let order_id = lease
+            .resource_id
+            .clone()
+            .ok_or_else(|| OrdersError::Corrupt(stranded.key.clone(), format!("its key is at {} but names no order", stranded.recovery_point)))?;
         let order = service.orders.load(&order_id).await?;
         let order = service.pay(&stranded.scope, &stranded.key, &mut lease, order).await?;
         Ok(if order.status() == OrderStatus::Paid { Resumed::Paid } else { Resumed::Declined })

@@ -10,7 +10,11 @@ mod webhooks;
 pub use completer::CompleterSettings;
 pub use settings::{Settings, WebhookSettings};
 
-use std::{net::SocketAddr, sync::Arc, time::{Duration, SystemTime}};
+use std::{
+    net::SocketAddr,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use deadline::{Hop, HopStats};
 use error::OrdersError;
@@ -70,8 +74,8 @@ impl Application {
         // The URL is not repeated: it may carry a password.
         .map_err(|error| ServerError::Settings(format!("database: {error}")))?;
         let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?;
-        let payment = rpc::connect(HOP, "payment", &settings.payment, &tls, &outbound)
-            .map_err(|error| ServerError::Settings(format!("payment: {error}")))?;
+        let payment =
+            rpc::connect(HOP, "payment", &settings.payment, &tls, &outbound).map_err(|error| ServerError::Settings(format!("payment: {error}")))?;
         let payment_breaker = payment.breaker.clone();
         let keys = KeyStore::new(database.clone(), settings.idempotency);
         let default_lease = Duration::from_millis(settings.deadline.max_ms);
@@ -124,11 +128,7 @@ struct OrderService {
 }
 
 fn required<'a>(metadata: &'a MetadataMap, name: &'static str) -> Result<&'a str, OrdersError> {
-    metadata
-        .get(name)
-        .and_then(|value| value.to_str().ok())
-        .filter(|value| !value.is_empty())
-        .ok_or(OrdersError::MissingMetadata(name))
+    metadata.get(name).and_then(|value| value.to_str().ok()).filter(|value| !value.is_empty()).ok_or(OrdersError::MissingMetadata(name))
 }
 
 /// An answer and whether it was replayed from the key's stored one.

@@ -5,8 +5,8 @@ use idempotency::{KeySettings, SqliteSettings};
 
 use crate::CompleterSettings;
 use outbox::{EndpointLimits, RedeliveryLimits};
-use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
 use resilience::breaker::BreakerSettings;
+use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
 use serde::{Deserialize, Serialize};
 
 /// Every knob of orders; see the README for the table and the environment names.

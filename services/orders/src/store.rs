@@ -1,13 +1,13 @@
 //! Order rows through sqlx, on SQLite or PostgreSQL.
 
 use idempotency::{Clock, Database, SystemClock};
+use idempotency::{Transaction, on_driver};
 use outbox::NewEvent;
 use proto::{
     common::v1::{LineItem, Order, OrderStatus, Payment, PaymentStatus},
     json::OrderJson,
 };
 use serde::{Deserialize, Serialize};
-use idempotency::{Transaction, on_driver};
 use sqlx::FromRow;
 
 use crate::error::OrdersError;
@@ -100,7 +100,10 @@ pub async fn record_payment(transaction: &mut Transaction, order_id: &str, payme
     // Not pending any more: the outcome is already on it.
     let row = match updated {
         Some(row) => row,
-        None => on_driver!(transaction, |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1"))).bind(order_id).fetch_one(executor).await?),
+        None => on_driver!(transaction, |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1")))
+            .bind(order_id)
+            .fetch_one(executor)
+            .await?),
     };
     let version = row.version;
     Ok(VersionedOrder { order: row.into_order()?, version })
@@ -133,19 +136,26 @@ impl Orders {
         // On the writer, which the key's takeover came through, so the two agree.
         let row: Option<OrderRow> = self
             .database
-            .autocommit(async |writes| on_driver!(writes, |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1"))).bind(order_id).fetch_optional(executor).await))
+            .autocommit(async |writes| {
+                on_driver!(writes, |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1")))
+                    .bind(order_id)
+                    .fetch_optional(executor)
+                    .await)
+            })
             .await?;
         let row = row.ok_or_else(|| OrdersError::Corrupt(order_id.to_owned(), "its idempotency key names it but it is missing".into()))?;
         row.into_order()
     }
 
     pub async fn get(&self, client_id: &str, order_id: &str) -> Result<Order, OrdersError> {
-        let row: OrderRow = on_driver!(self.database.reader(), |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1 AND client_id = $2")))
-            .bind(order_id)
-            .bind(client_id)
-            .fetch_optional(executor)
-            .await?
-            .ok_or_else(|| OrdersError::NotFound(order_id.to_owned()))?);
+        let row: OrderRow = on_driver!(self.database.reader(), |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "{SELECT} WHERE order_id = $1 AND client_id = $2"
+        )))
+        .bind(order_id)
+        .bind(client_id)
+        .fetch_optional(executor)
+        .await?
+        .ok_or_else(|| OrdersError::NotFound(order_id.to_owned()))?);
         row.into_order()
     }
 }
@@ -155,12 +165,14 @@ impl Orders {
     /// most frequent first.
     pub async fn recommend(&self, client_id: &str, order_id: &str, limit: usize) -> Result<Vec<String>, OrdersError> {
         let order = self.get(client_id, order_id).await?;
-        let rows: Vec<(String,)> = on_driver!(self.database.reader(), |executor| sqlx::query_as("SELECT items FROM orders WHERE client_id = $1 AND customer_id = $2 AND order_id <> $3")
-            .bind(client_id)
-            .bind(&order.customer_id)
-            .bind(order_id)
-            .fetch_all(executor)
-            .await?);
+        let rows: Vec<(String,)> = on_driver!(self.database.reader(), |executor| sqlx::query_as(
+            "SELECT items FROM orders WHERE client_id = $1 AND customer_id = $2 AND order_id <> $3"
+        )
+        .bind(client_id)
+        .bind(&order.customer_id)
+        .bind(order_id)
+        .fetch_all(executor)
+        .await?);
         let mut counts: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
         for (items,) in rows {
             let items: Vec<ItemJson> = serde_json::from_str(&items).map_err(|e| OrdersError::Corrupt(order_id.to_owned(), e.to_string()))?;

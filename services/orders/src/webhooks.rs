@@ -9,16 +9,18 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use deadline::Hop;
+use idempotency::Transaction;
 use idempotency::{Begin, Clock, KeyStore, Stored, SystemClock};
-use outbox::{AttemptLog, DeliveryLog, DeliveryQuery, DeliveryState, EndpointLimits, LogCursor, NewEndpoint, RedeliveryLimits, RedeliveryRange, Subscriptions};
+use outbox::{
+    AttemptLog, DeliveryLog, DeliveryQuery, DeliveryState, EndpointLimits, LogCursor, NewEndpoint, RedeliveryLimits, RedeliveryRange, Subscriptions,
+};
 use prost::Message;
 use proto::orders::v1::{
-    Attempt, CreateEndpointRequest, DeleteEndpointResponse, Delivery, Endpoint, EndpointRef, EndpointWithSecret, ListDeliveriesRequest, ListDeliveriesResponse,
-    ListEndpointsRequest, ListEndpointsResponse, RedeliverRangeRequest, RedeliverRequest, RedeliverResponse, RotateSecretRequest,
-    webhooks_server::Webhooks,
+    Attempt, CreateEndpointRequest, DeleteEndpointResponse, Delivery, Endpoint, EndpointRef, EndpointWithSecret, ListDeliveriesRequest,
+    ListDeliveriesResponse, ListEndpointsRequest, ListEndpointsResponse, RedeliverRangeRequest, RedeliverRequest, RedeliverResponse,
+    RotateSecretRequest, webhooks_server::Webhooks,
 };
 use rpc::metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
-use idempotency::Transaction;
 use tonic::{Code, Request, Response, Status};
 use webhooks::ssrf;
 
@@ -54,7 +56,10 @@ impl WebhookService {
         let default_limits = EndpointLimits { max_in_flight: settings.default_max_in_flight, rate_per_sec: settings.default_rate_per_sec };
         let max = EndpointLimits::MAX;
         if !(1..=max.max_in_flight).contains(&default_limits.max_in_flight) || !(1..=max.rate_per_sec).contains(&default_limits.rate_per_sec) {
-            return Err(format!("webhooks.default_max_in_flight must be 1..={} and webhooks.default_rate_per_sec 1..={}", max.max_in_flight, max.rate_per_sec));
+            return Err(format!(
+                "webhooks.default_max_in_flight must be 1..={} and webhooks.default_rate_per_sec 1..={}",
+                max.max_in_flight, max.rate_per_sec
+            ));
         }
         let redelivery_limits = RedeliveryLimits { max_days: settings.redelivery_max_days, max_events: settings.redelivery_max_events };
         if redelivery_limits.max_days == 0 || redelivery_limits.max_events == 0 {
@@ -98,7 +103,9 @@ impl WebhookService {
         let written = {
             let mut phase = self.keys.phase(&mut lease).await?;
             match write(phase.transaction(), client_id).await {
-                Ok(answer) => phase.complete(&Stored { code: Code::Ok as i32, body: answer.encode_to_vec() }).await.map(|()| answer).map_err(OrdersError::from),
+                Ok(answer) => {
+                    phase.complete(&Stored { code: Code::Ok as i32, body: answer.encode_to_vec() }).await.map(|()| answer).map_err(OrdersError::from)
+                }
                 Err(error) => Err(error),
             }
             // A phase that did not complete is rolled back here, before the key is released.
@@ -135,7 +142,11 @@ impl Webhooks for WebhookService {
         new.validate(&self.policy).map_err(OrdersError::from)?;
         let created = self.keyed(&request, CREATE_ENDPOINT, async |transaction, client_id| {
             let (endpoint, secret) = Subscriptions::create_endpoint(transaction, client_id, &new, SystemClock.now_ms()).await?;
-            Ok(EndpointWithSecret { endpoint: Some(endpoint_message(endpoint)), secret: secret.to_string(), previous_secrets_expire_at: String::new() })
+            Ok(EndpointWithSecret {
+                endpoint: Some(endpoint_message(endpoint)),
+                secret: secret.to_string(),
+                previous_secrets_expire_at: String::new(),
+            })
         });
         Ok(created.await?)
     }
@@ -199,7 +210,9 @@ impl Webhooks for WebhookService {
         let nonempty = |text: &str| (!text.is_empty()).then(|| text.to_owned());
         let state = match message.state.as_str() {
             "" => None,
-            name => Some(DeliveryState::from_name(name).ok_or_else(|| OrdersError::InvalidRequest("state: one of pending, delivered, undelivered".into()))?),
+            name => Some(
+                DeliveryState::from_name(name).ok_or_else(|| OrdersError::InvalidRequest("state: one of pending, delivered, undelivered".into()))?,
+            ),
         };
         let query = DeliveryQuery {
             limit,
@@ -229,7 +242,11 @@ impl Webhooks for WebhookService {
             until_ms: parse_rfc3339("until", &message.until)?,
             include_delivered: message.include_delivered,
         };
-        let queued = self.subscriptions.redeliver_range(client_id, &message.endpoint_id, range, self.redelivery_limits, SystemClock.now_ms()).await.map_err(OrdersError::from)?;
+        let queued = self
+            .subscriptions
+            .redeliver_range(client_id, &message.endpoint_id, range, self.redelivery_limits, SystemClock.now_ms())
+            .await
+            .map_err(OrdersError::from)?;
         Ok(Response::new(RedeliverResponse { queued }))
     }
 }
@@ -284,7 +301,8 @@ fn rfc3339(ms: i64) -> String {
 }
 
 fn parse_rfc3339(field: &str, text: &str) -> Result<i64, OrdersError> {
-    let time = humantime::parse_rfc3339(text).map_err(|error| OrdersError::InvalidRequest(format!("{field}: {error} (want RFC 3339 in UTC, e.g. 2026-12-01T10:00:00Z)")))?;
+    let time = humantime::parse_rfc3339(text)
+        .map_err(|error| OrdersError::InvalidRequest(format!("{field}: {error} (want RFC 3339 in UTC, e.g. 2026-12-01T10:00:00Z)")))?;
     let since = time.duration_since(UNIX_EPOCH).map_err(|_| OrdersError::InvalidRequest(format!("{field}: before 1970")))?;
     Ok(i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
 }

@@ -35,9 +35,7 @@ impl From<KeyError> for PaymentError {
 impl From<PaymentError> for Status {
     fn from(error: PaymentError) -> Self {
         match error {
-            PaymentError::BadKey(_) | PaymentError::InvalidRequest(_) => {
-                Status::invalid_argument(format!("{}: {error}", crate::HOP))
-            }
+            PaymentError::BadKey(_) | PaymentError::InvalidRequest(_) => Status::invalid_argument(format!("{}: {error}", crate::HOP)),
             PaymentError::Bank(status) => rpc::relay(&status),
             PaymentError::InFlight => Status::aborted(format!("{}: {error}", crate::HOP)),
             PaymentError::KeyReused => Status::failed_precondition(format!("{}: {error}", crate::HOP)),

@@ -6,7 +6,11 @@ mod settings;
 
 pub use settings::Settings;
 
-use std::{net::SocketAddr, sync::Arc, time::{Duration, SystemTime}};
+use std::{
+    net::SocketAddr,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use deadline::{Hop, HopStats};
 use error::PaymentError;
@@ -15,10 +19,16 @@ use prost::Message;
 use proto::{
     bank::v1::{ChargeOutcome, ChargeRequest, bank_client::BankClient},
     common::v1::{Payment, PaymentStatus},
-    payment::v1::{GetPaymentRequest, PayRequest, payment_service_server::{PaymentService, PaymentServiceServer}},
+    payment::v1::{
+        GetPaymentRequest, PayRequest,
+        payment_service_server::{PaymentService, PaymentServiceServer},
+    },
 };
 use resilience::{breaker::Breaker, bulkhead::Bulkhead};
-use rpc::{Client, GrpcServer, ServerError, metadata::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED}};
+use rpc::{
+    Client, GrpcServer, ServerError,
+    metadata::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
+};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status};
 
@@ -63,18 +73,21 @@ impl Application {
         // The URL is not repeated: it may carry a password.
         .map_err(|error| ServerError::Settings(format!("database: {error}")))?;
         let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?;
-        let bank = rpc::connect(HOP, "bank-mock", &settings.bank, &tls, &outbound)
-            .map_err(|error| ServerError::Settings(format!("bank: {error}")))?;
+        let bank =
+            rpc::connect(HOP, "bank-mock", &settings.bank, &tls, &outbound).map_err(|error| ServerError::Settings(format!("bank: {error}")))?;
         let (breaker, bulkhead) = (bank.breaker.clone(), bank.bulkhead.clone());
         let keys = KeyStore::new(database, settings.idempotency);
-        let service = Payments {
-            keys: keys.clone(),
-            bank: BankClient::new(bank.client),
-            default_lease: Duration::from_millis(settings.deadline.max_ms),
-        };
-        let grpc = GrpcServer::bind(HOP, rpc::Role::Inner { tls, callers: callers::policy() }, settings.listen, settings.deadline, PaymentServiceServer::new(service))
-            .await?
-            .connection_limits(settings.connections);
+        let service =
+            Payments { keys: keys.clone(), bank: BankClient::new(bank.client), default_lease: Duration::from_millis(settings.deadline.max_ms) };
+        let grpc = GrpcServer::bind(
+            HOP,
+            rpc::Role::Inner { tls, callers: callers::policy() },
+            settings.listen,
+            settings.deadline,
+            PaymentServiceServer::new(service),
+        )
+        .await?
+        .connection_limits(settings.connections);
         Ok(Self { grpc, keys, breaker, bulkhead })
     }
 
@@ -177,12 +190,13 @@ struct PaymentRow {
 impl PaymentService for Payments {
     async fn get_payment(&self, request: Request<GetPaymentRequest>) -> Result<Response<Payment>, Status> {
         let payment_id = request.into_inner().payment_id;
-        let row: Option<PaymentRow> =
-            on_driver!(self.keys.database().reader(), |executor| sqlx::query_as("SELECT payment_id, status, bank_charge_id, decline_reason FROM payments WHERE payment_id = $1")
-                .bind(&payment_id)
-                .fetch_optional(executor)
-                .await
-                .map_err(PaymentError::Storage)?);
+        let row: Option<PaymentRow> = on_driver!(self.keys.database().reader(), |executor| sqlx::query_as(
+            "SELECT payment_id, status, bank_charge_id, decline_reason FROM payments WHERE payment_id = $1"
+        )
+        .bind(&payment_id)
+        .fetch_optional(executor)
+        .await
+        .map_err(PaymentError::Storage)?);
         let row = row.ok_or_else(|| Status::not_found(format!("{HOP}: payment {payment_id} not found")))?;
         Ok(Response::new(Payment {
             payment_id: row.payment_id,

@@ -2,8 +2,8 @@ use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
 use idempotency::{KeySettings, SqliteSettings};
-use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
 use resilience::rate_limit::QuotaSettings;
+use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
 use serde::{Deserialize, Serialize};
 
 /// Every knob of payment; see the README for the table and the environment names.

@@ -10,11 +10,7 @@ use resilience::{
     bulkhead::{Bulkhead, BulkheadStats},
     retry::{RetryPolicy, RetryStatsSnapshot},
 };
-use rpc::{
-    ServerError,
-    dev_certs::DevCerts,
-    tls::TlsSettings,
-};
+use rpc::{ServerError, dev_certs::DevCerts, tls::TlsSettings};
 use tempfile::TempDir;
 
 use crate::naive::NaiveSettings;
@@ -219,12 +215,7 @@ impl Chain {
         let gateway_retry = gateway.retry_handle();
         let client_limits = gateway.client_limits();
         let (payment_bank, bank_bulkhead) = payment.bank_guards();
-        let guards = Guards {
-            gateway_orders: gateway.orders_breaker(),
-            orders_payment: orders.payment_breaker(),
-            payment_bank,
-            bank_bulkhead,
-        };
+        let guards = Guards { gateway_orders: gateway.orders_breaker(), orders_payment: orders.payment_breaker(), payment_bank, bank_bulkhead };
         let bank_state = bank.state();
 
         // Each service stops with the chain, or alone (to see the others cope).
@@ -241,7 +232,21 @@ impl Chain {
                 other => ServerError::Settings(format!("webhook-sender: {other}")),
             })
         });
-        Ok(Self { addresses, database_urls, admin_token, bank: bank_state, hops, guards, gateway_retry, client_limits, tokens, shutdown, servers, dev_certs, naive })
+        Ok(Self {
+            addresses,
+            database_urls,
+            admin_token,
+            bank: bank_state,
+            hops,
+            guards,
+            gateway_retry,
+            client_limits,
+            tokens,
+            shutdown,
+            servers,
+            dev_certs,
+            naive,
+        })
     }
 
     /// The development CA made at start, with a certificate for each service and one for the

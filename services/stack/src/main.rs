@@ -1,8 +1,8 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
-use settings::SettingsArgs;
 use rpc::dev_certs::OPERATOR;
+use settings::SettingsArgs;
 use stack::{Chain, ChainSettings, scenario};
 
 /// Runs gateway → orders → payment → bank-mock in one process.

@@ -59,11 +59,7 @@ pub struct Variant {
 
 const BUDGETED: Variant = Variant { label: "budgeted", naive: false, settings: as_configured };
 const NAIVE: Variant = Variant { label: "naive", naive: true, settings: as_configured };
-const NO_RETRIES: Variant = Variant {
-    label: "no retries",
-    naive: false,
-    settings: |settings| settings.gateway.retry.max_attempts = 1,
-};
+const NO_RETRIES: Variant = Variant { label: "no retries", naive: false, settings: |settings| settings.gateway.retry.max_attempts = 1 };
 const LAYERS_OFF: Variant = Variant { label: "layers off", naive: false, settings: without_guards };
 
 /// Every guard out of the way: retries and breakers off, bulkhead and quota limits raised far
@@ -521,8 +517,7 @@ impl Sender {
                         tally.fallbacks += 1;
                     }
                     if tally.sample.is_none() {
-                        let header =
-                            |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+                        let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
                         tally.sample = Some((header(deadline::LEDGER_HEADER), header("server-timing")));
                     }
                 }
@@ -546,7 +541,8 @@ async fn seed_order(base: &str, api_key: &str) -> String {
     let client = reqwest::Client::new();
     let key = format!("seed-{}", std::process::id());
     let answer: Option<serde_json::Value> = async {
-        let response = client.post(format!("{base}/v1/orders")).bearer_auth(api_key).header(wire::IDEMPOTENCY_KEY, key).json(&order_json()).send().await.ok()?;
+        let response =
+            client.post(format!("{base}/v1/orders")).bearer_auth(api_key).header(wire::IDEMPOTENCY_KEY, key).json(&order_json()).send().await.ok()?;
         response.json().await.ok()
     }
     .await;
@@ -693,7 +689,6 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
     let bank_calls = chain.bank().stats().calls;
     let bank_calls_after_clients_left = bank_calls - calls_when_clients_left;
 
-
     let (replay_latency_ms, replay_outcomes) = if scenario.replay {
         eprintln!("  [{}] sending every request again with its key", scenario.name);
         let replays = Sender::new(scenario, target(summaries), tell_deadline, run_id, Instant::now());
@@ -808,8 +803,7 @@ impl fmt::Display for Comparison<'_> {
             ("bank calls after clients left", |r| r.bank_calls_after_clients_left.to_string()),
             ("work finished after its deadline", |r| {
                 let h = r.hops;
-                (h.gateway_http.finished_late + h.orders.finished_late + h.payment.finished_late + h.bank.finished_late)
-                    .to_string()
+                (h.gateway_http.finished_late + h.orders.finished_late + h.payment.finished_late + h.bank.finished_late).to_string()
             }),
             ("p99 latency", |r| format!("{:.1} ms", r.latency_ms.p99)),
             ("no answer (client gave up)", |r| r.no_answer.to_string()),
@@ -929,7 +923,12 @@ impl fmt::Display for Report {
                         writeln!(
                             f,
                             "    {:<10} {:>9.1} {:>8.1} {:>9.1} {:>10.1} {:>8.1}",
-                            e.hop, ms(e.received), ms(e.spent), ms(e.reserved), ms(e.forwarded), ms(e.left)
+                            e.hop,
+                            ms(e.received),
+                            ms(e.spent),
+                            ms(e.reserved),
+                            ms(e.forwarded),
+                            ms(e.left)
                         )?;
                     }
                 }

@@ -21,7 +21,10 @@ pub struct OrderCounts {
 
 impl OrderCounts {
     async fn read(database: &Database) -> Result<Self, sqlx::Error> {
-        let by_status: Vec<(String, i64)> = on_driver!(database.reader(), |executor| sqlx::query_as("SELECT status, COUNT(*) FROM orders GROUP BY status").fetch_all(executor).await?);
+        let by_status: Vec<(String, i64)> =
+            on_driver!(database.reader(), |executor| sqlx::query_as("SELECT status, COUNT(*) FROM orders GROUP BY status")
+                .fetch_all(executor)
+                .await?);
         let mut counts = Self::default();
         for (status, count) in by_status {
             let count = count as u64;

@@ -39,10 +39,19 @@ impl Stack {
     /// Starts the stack on `data_dir` (and on PostgreSQL when `urls` name its databases), charging
     /// at `bank`; returns once it prints the gateway's address.
     fn start(data_dir: &Path, bank: &str, urls: Option<&(ScratchDatabase, ScratchDatabase)>) -> Self {
-        let mut overrides: Vec<String> = ["gateway.http_listen", "gateway.grpc_listen", "gateway.metrics_listen", "orders.listen", "payment.listen", "bank.listen", "bank.admin_listen", "webhook_sender.listen"]
-            .iter()
-            .map(|key| format!("{key}=127.0.0.1:0"))
-            .collect();
+        let mut overrides: Vec<String> = [
+            "gateway.http_listen",
+            "gateway.grpc_listen",
+            "gateway.metrics_listen",
+            "orders.listen",
+            "payment.listen",
+            "bank.listen",
+            "bank.admin_listen",
+            "webhook_sender.listen",
+        ]
+        .iter()
+        .map(|key| format!("{key}=127.0.0.1:0"))
+        .collect();
         overrides.push(format!("external_bank={bank}"));
         // The bank outlives the stack, whose development CA is new at every start: both talk
         // plain text (what this test is about is elsewhere).
@@ -119,7 +128,14 @@ async fn crash_and_recover(postgres: Option<(ScratchDatabase, ScratchDatabase)>)
     let mut first = Stack::start(data.path(), &bank_endpoint, postgres.as_ref());
     // Events are recorded for clients with a subscribed endpoint.
     let endpoint = serde_json::json!({"url": "https://hooks.example.com/orders", "event_types": ["order.paid"]});
-    let created = http.post(format!("{}/v1/webhooks/endpoints", first.gateway)).bearer_auth(API_KEY).header("idempotency-key", "crash-endpoint").json(&endpoint).send().await.unwrap();
+    let created = http
+        .post(format!("{}/v1/webhooks/endpoints", first.gateway))
+        .bearer_auth(API_KEY)
+        .header("idempotency-key", "crash-endpoint")
+        .json(&endpoint)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(created.status(), 201, "{backend}");
 
     // Load until enough creates were answered, then the kill, with others in flight.
@@ -136,7 +152,16 @@ async fn crash_and_recover(postgres: Option<(ScratchDatabase, ScratchDatabase)>)
                     }
                     let key = format!("crash-{client}-{n}");
                     sent.lock().unwrap().push(key.clone());
-                    let Ok(response) = http.post(format!("{gateway}/v1/orders")).bearer_auth(API_KEY).header("idempotency-key", &key).json(&order_json()).send().await else { break };
+                    let Ok(response) = http
+                        .post(format!("{gateway}/v1/orders"))
+                        .bearer_auth(API_KEY)
+                        .header("idempotency-key", &key)
+                        .json(&order_json())
+                        .send()
+                        .await
+                    else {
+                        break;
+                    };
                     if response.status() == 201 {
                         let Ok(body) = response.bytes().await else { break };
                         answered.lock().unwrap().insert(key, body);
@@ -145,7 +170,8 @@ async fn crash_and_recover(postgres: Option<(ScratchDatabase, ScratchDatabase)>)
             })
         })
         .collect();
-    eventually(Duration::from_secs(60), "creates answered before the kill", || async { answered.lock().unwrap().len() >= ANSWERED_BEFORE_KILL }).await;
+    eventually(Duration::from_secs(60), "creates answered before the kill", || async { answered.lock().unwrap().len() >= ANSWERED_BEFORE_KILL })
+        .await;
     first.kill();
     stop.store(true, Ordering::Relaxed);
     for client in clients {
@@ -159,7 +185,14 @@ async fn crash_and_recover(postgres: Option<(ScratchDatabase, ScratchDatabase)>)
     let second = Stack::start(data.path(), &bank_endpoint, postgres.as_ref());
     for key in &sent {
         let response = eventually(Duration::from_secs(30), "the repeat past the killed process's leases", || async {
-            let response = http.post(format!("{}/v1/orders", second.gateway)).bearer_auth(API_KEY).header("idempotency-key", key).json(&order_json()).send().await.unwrap();
+            let response = http
+                .post(format!("{}/v1/orders", second.gateway))
+                .bearer_auth(API_KEY)
+                .header("idempotency-key", key)
+                .json(&order_json())
+                .send()
+                .await
+                .unwrap();
             (response.status() != 409).then_some(response)
         })
         .await;
@@ -186,5 +219,9 @@ async fn crash_and_recover(postgres: Option<(ScratchDatabase, ScratchDatabase)>)
     assert_eq!(count(&payments, "SELECT COUNT(DISTINCT order_id) FROM payments").await, keys, "{backend}: no order has two payments");
     let stats = bank.stats();
     assert_eq!((stats.charges, stats.distinct_keys), (keys as u64, keys as u64), "{backend}: one charge per paid order: {stats:?}");
-    assert_eq!(count(&orders, "SELECT COUNT(*) FROM webhook_events WHERE event_type = 'order.paid'").await, keys, "{backend}: every paid order announced once");
+    assert_eq!(
+        count(&orders, "SELECT COUNT(*) FROM webhook_events WHERE event_type = 'order.paid'").await,
+        keys,
+        "{backend}: every paid order announced once"
+    );
 }

@@ -108,13 +108,15 @@ async fn bank_throttled_waits_the_pushback_and_never_opens_more_calls_than_the_b
 
 #[tokio::test]
 async fn naive_vs_budgeted_compares_both_chains_under_one_fault() {
-    let reports = run_scenario(
-        scenario::find("naive-vs-budgeted").unwrap().with_load(60, scenario::Load::Open { per_second: 30 }),
-    )
-    .await;
+    let reports = run_scenario(scenario::find("naive-vs-budgeted").unwrap().with_load(60, scenario::Load::Open { per_second: 30 })).await;
     let (budgeted, naive) = (&reports[0], &reports[1]);
     assert_eq!((budgeted.variant, naive.variant), ("budgeted", "naive"));
-    assert!(naive.bank_calls_per_request > 5.0 * budgeted.bank_calls_per_request, "{} vs {}", naive.bank_calls_per_request, budgeted.bank_calls_per_request);
+    assert!(
+        naive.bank_calls_per_request > 5.0 * budgeted.bank_calls_per_request,
+        "{} vs {}",
+        naive.bank_calls_per_request,
+        budgeted.bank_calls_per_request
+    );
     assert_eq!(budgeted.no_answer, 0, "the budgeted chain answers every client within its deadline");
     assert!(scenario::Comparison(&reports).to_string().contains("bank calls per user request"));
 }
@@ -150,9 +152,8 @@ async fn duplicate_storm_executes_once() {
 
 #[tokio::test]
 async fn idempotent_throughput_replays_every_order_without_the_bank() {
-    let report = run_scenario(scenario::find("idempotent-throughput").unwrap().with_load(200, scenario::Load::Closed { concurrency: 8 }))
-        .await
-        .remove(0);
+    let report =
+        run_scenario(scenario::find("idempotent-throughput").unwrap().with_load(200, scenario::Load::Closed { concurrency: 8 })).await.remove(0);
     assert_eq!(report.outcomes.get(&201), Some(&report.requests));
     assert_eq!(report.replay_outcomes.unwrap().get(&201), Some(&report.requests));
     assert_eq!(report.bank.calls as usize, report.requests, "replays never reach the bank");
@@ -170,9 +171,7 @@ async fn bank_down_breaker_opens_answers_at_once_and_closes_after_the_bank_recov
 
 #[tokio::test]
 async fn slow_bank_bulkhead_refuses_the_excess_and_reads_stay_fast() {
-    let report = run_scenario(scenario::find("slow-bank-bulkhead").unwrap().with_load(120, scenario::Load::Open { per_second: 40 }))
-        .await
-        .remove(0);
+    let report = run_scenario(scenario::find("slow-bank-bulkhead").unwrap().with_load(120, scenario::Load::Open { per_second: 40 })).await.remove(0);
     assert!(report.guards.bank_bulkhead.rejected > 0, "{:?}", report.guards);
     assert!(report.outcomes.get(&201).is_some_and(|paid| *paid > 0), "{:?}", report.outcomes);
     let (reads, baseline) = (report.read_latency_ms.unwrap(), report.baseline_read_latency_ms.unwrap());
@@ -192,9 +191,7 @@ async fn client_over_quota_is_refused_with_429() {
 
 #[tokio::test]
 async fn summary_partial_answers_every_summary_from_what_it_has() {
-    let report = run_scenario(scenario::find("summary-partial").unwrap().with_load(40, scenario::Load::Open { per_second: 40 }))
-        .await
-        .remove(0);
+    let report = run_scenario(scenario::find("summary-partial").unwrap().with_load(40, scenario::Load::Open { per_second: 40 })).await.remove(0);
     assert_eq!(report.outcomes.get(&200), Some(&report.requests), "{:?}", report.outcomes);
     assert_eq!(report.fallback_answers, report.requests, "every answer marked with its fallbacks");
 }

@@ -14,9 +14,11 @@ async fn up_serves_the_readme_request_and_stops_on_sigterm() {
         .arg("up")
         .arg("--data-dir")
         .arg(data.path())
-        .args(["gateway.http_listen", "gateway.grpc_listen", "orders.listen", "payment.listen", "bank.listen", "bank.admin_listen"]
-            .iter()
-            .flat_map(|key| ["--set".to_owned(), format!("{key}=127.0.0.1:0")]))
+        .args(
+            ["gateway.http_listen", "gateway.grpc_listen", "orders.listen", "payment.listen", "bank.listen", "bank.admin_listen"]
+                .iter()
+                .flat_map(|key| ["--set".to_owned(), format!("{key}=127.0.0.1:0")]),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -41,16 +43,13 @@ async fn up_serves_the_readme_request_and_stops_on_sigterm() {
     assert_eq!(response.status(), 201);
     assert_eq!(response.headers()["x-deadline-ledger"].to_str().unwrap().split(", ").count(), 4);
     let order: serde_json::Value = response.json().await.unwrap();
-    let fetched = client
-        .get(format!("{gateway}/v1/orders/{}", order["order_id"].as_str().unwrap()))
-        .bearer_auth("demo-key-1")
-        .send()
-        .await
-        .unwrap();
+    let fetched = client.get(format!("{gateway}/v1/orders/{}", order["order_id"].as_str().unwrap())).bearer_auth("demo-key-1").send().await.unwrap();
     assert_eq!(fetched.status(), 200);
 
     Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-    let status = test_support::eventually(Duration::from_secs(10), "the stack stops within 10 s of SIGTERM", || std::future::ready(child.try_wait().unwrap())).await;
+    let status =
+        test_support::eventually(Duration::from_secs(10), "the stack stops within 10 s of SIGTERM", || std::future::ready(child.try_wait().unwrap()))
+            .await;
     assert!(status.success(), "{status}");
 }
 

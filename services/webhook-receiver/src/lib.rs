@@ -90,7 +90,11 @@ async fn receive(State(receiver): State<Arc<Receiver>>, headers: HeaderMap, body
         let delivery = Delivery { id: id.clone(), body };
         let processed = tokio::task::spawn_blocking(move || process(delivery)).await.is_ok();
         let mut seen = receiver.seen();
-        if processed { seen.processed(&id) } else { seen.forget(&id) }
+        if processed {
+            seen.processed(&id)
+        } else {
+            seen.forget(&id)
+        }
         processed
     });
     match outcome.await {

@@ -86,7 +86,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let mut transaction = database.begin().await?;
         let at = SystemClock.now_ms();
-        let id = outbox::record(&mut transaction, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 1, data: &data }, at).await?.ok_or("the endpoint subscribes to order.paid")?;
+        let id = outbox::record(&mut transaction, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 1, data: &data }, at)
+            .await?
+            .ok_or("the endpoint subscribes to order.paid")?;
         transaction.commit().await?;
         committed_at.insert(id, at);
         if n % 500 == 0 {
@@ -124,6 +126,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("committing took           {:.2} s ({:.0} events/s)", committing.as_secs_f64(), events as f64 / committing.as_secs_f64());
     println!("all delivered after       {:.2} s", total.as_secs_f64());
     println!("delivery throughput       {:.0} events/s", events as f64 / total.as_secs_f64());
-    println!("commit→receipt latency    p50 {} ms, p99 {} ms, max {} ms", latency.value_at_quantile(0.5), latency.value_at_quantile(0.99), latency.max());
+    println!(
+        "commit→receipt latency    p50 {} ms, p99 {} ms, max {} ms",
+        latency.value_at_quantile(0.5),
+        latency.value_at_quantile(0.99),
+        latency.max()
+    );
     Ok(())
 }

@@ -18,8 +18,8 @@ use std::{
 
 use idempotency::Clock;
 use outbox::{Attempt, Claim, truncated};
-use resilience::shares::Shares;
 use reqwest::{StatusCode, header};
+use resilience::shares::Shares;
 use tokio::time::Instant;
 use webhooks::{
     signature::Signer,
@@ -73,7 +73,14 @@ impl<R: Resolve> Deliverer<R> {
     /// A deliverer whose client connects within `connect_timeout`, gives each attempt
     /// `request_timeout` in all, and dials only what `policy` and `resolver` vetted; each client
     /// has at most `lookups_per_client` lookups in flight.
-    pub fn new(policy: Policy, resolver: R, lookups_per_client: usize, connect_timeout: Duration, request_timeout: Duration, clock: Arc<dyn Clock>) -> Result<Self, reqwest::Error> {
+    pub fn new(
+        policy: Policy,
+        resolver: R,
+        lookups_per_client: usize,
+        connect_timeout: Duration,
+        request_timeout: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, reqwest::Error> {
         let dns = VettedDns::default();
         let client = reqwest::Client::builder()
             .user_agent(USER_AGENT)

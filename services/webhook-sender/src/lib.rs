@@ -25,7 +25,12 @@ use tokio::net::TcpListener;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use webhooks::ssrf::Resolve;
 
-use crate::{delivery::Deliverer, fair_share::FairShares, metrics::SenderMetrics, worker::{Retention, Sender}};
+use crate::{
+    delivery::Deliverer,
+    fair_share::FairShares,
+    metrics::SenderMetrics,
+    worker::{Retention, Sender},
+};
 
 /// This service in telemetry: the `service.name` and `service.version` of its spans.
 pub const SERVICE: telemetry::Service = telemetry::Service { name: "webhook-sender", version: env!("CARGO_PKG_VERSION") };
@@ -58,8 +63,15 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
         settings.validate()?;
         let database = Database::open(&settings.database_url, settings.sqlite, |backend| vec![outbox::migrations(backend)]).await?;
         let ms = Duration::from_millis;
-        let deliverer = Deliverer::new(settings.ssrf_policy()?, resolver, settings.dns.max_lookups_per_client, ms(settings.connect_timeout_ms), ms(settings.request_timeout_ms), clock.clone())
-            .map_err(SenderError::Client)?;
+        let deliverer = Deliverer::new(
+            settings.ssrf_policy()?,
+            resolver,
+            settings.dns.max_lookups_per_client,
+            ms(settings.connect_timeout_ms),
+            ms(settings.request_timeout_ms),
+            clock.clone(),
+        )
+        .map_err(SenderError::Client)?;
         let to_i64 = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
         let sender = Sender {
             deliveries: Deliveries::new(database),
@@ -75,7 +87,11 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
             in_flight: FairShares::new(settings.max_in_flight),
             client_rate: RateLimiter::keyed(Quota::per_second(NonZeroU32::new(settings.client_rate_per_sec).unwrap_or(NonZeroU32::MIN))),
             redelivery_batch: settings.redelivery_batch,
-            retention: Retention { retention_ms: to_i64(settings.retention_ms), reap_interval: ms(settings.reap_interval_ms), reap_batch: settings.reap_batch },
+            retention: Retention {
+                retention_ms: to_i64(settings.retention_ms),
+                reap_interval: ms(settings.reap_interval_ms),
+                reap_batch: settings.reap_batch,
+            },
             tasks: TaskTracker::new(),
         };
         let listener = rpc::bind(settings.listen).await?;

@@ -1,7 +1,7 @@
 use std::{fmt, net::SocketAddr, time::Duration};
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use idempotency::SqliteSettings;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use webhooks::ssrf::Policy;
 
 use crate::schedule::RetrySchedule;
@@ -94,7 +94,14 @@ pub struct DnsSettings {
 
 impl Default for DnsSettings {
     fn default() -> Self {
-        Self { name_servers: Vec::new(), lookup_timeout_ms: None, cache_entries: 4_096, max_ttl_ms: 300_000, negative_ttl_ms: 30_000, max_lookups_per_client: 4 }
+        Self {
+            name_servers: Vec::new(),
+            lookup_timeout_ms: None,
+            cache_entries: 4_096,
+            max_ttl_ms: 300_000,
+            negative_ttl_ms: 30_000,
+            max_lookups_per_client: 4,
+        }
     }
 }
 

@@ -172,7 +172,13 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
         let attempt = &report.attempt;
         match outcome {
             Outcome::Delivered => tracing::debug!(status = attempt.status_code, duration_ms = attempt.duration_ms, "delivered"),
-            _ => tracing::info!(outcome = label, status = attempt.status_code, error = attempt.error.as_deref(), duration_ms = attempt.duration_ms, "delivery attempt failed"),
+            _ => tracing::info!(
+                outcome = label,
+                status = attempt.status_code,
+                error = attempt.error.as_deref(),
+                duration_ms = attempt.duration_ms,
+                "delivery attempt failed"
+            ),
         }
         match until_recorded(lease_ends, || self.deliveries.finish(&claim, attempt, outcome, self.disable, now_ms)).await {
             Ok(finished) => {

@@ -159,10 +159,7 @@ mod tests {
         let policy = orders_to_payment();
         let error = policy.plan_for("orders", "payment", MS(60)).unwrap_err();
         assert_eq!(error.available, 48.0);
-        assert_eq!(
-            error.to_string(),
-            "orders: 60.0 ms left, keeping 12.0 ms leaves 48.0 ms for payment, below its minimum of 50.0 ms; not calling"
-        );
+        assert_eq!(error.to_string(), "orders: 60.0 ms left, keeping 12.0 ms leaves 48.0 ms for payment, below its minimum of 50.0 ms; not calling");
         assert!(policy.plan(Duration::ZERO).is_err());
     }
 

@@ -14,14 +14,8 @@ const MAX_DIGITS: usize = 8;
 const MAX_VALUE: u64 = 99_999_999;
 
 /// Units from finest to coarsest, with their length in nanoseconds.
-const UNITS: [(char, u64); 6] = [
-    ('n', 1),
-    ('u', 1_000),
-    ('m', 1_000_000),
-    ('S', 1_000_000_000),
-    ('M', 60 * 1_000_000_000),
-    ('H', 3_600 * 1_000_000_000),
-];
+const UNITS: [(char, u64); 6] =
+    [('n', 1), ('u', 1_000), ('m', 1_000_000), ('S', 1_000_000_000), ('M', 60 * 1_000_000_000), ('H', 3_600 * 1_000_000_000)];
 
 /// Why a `grpc-timeout` value was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -99,14 +99,7 @@ impl Hop {
             // A hop that called nobody spent all of its time locally.
             None => (self.deadline.elapsed_at(now), Duration::ZERO, Duration::ZERO),
         };
-        Entry {
-            hop: self.name.to_owned(),
-            received: self.deadline.budget(),
-            spent,
-            reserved,
-            forwarded,
-            left: self.deadline.remaining_at(now),
-        }
+        Entry { hop: self.name.to_owned(), received: self.deadline.budget(), spent, reserved, forwarded, left: self.deadline.remaining_at(now) }
     }
 
     /// This hop's ledger entry as of `now`, followed by everything the dependency reported.

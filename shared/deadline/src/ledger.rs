@@ -96,15 +96,7 @@ fn parse_entry(text: &str) -> Result<Entry, ParseError> {
 pub fn server_timing(entries: &[Entry]) -> String {
     entries
         .iter()
-        .map(|e| {
-            format!(
-                "{};dur={};desc=\"budget {} ms, forwarded {} ms\"",
-                e.hop,
-                millis(e.duration()),
-                millis(e.received),
-                millis(e.forwarded)
-            )
-        })
+        .map(|e| format!("{};dur={};desc=\"budget {} ms, forwarded {} ms\"", e.hop, millis(e.duration()), millis(e.received), millis(e.forwarded)))
         .collect::<Vec<_>>()
         .join(", ")
 }

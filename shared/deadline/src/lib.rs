@@ -2,8 +2,8 @@
 
 mod budget;
 pub mod client;
-mod hop;
 pub mod grpc_timeout;
+mod hop;
 pub mod ledger;
 pub mod server;
 mod slice;

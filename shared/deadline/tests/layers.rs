@@ -32,8 +32,7 @@ const fn ms(millis: u64) -> Duration {
 }
 
 /// orders → payment as the services configure it: keep up to 200 ms, never call with under 50 ms.
-const TO_PAYMENT: ForwardPolicy =
-    ForwardPolicy { reserve_ms: 200, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 };
+const TO_PAYMENT: ForwardPolicy = ForwardPolicy { reserve_ms: 200, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 };
 
 /// Polls `future` exactly once, so a test can tell whether it has answered at this instant.
 async fn poll_once<F: Future>(mut future: Pin<&mut F>) -> Poll<F::Output> {
@@ -76,9 +75,7 @@ fn ok_response() -> Result<Response<String>, Infallible> {
 }
 
 /// A handler that answers at once and counts how often it was called.
-fn counting_handler(
-    calls: &Arc<AtomicUsize>,
-) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible> + use<> {
+fn counting_handler(calls: &Arc<AtomicUsize>) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible> + use<> {
     let calls = Arc::clone(calls);
     service_fn(move |_: Request<String>| {
         calls.fetch_add(1, Ordering::SeqCst);
@@ -265,7 +262,8 @@ async fn client_names_the_slice_on_every_deadline_exceeded_and_whether_it_was_ca
     })
     .await;
     // The dependency's own DEADLINE_EXCEEDED is named too; other answers are not.
-    let expired = service_fn(|_: Request<String>| async { Ok::<_, Infallible>(Status::deadline_exceeded("bank-mock: out of time").into_http::<String>()) });
+    let expired =
+        service_fn(|_: Request<String>| async { Ok::<_, Infallible>(Status::deadline_exceeded("bank-mock: out of time").into_http::<String>()) });
     let response = Hop::scope(orders_hop(ms(2_000)), to_payment(expired).oneshot(grpc_request(None))).await.unwrap();
     assert_eq!(slice_of(&response), Some(Slice::new(ms(1_800), false)));
     let response = Hop::scope(orders_hop(ms(2_000)), to_payment(service_fn(mirror)).oneshot(grpc_request(None))).await.unwrap();
@@ -294,9 +292,7 @@ async fn client_keeps_a_shorter_timeout_the_caller_set() {
 
 #[tokio::test(start_paused = true)]
 async fn client_turns_tonic_timeout_expired_into_deadline_exceeded() {
-    let timing_out = service_fn(|_: Request<String>| async {
-        Err::<Response<String>, BoxError>(Box::new(tonic::TimeoutExpired(())))
-    });
+    let timing_out = service_fn(|_: Request<String>| async { Err::<Response<String>, BoxError>(Box::new(tonic::TimeoutExpired(()))) });
 
     let response = Hop::scope(orders_hop(ms(2_000)), to_payment(timing_out).oneshot(grpc_request(None))).await;
 
@@ -305,9 +301,7 @@ async fn client_turns_tonic_timeout_expired_into_deadline_exceeded() {
 
 #[tokio::test(start_paused = true)]
 async fn client_passes_other_transport_errors_through() {
-    let failing = service_fn(|_: Request<String>| async {
-        Err::<Response<String>, BoxError>(Box::new(std::io::Error::other("connection reset")))
-    });
+    let failing = service_fn(|_: Request<String>| async { Err::<Response<String>, BoxError>(Box::new(std::io::Error::other("connection reset"))) });
 
     let error = Hop::scope(orders_hop(ms(2_000)), to_payment(failing).oneshot(grpc_request(None))).await.unwrap_err();
 
@@ -335,9 +329,7 @@ async fn client_relabels_cancelled_arriving_at_the_deadline_as_deadline_exceeded
 
 #[tokio::test(start_paused = true)]
 async fn client_leaves_cancelled_within_the_budget_alone() {
-    let cancelled = service_fn(|_: Request<String>| async {
-        Ok::<_, Infallible>(Status::cancelled("client went away").into_http::<String>())
-    });
+    let cancelled = service_fn(|_: Request<String>| async { Ok::<_, Infallible>(Status::cancelled("client went away").into_http::<String>()) });
 
     let response = Hop::scope(orders_hop(ms(2_000)), to_payment(cancelled).oneshot(grpc_request(None))).await.unwrap();
 
@@ -348,8 +340,7 @@ async fn client_leaves_cancelled_within_the_budget_alone() {
 async fn client_appends_the_downstream_ledger_after_its_own_entry() {
     let hop = orders_hop(ms(2_000));
     // The dependency is a real payment hop, so its ledger entry is the one the server layer writes.
-    let payment = DeadlineLayer::new("payment", Grpc::default(), HopStats::new())
-        .layer(service_fn(|_: Request<String>| async { ok_response() }));
+    let payment = DeadlineLayer::new("payment", Grpc::default(), HopStats::new()).layer(service_fn(|_: Request<String>| async { ok_response() }));
 
     Hop::scope(hop.clone(), async {
         advance(ms(100)).await;

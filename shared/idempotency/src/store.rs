@@ -253,7 +253,15 @@ impl KeyStore {
         // round sees what that change left.
         for _ in 0..3 {
             let now = self.clock.now_ms();
-            let new = NewKey { scope, key, fingerprint, token, now, locked_until: now + lease.as_millis() as i64, expires_at: now + self.settings.ttl_ms as i64 };
+            let new = NewKey {
+                scope,
+                key,
+                fingerprint,
+                token,
+                now,
+                locked_until: now + lease.as_millis() as i64,
+                expires_at: now + self.settings.ttl_ms as i64,
+            };
             let claimed = match claim {
                 Claim::Committed => (self.database.autocommit(async |writes| new.insert(writes).await).await? == 1).then_some(None),
                 // A key already there leaves this transaction with nothing done: it is dropped.
@@ -417,14 +425,16 @@ impl KeyStore {
         let now = self.clock.now_ms();
         self.database
             .autocommit(async |writes| {
-                on_driver!(writes, |executor| sqlx::query("UPDATE idempotency_keys SET locked_until = $1 WHERE scope = $2 AND idempotency_key = $3 AND lock_token = $4")
-                    .bind(now)
-                    .bind(&lease.scope)
-                    .bind(&lease.key)
-                    .bind(lease.token)
-                    .execute(executor)
-                    .await
-                    .map(drop))
+                on_driver!(writes, |executor| sqlx::query(
+                    "UPDATE idempotency_keys SET locked_until = $1 WHERE scope = $2 AND idempotency_key = $3 AND lock_token = $4"
+                )
+                .bind(now)
+                .bind(&lease.scope)
+                .bind(&lease.key)
+                .bind(lease.token)
+                .execute(executor)
+                .await
+                .map(drop))
             })
             .await?;
         Ok(())

@@ -191,7 +191,10 @@ async fn a_begin_dropped_midway_leaves_no_connection_inside_a_transaction() {
         .unwrap();
         assert_eq!(keys(observer.reader()).await, step + 1, "the write after drop {step} is committed");
     }
-    test_support::eventually(Duration::from_secs(5), "no connection left inside a transaction", || async { idle_in_transaction(&observer).await == 0 }).await;
+    test_support::eventually(Duration::from_secs(5), "no connection left inside a transaction", || async {
+        idle_in_transaction(&observer).await == 0
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -189,7 +189,10 @@ async fn a_repeat_during_an_open_claim_waits_for_its_first_phase() {
                 let store = store.clone();
                 async move { store.begin("c", key, "fp", LEASE).await }
             });
-            assert!(tokio::time::timeout(Duration::from_millis(200), &mut repeat).await.is_err(), "{backend}: {key}: the repeat waits for the open claim");
+            assert!(
+                tokio::time::timeout(Duration::from_millis(200), &mut repeat).await.is_err(),
+                "{backend}: {key}: the repeat waits for the open claim"
+            );
             if commits {
                 store.phase(&mut lease).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
                 assert!(matches!(repeat.await.unwrap(), Err(KeyError::InFlight)), "{backend}: {key}");
@@ -300,7 +303,10 @@ impl PauseHook for HoldOnce {
 async fn effects_table(database: &Database, backend: &str, name: &str) -> String {
     let table = format!("{name}_{backend}");
     let statement = format!("CREATE TABLE {table} (id TEXT PRIMARY KEY)");
-    database.autocommit(async |writes| on_driver!(writes, |executor| executor.execute(sqlx::AssertSqlSafe(statement.as_str())).await.map(drop))).await.unwrap();
+    database
+        .autocommit(async |writes| on_driver!(writes, |executor| executor.execute(sqlx::AssertSqlSafe(statement.as_str())).await.map(drop)))
+        .await
+        .unwrap();
     table
 }
 

@@ -63,13 +63,20 @@ pub enum Outcome {
     Delivered,
     /// It failed: try again at `retry_at_ms`, or never when the schedule is spent (`None`: the
     /// delivery is marked undelivered).
-    Failed { retry_at_ms: Option<i64> },
+    Failed {
+        retry_at_ms: Option<i64>,
+    },
     /// The recipient answered 410 Gone: the endpoint is disabled, and the delivery waits (at its
     /// next step of the schedule) in case its owner enables the endpoint again.
-    Gone { retry_at_ms: Option<i64> },
+    Gone {
+        retry_at_ms: Option<i64>,
+    },
     /// It failed, and the recipient asked for no deliveries before `until_ms` (a 429 or 503 with
     /// `Retry-After`): as `Failed`, and the whole endpoint pauses until then, for every sender.
-    Paused { retry_at_ms: Option<i64>, until_ms: i64 },
+    Paused {
+        retry_at_ms: Option<i64>,
+        until_ms: i64,
+    },
 }
 
 /// When failures disable an endpoint: it has failed every attempt for `after_ms` and at least
@@ -117,10 +124,7 @@ impl Deliveries {
             Backend::Postgres => DUE_ENDPOINTS_POSTGRES,
             Backend::Sqlite => DUE_ENDPOINTS_SQLITE,
         };
-        Ok(on_driver!(self.database.reader(), |executor| sqlx::query_as(statement)
-        .bind(now_ms)
-        .fetch_all(executor)
-        .await?))
+        Ok(on_driver!(self.database.reader(), |executor| sqlx::query_as(statement).bind(now_ms).fetch_all(executor).await?))
     }
 
     /// Claims the endpoint's oldest due delivery for `lease_ms` on the database's clock, if there is one, the
@@ -170,7 +174,14 @@ impl Deliveries {
     /// endpoint change only while `claim` is still the delivery's lease. Failures that meet
     /// `disable_rule` disable the endpoint, as a 410 does; a disabled endpoint's owner is told by an
     /// [`ENDPOINT_DISABLED`] event to its other endpoints.
-    pub async fn finish(&self, claim: &Claim, attempt: &Attempt, outcome: Outcome, disable_rule: DisableRule, now_ms: i64) -> Result<Finished, OutboxError> {
+    pub async fn finish(
+        &self,
+        claim: &Claim,
+        attempt: &Attempt,
+        outcome: Outcome,
+        disable_rule: DisableRule,
+        now_ms: i64,
+    ) -> Result<Finished, OutboxError> {
         let mut transaction = self.database.begin().await?;
         let outcome_name = if outcome == Outcome::Delivered { "delivered" } else { "failed" };
         if let Outcome::Paused { until_ms, .. } = outcome {
@@ -178,32 +189,32 @@ impl Deliveries {
             // now, whichever sender asked. Only ever lengthened, so a late short pause cannot
             // cut a longer one short.
             on_driver!(&mut transaction, |executor| {
-sqlx::query(
-                "UPDATE webhook_endpoints SET paused_until_ms = $1 \
+                sqlx::query(
+                    "UPDATE webhook_endpoints SET paused_until_ms = $1 \
                  WHERE endpoint_id = $2 AND (paused_until_ms IS NULL OR paused_until_ms < $1)",
-            )
-            .bind(until_ms)
-            .bind(&claim.endpoint_id)
-            .execute(executor)
-            .await?;
-});
+                )
+                .bind(until_ms)
+                .bind(&claim.endpoint_id)
+                .execute(executor)
+                .await?;
+            });
         }
         on_driver!(&mut transaction, |executor| {
-sqlx::query(
-            "INSERT INTO webhook_attempts (endpoint_id, event_id, attempt, started_at_ms, duration_ms, status_code, outcome, error) \
+            sqlx::query(
+                "INSERT INTO webhook_attempts (endpoint_id, event_id, attempt, started_at_ms, duration_ms, status_code, outcome, error) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        )
-        .bind(&claim.endpoint_id)
-        .bind(&claim.event_id)
-        .bind(claim.attempt)
-        .bind(attempt.started_at_ms)
-        .bind(attempt.duration_ms)
-        .bind(attempt.status_code.map(i64::from))
-        .bind(outcome_name)
-        .bind(attempt.error.as_deref().map(|error| truncated(error, MAX_ERROR_BYTES)))
-        .execute(executor)
-        .await?;
-});
+            )
+            .bind(&claim.endpoint_id)
+            .bind(&claim.event_id)
+            .bind(claim.attempt)
+            .bind(attempt.started_at_ms)
+            .bind(attempt.duration_ms)
+            .bind(attempt.status_code.map(i64::from))
+            .bind(outcome_name)
+            .bind(attempt.error.as_deref().map(|error| truncated(error, MAX_ERROR_BYTES)))
+            .execute(executor)
+            .await?;
+        });
 
         let (state, next_attempt_at_ms, step) = match outcome {
             Outcome::Delivered => ("delivered", now_ms, claim.schedule_step),
@@ -227,7 +238,8 @@ sqlx::query(
         .bind(&claim.event_id)
         .bind(&claim.token)
         .execute(executor)
-        .await?.rows_affected());
+        .await?
+        .rows_affected());
 
         let lease_lost = updated == 0;
         if lease_lost {
@@ -239,24 +251,26 @@ sqlx::query(
         let disable_reason = match outcome {
             Outcome::Delivered => {
                 on_driver!(&mut transaction, |executor| {
-sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL, failures_since_success = 0 WHERE endpoint_id = $1 AND failing_since_ms IS NOT NULL")
+                    sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL, failures_since_success = 0 WHERE endpoint_id = $1 AND failing_since_ms IS NOT NULL")
                     .bind(&claim.endpoint_id)
                     .execute(executor)
                     .await?;
-});
+                });
                 None
             }
             Outcome::Gone { .. } => Some("the endpoint answered 410 Gone".to_owned()),
             Outcome::Failed { .. } | Outcome::Paused { .. } => {
                 // One statement: a success recorded at the same time cannot clear it in between.
-                let (failing_since_ms, failures): (i64, i64) = on_driver!(&mut transaction, |executor| sqlx::query_as(
+                let (failing_since_ms, failures): (i64, i64) = on_driver!(&mut transaction, |executor| {
+                    sqlx::query_as(
                     "UPDATE webhook_endpoints SET failing_since_ms = COALESCE(failing_since_ms, $1), failures_since_success = failures_since_success + 1 \
                      WHERE endpoint_id = $2 RETURNING failing_since_ms, failures_since_success",
                 )
                 .bind(now_ms)
                 .bind(&claim.endpoint_id)
                 .fetch_one(executor)
-                .await?);
+                .await?
+                });
                 let failing_ms = now_ms - failing_since_ms;
                 (failing_ms >= disable_rule.after_ms && failures >= disable_rule.after_failures)
                     .then(|| format!("the endpoint has failed every attempt ({failures}) for {} s", failing_ms / 1000))
@@ -287,12 +301,14 @@ sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL, failures_sinc
     /// The earliest time a pending delivery of an enabled endpoint falls due (its endpoint's
     /// pause included), if any.
     pub async fn next_due_ms(&self) -> Result<Option<i64>, OutboxError> {
-        let (next,): (Option<i64>,) = on_driver!(self.database.reader(), |executor| sqlx::query_as(
+        let (next,): (Option<i64>,) = on_driver!(self.database.reader(), |executor| {
+            sqlx::query_as(
             "SELECT MIN(CASE WHEN e.paused_until_ms > d.next_attempt_at_ms THEN e.paused_until_ms ELSE d.next_attempt_at_ms END) FROM webhook_deliveries d JOIN webhook_endpoints e ON e.endpoint_id = d.endpoint_id \
              WHERE d.state = 'pending' AND e.state = 'enabled'",
         )
         .fetch_one(executor)
-        .await?);
+        .await?
+        });
         Ok(next)
     }
 }
@@ -367,25 +383,27 @@ async fn active_secrets(transaction: &mut Transaction, endpoint_id: &str, now_ms
     .bind(now_ms)
     .fetch_all(executor)
     .await?);
-    rows.into_iter()
-        .map(|(secret,)| secret.parse().map_err(|error| OutboxError::Storage(sqlx::Error::Decode(Box::new(error)))))
-        .collect()
+    rows.into_iter().map(|(secret,)| secret.parse().map_err(|error| OutboxError::Storage(sqlx::Error::Decode(Box::new(error))))).collect()
 }
 
 /// Disables an enabled endpoint and tells its owner; `false` when it was not enabled.
 async fn disable(transaction: &mut Transaction, endpoint_id: &str, reason: &str, now_ms: i64) -> Result<bool, OutboxError> {
-    let disabled = on_driver!(&mut *transaction, |executor| sqlx::query("UPDATE webhook_endpoints SET state = 'disabled', disabled_reason = $1 WHERE endpoint_id = $2 AND state = 'enabled'")
-        .bind(reason)
-        .bind(endpoint_id)
-        .execute(executor)
-        .await?.rows_affected());
+    let disabled = on_driver!(&mut *transaction, |executor| sqlx::query(
+        "UPDATE webhook_endpoints SET state = 'disabled', disabled_reason = $1 WHERE endpoint_id = $2 AND state = 'enabled'"
+    )
+    .bind(reason)
+    .bind(endpoint_id)
+    .execute(executor)
+    .await?
+    .rows_affected());
     if disabled == 0 {
         return Ok(false);
     }
-    let (client_id, url): (String, String) = on_driver!(&mut *transaction, |executor| sqlx::query_as("SELECT client_id, url FROM webhook_endpoints WHERE endpoint_id = $1")
-        .bind(endpoint_id)
-        .fetch_one(executor)
-        .await?);
+    let (client_id, url): (String, String) =
+        on_driver!(&mut *transaction, |executor| sqlx::query_as("SELECT client_id, url FROM webhook_endpoints WHERE endpoint_id = $1")
+            .bind(endpoint_id)
+            .fetch_one(executor)
+            .await?);
     let data = serde_json::json!({ "endpoint_id": endpoint_id, "url": url, "reason": reason });
     record(transaction, &client_id, &NewEvent { event_type: ENDPOINT_DISABLED, version: 1, data: &data }, now_ms).await?;
     Ok(true)

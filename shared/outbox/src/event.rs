@@ -1,7 +1,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
-use serde::Serialize;
 use idempotency::{Transaction, on_driver};
+use serde::Serialize;
 
 use crate::{OutboxError, new_id};
 
@@ -44,7 +44,12 @@ struct Payload<'a, D> {
 /// delivery and every retry; `None` when none of the client's endpoints subscribes to the type,
 /// enabled or not: such an event could never be delivered, so it is not kept (a client without
 /// webhooks costs its orders one statement that writes nothing).
-pub async fn record<D: Serialize>(transaction: &mut Transaction, client_id: &str, event: &NewEvent<'_, D>, now_ms: i64) -> Result<Option<String>, OutboxError> {
+pub async fn record<D: Serialize>(
+    transaction: &mut Transaction,
+    client_id: &str,
+    event: &NewEvent<'_, D>,
+    now_ms: i64,
+) -> Result<Option<String>, OutboxError> {
     let event_id = new_id("msg");
     let occurred = humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(now_ms.max(0) as u64));
     let payload = Payload { id: &event_id, event_type: event.event_type, version: event.version, timestamp: occurred.to_string(), data: event.data };
@@ -60,24 +65,25 @@ pub async fn record<D: Serialize>(transaction: &mut Transaction, client_id: &str
     .bind(payload)
     .bind(now_ms)
     .execute(executor)
-    .await?.rows_affected());
+    .await?
+    .rows_affected());
     if inserted == 0 {
         return Ok(None);
     }
     on_driver!(transaction, |executor| {
-sqlx::query(
-        "INSERT INTO webhook_deliveries \
+        sqlx::query(
+            "INSERT INTO webhook_deliveries \
            (endpoint_id, event_id, state, attempts, schedule_step, next_attempt_at_ms, created_at_ms, updated_at_ms) \
          SELECT e.endpoint_id, $1, 'pending', 0, 0, $2, $2, $2 \
          FROM webhook_endpoints e JOIN webhook_subscriptions s ON s.endpoint_id = e.endpoint_id \
          WHERE e.client_id = $3 AND e.state = 'enabled' AND s.event_type = $4",
-    )
-    .bind(&event_id)
-    .bind(now_ms)
-    .bind(client_id)
-    .bind(event.event_type)
-    .execute(executor)
-    .await?;
-});
+        )
+        .bind(&event_id)
+        .bind(now_ms)
+        .bind(client_id)
+        .bind(event.event_type)
+        .execute(executor)
+        .await?;
+    });
     Ok(Some(event_id))
 }

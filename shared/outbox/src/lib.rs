@@ -11,7 +11,10 @@ pub use deliveries::{Attempt, Claim, Deliveries, DisableRule, DueEndpoint, Finis
 pub use error::OutboxError;
 pub use event::{ENDPOINT_DISABLED, EVENT_TYPES, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, record};
 pub use redeliveries::{RedeliveryLimits, RedeliveryRange};
-pub use subscriptions::{AttemptLog, DeliveryLog, DeliveryPage, DeliveryQuery, DeliveryState, LogCursor, Endpoint, EndpointLimits, MAX_ENDPOINTS_PER_CLIENT, NewEndpoint, Subscriptions};
+pub use subscriptions::{
+    AttemptLog, DeliveryLog, DeliveryPage, DeliveryQuery, DeliveryState, Endpoint, EndpointLimits, LogCursor, MAX_ENDPOINTS_PER_CLIENT, NewEndpoint,
+    Subscriptions,
+};
 
 use idempotency::{Backend, Migrations};
 

@@ -59,12 +59,22 @@ macro_rules! batch_events {
 /// Checks `range` against `limits` and stores it for the sender; returns how many deliveries it
 /// will send again (counted now; a range with none is not stored). One range at a time per
 /// endpoint: another while one runs is [`OutboxError::Busy`].
-pub(crate) async fn request(database: &Database, client_id: &str, endpoint_id: &str, range: RedeliveryRange, limits: RedeliveryLimits, now_ms: i64) -> Result<u64, OutboxError> {
+pub(crate) async fn request(
+    database: &Database,
+    client_id: &str,
+    endpoint_id: &str,
+    range: RedeliveryRange,
+    limits: RedeliveryLimits,
+    now_ms: i64,
+) -> Result<u64, OutboxError> {
     if range.until_ms <= range.from_ms {
         return Err(OutboxError::Invalid("until: must be later than from".into()));
     }
     if range.until_ms - range.from_ms > i64::from(limits.max_days) * DAY_MS {
-        return Err(OutboxError::Invalid(format!("until: a range redelivery spans at most {} days; ask for several shorter ranges", limits.max_days)));
+        return Err(OutboxError::Invalid(format!(
+            "until: a range redelivery spans at most {} days; ask for several shorter ranges",
+            limits.max_days
+        )));
     }
     // Counted up to one past the cap, so that a huge range costs no more than a capped one.
     let count = concat!("SELECT COUNT(*) FROM (", batch_events!(), " LIMIT $8) counted");

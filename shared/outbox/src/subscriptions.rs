@@ -236,7 +236,12 @@ impl Subscriptions {
 
     /// Creates an enabled endpoint and its first secret, in `transaction` (inside the caller's
     /// transaction, e.g. an idempotency key's phase). `new` must have been validated.
-    pub async fn create_endpoint(transaction: &mut Transaction, client_id: &str, new: &NewEndpoint, now_ms: i64) -> Result<(Endpoint, Secret), OutboxError> {
+    pub async fn create_endpoint(
+        transaction: &mut Transaction,
+        client_id: &str,
+        new: &NewEndpoint,
+        now_ms: i64,
+    ) -> Result<(Endpoint, Secret), OutboxError> {
         let endpoint_id = new_id("ep");
         // Counted after the insert, in its transaction: a read first could go stale on SQLite
         // before the write, and two creations at once on PostgreSQL both see the other's row.
@@ -253,10 +258,11 @@ impl Subscriptions {
         .execute(executor)
         .await?
         .rows_affected());
-        let (endpoints,): (i64,) = on_driver!(&mut *transaction, |executor| sqlx::query_as("SELECT COUNT(*) FROM webhook_endpoints WHERE client_id = $1")
-            .bind(client_id)
-            .fetch_one(executor)
-            .await?);
+        let (endpoints,): (i64,) =
+            on_driver!(&mut *transaction, |executor| sqlx::query_as("SELECT COUNT(*) FROM webhook_endpoints WHERE client_id = $1")
+                .bind(client_id)
+                .fetch_one(executor)
+                .await?);
         if endpoints > i64::from(MAX_ENDPOINTS_PER_CLIENT) {
             return Err(OutboxError::Invalid(format!("a client has at most {MAX_ENDPOINTS_PER_CLIENT} endpoints")));
         }
@@ -265,12 +271,12 @@ impl Subscriptions {
         event_types.dedup();
         for event_type in &event_types {
             on_driver!(&mut *transaction, |executor| {
-sqlx::query("INSERT INTO webhook_subscriptions (endpoint_id, event_type) VALUES ($1, $2)")
-                .bind(&endpoint_id)
-                .bind(event_type)
-                .execute(executor)
-                .await?;
-});
+                sqlx::query("INSERT INTO webhook_subscriptions (endpoint_id, event_type) VALUES ($1, $2)")
+                    .bind(&endpoint_id)
+                    .bind(event_type)
+                    .execute(executor)
+                    .await?;
+            });
         }
         let secret = insert_secret(transaction, &endpoint_id, now_ms).await?;
         let endpoint = Endpoint {
@@ -291,42 +297,53 @@ sqlx::query("INSERT INTO webhook_subscriptions (endpoint_id, event_type) VALUES 
     /// switch to the new one without losing a delivery. An older secret still in its overlap
     /// stops signing now: there are never more than two, so repeated rotations cannot pile up
     /// HMACs per delivery and a `webhook-signature` header that receivers refuse.
-    pub async fn rotate_secret(transaction: &mut Transaction, client_id: &str, endpoint_id: &str, overlap_ms: i64, now_ms: i64) -> Result<Secret, OutboxError> {
+    pub async fn rotate_secret(
+        transaction: &mut Transaction,
+        client_id: &str,
+        endpoint_id: &str,
+        overlap_ms: i64,
+        now_ms: i64,
+    ) -> Result<Secret, OutboxError> {
         // Writing first takes the endpoint's row lock (PostgreSQL: a concurrent rotation waits,
         // then sees this one's secret) or the database's write lock (SQLite: no snapshot taken by
         // a read can go stale before the write).
-        let owned = on_driver!(&mut *transaction, |executor| sqlx::query("UPDATE webhook_endpoints SET state = state WHERE endpoint_id = $1 AND client_id = $2")
-            .bind(endpoint_id)
-            .bind(client_id)
-            .execute(executor)
-            .await?.rows_affected());
+        let owned = on_driver!(&mut *transaction, |executor| sqlx::query(
+            "UPDATE webhook_endpoints SET state = state WHERE endpoint_id = $1 AND client_id = $2"
+        )
+        .bind(endpoint_id)
+        .bind(client_id)
+        .execute(executor)
+        .await?
+        .rows_affected());
         if owned == 0 {
             return Err(OutboxError::EndpointNotFound(endpoint_id.to_owned()));
         }
         // Every secret but the current one goes (expired or still in an overlap); the current one
         // becomes the previous, signing until the overlap ends.
         on_driver!(&mut *transaction, |executor| {
-sqlx::query("DELETE FROM webhook_secrets WHERE endpoint_id = $1 AND expires_at_ms IS NOT NULL")
-        .bind(endpoint_id)
-        .execute(executor)
-        .await?;
-});
+            sqlx::query("DELETE FROM webhook_secrets WHERE endpoint_id = $1 AND expires_at_ms IS NOT NULL")
+                .bind(endpoint_id)
+                .execute(executor)
+                .await?;
+        });
         on_driver!(&mut *transaction, |executor| {
-sqlx::query("UPDATE webhook_secrets SET expires_at_ms = $1 WHERE endpoint_id = $2 AND expires_at_ms IS NULL")
-        .bind(now_ms.saturating_add(overlap_ms))
-        .bind(endpoint_id)
-        .execute(executor)
-        .await?;
-});
+            sqlx::query("UPDATE webhook_secrets SET expires_at_ms = $1 WHERE endpoint_id = $2 AND expires_at_ms IS NULL")
+                .bind(now_ms.saturating_add(overlap_ms))
+                .bind(endpoint_id)
+                .execute(executor)
+                .await?;
+        });
         insert_secret(transaction, endpoint_id, now_ms).await
     }
 
     pub async fn endpoints(&self, client_id: &str) -> Result<Vec<Endpoint>, OutboxError> {
         let mut read = self.read().await?;
-        let rows: Vec<EndpointRow> = on_driver!(&mut read, |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT_ENDPOINT} WHERE client_id = $1 ORDER BY created_at_ms, endpoint_id")))
-            .bind(client_id)
-            .fetch_all(executor)
-            .await?);
+        let rows: Vec<EndpointRow> = on_driver!(&mut read, |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "{SELECT_ENDPOINT} WHERE client_id = $1 ORDER BY created_at_ms, endpoint_id"
+        )))
+        .bind(client_id)
+        .fetch_all(executor)
+        .await?);
         let mut endpoints = Vec::with_capacity(rows.len());
         for row in rows {
             endpoints.push(with_event_types(&mut read, row).await?);
@@ -348,8 +365,8 @@ sqlx::query("UPDATE webhook_secrets SET expires_at_ms = $1 WHERE endpoint_id = $
         let mut read = self.database.begin_read().await?;
         if self.database.backend() == Backend::Postgres {
             on_driver!(&mut read, |executor| {
-sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(executor).await?;
-});
+                sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(executor).await?;
+            });
         }
         Ok(read)
     }
@@ -364,7 +381,9 @@ sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(executor)
             "UPDATE webhook_endpoints SET state = 'disabled', disabled_reason = 'disabled by its owner' WHERE endpoint_id = $1 AND client_id = $2 AND state = 'enabled'"
         };
         self.database
-            .autocommit(async |writes| on_driver!(writes, |executor| sqlx::query(statement).bind(endpoint_id).bind(client_id).execute(executor).await.map(drop)))
+            .autocommit(async |writes| {
+                on_driver!(writes, |executor| sqlx::query(statement).bind(endpoint_id).bind(client_id).execute(executor).await.map(drop))
+            })
             .await?;
         self.endpoint(client_id, endpoint_id).await
     }
@@ -376,12 +395,14 @@ sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(executor)
     pub async fn delete_endpoint(&self, client_id: &str, endpoint_id: &str) -> Result<(), OutboxError> {
         let mut transaction = self.database.begin().await?;
         // Locks the endpoint's row first, as a rotation does, and proves it is the client's.
-        let owned = on_driver!(&mut transaction, |executor| sqlx::query("UPDATE webhook_endpoints SET state = state WHERE endpoint_id = $1 AND client_id = $2")
-            .bind(endpoint_id)
-            .bind(client_id)
-            .execute(executor)
-            .await?
-            .rows_affected());
+        let owned = on_driver!(&mut transaction, |executor| sqlx::query(
+            "UPDATE webhook_endpoints SET state = state WHERE endpoint_id = $1 AND client_id = $2"
+        )
+        .bind(endpoint_id)
+        .bind(client_id)
+        .execute(executor)
+        .await?
+        .rows_affected());
         if owned == 0 {
             return Err(OutboxError::EndpointNotFound(endpoint_id.to_owned()));
         }
@@ -484,18 +505,25 @@ sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(executor)
     /// not delivered (or every one, with `include_delivered`), and those it missed while disabled
     /// (never those from before it existed). Checked against `limits` now, run by the sender in
     /// batches; returns how many deliveries it will queue.
-    pub async fn redeliver_range(&self, client_id: &str, endpoint_id: &str, range: RedeliveryRange, limits: RedeliveryLimits, now_ms: i64) -> Result<u64, OutboxError> {
+    pub async fn redeliver_range(
+        &self,
+        client_id: &str,
+        endpoint_id: &str,
+        range: RedeliveryRange,
+        limits: RedeliveryLimits,
+        now_ms: i64,
+    ) -> Result<u64, OutboxError> {
         self.endpoint(client_id, endpoint_id).await?;
         redeliveries::request(&self.database, client_id, endpoint_id, range, limits, now_ms).await
     }
-
 }
 
 async fn with_event_types(transaction: &mut Transaction, row: EndpointRow) -> Result<Endpoint, OutboxError> {
-    let event_types: Vec<(String,)> = on_driver!(transaction, |executor| sqlx::query_as("SELECT event_type FROM webhook_subscriptions WHERE endpoint_id = $1 ORDER BY event_type")
-        .bind(&row.endpoint_id)
-        .fetch_all(executor)
-        .await?);
+    let event_types: Vec<(String,)> =
+        on_driver!(transaction, |executor| sqlx::query_as("SELECT event_type FROM webhook_subscriptions WHERE endpoint_id = $1 ORDER BY event_type")
+            .bind(&row.endpoint_id)
+            .fetch_all(executor)
+            .await?);
     row.into_endpoint(event_types.into_iter().map(|(event_type,)| event_type).collect())
 }
 
@@ -511,14 +539,14 @@ async fn owned_endpoint(transaction: &mut Transaction, client_id: &str, endpoint
 async fn insert_secret(transaction: &mut Transaction, endpoint_id: &str, now_ms: i64) -> Result<Secret, OutboxError> {
     let secret = Secret::generate();
     on_driver!(transaction, |executor| {
-sqlx::query("INSERT INTO webhook_secrets (secret_id, endpoint_id, secret, created_at_ms) VALUES ($1, $2, $3, $4)")
-        .bind(new_id("sec"))
-        .bind(endpoint_id)
-        .bind(secret.to_string())
-        .bind(now_ms)
-        .execute(executor)
-        .await?;
-});
+        sqlx::query("INSERT INTO webhook_secrets (secret_id, endpoint_id, secret, created_at_ms) VALUES ($1, $2, $3, $4)")
+            .bind(new_id("sec"))
+            .bind(endpoint_id)
+            .bind(secret.to_string())
+            .bind(now_ms)
+            .execute(executor)
+            .await?;
+    });
     Ok(secret)
 }
 

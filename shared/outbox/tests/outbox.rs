@@ -3,8 +3,8 @@
 
 use idempotency::Database;
 use outbox::{
-    Attempt, Deliveries, DeliveryQuery, DeliveryState, DisableRule, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, OutboxError, Outcome, RedeliveryLimits, RedeliveryRange,
-    Subscriptions,
+    Attempt, Deliveries, DeliveryQuery, DeliveryState, DisableRule, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, OutboxError, Outcome,
+    RedeliveryLimits, RedeliveryRange, Subscriptions,
 };
 use serde_json::json;
 use std::time::Duration;
@@ -29,13 +29,16 @@ enum Scratch {
 /// A fresh, migrated database of each available backend.
 async fn databases() -> Vec<(Database, Scratch)> {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let sqlite = Database::open(&format!("sqlite://{}", dir.path().join("webhooks.db").display()), Default::default(), |backend| vec![outbox::migrations(backend)])
-        .await
-        .expect("sqlite");
+    let sqlite = Database::open(&format!("sqlite://{}", dir.path().join("webhooks.db").display()), Default::default(), |backend| {
+        vec![outbox::migrations(backend)]
+    })
+    .await
+    .expect("sqlite");
     let mut databases = vec![(sqlite, Scratch::Sqlite { _dir: dir })];
     if let Some(admin_url) = test_support::postgres_admin_url() {
         let scratch = ScratchDatabase::create(&admin_url, "outbox").await;
-        let postgres = Database::open(scratch.url(), Default::default(), |backend| vec![outbox::migrations(backend)]).await.expect("postgres database");
+        let postgres =
+            Database::open(scratch.url(), Default::default(), |backend| vec![outbox::migrations(backend)]).await.expect("postgres database");
         databases.push((postgres, Scratch::Postgres { _database: scratch }));
     }
     databases
@@ -46,7 +49,8 @@ async fn endpoint(database: &Database, event_types: &[&str]) -> String {
 }
 
 async fn endpoint_with(database: &Database, event_types: &[&str], limits: EndpointLimits) -> String {
-    let new = NewEndpoint { url: "https://hooks.example.com/orders".into(), event_types: event_types.iter().map(|t| t.to_string()).collect(), limits };
+    let new =
+        NewEndpoint { url: "https://hooks.example.com/orders".into(), event_types: event_types.iter().map(|t| t.to_string()).collect(), limits };
     let mut transaction = database.begin().await.expect("transaction");
     let (endpoint, _secret) = Subscriptions::create_endpoint(&mut transaction, CLIENT, &new, T0).await.expect("endpoint");
     transaction.commit().await.expect("commit");
@@ -68,7 +72,10 @@ async fn paid(database: &Database, now_ms: i64) -> String {
 
 async fn count(database: &Database, table: &'static str) -> i64 {
     let statement = format!("SELECT COUNT(*) FROM {table}");
-    let (n,): (i64,) = idempotency::on_driver!(database.reader(), |executor| sqlx::query_as(sqlx::AssertSqlSafe(statement.as_str())).fetch_one(executor).await.expect("count"));
+    let (n,): (i64,) = idempotency::on_driver!(database.reader(), |executor| sqlx::query_as(sqlx::AssertSqlSafe(statement.as_str()))
+        .fetch_one(executor)
+        .await
+        .expect("count"));
     n
 }
 
@@ -122,7 +129,9 @@ async fn a_claimed_delivery_is_nobody_elses_until_its_lease_runs_out_on_the_data
 
         // The first sender died after sending: its lease runs out, and the delivery goes out again
         // as the same event.
-        let second = eventually(Duration::from_secs(5), "the lease runs out", || async { deliveries.claim(&endpoint_id, T0, LEASE_MS).await.expect("claim") }).await;
+        let second =
+            eventually(Duration::from_secs(5), "the lease runs out", || async { deliveries.claim(&endpoint_id, T0, LEASE_MS).await.expect("claim") })
+                .await;
         assert_eq!((second.event_id.as_str(), second.attempt), (event_id.as_str(), 2));
         let late = deliveries.finish(&first, &answered(200, T0), Outcome::Delivered, RULE, T0 + 30_001).await.expect("finish");
         assert!(late.lease_lost, "a lease taken over is not the first sender's to finish");
@@ -207,7 +216,9 @@ async fn a_pause_holds_every_delivery_of_the_endpoint_for_every_sender_and_only_
         two.finish(&resumed, &answered(429, T0 + 60_000), shorter, RULE, T0 + 60_000).await.expect("finish");
         assert_eq!(one.due_endpoints(T0 + 60_000).await.expect("due").len(), 1, "the pause ended; the other event is due");
         let longer = one.claim(&endpoint_id, T0 + 60_000, 30_000).await.expect("claim").expect("due");
-        one.finish(&longer, &answered(503, T0 + 60_000), Outcome::Paused { retry_at_ms: None, until_ms: T0 + 120_000 }, RULE, T0 + 60_000).await.expect("finish");
+        one.finish(&longer, &answered(503, T0 + 60_000), Outcome::Paused { retry_at_ms: None, until_ms: T0 + 120_000 }, RULE, T0 + 60_000)
+            .await
+            .expect("finish");
         assert!(two.due_endpoints(T0 + 119_999).await.expect("due").is_empty());
         assert_eq!(two.due_endpoints(T0 + 120_000).await.expect("due").len(), 1);
     }
@@ -221,10 +232,14 @@ async fn an_endpoint_failing_for_a_day_or_gone_is_disabled_and_its_owner_told() 
         let deliveries = Deliveries::new(database.clone());
         paid(&database, T0).await;
         let claim = deliveries.claim(&failing, T0, 30_000).await.expect("claim").expect("due");
-        let first = deliveries.finish(&claim, &answered(503, T0), Outcome::Failed { retry_at_ms: Some(T0 + DAY_MS) }, RULE, T0).await.expect("finish");
+        let first =
+            deliveries.finish(&claim, &answered(503, T0), Outcome::Failed { retry_at_ms: Some(T0 + DAY_MS) }, RULE, T0).await.expect("finish");
         assert_eq!(first.endpoint_disabled, None);
         let claim = deliveries.claim(&failing, T0 + DAY_MS, 30_000).await.expect("claim").expect("due");
-        let last = deliveries.finish(&claim, &answered(503, T0 + DAY_MS), Outcome::Failed { retry_at_ms: Some(T0 + 2 * DAY_MS) }, RULE, T0 + DAY_MS).await.expect("finish");
+        let last = deliveries
+            .finish(&claim, &answered(503, T0 + DAY_MS), Outcome::Failed { retry_at_ms: Some(T0 + 2 * DAY_MS) }, RULE, T0 + DAY_MS)
+            .await
+            .expect("finish");
         assert!(last.endpoint_disabled.is_some(), "failing for a day disables");
         let subscriptions = Subscriptions::new(database.clone());
         assert!(!subscriptions.endpoint(CLIENT, &failing).await.expect("endpoint").enabled);
@@ -234,7 +249,10 @@ async fn an_endpoint_failing_for_a_day_or_gone_is_disabled_and_its_owner_told() 
         // Enabled again, it starts afresh and its waiting delivery goes out.
         subscriptions.set_enabled(CLIENT, &failing, true).await.expect("enable");
         let claim = deliveries.claim(&failing, T0 + 2 * DAY_MS, 30_000).await.expect("claim").expect("waiting delivery");
-        let gone = deliveries.finish(&claim, &answered(410, T0 + 2 * DAY_MS), Outcome::Gone { retry_at_ms: Some(T0 + 3 * DAY_MS) }, RULE, T0 + 2 * DAY_MS).await.expect("finish");
+        let gone = deliveries
+            .finish(&claim, &answered(410, T0 + 2 * DAY_MS), Outcome::Gone { retry_at_ms: Some(T0 + 3 * DAY_MS) }, RULE, T0 + 2 * DAY_MS)
+            .await
+            .expect("finish");
         assert!(gone.endpoint_disabled.expect("410 disables").contains("410"));
     }
 }
@@ -284,7 +302,16 @@ async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
         let deliveries = Deliveries::new(database.clone());
         let during = deliveries.claim(&endpoint_id, T0 + 2, 30_000).await.expect("claim").expect("due");
         assert_eq!(during.secrets.len(), 2, "old and new sign during the overlap");
-        deliveries.finish(&during, &answered(500, T0 + 2), Outcome::Failed { retry_at_ms: Some(T0 + 1 + DAY_MS) }, DisableRule { after_ms: 2 * DAY_MS, ..RULE }, T0 + 2).await.expect("finish");
+        deliveries
+            .finish(
+                &during,
+                &answered(500, T0 + 2),
+                Outcome::Failed { retry_at_ms: Some(T0 + 1 + DAY_MS) },
+                DisableRule { after_ms: 2 * DAY_MS, ..RULE },
+                T0 + 2,
+            )
+            .await
+            .expect("finish");
         let after = deliveries.claim(&endpoint_id, T0 + 1 + DAY_MS, 30_000).await.expect("claim").expect("due again");
         assert_eq!(after.secrets.len(), 1, "only the new one after it");
         assert_eq!(after.secrets[0].to_string(), during.secrets[0].to_string(), "the newest signs first");
@@ -298,7 +325,8 @@ async fn rotations_keep_the_current_secret_and_one_previous_at_most() {
         let mut rotated = Vec::new();
         for n in 1..=4 {
             let mut transaction = database.begin().await.expect("transaction");
-            rotated.push(Subscriptions::rotate_secret(&mut transaction, CLIENT, &endpoint_id, 30 * DAY_MS, T0 + n).await.expect("rotate").to_string());
+            rotated
+                .push(Subscriptions::rotate_secret(&mut transaction, CLIENT, &endpoint_id, 30 * DAY_MS, T0 + n).await.expect("rotate").to_string());
             transaction.commit().await.expect("commit");
         }
         paid(&database, T0 + 10).await;
@@ -382,7 +410,11 @@ async fn a_range_redelivery_runs_in_batches_and_skips_delivered_events_unless_as
         }
 
         let everything = RedeliveryRange { include_delivered: true, ..range };
-        assert_eq!(subscriptions.redeliver_range(CLIENT, &endpoint_id, everything, limits, T0 + 30).await.expect("range again"), 5, "the last range is done");
+        assert_eq!(
+            subscriptions.redeliver_range(CLIENT, &endpoint_id, everything, limits, T0 + 30).await.expect("range again"),
+            5,
+            "the last range is done"
+        );
         while deliveries.redeliver_next_batch(2, T0 + 31).await.expect("batch").is_some() {}
         let log = subscriptions.deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
         assert!(log.iter().all(|delivery| delivery.state == DeliveryState::Pending), "delivered ones too, when asked");
@@ -413,7 +445,10 @@ async fn the_delivery_log_pages_with_a_cursor_and_filters() {
 
         let only_delivered = DeliveryQuery { state: Some(DeliveryState::Delivered), ..DeliveryQuery::newest(10) };
         let page = subscriptions.deliveries(CLIENT, &endpoint_id, &only_delivered).await.expect("filtered");
-        assert_eq!(page.deliveries.iter().map(|delivery| (delivery.event_id.as_str(), delivery.attempts.len())).collect::<Vec<_>>(), [(delivered.as_str(), 1)]);
+        assert_eq!(
+            page.deliveries.iter().map(|delivery| (delivery.event_id.as_str(), delivery.attempts.len())).collect::<Vec<_>>(),
+            [(delivered.as_str(), 1)]
+        );
         let other_type = DeliveryQuery { event_type: Some(outbox::ORDER_PAYMENT_DECLINED.into()), ..DeliveryQuery::newest(10) };
         assert_eq!(subscriptions.deliveries(CLIENT, &endpoint_id, &other_type).await.expect("filtered").deliveries, []);
         assert!("nonsense".parse::<outbox::LogCursor>().is_err());
@@ -436,7 +471,10 @@ async fn events_past_retention_are_reaped_in_batches_unless_still_being_delivere
         // Claimed, due again later: leased and pending, and after the lease only pending.
         let claim = deliveries.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").expect("due");
         assert_eq!(claim.event_id, pending);
-        deliveries.finish(&claim, &answered(500, T0 + 10), Outcome::Failed { retry_at_ms: Some(T0 + 40 * DAY_MS) }, RULE, T0 + 10).await.expect("finish");
+        deliveries
+            .finish(&claim, &answered(500, T0 + 10), Outcome::Failed { retry_at_ms: Some(T0 + 40 * DAY_MS) }, RULE, T0 + 10)
+            .await
+            .expect("finish");
         deliveries.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").expect("the leased one");
         let recent = paid(&database, T0 + 20 * DAY_MS).await;
 
@@ -454,7 +492,11 @@ async fn events_past_retention_are_reaped_in_batches_unless_still_being_delivere
 
         // Disabled, the endpoint sends nothing: its pending deliveries no longer keep their events.
         subscriptions.set_enabled(CLIENT, &endpoint_id, false).await.expect("disable");
-        assert_eq!(deliveries.reap_expired(RETENTION_MS, 10, T0 + RETENTION_MS + 10).await.expect("reap"), 1, "the pending one; the leased one stays");
+        assert_eq!(
+            deliveries.reap_expired(RETENTION_MS, 10, T0 + RETENTION_MS + 10).await.expect("reap"),
+            1,
+            "the pending one; the leased one stays"
+        );
         assert_eq!(count(&database, "webhook_events").await, 2);
     }
 }
@@ -490,7 +532,8 @@ async fn a_redelivery_during_an_attempt_is_not_undone_by_the_attempts_outcome() 
         let subscriptions = Subscriptions::new(database.clone());
         subscriptions.redeliver(CLIENT, &endpoint_id, &event_id, T0 + 1).await.expect("redeliver");
 
-        let finished = deliveries.finish(&in_flight, &answered(410, T0), Outcome::Gone { retry_at_ms: Some(T0 + 5_000) }, RULE, T0 + 2).await.expect("finish");
+        let finished =
+            deliveries.finish(&in_flight, &answered(410, T0), Outcome::Gone { retry_at_ms: Some(T0 + 5_000) }, RULE, T0 + 2).await.expect("finish");
         assert!(finished.lease_lost, "the redelivery took the lease away");
         assert_eq!(finished.endpoint_disabled, None, "a lost lease changes nothing of the endpoint");
         assert!(subscriptions.endpoint(CLIENT, &endpoint_id).await.expect("endpoint").enabled);
@@ -524,7 +567,8 @@ async fn a_client_has_a_bounded_number_of_endpoints() {
         for _ in 0..outbox::MAX_ENDPOINTS_PER_CLIENT {
             endpoint(&database, &[ORDER_PAID]).await;
         }
-        let new = NewEndpoint { url: "https://hooks.example.com/one-more".into(), event_types: vec![ORDER_PAID.into()], limits: EndpointLimits::default() };
+        let new =
+            NewEndpoint { url: "https://hooks.example.com/one-more".into(), event_types: vec![ORDER_PAID.into()], limits: EndpointLimits::default() };
         let mut transaction = database.begin().await.expect("transaction");
         let refused = Subscriptions::create_endpoint(&mut transaction, CLIENT, &new, T0).await.expect_err("over the bound");
         assert!(refused.to_string().contains("at most"), "{refused}");

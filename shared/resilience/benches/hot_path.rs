@@ -79,9 +79,7 @@ fn breaker(c: &mut Criterion) {
     let mut group = c.benchmark_group("circuit breaker");
     let succeeding = service_fn(|_: http::Request<()>| std::future::ready(Ok::<_, BoxError>(http::Response::new(()))));
     let mut closed = BreakerService::new(succeeding, Breaker::new("payment", "bank-mock", BreakerSettings::default()));
-    group.bench_function("closed: admit a call and record its success", |b| {
-        b.iter(|| at_once(closed.call(black_box(http::Request::new(())))))
-    });
+    group.bench_function("closed: admit a call and record its success", |b| b.iter(|| at_once(closed.call(black_box(http::Request::new(()))))));
 
     let settings = BreakerSettings { open_ms: Duration::from_secs(3_600).as_millis() as u64, ..BreakerSettings::default() };
     let failing = service_fn(|_: http::Request<()>| std::future::ready(Ok::<_, BoxError>(Status::unavailable("down").into_http::<()>())));

@@ -8,4 +8,3 @@ pub mod retry;
 pub mod shares;
 
 pub use deadline::PREVIOUS_ATTEMPTS_HEADER;
-

@@ -27,9 +27,9 @@ use std::{
 
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use pin_project_lite::pin_project;
+use telemetry::metrics::{self, Counter, KeyValue};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Status, metadata::MetadataValue};
-use telemetry::metrics::{self, Counter, KeyValue};
 
 use crate::shares::{Share, Shares};
 use tower::{

@@ -23,12 +23,12 @@ use governor::{
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use serde::{Deserialize, Serialize};
-use tonic::{Status, metadata::MetadataValue};
-use tower::{Layer, Service};
 use telemetry::{
     attr,
     metrics::{self, Counter, KeyValue},
 };
+use tonic::{Status, metadata::MetadataValue};
+use tower::{Layer, Service};
 
 use crate::retry::PUSHBACK_HEADER;
 

@@ -301,7 +301,10 @@ fn throttle_settings_are_checked() {
     let refused = |settings: RetrySettings| RetryPolicy::new(&settings, TO_ORDERS).err();
     assert!(matches!(refused(RetrySettings { throttle_max_tokens: 1_001, ..Default::default() }), Some(InvalidRetrySettings::ThrottleTokens)));
     for ratio in [0.0, 0.000_9, 1_000.1, f32::NAN] {
-        assert!(matches!(refused(RetrySettings { throttle_token_ratio: ratio, ..Default::default() }), Some(InvalidRetrySettings::ThrottleRatio)), "{ratio}");
+        assert!(
+            matches!(refused(RetrySettings { throttle_token_ratio: ratio, ..Default::default() }), Some(InvalidRetrySettings::ThrottleRatio)),
+            "{ratio}"
+        );
     }
     // 0 tokens is no throttle, not an invalid one.
     assert!(refused(RetrySettings { throttle_max_tokens: 0, ..Default::default() }).is_none());

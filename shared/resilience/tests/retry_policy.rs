@@ -71,11 +71,7 @@ struct Bank {
 
 impl Bank {
     fn new(script: impl IntoIterator<Item = Answer>) -> Self {
-        Self {
-            script: Arc::new(Mutex::new(script.into_iter().collect())),
-            log: Arc::default(),
-            takes: Duration::ZERO,
-        }
+        Self { script: Arc::new(Mutex::new(script.into_iter().collect())), log: Arc::default(), takes: Duration::ZERO }
     }
 
     /// Every attempt takes `takes` before it answers.
@@ -180,11 +176,7 @@ async fn non_retryable_codes_get_exactly_one_attempt() {
         let run = operation(&policy, &bank, ms(5_000)).await;
         assert_eq!(run.attempts.len(), 1, "{code:?}");
         assert_eq!(run.result.unwrap_err().code(), code);
-        assert_eq!(
-            policy.stats(),
-            RetryStatsSnapshot { requests: 1, stopped_non_retryable: 1, ..Default::default() },
-            "{code:?}"
-        );
+        assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 1, stopped_non_retryable: 1, ..Default::default() }, "{code:?}");
     }
 }
 

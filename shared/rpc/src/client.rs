@@ -1,18 +1,18 @@
 use std::{sync::Arc, time::Duration};
 
 use deadline::{ForwardPolicy, client::ForwardDeadlineLayer};
-use serde::{Deserialize, Serialize};
-use tonic::transport::{Channel, Endpoint};
 use http::{Request, Response};
 use resilience::{
     breaker::{Breaker, BreakerLayer, BreakerSettings},
     bulkhead::{Bulkhead, BulkheadLayer},
     rate_limit::{QuotaSettings, SelfLimitLayer},
 };
+use serde::{Deserialize, Serialize};
 use telemetry::{
     metrics::{CallMetrics, CallMetricsLayer},
     trace::{ClientTrace, ClientTraceLayer},
 };
+use tonic::transport::{Channel, Endpoint};
 use tonic::{Status, body::Body};
 use tower::{
     BoxError, Layer, ServiceBuilder,

@@ -72,7 +72,12 @@ pub struct LimitedListener {
 
 impl LimitedListener {
     pub fn new(tcp: TcpListener, limits: ConnectionLimits) -> Self {
-        Self { tcp, open: Arc::new(Semaphore::new(limits.max_open.max(1))), peers: (limits.max_per_peer > 0).then(|| Shares::new(limits.max_per_peer)), limits }
+        Self {
+            tcp,
+            open: Arc::new(Semaphore::new(limits.max_open.max(1))),
+            peers: (limits.max_per_peer > 0).then(|| Shares::new(limits.max_per_peer)),
+            limits,
+        }
     }
 
     /// A place for one more connection from `peer`, if there is room.

@@ -98,10 +98,7 @@ fn write(path: &Path, contents: &[u8], private: bool) -> Result<(), DevCertsErro
     }
     #[cfg(not(unix))]
     let _ = private;
-    options
-        .open(path)
-        .and_then(|mut file| file.write_all(contents))
-        .map_err(|source| DevCertsError::Write { path: path.to_owned(), source })
+    options.open(path).and_then(|mut file| file.write_all(contents)).map_err(|source| DevCertsError::Write { path: path.to_owned(), source })
 }
 
 #[cfg(test)]

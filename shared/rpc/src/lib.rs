@@ -7,10 +7,10 @@ mod decode;
 pub mod dev_certs;
 pub mod health;
 pub mod listener;
-mod serve;
-pub mod tls;
 pub mod metrics;
+mod serve;
 mod server;
+pub mod tls;
 
 pub use client::{Client, ClientLayers, Connection, Dependency, Outbound, Traced, connect, endpoint};
 pub use server::{GrpcServer, GrpcService, Role, ServerError, Services, bind, reflection, serve_http, serve_http_with, shutdown_signal};
@@ -20,11 +20,11 @@ pub use relay::{PUSHBACK_HEADER, derive_key, relay};
 
 /// Metadata names the services agree on.
 pub mod metadata {
+    pub use crate::relay::PUSHBACK_HEADER as PUSHBACK;
     /// The authenticated client, set by the gateway; scopes idempotency keys and orders.
     pub use wire::CLIENT_ID;
     /// The idempotency key of a write (1 to 255 visible ASCII characters).
     pub use wire::IDEMPOTENCY_KEY;
-    pub use crate::relay::PUSHBACK_HEADER as PUSHBACK;
     /// Set to `true` on an answer replayed from an idempotency key's stored response.
     pub use wire::IDEMPOTENT_REPLAYED;
 }

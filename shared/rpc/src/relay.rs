@@ -4,8 +4,8 @@ use tonic::{
     metadata::{MetadataMap, MetadataValue},
 };
 
-pub use resilience::retry::PUSHBACK_HEADER;
 use deadline::FAILED_FAST_HEADER;
+pub use resilience::retry::PUSHBACK_HEADER;
 use resilience::retry::{Pushback, RETRIES_SPENT_HEADER, pushback};
 use resilience::{
     breaker::{CIRCUIT_OPEN_HEADER, RELAYED_HEADER},

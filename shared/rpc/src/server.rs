@@ -1,10 +1,13 @@
 use std::{future::Future, io, net::SocketAddr, sync::Arc, time::Duration};
 
-use tokio_util::sync::CancellationToken;
-use deadline::{HopStats, InboundPolicy, server::{DeadlineLayer, Grpc}};
+use deadline::{
+    HopStats, InboundPolicy,
+    server::{DeadlineLayer, Grpc},
+};
 use resilience::load_shed::{Intake, LoadShedLayer};
 use telemetry::{metrics::RequestMetricsLayer, trace::ServerTraceLayer};
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use tonic::{server::NamedService, service::Routes};
 
 use prost::Message;
@@ -38,11 +41,7 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
 
 /// Serves an HTTP router (admin APIs, metrics) until `shutdown` completes, under the default
 /// [`ConnectionLimits`].
-pub async fn serve_http(
-    listener: TcpListener,
-    router: axum::Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), ServerError> {
+pub async fn serve_http(listener: TcpListener, router: axum::Router, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
     serve_http_with(listener, ConnectionLimits::default(), router, shutdown).await
 }
 
@@ -110,12 +109,8 @@ pub struct GrpcServer {
 
 /// A gRPC service as tonic generates it (`…Server::new(handler)`), ready to be routed.
 pub trait GrpcService:
-    tower::Service<
-        http::Request<tonic::body::Body>,
-        Error = std::convert::Infallible,
-        Response: axum::response::IntoResponse,
-        Future: Send + 'static,
-    > + NamedService
+    tower::Service<http::Request<tonic::body::Body>, Error = std::convert::Infallible, Response: axum::response::IntoResponse, Future: Send + 'static>
+    + NamedService
     + Clone
     + Send
     + Sync
@@ -170,13 +165,7 @@ impl GrpcServer {
     }
 
     /// [`GrpcServer::bind`] for several services on one port.
-    pub async fn bind_all(
-        hop: &'static str,
-        role: Role,
-        addr: SocketAddr,
-        inbound: InboundPolicy,
-        services: Services,
-    ) -> Result<Self, ServerError> {
+    pub async fn bind_all(hop: &'static str, role: Role, addr: SocketAddr, inbound: InboundPolicy, services: Services) -> Result<Self, ServerError> {
         let listener = bind(addr).await?;
         let (health, health_service) = tonic_health::server::health_reporter();
         for name in &services.names {
@@ -276,9 +265,8 @@ pub fn reflection(descriptors: &FileDescriptorSet) -> Result<(impl GrpcService, 
 /// port's reflection may show.
 fn public_descriptors(services: &[&str]) -> Result<FileDescriptorSet, prost::DecodeError> {
     let all = FileDescriptorSet::decode(proto::FILE_DESCRIPTOR_SET)?;
-    let defines_served = |file: &FileDescriptorProto| {
-        file.service.iter().any(|service| services.contains(&format!("{}.{}", file.package(), service.name()).as_str()))
-    };
+    let defines_served =
+        |file: &FileDescriptorProto| file.service.iter().any(|service| services.contains(&format!("{}.{}", file.package(), service.name()).as_str()));
     let mut wanted: Vec<String> = all.file.iter().filter(|file| defines_served(file)).map(|file| file.name().to_owned()).collect();
     let mut index = 0;
     while let Some(name) = wanted.get(index).cloned() {

@@ -100,11 +100,7 @@ impl ServiceTls {
         match self {
             Self::Plaintext => None,
             Self::Mutual(tls) => Some(
-                ClientTlsConfig::new()
-                    .ca_certificate(tls.ca.clone())
-                    .identity(tls.identity.clone())
-                    .domain_name(dns_name(server))
-                    .assume_http2(true),
+                ClientTlsConfig::new().ca_certificate(tls.ca.clone()).identity(tls.identity.clone()).domain_name(dns_name(server)).assume_http2(true),
             ),
         }
     }
@@ -136,8 +132,8 @@ impl MutualTls {
         if peer_identity(leaf).as_deref() != Some(service) {
             return Err(TlsError::WrongName { path: path(&settings.cert_file), expected: dns_name(service) });
         }
-        let key = PrivateKeyDer::from_pem_slice(key_pem)
-            .map_err(|error| TlsError::Pem { path: path(&settings.key_file), reason: error.to_string() })?;
+        let key =
+            PrivateKeyDer::from_pem_slice(key_pem).map_err(|error| TlsError::Pem { path: path(&settings.key_file), reason: error.to_string() })?;
         let mut roots = RootCertStore::empty();
         for ca_cert in CertificateDer::pem_slice_iter(ca) {
             let ca_cert = ca_cert.map_err(|error| TlsError::Pem { path: path(&settings.ca_file), reason: error.to_string() })?;
@@ -146,10 +142,8 @@ impl MutualTls {
         // A caller without a certificate completes the handshake, so that it is answered
         // UNAUTHENTICATED in gRPC terms instead of a bare TLS alert; a certificate that the CA
         // did not sign still fails the handshake.
-        let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
-            .allow_unauthenticated()
-            .build()
-            .map_err(|error| TlsError::Config(error.to_string()))?;
+        let verifier =
+            WebPkiClientVerifier::builder(Arc::new(roots)).allow_unauthenticated().build().map_err(|error| TlsError::Config(error.to_string()))?;
         let mut server = ServerConfig::builder()
             .with_client_cert_verifier(verifier)
             .with_single_cert(certs, key)

@@ -47,9 +47,7 @@ where
         }
         figment = figment.merge(Toml::file(path));
     }
-    figment = figment
-        .merge(Env::prefixed(&format!("{env_prefix}_")).split("__"))
-        .merge(Toml::string(&overrides_as_toml(&args.overrides)?));
+    figment = figment.merge(Env::prefixed(&format!("{env_prefix}_")).split("__")).merge(Toml::string(&overrides_as_toml(&args.overrides)?));
     figment.extract().map_err(|error| SettingsError::Invalid(Box::new(error)))
 }
 
@@ -97,10 +95,7 @@ mod tests {
     }
 
     fn args(config: Option<&str>, overrides: &[&str]) -> SettingsArgs {
-        SettingsArgs {
-            config: config.map(PathBuf::from),
-            overrides: overrides.iter().map(|s| s.to_string()).collect(),
-        }
+        SettingsArgs { config: config.map(PathBuf::from), overrides: overrides.iter().map(|s| s.to_string()).collect() }
     }
 
     // figment's Jail closures return its large error type; that is its API, not ours.

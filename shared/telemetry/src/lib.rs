@@ -1,8 +1,8 @@
 #![doc = include_str!("../README.md")]
 
 pub mod attr;
-pub mod metrics;
 mod message;
+pub mod metrics;
 mod service;
 pub mod trace;
 
@@ -150,11 +150,7 @@ fn service_resource(service: Service, name: &str) -> Resource {
 pub const DEFAULT_ENVIRONMENT: &str = "dev";
 
 fn trace_provider(endpoint: &str, resource: Resource) -> Result<SdkTracerProvider, TelemetryError> {
-    let exporter = SpanExporter::builder()
-        .with_tonic()
-        .with_endpoint(endpoint)
-        .build()
-        .map_err(|error| TelemetryError(error.to_string()))?;
+    let exporter = SpanExporter::builder().with_tonic().with_endpoint(endpoint).build().map_err(|error| TelemetryError(error.to_string()))?;
     Ok(SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build())
 }
 

@@ -107,11 +107,7 @@ pub fn second_histogram(name: &'static str, description: &'static str) -> Histog
 
 /// The `rpc.*` attributes of a gRPC call's standard duration, but its status.
 fn rpc_attributes(service: String, method: String) -> [KeyValue; 3] {
-    [
-        KeyValue::new(crate::attr::RPC_SYSTEM, "grpc"),
-        KeyValue::new(crate::attr::RPC_SERVICE, service),
-        KeyValue::new(crate::attr::RPC_METHOD, method),
-    ]
+    [KeyValue::new(crate::attr::RPC_SYSTEM, "grpc"), KeyValue::new(crate::attr::RPC_SERVICE, service), KeyValue::new(crate::attr::RPC_METHOD, method)]
 }
 
 /// A counter named `name`.
@@ -130,11 +126,7 @@ pub(crate) fn install(resource: Resource, otlp_endpoint: Option<&str>) -> Result
         .map_err(|error| TelemetryError(error.to_string()))?;
     let mut provider = SdkMeterProvider::builder().with_resource(resource).with_reader(prometheus);
     if let Some(endpoint) = otlp_endpoint {
-        let exporter = MetricExporter::builder()
-            .with_tonic()
-            .with_endpoint(endpoint)
-            .build()
-            .map_err(|error| TelemetryError(error.to_string()))?;
+        let exporter = MetricExporter::builder().with_tonic().with_endpoint(endpoint).build().map_err(|error| TelemetryError(error.to_string()))?;
         provider = provider.with_reader(PeriodicReader::builder(exporter).build());
     }
     let provider = provider.build();

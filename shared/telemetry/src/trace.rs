@@ -234,7 +234,8 @@ where
             let path = request.uri().path();
             let (service, method) = grpc_method(path);
             let name = path.strip_prefix('/').unwrap_or(path);
-            let span = request_span!(self.hop, name, "rpc.system" = "grpc", "rpc.service" = service, "rpc.method" = method, "rpc.grpc.status_code" = Empty);
+            let span =
+                request_span!(self.hop, name, "rpc.system" = "grpc", "rpc.service" = service, "rpc.method" = method, "rpc.grpc.status_code" = Empty);
             (span, Answer::GrpcServer)
         } else {
             let method = http_method(request.method());

@@ -6,11 +6,7 @@
 //! - [`postgres_admin_url`] and [`ScratchDatabase`]: a database of its own per test, dropped when
 //!   the test ends.
 
-use std::{
-    future::Future,
-    io::Write,
-    time::Duration,
-};
+use std::{future::Future, io::Write, time::Duration};
 
 use sqlx::{Connection, Executor, PgConnection};
 

@@ -14,8 +14,20 @@ fn with(change: impl FnOnce(&mut Value)) -> Value {
 async fn malformed_orders_are_rejected_with_the_field_named() {
     let test = TestChain::start().await;
     let cases: Vec<(&str, Value, &str)> = vec![
-        ("missing currency", with(|b| { b.as_object_mut().unwrap().remove("currency"); }), "currency"),
-        ("missing quantity", with(|b| { b["items"][0].as_object_mut().unwrap().remove("quantity"); }), "items[0].quantity"),
+        (
+            "missing currency",
+            with(|b| {
+                b.as_object_mut().unwrap().remove("currency");
+            }),
+            "currency",
+        ),
+        (
+            "missing quantity",
+            with(|b| {
+                b["items"][0].as_object_mut().unwrap().remove("quantity");
+            }),
+            "items[0].quantity",
+        ),
         ("negative amount", with(|b| b["amount_minor"] = json!(-5)), "amount_minor"),
         ("zero amount", with(|b| b["amount_minor"] = json!(0)), "amount_minor"),
         ("absurd amount", with(|b| b["amount_minor"] = json!(1_000_000_000_000i64)), "amount_minor"),

@@ -4,8 +4,8 @@ use deadline::{LEDGER_HEADER, ledger};
 use e2e::{TestChain, order_body};
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
 use tonic_reflection::pb::v1::{
-    ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
-    server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    ServerReflectionRequest, server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
+    server_reflection_response::MessageResponse,
 };
 
 #[tokio::test]
@@ -85,7 +85,11 @@ async fn reflected_services(channel: tonic::transport::Channel) -> Vec<String> {
         host: String::new(),
         message_request: Some(alpha::server_reflection_request::MessageRequest::ListServices(String::new())),
     };
-    let mut answers = alpha::server_reflection_client::ServerReflectionClient::new(channel).server_reflection_info(tokio_stream::once(list)).await.unwrap().into_inner();
+    let mut answers = alpha::server_reflection_client::ServerReflectionClient::new(channel)
+        .server_reflection_info(tokio_stream::once(list))
+        .await
+        .unwrap()
+        .into_inner();
     let answer = answers.message().await.unwrap().unwrap().message_response.unwrap();
     let alpha::server_reflection_response::MessageResponse::ListServicesResponse(listed) = answer else { panic!("unexpected {answer:?}") };
     let alpha_names: Vec<String> = listed.service.into_iter().map(|s| s.name).collect();

@@ -55,7 +55,9 @@ fn compose_program() -> Option<&'static [&'static str]> {
     if !succeeds("docker", &["info"]) {
         return None;
     }
-    [&["docker", "compose"][..], &["docker-compose"][..]].into_iter().find(|program| succeeds(program[0], &[&program[1..], &["version"][..]].concat()))
+    [&["docker", "compose"][..], &["docker-compose"][..]]
+        .into_iter()
+        .find(|program| succeeds(program[0], &[&program[1..], &["version"][..]].concat()))
 }
 
 fn compose_command(program: &[&str]) -> Command {
@@ -73,7 +75,12 @@ fn compose_files() -> [PathBuf; 2] {
 /// Runs `program` with `args`, saying how long it took.
 fn build(what: &str, program: &Path, args: &[&str]) {
     let started = Instant::now();
-    let status = Command::new("bash").arg(program).args(args).env("IMAGE_PREFIX", IMAGE_PREFIX).status().unwrap_or_else(|error| panic!("{program:?}: {error}"));
+    let status = Command::new("bash")
+        .arg(program)
+        .args(args)
+        .env("IMAGE_PREFIX", IMAGE_PREFIX)
+        .status()
+        .unwrap_or_else(|error| panic!("{program:?}: {error}"));
     assert!(status.success(), "{what} builds offline");
     say(&format!("compose stack: {what} ready in {:.1} s", started.elapsed().as_secs_f64()));
 }
@@ -118,14 +125,24 @@ impl Stack {
     }
 
     fn health(&self, service: &str) -> String {
-        let output = Command::new("docker").args(["inspect", "-f", "{{.State.Health.Status}}", &self.container(service)]).output().expect("docker inspect");
+        let output =
+            Command::new("docker").args(["inspect", "-f", "{{.State.Health.Status}}", &self.container(service)]).output().expect("docker inspect");
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
     }
 
     /// Whether the webhook sender's own health check passes when pointed at `addr`.
     fn sender_reaches(&self, addr: &str) -> bool {
         Command::new("docker")
-            .args(["exec", "-e", &format!("WEBHOOK_SENDER_LISTEN={addr}"), &self.container("webhook-sender"), "/service", "healthcheck", "--timeout-ms", "2000"])
+            .args([
+                "exec",
+                "-e",
+                &format!("WEBHOOK_SENDER_LISTEN={addr}"),
+                &self.container("webhook-sender"),
+                "/service",
+                "healthcheck",
+                "--timeout-ms",
+                "2000",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -153,7 +170,8 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
     let started = Instant::now();
     run(stack.compose().args(["up", "--detach", "--no-build"]));
     (stack.gateway_port, stack.admin_port) = (stack.published_port("gateway", 8080), stack.published_port("bank-mock", 8099));
-    eventually(Duration::from_secs(120), "every service healthy", || async { SERVICES.iter().all(|service| stack.health(service) == "healthy") }).await;
+    eventually(Duration::from_secs(120), "every service healthy", || async { SERVICES.iter().all(|service| stack.health(service) == "healthy") })
+        .await;
     say(&format!("compose stack: up to all healthy in {:.1} s", started.elapsed().as_secs_f64()));
 
     // One order through the published port: paid, with each hop's slice of the deadline.
@@ -211,7 +229,14 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
 async fn webhooks_leave_the_stack_only_through_the_sender(stack: &Stack, http: &reqwest::Client) {
     let gateway = format!("http://127.0.0.1:{}", stack.gateway_port);
     let endpoint = serde_json::json!({"url": "http://webhook-receiver:9000/webhooks", "event_types": ["order.paid"]});
-    let created = http.post(format!("{gateway}/v1/webhooks/endpoints")).bearer_auth("demo-key-1").header("idempotency-key", "compose-endpoint").json(&endpoint).send().await.unwrap();
+    let created = http
+        .post(format!("{gateway}/v1/webhooks/endpoints"))
+        .bearer_auth("demo-key-1")
+        .header("idempotency-key", "compose-endpoint")
+        .json(&endpoint)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(created.status(), 201, "the endpoint is created");
     let created: serde_json::Value = created.json().await.unwrap();
     let secret = created["secret"].as_str().expect("a secret").to_owned();
@@ -240,7 +265,9 @@ async fn webhooks_leave_the_stack_only_through_the_sender(stack: &Stack, http: &
     // health check from anyone (the inner ports would refuse the sender for want of a
     // certificate, route or not).
     assert!(stack.sender_reaches("127.0.0.1:50055"), "the sender's own health check passes");
-    let gateway_ip = run(Command::new("docker").args(["inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", &stack.container("gateway")])).stdout;
+    let gateway_ip =
+        run(Command::new("docker").args(["inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", &stack.container("gateway")]))
+            .stdout;
     let gateway_ip = String::from_utf8_lossy(&gateway_ip).split_whitespace().next().expect("the gateway has an address").to_owned();
     assert!(!stack.sender_reaches(&format!("{gateway_ip}:50051")), "the sender reaches the gateway at {gateway_ip}:50051");
     say(&format!("compose stack: the webhook sender has no route to the chain's network (gateway at {gateway_ip}:50051)"));

@@ -78,7 +78,10 @@ async fn over_grpc_the_client_sees_deadline_exceeded_whichever_hop_runs_out() {
 
 #[tokio::test]
 async fn inner_hops_called_directly_also_answer_deadline_exceeded() {
-    use proto::{orders::v1::orders_client::OrdersClient, payment::v1::{PayRequest, payment_service_client::PaymentServiceClient}};
+    use proto::{
+        orders::v1::orders_client::OrdersClient,
+        payment::v1::{PayRequest, payment_service_client::PaymentServiceClient},
+    };
 
     let test = TestChain::start().await;
     test.set_faults(Faults { hang: true, ..Faults::default() });

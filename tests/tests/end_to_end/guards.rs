@@ -121,11 +121,18 @@ async fn resource_exhausted_never_opens_the_breaker_and_its_pushback_is_honoured
 
 /// `count` creations sent at once in the background with a deadline of `timeout_ms`; each task
 /// ends with its status.
-fn creations_in_the_background(test: &std::sync::Arc<TestChain>, key_prefix: &str, count: usize, timeout_ms: u64) -> Vec<tokio::task::JoinHandle<reqwest::StatusCode>> {
+fn creations_in_the_background(
+    test: &std::sync::Arc<TestChain>,
+    key_prefix: &str,
+    count: usize,
+    timeout_ms: u64,
+) -> Vec<tokio::task::JoinHandle<reqwest::StatusCode>> {
     (0..count)
         .map(|n| {
             let (test, key) = (test.clone(), format!("{key_prefix}-{n}"));
-            tokio::spawn(async move { test.post_order(&key, &order_body()).header("x-request-timeout-ms", timeout_ms.to_string()).send().await.unwrap().status() })
+            tokio::spawn(async move {
+                test.post_order(&key, &order_body()).header("x-request-timeout-ms", timeout_ms.to_string()).send().await.unwrap().status()
+            })
         })
         .collect()
 }
@@ -252,7 +259,9 @@ async fn a_client_with_tiny_deadlines_cannot_open_the_bank_breaker_for_the_other
         assert_eq!(response.status(), 201);
     }
     let guards = test.chain.guard_stats();
-    for (hop, breaker) in [("payment → bank", guards.payment_bank), ("orders → payment", guards.orders_payment), ("gateway → orders", guards.gateway_orders)] {
+    for (hop, breaker) in
+        [("payment → bank", guards.payment_bank), ("orders → payment", guards.orders_payment), ("gateway → orders", guards.gateway_orders)]
+    {
         assert_eq!((breaker.position, breaker.opened), (Position::Closed, 0), "{hop}: {breaker:?}");
     }
 }
@@ -323,5 +332,9 @@ async fn payment_keeps_the_banks_quota_itself_and_the_breaker_stays_closed() {
     e2e::problem(refused, 429).await;
     assert_eq!(test.chain.bank().stats().calls, 2, "the calls over the quota never reached the bank");
     let breaker = test.chain.guard_stats().payment_bank;
-    assert_eq!((breaker.position, breaker.opened, breaker.judged_against), (Position::Closed, 0, 0), "a refusal of our own is no failure of the bank: {breaker:?}");
+    assert_eq!(
+        (breaker.position, breaker.opened, breaker.judged_against),
+        (Position::Closed, 0, 0),
+        "a refusal of our own is no failure of the bank: {breaker:?}"
+    );
 }

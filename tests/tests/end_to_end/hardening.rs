@@ -133,7 +133,10 @@ async fn slow_headers_and_silent_http2_connections_are_closed_within_their_timeo
 
     for task in slow_headers {
         let closed_after = task.await.unwrap().expect("a connection sending its headers a line at a time is closed");
-        assert!(closed_after >= header_read.mul_f64(0.9) && closed_after < header_read + slack, "closed after {closed_after:?}, header read timeout {header_read:?}");
+        assert!(
+            closed_after >= header_read.mul_f64(0.9) && closed_after < header_read + slack,
+            "closed after {closed_after:?}, header read timeout {header_read:?}"
+        );
     }
     for task in silent {
         let closed_after = task.await.unwrap().expect("a connection that sent only the HTTP/2 preface is closed");
@@ -203,12 +206,17 @@ async fn twenty_thousand_idle_connections_on_the_public_port() {
         })
         .collect();
     let reports: Vec<_> = flooders.iter_mut().map(|flooder| BufReader::new(flooder.stdout.take().unwrap())).collect();
-    let opened = tokio::task::spawn_blocking(move || reports.into_iter().map(|mut report| {
-        let mut line = String::new();
-        let read = report.read_line(&mut line).expect("the flood helper's report");
-        assert!(read > 0, "the flood helper stopped before its report: its error is above");
-        line
-    }).collect::<Vec<_>>());
+    let opened = tokio::task::spawn_blocking(move || {
+        reports
+            .into_iter()
+            .map(|mut report| {
+                let mut line = String::new();
+                let read = report.read_line(&mut line).expect("the flood helper's report");
+                assert!(read > 0, "the flood helper stopped before its report: its error is above");
+                line
+            })
+            .collect::<Vec<_>>()
+    });
 
     while !opened.is_finished() {
         serves().await;
@@ -222,7 +230,11 @@ async fn twenty_thousand_idle_connections_on_the_public_port() {
     // Beside the kept connections: the pipes to the flood helpers, and a few of the chain's own.
     const OTHER_DESCRIPTORS: usize = 32;
     let kept = descriptors_flooded.saturating_sub(descriptors_before);
-    assert!(kept <= limits.max_open + OTHER_DESCRIPTORS, "{kept} more descriptors open during the flood; at most {} connections are kept", limits.max_open);
+    assert!(
+        kept <= limits.max_open + OTHER_DESCRIPTORS,
+        "{kept} more descriptors open during the flood; at most {} connections are kept",
+        limits.max_open
+    );
     let growth = rss_flooded.saturating_sub(rss_before);
     assert!(growth < RSS_GROWTH_KIB, "the flood grew this process by {growth} KiB (from {rss_before} KiB)");
     eprintln!("during the flood: {kept} connections kept, resident memory {rss_before} KiB → {rss_flooded} KiB, {orders} orders made");
@@ -251,7 +263,9 @@ async fn one_client_cannot_hold_every_order_creation() {
     let hanging: Vec<_> = (0..2)
         .map(|n| {
             let test = test.clone();
-            tokio::spawn(async move { test.post_order(&format!("greedy-{n}"), &order_body()).header("x-request-timeout-ms", "2000").send().await.unwrap().status() })
+            tokio::spawn(async move {
+                test.post_order(&format!("greedy-{n}"), &order_body()).header("x-request-timeout-ms", "2000").send().await.unwrap().status()
+            })
         })
         .collect();
     eventually(BACKGROUND, "both creations hanging at the bank", || async { test.chain.bank().stats().hung >= 2 }).await;

@@ -214,7 +214,11 @@ async fn the_completer_probes_instead_of_retrying_every_stranded_create_while_th
     test.set_faults(fast_bank(|_| {}));
     let database = idempotency::Database::connect(&test.chain.database_urls.0).await.unwrap();
     eventually(BACKGROUND, "every stranded create settled once the bank is back", || async {
-        let paid: i64 = idempotency::on_driver!(database.reader(), |executor| sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE status = 'paid'").fetch_one(executor).await.unwrap());
+        let paid: i64 =
+            idempotency::on_driver!(database.reader(), |executor| sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE status = 'paid'")
+                .fetch_one(executor)
+                .await
+                .unwrap());
         paid == 20
     })
     .await;
@@ -283,7 +287,11 @@ async fn first_attempts_on_the_edge_of_their_deadline_charge_once() {
             assert_eq!(settled.status(), 201, "{name}, {key}: first attempts {first_attempts:?}");
         }
         let bank = test.chain.bank().stats();
-        assert_eq!((bank.charges, bank.distinct_keys), (orders, orders), "{name}: one charge and one bank key per order: {bank:?}; first attempts: {first_attempts:?}");
+        assert_eq!(
+            (bank.charges, bank.distinct_keys),
+            (orders, orders),
+            "{name}: one charge and one bank key per order: {bank:?}; first attempts: {first_attempts:?}"
+        );
         assert_eq!((test.count_rows("orders").await, test.count_rows("payments").await), (orders as i64, orders as i64), "{name}");
     }
 }

@@ -31,12 +31,7 @@ fn run(program: &str, args: &[&str]) -> Option<std::process::Output> {
 }
 
 fn succeeded(program: &str, output: &std::process::Output) {
-    assert!(
-        output.status.success(),
-        "{program} failed:\n{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert!(output.status.success(), "{program} failed:\n{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
 }
 
 /// The settings a rendered manifest passes as environment variables, `(variable, value)`; the
@@ -58,10 +53,18 @@ fn check_settings(rendered: &str) -> Vec<String> {
     let mut wrong = Vec::new();
     for (variable, value) in environment(rendered) {
         let unread = match () {
-            () if variable.starts_with("GATEWAY_") => setting_key("GATEWAY", &variable).and_then(|key| unread_setting::<gateway::Settings>("GATEWAY", &key, value.as_deref())),
-            () if variable.starts_with("ORDERS_") => setting_key("ORDERS", &variable).and_then(|key| unread_setting::<orders::Settings>("ORDERS", &key, value.as_deref())),
-            () if variable.starts_with("PAYMENT_") => setting_key("PAYMENT", &variable).and_then(|key| unread_setting::<payment::Settings>("PAYMENT", &key, value.as_deref())),
-            () if variable.starts_with("BANK_") => setting_key("BANK", &variable).and_then(|key| unread_setting::<bank_mock::Settings>("BANK", &key, value.as_deref())),
+            () if variable.starts_with("GATEWAY_") => {
+                setting_key("GATEWAY", &variable).and_then(|key| unread_setting::<gateway::Settings>("GATEWAY", &key, value.as_deref()))
+            }
+            () if variable.starts_with("ORDERS_") => {
+                setting_key("ORDERS", &variable).and_then(|key| unread_setting::<orders::Settings>("ORDERS", &key, value.as_deref()))
+            }
+            () if variable.starts_with("PAYMENT_") => {
+                setting_key("PAYMENT", &variable).and_then(|key| unread_setting::<payment::Settings>("PAYMENT", &key, value.as_deref()))
+            }
+            () if variable.starts_with("BANK_") => {
+                setting_key("BANK", &variable).and_then(|key| unread_setting::<bank_mock::Settings>("BANK", &key, value.as_deref()))
+            }
             () if variable.starts_with("WEBHOOK_SENDER_") => setting_key("WEBHOOK_SENDER", &variable)
                 .and_then(|key| unread_setting::<webhook_sender::Settings>("WEBHOOK_SENDER", &key, value.as_deref())),
             () => None,

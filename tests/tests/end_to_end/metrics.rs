@@ -37,7 +37,12 @@ async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
     // A client over its quota (demo-key-2: a burst of 10, then 5 a second), all at once so that
     // a slow machine cannot spread them over the refill.
     let over_quota = (0..20).map(|n| {
-        test.http.post(test.url("/v1/orders")).bearer_auth("demo-key-2").header("idempotency-key", format!("metrics-quota-{n}")).json(&order_body()).send()
+        test.http
+            .post(test.url("/v1/orders"))
+            .bearer_auth("demo-key-2")
+            .header("idempotency-key", format!("metrics-quota-{n}"))
+            .json(&order_body())
+            .send()
     });
     futures::future::join_all(over_quota).await;
 
@@ -51,7 +56,10 @@ async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
     test.set_faults(fast_bank(|_| {}));
     for n in 0..3 {
         let key = format!("metrics-bulkhead-{n}");
-        eventually(BACKGROUND, &format!("{key} paid"), || async { test.post_order(&key, &order_body()).send().await.is_ok_and(|r| r.status() == 201) }).await;
+        eventually(BACKGROUND, &format!("{key} paid"), || async {
+            test.post_order(&key, &order_body()).send().await.is_ok_and(|r| r.status() == 201)
+        })
+        .await;
     }
 
     // A failing bank: retried at the gateway, then the breaker opens and answers for the bank;

@@ -79,7 +79,9 @@ async fn callers_without_a_certificate_or_from_a_hop_the_chain_does_not_allow_ar
 
     // Valid certificates of services that may not make these calls: the bank may call nobody,
     // the gateway may only read payments and exchange rates, the operator only reads.
-    for (orders_caller, payment_caller, bank_caller) in [("bank-mock", "gateway", "orders"), ("payment", "bank-mock", "gateway"), ("operator", "operator", "operator")] {
+    for (orders_caller, payment_caller, bank_caller) in
+        [("bank-mock", "gateway", "orders"), ("payment", "bank-mock", "gateway"), ("operator", "operator", "operator")]
+    {
         let refused = try_everything(
             channel(&test, "orders", a.orders, identity(orders_caller)).await,
             channel(&test, "payment", a.payment, identity(payment_caller)).await,
@@ -96,7 +98,8 @@ async fn callers_without_a_certificate_or_from_a_hop_the_chain_does_not_allow_ar
     // plain text gets no answer either.
     let elsewhere = tempfile::tempdir().unwrap();
     let foreign = DevCerts::generate(elsewhere.path(), &["gateway", "orders", "payment"]).unwrap();
-    let foreign_identity = |name: &str| Some(Identity::from_pem(std::fs::read(foreign.cert(name)).unwrap(), std::fs::read(foreign.key(name)).unwrap()));
+    let foreign_identity =
+        |name: &str| Some(Identity::from_pem(std::fs::read(foreign.cert(name)).unwrap(), std::fs::read(foreign.key(name)).unwrap()));
     let refused = try_everything(
         channel(&test, "orders", a.orders, foreign_identity("gateway")).await,
         channel(&test, "payment", a.payment, foreign_identity("orders")).await,

@@ -48,10 +48,8 @@ async fn a_python_grpcio_client_sees_health_reflection_and_deadline_propagation_
     std::fs::write(&config_path, config.to_string()).unwrap();
     let script = root.join("tests/python/grpc_interop.py");
     // Off the runtime's thread: the chain goes on serving while the script waits for it.
-    let output = tokio::task::spawn_blocking(move || Command::new("python3").arg(&script).arg(&config_path).output())
-        .await
-        .unwrap()
-        .expect("python3 runs");
+    let output =
+        tokio::task::spawn_blocking(move || Command::new("python3").arg(&script).arg(&config_path).output()).await.unwrap().expect("python3 runs");
     assert!(output.status.success(), "the script failed:\n{}", String::from_utf8_lossy(&output.stderr));
     let report: Value = serde_json::from_slice(&output.stdout).expect("a JSON report");
 

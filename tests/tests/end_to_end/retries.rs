@@ -12,10 +12,13 @@ async fn inner_hops_send_each_call_once_under_every_fault() {
     let test = TestChain::start_with(|s| s.gateway.retry.max_attempts = 1).await;
     let cases: Vec<(&str, Faults)> = vec![
         ("unavailable", fast_bank(|f| f.error_rate = 1.0)),
-        ("resource exhausted", fast_bank(|f| {
-            f.resource_exhausted_rate = 1.0;
-            f.pushback_ms = 10;
-        })),
+        (
+            "resource exhausted",
+            fast_bank(|f| {
+                f.resource_exhausted_rate = 1.0;
+                f.pushback_ms = 10;
+            }),
+        ),
         ("reply lost", fast_bank(|f| f.drop_reply_rate = 1.0)),
         ("declined", fast_bank(|f| f.decline_rate = 1.0)),
         ("hang", fast_bank(|f| f.hang = true)),
@@ -25,12 +28,7 @@ async fn inner_hops_send_each_call_once_under_every_fault() {
         test.chain.bank().reset();
         test.set_faults(fault);
         let before = test.chain.hop_stats();
-        let response = test
-            .post_order(&format!("once-{index}"), &order_body())
-            .header("x-request-timeout-ms", "400")
-            .send()
-            .await
-            .unwrap();
+        let response = test.post_order(&format!("once-{index}"), &order_body()).header("x-request-timeout-ms", "400").send().await.unwrap();
         assert!(!response.status().is_success(), "{name}: {}", response.status());
         let after = test.chain.hop_stats();
         assert_eq!(after.orders.requests - before.orders.requests, 1, "{name}: orders called once");

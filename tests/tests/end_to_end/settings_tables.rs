@@ -25,10 +25,7 @@ fn bank_mock_reads_every_setting_its_readme_documents() {
 
 #[test]
 fn the_webhook_sender_reads_every_setting_its_readme_documents() {
-    assert_documented_settings_are_read::<webhook_sender::Settings>(
-        include_str!("../../../services/webhook-sender/README.md"),
-        "WEBHOOK_SENDER",
-    );
+    assert_documented_settings_are_read::<webhook_sender::Settings>(include_str!("../../../services/webhook-sender/README.md"), "WEBHOOK_SENDER");
 }
 
 #[test]

@@ -37,7 +37,11 @@ fn exported() -> &'static (OtlpReceiver, telemetry::Telemetry) {
             let runtime: &'static tokio::runtime::Runtime = Box::leak(Box::new(tokio::runtime::Runtime::new().expect("a runtime")));
             runtime.block_on(async {
                 let receiver = OtlpReceiver::start().await;
-                let settings = TelemetrySettings { otlp_endpoint: Some(receiver.endpoint()), otlp_metrics_endpoint: Some(receiver.endpoint()), service_name: Some("chain-under-test".into()) };
+                let settings = TelemetrySettings {
+                    otlp_endpoint: Some(receiver.endpoint()),
+                    otlp_metrics_endpoint: Some(receiver.endpoint()),
+                    service_name: Some("chain-under-test".into()),
+                };
                 let telemetry = e2e::init_telemetry(&settings);
                 (receiver, telemetry)
             })
@@ -189,7 +193,8 @@ async fn a_504_marks_every_span_that_failed_as_an_error() {
     }
     // A server that answered DEADLINE_EXCEEDED is an error; one whose caller went away first
     // never answered, and has no status.
-    let answered: Vec<&Span> = spans.iter().filter(|s| number_attribute(s, attr::RPC_GRPC_STATUS_CODE).is_some() && s.kind == SpanKind::Server as i32).collect();
+    let answered: Vec<&Span> =
+        spans.iter().filter(|s| number_attribute(s, attr::RPC_GRPC_STATUS_CODE).is_some() && s.kind == SpanKind::Server as i32).collect();
     assert!(answered.len() >= 2, "orders and payment answer by their deadlines");
     for span in answered {
         assert_eq!(number_attribute(span, attr::RPC_GRPC_STATUS_CODE), Some(4.0), "{}", span.name);

@@ -250,7 +250,8 @@ async fn orders_serves_webhooks_over_grpc_beside_orders() {
     let test = TestChain::start().await;
     let mut webhooks = WebhooksClient::new(test.channel_as("gateway", "orders", test.chain.addresses.orders).await);
     let request = |url: &str, key: Option<&str>| {
-        let mut request = tonic::Request::new(CreateEndpointRequest { url: url.into(), event_types: vec!["order.paid".into()], ..Default::default() });
+        let mut request =
+            tonic::Request::new(CreateEndpointRequest { url: url.into(), event_types: vec!["order.paid".into()], ..Default::default() });
         request.metadata_mut().insert("x-client-id", "demo-client-1".parse().unwrap());
         if let Some(key) = key {
             request.metadata_mut().insert("idempotency-key", key.parse().unwrap());
@@ -283,7 +284,9 @@ async fn webhook_writes_without_a_key_are_sent_to_orders_once() {
     test.set_faults(e2e::fast_bank(|f| f.hang = true));
     let busy = {
         let test = test.clone();
-        tokio::spawn(async move { test.post_order("holds-the-slot", &order_body()).header("x-request-timeout-ms", "5000").send().await.unwrap().status() })
+        tokio::spawn(
+            async move { test.post_order("holds-the-slot", &order_body()).header("x-request-timeout-ms", "5000").send().await.unwrap().status() },
+        )
     };
     e2e::eventually(e2e::BACKGROUND, "the creation hanging at the bank", || async { test.chain.bank().stats().hung >= 1 }).await;
 

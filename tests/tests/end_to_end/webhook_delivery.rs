@@ -25,7 +25,10 @@ async fn paid_and_declined_orders_are_announced(backend: &Backend) {
     let paid: Value = serde_json::from_str(&paid_body).unwrap();
     let [(id, event)] = events(&processed, 1).await.try_into().expect("one event");
     let delivered_body = String::from_utf8(processed.lock().unwrap()[0].body.to_vec()).unwrap();
-    assert!(delivered_body.contains(&format!(r#""data":{{"order":{paid_body}}}"#)), "the order byte for byte as the API answered it: {delivered_body}");
+    assert!(
+        delivered_body.contains(&format!(r#""data":{{"order":{paid_body}}}"#)),
+        "the order byte for byte as the API answered it: {delivered_body}"
+    );
     assert_eq!(event["id"], id.as_str(), "the body carries the webhook-id");
     assert_eq!((event["type"].as_str(), event["version"].as_i64()), (Some("order.paid"), Some(2)));
     assert!(event["timestamp"].as_str().unwrap().ends_with('Z'), "{event}");

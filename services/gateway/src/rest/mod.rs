@@ -21,11 +21,11 @@ use axum::{
     routing::{get, post},
 };
 use deadline::{Hop, InboundPolicy, LEDGER_HEADER, ledger, server::Protocol};
-use resilience::load_shed::{Intake, LoadShedLayer};
 use proto::{
     common::v1::{CreateOrderRequest, LineItem},
     json::{OrderJson, PaymentJson},
 };
+use resilience::load_shed::{Intake, LoadShedLayer};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -170,11 +170,8 @@ async fn get_summary(State(api): State<Api>, headers: HeaderMap, Path(order_id):
     let client = authenticate(&api, &headers)?;
     // Without the order there is nothing to show: the honest error, with Retry-After when known.
     let read = api.get_order(&client, order_id).await?;
-    let (payment, rate, recommended) = tokio::join!(
-        api.payment_part(&read.order),
-        api.rate_part(&read.order.currency),
-        api.recommendations_part(&client, &read.order),
-    );
+    let (payment, rate, recommended) =
+        tokio::join!(api.payment_part(&read.order), api.rate_part(&read.order.currency), api.recommendations_part(&client, &read.order),);
     let mut unavailable = Vec::new();
     let mut fallbacks = Vec::new();
     if let Some(since) = read.stale_since {

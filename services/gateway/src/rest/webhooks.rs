@@ -262,7 +262,11 @@ async fn list_deliveries(
     Ok(Json(body).into_response())
 }
 
-async fn redeliver(State(api): State<Api>, headers: HeaderMap, Path((endpoint_id, event_id)): Path<(String, String)>) -> Result<Response, GatewayError> {
+async fn redeliver(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Path((endpoint_id, event_id)): Path<(String, String)>,
+) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
     let queued = api.webhooks().redeliver(&client, RedeliverRequest { endpoint_id, event_id }).await?.queued;
     Ok((StatusCode::ACCEPTED, Json(serde_json::json!({ "queued": queued }))).into_response())

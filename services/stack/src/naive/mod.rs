@@ -73,12 +73,8 @@ impl<S> NaiveRetry<S> {
 
 /// A trailers-only answer with a transient gRPC code (how unary failures arrive).
 fn is_transient_failure(response: &Response<Body>) -> bool {
-    let code = response
-        .headers()
-        .get("grpc-status")
-        .and_then(|value| value.to_str().ok())
-        .and_then(|text| text.parse::<i32>().ok())
-        .map(Code::from_i32);
+    let code =
+        response.headers().get("grpc-status").and_then(|value| value.to_str().ok()).and_then(|text| text.parse::<i32>().ok()).map(Code::from_i32);
     matches!(code, Some(Code::Unavailable | Code::DeadlineExceeded))
 }
 
@@ -121,11 +117,9 @@ where
                     Ok(Ok(response)) if !is_transient_failure(&response) => return Ok(response),
                     Ok(Ok(response)) => Ok(response),
                     Ok(Err(error)) => Err(error.into()),
-                    Err(_) => Ok(Status::deadline_exceeded(format!(
-                        "naive: no answer within the fixed {} ms",
-                        settings.attempt_timeout_ms
-                    ))
-                    .into_http()),
+                    Err(_) => {
+                        Ok(Status::deadline_exceeded(format!("naive: no answer within the fixed {} ms", settings.attempt_timeout_ms)).into_http())
+                    }
                 };
             }
             last

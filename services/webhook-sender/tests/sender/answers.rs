@@ -88,7 +88,8 @@ async fn retry_after_is_the_least_wait_clamped_by_the_settings_and_pauses_the_en
 async fn a_pause_outlasts_the_endpoints_worker_and_the_sender_itself() {
     let outbox = Outbox::new().await;
     let clock = Arc::new(ManualClock::starting_at(wall_ms()));
-    let paused = Receiver::start(|n| if n == 0 { Answer::Status(429, vec![("retry-after", "30".to_owned())]) } else { Answer::Status(204, Vec::new()) }).await;
+    let paused =
+        Receiver::start(|n| if n == 0 { Answer::Status(429, vec![("retry-after", "30".to_owned())]) } else { Answer::Status(204, Vec::new()) }).await;
     let (endpoint_id, _) = outbox.endpoint(&paused.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), clock.now_ms()).await;
     let marker = Marker::subscribe(&outbox, clock.now_ms()).await;
     let settings = webhook_sender::Settings { jitter: 0.0, ..settings(&outbox, &[&paused, &marker.receiver]) };

@@ -46,7 +46,8 @@ async fn a_sender_killed_after_sending_and_before_recording_delivers_again_and_t
     let outbox = Outbox::new().await;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("address");
-    let (endpoint_id, secret) = outbox.endpoint(&format!("http://{addr}{}", webhook_receiver::PATH), &[outbox::ORDER_PAID], EndpointLimits::default(), wall_ms()).await;
+    let (endpoint_id, secret) =
+        outbox.endpoint(&format!("http://{addr}{}", webhook_receiver::PATH), &[outbox::ORDER_PAID], EndpointLimits::default(), wall_ms()).await;
     let processed = Arc::new(Mutex::new(Vec::new()));
     let sink = processed.clone();
     let receiver = Arc::new(Receiver::new(Verifier::new(secret), 3 * 86_400, move |delivery| sink.lock().expect("not poisoned").push(delivery.id)));
@@ -56,7 +57,8 @@ async fn a_sender_killed_after_sending_and_before_recording_delivers_again_and_t
     let event_id = outbox.paid(wall_ms()).await;
 
     let first = SenderProcess::spawn(&outbox.url, &addr.to_string()).await;
-    eventually(Duration::from_secs(20), "the first sender's delivery is processed", || async { processed.lock().expect("not poisoned").len() == 1 }).await;
+    eventually(Duration::from_secs(20), "the first sender's delivery is processed", || async { processed.lock().expect("not poisoned").len() == 1 })
+        .await;
     first.kill();
     let unrecorded = outbox.delivery(&endpoint_id, &event_id).await;
     assert_eq!((unrecorded.state, unrecorded.attempts.len()), (DeliveryState::Pending, 0), "killed before recording");

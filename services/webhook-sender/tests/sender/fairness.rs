@@ -53,7 +53,9 @@ async fn a_client_with_saturated_endpoints_and_a_range_redelivery_does_not_delay
     commit_events(&outbox, BUSY_CLIENT, RANGE_EVENTS).await;
     outbox
         .database
-        .autocommit(async |writes| on_driver!(writes, |executor| sqlx::query("UPDATE webhook_deliveries SET state = 'delivered'").execute(executor).await.map(drop)))
+        .autocommit(async |writes| {
+            on_driver!(writes, |executor| sqlx::query("UPDATE webhook_deliveries SET state = 'delivered'").execute(executor).await.map(drop))
+        })
         .await
         .expect("mark delivered");
     let range_until_ms = wall_ms() + 1;
@@ -69,7 +71,8 @@ async fn a_client_with_saturated_endpoints_and_a_range_redelivery_does_not_delay
     eventually(Duration::from_secs(10), "the busy client's endpoints saturated", || async { hanging.most_in_flight() * 2 >= max_in_flight }).await;
 
     let range = RedeliveryRange { from_ms: range_from_ms, until_ms: range_until_ms, include_delivered: true };
-    let queued = outbox.subscriptions().redeliver_range(BUSY_CLIENT, &range_endpoint, range, RedeliveryLimits::default(), wall_ms()).await.expect("range");
+    let queued =
+        outbox.subscriptions().redeliver_range(BUSY_CLIENT, &range_endpoint, range, RedeliveryLimits::default(), wall_ms()).await.expect("range");
     assert_eq!(queued, RANGE_EVENTS as u64);
     let committed_at = outbox.paced_commits(OTHER_CLIENT, OTHER_EVENTS, PACE).await;
     eventually(Duration::from_secs(10), "every event of the other client arrives", || async { healthy.count() >= OTHER_EVENTS }).await;

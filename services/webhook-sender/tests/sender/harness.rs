@@ -136,11 +136,8 @@ impl Received {
 
 /// Commit → receipt times of what `receiver` got, in ms, sorted; `committed_at_ms` by event id.
 pub fn commit_to_receipt(receiver: &Receiver, committed_at_ms: &HashMap<String, i64>) -> Latencies {
-    let mut ms: Vec<i64> = receiver
-        .received()
-        .iter()
-        .map(|delivery| delivery.at_ms - committed_at_ms[delivery.header("webhook-id").expect("webhook-id")])
-        .collect();
+    let mut ms: Vec<i64> =
+        receiver.received().iter().map(|delivery| delivery.at_ms - committed_at_ms[delivery.header("webhook-id").expect("webhook-id")]).collect();
     ms.sort_unstable();
     Latencies(ms)
 }
@@ -397,7 +394,8 @@ impl SenderProcess {
             let startup = startup.clone();
             move || read_log(log, &startup)
         });
-        let started = eventually(Duration::from_secs(20), "the sender logs where it serves", || async { startup.lock().expect("not poisoned").take() }).await;
+        let started =
+            eventually(Duration::from_secs(20), "the sender logs where it serves", || async { startup.lock().expect("not poisoned").take() }).await;
         let health = started.unwrap_or_else(|log| panic!("the sender stopped before it served; its log:\n{log}"));
         Self { child, health }
     }

@@ -6,12 +6,16 @@ use idempotency::{Clock, ManualClock};
 use outbox::{EndpointLimits, Subscriptions};
 use webhooks::signature::{ReceivedHeaders, Secret, Verifier, VerifyError};
 
-use crate::harness::{CLIENT, Outbox, Receiver, Received, settings, start_sender, wall_ms};
+use crate::harness::{CLIENT, Outbox, Received, Receiver, settings, start_sender, wall_ms};
 
 const OVERLAP_MS: i64 = 60_000;
 
 fn verify(secret: &Secret, delivery: &Received) -> Result<(), VerifyError> {
-    let headers = ReceivedHeaders { id: delivery.header("webhook-id"), timestamp: delivery.header("webhook-timestamp"), signature: delivery.header("webhook-signature") };
+    let headers = ReceivedHeaders {
+        id: delivery.header("webhook-id"),
+        timestamp: delivery.header("webhook-timestamp"),
+        signature: delivery.header("webhook-signature"),
+    };
     let now_secs = delivery.header("webhook-timestamp").and_then(|t| t.parse().ok()).expect("a timestamp");
     Verifier::new(secret.clone()).verify(&headers, &delivery.body, now_secs)
 }

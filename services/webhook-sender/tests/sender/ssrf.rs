@@ -26,8 +26,10 @@ async fn refused_addresses_are_never_dialled_and_redirects_are_not_followed() {
 
     let limits = EndpointLimits::default();
     let now = wall_ms();
-    let (denied, _) = outbox.endpoint(&format!("https://internal.example.com:{}/hook", private.addr.port()), &[outbox::ORDER_PAID], limits, now).await;
-    let (mixed, _) = outbox.endpoint(&format!("https://mixed.example.com:{}/hook", mixed_private.addr.port()), &[outbox::ORDER_PAID], limits, now).await;
+    let (denied, _) =
+        outbox.endpoint(&format!("https://internal.example.com:{}/hook", private.addr.port()), &[outbox::ORDER_PAID], limits, now).await;
+    let (mixed, _) =
+        outbox.endpoint(&format!("https://mixed.example.com:{}/hook", mixed_private.addr.port()), &[outbox::ORDER_PAID], limits, now).await;
     let (redirect, _) = outbox.endpoint(&redirecting.url(), &[outbox::ORDER_PAID], limits, now).await;
     let _sender = start_sender_resolving(settings(&outbox, &[&redirecting]), Arc::new(SystemClock), resolver).await;
     let event_id = outbox.paid(wall_ms()).await;

@@ -59,9 +59,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
-            Projection::AnsweredHere { response } => {
-                Poll::Ready(Ok(response.take().expect("polled after completion")))
-            }
+            Projection::AnsweredHere { response } => Poll::Ready(Ok(response.take().expect("polled after completion"))),
             Projection::Untracked { inner } => inner.poll(cx).map_err(Into::into),
             Projection::Forwarded { inner, expiry, hop, dependency, slice } => {
                 let out_of_time = |hop: &Hop| {
@@ -90,11 +88,7 @@ where
                     }
                     Poll::Ready(Err(error)) => {
                         let error = error.into();
-                        if is_caused_by::<TimeoutExpired>(error.as_ref()) {
-                            Poll::Ready(Ok(out_of_time(hop)))
-                        } else {
-                            Poll::Ready(Err(error))
-                        }
+                        if is_caused_by::<TimeoutExpired>(error.as_ref()) { Poll::Ready(Ok(out_of_time(hop))) } else { Poll::Ready(Err(error)) }
                     }
                     Poll::Pending => {
                         if expiry.poll(cx).is_pending() {

@@ -78,7 +78,11 @@ where
                 return ResponseFuture::untracked(self.inner.call(request));
             }
             let method = request.uri().path();
-            tracing::warn!(dependency = self.dependency, method, "refused a call with no deadline: no hop is current (a spawned task must carry it with Hop::scope)");
+            tracing::warn!(
+                dependency = self.dependency,
+                method,
+                "refused a call with no deadline: no hop is current (a spawned task must carry it with Hop::scope)"
+            );
             let status = Status::internal(format!("{method} to {} was refused: it had no deadline to forward", self.dependency));
             return ResponseFuture::answered_here(status.into_http());
         };

@@ -23,12 +23,8 @@ impl Protocol for Grpc {
         let Some(value) = headers.get(grpc_timeout::HEADER) else {
             return Ok(None);
         };
-        let text = value.to_str().map_err(|_| {
-            Status::invalid_argument("grpc-timeout is not ASCII text").into_http()
-        })?;
-        grpc_timeout::parse(text)
-            .map(Some)
-            .map_err(|error| Status::invalid_argument(error.to_string()).into_http())
+        let text = value.to_str().map_err(|_| Status::invalid_argument("grpc-timeout is not ASCII text").into_http())?;
+        grpc_timeout::parse(text).map(Some).map_err(|error| Status::invalid_argument(error.to_string()).into_http())
     }
 
     fn grant(&self, requested: Option<Duration>) -> Duration {

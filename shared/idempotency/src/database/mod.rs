@@ -140,24 +140,17 @@ impl Database {
                 let options = SqliteConnectOptions::from_str(url)?.busy_timeout(WAIT);
                 // WAL lets the readers run beside the one writer, which creates the file.
                 let mut connection = <SqliteConnection as sqlx::Connection>::connect_with(
-                    &options
-                        .clone()
-                        .create_if_missing(true)
-                        .journal_mode(SqliteJournalMode::Wal)
-                        .synchronous(match sqlite.synchronous {
-                            Synchronous::Normal => SqliteSynchronous::Normal,
-                            Synchronous::Full => SqliteSynchronous::Full,
-                        }),
+                    &options.clone().create_if_missing(true).journal_mode(SqliteJournalMode::Wal).synchronous(match sqlite.synchronous {
+                        Synchronous::Normal => SqliteSynchronous::Normal,
+                        Synchronous::Full => SqliteSynchronous::Full,
+                    }),
                 )
                 .await?;
                 for (owner, migrator) in all {
                     migrate(owner, migrator, &mut connection).await?;
                 }
-                let reader = SqlitePoolOptions::new()
-                    .max_connections(SQLITE_READERS)
-                    .acquire_timeout(WAIT)
-                    .connect_with(options.read_only(true))
-                    .await?;
+                let reader =
+                    SqlitePoolOptions::new().max_connections(SQLITE_READERS).acquire_timeout(WAIT).connect_with(options.read_only(true)).await?;
                 Ok(Self { writes: Writes::Sqlite(writer::Writer::spawn(connection, &sqlite)), reader: Pool::Sqlite(reader) })
             }
             Backend::Postgres => {

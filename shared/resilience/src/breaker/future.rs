@@ -89,7 +89,11 @@ impl Thresholds {
             Code::DeadlineExceeded => match Slice::from_headers(headers) {
                 // The caller's budget ran out before the dependency had a fair chance.
                 Some(slice) if slice.given < self.min_judged_slice => {
-                    if slow { Outcome::Slow } else { Outcome::Ignored }
+                    if slow {
+                        Outcome::Slow
+                    } else {
+                        Outcome::Ignored
+                    }
                 }
                 _ => Outcome::Failure,
             },
@@ -156,7 +160,13 @@ mod tests {
             ("INTERNAL", THRESHOLDS, answer(Status::internal("broken"), &[]), quick, Outcome::Failure),
             ("no answer at all", THRESHOLDS, Err("connection refused".into()), quick, Outcome::Failure),
             ("DEADLINE_EXCEEDED after an adequate slice", THRESHOLDS, answer(expired(), &[(SLICE_HEADER, "1478")]), long, Outcome::Failure),
-            ("DEADLINE_EXCEEDED after exactly the threshold", THRESHOLDS, answer(expired(), &[(SLICE_HEADER, "1000; capped")]), long, Outcome::Failure),
+            (
+                "DEADLINE_EXCEEDED after exactly the threshold",
+                THRESHOLDS,
+                answer(expired(), &[(SLICE_HEADER, "1000; capped")]),
+                long,
+                Outcome::Failure,
+            ),
             ("DEADLINE_EXCEEDED after a short slice", THRESHOLDS, answer(expired(), &[(SLICE_HEADER, "51")]), quick, Outcome::Ignored),
             ("DEADLINE_EXCEEDED after a capped short slice", THRESHOLDS, answer(expired(), &[(SLICE_HEADER, "51; capped")]), quick, Outcome::Ignored),
             (
@@ -168,7 +178,13 @@ mod tests {
             ),
             ("DEADLINE_EXCEEDED with no slice named", THRESHOLDS, answer(expired(), &[]), quick, Outcome::Failure),
             ("a relayed failure", THRESHOLDS, answer(Status::unavailable("bank-mock: down"), &[(RELAYED_HEADER, "true")]), quick, Outcome::Ignored),
-            ("a relayed DEADLINE_EXCEEDED", THRESHOLDS, answer(expired(), &[(RELAYED_HEADER, "true"), (SLICE_HEADER, "1478")]), long, Outcome::Ignored),
+            (
+                "a relayed DEADLINE_EXCEEDED",
+                THRESHOLDS,
+                answer(expired(), &[(RELAYED_HEADER, "true"), (SLICE_HEADER, "1478")]),
+                long,
+                Outcome::Ignored,
+            ),
             ("a fail-fast for lack of budget", THRESHOLDS, answer(expired(), &[(FAILED_FAST_HEADER, "payment")]), quick, Outcome::Ignored),
             ("RESOURCE_EXHAUSTED", THRESHOLDS, answer(Status::resource_exhausted("slow down"), &[]), quick, Outcome::Ignored),
             ("a slow RESOURCE_EXHAUSTED", THRESHOLDS, answer(Status::resource_exhausted("slow down"), &[]), long, Outcome::Ignored),

@@ -58,9 +58,9 @@ use std::{
     time::Duration,
 };
 
+use future::Thresholds;
 use http::{Request, Response};
 use serde::{Deserialize, Serialize};
-use future::Thresholds;
 use state::{Admission, Machine, Transition};
 use telemetry::{
     attr,
@@ -145,10 +145,8 @@ struct Counters {
 impl Counters {
     fn new(hop: &'static str, dependency: &'static str) -> Self {
         let labels = [KeyValue::new(attr::HOP, hop), KeyValue::new(attr::PEER, dependency)];
-        let position = metrics::meter()
-            .u64_gauge(metrics::name::BREAKER_STATE)
-            .with_description("Breaker position: 0 closed, 1 half-open, 2 open")
-            .build();
+        let position =
+            metrics::meter().u64_gauge(metrics::name::BREAKER_STATE).with_description("Breaker position: 0 closed, 1 half-open, 2 open").build();
         position.record(Position::Closed.gauge_value(), &labels);
         Self {
             rejected: AtomicU64::new(0),
@@ -243,7 +241,12 @@ impl Breaker {
             self.counters.rejected.fetch_add(1, Ordering::Relaxed);
             self.counters.rejections.add(1, &self.counters.labels);
             let open = CircuitOpen { dependency: self.dependency, retry_in };
-            tracing::debug!(peer = self.dependency, breaker.state = "open", breaker.retry_in_ms = open.retry_in_ms() as i64, "circuit breaker answered without calling");
+            tracing::debug!(
+                peer = self.dependency,
+                breaker.state = "open",
+                breaker.retry_in_ms = open.retry_in_ms() as i64,
+                "circuit breaker answered without calling"
+            );
             open
         })
     }

@@ -59,9 +59,16 @@ impl Position {
 #[derive(Debug)]
 enum State {
     /// The recorded outcomes, oldest first, each with the time it was recorded.
-    Closed { window: VecDeque<(Instant, Outcome)> },
-    Open { until: Instant },
-    HalfOpen { admitted: u32, succeeded: u32 },
+    Closed {
+        window: VecDeque<(Instant, Outcome)>,
+    },
+    Open {
+        until: Instant,
+    },
+    HalfOpen {
+        admitted: u32,
+        succeeded: u32,
+    },
 }
 
 /// An admitted call: the state it was admitted in, so that its outcome is recorded only there.
@@ -400,7 +407,11 @@ mod tests {
 
         assert_eq!(machine.record(before.unwrap(), Outcome::Failure, later), None);
         for _ in 0..4 {
-            assert_eq!(call(&mut machine, Outcome::Failure, later), None, "four fresh failures are below min_calls: the old one is not in the window");
+            assert_eq!(
+                call(&mut machine, Outcome::Failure, later),
+                None,
+                "four fresh failures are below min_calls: the old one is not in the window"
+            );
         }
         assert_eq!(call(&mut machine, Outcome::Failure, later).map(|t| t.to), Some(Position::Open));
     }

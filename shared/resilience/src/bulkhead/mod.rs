@@ -22,12 +22,12 @@ use std::{
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::{Status, metadata::MetadataValue};
 use telemetry::{
     attr,
     metrics::{self, Counter, KeyValue},
 };
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::{Status, metadata::MetadataValue};
 use tower::{BoxError, Service};
 
 /// Metadata marking an answer given by a full bulkhead; its value names the dependency.
@@ -182,15 +182,14 @@ mod tests {
         assert_eq!(bulkhead.stats().in_flight, 2);
 
         // The third is answered on its first poll: rejected, never queued.
-        let rejected = futures::FutureExt::now_or_never(service.clone().oneshot(Request::new(String::new())))
-            .expect("rejected at once")
-            .unwrap();
+        let rejected = futures::FutureExt::now_or_never(service.clone().oneshot(Request::new(String::new()))).expect("rejected at once").unwrap();
         assert_eq!(rejected.headers()["grpc-status"], "14");
         assert_eq!(rejected.headers()[BULKHEAD_FULL_HEADER], "bank-mock");
         assert_eq!(bulkhead.stats(), BulkheadStats { limit: 2, in_flight: 2, rejected: 1 });
 
         release.send(true).unwrap();
-        let (first, second) = tokio::time::timeout(std::time::Duration::from_secs(5), futures::future::join(first, second)).await.expect("released calls end");
+        let (first, second) =
+            tokio::time::timeout(std::time::Duration::from_secs(5), futures::future::join(first, second)).await.expect("released calls end");
         first.unwrap();
         second.unwrap();
         assert_eq!(bulkhead.stats().in_flight, 0, "permits return when calls end");

@@ -25,9 +25,8 @@ impl AttemptTime {
     pub(crate) fn observe(&self, took: Duration) {
         let took = took.as_micros() as f64;
         // A lost update under contention only skips one sample of a moving average.
-        let _ = self.micros.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |current| {
-            Some((current as f64 * (1.0 - ALPHA) + took * ALPHA) as u64)
-        });
+        let _ =
+            self.micros.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |current| Some((current as f64 * (1.0 - ALPHA) + took * ALPHA) as u64));
     }
 }
 

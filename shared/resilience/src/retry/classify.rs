@@ -84,9 +84,17 @@ mod tests {
             assert!(is_transient(code), "{code:?}");
         }
         for code in [
-            Code::InvalidArgument, Code::NotFound, Code::AlreadyExists, Code::FailedPrecondition,
-            Code::PermissionDenied, Code::Unauthenticated, Code::ResourceExhausted, Code::Internal,
-            Code::Cancelled, Code::Aborted, Code::Unimplemented,
+            Code::InvalidArgument,
+            Code::NotFound,
+            Code::AlreadyExists,
+            Code::FailedPrecondition,
+            Code::PermissionDenied,
+            Code::Unauthenticated,
+            Code::ResourceExhausted,
+            Code::Internal,
+            Code::Cancelled,
+            Code::Aborted,
+            Code::Unimplemented,
         ] {
             assert!(!is_transient(code), "{code:?}");
         }

@@ -182,13 +182,8 @@ impl RetryPolicy {
         if !(0.001..=1_000.0).contains(&settings.throttle_token_ratio) {
             return Err(InvalidRetrySettings::ThrottleRatio);
         }
-        let budget = RetryBudget::new(
-            Duration::from_millis(settings.budget_window_ms),
-            settings.budget_min_per_sec,
-            settings.budget_percent,
-        );
-        let throttle = (settings.throttle_max_tokens > 0)
-            .then(|| RetryThrottle::new(settings.throttle_max_tokens, settings.throttle_token_ratio));
+        let budget = RetryBudget::new(Duration::from_millis(settings.budget_window_ms), settings.budget_min_per_sec, settings.budget_percent);
+        let throttle = (settings.throttle_max_tokens > 0).then(|| RetryThrottle::new(settings.throttle_max_tokens, settings.throttle_token_ratio));
         let backoff_base = Duration::from_millis(settings.backoff_base_ms);
         let backoff_max = Duration::from_millis(settings.backoff_max_ms.max(settings.backoff_base_ms).max(1));
         backoff_maker(backoff_base, backoff_max)?;
@@ -264,9 +259,7 @@ impl RetryPolicy {
             None => {
                 let shared = &self.shared;
                 self.backoff
-                    .get_or_insert_with(|| {
-                        backoff_maker(shared.backoff_base, shared.backoff_max).expect("validated in new").make_backoff()
-                    })
+                    .get_or_insert_with(|| backoff_maker(shared.backoff_base, shared.backoff_max).expect("validated in new").make_backoff())
                     .next_backoff()
             }
         };

@@ -34,7 +34,13 @@ fn a_caller_is_held_to_its_methods() {
 #[test]
 fn the_operator_reads_and_inspects_but_does_not_write() {
     let policy = policy();
-    for path in ["/orders.v1.Orders/GetOrder", "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", "/metrics", "/grpc.health.v1.Health/Check"] {
+    for path in [
+        "/orders.v1.Orders/GetOrder",
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        "/metrics",
+        "/grpc.health.v1.Health/Check",
+    ] {
         assert!(policy.decide(Some("operator"), path).is_ok(), "{path}");
     }
     assert!(policy.decide(Some("operator"), "/orders.v1.Orders/CreateOrder").is_err());

@@ -15,9 +15,18 @@ async fn up_serves_the_readme_request_and_stops_on_sigterm() {
         .arg("--data-dir")
         .arg(data.path())
         .args(
-            ["gateway.http_listen", "gateway.grpc_listen", "orders.listen", "payment.listen", "bank.listen", "bank.admin_listen"]
-                .iter()
-                .flat_map(|key| ["--set".to_owned(), format!("{key}=127.0.0.1:0")]),
+            [
+                "gateway.http_listen",
+                "gateway.grpc_listen",
+                "gateway.metrics_listen",
+                "orders.listen",
+                "payment.listen",
+                "bank.listen",
+                "bank.admin_listen",
+                "webhook_sender.listen",
+            ]
+            .iter()
+            .flat_map(|key| ["--set".to_owned(), format!("{key}=127.0.0.1:0")]),
         )
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -25,6 +34,8 @@ async fn up_serves_the_readme_request_and_stops_on_sigterm() {
         .expect("stack binary starts");
 
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("a line is printed").unwrap();
+    assert!(first.starts_with("gateway → orders → payment → bank-mock"), "the stack's banner comes first: {first}");
     let gateway = lines
         .by_ref()
         .map_while(Result::ok)

@@ -83,6 +83,9 @@ impl std::fmt::Debug for TraceSwitch {
 #[error("OTLP exporter: {0}")]
 pub struct TelemetryError(String);
 
+/// The log filter when `RUST_LOG` is not set.
+const DEFAULT_LOG_FILTER: &str = "info,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn";
+
 /// Installs logging and metrics, and OTLP export of traces and metrics when configured, for a
 /// process that is one `service`. A second call in one process installs nothing and returns an
 /// inert guard: the first installation serves all. Call it before building the services: an
@@ -95,7 +98,9 @@ pub fn init(service: Service, settings: &TelemetrySettings) -> Result<Telemetry,
 /// exported under its own name, those that belong to none under the `process`'s (see
 /// [`trace::set_service`]). Metrics are the process's.
 pub fn init_hosting(process: Service, services: &[Service], settings: &TelemetrySettings) -> Result<Telemetry, TelemetryError> {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // OpenTelemetry's own INFO lines (a provider set, an exporter built) say nothing a user acts on,
+    // and would be the first lines a service prints.
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
     let logs = tracing_subscriber::fmt::layer().with_target(false).with_filter(filter);
     let process_resource = service_resource(process, settings.service_name.as_deref().unwrap_or(process.name));
     let endpoint = settings.otlp_endpoint.as_deref();

@@ -5,6 +5,8 @@
 //! is in the outbox. The bank runs in the test, outside the killed process, so that its ledger
 //! outlives the crash.
 
+mod common;
+
 use std::{
     collections::HashMap,
     io::{BufRead, BufReader},
@@ -39,19 +41,7 @@ impl Stack {
     /// Starts the stack on `data_dir` (and on PostgreSQL when `urls` name its databases), charging
     /// at `bank`; returns once it prints the gateway's address.
     fn start(data_dir: &Path, bank: &str, urls: Option<&(ScratchDatabase, ScratchDatabase)>) -> Self {
-        let mut overrides: Vec<String> = [
-            "gateway.http_listen",
-            "gateway.grpc_listen",
-            "gateway.metrics_listen",
-            "orders.listen",
-            "payment.listen",
-            "bank.listen",
-            "bank.admin_listen",
-            "webhook_sender.listen",
-        ]
-        .iter()
-        .map(|key| format!("{key}=127.0.0.1:0"))
-        .collect();
+        let mut overrides = common::every_listener_on_a_free_port();
         overrides.push(format!("external_bank={bank}"));
         // The bank outlives the stack, whose development CA is new at every start: both talk
         // plain text (what this test is about is elsewhere).

@@ -1,6 +1,8 @@
 //! `stack up` as a user runs it: the binary starts the chain, prints where it listens, serves the
 //! README's request, and stops on SIGTERM.
 
+mod common;
+
 use std::{
     io::{BufRead, BufReader},
     process::{Command, Stdio},
@@ -14,20 +16,7 @@ async fn up_serves_the_readme_request_and_stops_on_sigterm() {
         .arg("up")
         .arg("--data-dir")
         .arg(data.path())
-        .args(
-            [
-                "gateway.http_listen",
-                "gateway.grpc_listen",
-                "gateway.metrics_listen",
-                "orders.listen",
-                "payment.listen",
-                "bank.listen",
-                "bank.admin_listen",
-                "webhook_sender.listen",
-            ]
-            .iter()
-            .flat_map(|key| ["--set".to_owned(), format!("{key}=127.0.0.1:0")]),
-        )
+        .args(common::every_listener_on_a_free_port().into_iter().flat_map(|value| ["--set".to_owned(), value]))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

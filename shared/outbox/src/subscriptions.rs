@@ -304,20 +304,7 @@ impl Subscriptions {
         overlap_ms: i64,
         now_ms: i64,
     ) -> Result<Secret, OutboxError> {
-        // Writing first takes the endpoint's row lock (PostgreSQL: a concurrent rotation waits,
-        // then sees this one's secret) or the database's write lock (SQLite: no snapshot taken by
-        // a read can go stale before the write).
-        let owned = on_driver!(&mut *transaction, |executor| sqlx::query(
-            "UPDATE webhook_endpoints SET state = state WHERE endpoint_id = $1 AND client_id = $2"
-        )
-        .bind(endpoint_id)
-        .bind(client_id)
-        .execute(executor)
-        .await?
-        .rows_affected());
-        if owned == 0 {
-            return Err(OutboxError::EndpointNotFound(endpoint_id.to_owned()));
-        }
+        lock_owned_endpoint(transaction, client_id, endpoint_id).await?;
         // Every secret but the current one goes (expired or still in an overlap); the current one
         // becomes the previous, signing until the overlap ends.
         on_driver!(&mut *transaction, |executor| {
@@ -394,18 +381,7 @@ impl Subscriptions {
     /// An attempt in flight meanwhile finds its delivery gone and is not recorded.
     pub async fn delete_endpoint(&self, client_id: &str, endpoint_id: &str) -> Result<(), OutboxError> {
         let mut transaction = self.database.begin().await?;
-        // Locks the endpoint's row first, as a rotation does, and proves it is the client's.
-        let owned = on_driver!(&mut transaction, |executor| sqlx::query(
-            "UPDATE webhook_endpoints SET state = state WHERE endpoint_id = $1 AND client_id = $2"
-        )
-        .bind(endpoint_id)
-        .bind(client_id)
-        .execute(executor)
-        .await?
-        .rows_affected());
-        if owned == 0 {
-            return Err(OutboxError::EndpointNotFound(endpoint_id.to_owned()));
-        }
+        lock_owned_endpoint(&mut transaction, client_id, endpoint_id).await?;
         // Children before parents: every table refers to the endpoint (attempts through deliveries).
         for statement in [
             "DELETE FROM webhook_attempts WHERE endpoint_id = $1",
@@ -525,6 +501,24 @@ async fn with_event_types(transaction: &mut Transaction, row: EndpointRow) -> Re
             .fetch_all(executor)
             .await?);
     row.into_endpoint(event_types.into_iter().map(|(event_type,)| event_type).collect())
+}
+
+/// Locks the client's endpoint for the rest of `transaction`, or says it has no such endpoint.
+/// Writing first takes the endpoint's row lock (PostgreSQL: a concurrent rotation or delete
+/// waits, then sees what this one did) or the database's write lock (SQLite: no snapshot taken by
+/// a read can go stale before the write).
+async fn lock_owned_endpoint(transaction: &mut Transaction, client_id: &str, endpoint_id: &str) -> Result<(), OutboxError> {
+    let owned =
+        on_driver!(transaction, |executor| sqlx::query("UPDATE webhook_endpoints SET state = state WHERE endpoint_id = $1 AND client_id = $2")
+            .bind(endpoint_id)
+            .bind(client_id)
+            .execute(executor)
+            .await?
+            .rows_affected());
+    if owned == 0 {
+        return Err(OutboxError::EndpointNotFound(endpoint_id.to_owned()));
+    }
+    Ok(())
 }
 
 async fn owned_endpoint(transaction: &mut Transaction, client_id: &str, endpoint_id: &str) -> Result<EndpointRow, OutboxError> {

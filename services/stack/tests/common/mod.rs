@@ -1,0 +1,19 @@
+//! What the tests that run the `stack` binary share.
+
+/// The `--set` values that put every listener of `stack up` on a free loopback port, so that the
+/// binary runs beside anything else (another test, a stack a developer left running).
+pub fn every_listener_on_a_free_port() -> Vec<String> {
+    [
+        "gateway.http_listen",
+        "gateway.grpc_listen",
+        "gateway.metrics_listen",
+        "orders.listen",
+        "payment.listen",
+        "bank.listen",
+        "bank.admin_listen",
+        "webhook_sender.listen",
+    ]
+    .iter()
+    .map(|key| format!("{key}=127.0.0.1:0"))
+    .collect()
+}

@@ -71,28 +71,33 @@ struct MinimalWrites(Database);
 impl MinimalWrites {
     async fn open(path: &Path) -> Result<Self, BenchError> {
         let database = Database::connect(&format!("sqlite://{}", path.display())).await.map_err(|error| BenchError::Floor(error.to_string()))?;
-        let create = database.autocommit(async |writes| {
-            on_driver!(writes, |executor| sqlx::query("CREATE TABLE writes (id TEXT PRIMARY KEY, body BLOB NOT NULL)")
-                .execute(executor)
-                .await
-                .map(drop))
+        let create = database.autocommit(|writes| {
+            Box::pin(async move {
+                on_driver!(writes, |executor| sqlx::query("CREATE TABLE writes (id TEXT PRIMARY KEY, body BLOB NOT NULL)")
+                    .execute(executor)
+                    .await
+                    .map(drop))
+            })
         });
         create.await.map_err(|error| BenchError::Floor(error.to_string()))?;
         Ok(Self(database))
     }
 
     async fn write(&self, id: &str, message: &impl Message) -> Result<(), Status> {
-        let failed = |error: sqlx::Error| Status::internal(error.to_string());
-        let mut transaction = self.0.begin().await.map_err(failed)?;
-        let body = message.encode_to_vec();
-        on_driver!(&mut transaction, |executor| sqlx::query("INSERT INTO writes (id, body) VALUES ($1, $2)")
-            .bind(id)
-            .bind(body.as_slice())
-            .execute(executor)
+        let (id, body) = (id.to_owned(), message.encode_to_vec());
+        self.0
+            .transact(move |transaction| {
+                Box::pin(async move {
+                    on_driver!(transaction, |executor| sqlx::query("INSERT INTO writes (id, body) VALUES ($1, $2)")
+                        .bind(id)
+                        .bind(body)
+                        .execute(executor)
+                        .await
+                        .map(drop))
+                })
+            })
             .await
-            .map(drop))
-        .map_err(failed)?;
-        transaction.commit().await.map_err(failed)
+            .map_err(|error: sqlx::Error| Status::internal(error.to_string()))
     }
 }
 

@@ -1,13 +1,14 @@
 //! Comparison 1, overhead: the chain with every layer against the same four hops in bare tonic.
 //!
-//! Why four chains? The bare chain has no layers and no storage, so "every layer ÷ bare" is
+//! Why five chains? The bare chain has no layers and no storage, so "every layer ÷ bare" is
 //! the whole price of the design on this path. The chain with its guards idle (breakers and
 //! retries off, bulkhead and quota limits out of reach, the same services and storage otherwise)
 //! splits that price: what the guards' decisions cost, and what the rest costs (deadline and
 //! ledger layers, intake limits, idempotency keys and orders in SQLite). The bare chain with
 //! minimal writes (one row per request at orders and at payment, on the same SQLite) is the floor
 //! of any durable chain: "every layer ÷ minimal writes" is the price of the reliability
-//! bookkeeping alone.
+//! bookkeeping alone. The chain with plain-text hops differs from every layer only in mutual TLS
+//! between the hops (the bare chains are plain text too): the price of the hops' identities.
 //!
 //! For each chain: a closed-loop probe finds its ceiling, then open-loop rates from the ceiling
 //! down, 10 % of it at a time, find the highest rate it sustains; last, every chain gets the same
@@ -31,6 +32,8 @@ use crate::{
 pub const EVERY_LAYER: &str = "every layer";
 /// The chain with its guards out of the way.
 pub const GUARDS_IDLE: &str = "guards idle";
+/// The chain as configured, with plain-text gRPC between its hops instead of mutual TLS.
+pub const PLAIN_TEXT: &str = "every layer, plain text";
 /// The label of the baseline.
 pub const BARE: &str = "bare tonic";
 /// The label of the floor of a durable chain.
@@ -69,7 +72,7 @@ pub struct Step {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Ratio {
     pub chain: &'static str,
-    /// [`BARE`] or [`MINIMAL_WRITES`].
+    /// [`BARE`], [`MINIMAL_WRITES`] or [`PLAIN_TEXT`].
     pub baseline: &'static str,
     pub max_sustained_throughput: Option<f64>,
     pub p50: Option<f64>,
@@ -94,7 +97,7 @@ enum Subject {
     MinimalWrites,
 }
 
-const SUBJECTS: [Subject; 4] = [
+const SUBJECTS: [Subject; 5] = [
     Subject::Layered {
         label: EVERY_LAYER,
         about: "the chain as configured: deadline, retries under the budget, breakers, bulkheads, rate limit, intake limits; orders and keys in SQLite",
@@ -106,6 +109,14 @@ const SUBJECTS: [Subject; 4] = [
         change: |settings| {
             settings.bank.faults = chains::instant_bank();
             stack::scenario::without_guards(settings);
+        },
+    },
+    Subject::Layered {
+        label: PLAIN_TEXT,
+        about: "the chain as configured, with its hops talking plain-text gRPC instead of mutual TLS: beside every layer, the price of the hops' identities",
+        change: |settings| {
+            settings.bank.faults = chains::instant_bank();
+            settings.plaintext = true;
         },
     },
     Subject::Bare,
@@ -148,19 +159,18 @@ pub async fn measure(profile: &Profile) -> Result<Overhead, BenchError> {
     };
     let p = |chain: &ChainOverhead, pick: fn(&load::Latencies) -> f64| chain.moderate.latency_ms.as_ref().map(pick);
     let layered = || chains.iter().filter(|chain| ![BARE, MINIMAL_WRITES].contains(&chain.chain));
-    let ratios = [BARE, MINIMAL_WRITES]
-        .into_iter()
-        .flat_map(|baseline| {
-            let base = chains.iter().find(|chain| chain.chain == baseline).expect("every baseline is measured");
-            layered().map(move |chain| Ratio {
-                chain: chain.chain,
-                baseline,
-                max_sustained_throughput: divide(chain.max_sustained_per_second, base.max_sustained_per_second),
-                p50: divide(p(chain, |l| l.p50), p(base, |l| l.p50)),
-                p99: divide(p(chain, |l| l.p99), p(base, |l| l.p99)),
-            })
-        })
-        .collect();
+    let measured = |label: &str| chains.iter().find(|chain| chain.chain == label).expect("every subject is measured");
+    let ratio = |chain: &ChainOverhead, base: &ChainOverhead| Ratio {
+        chain: chain.chain,
+        baseline: base.chain,
+        max_sustained_throughput: divide(chain.max_sustained_per_second, base.max_sustained_per_second),
+        p50: divide(p(chain, |l| l.p50), p(base, |l| l.p50)),
+        p99: divide(p(chain, |l| l.p99), p(base, |l| l.p99)),
+    };
+    let mut ratios: Vec<Ratio> =
+        [BARE, MINIMAL_WRITES].into_iter().flat_map(|baseline| layered().map(move |chain| ratio(chain, measured(baseline)))).collect();
+    // Mutual TLS against plain text, everything else equal.
+    ratios.push(ratio(measured(EVERY_LAYER), measured(PLAIN_TEXT)));
     Ok(Overhead {
         sustained_when: format!(
             "p99 from the due time within {} ms, at least {} % successes, none dropped",

@@ -10,7 +10,7 @@ use crate::{
     Coverage, Report,
     idempotency::{BackendIdempotency, CREATED, REPLAYED},
     load::{Latencies, Measurement},
-    overhead::{BARE, EVERY_LAYER, GUARDS_IDLE, MINIMAL_WRITES},
+    overhead::{BARE, EVERY_LAYER, GUARDS_IDLE, MINIMAL_WRITES, PLAIN_TEXT},
     statements::BackendStatements,
 };
 
@@ -210,7 +210,13 @@ impl Report {
             };
             writeln!(out, "| {part} | {} |", value.map_or_else(|| NONE.to_owned(), |us| format!("{us:.0} µs")))?;
         }
-        writeln!(out, "| every layer, in all | {} |", cpu(EVERY_LAYER).map_or_else(|| NONE.to_owned(), |us| format!("{us:.0} µs")))
+        writeln!(out, "| every layer, in all | {} |", cpu(EVERY_LAYER).map_or_else(|| NONE.to_owned(), |us| format!("{us:.0} µs")))?;
+        let tls = cpu(EVERY_LAYER).zip(cpu(PLAIN_TEXT)).map(|(tls, plain)| tls - plain);
+        writeln!(
+            out,
+            "| of which mutual TLS between the hops (every layer less {PLAIN_TEXT}) | {} |",
+            tls.map_or_else(|| NONE.to_owned(), |us| format!("{us:.0} µs"))
+        )
     }
 
     fn precision(&self, out: &mut String) -> fmt::Result {

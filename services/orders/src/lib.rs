@@ -18,7 +18,8 @@ use std::{
 
 use deadline::{Hop, HopStats};
 use error::OrdersError;
-use idempotency::{Begin, Database, KeyStore, Lease, Stored};
+use futures::future::BoxFuture;
+use idempotency::{Begin, BeginWith, Database, KeyStore, Lease, Progress, Stored, Transaction};
 use prost::Message;
 use proto::{
     common::v1::{CreateOrderRequest, GetOrderRequest, Order, OrderStatus},
@@ -144,30 +145,19 @@ impl OrderService {
         let fingerprint = idempotency::fingerprint(&request.encode_to_vec());
         // The key is ours until our deadline: after it nobody works on it and a retry may take over.
         let lease = Hop::current().map_or(self.default_lease, |hop| hop.deadline().remaining());
-        // A new key's claim commits with phase 1, which follows at once.
-        let mut lease = match self.keys.begin_with_first_phase(client_id, key, &fingerprint, lease).await? {
-            Begin::Replay(stored) => return Ok(Answer { order: replay(&stored)?, replayed: true }),
-            Begin::Execute(lease) => lease,
-        };
-
-        // Phase 1: the order row, with the recovery point that says it exists.
-        let order = match lease.resource_id.clone() {
-            Some(order_id) => self.orders.load(&order_id).await?,
-            None => {
-                let order = Order {
-                    order_id: format!("ord_{}", uuid::Uuid::now_v7().simple()),
-                    customer_id: request.customer_id.clone(),
-                    items: request.items.clone(),
-                    amount_minor: request.amount_minor,
-                    currency: request.currency.clone(),
-                    status: OrderStatus::PendingPayment as i32,
-                    payment: None,
-                    created_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+        // Phase 1, committed with a new key's claim: the order row, with the recovery point that
+        // says it exists.
+        let first_phase = insert_order(client_id, new_order(&request));
+        let (mut lease, order) = match self.keys.begin_with_first_phase(client_id, key, &fingerprint, lease, first_phase).await? {
+            BeginWith::Executed(lease, order) => (lease, order),
+            BeginWith::Found(Begin::Replay(stored), _) => return Ok(Answer { order: replay(&stored)?, replayed: true }),
+            // A lease taken over: phase 1 again unless it committed before.
+            BeginWith::Found(Begin::Execute(mut lease), first_phase) => {
+                let order = match lease.resource_id.clone() {
+                    Some(order_id) => self.orders.load(&order_id).await?,
+                    None => self.keys.atomic_phase(&mut lease, first_phase).await?,
                 };
-                let mut phase = self.keys.phase(&mut lease).await?;
-                store::insert(phase.transaction(), client_id, &order).await?;
-                phase.commit_at(ORDER_CREATED, Some(&order.order_id)).await?;
-                order
+                (lease, order)
             }
         };
         let order = self.pay(client_id, key, &mut lease, order).await?;
@@ -202,12 +192,48 @@ impl OrderService {
         // Phase 3: the outcome, with the answer every repeat will get and the event that tells
         // the client's webhook endpoints, all in one transaction: no event without the outcome,
         // no outcome without its event.
-        let mut phase = self.keys.phase(lease).await?;
-        let recorded = store::record_payment(phase.transaction(), &order.order_id, &payment).await?;
-        store::announce_payment(phase.transaction(), client_id, &recorded).await?;
-        let order = recorded.order;
-        phase.complete(&Stored { code: Code::Ok as i32, body: order.encode_to_vec() }).await?;
+        let (client_id, order_id) = (client_id.to_owned(), order.order_id);
+        let order = self
+            .keys
+            .atomic_phase(lease, move |transaction| {
+                Box::pin(async move {
+                    let recorded = store::record_payment(transaction, &order_id, &payment).await?;
+                    store::announce_payment(transaction, &client_id, &recorded).await?;
+                    let answer = Stored { code: Code::Ok as i32, body: recorded.order.encode_to_vec() };
+                    Ok::<_, OrdersError>((recorded.order, Progress::Completed(answer)))
+                })
+            })
+            .await?;
         Ok(order)
+    }
+}
+
+/// A new order awaiting payment, as `request` asks.
+fn new_order(request: &CreateOrderRequest) -> Order {
+    Order {
+        order_id: format!("ord_{}", uuid::Uuid::now_v7().simple()),
+        customer_id: request.customer_id.clone(),
+        items: request.items.clone(),
+        amount_minor: request.amount_minor,
+        currency: request.currency.clone(),
+        status: OrderStatus::PendingPayment as i32,
+        payment: None,
+        created_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+    }
+}
+
+/// Phase 1 of a create: the order row, and the key at the recovery point that says it exists.
+fn insert_order(
+    client_id: &str,
+    order: Order,
+) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(Order, Progress), OrdersError>> + Send + use<> {
+    let client_id = client_id.to_owned();
+    move |transaction| {
+        Box::pin(async move {
+            store::insert(transaction, &client_id, &order).await?;
+            let created = Progress::At { point: ORDER_CREATED, resource_id: Some(order.order_id.clone()) };
+            Ok((order, created))
+        })
     }
 }
 

@@ -134,13 +134,16 @@ impl Orders {
     /// An order an idempotency key names, for resuming its create.
     pub async fn load(&self, order_id: &str) -> Result<Order, OrdersError> {
         // On the writer, which the key's takeover came through, so the two agree.
+        let id = order_id.to_owned();
         let row: Option<OrderRow> = self
             .database
-            .autocommit(async |writes| {
-                on_driver!(writes, |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1")))
-                    .bind(order_id)
-                    .fetch_optional(executor)
-                    .await)
+            .autocommit(move |writes| {
+                Box::pin(async move {
+                    on_driver!(writes, |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1")))
+                        .bind(id)
+                        .fetch_optional(executor)
+                        .await)
+                })
             })
             .await?;
         let row = row.ok_or_else(|| OrdersError::Corrupt(order_id.to_owned(), "its idempotency key names it but it is missing".into()))?;

@@ -14,7 +14,7 @@ use std::{
 
 use deadline::{Hop, HopStats};
 use error::PaymentError;
-use idempotency::{Begin, Database, KeyStore, Stored, on_driver};
+use idempotency::{Begin, Database, KeyStore, Progress, Stored, on_driver};
 use prost::Message;
 use proto::{
     bank::v1::{ChargeOutcome, ChargeRequest, bank_client::BankClient},
@@ -157,23 +157,30 @@ impl Payments {
             decline_reason: reply.decline_reason,
         };
 
-        let mut phase = self.keys.phase(&mut lease).await?;
-        on_driver!(phase.transaction(), |executor| sqlx::query(
-            "INSERT INTO payments (payment_id, order_id, amount_minor, currency, status, bank_charge_id, decline_reason, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        )
-        .bind(&payment.payment_id)
-        .bind(&request.order_id)
-        .bind(request.amount_minor)
-        .bind(&request.currency)
-        .bind(if approved { "approved" } else { "declined" })
-        .bind(&payment.bank_charge_id)
-        .bind(&payment.decline_reason)
-        .bind(humantime::format_rfc3339_millis(SystemTime::now()).to_string())
-        .execute(executor)
-        .await
-        .map(drop))?;
-        phase.complete(&Stored { code: Code::Ok as i32, body: payment.encode_to_vec() }).await?;
+        let (row, order_id, amount_minor, currency) = (payment.clone(), request.order_id, request.amount_minor, request.currency);
+        let answer = Stored { code: Code::Ok as i32, body: payment.encode_to_vec() };
+        self.keys
+            .atomic_phase(&mut lease, move |transaction| {
+                Box::pin(async move {
+                    on_driver!(transaction, |executor| sqlx::query(
+                        "INSERT INTO payments (payment_id, order_id, amount_minor, currency, status, bank_charge_id, decline_reason, created_at) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                    )
+                    .bind(&row.payment_id)
+                    .bind(&order_id)
+                    .bind(amount_minor)
+                    .bind(&currency)
+                    .bind(if approved { "approved" } else { "declined" })
+                    .bind(&row.bank_charge_id)
+                    .bind(&row.decline_reason)
+                    .bind(humantime::format_rfc3339_millis(SystemTime::now()).to_string())
+                    .execute(executor)
+                    .await
+                    .map(drop))?;
+                    Ok::<_, PaymentError>(((), Progress::Completed(answer)))
+                })
+            })
+            .await?;
         Ok((payment, false))
     }
 }

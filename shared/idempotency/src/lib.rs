@@ -10,7 +10,7 @@ mod store;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use database::{Backend, Database, DatabaseError, Driver, Executors, Migrations, Pool, SqliteSettings, Synchronous, Transaction, is_unreachable};
 pub use reaper::spawn_reaper;
-pub use store::{Begin, KeyError, KeySettings, KeyStore, Lease, Phase, Stored, StrandedKey, TtlTooShort};
+pub use store::{Begin, BeginWith, KeyError, KeySettings, KeyStore, Lease, Phase, Progress, Stored, StrandedKey, TtlTooShort};
 
 use sha2::{Digest, Sha256};
 

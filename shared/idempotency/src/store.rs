@@ -1,5 +1,6 @@
 use std::{sync::Arc, time::Duration};
 
+use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
 
@@ -63,13 +64,24 @@ pub struct Lease {
     pub recovery_point: String,
     /// What an earlier phase created, e.g. the order id.
     pub resource_id: Option<String>,
-    /// A new key's claim, not committed yet: see [`KeyStore::begin_with_first_phase`].
-    open: Option<Transaction>,
 }
 
 impl Lease {
+    /// Where the lease stands once a phase that left its key at `progress` has committed.
+    fn advance(&mut self, progress: Progress) {
+        match progress {
+            Progress::At { point, resource_id } => {
+                self.recovery_point = point.to_owned();
+                if resource_id.is_some() {
+                    self.resource_id = resource_id;
+                }
+            }
+            Progress::Completed(_) => self.recovery_point = FINISHED.to_owned(),
+        }
+    }
+
     fn new(scope: &str, key: &str, token: i64, recovery_point: String, resource_id: Option<String>) -> Self {
-        Self { scope: scope.to_owned(), key: key.to_owned(), token, recovery_point, resource_id, open: None }
+        Self { scope: scope.to_owned(), key: key.to_owned(), token, recovery_point, resource_id }
     }
 }
 
@@ -95,6 +107,25 @@ pub enum Begin {
     Execute(Lease),
     /// The key completed earlier: answer with this.
     Replay(Stored),
+}
+
+/// What [`KeyStore::begin_with_first_phase`] found.
+pub enum BeginWith<T, F> {
+    /// A new key, claimed with its first phase in one transaction: go on from the lease's
+    /// recovery point, with what the phase returned.
+    Executed(Lease, T),
+    /// A key already there, as [`KeyStore::begin`] answers for it, with the first phase handed
+    /// back unrun (a lease taken over at `started` runs it with [`KeyStore::atomic_phase`]).
+    Found(Begin, F),
+}
+
+impl<T: std::fmt::Debug, F> std::fmt::Debug for BeginWith<T, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BeginWith::Executed(lease, done) => f.debug_tuple("Executed").field(lease).field(done).finish(),
+            BeginWith::Found(found, _) => f.debug_tuple("Found").field(found).finish_non_exhaustive(),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -148,25 +179,18 @@ fn expired_and_settled(now: &str) -> String {
     format!("expires_at <= {now} AND (state = '{COMPLETED}' OR (recovery_point = '{STARTED}' AND locked_until <= {now}))")
 }
 
-/// Whether a new key's claim commits at once or with the request's first phase.
-#[derive(Debug, Clone, Copy)]
-enum Claim {
-    Committed,
-    WithFirstPhase,
-}
-
 /// The row of a key claimed now.
-struct NewKey<'a> {
-    scope: &'a str,
-    key: &'a str,
-    fingerprint: &'a str,
+struct NewKey {
+    scope: String,
+    key: String,
+    fingerprint: String,
     token: i64,
     now: i64,
     locked_until: i64,
     expires_at: i64,
 }
 
-impl NewKey<'_> {
+impl NewKey {
     /// Inserts the key unless it exists; 1 when it was inserted.
     async fn insert(&self, transaction: &mut Transaction) -> Result<u64, sqlx::Error> {
         Ok(on_driver!(transaction, |executor| sqlx::query(
@@ -175,9 +199,9 @@ impl NewKey<'_> {
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
              ON CONFLICT (scope, idempotency_key) DO NOTHING",
         )
-        .bind(self.scope)
-        .bind(self.key)
-        .bind(self.fingerprint)
+        .bind(&self.scope)
+        .bind(&self.key)
+        .bind(&self.fingerprint)
         .bind(IN_FLIGHT)
         .bind(STARTED)
         .bind(self.token)
@@ -233,45 +257,80 @@ impl KeyStore {
     /// key's claim is committed before this returns, so that work outside the database (a call
     /// to another service) may follow at once.
     pub async fn begin(&self, scope: &str, key: &str, fingerprint: &str, lease: Duration) -> Result<Begin, KeyError> {
-        self.claim(scope, key, fingerprint, lease, Claim::Committed).await
+        self.claim(scope, key, fingerprint, lease, rand::random(), true).await
     }
 
-    /// As [`KeyStore::begin`], for a request whose first phase follows its claim at once: a new
-    /// key's claim is left open, and the first [`KeyStore::phase`] continues its transaction, so
-    /// that the claim commits with that phase's effects, one transaction instead of two. Until
-    /// then the claim holds a write transaction (on SQLite, the one writer): run nothing else
-    /// before the phase. Dropped or released before it, the claim is undone, as if the request
-    /// had never come.
-    pub async fn begin_with_first_phase(&self, scope: &str, key: &str, fingerprint: &str, lease: Duration) -> Result<Begin, KeyError> {
-        self.claim(scope, key, fingerprint, lease, Claim::WithFirstPhase).await
-    }
-
-    async fn claim(&self, scope: &str, key: &str, fingerprint: &str, lease: Duration, claim: Claim) -> Result<Begin, KeyError> {
+    /// As [`KeyStore::begin`], for a request whose first phase needs nothing from outside the
+    /// database: a new key's claim and `first_phase` (as [`KeyStore::atomic_phase`] takes it)
+    /// commit in one transaction, one write instead of two. A failing first phase takes the
+    /// claim back with it, as if the request had never come.
+    pub async fn begin_with_first_phase<T, E, F>(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &str,
+        lease: Duration,
+        first_phase: F,
+    ) -> Result<BeginWith<T, F>, E>
+    where
+        F: for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(T, Progress), E>> + Send + 'static,
+        T: Send + 'static,
+        E: From<KeyError> + Send + 'static,
+    {
         let token = rand::random::<i64>();
+        let new = self.new_key(scope, key, fingerprint, lease, token);
+        let holder = Holder { scope: scope.to_owned(), key: key.to_owned(), token };
+        let keep_until = new.now + self.settings.ttl_ms as i64;
+        let claimed = self
+            .database
+            .transact(move |transaction| {
+                Box::pin(async move {
+                    if new.insert(transaction).await? == 0 {
+                        return Ok(Err(first_phase));
+                    }
+                    holder.run(transaction, first_phase, keep_until).await.map(Ok)
+                })
+            })
+            .await
+            .map_err(PhaseFailed::into_error)?;
+        match claimed {
+            Ok((done, progress)) => {
+                let mut lease = Lease::new(scope, key, token, STARTED.into(), None);
+                lease.advance(progress);
+                Ok(BeginWith::Executed(lease, done))
+            }
+            Err(first_phase) => Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, false).await?, first_phase)),
+        }
+    }
+
+    /// A new key's row, leased from now for `lease`.
+    fn new_key(&self, scope: &str, key: &str, fingerprint: &str, lease: Duration, token: i64) -> NewKey {
+        let now = self.clock.now_ms();
+        NewKey {
+            scope: scope.to_owned(),
+            key: key.to_owned(),
+            fingerprint: fingerprint.to_owned(),
+            token,
+            now,
+            locked_until: now + lease.as_millis() as i64,
+            expires_at: now + self.settings.ttl_ms as i64,
+        }
+    }
+
+    /// Claims the key for the holder `token`; `insert_first` false when the caller's own insert
+    /// has just found the key there.
+    async fn claim(&self, scope: &str, key: &str, fingerprint: &str, lease: Duration, token: i64, mut insert_first: bool) -> Result<Begin, KeyError> {
         // A few rounds at most: each one that does not decide follows a change another request
         // made in between (an expired row deleted, a takeover lost to a completion), and the next
         // round sees what that change left.
         for _ in 0..3 {
-            let now = self.clock.now_ms();
-            let new = NewKey {
-                scope,
-                key,
-                fingerprint,
-                token,
-                now,
-                locked_until: now + lease.as_millis() as i64,
-                expires_at: now + self.settings.ttl_ms as i64,
-            };
-            let claimed = match claim {
-                Claim::Committed => (self.database.autocommit(async |writes| new.insert(writes).await).await? == 1).then_some(None),
-                // A key already there leaves this transaction with nothing done: it is dropped.
-                Claim::WithFirstPhase => {
-                    let mut transaction = self.database.begin().await?;
-                    (new.insert(&mut transaction).await? == 1).then_some(Some(transaction))
+            let new = self.new_key(scope, key, fingerprint, lease, token);
+            let (now, locked_until) = (new.now, new.locked_until);
+            if std::mem::replace(&mut insert_first, true) {
+                let inserted = self.database.autocommit(move |writes| Box::pin(async move { new.insert(writes).await })).await?;
+                if inserted == 1 {
+                    return Ok(Begin::Execute(Lease::new(scope, key, token, STARTED.into(), None)));
                 }
-            };
-            if let Some(open) = claimed {
-                return Ok(Begin::Execute(Lease { open, ..Lease::new(scope, key, token, STARTED.into(), None) }));
             }
 
             // On the reader: the row is what the last commit left, and the writer stays free.
@@ -294,16 +353,19 @@ impl KeyStore {
             // it keeps is handled as an unexpired one.
             if row.expires_at <= now {
                 let statement = format!("DELETE FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2 AND {}", expired_and_settled("$3"));
+                let (scope, key) = (scope.to_owned(), key.to_owned());
                 let deleted = self
                     .database
-                    .autocommit(async |writes| {
-                        Ok(on_driver!(writes, |executor| sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
-                            .bind(scope)
-                            .bind(key)
-                            .bind(now)
-                            .execute(executor)
-                            .await?
-                            .rows_affected()))
+                    .autocommit(move |writes| {
+                        Box::pin(async move {
+                            Ok(on_driver!(writes, |executor| sqlx::query(sqlx::AssertSqlSafe(statement))
+                                .bind(scope)
+                                .bind(key)
+                                .bind(now)
+                                .execute(executor)
+                                .await?
+                                .rows_affected()))
+                        })
                     })
                     .await?;
                 if deleted == 1 {
@@ -321,7 +383,7 @@ impl KeyStore {
                 return Err(KeyError::InFlight);
             }
             // The lease ran out (its request was cancelled, crashed or failed): take it over.
-            match self.take_over(scope, key, row.lock_token, token, now, new.locked_until).await? {
+            match self.take_over(scope, key, row.lock_token, token, now, locked_until).await? {
                 Some(lease) => {
                     tracing::info!(scope, recovery_point = %lease.recovery_point, "resuming an idempotency key whose lease ran out");
                     return Ok(Begin::Execute(lease));
@@ -339,23 +401,26 @@ impl KeyStore {
     /// resumes from what the key says now: the old holder may have committed a phase after the
     /// key was read, and resuming from that read would redo the phase (a second order).
     async fn take_over(&self, scope: &str, key: &str, seen_token: i64, token: i64, now: i64, locked_until: i64) -> Result<Option<Lease>, KeyError> {
+        let (scope_owned, key_owned) = (scope.to_owned(), key.to_owned());
         let won: Option<(String, Option<String>)> = self
             .database
-            .autocommit(async |writes| {
-                Ok(on_driver!(writes, |executor| sqlx::query_as(
-                    "UPDATE idempotency_keys SET lock_token = $1, locked_until = $2 \
-                     WHERE scope = $3 AND idempotency_key = $4 AND lock_token = $5 AND state = $6 AND locked_until <= $7 \
-                     RETURNING recovery_point, resource_id",
-                )
-                .bind(token)
-                .bind(locked_until)
-                .bind(scope)
-                .bind(key)
-                .bind(seen_token)
-                .bind(IN_FLIGHT)
-                .bind(now)
-                .fetch_optional(executor)
-                .await?))
+            .autocommit(move |writes| {
+                Box::pin(async move {
+                    Ok(on_driver!(writes, |executor| sqlx::query_as(
+                        "UPDATE idempotency_keys SET lock_token = $1, locked_until = $2 \
+                         WHERE scope = $3 AND idempotency_key = $4 AND lock_token = $5 AND state = $6 AND locked_until <= $7 \
+                         RETURNING recovery_point, resource_id",
+                    )
+                    .bind(token)
+                    .bind(locked_until)
+                    .bind(&scope_owned)
+                    .bind(&key_owned)
+                    .bind(seen_token)
+                    .bind(IN_FLIGHT)
+                    .bind(now)
+                    .fetch_optional(executor)
+                    .await?))
+                })
             })
             .await?;
         Ok(won.map(|(recovery_point, resource_id)| Lease::new(scope, key, token, recovery_point, resource_id)))
@@ -407,34 +472,56 @@ impl KeyStore {
     /// the key's next recovery point ([`Phase::commit_at`]) or its final answer ([`Phase::complete`]).
     pub async fn phase<'l>(&self, lease: &'l mut Lease) -> Result<Phase<'l>, KeyError> {
         let keep_until = self.clock.now_ms() + self.settings.ttl_ms as i64;
-        let transaction = match lease.open.take() {
-            Some(claim) => claim,
-            None => self.database.begin().await?,
-        };
+        let transaction = self.database.begin().await?;
         Ok(Phase { transaction, lease, keep_until })
+    }
+
+    /// Runs one atomic phase: `effects`, then the key moved to the [`Progress`] they return, in one
+    /// transaction; their result once it has committed. A failure of `effects` rolls them back
+    /// and is returned as it is; a lease lost in the meantime rolls them back with
+    /// [`KeyError::LeaseLost`].
+    ///
+    /// Why `effects` own what they use: on SQLite the phase runs on the database's one writer, as
+    /// one member of its batch (see [`Database::transact`]), so that a request waits for the
+    /// writer once per phase rather than once per statement. [`KeyStore::phase`] runs a phase on
+    /// the caller's task instead, for effects that borrow from it.
+    pub async fn atomic_phase<T, E, F>(&self, lease: &mut Lease, effects: F) -> Result<T, E>
+    where
+        F: for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(T, Progress), E>> + Send + 'static,
+        T: Send + 'static,
+        E: From<KeyError> + Send + 'static,
+    {
+        let holder = Holder { scope: lease.scope.clone(), key: lease.key.clone(), token: lease.token };
+        let keep_until = self.clock.now_ms() + self.settings.ttl_ms as i64;
+        let (done, progress) = self
+            .database
+            .transact(move |transaction| Box::pin(async move { holder.run(transaction, effects, keep_until).await }))
+            .await
+            .map_err(PhaseFailed::into_error)?;
+        lease.advance(progress);
+        Ok(done)
     }
 
     /// Gives the key up after a failure a retry may fix: the next repeat resumes at once from the
     /// last recovery point instead of waiting for the lease to run out. The lease ends now, which
-    /// tells [`KeyStore::stranded`] how long the key has waited. A claim not committed yet is
-    /// undone instead: the key was never there.
+    /// tells [`KeyStore::stranded`] how long the key has waited.
     pub async fn release(&self, lease: &mut Lease) -> Result<(), KeyError> {
-        if lease.open.take().is_some() {
-            return Ok(());
-        }
         let now = self.clock.now_ms();
+        let (scope, key, token) = (lease.scope.clone(), lease.key.clone(), lease.token);
         self.database
-            .autocommit(async |writes| {
-                on_driver!(writes, |executor| sqlx::query(
-                    "UPDATE idempotency_keys SET locked_until = $1 WHERE scope = $2 AND idempotency_key = $3 AND lock_token = $4"
-                )
-                .bind(now)
-                .bind(&lease.scope)
-                .bind(&lease.key)
-                .bind(lease.token)
-                .execute(executor)
-                .await
-                .map(drop))
+            .transact(move |writes| {
+                Box::pin(async move {
+                    on_driver!(writes, |executor| sqlx::query(
+                        "UPDATE idempotency_keys SET locked_until = $1 WHERE scope = $2 AND idempotency_key = $3 AND lock_token = $4"
+                    )
+                    .bind(now)
+                    .bind(&scope)
+                    .bind(&key)
+                    .bind(token)
+                    .execute(executor)
+                    .await
+                    .map(drop))
+                })
             })
             .await?;
         Ok(())
@@ -452,15 +539,18 @@ impl KeyStore {
         let mut deleted = 0;
         loop {
             let limit = i64::from(self.settings.reap_batch.max(1));
+            let statement = statement.clone();
             let batch = self
                 .database
-                .autocommit(async |writes| {
-                    Ok(on_driver!(writes, |executor| sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
-                        .bind(now)
-                        .bind(limit)
-                        .execute(executor)
-                        .await?
-                        .rows_affected()))
+                .autocommit(move |writes| {
+                    Box::pin(async move {
+                        Ok(on_driver!(writes, |executor| sqlx::query(sqlx::AssertSqlSafe(statement))
+                            .bind(now)
+                            .bind(limit)
+                            .execute(executor)
+                            .await?
+                            .rows_affected()))
+                    })
                 })
                 .await?;
             deleted += batch;
@@ -486,20 +576,13 @@ impl Phase<'_> {
         &mut self.transaction
     }
 
+    fn holder(&self) -> Holder {
+        Holder { scope: self.lease.scope.clone(), key: self.lease.key.clone(), token: self.lease.token }
+    }
+
     /// Commits the phase's effects with the key moved to `point` (and `resource_id` remembered).
     pub async fn commit_at(mut self, point: &str, resource_id: Option<&str>) -> Result<(), KeyError> {
-        let updated = on_driver!(&mut self.transaction, |executor| sqlx::query(
-            "UPDATE idempotency_keys SET recovery_point = $1, resource_id = COALESCE($2, resource_id) \
-             WHERE scope = $3 AND idempotency_key = $4 AND lock_token = $5",
-        )
-        .bind(point)
-        .bind(resource_id)
-        .bind(&self.lease.scope)
-        .bind(&self.lease.key)
-        .bind(self.lease.token)
-        .execute(executor)
-        .await?
-        .rows_affected());
+        let updated = self.holder().move_to(&mut self.transaction, point, resource_id).await?;
         if updated == 0 {
             return Err(KeyError::LeaseLost);
         }
@@ -513,7 +596,90 @@ impl Phase<'_> {
 
     /// Commits the phase's effects with the key completed: later repeats replay `answer`.
     pub async fn complete(mut self, answer: &Stored) -> Result<(), KeyError> {
-        let updated = on_driver!(&mut self.transaction, |executor| sqlx::query(
+        let updated = self.holder().complete(&mut self.transaction, answer, self.keep_until).await?;
+        if updated == 0 {
+            return Err(KeyError::LeaseLost);
+        }
+        self.transaction.commit().await?;
+        self.lease.recovery_point = FINISHED.to_owned();
+        Ok(())
+    }
+}
+
+/// Where an atomic phase leaves its key: see [`KeyStore::atomic_phase`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    /// At a recovery point, with what the phase created (e.g. the order id), if anything.
+    At { point: &'static str, resource_id: Option<String> },
+    /// Completed: later repeats replay this answer.
+    Completed(Stored),
+}
+
+/// Why an atomic phase rolled back: its own effects failed, or the key's part did.
+enum PhaseFailed<E> {
+    Effects(E),
+    Key(KeyError),
+}
+
+impl<E: From<KeyError>> PhaseFailed<E> {
+    fn into_error(self) -> E {
+        match self {
+            PhaseFailed::Effects(error) => error,
+            PhaseFailed::Key(error) => E::from(error),
+        }
+    }
+}
+
+impl<E> From<sqlx::Error> for PhaseFailed<E> {
+    fn from(error: sqlx::Error) -> Self {
+        PhaseFailed::Key(KeyError::Storage(error))
+    }
+}
+
+/// A lease's holder, owned, as the statements that move its key need it.
+struct Holder {
+    scope: String,
+    key: String,
+    token: i64,
+}
+
+impl Holder {
+    /// Runs an atomic phase's `effects`, then moves the key to where they say, in `transaction`.
+    async fn run<T, E, F>(&self, transaction: &mut Transaction, effects: F, keep_until: i64) -> Result<(T, Progress), PhaseFailed<E>>
+    where
+        F: for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(T, Progress), E>>,
+    {
+        let (done, progress) = effects(&mut *transaction).await.map_err(PhaseFailed::Effects)?;
+        let updated = match &progress {
+            Progress::At { point, resource_id } => self.move_to(transaction, point, resource_id.as_deref()).await?,
+            Progress::Completed(answer) => self.complete(transaction, answer, keep_until).await?,
+        };
+        if updated == 0 {
+            return Err(PhaseFailed::Key(KeyError::LeaseLost));
+        }
+        Ok((done, progress))
+    }
+
+    /// Moves the key to `point` (and remembers `resource_id`); 0 rows when the lease was lost.
+    async fn move_to(&self, transaction: &mut Transaction, point: &str, resource_id: Option<&str>) -> Result<u64, sqlx::Error> {
+        Ok(on_driver!(transaction, |executor| sqlx::query(
+            "UPDATE idempotency_keys SET recovery_point = $1, resource_id = COALESCE($2, resource_id) \
+             WHERE scope = $3 AND idempotency_key = $4 AND lock_token = $5",
+        )
+        .bind(point)
+        .bind(resource_id)
+        .bind(&self.scope)
+        .bind(&self.key)
+        .bind(self.token)
+        .execute(executor)
+        .await?
+        .rows_affected()))
+    }
+
+    /// Completes the key with `answer`, kept at least until `keep_until`; 0 rows when the lease
+    /// was lost.
+    async fn complete(&self, transaction: &mut Transaction, answer: &Stored, keep_until: i64) -> Result<u64, sqlx::Error> {
+        Ok(on_driver!(transaction, |executor| sqlx::query(
             "UPDATE idempotency_keys SET state = $1, recovery_point = $2, response_code = $3, response_body = $4, \
              locked_until = 0, expires_at = CASE WHEN expires_at < $8 THEN $8 ELSE expires_at END \
              WHERE scope = $5 AND idempotency_key = $6 AND lock_token = $7",
@@ -522,18 +688,12 @@ impl Phase<'_> {
         .bind(FINISHED)
         .bind(i64::from(answer.code))
         .bind(answer.body.as_slice())
-        .bind(&self.lease.scope)
-        .bind(&self.lease.key)
-        .bind(self.lease.token)
-        .bind(self.keep_until)
+        .bind(&self.scope)
+        .bind(&self.key)
+        .bind(self.token)
+        .bind(keep_until)
         .execute(executor)
         .await?
-        .rows_affected());
-        if updated == 0 {
-            return Err(KeyError::LeaseLost);
-        }
-        self.transaction.commit().await?;
-        self.lease.recovery_point = FINISHED.to_owned();
-        Ok(())
+        .rows_affected()))
     }
 }

@@ -209,3 +209,71 @@ async fn a_database_out_of_reach_is_told_apart_from_a_failed_statement() {
     assert!(!idempotency::is_unreachable(&sqlx::Error::RowNotFound));
     assert!(idempotency::is_unreachable(&sqlx::Error::PoolTimedOut));
 }
+
+/// Work sent to SQLite's writer ([`Database::transact`]) joins its batches as a lent transaction
+/// does. Three jobs queue while a lent transaction holds the writer and are run in its batch;
+/// the second fails at its second statement (the key's uniqueness), and only its own work is
+/// undone: its caller gets the error, the others commit with the batch.
+#[tokio::test]
+async fn a_failing_job_in_a_batch_rolls_back_only_its_own_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::connect(&format!("sqlite://{}", dir.path().join("keys.db").display())).await.unwrap();
+    let mut holder = database.begin().await.unwrap();
+    insert_key(&mut holder, "holder").await.unwrap();
+
+    let job = |keys: &'static [&'static str]| {
+        let database = database.clone();
+        async move {
+            database
+                .transact(move |transaction| {
+                    Box::pin(async move {
+                        for key in keys {
+                            insert_key(transaction, key).await?;
+                        }
+                        Ok::<_, sqlx::Error>(())
+                    })
+                })
+                .await
+        }
+    };
+    let mut first = std::pin::pin!(job(&["first"]));
+    let mut failing = std::pin::pin!(job(&["failing", "holder"]));
+    let mut third = std::pin::pin!(job(&["third"]));
+    for queued in [poll_once(first.as_mut()).is_pending(), poll_once(failing.as_mut()).is_pending(), poll_once(third.as_mut()).is_pending()] {
+        assert!(queued, "each job queues behind the transaction that holds the writer");
+    }
+
+    let (holder, first, failing, third) = tokio::join!(holder.commit(), first, failing, third);
+    holder.unwrap();
+    first.unwrap();
+    third.unwrap();
+    let failed = failing.expect_err("the second breaks the key's uniqueness");
+    assert!(matches!(&failed, sqlx::Error::Database(error) if error.is_unique_violation()), "{failed}");
+    assert_eq!(committed_keys(&database).await, ["first", "holder", "third"], "the failed job's own insert is undone, the others' kept");
+}
+
+/// A job whose caller stops waiting still runs and commits: like a reply lost on the way back,
+/// the caller does not hear of it, and its work is not half-done.
+#[tokio::test]
+async fn a_job_whose_caller_stops_waiting_still_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::connect(&format!("sqlite://{}", dir.path().join("keys.db").display())).await.unwrap();
+    let holder = database.begin().await.unwrap();
+    let mut abandoned = Box::pin(database.transact(|transaction| Box::pin(async move { insert_key(transaction, "abandoned").await })));
+    assert!(poll_once(abandoned.as_mut()).is_pending(), "the job is queued");
+    drop(abandoned);
+    holder.commit().await.unwrap();
+    // The job runs on the writer after the holder's work, in the same batch or the next one.
+    let committed = tokio::time::timeout(READ_LIMIT, async {
+        loop {
+            let committed = committed_keys(&database).await;
+            if !committed.is_empty() {
+                return committed;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the abandoned job commits");
+    assert_eq!(committed, ["abandoned"]);
+}

@@ -13,7 +13,7 @@ use std::{
 use futures::future::BoxFuture;
 use idempotency::on_driver;
 use idempotency::{
-    Begin, Database, KeyError, KeySettings, KeyStore, ManualClock, Stored,
+    Begin, BeginWith, Database, KeyError, KeySettings, KeyStore, ManualClock, Progress, Stored, Transaction,
     pause::{Pause, PauseHook},
 };
 use sqlx::Executor;
@@ -137,93 +137,123 @@ async fn fifty_concurrent_repeats_execute_once() {
         let results = futures::future::join_all(attempts).await;
         let executed = results.iter().filter(|r| matches!(r.as_ref().unwrap(), Ok(Begin::Execute(_)))).count();
         let in_flight = results.iter().filter(|r| matches!(r.as_ref().unwrap(), Err(KeyError::InFlight))).count();
-        assert_eq!((executed, in_flight), (1, 49), "{backend}");
+        let others: Vec<String> = results
+            .iter()
+            .filter_map(|r| r.as_ref().unwrap().as_ref().err())
+            .filter(|e| !matches!(e, KeyError::InFlight))
+            .map(|e| e.to_string())
+            .collect();
+        assert_eq!((executed, in_flight), (1, 49), "{backend}: {others:?}");
     }
 }
 
-/// A claim left open by `begin_with_first_phase` commits with the first phase, and a request
-/// dropped (or released) before its first phase commits leaves no key behind: its repeat
-/// executes afresh.
+/// The effects of a first phase as orders' is: one row in `table`, and the key at
+/// `order_created` naming it; or the row, then a failure (the transaction's work undone).
+fn first_phase(
+    table: &str,
+    id: &str,
+    fails: bool,
+) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(String, Progress), KeyError>> + Send + use<> {
+    let (statement, id) = (format!("INSERT INTO {table} (id) VALUES ('{id}')"), id.to_owned());
+    move |transaction| {
+        Box::pin(async move {
+            on_driver!(transaction, |executor| executor.execute(sqlx::AssertSqlSafe(statement)).await.map(drop))?;
+            if fails {
+                return Err(KeyError::Storage(sqlx::Error::Protocol("the first phase fails after its insert".into())));
+            }
+            Ok((id.clone(), Progress::At { point: "order_created", resource_id: Some(id) }))
+        })
+    }
+}
+
+/// A new key's claim commits with its first phase, or not at all: a failing first phase takes
+/// the claim back with its own insert, and the key's repeat executes afresh.
 #[tokio::test]
-async fn a_claim_left_open_commits_with_the_first_phase_or_not_at_all() {
+async fn a_claim_commits_with_its_first_phase_or_not_at_all() {
     for (backend, database, _scratch) in databases().await {
         let table = effects_table(&database, backend, "claimed").await;
         let (store, _) = store(&database, KeySettings::default());
-        let mut lease = execute(store.begin_with_first_phase("c", "k-open", "fp", LEASE).await.unwrap());
-        assert_eq!(lease.recovery_point, "started", "{backend}");
-        let mut phase = store.phase(&mut lease).await.unwrap();
-        insert_effect(&mut phase, &table, "order-1").await;
-        phase.commit_at("order_created", Some("order-1")).await.unwrap();
-        assert!(matches!(store.begin("c", "k-open", "fp", LEASE).await, Err(KeyError::InFlight)), "{backend}: the claim is committed");
+        let (mut lease, created) =
+            match store.begin_with_first_phase("c", "k-both", "fp", LEASE, first_phase(&table, "order-1", false)).await.unwrap() {
+                BeginWith::Executed(lease, created) => (lease, created),
+                BeginWith::Found(found, _) => panic!("{backend}: a new key, found as {found:?}"),
+            };
+        assert_eq!(
+            (lease.recovery_point.as_str(), lease.resource_id.as_deref(), created.as_str()),
+            ("order_created", Some("order-1"), "order-1"),
+            "{backend}"
+        );
+        assert!(matches!(store.begin("c", "k-both", "fp", LEASE).await, Err(KeyError::InFlight)), "{backend}: the claim is committed");
         store.release(&mut lease).await.unwrap();
-        let resumed = execute(store.begin("c", "k-open", "fp", LEASE).await.unwrap());
+        let resumed = execute(store.begin("c", "k-both", "fp", LEASE).await.unwrap());
         assert_eq!((resumed.recovery_point.as_str(), resumed.resource_id.as_deref()), ("order_created", Some("order-1")), "{backend}");
 
-        drop(execute(store.begin_with_first_phase("c", "k-dropped", "fp", LEASE).await.unwrap()));
-        let mut failed = execute(store.begin_with_first_phase("c", "k-failed", "fp", LEASE).await.unwrap());
-        {
-            let mut phase = store.phase(&mut failed).await.unwrap();
-            insert_effect(&mut phase, &table, "order-2").await;
-            // Dropped without commit: rolled back, the claim with it.
-        }
-        store.release(&mut failed).await.unwrap();
-        let mut released = execute(store.begin_with_first_phase("c", "k-released", "fp", LEASE).await.unwrap());
-        store.release(&mut released).await.unwrap();
-        for key in ["k-dropped", "k-failed", "k-released"] {
-            let fresh = execute(store.begin("c", key, "another request", LEASE).await.unwrap());
-            assert_eq!(fresh.recovery_point, "started", "{backend}: {key} was never claimed, so it executes afresh");
-        }
+        let failed = store.begin_with_first_phase("c", "k-neither", "fp", LEASE, first_phase(&table, "order-2", true)).await;
+        assert!(matches!(failed, Err(KeyError::Storage(_))), "{backend}: {failed:?}");
+        let fresh = execute(store.begin("c", "k-neither", "another request", LEASE).await.unwrap());
+        assert_eq!(fresh.recovery_point, "started", "{backend}: the key was never claimed, so it executes afresh");
         assert_eq!(count_effects(&database, &table).await, 1, "{backend}: only the committed phase's effect");
     }
 }
 
-/// A repeat that arrives while a claim is still open waits for it: once the first phase
-/// commits, the repeat finds the key in flight; had the claim been dropped, it executes.
+/// A repeat that claims with its first phase finds the key: in flight while its holder works,
+/// and once the holder has given it up, taken over at the holder's recovery point, with its own
+/// first phase handed back unrun (the holder's committed it already).
 #[tokio::test]
-async fn a_repeat_during_an_open_claim_waits_for_its_first_phase() {
+async fn a_repeat_claiming_with_its_first_phase_finds_the_key_and_runs_nothing() {
     for (backend, database, _scratch) in databases().await {
+        let table = effects_table(&database, backend, "repeated").await;
         let (store, _) = store(&database, KeySettings::default());
-        for (key, commits) in [("k-commits", true), ("k-drops", false)] {
-            let mut lease = execute(store.begin_with_first_phase("c", key, "fp", LEASE).await.unwrap());
-            let mut repeat = tokio::spawn({
-                let store = store.clone();
-                async move { store.begin("c", key, "fp", LEASE).await }
-            });
-            assert!(
-                tokio::time::timeout(Duration::from_millis(200), &mut repeat).await.is_err(),
-                "{backend}: {key}: the repeat waits for the open claim"
-            );
-            if commits {
-                store.phase(&mut lease).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
-                assert!(matches!(repeat.await.unwrap(), Err(KeyError::InFlight)), "{backend}: {key}");
-            } else {
-                drop(lease);
-                assert_eq!(execute(repeat.await.unwrap().unwrap()).recovery_point, "started", "{backend}: {key}");
-            }
+        let mut holder = match store.begin_with_first_phase("c", "k", "fp", LEASE, first_phase(&table, "order-1", false)).await.unwrap() {
+            BeginWith::Executed(lease, _) => lease,
+            BeginWith::Found(found, _) => panic!("{backend}: a new key, found as {found:?}"),
+        };
+        let in_flight = store.begin_with_first_phase("c", "k", "fp", LEASE, first_phase(&table, "order-2", false)).await;
+        assert!(matches!(in_flight, Err(KeyError::InFlight)), "{backend}: {in_flight:?}");
+        store.release(&mut holder).await.unwrap();
+        match store.begin_with_first_phase("c", "k", "fp", LEASE, first_phase(&table, "order-3", false)).await.unwrap() {
+            BeginWith::Found(Begin::Execute(lease), _unrun) => assert_eq!(lease.resource_id.as_deref(), Some("order-1"), "{backend}"),
+            other => panic!("{backend}: expected a takeover, got {other:?}"),
         }
+        assert_eq!(count_effects(&database, &table).await, 1, "{backend}: the repeats' first phases never ran");
     }
 }
 
-/// Fifty repeats at once, each claiming with its first phase and committing it when it
-/// executes: one executes, the others find it in flight.
+/// Fifty repeats at once, each claiming with its first phase: one executes (one row written),
+/// the others find it in flight.
 #[tokio::test]
 async fn fifty_concurrent_repeats_claiming_with_their_first_phase_execute_once() {
     for (backend, database, _scratch) in databases().await {
+        let table = effects_table(&database, backend, "storm").await;
         let (store, _) = store(&database, KeySettings::default());
-        let attempts = (0..50).map(|_| {
-            let store = store.clone();
-            tokio::spawn(async move {
-                let mut lease = match store.begin_with_first_phase("c", "storm", "fp", LEASE).await? {
-                    Begin::Execute(lease) => lease,
-                    Begin::Replay(_) => unreachable!("nobody completes the key"),
-                };
-                store.phase(&mut lease).await?.commit_at("order_created", Some("order-1")).await
-            })
+        let attempts = (0..50).map(|attempt| {
+            let (store, effects) = (store.clone(), first_phase(&table, &format!("order-{attempt}"), false));
+            tokio::spawn(async move { store.begin_with_first_phase("c", "storm", "fp", LEASE, effects).await })
         });
         let results = futures::future::join_all(attempts).await;
-        let executed = results.iter().filter(|r| matches!(r.as_ref().unwrap(), Ok(()))).count();
+        let executed = results.iter().filter(|r| matches!(r.as_ref().unwrap(), Ok(BeginWith::Executed(..)))).count();
         let in_flight = results.iter().filter(|r| matches!(r.as_ref().unwrap(), Err(KeyError::InFlight))).count();
         assert_eq!((executed, in_flight), (1, 49), "{backend}");
+        assert_eq!(count_effects(&database, &table).await, 1, "{backend}");
+    }
+}
+
+/// An atomic phase of a holder whose lease was taken over commits nothing: its effects are rolled
+/// back with `LeaseLost`, and the new holder's phase commits.
+#[tokio::test]
+async fn an_atomic_phase_after_its_lease_was_taken_over_commits_nothing() {
+    for (backend, database, _scratch) in databases().await {
+        let table = effects_table(&database, backend, "lost").await;
+        let (store, clock) = store(&database, KeySettings::default());
+        let mut stale = execute(store.begin("c", "k", "fp", Duration::from_millis(500)).await.unwrap());
+        clock.advance_ms(600);
+        let mut current = execute(store.begin("c", "k", "fp", LEASE).await.unwrap());
+        let lost = store.atomic_phase(&mut stale, first_phase(&table, "order-stale", false)).await;
+        assert!(matches!(lost, Err(KeyError::LeaseLost)), "{backend}: {lost:?}");
+        assert_eq!(stale.recovery_point, "started", "{backend}: the stale lease did not move");
+        store.atomic_phase(&mut current, first_phase(&table, "order-current", false)).await.unwrap();
+        assert_eq!((current.recovery_point.as_str(), current.resource_id.as_deref()), ("order_created", Some("order-current")), "{backend}");
+        assert_eq!(count_effects(&database, &table).await, 1, "{backend}: the stale phase's insert is undone");
     }
 }
 
@@ -304,7 +334,7 @@ async fn effects_table(database: &Database, backend: &str, name: &str) -> String
     let table = format!("{name}_{backend}");
     let statement = format!("CREATE TABLE {table} (id TEXT PRIMARY KEY)");
     database
-        .autocommit(async |writes| on_driver!(writes, |executor| executor.execute(sqlx::AssertSqlSafe(statement.as_str())).await.map(drop)))
+        .autocommit(|writes| Box::pin(async move { on_driver!(writes, |executor| executor.execute(sqlx::AssertSqlSafe(statement)).await.map(drop)) }))
         .await
         .unwrap();
     table

@@ -99,9 +99,11 @@ pub(crate) async fn request(
         return Ok(0);
     }
     // One statement: a range still running keeps its row, and the insert changes nothing.
+    let (endpoint, client, until_ms, include_delivered, from_ms) =
+        (endpoint_id.to_owned(), client_id.to_owned(), range.until_ms, range.include_delivered, range.from_ms);
     let stored = database
-        .autocommit(async |writes| {
-            Ok(on_driver!(writes, |executor| sqlx::query(
+        .autocommit(move |writes| {
+            Box::pin(async move { Ok(on_driver!(writes, |executor| sqlx::query(
                 "INSERT INTO webhook_redeliveries (endpoint_id, client_id, until_ms, include_delivered, cursor_created_at_ms, cursor_event_id, requested_at_ms, updated_at_ms) \
                  VALUES ($1, $2, $3, $4, $5, '', $6, $6) \
                  ON CONFLICT (endpoint_id) DO UPDATE SET client_id = excluded.client_id, until_ms = excluded.until_ms, \
@@ -109,16 +111,16 @@ pub(crate) async fn request(
                    cursor_event_id = '', requested_at_ms = excluded.requested_at_ms, updated_at_ms = excluded.updated_at_ms, finished_at_ms = NULL \
                  WHERE webhook_redeliveries.finished_at_ms IS NOT NULL",
             )
-            .bind(endpoint_id)
-            .bind(client_id)
-            .bind(range.until_ms)
-            .bind(range.include_delivered)
+            .bind(endpoint)
+            .bind(client)
+            .bind(until_ms)
+            .bind(include_delivered)
             // The cursor is just before the range: `(from_ms, '')` precedes every event id.
-            .bind(range.from_ms)
+            .bind(from_ms)
             .bind(now_ms)
             .execute(executor)
             .await?
-            .rows_affected()))
+            .rows_affected())) })
         })
         .await?;
     if stored == 0 {

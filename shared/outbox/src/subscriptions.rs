@@ -367,9 +367,12 @@ impl Subscriptions {
         } else {
             "UPDATE webhook_endpoints SET state = 'disabled', disabled_reason = 'disabled by its owner' WHERE endpoint_id = $1 AND client_id = $2 AND state = 'enabled'"
         };
+        let (endpoint, client) = (endpoint_id.to_owned(), client_id.to_owned());
         self.database
-            .autocommit(async |writes| {
-                on_driver!(writes, |executor| sqlx::query(statement).bind(endpoint_id).bind(client_id).execute(executor).await.map(drop))
+            .autocommit(move |writes| {
+                Box::pin(async move {
+                    on_driver!(writes, |executor| sqlx::query(statement).bind(endpoint).bind(client).execute(executor).await.map(drop))
+                })
             })
             .await?;
         self.endpoint(client_id, endpoint_id).await
@@ -455,20 +458,23 @@ impl Subscriptions {
     /// `webhook-id`. An attempt in flight loses its lease, so its outcome cannot undo this.
     pub async fn redeliver(&self, client_id: &str, endpoint_id: &str, event_id: &str, now_ms: i64) -> Result<(), OutboxError> {
         self.endpoint(client_id, endpoint_id).await?;
+        let (endpoint, event) = (endpoint_id.to_owned(), event_id.to_owned());
         let updated = self
             .database
-            .autocommit(async |writes| {
-                Ok(on_driver!(writes, |executor| sqlx::query(
-                    "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $1, updated_at_ms = $1, \
-                       claim_token = NULL, claimed_until_ms = NULL \
-                     WHERE endpoint_id = $2 AND event_id = $3",
-                )
-                .bind(now_ms)
-                .bind(endpoint_id)
-                .bind(event_id)
-                .execute(executor)
-                .await?
-                .rows_affected()))
+            .autocommit(move |writes| {
+                Box::pin(async move {
+                    Ok(on_driver!(writes, |executor| sqlx::query(
+                        "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $1, updated_at_ms = $1, \
+                           claim_token = NULL, claimed_until_ms = NULL \
+                         WHERE endpoint_id = $2 AND event_id = $3",
+                    )
+                    .bind(now_ms)
+                    .bind(endpoint)
+                    .bind(event)
+                    .execute(executor)
+                    .await?
+                    .rows_affected()))
+                })
             })
             .await?;
         if updated == 0 {

@@ -53,8 +53,10 @@ async fn a_client_with_saturated_endpoints_and_a_range_redelivery_does_not_delay
     commit_events(&outbox, BUSY_CLIENT, RANGE_EVENTS).await;
     outbox
         .database
-        .autocommit(async |writes| {
-            on_driver!(writes, |executor| sqlx::query("UPDATE webhook_deliveries SET state = 'delivered'").execute(executor).await.map(drop))
+        .autocommit(|writes| {
+            Box::pin(async move {
+                on_driver!(writes, |executor| sqlx::query("UPDATE webhook_deliveries SET state = 'delivered'").execute(executor).await.map(drop))
+            })
         })
         .await
         .expect("mark delivered");

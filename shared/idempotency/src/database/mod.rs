@@ -4,6 +4,7 @@ mod writer;
 
 use std::{num::NonZeroU32, str::FromStr, time::Duration};
 
+use futures::future::BoxFuture;
 use sqlx::{
     PgConnection, PgPool, Postgres, Sqlite, SqliteConnection, SqlitePool,
     migrate::{MigrateError, Migrator},
@@ -11,6 +12,7 @@ use sqlx::{
     postgres::PgPoolOptions,
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
 };
+use tokio::sync::oneshot;
 
 /// When a SQLite commit is on disk (`PRAGMA synchronous` in WAL mode). PostgreSQL's is the
 /// server's `synchronous_commit` (`on` by default: a commit waits for its WAL to be flushed).
@@ -151,7 +153,8 @@ impl Database {
                 }
                 let reader =
                     SqlitePoolOptions::new().max_connections(SQLITE_READERS).acquire_timeout(WAIT).connect_with(options.read_only(true)).await?;
-                Ok(Self { writes: Writes::Sqlite(writer::Writer::spawn(connection, &sqlite)), reader: Pool::Sqlite(reader) })
+                let writer = writer::Writer::spawn(connection, &sqlite).map_err(sqlx::Error::Io)?;
+                Ok(Self { writes: Writes::Sqlite(writer), reader: Pool::Sqlite(reader) })
             }
             Backend::Postgres => {
                 let pool = PgPoolOptions::new().max_connections(16).acquire_timeout(WAIT).connect(url).await?;
@@ -187,16 +190,81 @@ impl Database {
 
     /// Runs `statements`, which write without a transaction of their own: on PostgreSQL each
     /// commits by itself as it runs (no `BEGIN` and `COMMIT`, two round trips fewer); on SQLite
-    /// they join the writer's batch as [`Database::begin`]'s do, and so commit together, which
-    /// is never weaker. For a write of one statement, or of several that are each safe alone.
-    pub async fn autocommit<T>(&self, statements: impl AsyncFnOnce(&mut Transaction) -> Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
-        let mut transaction = match &self.writes {
-            Writes::Sqlite(writer) => Transaction(Open::Batched(writer.join().await?)),
-            Writes::Postgres(pool) => Transaction(Open::PostgresAutocommit(pool.acquire().await?)),
-        };
-        let done = statements(&mut transaction).await?;
-        transaction.commit().await?;
-        Ok(done)
+    /// they run on the writer as [`Database::transact`]'s work does, and so commit with its batch,
+    /// which is never weaker. For a write of one statement, or of several that are each safe
+    /// alone; `statements` own what they use, as [`Database::transact`]'s do.
+    pub async fn autocommit<T, F>(&self, statements: F) -> Result<T, sqlx::Error>
+    where
+        F: for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<T, sqlx::Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        match &self.writes {
+            Writes::Sqlite(_) => self.transact(statements).await,
+            Writes::Postgres(pool) => statements(&mut Transaction(Open::PostgresAutocommit(pool.acquire().await?))).await,
+        }
+    }
+
+    /// Runs `work` in a write transaction and commits it, unless `work` fails: then its work is
+    /// rolled back and its error returned. The way to write from a request's path: on SQLite the
+    /// one writer runs `work` itself, from its own thread, as one member of its batch (see
+    /// [`SqliteSettings`]), so that a request waits for the writer once, not once per statement;
+    /// on PostgreSQL it runs on the caller's task. `work` owns what it needs, as for a spawned
+    /// task; its result comes back once its transaction (on SQLite, its batch) has committed.
+    /// Dropped before that, the work still runs and commits: the caller merely does not hear of it.
+    ///
+    /// ```no_run
+    /// # async fn insert(database: &idempotency::Database, id: String) -> Result<(), sqlx::Error> {
+    /// database
+    ///     .transact(move |transaction| {
+    ///         Box::pin(async move {
+    ///             idempotency::on_driver!(transaction, |executor| {
+    ///                 sqlx::query("INSERT INTO notes (id) VALUES ($1)").bind(&id).execute(executor).await?
+    ///             });
+    ///             Ok::<_, sqlx::Error>(())
+    ///         })
+    ///     })
+    ///     .await
+    /// # }
+    /// ```
+    pub async fn transact<T, E, F>(&self, work: F) -> Result<T, E>
+    where
+        F: for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<T, E>> + Send + 'static,
+        T: Send + 'static,
+        E: From<sqlx::Error> + Send + 'static,
+    {
+        match &self.writes {
+            Writes::Sqlite(writer) => {
+                let (reply, outcome) = oneshot::channel();
+                let job: writer::Job = Box::new(move |transaction| {
+                    Box::pin(async move {
+                        let transaction = match transaction {
+                            Ok(transaction) => transaction,
+                            Err(error) => {
+                                let _ = reply.send(Err(E::from(error)));
+                                return None;
+                            }
+                        };
+                        match work(transaction).await {
+                            Ok(done) => Some(Box::new(move |committed: Result<(), sqlx::Error>| {
+                                let _ = reply.send(committed.map(|()| done).map_err(E::from));
+                            }) as writer::Settle),
+                            Err(error) => {
+                                let _ = reply.send(Err(error));
+                                None
+                            }
+                        }
+                    })
+                });
+                writer.run(job).await?;
+                outcome.await.map_err(|_| E::from(sqlx::Error::WorkerCrashed))?
+            }
+            Writes::Postgres(pool) => {
+                let mut transaction = Transaction(Open::Postgres(begin_on(pool).await?));
+                let done = work(&mut transaction).await?;
+                transaction.commit().await?;
+                Ok(done)
+            }
+        }
     }
 
     /// As [`Database::begin`], on [`Database::reader`]: one snapshot for several reads.
@@ -248,6 +316,8 @@ pub struct Transaction(Open);
 #[derive(Debug)]
 enum Open {
     Batched(writer::Member),
+    /// The writer's own connection, while it runs a [`Database::transact`] job.
+    OnWriter(SqliteConnection),
     SqliteRead(sqlx::Transaction<'static, Sqlite>),
     Postgres(sqlx::Transaction<'static, Postgres>),
     PostgresAutocommit(PoolConnection<Postgres>),
@@ -258,6 +328,8 @@ impl Transaction {
     pub async fn commit(self) -> Result<(), sqlx::Error> {
         match self.0 {
             Open::Batched(member) => member.commit().await,
+            // A job's transaction is committed by the writer, with its batch.
+            Open::OnWriter(_) => Ok(()),
             Open::SqliteRead(transaction) => transaction.commit().await,
             Open::Postgres(transaction) => transaction.commit().await,
             Open::PostgresAutocommit(_) => Ok(()),
@@ -295,6 +367,7 @@ impl<'a> Executors for &'a mut Transaction {
     fn driver(self) -> Driver<Self::Sqlite, Self::Postgres> {
         match &mut self.0 {
             Open::Batched(member) => Driver::Sqlite(member.connection()),
+            Open::OnWriter(connection) => Driver::Sqlite(connection),
             Open::SqliteRead(transaction) => Driver::Sqlite(transaction),
             Open::Postgres(transaction) => Driver::Postgres(transaction),
             Open::PostgresAutocommit(connection) => Driver::Postgres(connection),

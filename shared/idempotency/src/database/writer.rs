@@ -2,50 +2,87 @@
 //!
 //! Why one writer and batches? SQLite lets one connection write at a time, and every commit
 //! writes the pages it changed to the WAL (and syncs it, under `synchronous = FULL`). Concurrent
-//! requests' transactions are committed together instead: the writer task holds the one write
-//! connection, opens a transaction, and lends the connection to each waiting request in turn.
-//! Each request's work runs inside a SAVEPOINT of its own, so a request that fails or is dropped
-//! rolls back only its own statements while the others' stay in the batch; a request learns
-//! that its work committed only once the whole batch has. A batch is whatever queued while the
-//! previous member worked (up to [`SqliteSettings::max_batch`], with an optional wait for more): at one
-//! request in flight, the batch is that request alone, and its first member needs no savepoint,
-//! so it costs what a transaction of its own would.
+//! requests' transactions are committed together instead: the writer holds the one write
+//! connection, opens a transaction, and runs each waiting request's work in turn. Each request's
+//! work runs inside a SAVEPOINT of its own, so a request that fails or is dropped rolls back only
+//! its own statements while the others' stay in the batch; a request learns that its work
+//! committed only once the whole batch has. A batch is whatever queued while the previous member
+//! worked (up to [`SqliteSettings::max_batch`], with an optional wait for more): at one request
+//! in flight, the batch is that request alone, and its first member needs no savepoint, so it
+//! costs what a transaction of its own would.
+//!
+//! Why a thread of its own, and work sent to it? Every statement is a round trip to sqlx's
+//! connection thread. Work sent to the writer ([`Writer::run`]) runs its statements from the
+//! writer's thread, where nothing else is scheduled: a request is woken once per unit of work,
+//! not once per statement behind every other task of the process, and the writer is never held
+//! by a request waiting for its turn to run. Work that must run on the request's own task (it
+//! borrows the request's state) is lent the connection instead ([`Writer::join`]).
 
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use sqlx::{Executor, SqliteConnection};
 use tokio::sync::{mpsc, oneshot};
 
-use super::SqliteSettings;
+use super::{Open, SqliteSettings, Transaction};
 
 /// A request for the write connection: answered with a [`Member`] of the current batch.
 type Join = oneshot::Sender<Result<Member, sqlx::Error>>;
+
+/// Work the writer runs itself, as one member of a batch, in its transaction (or with the error
+/// that kept the writer from opening one): `Some` keeps the work, and is told whether its batch
+/// committed; `None` rolls it back.
+pub(super) type Job = Box<dyn for<'t> FnOnce(Result<&'t mut Transaction, sqlx::Error>) -> BoxFuture<'t, Option<Settle>> + Send>;
+
+/// Told whether the batch of a kept member committed.
+pub(super) type Settle = Box<dyn FnOnce(Result<(), sqlx::Error>) + Send>;
+
+/// What waits for the writer.
+enum Work {
+    Lend(Join),
+    Run(Job),
+}
 
 /// Requests waiting for the writer; more wait in their callers' pools and queues.
 const QUEUE: usize = 1_024;
 
 /// The handle of the writer task; the task ends once every handle is dropped.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(super) struct Writer {
-    joins: mpsc::Sender<Join>,
+    work: mpsc::Sender<Work>,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer").field("waiting", &(QUEUE - self.work.capacity())).finish()
+    }
 }
 
 impl Writer {
-    pub(super) fn spawn(connection: SqliteConnection, settings: &SqliteSettings) -> Self {
-        let (joins, waiting) = mpsc::channel(QUEUE);
+    pub(super) fn spawn(connection: SqliteConnection, settings: &SqliteSettings) -> std::io::Result<Self> {
+        let (work, waiting) = mpsc::channel(QUEUE);
         let max_batch = settings.max_batch.get() as usize;
-        tokio::spawn(run(connection, waiting, max_batch, Duration::from_micros(settings.batch_wait_us)));
-        Self { joins }
+        let batch_wait = Duration::from_micros(settings.batch_wait_us);
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+        std::thread::Builder::new().name("sqlite-writer".into()).spawn(move || runtime.block_on(run(connection, waiting, max_batch, batch_wait)))?;
+        Ok(Self { work })
     }
 
     /// Waits for this request's turn on the write connection, inside the current batch.
     pub(super) async fn join(&self) -> Result<Member, sqlx::Error> {
         let (join, member) = oneshot::channel();
         let turn = async {
-            self.joins.send(join).await.map_err(|_| sqlx::Error::WorkerCrashed)?;
+            self.work.send(Work::Lend(join)).await.map_err(|_| sqlx::Error::WorkerCrashed)?;
             member.await.map_err(|_| sqlx::Error::WorkerCrashed)?
         };
         tokio::time::timeout(super::WAIT, turn).await.map_err(|_| sqlx::Error::PoolTimedOut)?
+    }
+
+    /// Has the writer run `job` in the current batch. The job reports its own outcome (see
+    /// [`Job`]); this only fails when the job could not be queued in time.
+    pub(super) async fn run(&self, job: Job) -> Result<(), sqlx::Error> {
+        let queued = self.work.send(Work::Run(job));
+        tokio::time::timeout(super::WAIT, queued).await.map_err(|_| sqlx::Error::PoolTimedOut)?.map_err(|_| sqlx::Error::WorkerCrashed)
     }
 }
 
@@ -97,14 +134,14 @@ impl Drop for Member {
 const SAVEPOINT: &str = "SAVEPOINT member";
 const ROLLBACK_TO: &str = "ROLLBACK TO member";
 
-async fn run(mut connection: SqliteConnection, mut waiting: mpsc::Receiver<Join>, max_batch: usize, batch_wait: Duration) {
+async fn run(mut connection: SqliteConnection, mut waiting: mpsc::Receiver<Work>, max_batch: usize, batch_wait: Duration) {
     while let Some(first) = waiting.recv().await {
         // The members whose work is in the open transaction, told once it commits.
-        let mut kept: Vec<oneshot::Sender<Result<(), sqlx::Error>>> = Vec::new();
+        let mut kept: Vec<Settle> = Vec::new();
         let mut open = false;
         let mut failure = None;
         let mut next = Some(first);
-        while let Some(join) = next.take() {
+        while let Some(work) = next.take() {
             // The first member's work is undone by rolling the transaction back.
             let savepoint = !kept.is_empty();
             let started = if !open {
@@ -115,31 +152,29 @@ async fn run(mut connection: SqliteConnection, mut waiting: mpsc::Receiver<Join>
                 Ok(Default::default())
             };
             if let Err(error) = started {
-                let _ = join.send(Err(error));
+                refuse(work, error).await;
                 break;
             }
             open = true;
-            let (returned, handed_back) = oneshot::channel();
-            let member = Member { connection: Some(connection), returned: Some(returned) };
-            let committed = match join.send(Ok(member)) {
-                // The request stopped waiting before its turn: nothing of it ran.
-                Err(unsent) => {
-                    let mut member = unsent.expect("sent as Ok");
-                    member.returned = None;
-                    connection = member.connection.take().expect("an unsent member holds the connection");
-                    None
-                }
-                Ok(()) => match handed_back.await {
-                    Ok(back) => {
-                        connection = back.connection;
-                        back.committed
+            let settle = match work {
+                Work::Lend(join) => match lend(connection, join).await {
+                    Some((back, settle)) => {
+                        connection = back;
+                        settle
                     }
                     // A member is handed back when it is committed or dropped; only a runtime
                     // shutting down drops it in neither way, and the connection with it.
-                    Err(_) => return,
+                    None => return,
                 },
+                Work::Run(job) => {
+                    let mut transaction = Transaction(Open::OnWriter(connection));
+                    let settle = job(Ok(&mut transaction)).await;
+                    let Transaction(Open::OnWriter(back)) = transaction else { unreachable!("a job cannot replace its transaction") };
+                    connection = back;
+                    settle
+                }
             };
-            let settled = match (&committed, savepoint) {
+            let settled = match (&settle, savepoint) {
                 (Some(_), _) => Ok(()),
                 (None, true) => connection.execute(ROLLBACK_TO).await.map(drop),
                 (None, false) => {
@@ -147,14 +182,14 @@ async fn run(mut connection: SqliteConnection, mut waiting: mpsc::Receiver<Join>
                     connection.execute("ROLLBACK").await.map(drop)
                 }
             };
-            kept.extend(committed);
+            kept.extend(settle);
             if let Err(error) = settled {
                 failure = Some(error);
                 break;
             }
             if kept.len() < max_batch {
                 next = match waiting.try_recv() {
-                    Ok(join) => Some(join),
+                    Ok(work) => Some(work),
                     Err(_) if batch_wait.is_zero() || kept.is_empty() => None,
                     Err(_) => tokio::time::timeout(batch_wait, waiting.recv()).await.ok().flatten(),
                 };
@@ -169,15 +204,43 @@ async fn run(mut connection: SqliteConnection, mut waiting: mpsc::Receiver<Join>
             None => connection.execute("COMMIT").await.err(),
         };
         match failure {
-            None => kept.into_iter().for_each(|member| drop(member.send(Ok(())))),
+            None => kept.into_iter().for_each(|settle| settle(Ok(()))),
             Some(error) => {
                 tracing::error!(%error, members = kept.len(), "a SQLite batch failed and is rolled back whole");
                 let _ = connection.execute("ROLLBACK").await;
                 let message = error.to_string();
-                for member in kept {
-                    let _ = member.send(Err(sqlx::Error::Io(std::io::Error::other(format!("the batch of this transaction failed: {message}")))));
+                for settle in kept {
+                    settle(Err(sqlx::Error::Io(std::io::Error::other(format!("the batch of this transaction failed: {message}")))));
                 }
             }
         }
+    }
+}
+
+/// Lends the connection to a request and waits for it back, with how to tell the request about
+/// the batch's commit (`None` when its work is to be undone); `None` when it never comes back.
+async fn lend(connection: SqliteConnection, join: Join) -> Option<(SqliteConnection, Option<Settle>)> {
+    let (returned, handed_back) = oneshot::channel();
+    let member = Member { connection: Some(connection), returned: Some(returned) };
+    match join.send(Ok(member)) {
+        // The request stopped waiting before its turn: nothing of it ran.
+        Err(unsent) => {
+            let mut member = unsent.expect("sent as Ok");
+            member.returned = None;
+            Some((member.connection.take().expect("an unsent member holds the connection"), None))
+        }
+        Ok(()) => {
+            let back = handed_back.await.ok()?;
+            let settle = back.committed.map(|committed| -> Settle { Box::new(move |outcome| drop(committed.send(outcome))) });
+            Some((back.connection, settle))
+        }
+    }
+}
+
+/// Tells waiting work that the writer could not start it.
+async fn refuse(work: Work, error: sqlx::Error) {
+    match work {
+        Work::Lend(join) => drop(join.send(Err(error))),
+        Work::Run(job) => drop(job(Err(error)).await),
     }
 }

@@ -17,7 +17,7 @@ use serde::Serialize;
 use crate::{
     bank::{BankState, BankStats},
     error::AdminError,
-    faults::{Faults, FaultsPatch},
+    faults::{Faults, PatchError},
 };
 
 pub use wire::ADMIN_TOKEN as TOKEN_HEADER;
@@ -68,12 +68,10 @@ async fn get_faults(State(admin): State<Admin>) -> Json<Faults> {
 }
 
 async fn put_faults(State(admin): State<Admin>, body: axum::body::Bytes) -> Result<Json<Faults>, AdminError> {
-    let patch: FaultsPatch = serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body)).map_err(|error| {
-        // A value of the wrong type or out of its type's range is named by its path.
-        let field = Some(error.path().to_string()).filter(|path| path != ".");
-        AdminError::MalformedBody { field, reason: error.into_inner().to_string() }
+    let faults = admin.bank.update_faults(|faults| {
+        *faults = faults.patched(&body)?;
+        Ok::<_, PatchError>(faults.clone())
     })?;
-    let faults = admin.bank.update_faults(|faults| faults.apply(patch).map(|()| faults.clone()))?;
     tracing::info!(?faults, "faults changed");
     Ok(Json(faults))
 }

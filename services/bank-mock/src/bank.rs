@@ -2,10 +2,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::{Arc, Mutex},
 };
 
 use deadline::{Deadline, Hop};
@@ -26,27 +23,14 @@ pub struct BankState {
     ledger: Mutex<HashMap<String, Charge>>,
     /// Every key that reached the bank: one per user operation, however often it was retried.
     keys_seen: Mutex<HashSet<String>>,
-    counters: Counters,
+    /// The counters of `GET /admin/stats`, but `distinct_keys`, which is `keys_seen`'s length.
+    counters: Mutex<BankStats>,
 }
 
 #[derive(Debug, Clone)]
 struct Charge {
     request: ChargeRequest,
     reply: ChargeReply,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    calls: AtomicU64,
-    retried_calls: AtomicU64,
-    charges: AtomicU64,
-    declines: AtomicU64,
-    duplicate_keys: AtomicU64,
-    injected_unavailable: AtomicU64,
-    injected_resource_exhausted: AtomicU64,
-    dropped_replies: AtomicU64,
-    hung: AtomicU64,
-    late_completions: AtomicU64,
 }
 
 /// `GET /admin/stats`.
@@ -73,10 +57,6 @@ pub struct BankStats {
     pub late_completions: u64,
 }
 
-fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
-}
-
 impl BankState {
     pub fn new(faults: Faults) -> Arc<Self> {
         Arc::new(Self {
@@ -84,7 +64,7 @@ impl BankState {
             initial_faults: faults,
             ledger: Mutex::default(),
             keys_seen: Mutex::default(),
-            counters: Counters::default(),
+            counters: Mutex::default(),
         })
     }
 
@@ -101,39 +81,16 @@ impl BankState {
         *lock(&self.faults) = self.initial_faults.clone();
         lock(&self.ledger).clear();
         lock(&self.keys_seen).clear();
-        let c = &self.counters;
-        for counter in [
-            &c.calls,
-            &c.retried_calls,
-            &c.charges,
-            &c.declines,
-            &c.duplicate_keys,
-            &c.injected_unavailable,
-            &c.injected_resource_exhausted,
-            &c.dropped_replies,
-            &c.hung,
-            &c.late_completions,
-        ] {
-            counter.store(0, Ordering::Relaxed);
-        }
+        *lock(&self.counters) = BankStats::default();
     }
 
     pub fn stats(&self) -> BankStats {
-        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let c = &self.counters;
-        BankStats {
-            calls: read(&c.calls),
-            retried_calls: read(&c.retried_calls),
-            distinct_keys: lock(&self.keys_seen).len() as u64,
-            charges: read(&c.charges),
-            declines: read(&c.declines),
-            duplicate_keys: read(&c.duplicate_keys),
-            injected_unavailable: read(&c.injected_unavailable),
-            injected_resource_exhausted: read(&c.injected_resource_exhausted),
-            dropped_replies: read(&c.dropped_replies),
-            hung: read(&c.hung),
-            late_completions: read(&c.late_completions),
-        }
+        BankStats { distinct_keys: lock(&self.keys_seen).len() as u64, ..*lock(&self.counters) }
+    }
+
+    /// Adds one to the counter `counter` picks.
+    fn count(&self, counter: fn(&mut BankStats) -> &mut u64) {
+        *counter(&mut lock(&self.counters)) += 1;
     }
 
     /// Commits a charge under `key` once; a repeat with the same request gets the stored reply.
@@ -144,7 +101,7 @@ impl BankState {
             if existing.request != *request {
                 return Err(ChargeError::KeyReused(existing.reply.charge_id.clone()));
             }
-            bump(&self.counters.duplicate_keys);
+            self.count(|stats| &mut stats.duplicate_keys);
             return Ok((existing.reply.clone(), false));
         }
         let reply = ChargeReply {
@@ -153,9 +110,9 @@ impl BankState {
             decline_reason: if decline { "insufficient_funds".into() } else { String::new() },
         };
         ledger.insert(key.to_owned(), Charge { request: request.clone(), reply: reply.clone() });
-        bump(&self.counters.charges);
+        self.count(|stats| &mut stats.charges);
         if decline {
-            bump(&self.counters.declines);
+            self.count(|stats| &mut stats.declines);
         }
         Ok((reply, true))
     }
@@ -184,21 +141,20 @@ impl BankService {
             let mut rng = rand::rng();
             (faults.latency(&mut rng), faults.plan(&mut rng))
         };
-        let counters = &self.state.counters;
         match plan {
             Plan::Hang => {
-                bump(&counters.hung);
+                self.state.count(|stats| &mut stats.hung);
                 tracing::info!("fault: hanging until the caller gives up");
                 // The deadline layer answers and drops this future when the caller's time is up.
                 std::future::pending().await
             }
             Plan::ResourceExhausted { pushback_ms } => {
-                bump(&counters.injected_resource_exhausted);
+                self.state.count(|stats| &mut stats.injected_resource_exhausted);
                 Err(ChargeError::ResourceExhausted { pushback_ms })
             }
             Plan::Unavailable => {
                 answer_after(latency).await;
-                bump(&counters.injected_unavailable);
+                self.state.count(|stats| &mut stats.injected_unavailable);
                 Err(ChargeError::Unavailable)
             }
             Plan::Charge { decline, drop_reply } => {
@@ -229,7 +185,6 @@ impl BankService {
         deadline: Option<Deadline>,
         honours_deadline: bool,
     ) -> Result<ChargeReply, ChargeError> {
-        let counters = &self.state.counters;
         let (decline, drop_reply) = self.faults().await?;
         let expired = || deadline.is_some_and(|deadline| deadline.is_expired_at(tokio::time::Instant::now()));
         // Nobody reads an answer after the caller's deadline: do not charge for it.
@@ -238,11 +193,11 @@ impl BankService {
         }
         let (reply, committed) = self.state.commit(key, request, decline)?;
         if expired() {
-            bump(&counters.late_completions);
+            self.state.count(|stats| &mut stats.late_completions);
         }
         // Only a call that committed can lose its reply; a repeat finds the charge and answers.
         if drop_reply && committed {
-            bump(&counters.dropped_replies);
+            self.state.count(|stats| &mut stats.dropped_replies);
             tracing::info!(charge_id = %reply.charge_id, "fault: dropping the reply of a committed charge");
             return Err(ChargeError::ReplyLost { charge_id: reply.charge_id });
         }
@@ -285,7 +240,7 @@ fn validate(request: &ChargeRequest) -> Result<(), ChargeError> {
 #[tonic::async_trait]
 impl Bank for BankService {
     async fn charge(&self, request: Request<ChargeRequest>) -> Result<Response<ChargeReply>, Status> {
-        bump(&self.state.counters.calls);
+        self.state.count(|stats| &mut stats.calls);
         let key = request
             .metadata()
             .get(rpc::metadata::IDEMPOTENCY_KEY)
@@ -294,7 +249,7 @@ impl Bank for BankService {
             .ok_or_else(|| ChargeError::MissingKey("absent or not ASCII".into()))?;
         proto::validate::idempotency_key(&key).map_err(|error| ChargeError::MissingKey(error.reason))?;
         if Hop::current().is_some_and(|hop| hop.previous_attempts() > 0) {
-            bump(&self.state.counters.retried_calls);
+            self.state.count(|stats| &mut stats.retried_calls);
         }
         lock(&self.state.keys_seen).insert(key.clone());
         let reply = BankService::charge(self, &key, request.get_ref()).await?;

@@ -7,7 +7,7 @@ use axum::{
 };
 use tonic::{Status, metadata::MetadataValue};
 
-use crate::faults::InvalidFault;
+use crate::faults::PatchError;
 
 /// Why a charge was not made (or its reply not delivered).
 #[derive(Debug, thiserror::Error)]
@@ -50,18 +50,16 @@ impl From<ChargeError> for Status {
 pub enum AdminError {
     #[error("X-Admin-Token is missing or wrong")]
     Unauthorized,
-    #[error("{0}")]
-    InvalidFaults(#[from] InvalidFault),
-    #[error("malformed faults document: {reason}")]
-    MalformedBody { field: Option<String>, reason: String },
+    #[error(transparent)]
+    Faults(#[from] PatchError),
 }
 
 impl IntoResponse for AdminError {
     fn into_response(self) -> Response {
         let (status, title, field) = match &self {
             AdminError::Unauthorized => (StatusCode::UNAUTHORIZED, "Unauthorized", None),
-            AdminError::InvalidFaults(fault) => (StatusCode::BAD_REQUEST, "Invalid faults", Some(fault.field.to_owned())),
-            AdminError::MalformedBody { field, .. } => (StatusCode::BAD_REQUEST, "Invalid faults", field.clone()),
+            AdminError::Faults(PatchError::Invalid(fault)) => (StatusCode::BAD_REQUEST, "Invalid faults", Some(fault.field.to_owned())),
+            AdminError::Faults(PatchError::Malformed { field, .. }) => (StatusCode::BAD_REQUEST, "Invalid faults", field.clone()),
         };
         let mut body = serde_json::json!({
             "type": "about:blank",

@@ -1,10 +1,14 @@
-//! The faults bank-mock can inject, each a named knob that tells what it simulates.
+//! The faults bank-mock can inject, as one table: [`Faults`] names each knob and what it
+//! simulates, [`Faults::HEALTHY`] gives its value in a healthy bank, [`Faults::validate`] its
+//! bounds, and [`Faults::plan`] the order in which a call's fate is drawn. A new fault is a line in
+//! each of those, and where it acts in `bank.rs`; the admin API and the settings follow the table.
 
 use std::time::Duration;
 
 use rand::Rng;
 use rand_distr::{Distribution, Normal};
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 /// Latency of one call, drawn from a normal distribution and cut at zero: real services are
 /// never exactly as fast twice.
@@ -17,6 +21,9 @@ pub struct Latency {
 
 /// The longest pushback the bank can be set to ask for: an hour, longer than any deadline.
 pub const MAX_PUSHBACK_MS: i64 = 60 * 60 * 1000;
+
+/// The longest mean or standard deviation of the latency: a minute.
+const MAX_LATENCY_MS: f64 = 60_000.0;
 
 /// What the bank does wrong, switchable at runtime.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -56,91 +63,27 @@ impl Faults {
         decline_rate: 0.0,
         ignores_deadlines: false,
     };
-}
 
-impl Default for Faults {
-    fn default() -> Self {
-        Self::HEALTHY
-    }
-}
-
-/// A partial update of [`Faults`]: absent fields keep their value.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FaultsPatch {
-    latency_ms: Option<Latency>,
-    error_rate: Option<f64>,
-    hang: Option<bool>,
-    resource_exhausted_rate: Option<f64>,
-    pushback_ms: Option<i64>,
-    drop_reply_rate: Option<f64>,
-    decline_rate: Option<f64>,
-    ignores_deadlines: Option<bool>,
-}
-
-/// A fault setting outside its range.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {reason}")]
-pub struct InvalidFault {
-    pub field: &'static str,
-    pub reason: &'static str,
-}
-
-/// What one call should do, decided before it runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Plan {
-    Hang,
-    Unavailable,
-    ResourceExhausted { pushback_ms: i64 },
-    Charge { decline: bool, drop_reply: bool },
-}
-
-impl Faults {
-    /// Applies `patch`, validating the result; on error nothing changes.
-    pub fn apply(&mut self, patch: FaultsPatch) -> Result<(), InvalidFault> {
-        let mut next = self.clone();
-        if let Some(latency) = patch.latency_ms {
-            next.latency_ms = latency;
-        }
-        macro_rules! set {
-            ($($field:ident),*) => { $(if let Some(value) = patch.$field { next.$field = value; })* };
-        }
-        set!(error_rate, hang, resource_exhausted_rate, pushback_ms, drop_reply_rate, decline_rate, ignores_deadlines);
-        next.validate()?;
-        *self = next;
-        Ok(())
-    }
-
+    /// The bounds of each knob that has any, checked at start and on every change: the first
+    /// knob out of its bounds is named.
     pub fn validate(&self) -> Result<(), InvalidFault> {
-        let rates = [
-            ("error_rate", self.error_rate),
-            ("resource_exhausted_rate", self.resource_exhausted_rate),
-            ("drop_reply_rate", self.drop_reply_rate),
-            ("decline_rate", self.decline_rate),
+        const RATE: &str = "must be a number from 0 to 1";
+        const LATENCY: &str = "must be from 0 to 60000";
+        let rate = |value: f64| (0.0..=1.0).contains(&value);
+        let latency = |value: f64| (0.0..=MAX_LATENCY_MS).contains(&value);
+        let bounds = [
+            ("latency_ms.mean", latency(self.latency_ms.mean), LATENCY),
+            ("latency_ms.stddev", latency(self.latency_ms.stddev), LATENCY),
+            ("error_rate", rate(self.error_rate), RATE),
+            ("resource_exhausted_rate", rate(self.resource_exhausted_rate), RATE),
+            ("pushback_ms", (-1..=MAX_PUSHBACK_MS).contains(&self.pushback_ms), "must be from -1 (\"do not retry\") to 3600000 (an hour)"),
+            ("drop_reply_rate", rate(self.drop_reply_rate), RATE),
+            ("decline_rate", rate(self.decline_rate), RATE),
         ];
-        for (field, rate) in rates {
-            if !(0.0..=1.0).contains(&rate) {
-                return Err(InvalidFault { field, reason: "must be a number from 0 to 1" });
-            }
+        match bounds.into_iter().find(|(_, within, _)| !within) {
+            Some((field, _, reason)) => Err(InvalidFault { field, reason }),
+            None => Ok(()),
         }
-        if !(-1..=MAX_PUSHBACK_MS).contains(&self.pushback_ms) {
-            return Err(InvalidFault { field: "pushback_ms", reason: "must be from -1 (\"do not retry\") to 3600000 (an hour)" });
-        }
-        let latency = self.latency_ms;
-        if !(latency.mean.is_finite() && (0.0..=60_000.0).contains(&latency.mean)) {
-            return Err(InvalidFault { field: "latency_ms.mean", reason: "must be from 0 to 60000" });
-        }
-        if !(latency.stddev.is_finite() && (0.0..=60_000.0).contains(&latency.stddev)) {
-            return Err(InvalidFault { field: "latency_ms.stddev", reason: "must be from 0 to 60000" });
-        }
-        Ok(())
-    }
-
-    /// Draws this call's latency.
-    pub fn latency(&self, rng: &mut impl Rng) -> Duration {
-        let Latency { mean, stddev } = self.latency_ms;
-        let millis = Normal::new(mean, stddev).map_or(mean, |normal| normal.sample(rng));
-        Duration::from_secs_f64(millis.max(0.0) / 1_000.0)
     }
 
     /// Decides what this call does; faults are checked in the order a real failure would show.
@@ -156,6 +99,67 @@ impl Faults {
         }
         Plan::Charge { decline: rng.random_bool(self.decline_rate), drop_reply: rng.random_bool(self.drop_reply_rate) }
     }
+
+    /// Draws this call's latency.
+    pub fn latency(&self, rng: &mut impl Rng) -> Duration {
+        let Latency { mean, stddev } = self.latency_ms;
+        let millis = Normal::new(mean, stddev).map_or(mean, |normal| normal.sample(rng));
+        Duration::from_secs_f64(millis.max(0.0) / 1_000.0)
+    }
+
+    /// These faults changed by `patch`, a partial faults document in JSON: each field it names
+    /// replaces the current one (the whole of `latency_ms` included), a field left out or `null`
+    /// keeps its value, and the result is checked as a whole.
+    pub fn patched(&self, patch: &[u8]) -> Result<Faults, PatchError> {
+        let patch: Map<String, Value> = from_json(&mut serde_json::Deserializer::from_slice(patch))?;
+        let mut merged = serde_json::to_value(self).expect("faults serialize to JSON");
+        let fields = merged.as_object_mut().expect("faults serialize to a JSON object");
+        fields.extend(patch.into_iter().filter(|(_, value)| !value.is_null()));
+        let next: Faults = from_json(merged)?;
+        next.validate()?;
+        Ok(next)
+    }
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Self::HEALTHY
+    }
+}
+
+/// Deserializes, naming the value at fault by its path when there is one.
+fn from_json<'de, T: Deserialize<'de>>(json: impl serde::Deserializer<'de, Error = serde_json::Error>) -> Result<T, PatchError> {
+    serde_path_to_error::deserialize(json).map_err(|error| {
+        let field = Some(error.path().to_string()).filter(|path| path != ".");
+        PatchError::Malformed { field, reason: error.into_inner().to_string() }
+    })
+}
+
+/// A fault setting outside its range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct InvalidFault {
+    pub field: &'static str,
+    pub reason: &'static str,
+}
+
+/// Why a change of faults was refused; nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatchError {
+    /// Not a faults document: not JSON, an unknown field, or a value not even of its type.
+    #[error("malformed faults document: {reason}")]
+    Malformed { field: Option<String>, reason: String },
+    #[error(transparent)]
+    Invalid(#[from] InvalidFault),
+}
+
+/// What one call should do, decided before it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    Hang,
+    Unavailable,
+    ResourceExhausted { pushback_ms: i64 },
+    Charge { decline: bool, drop_reply: bool },
 }
 
 #[cfg(test)]
@@ -163,30 +167,36 @@ mod tests {
     use super::*;
     use rand::{SeedableRng, rngs::StdRng};
 
+    fn field(error: PatchError) -> Option<String> {
+        match error {
+            PatchError::Malformed { field, .. } => field,
+            PatchError::Invalid(invalid) => Some(invalid.field.to_owned()),
+        }
+    }
+
     #[test]
     fn patches_change_only_what_they_name_and_reject_nonsense_whole() {
-        let mut faults = Faults::default();
-        let patch: FaultsPatch = serde_json::from_str(r#"{"error_rate": 0.5, "hang": true}"#).unwrap();
-        faults.apply(patch).unwrap();
-        assert_eq!((faults.error_rate, faults.hang, faults.latency_ms.mean), (0.5, true, 20.0));
+        let faults = Faults::default().patched(br#"{"error_rate": 0.5, "hang": true, "decline_rate": null}"#).unwrap();
+        assert_eq!((faults.error_rate, faults.hang, faults.latency_ms.mean, faults.decline_rate), (0.5, true, 20.0, 0.0));
 
-        let bad: FaultsPatch = serde_json::from_str(r#"{"hang": false, "decline_rate": 1.5}"#).unwrap();
-        assert_eq!(faults.apply(bad).unwrap_err().field, "decline_rate");
-        assert!(faults.hang, "a rejected patch changes nothing");
-        assert!(serde_json::from_str::<FaultsPatch>(r#"{"eror_rate": 1}"#).is_err());
-
-        for (patch, field) in [
-            (r#"{"pushback_ms": 9223372036854775807}"#, "pushback_ms"),
-            (r#"{"pushback_ms": -9223372036854775808}"#, "pushback_ms"),
-            (r#"{"latency_ms": {"mean": 1e300, "stddev": 1}}"#, "latency_ms.mean"),
-            (r#"{"latency_ms": {"mean": 1, "stddev": -1}}"#, "latency_ms.stddev"),
-            (r#"{"error_rate": -0.1}"#, "error_rate"),
+        let bad = faults.patched(br#"{"hang": false, "decline_rate": 1.5}"#).unwrap_err();
+        assert_eq!(bad.to_string(), "decline_rate: must be a number from 0 to 1");
+        for (patch, named) in [
+            (&br#"{"eror_rate": 1}"#[..], Some("eror_rate")),
+            (br#"{"hang": "yes"}"#, Some("hang")),
+            (br#"{"latency_ms": {"mean": 1}}"#, Some("latency_ms")),
+            (br#"[0.5]"#, None),
+            (br#"{"pushback_ms": 9223372036854775807}"#, Some("pushback_ms")),
+            (br#"{"pushback_ms": -9223372036854775808}"#, Some("pushback_ms")),
+            (br#"{"pushback_ms": 1e30}"#, Some("pushback_ms")),
+            (br#"{"latency_ms": {"mean": 1e300, "stddev": 1}}"#, Some("latency_ms.mean")),
+            (br#"{"latency_ms": {"mean": 1, "stddev": -1}}"#, Some("latency_ms.stddev")),
+            (br#"{"error_rate": -0.1}"#, Some("error_rate")),
         ] {
-            let patch: FaultsPatch = serde_json::from_str(patch).unwrap();
-            assert_eq!(faults.apply(patch).unwrap_err().field, field);
+            let error = faults.patched(patch).unwrap_err();
+            assert_eq!(field(error.clone()).as_deref(), named, "{}: {error}", String::from_utf8_lossy(patch));
         }
-        let longest: FaultsPatch = serde_json::from_str(r#"{"pushback_ms": 3600000}"#).unwrap();
-        assert!(faults.apply(longest).is_ok());
+        assert_eq!(faults.patched(br#"{"pushback_ms": 3600000}"#).unwrap().pushback_ms, MAX_PUSHBACK_MS);
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! Starts the four services and the webhook sender in this process, wired to each other's real
-//! addresses.
+//! addresses. [`HOPS`] lists them with what the stack does alike for each (its listeners, its
+//! certificate, its name in telemetry, stopping it); [`Chain::start`] builds them, each after the
+//! ones it calls, and points every caller at what its callee bound.
 
 use std::{collections::BTreeMap, net::SocketAddr, path::Path, sync::Arc};
 
@@ -10,7 +12,11 @@ use resilience::{
     bulkhead::{Bulkhead, BulkheadStats},
     retry::{RetryPolicy, RetryStatsSnapshot},
 };
-use rpc::{ServerError, dev_certs::DevCerts, tls::TlsSettings};
+use rpc::{
+    ServerError,
+    dev_certs::{DevCerts, OPERATOR},
+    tls::TlsSettings,
+};
 use tempfile::TempDir;
 
 use crate::naive::NaiveSettings;
@@ -66,15 +72,9 @@ impl Default for ChainSettings {
 impl ChainSettings {
     /// Every listener on 127.0.0.1 port 0, so several chains (tests, scenarios) never collide.
     pub fn ephemeral(mut self) -> Self {
-        let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        self.gateway.http_listen = any;
-        self.gateway.grpc_listen = any;
-        self.gateway.metrics_listen = any;
-        self.orders.listen = any;
-        self.payment.listen = any;
-        self.bank.listen = any;
-        self.bank.admin_listen = any;
-        self.webhook_sender.listen = any;
+        for listener in listeners() {
+            *(listener.setting)(&mut self) = SocketAddr::from(([127, 0, 0, 1], 0));
+        }
         self
     }
 
@@ -89,12 +89,135 @@ impl ChainSettings {
     }
 }
 
+/// One service of the chain, as the stack runs it.
+pub struct Hop {
+    /// Its name (the hop's, in ledgers, certificates and [`Chain::stop_service`]) and version,
+    /// exported under its own name when the process's telemetry hosts it ([`telemetry::init_hosting`]).
+    pub service: telemetry::Service,
+    /// Where it listens.
+    pub listeners: &'static [Listener],
+    /// Its mutual-TLS settings; `None` for a service that serves no gRPC to the others.
+    tls: Option<fn(&mut ChainSettings) -> &mut TlsSettings>,
+}
+
+/// One port of a service.
+pub struct Listener {
+    /// Its settings key, as `--set` and a settings file name it.
+    pub key: &'static str,
+    /// Its line in `stack up`'s list of addresses: a label, then `shown` with the bound address at
+    /// `{addr}` (and the bank's admin token at `{admin_token}`).
+    pub label: &'static str,
+    pub shown: &'static str,
+    setting: fn(&mut ChainSettings) -> &mut SocketAddr,
+    bound: fn(&Addresses) -> SocketAddr,
+}
+
+impl Listener {
+    /// Where this listener is bound in `chain`.
+    pub fn address(&self, chain: &Chain) -> SocketAddr {
+        (self.bound)(&chain.addresses)
+    }
+}
+
+/// The chain's services in the order a request goes through them, the webhook sender last.
+/// A service added here gets its ports, its certificate and its telemetry name like the others;
+/// [`Chain::start`] builds it and wires it to its neighbours.
+pub const HOPS: [Hop; 5] = [
+    Hop {
+        service: gateway::SERVICE,
+        tls: Some(|s| &mut s.gateway.tls),
+        listeners: &[
+            Listener {
+                key: "gateway.http_listen",
+                label: "gateway HTTP",
+                shown: "http://{addr}",
+                setting: |s| &mut s.gateway.http_listen,
+                bound: |a| a.gateway_http,
+            },
+            Listener {
+                key: "gateway.grpc_listen",
+                label: "gateway gRPC",
+                shown: "{addr}",
+                setting: |s| &mut s.gateway.grpc_listen,
+                bound: |a| a.gateway_grpc,
+            },
+            Listener {
+                key: "gateway.metrics_listen",
+                label: "metrics",
+                shown: "http://{addr}/metrics  (every hop's series)",
+                setting: |s| &mut s.gateway.metrics_listen,
+                bound: |a| a.gateway_metrics,
+            },
+        ],
+    },
+    Hop {
+        service: orders::SERVICE,
+        tls: Some(|s| &mut s.orders.tls),
+        listeners: &[Listener {
+            key: "orders.listen",
+            label: "orders gRPC",
+            shown: "{addr}",
+            setting: |s| &mut s.orders.listen,
+            bound: |a| a.orders,
+        }],
+    },
+    Hop {
+        service: payment::SERVICE,
+        tls: Some(|s| &mut s.payment.tls),
+        listeners: &[Listener {
+            key: "payment.listen",
+            label: "payment gRPC",
+            shown: "{addr}",
+            setting: |s| &mut s.payment.listen,
+            bound: |a| a.payment,
+        }],
+    },
+    Hop {
+        service: bank_mock::SERVICE,
+        tls: Some(|s| &mut s.bank.tls),
+        listeners: &[
+            Listener { key: "bank.listen", label: "bank-mock gRPC", shown: "{addr}", setting: |s| &mut s.bank.listen, bound: |a| a.bank },
+            Listener {
+                key: "bank.admin_listen",
+                label: "bank-mock admin",
+                shown: "http://{addr}  (X-Admin-Token: {admin_token})",
+                setting: |s| &mut s.bank.admin_listen,
+                bound: |a| a.bank_admin,
+            },
+        ],
+    },
+    Hop {
+        service: webhook_sender::SERVICE,
+        tls: None,
+        listeners: &[Listener {
+            key: "webhook_sender.listen",
+            label: "webhook sender",
+            shown: "http://{addr}/metrics  (delivers orders' outbox)",
+            setting: |s| &mut s.webhook_sender.listen,
+            bound: |a| a.webhook_sender,
+        }],
+    },
+];
+
+/// Every listener of the chain, service by service.
+pub fn listeners() -> impl Iterator<Item = &'static Listener> {
+    HOPS.into_iter().flat_map(|hop| hop.listeners)
+}
+
 /// The webhook sender's name among the services, for [`Chain::stop_service`].
 pub const WEBHOOK_SENDER: &str = webhook_sender::SERVICE.name;
 
 /// The services a chain runs, each exported under its own name when the process's telemetry
 /// hosts them ([`telemetry::init_hosting`]).
-pub const SERVICES: [telemetry::Service; 5] = [gateway::SERVICE, orders::SERVICE, payment::SERVICE, bank_mock::SERVICE, webhook_sender::SERVICE];
+pub const SERVICES: [telemetry::Service; HOPS.len()] = {
+    let mut services = [crate::SERVICE; HOPS.len()];
+    let mut i = 0;
+    while i < HOPS.len() {
+        services[i] = HOPS[i].service;
+        i += 1;
+    }
+    services
+};
 
 /// Where each part of a running chain listens.
 #[derive(Debug, Clone, Serialize)]
@@ -110,14 +233,15 @@ pub struct Addresses {
     pub webhook_sender: SocketAddr,
 }
 
-/// Deadline counters of every hop.
+/// Deadline counters of every hop: as they stand (`Counters` = [`HopStatsSnapshot`]), or the
+/// live counters a chain reads them from.
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct ChainHopStats {
-    pub gateway_http: HopStatsSnapshot,
-    pub gateway_grpc: HopStatsSnapshot,
-    pub orders: HopStatsSnapshot,
-    pub payment: HopStatsSnapshot,
-    pub bank: HopStatsSnapshot,
+pub struct ChainHopStats<Counters = HopStatsSnapshot> {
+    pub gateway_http: Counters,
+    pub gateway_grpc: Counters,
+    pub orders: Counters,
+    pub payment: Counters,
+    pub bank: Counters,
 }
 
 /// The breakers and the bank's bulkhead, as they stand.
@@ -136,14 +260,6 @@ struct Guards {
     bank_bulkhead: Arc<Bulkhead>,
 }
 
-struct HopCounters {
-    gateway_http: Arc<HopStats>,
-    gateway_grpc: Arc<HopStats>,
-    orders: Arc<HopStats>,
-    payment: Arc<HopStats>,
-    bank: Arc<HopStats>,
-}
-
 /// A running chain. Dropping it without [`Chain::stop`] leaves the servers to the runtime's end.
 pub struct Chain {
     pub addresses: Addresses,
@@ -151,7 +267,7 @@ pub struct Chain {
     pub database_urls: (String, String),
     pub admin_token: String,
     bank: Arc<BankState>,
-    hops: HopCounters,
+    hops: ChainHopStats<Arc<HopStats>>,
     guards: Guards,
     gateway_retry: RetryPolicy,
     client_limits: Arc<gateway::ClientLimits>,
@@ -176,20 +292,28 @@ impl Chain {
         let mut servers = JoinSet::new();
 
         let database_urls = (settings.orders.database_url.clone(), settings.payment.database_url.clone());
-        settings.webhook_sender.sqlite = settings.orders.sqlite;
-        let bank = bank_mock::Application::build(settings.bank).await?;
-        settings.payment.bank.endpoint = settings.external_bank.clone().unwrap_or_else(|| format!("http://{}", bank.grpc_addr()));
         // The completer's window is checked against how long payment really keeps its keys.
         settings.orders.completer.payment_key_ttl_ms = settings.payment.idempotency.ttl_ms;
-        let payment = payment::Application::build_with(settings.payment, outbound.clone()).await?;
-        settings.orders.payment.endpoint = format!("http://{}", payment.grpc_addr());
-        let orders = orders::Application::build_with(settings.orders, outbound.clone()).await?;
-        settings.gateway.orders.endpoint = format!("http://{}", orders.grpc_addr());
-        settings.gateway.recommendations.endpoint = format!("http://{}", orders.grpc_addr());
-        settings.gateway.payment.endpoint = format!("http://{}", payment.grpc_addr());
-        settings.gateway.bank.endpoint = format!("http://{}", bank.grpc_addr());
-        let gateway = gateway::Application::build_with(settings.gateway, outbound).await?;
+        // The sender delivers orders' outbox, from orders' database.
         settings.webhook_sender.database_url = database_urls.0.clone();
+        settings.webhook_sender.sqlite = settings.orders.sqlite;
+
+        // Each service is built after the ones it calls, so that its settings name the addresses
+        // they really bound.
+        let bank = bank_mock::Application::build(settings.bank).await?;
+
+        settings.payment.bank.endpoint = settings.external_bank.clone().unwrap_or_else(|| endpoint(bank.grpc_addr()));
+        let payment = payment::Application::build_with(settings.payment, outbound.clone()).await?;
+
+        settings.orders.payment.endpoint = endpoint(payment.grpc_addr());
+        let orders = orders::Application::build_with(settings.orders, outbound.clone()).await?;
+
+        settings.gateway.orders.endpoint = endpoint(orders.grpc_addr());
+        settings.gateway.recommendations.endpoint = endpoint(orders.grpc_addr());
+        settings.gateway.payment.endpoint = endpoint(payment.grpc_addr());
+        settings.gateway.bank.endpoint = endpoint(bank.grpc_addr());
+        let gateway = gateway::Application::build_with(settings.gateway, outbound).await?;
+
         let sender = webhook_sender::Application::build(settings.webhook_sender)
             .await
             .map_err(|error| ServerError::Settings(format!("webhook-sender: {error}")))?;
@@ -204,7 +328,7 @@ impl Chain {
             bank_admin: bank.admin_addr(),
             webhook_sender: sender.local_addr(),
         };
-        let hops = HopCounters {
+        let hops = ChainHopStats {
             gateway_http: gateway.http_stats(),
             gateway_grpc: gateway.grpc_stats(),
             orders: orders.hop_stats(),
@@ -219,8 +343,7 @@ impl Chain {
         let bank_state = bank.state();
 
         // Each service stops with the chain, or alone (to see the others cope).
-        let tokens: BTreeMap<&'static str, CancellationToken> =
-            [bank_mock::HOP, payment::HOP, orders::HOP, gateway::HOP, WEBHOOK_SENDER].into_iter().map(|hop| (hop, shutdown.child_token())).collect();
+        let tokens: BTreeMap<&'static str, CancellationToken> = HOPS.iter().map(|hop| (hop.service.name, shutdown.child_token())).collect();
         servers.spawn(bank.run_until_stopped(tokens[bank_mock::HOP].clone()));
         servers.spawn(payment.run_until_stopped(tokens[payment::HOP].clone()));
         servers.spawn(orders.run_until_stopped(tokens[orders::HOP].clone()));
@@ -330,24 +453,48 @@ impl Chain {
     }
 }
 
+/// The endpoint a client is given to call a service at `address`.
+fn endpoint(address: SocketAddr) -> String {
+    format!("http://{address}")
+}
+
 /// Makes every service plain text (`plaintext`), or gives each a certificate of a fresh
 /// development CA when none names files of its own.
 fn secure(settings: &mut ChainSettings) -> Result<Option<(DevCerts, TempDir)>, ServerError> {
-    let sections = [&mut settings.gateway.tls, &mut settings.orders.tls, &mut settings.payment.tls, &mut settings.bank.tls];
+    let served: Vec<_> = HOPS.iter().filter_map(|hop| Some((hop.service.name, hop.tls?))).collect();
     if settings.plaintext {
-        for tls in sections {
-            *tls = TlsSettings { plaintext: true, ..TlsSettings::default() };
+        for (_, tls) in &served {
+            *tls(settings) = TlsSettings { plaintext: true, ..TlsSettings::default() };
         }
         return Ok(None);
     }
-    if sections.iter().any(|tls| **tls != TlsSettings::default()) {
+    if served.iter().any(|(_, tls)| *tls(settings) != TlsSettings::default()) {
         return Ok(None);
     }
-    let names = [gateway::HOP, orders::HOP, payment::HOP, bank_mock::HOP];
+    let names: Vec<&str> = served.iter().map(|(name, _)| *name).chain([OPERATOR]).collect();
     let dir = tempfile::Builder::new().prefix("chain-certs-").tempdir().map_err(|error| ServerError::Settings(format!("certificates: {error}")))?;
-    let certs = DevCerts::generate_once(dir.path()).map_err(|error| ServerError::Settings(format!("certificates: {error}")))?;
-    for (tls, name) in sections.into_iter().zip(names) {
-        *tls = certs.settings(name);
+    let certs = DevCerts::generate(dir.path(), &names).map_err(|error| ServerError::Settings(format!("certificates: {error}")))?;
+    for (name, tls) in served {
+        *tls(settings) = certs.settings(name);
     }
     Ok(Some((certs, dir)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each listener's key names the setting it changes, as `--set` would.
+    #[test]
+    fn every_listener_key_names_its_setting() {
+        for (port, listener) in (1..).zip(listeners()) {
+            let mut document = serde_json::to_value(ChainSettings::default()).unwrap();
+            let (section, field) = listener.key.split_once('.').unwrap();
+            document[section][field] = format!("127.0.0.1:{port}").into();
+            let mut settings: ChainSettings = serde_json::from_value(document).unwrap();
+            assert_eq!((listener.setting)(&mut settings).port(), port, "{}", listener.key);
+        }
+        let mut ephemeral = ChainSettings::default().ephemeral();
+        assert!(listeners().all(|listener| (listener.setting)(&mut ephemeral).port() == 0));
+    }
 }

@@ -98,16 +98,11 @@ async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Bo
     std::fs::create_dir_all(dir)?;
     let plaintext = chain_settings.plaintext;
     let mut chain = Chain::start(chain_settings.with_data_dir(dir)).await?;
-    let a = &chain.addresses;
     println!("gateway → orders → payment → bank-mock, and the webhook sender, are up (Ctrl-C stops them)");
-    println!("  gateway HTTP      http://{}", a.gateway_http);
-    println!("  gateway gRPC      {}", a.gateway_grpc);
-    println!("  metrics           http://{}/metrics  (every hop's series)", a.gateway_metrics);
-    println!("  orders gRPC       {}", a.orders);
-    println!("  payment gRPC      {}", a.payment);
-    println!("  bank-mock gRPC    {}", a.bank);
-    println!("  bank-mock admin   http://{}  (X-Admin-Token: {})", a.bank_admin, chain.admin_token);
-    println!("  webhook sender    http://{}/metrics  (delivers orders' outbox)", a.webhook_sender);
+    for listener in stack::chain::listeners() {
+        let shown = listener.shown.replace("{addr}", &listener.address(&chain).to_string()).replace("{admin_token}", &chain.admin_token);
+        println!("  {:<18}{shown}", listener.label);
+    }
     println!("  databases         {}, {}", redact(&chain.database_urls.0), redact(&chain.database_urls.1));
     println!("  API keys          demo-key-1 (client demo-client-1), demo-key-2 (client demo-client-2)");
     match chain.dev_certs() {
@@ -129,7 +124,7 @@ async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Bo
         "  curl -si http://{}/v1/orders -H 'Authorization: Bearer demo-key-1' -H 'Idempotency-Key: order-1' \\\n    \
          -H 'Content-Type: application/json' \\\n    \
          -d '{{\"customer_id\": \"c-1\", \"items\": [{{\"sku\": \"sku-1\", \"quantity\": 2}}], \"amount_minor\": 1299, \"currency\": \"EUR\"}}'",
-        a.gateway_http
+        chain.addresses.gateway_http
     );
     let stop = rpc::shutdown_signal();
     let token = chain.shutdown_token();

@@ -3,17 +3,5 @@
 /// The `--set` values that put every listener of `stack up` on a free loopback port, so that the
 /// binary runs beside anything else (another test, a stack a developer left running).
 pub fn every_listener_on_a_free_port() -> Vec<String> {
-    [
-        "gateway.http_listen",
-        "gateway.grpc_listen",
-        "gateway.metrics_listen",
-        "orders.listen",
-        "payment.listen",
-        "bank.listen",
-        "bank.admin_listen",
-        "webhook_sender.listen",
-    ]
-    .iter()
-    .map(|key| format!("{key}=127.0.0.1:0"))
-    .collect()
+    stack::chain::listeners().map(|listener| format!("{}=127.0.0.1:0", listener.key)).collect()
 }

@@ -1,7 +1,7 @@
 //! The HTTP face against its OpenAPI document (`services/gateway/openapi.json`): served at
 //! `GET /openapi.json` without an API key, the same as the committed file, valid OpenAPI 3.1 by
 //! openapi-spec-validator, and schemathesis over every operation of the live chain finds no
-//! server error and no answer the document does not describe. Needs python3 with
+//! internal error (`500`, `502`) and no answer the document does not describe. Needs python3 with
 //! openapi-spec-validator and schemathesis (`.ci/run` installs them).
 
 use std::{
@@ -92,7 +92,7 @@ parameters = {{ "path.endpoint_id" = {{ dictionary = "deletable", probability = 
 }
 
 #[tokio::test]
-async fn schemathesis_finds_no_server_error_and_no_answer_the_document_does_not_describe() {
+async fn schemathesis_finds_no_internal_error_and_no_answer_the_document_does_not_describe() {
     if !python_has("schemathesis") {
         return missing("python3 with schemathesis", "the HTTP face was not fuzzed against its document");
     }

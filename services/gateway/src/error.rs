@@ -41,21 +41,28 @@ impl From<proto::validate::FieldError> for GatewayError {
     }
 }
 
-/// An `application/problem+json` body.
-#[derive(Debug, Serialize)]
+/// An `application/problem+json` body (RFC 9457).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Problem {
+    /// Always `about:blank`: the status and title say what happened.
     #[serde(rename = "type")]
     pub kind: &'static str,
     pub title: &'static str,
+    /// The HTTP status of the answer.
     pub status: u16,
+    /// What happened, starting with the hop that failed when the failure is from below.
     pub detail: String,
     /// The request field at fault, for 400s.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub field: Option<String>,
+    /// The order whose payment was declined, for 402s.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub order_id: Option<String>,
     /// The gRPC code of the failure below the gateway.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub grpc_code: Option<String>,
 }
 

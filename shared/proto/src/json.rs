@@ -7,28 +7,39 @@ use crate::common::v1::{Order, OrderStatus, Payment, PaymentStatus};
 
 /// An order as JSON.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = Order))]
 pub struct OrderJson {
+    /// `ord_` and a UUIDv7 in hex.
     pub order_id: String,
     pub customer_id: String,
     pub items: Vec<ItemJson>,
+    /// In minor units of the currency.
     pub amount_minor: i64,
     pub currency: String,
+    /// `pending_payment` (payment not finished), `paid` or `payment_declined`.
     pub status: &'static str,
+    /// `null` until the payment has an outcome.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub payment: Option<PaymentJson>,
+    /// RFC 3339, UTC, milliseconds.
     pub created_at: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = Item))]
 pub struct ItemJson {
     pub sku: String,
     pub quantity: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = Payment))]
 pub struct PaymentJson {
     pub payment_id: String,
+    /// `approved` or `declined`.
     pub status: &'static str,
     pub bank_charge_id: String,
+    /// Why the bank declined; only on a declined payment.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub decline_reason: String,
 }

@@ -19,12 +19,16 @@ use opentelemetry_proto::tonic::{
             trace_service_server::{TraceService, TraceServiceServer},
         },
     },
-    common::v1::{AnyValue, any_value::Value},
+    common::v1::{AnyValue, KeyValue, any_value::Value},
     metrics::v1::Metric,
+    resource::v1::Resource,
     trace::v1::Span,
 };
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
+
+/// A span with the resource it came with: the service that exported it.
+pub type ExportedSpan = (Arc<Resource>, Span);
 
 /// The receiver and everything it has received.
 #[derive(Clone)]
@@ -35,8 +39,7 @@ pub struct OtlpReceiver {
 
 #[derive(Clone, Default)]
 struct Collector {
-    /// Each span with the `service.name` of the resource it came with.
-    spans: Arc<Mutex<Vec<(String, Span)>>>,
+    spans: Arc<Mutex<Vec<ExportedSpan>>>,
     metrics: Arc<Mutex<Vec<Metric>>>,
     /// Print a line per span received (the compose stack's receiver, read from its log).
     echo: bool,
@@ -45,24 +48,16 @@ struct Collector {
 #[tonic::async_trait]
 impl TraceService for Collector {
     async fn export(&self, request: Request<ExportTraceServiceRequest>) -> Result<Response<ExportTraceServiceResponse>, Status> {
-        for resource in request.into_inner().resource_spans {
-            let service = resource
-                .resource
-                .as_ref()
-                .and_then(|resource| resource.attributes.iter().find(|kv| kv.key == "service.name"))
-                .and_then(|kv| kv.value.as_ref())
-                .and_then(|value| match &value.value {
-                    Some(Value::StringValue(name)) => Some(name.clone()),
-                    _ => None,
-                })
-                .unwrap_or_default();
-            let spans: Vec<Span> = resource.scope_spans.into_iter().flat_map(|s| s.spans).collect();
+        for exported in request.into_inner().resource_spans {
+            let resource = Arc::new(exported.resource.unwrap_or_default());
+            let spans: Vec<Span> = exported.scope_spans.into_iter().flat_map(|s| s.spans).collect();
             if self.echo {
+                let service = service_name(&resource);
                 for span in &spans {
                     println!("span trace_id={} service={service} name={:?}", hex::encode(&span.trace_id), span.name);
                 }
             }
-            self.spans.lock().expect("spans lock").extend(spans.into_iter().map(|span| (service.clone(), span)));
+            self.spans.lock().expect("spans lock").extend(spans.into_iter().map(|span| (resource.clone(), span)));
         }
         Ok(Response::new(ExportTraceServiceResponse { partial_success: None }))
     }
@@ -104,11 +99,11 @@ impl OtlpReceiver {
 
     /// The spans received so far of the trace `trace_id` (32 hex digits).
     pub fn trace(&self, trace_id: &str) -> Vec<Span> {
-        self.trace_by_service(trace_id).into_iter().map(|(_, span)| span).collect()
+        self.trace_by_resource(trace_id).into_iter().map(|(_, span)| span).collect()
     }
 
-    /// [`OtlpReceiver::trace`], each span with the `service.name` it was exported under.
-    pub fn trace_by_service(&self, trace_id: &str) -> Vec<(String, Span)> {
+    /// [`OtlpReceiver::trace`], each span with the resource it was exported with.
+    pub fn trace_by_resource(&self, trace_id: &str) -> Vec<ExportedSpan> {
         let id = hex::decode(trace_id).expect("a hex trace id");
         self.received.spans.lock().expect("spans lock").iter().filter(|(_, span)| span.trace_id == id).cloned().collect()
     }
@@ -126,14 +121,32 @@ impl OtlpReceiver {
 
 /// A span's attribute, as text or number.
 pub fn attribute<'a>(span: &'a Span, key: &str) -> Option<&'a Value> {
-    span.attributes.iter().find(|kv| kv.key == key).and_then(|kv| kv.value.as_ref()).and_then(|v: &AnyValue| v.value.as_ref())
+    find(&span.attributes, key)
 }
 
-pub fn text_attribute<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
-    match attribute(span, key)? {
+fn find<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a Value> {
+    attributes.iter().find(|kv| kv.key == key).and_then(|kv| kv.value.as_ref()).and_then(|v: &AnyValue| v.value.as_ref())
+}
+
+fn text(value: &Value) -> Option<&str> {
+    match value {
         Value::StringValue(text) => Some(text),
         _ => None,
     }
+}
+
+pub fn text_attribute<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
+    attribute(span, key).and_then(text)
+}
+
+/// A resource's attribute as text, such as `service.version`.
+pub fn resource_text<'a>(resource: &'a Resource, key: &str) -> Option<&'a str> {
+    find(&resource.attributes, key).and_then(text)
+}
+
+/// The `service.name` a resource names, or nothing.
+pub fn service_name(resource: &Resource) -> &str {
+    resource_text(resource, "service.name").unwrap_or_default()
 }
 
 pub fn number_attribute(span: &Span, key: &str) -> Option<f64> {

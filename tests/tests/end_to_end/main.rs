@@ -19,6 +19,7 @@ mod idempotency_keys;
 mod kubernetes;
 mod metrics;
 mod mutual_tls;
+mod openapi;
 mod python_grpc;
 mod rate_limit;
 mod readme_links;

@@ -5,8 +5,8 @@
 use std::sync::OnceLock;
 
 use e2e::{
-    BACKGROUND, TestChain, eventually, order_body,
-    otlp::{OtlpReceiver, number_attribute, text_attribute},
+    BACKGROUND, TestChain, eventually, order_body, otlp,
+    otlp::{OtlpReceiver, number_attribute, resource_text, text_attribute},
 };
 use opentelemetry_proto::tonic::trace::v1::{Span, span::SpanKind, status::StatusCode};
 use telemetry::{TelemetrySettings, attr};
@@ -53,17 +53,17 @@ fn exported() -> &'static (OtlpReceiver, telemetry::Telemetry) {
 
 /// The spans of the trace an answer names in `traceparent`, once `enough` of them are exported.
 async fn trace_of(response: &reqwest::Response, enough: impl Fn(&[Span]) -> bool) -> Vec<Span> {
-    trace_by_service(response, enough).await.into_iter().map(|(_, span)| span).collect()
+    trace_by_resource(response, enough).await.into_iter().map(|(_, span)| span).collect()
 }
 
-/// [`trace_of`], each span with the `service.name` it was exported under.
-async fn trace_by_service(response: &reqwest::Response, enough: impl Fn(&[Span]) -> bool) -> Vec<(String, Span)> {
+/// [`trace_of`], each span with the resource it was exported with.
+async fn trace_by_resource(response: &reqwest::Response, enough: impl Fn(&[Span]) -> bool) -> Vec<otlp::ExportedSpan> {
     let (receiver, telemetry) = exported();
     let traceparent = response.headers()["traceparent"].to_str().unwrap().to_owned();
     let trace_id = traceparent.split('-').nth(1).expect("version-traceid-spanid-flags").to_owned();
     eventually(BACKGROUND, "the trace's spans exported", || async {
         telemetry.flush().await;
-        let exported = receiver.trace_by_service(&trace_id);
+        let exported = receiver.trace_by_resource(&trace_id);
         let spans: Vec<Span> = exported.iter().map(|(_, span)| span.clone()).collect();
         enough(&spans).then_some(exported)
     })
@@ -112,12 +112,12 @@ async fn each_hop_exports_under_its_own_service_name_and_the_links_cross_them() 
     let test = TestChain::start().await;
     let response = test.post_order("traced-services", &order_body()).send().await.unwrap();
     assert_eq!(response.status(), 201);
-    let exported = trace_by_service(&response, every_hop_served).await;
-    let service_of = |span: &Span| exported.iter().find(|(_, s)| s.span_id == span.span_id).map(|(service, _)| service.as_str());
+    let exported = trace_by_resource(&response, every_hop_served).await;
+    let service_of = |span: &Span| exported.iter().find(|(_, s)| s.span_id == span.span_id).map(|(resource, _)| otlp::service_name(resource));
     let spans: Vec<Span> = exported.iter().map(|(_, span)| span.clone()).collect();
 
     let hops = ["gateway", "orders", "payment", "bank-mock"];
-    let mut names: Vec<&str> = exported.iter().map(|(service, _)| service.as_str()).collect();
+    let mut names: Vec<&str> = exported.iter().map(|(resource, _)| otlp::service_name(resource)).collect();
     names.sort_unstable();
     names.dedup();
     let mut expected = hops.to_vec();
@@ -140,6 +140,14 @@ async fn each_hop_exports_under_its_own_service_name_and_the_links_cross_them() 
     let gateway_server = spans.iter().find(|s| text_attribute(s, attr::HOP) == Some("gateway")).expect("the gateway's span");
     let bank_server = spans.iter().find(|s| text_attribute(s, attr::HOP) == Some("bank-mock")).expect("the bank's span");
     assert!(descends_from(&spans, bank_server, gateway_server), "one tree from the gateway down to the bank");
+
+    // Each hop's resource names its version, and the environment: the default, as no
+    // OTEL_RESOURCE_ATTRIBUTES is set here.
+    for service in stack::SERVICES.iter().filter(|service| hops.contains(&service.name)) {
+        let (resource, _) = exported.iter().find(|(resource, _)| otlp::service_name(resource) == service.name).expect("spans of each hop");
+        assert_eq!(resource_text(resource, "service.version"), Some(service.version), "{}", service.name);
+        assert_eq!(resource_text(resource, "deployment.environment.name"), Some(telemetry::DEFAULT_ENVIRONMENT), "{}", service.name);
+    }
 }
 
 #[tokio::test]

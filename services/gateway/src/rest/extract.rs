@@ -2,6 +2,7 @@
 
 use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
+use utoipa::IntoParams;
 
 use crate::{api::Api, edge::ClientId, error::GatewayError};
 
@@ -20,9 +21,21 @@ pub fn authenticate(api: &Api, headers: &HeaderMap) -> Result<ClientId, GatewayE
     api.authenticate(header(headers, "authorization"))
 }
 
+/// The `Idempotency-Key` header of a write that needs one (checked below the faces, by
+/// `proto::validate::idempotency_key`).
+#[derive(IntoParams)]
+#[into_params(names("Idempotency-Key"), parameter_in = Header)]
+pub struct IdempotencyKey<'a>(
+    /// 1 to 255 visible ASCII characters, scoped to the client: repeats of one request carry the same key.
+    #[param(min_length = 1, max_length = 255, pattern = r"^[\x21-\x7E]+$")]
+    pub &'a str,
+);
+
 /// The `Idempotency-Key` header of a write that needs one.
-pub fn idempotency_key(headers: &HeaderMap) -> Result<&str, GatewayError> {
-    header(headers, wire::IDEMPOTENCY_KEY).ok_or_else(|| GatewayError::field("Idempotency-Key", "header is required (1 to 255 characters)"))
+pub fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey<'_>, GatewayError> {
+    header(headers, wire::IDEMPOTENCY_KEY)
+        .map(IdempotencyKey)
+        .ok_or_else(|| GatewayError::field("Idempotency-Key", "header is required (1 to 255 characters)"))
 }
 
 /// A JSON body sent as `application/json`, a fault in it reported with the path of the field at

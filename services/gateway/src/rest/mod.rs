@@ -2,10 +2,11 @@
 //! and the webhook routes of [`webhooks`]; [`problems`] makes every error it answers a problem.
 
 mod extract;
+pub mod openapi;
 pub mod problems;
 mod webhooks;
 
-use extract::{authenticate, idempotency_key, json_body, required};
+use extract::{IdempotencyKey, authenticate, idempotency_key, json_body, required};
 
 use std::{
     sync::Arc,
@@ -18,7 +19,6 @@ use axum::{
     extract::{Path, State},
     http::{HeaderMap, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
-    routing::{get, post},
 };
 use deadline::{Hop, InboundPolicy, LEDGER_HEADER, ledger, server::Protocol};
 use proto::{
@@ -27,6 +27,8 @@ use proto::{
 };
 use resilience::load_shed::{Intake, LoadShedLayer};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::{
     api::{Api, Rate, Read},
@@ -38,31 +40,57 @@ use crate::{
 pub use wire::REQUEST_TIMEOUT_MS as TIMEOUT_HEADER;
 
 pub fn router(api: Api, creates: Arc<Intake>) -> Router {
-    Router::new()
-        .route("/v1/orders", post(create_order).route_layer(LoadShedLayer::new(creates)))
-        .route("/v1/orders/{order_id}", get(get_order))
-        .route("/v1/orders/{order_id}/summary", get(get_summary))
-        .merge(webhooks::routes())
+    let (router, _) = order_creation().route_layer(LoadShedLayer::new(creates)).merge(routes()).split_for_parts();
+    router
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "Not found", "no such route".into()).into_http::<axum::body::Body>() })
         .with_state(api)
 }
 
+/// `POST /v1/orders`, apart from the other routes because it has an intake of its own.
+fn order_creation() -> OpenApiRouter<Api> {
+    OpenApiRouter::new().routes(routes!(create_order))
+}
+
+/// Every other route, the document's own included.
+fn routes() -> OpenApiRouter<Api> {
+    OpenApiRouter::new().routes(routes!(get_order)).routes(routes!(get_summary)).merge(webhooks::routes()).routes(routes!(openapi::serve_document))
+}
+
 /// `POST /v1/orders` body. Fields are optional here only so that a missing one is reported by
 /// name, with the same problem shape as any other invalid field.
-#[derive(Debug, Deserialize)]
+///
+/// In the document every field is required and none may be `null`: that is what the checks below
+/// the types demand (see the README's rules, which also forbid hidden characters in text).
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "An order to create and pay.")]
 struct NewOrder {
+    #[schema(required = true, value_type = String, min_length = 1, max_length = 64, example = "c-1")]
     customer_id: Option<String>,
+    #[schema(required = true, value_type = Vec<NewItem>, min_items = 1, max_items = 100)]
     items: Option<Vec<NewItem>>,
+    /// In minor units of the currency.
+    #[schema(required = true, value_type = i64, minimum = 1, maximum = 100_000_000, example = 1299)]
     amount_minor: Option<i64>,
+    #[schema(required = true, schema_with = currency)]
     currency: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewItem {
+    #[schema(required = true, value_type = String, min_length = 1, max_length = 64, example = "sku-1")]
     sku: Option<String>,
+    #[schema(required = true, value_type = u32, minimum = 1, maximum = 1000, example = 2)]
     quantity: Option<u32>,
+}
+
+/// The currencies orders accepts.
+fn currency() -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::Type::String)
+        .enum_values(Some(proto::validate::CURRENCIES.iter().copied()))
+        .build()
 }
 
 impl NewOrder {
@@ -86,15 +114,29 @@ impl NewOrder {
     }
 }
 
+/// The order a path names.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+struct OrderPath {
+    /// The order's `order_id`.
+    #[param(min_length = 1, max_length = 64)]
+    order_id: String,
+}
+
 /// An order as read: its JSON form, marked when it is the last known copy served while orders
 /// could not answer.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ReadOrder)]
 struct ReadJson {
     #[serde(flatten)]
     order: OrderJson,
+    /// `true` on the last known copy; absent on a fresh answer.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     stale: Option<bool>,
+    /// When the last known copy was read from orders (RFC 3339); absent on a fresh answer.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     as_of: Option<String>,
 }
 
@@ -112,16 +154,21 @@ fn rfc3339(time: SystemTime) -> String {
 /// `GET /v1/orders/{id}/summary`: the order with its payment, exchange rate and recommendations.
 /// Each part that cannot be had is named in `unavailable` with the reason, and is `null`: an
 /// unknown value is never shown as zero.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = OrderSummary)]
 struct SummaryJson {
     order: ReadJson,
+    #[schema(required = true)]
     payment: Option<PaymentJson>,
+    #[schema(required = true)]
     exchange_rate: Option<RateJson>,
     recommendations: RecommendationsJson,
     unavailable: Vec<Unavailable>,
 }
 
-#[derive(Debug, Serialize)]
+/// The bank's rate for the order's currency: units of `base` per unit of `currency`.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ExchangeRate)]
 struct RateJson {
     currency: String,
     base: String,
@@ -130,22 +177,39 @@ struct RateJson {
     stale: bool,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Recommendations)]
 struct RecommendationsJson {
     /// `personal`, or `popular` when personal ones cannot be had.
     kind: &'static str,
     skus: Vec<String>,
 }
 
-#[derive(Debug, Serialize)]
+/// A part of a summary that could not be had: `payment`, `exchange_rate` or
+/// `personal_recommendations`, and why.
+#[derive(Debug, Serialize, ToSchema)]
 struct Unavailable {
     part: &'static str,
     reason: String,
 }
 
+/// Creates an order and pays it, under one deadline.
+#[utoipa::path(
+    post,
+    path = "/v1/orders",
+    tag = "orders",
+    params(IdempotencyKey),
+    request_body = NewOrder,
+    responses(
+        (status = 201, description = "The order, paid; a repeat with the same key and order gets the same answer again.",
+            body = OrderJson, headers(("Idempotent-Replayed" = String, description = "`true` on a repeat's stored answer."))),
+        (status = 402, description = "The bank declined the charge; `order_id` names the order.", body = Problem, content_type = "application/problem+json",
+            headers(("Idempotent-Replayed" = String, description = "`true` on a repeat's stored answer."))),
+    ),
+)]
 async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
-    let key = idempotency_key(&headers)?;
+    let IdempotencyKey(key) = idempotency_key(&headers)?;
     let order: NewOrder = json_body(&headers, &body)?;
     let created = api.create_order(&client, key, order.into_request()?).await?;
     let mut response = (StatusCode::CREATED, Json(OrderJson::from(created.order))).into_response();
@@ -155,7 +219,18 @@ async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -
     Ok(response)
 }
 
-async fn get_order(State(api): State<Api>, headers: HeaderMap, Path(order_id): Path<String>) -> Result<Response, GatewayError> {
+/// The order; when orders cannot answer, the last known copy, marked stale.
+#[utoipa::path(
+    get,
+    path = "/v1/orders/{order_id}",
+    tag = "orders",
+    params(OrderPath),
+    responses(
+        (status = 200, description = "The order, or its last known copy with `stale` and `as_of`.", body = ReadJson, headers(("X-Fallback" = String, description = "The fallbacks used, comma-separated: `stale-copy; as-of=<time>`, `stale-rate; as-of=<time>`, `popular-recommendations`."))),
+        (status = 404, description = "No such order for this client.", body = Problem, content_type = "application/problem+json"),
+    ),
+)]
+async fn get_order(State(api): State<Api>, headers: HeaderMap, Path(OrderPath { order_id }): Path<OrderPath>) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
     let read = api.get_order(&client, order_id).await?;
     let fallback = read.stale_since.map(|since| format!("stale-copy; as-of={}", rfc3339(since)));
@@ -166,7 +241,19 @@ async fn get_order(State(api): State<Api>, headers: HeaderMap, Path(order_id): P
     Ok(response)
 }
 
-async fn get_summary(State(api): State<Api>, headers: HeaderMap, Path(order_id): Path<String>) -> Result<Response, GatewayError> {
+/// The order with its payment, exchange rate and recommendations: each part that cannot be had is
+/// `null` and named in `unavailable`.
+#[utoipa::path(
+    get,
+    path = "/v1/orders/{order_id}/summary",
+    tag = "orders",
+    params(OrderPath),
+    responses(
+        (status = 200, description = "The summary, partial when a source failed.", body = SummaryJson, headers(("X-Fallback" = String, description = "The fallbacks used, comma-separated: `stale-copy; as-of=<time>`, `stale-rate; as-of=<time>`, `popular-recommendations`."))),
+        (status = 404, description = "No such order for this client.", body = Problem, content_type = "application/problem+json"),
+    ),
+)]
+async fn get_summary(State(api): State<Api>, headers: HeaderMap, Path(OrderPath { order_id }): Path<OrderPath>) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
     // Without the order there is nothing to show: the honest error, with Retry-After when known.
     let read = api.get_order(&client, order_id).await?;

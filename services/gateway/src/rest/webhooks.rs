@@ -1,44 +1,75 @@
 //! The webhook routes of the HTTP/JSON face, under `/v1/webhooks/endpoints`.
 
 use axum::{
-    Json, Router,
+    Json,
     body::Bytes,
     extract::{Path, Query, State, rejection::QueryRejection},
     http::{HeaderMap, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
-    routing::{get, post},
 };
 use proto::orders::v1::{
     Attempt, CreateEndpointRequest, Delivery, Endpoint, ListDeliveriesRequest, RedeliverRangeRequest, RedeliverRequest, RotateSecretRequest,
 };
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::extract::{authenticate, idempotency_key, json_body, required};
+use super::extract::{IdempotencyKey, authenticate, idempotency_key, json_body, required};
 use crate::{
     api::Api,
-    error::{GatewayError, REPLAYED_HEADER},
+    error::{GatewayError, Problem, REPLAYED_HEADER},
     webhooks::Keyed,
 };
 
-pub fn routes() -> Router<Api> {
-    Router::new()
-        .route("/v1/webhooks/endpoints", post(create_endpoint).get(list_endpoints))
-        .route("/v1/webhooks/endpoints/{endpoint_id}", get(get_endpoint).delete(delete_endpoint))
-        .route("/v1/webhooks/endpoints/{endpoint_id}/rotate-secret", post(rotate_secret))
-        .route("/v1/webhooks/endpoints/{endpoint_id}/disable", post(disable_endpoint))
-        .route("/v1/webhooks/endpoints/{endpoint_id}/enable", post(enable_endpoint))
-        .route("/v1/webhooks/endpoints/{endpoint_id}/deliveries", get(list_deliveries))
-        .route("/v1/webhooks/endpoints/{endpoint_id}/deliveries/{event_id}/redeliver", post(redeliver))
-        .route("/v1/webhooks/endpoints/{endpoint_id}/redeliver", post(redeliver_range))
+pub fn routes() -> OpenApiRouter<Api> {
+    OpenApiRouter::new()
+        .routes(routes!(create_endpoint, list_endpoints))
+        .routes(routes!(get_endpoint, delete_endpoint))
+        .routes(routes!(rotate_secret))
+        .routes(routes!(disable_endpoint))
+        .routes(routes!(enable_endpoint))
+        .routes(routes!(list_deliveries))
+        .routes(routes!(redeliver))
+        .routes(routes!(redeliver_range))
+}
+
+/// The endpoint a path names.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+struct EndpointPath {
+    /// The endpoint's `endpoint_id`.
+    #[param(min_length = 1, max_length = 64)]
+    endpoint_id: String,
+}
+
+/// The event of an endpoint a path names.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+struct EventPath {
+    /// The endpoint's `endpoint_id`.
+    #[param(min_length = 1, max_length = 64)]
+    endpoint_id: String,
+    /// The event's id.
+    #[param(min_length = 1, max_length = 64)]
+    event_id: String,
 }
 
 /// `POST /v1/webhooks/endpoints` body; see the orders face's `NewOrder` for why fields are optional.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "A webhook endpoint to create.")]
 struct NewEndpoint {
+    /// An `https` URL (at most 2048 characters) on a public address.
+    #[schema(required = true, value_type = String, min_length = 1, max_length = 2048, example = "https://example.com/webhooks")]
     url: Option<String>,
+    /// The event types to send, e.g. `order.paid`, `order.payment_declined`.
+    #[schema(required = true, value_type = Vec<String>, example = json!(["order.paid"]))]
     event_types: Option<Vec<String>>,
+    /// Deliveries in flight at once to this endpoint; left out (or `null`) for the default.
+    #[schema(minimum = 1, maximum = 64)]
     max_in_flight: Option<u32>,
+    /// Deliveries per second at most; left out (or `null`) for the default.
+    #[schema(minimum = 1, maximum = 1000)]
     rate_per_sec: Option<u32>,
 }
 
@@ -63,71 +94,127 @@ fn positive<N: Default + PartialEq>(value: Option<N>, field: &str) -> Result<N, 
 }
 
 /// `POST …/rotate-secret` body (may be empty).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = SecretRotation, description = "How a secret is rotated.")]
 struct Rotation {
+    /// How long the previous secrets stay valid beside the new one; left out (or `null`) for the default.
+    #[schema(minimum = 1)]
     overlap_ms: Option<u64>,
 }
 
 /// `POST …/redeliver` body: RFC 3339 bounds, `from` inclusive, `until` exclusive, and whether
 /// delivered events go out again too.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = RedeliveryRange, description = "The events to deliver again: those created in `[from, until)`.")]
 struct Range {
+    /// RFC 3339 in UTC, inclusive.
+    #[schema(required = true, value_type = String, format = DateTime)]
     from: Option<String>,
+    /// RFC 3339 in UTC, exclusive.
+    #[schema(required = true, value_type = String, format = DateTime)]
     until: Option<String>,
     /// Send the delivered ones again too.
     #[serde(default)]
     include_delivered: bool,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct DeliveriesQuery {
+    /// Deliveries per page (default 50).
+    #[param(minimum = 1, maximum = 500)]
     limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
     cursor: Option<String>,
+    /// `pending`, `delivered` or `undelivered`.
     state: Option<String>,
+    /// Only events of this type.
     event_type: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Endpoint)]
 struct EndpointJson {
     endpoint_id: String,
     url: String,
     event_types: Vec<String>,
     enabled: bool,
+    /// Why it is disabled; `null` when it is enabled.
+    #[schema(required = true)]
     disabled_reason: Option<String>,
+    /// Since when its deliveries have failed without a success (RFC 3339); `null` unless they do.
+    #[schema(required = true)]
     failing_since: Option<String>,
     max_in_flight: u32,
     rate_per_sec: u32,
     created_at: String,
 }
 
-#[derive(Debug, Serialize)]
+/// An endpoint's signing secret, shown on creation and rotation only.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = EndpointSecret)]
 struct SecretJson {
+    #[schema(required = true)]
     endpoint: Option<EndpointJson>,
+    /// `whsec_` and the secret in base64.
     secret: String,
+    /// When the secrets it replaces stop being valid (rotation only).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     previous_secrets_expire_at: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Endpoints)]
+struct EndpointsJson {
+    /// Oldest first.
+    endpoints: Vec<EndpointJson>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Delivery)]
 struct DeliveryJson {
     event_id: String,
     event_type: String,
+    /// `pending`, `delivered` or `undelivered`.
     state: String,
+    #[schema(required = true)]
     next_attempt_at: Option<String>,
     created_at: String,
     attempts: Vec<AttemptJson>,
 }
 
-#[derive(Debug, Serialize)]
+/// A page of deliveries, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Deliveries)]
+struct DeliveriesJson {
+    deliveries: Vec<DeliveryJson>,
+    /// The next page's `cursor`; only when another page follows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    next_cursor: Option<String>,
+}
+
+/// How many deliveries were queued again.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Queued)]
+struct QueuedJson {
+    queued: u64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Attempt)]
 struct AttemptJson {
     attempt: u32,
     started_at: String,
     duration_ms: u64,
     /// `null` when the recipient did not answer.
+    #[schema(required = true)]
     status_code: Option<u32>,
     outcome: String,
+    #[schema(required = true)]
     error: Option<String>,
 }
 
@@ -193,55 +280,145 @@ fn secret_response(status: StatusCode, keyed: Keyed) -> Response {
     response
 }
 
+/// Subscribes an `https` URL to event types; the answer shows the signing secret, once.
+#[utoipa::path(
+    post,
+    path = "/v1/webhooks/endpoints",
+    tag = "webhooks",
+    params(IdempotencyKey),
+    request_body = NewEndpoint,
+    responses(
+        (status = 201, description = "The endpoint and its secret; a repeat with the same key and body gets the same answer again.",
+            body = SecretJson, headers(("Idempotent-Replayed" = String, description = "`true` on a repeat's stored answer."))),
+    ),
+)]
 async fn create_endpoint(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
-    let key = idempotency_key(&headers)?;
+    let IdempotencyKey(key) = idempotency_key(&headers)?;
     let request = json_body::<NewEndpoint>(&headers, &body)?.into_request()?;
     let created = api.webhooks().create_endpoint(&client, key, request).await?;
     Ok(secret_response(StatusCode::CREATED, created))
 }
 
+/// The client's endpoints.
+#[utoipa::path(get, path = "/v1/webhooks/endpoints", tag = "webhooks", responses((status = 200, description = "Every endpoint of the client.", body = EndpointsJson)))]
 async fn list_endpoints(State(api): State<Api>, headers: HeaderMap) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
-    let endpoints: Vec<EndpointJson> = api.webhooks().endpoints(&client).await?.endpoints.into_iter().map(EndpointJson::from).collect();
-    Ok(Json(serde_json::json!({ "endpoints": endpoints })).into_response())
+    let endpoints = api.webhooks().endpoints(&client).await?.endpoints.into_iter().map(EndpointJson::from).collect();
+    Ok(Json(EndpointsJson { endpoints }).into_response())
 }
 
-async fn get_endpoint(State(api): State<Api>, headers: HeaderMap, Path(endpoint_id): Path<String>) -> Result<Response, GatewayError> {
+/// One endpoint.
+#[utoipa::path(
+    get,
+    path = "/v1/webhooks/endpoints/{endpoint_id}",
+    tag = "webhooks",
+    params(EndpointPath),
+    responses((status = 200, description = "The endpoint.", body = EndpointJson), (status = 404, description = "No such endpoint for this client.", body = Problem, content_type = "application/problem+json")),
+)]
+async fn get_endpoint(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
+) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
     let endpoint = api.webhooks().endpoint(&client, endpoint_id).await?;
     Ok(Json(EndpointJson::from(endpoint)).into_response())
 }
 
-async fn delete_endpoint(State(api): State<Api>, headers: HeaderMap, Path(endpoint_id): Path<String>) -> Result<StatusCode, GatewayError> {
+/// Deletes an endpoint with its secrets and deliveries; nothing more is sent to it.
+#[utoipa::path(
+    delete,
+    path = "/v1/webhooks/endpoints/{endpoint_id}",
+    tag = "webhooks",
+    params(EndpointPath),
+    responses((status = 204, description = "Deleted."), (status = 404, description = "No such endpoint for this client.", body = Problem, content_type = "application/problem+json")),
+)]
+async fn delete_endpoint(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
+) -> Result<StatusCode, GatewayError> {
     let client = authenticate(&api, &headers)?;
     api.webhooks().delete_endpoint(&client, endpoint_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn rotate_secret(State(api): State<Api>, headers: HeaderMap, Path(endpoint_id): Path<String>, body: Bytes) -> Result<Response, GatewayError> {
+/// A new signing secret; the previous ones stay valid for `overlap_ms`.
+#[utoipa::path(
+    post,
+    path = "/v1/webhooks/endpoints/{endpoint_id}/rotate-secret",
+    tag = "webhooks",
+    params(EndpointPath, IdempotencyKey),
+    request_body(content = Option<Rotation>, description = "No body, or `null`, for the defaults."),
+    responses(
+        (status = 200, description = "The endpoint and its new secret; a repeat with the same key and body gets the same answer again.",
+            body = SecretJson, headers(("Idempotent-Replayed" = String, description = "`true` on a repeat's stored answer."))),
+        (status = 404, description = "No such endpoint for this client.", body = Problem, content_type = "application/problem+json"),
+    ),
+)]
+async fn rotate_secret(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
+    body: Bytes,
+) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
-    let key = idempotency_key(&headers)?;
-    let rotation = if body.is_empty() { Rotation::default() } else { json_body(&headers, &body)? };
+    let IdempotencyKey(key) = idempotency_key(&headers)?;
+    // No body, or `null`, asks for the defaults.
+    let rotation: Option<Rotation> = if body.is_empty() { None } else { json_body(&headers, &body)? };
+    let rotation = rotation.unwrap_or_default();
     let overlap_ms = positive(rotation.overlap_ms, "overlap_ms")?;
     let rotated = api.webhooks().rotate_secret(&client, key, RotateSecretRequest { endpoint_id, overlap_ms }).await?;
     Ok(secret_response(StatusCode::OK, rotated))
 }
 
-async fn disable_endpoint(State(api): State<Api>, headers: HeaderMap, Path(endpoint_id): Path<String>) -> Result<Response, GatewayError> {
+/// Stops deliveries to an endpoint until it is enabled again.
+#[utoipa::path(
+    post,
+    path = "/v1/webhooks/endpoints/{endpoint_id}/disable",
+    tag = "webhooks",
+    params(EndpointPath),
+    responses((status = 200, description = "The endpoint, disabled.", body = EndpointJson), (status = 404, description = "No such endpoint for this client.", body = Problem, content_type = "application/problem+json")),
+)]
+async fn disable_endpoint(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
+) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
     Ok(Json(EndpointJson::from(api.webhooks().set_enabled(&client, endpoint_id, false).await?)).into_response())
 }
 
-async fn enable_endpoint(State(api): State<Api>, headers: HeaderMap, Path(endpoint_id): Path<String>) -> Result<Response, GatewayError> {
+/// Resumes deliveries to an endpoint.
+#[utoipa::path(
+    post,
+    path = "/v1/webhooks/endpoints/{endpoint_id}/enable",
+    tag = "webhooks",
+    params(EndpointPath),
+    responses((status = 200, description = "The endpoint, enabled.", body = EndpointJson), (status = 404, description = "No such endpoint for this client.", body = Problem, content_type = "application/problem+json")),
+)]
+async fn enable_endpoint(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
+) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
     Ok(Json(EndpointJson::from(api.webhooks().set_enabled(&client, endpoint_id, true).await?)).into_response())
 }
 
+/// The endpoint's deliveries with their attempts, newest first, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/webhooks/endpoints/{endpoint_id}/deliveries",
+    tag = "webhooks",
+    params(EndpointPath, DeliveriesQuery),
+    responses((status = 200, description = "A page of deliveries.", body = DeliveriesJson), (status = 404, description = "No such endpoint for this client.", body = Problem, content_type = "application/problem+json")),
+)]
 async fn list_deliveries(
     State(api): State<Api>,
     headers: HeaderMap,
-    Path(endpoint_id): Path<String>,
+    Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
     query: Result<Query<DeliveriesQuery>, QueryRejection>,
 ) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
@@ -254,25 +431,50 @@ async fn list_deliveries(
         event_type: query.event_type.unwrap_or_default(),
     };
     let page = api.webhooks().deliveries(&client, request).await?;
-    let deliveries: Vec<DeliveryJson> = page.deliveries.into_iter().map(DeliveryJson::from).collect();
-    let mut body = serde_json::json!({ "deliveries": deliveries });
-    if !page.next_cursor.is_empty() {
-        body["next_cursor"] = page.next_cursor.into();
-    }
-    Ok(Json(body).into_response())
+    let deliveries = page.deliveries.into_iter().map(DeliveryJson::from).collect();
+    Ok(Json(DeliveriesJson { deliveries, next_cursor: present(page.next_cursor) }).into_response())
 }
 
+/// Queues one event for delivery again.
+#[utoipa::path(
+    post,
+    path = "/v1/webhooks/endpoints/{endpoint_id}/deliveries/{event_id}/redeliver",
+    tag = "webhooks",
+    params(EventPath),
+    responses(
+        (status = 202, description = "Queued.", body = QueuedJson),
+        (status = 404, description = "No such endpoint for this client, or no such event for it.", body = Problem, content_type = "application/problem+json"),
+    ),
+)]
 async fn redeliver(
     State(api): State<Api>,
     headers: HeaderMap,
-    Path((endpoint_id, event_id)): Path<(String, String)>,
+    Path(EventPath { endpoint_id, event_id }): Path<EventPath>,
 ) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
     let queued = api.webhooks().redeliver(&client, RedeliverRequest { endpoint_id, event_id }).await?.queued;
-    Ok((StatusCode::ACCEPTED, Json(serde_json::json!({ "queued": queued }))).into_response())
+    Ok((StatusCode::ACCEPTED, Json(QueuedJson { queued })).into_response())
 }
 
-async fn redeliver_range(State(api): State<Api>, headers: HeaderMap, Path(endpoint_id): Path<String>, body: Bytes) -> Result<Response, GatewayError> {
+/// Queues again, in the background, the endpoint's events created in a time range.
+#[utoipa::path(
+    post,
+    path = "/v1/webhooks/endpoints/{endpoint_id}/redeliver",
+    tag = "webhooks",
+    params(EndpointPath),
+    request_body = Range,
+    responses(
+        (status = 202, description = "The events counted, to be queued in the background.", body = QueuedJson),
+        (status = 404, description = "No such endpoint for this client.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The endpoint's last range is still being queued.", body = Problem, content_type = "application/problem+json"),
+    ),
+)]
+async fn redeliver_range(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
+    body: Bytes,
+) -> Result<Response, GatewayError> {
     let client = authenticate(&api, &headers)?;
     let range: Range = json_body(&headers, &body)?;
     let request = RedeliverRangeRequest {
@@ -282,5 +484,5 @@ async fn redeliver_range(State(api): State<Api>, headers: HeaderMap, Path(endpoi
         include_delivered: range.include_delivered,
     };
     let queued = api.webhooks().redeliver_range(&client, request).await?.queued;
-    Ok((StatusCode::ACCEPTED, Json(serde_json::json!({ "queued": queued }))).into_response())
+    Ok((StatusCode::ACCEPTED, Json(QueuedJson { queued })).into_response())
 }

@@ -6,10 +6,11 @@ use axum::{
     extract::{Path, Query, State, rejection::QueryRejection},
     http::{HeaderMap, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
-    routing::{get, post},
+    routing::{get, patch, post},
 };
 use proto::orders::v1::{
-    Attempt, CreateEndpointRequest, Delivery, Endpoint, ListDeliveriesRequest, RedeliverRangeRequest, RedeliverRequest, RotateSecretRequest,
+    Attempt, CreateEndpointRequest, Delivery, Endpoint, EventType, EventTypeNames, ListDeliveriesRequest, RedeliverRangeRequest, RedeliverRequest,
+    RotateSecretRequest, UpdateEndpointRequest,
 };
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +31,9 @@ pub fn routes() -> Router<Api> {
         .route("/v1/webhooks/endpoints/{endpoint_id}/deliveries", get(list_deliveries))
         .route("/v1/webhooks/endpoints/{endpoint_id}/deliveries/{event_id}/redeliver", post(redeliver))
         .route("/v1/webhooks/endpoints/{endpoint_id}/redeliver", post(redeliver_range))
+        .route("/v1/webhooks/endpoints/{endpoint_id}", patch(update_endpoint))
+        .route("/v1/webhooks/endpoints/{endpoint_id}/ping", post(ping_endpoint))
+        .route("/v1/webhooks/event-types", get(list_event_types))
 }
 
 /// `POST /v1/webhooks/endpoints` body; see the orders face's `NewOrder` for why fields are optional.
@@ -100,6 +104,7 @@ struct EndpointJson {
     max_in_flight: u32,
     rate_per_sec: u32,
     created_at: String,
+    updated_at: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -148,6 +153,7 @@ impl From<Endpoint> for EndpointJson {
             max_in_flight: endpoint.max_in_flight,
             rate_per_sec: endpoint.rate_per_sec,
             created_at: endpoint.created_at,
+            updated_at: endpoint.updated_at,
         }
     }
 }
@@ -283,4 +289,61 @@ async fn redeliver_range(State(api): State<Api>, headers: HeaderMap, Path(endpoi
     };
     let queued = api.webhooks().redeliver_range(&client, request).await?.queued;
     Ok((StatusCode::ACCEPTED, Json(serde_json::json!({ "queued": queued }))).into_response())
+}
+
+/// `PATCH /v1/webhooks/endpoints/{endpoint_id}` body: only the fields present change (`null` is
+/// absent); the rules are those of a new endpoint.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EndpointChanges {
+    url: Option<String>,
+    /// In place of the endpoint's event types.
+    event_types: Option<Vec<String>>,
+    max_in_flight: Option<u32>,
+    rate_per_sec: Option<u32>,
+}
+
+#[derive(Debug, Serialize)]
+struct EventTypeJson {
+    name: String,
+    description: String,
+    schema_version: u32,
+    subscribable: bool,
+}
+
+impl From<EventType> for EventTypeJson {
+    fn from(event_type: EventType) -> Self {
+        Self {
+            name: event_type.name,
+            description: event_type.description,
+            schema_version: event_type.schema_version,
+            subscribable: event_type.subscribable,
+        }
+    }
+}
+
+async fn update_endpoint(State(api): State<Api>, headers: HeaderMap, Path(endpoint_id): Path<String>, body: Bytes) -> Result<Response, GatewayError> {
+    let client = authenticate(&api, &headers)?;
+    let changes: EndpointChanges = json_body(&headers, &body)?;
+    let request = UpdateEndpointRequest {
+        endpoint_id,
+        url: changes.url,
+        event_types: changes.event_types.map(|names| EventTypeNames { names }),
+        max_in_flight: changes.max_in_flight,
+        rate_per_sec: changes.rate_per_sec,
+    };
+    Ok(Json(EndpointJson::from(api.webhooks().update_endpoint(&client, request).await?)).into_response())
+}
+
+/// `202` with the ping's event id: it is queued, and delivered as any event is.
+async fn ping_endpoint(State(api): State<Api>, headers: HeaderMap, Path(endpoint_id): Path<String>) -> Result<Response, GatewayError> {
+    let client = authenticate(&api, &headers)?;
+    let event_id = api.webhooks().ping(&client, endpoint_id).await?.event_id;
+    Ok((StatusCode::ACCEPTED, Json(serde_json::json!({ "event_id": event_id }))).into_response())
+}
+
+async fn list_event_types(State(api): State<Api>, headers: HeaderMap) -> Result<Response, GatewayError> {
+    let client = authenticate(&api, &headers)?;
+    let event_types: Vec<EventTypeJson> = api.webhooks().event_types(&client).await?.event_types.into_iter().map(EventTypeJson::from).collect();
+    Ok(Json(serde_json::json!({ "event_types": event_types })).into_response())
 }

@@ -746,7 +746,7 @@ async fn secrets_are_sealed_at_rest_and_rows_from_before_are_sealed_at_start() {
         assert!(sealed.starts_with("sealed1:test:") && !sealed.contains(key_material), "{sealed}");
         paid(&database, T0).await;
         let claim = deliveries(&database).claim(&created.endpoint_id, T0, 1).await.expect("claim").expect("due");
-        assert_eq!(claim.secrets.iter().map(ToString::to_string).collect::<Vec<_>>(), [bare.clone()], "opened to sign");
+        assert_eq!(claim.secrets.iter().map(ToString::to_string).collect::<Vec<_>>(), [bare.as_str()], "opened to sign");
         assert!(
             Deliveries::new(database.clone(), SecretKeys::generate("test")).claim(&created.endpoint_id, T0 + DAY_MS, 1).await.is_err(),
             "another key does not open it"

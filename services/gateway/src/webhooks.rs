@@ -1,12 +1,14 @@
 //! The client's webhook subscriptions, kept by orders' `orders.v1.Webhooks` service.
 //!
-//! Reads and the keyed writes (creating an endpoint, rotating its secret) are retried under the
-//! edge policy like the order calls; the other writes (disable, enable, delete, redeliver) carry
-//! no key, so they are tried once: a retry after a lost answer would queue a redelivery twice.
+//! Reads, the keyed writes (creating an endpoint, rotating its secret) and updates (which set
+//! values, so a repeat changes nothing more) are retried under the edge policy like the order
+//! calls; the other writes (disable, enable, delete, redeliver, ping) carry no key, so they are
+//! tried once: a retry after a lost answer would queue a redelivery, or a ping, twice.
 
 use proto::orders::v1::{
     CreateEndpointRequest, Endpoint, EndpointRef, EndpointWithSecret, ListDeliveriesRequest, ListDeliveriesResponse, ListEndpointsRequest,
-    ListEndpointsResponse, RedeliverRangeRequest, RedeliverRequest, RedeliverResponse, RotateSecretRequest, webhooks_client::WebhooksClient,
+    ListEndpointsResponse, ListEventTypesRequest, ListEventTypesResponse, PingResponse, RedeliverRangeRequest, RedeliverRequest, RedeliverResponse,
+    RotateSecretRequest, UpdateEndpointRequest, webhooks_client::WebhooksClient,
 };
 use resilience::retry::{Call, RetryPolicy};
 use rpc::{
@@ -35,6 +37,8 @@ pub struct WebhooksApi {
     list: Operation<ListEndpointsRequest, ListEndpointsResponse>,
     get: Operation<EndpointRef, Endpoint>,
     deliveries: Operation<ListDeliveriesRequest, ListDeliveriesResponse>,
+    update: Operation<UpdateEndpointRequest, Endpoint>,
+    event_types: Operation<ListEventTypesRequest, ListEventTypesResponse>,
 }
 
 /// An operation that calls one method of `webhooks` per attempt.
@@ -57,6 +61,8 @@ impl WebhooksApi {
             list: retried!(retry, webhooks, list_endpoints),
             get: retried!(retry, webhooks, get_endpoint),
             deliveries: retried!(retry, webhooks, list_deliveries),
+            update: retried!(retry, webhooks, update_endpoint),
+            event_types: retried!(retry, webhooks, list_event_types),
             webhooks,
         }
     }
@@ -80,6 +86,21 @@ impl WebhooksApi {
 
     pub async fn deliveries(&self, client: &ClientId, request: ListDeliveriesRequest) -> Result<ListDeliveriesResponse, GatewayError> {
         Ok(call(&self.deliveries, request, metadata(client)?).await?.into_inner())
+    }
+
+    pub async fn update_endpoint(&self, client: &ClientId, request: UpdateEndpointRequest) -> Result<Endpoint, GatewayError> {
+        proto::validate::update_endpoint(&request)?;
+        Ok(call(&self.update, request, metadata(client)?).await?.into_inner())
+    }
+
+    /// Tried once, like a redelivery: a repeat would send a second ping.
+    pub async fn ping(&self, client: &ClientId, endpoint_id: String) -> Result<PingResponse, GatewayError> {
+        let request = once(client, EndpointRef { endpoint_id })?;
+        self.webhooks.clone().ping_endpoint(request).await.map(Response::into_inner).map_err(upstream)
+    }
+
+    pub async fn event_types(&self, client: &ClientId) -> Result<ListEventTypesResponse, GatewayError> {
+        Ok(call(&self.event_types, ListEventTypesRequest {}, metadata(client)?).await?.into_inner())
     }
 
     pub async fn set_enabled(&self, client: &ClientId, endpoint_id: String, enabled: bool) -> Result<Endpoint, GatewayError> {

@@ -56,7 +56,7 @@ impl From<OrdersError> for Status {
                 tracing::error!(%message, "database unreachable");
                 Status::unavailable(format!("{}: database unreachable", crate::HOP))
             }
-            OrdersError::Webhooks(OutboxError::Storage(_)) => {
+            OrdersError::Webhooks(OutboxError::Storage(_) | OutboxError::Sealing(_)) => {
                 tracing::error!(%message, "storage failure");
                 Status::internal(format!("{}: webhook storage failed", crate::HOP))
             }

@@ -78,6 +78,12 @@ impl Application {
         let payment =
             rpc::connect(HOP, "payment", &settings.payment, &tls, &outbound).map_err(|error| ServerError::Settings(format!("payment: {error}")))?;
         let payment_breaker = payment.breaker.clone();
+        if settings.webhooks.secret_keys.is_empty() {
+            return Err(ServerError::Settings(format!("webhooks.secret_keys: {}", outbox::SecretKeys::REQUIRED)));
+        }
+        outbox::seal_plaintext_secrets(&database, &settings.webhooks.secret_keys)
+            .await
+            .map_err(|error| ServerError::Settings(format!("webhooks.secret_keys: {error}")))?;
         let keys = KeyStore::new(database.clone(), settings.idempotency);
         let default_lease = Duration::from_millis(settings.deadline.max_ms);
         let service = OrderService {

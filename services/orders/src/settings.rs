@@ -4,7 +4,7 @@ use deadline::{ForwardPolicy, InboundPolicy};
 use idempotency::{KeySettings, SqliteSettings};
 
 use crate::CompleterSettings;
-use outbox::{EndpointLimits, RedeliveryLimits};
+use outbox::{EndpointLimits, RedeliveryLimits, SecretKeys};
 use resilience::breaker::BreakerSettings;
 use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
 use serde::{Deserialize, Serialize};
@@ -56,6 +56,9 @@ pub struct WebhookSettings {
     pub redelivery_max_days: u32,
     /// The most deliveries one range redelivery may send again.
     pub redelivery_max_events: u32,
+    /// The keys that seal endpoint secrets at rest, `"<key id>:<base64 of 32 bytes>"`, the first
+    /// sealing new ones; required (the sender needs the same keys to open them).
+    pub secret_keys: SecretKeys,
 }
 
 impl Default for WebhookSettings {
@@ -69,6 +72,7 @@ impl Default for WebhookSettings {
             default_rate_per_sec: limits.rate_per_sec,
             redelivery_max_days: redelivery.max_days,
             redelivery_max_events: redelivery.max_events,
+            secret_keys: SecretKeys::default(),
         }
     }
 }

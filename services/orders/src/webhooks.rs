@@ -4,7 +4,8 @@
 //! Creating an endpoint and rotating a secret show a secret once, so a client that lost the
 //! answer must be able to ask again and get the same secret rather than a second endpoint or a
 //! second rotation: both run under the client's idempotency key, in one phase that writes and
-//! stores the answer together.
+//! stores the answer together. The stored answer holds the secret sealed, as the webhook tables
+//! do, and a replay opens it.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -12,13 +13,14 @@ use deadline::Hop;
 use idempotency::Transaction;
 use idempotency::{Begin, Clock, KeyStore, Stored, SystemClock};
 use outbox::{
-    AttemptLog, DeliveryLog, DeliveryQuery, DeliveryState, EndpointLimits, LogCursor, NewEndpoint, RedeliveryLimits, RedeliveryRange, Subscriptions,
+    AttemptLog, DeliveryLog, DeliveryQuery, DeliveryState, EndpointLimits, EndpointUpdate, LogCursor, NewEndpoint, OutboxError, RedeliveryLimits,
+    RedeliveryRange, Subscriptions,
 };
 use prost::Message;
 use proto::orders::v1::{
-    Attempt, CreateEndpointRequest, DeleteEndpointResponse, Delivery, Endpoint, EndpointRef, EndpointWithSecret, ListDeliveriesRequest,
-    ListDeliveriesResponse, ListEndpointsRequest, ListEndpointsResponse, RedeliverRangeRequest, RedeliverRequest, RedeliverResponse,
-    RotateSecretRequest, webhooks_server::Webhooks,
+    Attempt, CreateEndpointRequest, DeleteEndpointResponse, Delivery, Endpoint, EndpointRef, EndpointWithSecret, EventType, ListDeliveriesRequest,
+    ListDeliveriesResponse, ListEndpointsRequest, ListEndpointsResponse, ListEventTypesRequest, ListEventTypesResponse, PingResponse,
+    RedeliverRangeRequest, RedeliverRequest, RedeliverResponse, RotateSecretRequest, UpdateEndpointRequest, webhooks_server::Webhooks,
 };
 use rpc::metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use tonic::{Code, Request, Response, Status};
@@ -66,7 +68,7 @@ impl WebhookService {
             return Err("webhooks.redelivery_max_days and webhooks.redelivery_max_events must be at least 1".into());
         }
         Ok(Self {
-            subscriptions: Subscriptions::new(keys.database().clone()),
+            subscriptions: Subscriptions::new(keys.database().clone(), settings.secret_keys.clone()),
             keys,
             policy,
             rotation_overlap_ms: settings.rotation_overlap_ms,
@@ -94,7 +96,9 @@ impl WebhookService {
         let lease = Hop::current().map_or(self.default_lease, |hop| hop.deadline().remaining());
         let mut lease = match self.keys.begin(client_id, key, &fingerprint, lease).await? {
             Begin::Replay(stored) => {
-                let mut response = Response::new(EndpointWithSecret::decode(stored.body.as_slice())?);
+                let mut answer = EndpointWithSecret::decode(stored.body.as_slice())?;
+                answer.secret = self.subscriptions.keys().open(endpoint_id(&answer), &answer.secret)?.to_string();
+                let mut response = Response::new(answer);
                 response.metadata_mut().insert(IDEMPOTENT_REPLAYED, "true".parse().expect("ascii"));
                 return Ok(response);
             }
@@ -103,9 +107,14 @@ impl WebhookService {
         let written = {
             let mut phase = self.keys.phase(&mut lease).await?;
             match write(phase.transaction(), client_id).await {
-                Ok(answer) => {
-                    phase.complete(&Stored { code: Code::Ok as i32, body: answer.encode_to_vec() }).await.map(|()| answer).map_err(OrdersError::from)
-                }
+                Ok(answer) => match self.sealed(&answer) {
+                    Ok(stored) => phase
+                        .complete(&Stored { code: Code::Ok as i32, body: stored.encode_to_vec() })
+                        .await
+                        .map(|()| answer)
+                        .map_err(OrdersError::from),
+                    Err(error) => Err(error),
+                },
                 Err(error) => Err(error),
             }
             // A phase that did not complete is rolled back here, before the key is released.
@@ -115,6 +124,12 @@ impl WebhookService {
             self.keys.release(&mut lease).await?;
         }
         written.map(Response::new)
+    }
+
+    /// `answer` as the key store keeps it: its secret sealed for its endpoint.
+    fn sealed(&self, answer: &EndpointWithSecret) -> Result<EndpointWithSecret, OrdersError> {
+        let secret = answer.secret.parse().map_err(|_| OutboxError::Sealing("the answer's secret is not a secret".into()))?;
+        Ok(EndpointWithSecret { secret: self.subscriptions.keys().seal(endpoint_id(answer), &secret)?, ..answer.clone() })
     }
 
     async fn set_enabled(&self, request: Request<EndpointRef>, enabled: bool) -> Result<Response<Endpoint>, Status> {
@@ -141,7 +156,7 @@ impl Webhooks for WebhookService {
         // Checked before the key is claimed: a refused request does not use up its key.
         new.validate(&self.policy).map_err(OrdersError::from)?;
         let created = self.keyed(&request, CREATE_ENDPOINT, async |transaction, client_id| {
-            let (endpoint, secret) = Subscriptions::create_endpoint(transaction, client_id, &new, SystemClock.now_ms()).await?;
+            let (endpoint, secret) = self.subscriptions.create_endpoint(transaction, client_id, &new, SystemClock.now_ms()).await?;
             Ok(EndpointWithSecret {
                 endpoint: Some(endpoint_message(endpoint)),
                 secret: secret.to_string(),
@@ -175,7 +190,7 @@ impl Webhooks for WebhookService {
         let endpoint = self.subscriptions.endpoint(client_id, &message.endpoint_id).await.map_err(OrdersError::from)?;
         let rotated = self.keyed(&request, ROTATE_SECRET, async |transaction, client_id| {
             let now = SystemClock.now_ms();
-            let secret = Subscriptions::rotate_secret(transaction, client_id, &endpoint.endpoint_id, overlap_ms, now).await?;
+            let secret = self.subscriptions.rotate_secret(transaction, client_id, &endpoint.endpoint_id, overlap_ms, now).await?;
             Ok(EndpointWithSecret {
                 endpoint: Some(endpoint_message(endpoint)),
                 secret: secret.to_string(),
@@ -183,6 +198,41 @@ impl Webhooks for WebhookService {
             })
         });
         Ok(rotated.await?)
+    }
+
+    async fn update_endpoint(&self, request: Request<UpdateEndpointRequest>) -> Result<Response<Endpoint>, Status> {
+        let client_id = required(request.metadata(), CLIENT_ID)?;
+        let message = request.get_ref();
+        proto::validate::update_endpoint(message).map_err(|error| OrdersError::InvalidRequest(error.to_string()))?;
+        let mut update = EndpointUpdate {
+            url: message.url.clone(),
+            event_types: message.event_types.as_ref().map(|list| list.names.clone()),
+            max_in_flight: message.max_in_flight,
+            rate_per_sec: message.rate_per_sec,
+        };
+        update.validate(&self.policy).map_err(OrdersError::from)?;
+        let endpoint =
+            self.subscriptions.update_endpoint(client_id, &message.endpoint_id, &update, SystemClock.now_ms()).await.map_err(OrdersError::from)?;
+        Ok(Response::new(endpoint_message(endpoint)))
+    }
+
+    async fn ping_endpoint(&self, request: Request<EndpointRef>) -> Result<Response<PingResponse>, Status> {
+        let client_id = required(request.metadata(), CLIENT_ID)?;
+        let event_id = self.subscriptions.ping(client_id, &request.get_ref().endpoint_id, SystemClock.now_ms()).await.map_err(OrdersError::from)?;
+        Ok(Response::new(PingResponse { event_id }))
+    }
+
+    async fn list_event_types(&self, _request: Request<ListEventTypesRequest>) -> Result<Response<ListEventTypesResponse>, Status> {
+        let event_types = outbox::EVENT_TYPES
+            .iter()
+            .map(|event_type| EventType {
+                name: event_type.name.into(),
+                description: event_type.description.into(),
+                schema_version: event_type.schema_version,
+                subscribable: event_type.subscribable,
+            })
+            .collect();
+        Ok(Response::new(ListEventTypesResponse { event_types }))
     }
 
     async fn disable_endpoint(&self, request: Request<EndpointRef>) -> Result<Response<Endpoint>, Status> {
@@ -251,6 +301,11 @@ impl Webhooks for WebhookService {
     }
 }
 
+/// The id of the endpoint an answer shows its secret for.
+fn endpoint_id(answer: &EndpointWithSecret) -> &str {
+    answer.endpoint.as_ref().map_or("", |endpoint| endpoint.endpoint_id.as_str())
+}
+
 /// The production policy, with the `host:port` pairs of `test_hosts` exempted.
 fn policy(test_hosts: &[String]) -> Result<ssrf::Policy, String> {
     test_hosts
@@ -270,6 +325,7 @@ fn endpoint_message(endpoint: outbox::Endpoint) -> Endpoint {
         max_in_flight: endpoint.limits.max_in_flight,
         rate_per_sec: endpoint.limits.rate_per_sec,
         created_at: rfc3339(endpoint.created_at_ms),
+        updated_at: rfc3339(endpoint.updated_at_ms),
     }
 }
 

@@ -3,10 +3,17 @@
 //! certificate, its name in telemetry, stopping it); [`Chain::start`] builds them, each after the
 //! ones it calls, and points every caller at what its callee bound.
 
-use std::{collections::BTreeMap, net::SocketAddr, path::Path, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    io,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use bank_mock::BankState;
 use deadline::{HopStats, HopStatsSnapshot};
+use outbox::SecretKeys;
 use resilience::{
     breaker::{Breaker, BreakerStats},
     bulkhead::{Bulkhead, BulkheadStats},
@@ -45,7 +52,15 @@ pub struct ChainSettings {
     /// experiments only (`up` warns). Otherwise, when no service names certificate files of its
     /// own, a development CA is made at start (see [`Chain::dev_certs`]).
     pub plaintext: bool,
+    /// Where the chain keeps its data ([`ChainSettings::with_data_dir`]): the development key
+    /// that seals endpoint secrets is kept there too.
+    #[serde(skip)]
+    pub data_dir: Option<PathBuf>,
 }
+
+/// The file of a data directory that keeps the development key sealing endpoint secrets, when
+/// the settings name none.
+pub const SECRET_KEYS_FILE: &str = "webhook-secret-keys";
 
 /// Where the example receiver listens by default (`cargo run -p webhook-receiver`): the local
 /// stack lets webhooks go there over plain http, which production settings refuse.
@@ -62,6 +77,7 @@ impl Default for ChainSettings {
             webhook_sender: webhook_sender::Settings::default(),
             external_bank: None,
             plaintext: false,
+            data_dir: None,
         };
         settings.orders.webhooks.test_hosts = vec![DEMO_RECEIVER.to_owned()];
         settings.webhook_sender.test_hosts = vec![DEMO_RECEIVER.to_owned()];
@@ -78,8 +94,10 @@ impl ChainSettings {
         self
     }
 
-    /// Keeps the SQLite databases of orders and payment in `dir` (PostgreSQL URLs stay as set).
+    /// Keeps the SQLite databases of orders and payment in `dir` (PostgreSQL URLs stay as set),
+    /// and the development key that seals endpoint secrets when the settings name none.
     pub fn with_data_dir(mut self, dir: &Path) -> Self {
+        self.data_dir = Some(dir.to_owned());
         for (url, file) in [(&mut self.orders.database_url, "orders.db"), (&mut self.payment.database_url, "payment.db")] {
             if url.starts_with("sqlite:") {
                 *url = format!("sqlite://{}", dir.join(file).display());
@@ -288,6 +306,7 @@ impl Chain {
             settings.gateway.retry.max_attempts = 1;
         }
         let dev_certs = secure(&mut settings)?;
+        share_secret_keys(&mut settings).map_err(|error| ServerError::Settings(format!("{SECRET_KEYS_FILE}: {error}")))?;
         let shutdown = CancellationToken::new();
         let mut servers = JoinSet::new();
 
@@ -458,6 +477,40 @@ fn endpoint(address: SocketAddr) -> String {
     format!("http://{address}")
 }
 
+/// Gives orders and the sender the same keys to seal endpoint secrets with: the sender gets
+/// orders' unless it names its own, and when orders names none, both get the development key
+/// kept in the data directory (made there on first use, so that a restart on the same data
+/// still opens the secrets it sealed), or a fresh one for a chain without a data directory.
+fn share_secret_keys(settings: &mut ChainSettings) -> io::Result<()> {
+    if settings.orders.webhooks.secret_keys.is_empty() {
+        settings.orders.webhooks.secret_keys = match &settings.data_dir {
+            Some(dir) => kept_dev_key(&dir.join(SECRET_KEYS_FILE))?,
+            None => SecretKeys::generate("dev"),
+        };
+    }
+    if settings.webhook_sender.secret_keys.is_empty() {
+        settings.webhook_sender.secret_keys = settings.orders.webhooks.secret_keys.clone();
+    }
+    Ok(())
+}
+
+/// The key kept in `path` (one `<id>:<base64>` per line), or a new one written there, readable
+/// by its owner only.
+fn kept_dev_key(path: &Path) -> io::Result<SecretKeys> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => SecretKeys::parse(&text.lines().filter(|line| !line.trim().is_empty()).collect::<Vec<_>>())
+            .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error)),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            use std::{io::Write, os::unix::fs::OpenOptionsExt};
+            let keys = SecretKeys::generate("dev");
+            let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+            writeln!(file, "{}", keys.to_written().join("\n"))?;
+            Ok(keys)
+        }
+        Err(error) => Err(error),
+    }
+}
+
 /// Makes every service plain text (`plaintext`), or gives each a certificate of a fresh
 /// development CA when none names files of its own.
 fn secure(settings: &mut ChainSettings) -> Result<Option<(DevCerts, TempDir)>, ServerError> {
@@ -482,6 +535,8 @@ fn secure(settings: &mut ChainSettings) -> Result<Option<(DevCerts, TempDir)>, S
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     /// Each listener's key names the setting it changes, as `--set` would.
@@ -496,5 +551,26 @@ mod tests {
         }
         let mut ephemeral = ChainSettings::default().ephemeral();
         assert!(listeners().all(|listener| (listener.setting)(&mut ephemeral).port() == 0));
+    }
+
+    #[test]
+    fn the_development_key_is_kept_in_the_data_directory_and_shared_with_the_sender() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut first = ChainSettings::default().with_data_dir(dir.path());
+        share_secret_keys(&mut first).unwrap();
+        assert!(!first.orders.webhooks.secret_keys.is_empty());
+        assert_eq!(first.webhook_sender.secret_keys, first.orders.webhooks.secret_keys, "the sender opens what orders sealed");
+        let file = dir.path().join(SECRET_KEYS_FILE);
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600, "readable by its owner only");
+
+        let mut restarted = ChainSettings::default().with_data_dir(dir.path());
+        share_secret_keys(&mut restarted).unwrap();
+        assert_eq!(restarted.orders.webhooks.secret_keys, first.orders.webhooks.secret_keys, "a restart opens what was sealed before");
+
+        let mut configured = ChainSettings::default().with_data_dir(dir.path());
+        configured.orders.webhooks.secret_keys = SecretKeys::generate("mine");
+        share_secret_keys(&mut configured).unwrap();
+        assert_eq!(configured.webhook_sender.secret_keys, configured.orders.webhooks.secret_keys, "keys that are set win");
+        assert_ne!(configured.orders.webhooks.secret_keys, first.orders.webhooks.secret_keys);
     }
 }

@@ -21,7 +21,7 @@ use std::{
 use axum::{Router, extract::State, http::HeaderMap, http::StatusCode, routing::post};
 use hdrhistogram::Histogram;
 use idempotency::{Clock, Database, SystemClock};
-use outbox::{EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, Subscriptions};
+use outbox::{EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, SecretKeys, Subscriptions};
 use tokio_util::sync::CancellationToken;
 use webhook_sender::{Application, Settings};
 
@@ -54,8 +54,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The most an endpoint may ask for: 64 in flight, 1,000 per second.
     let endpoint = NewEndpoint { url: format!("http://{receiver}/hook"), event_types: vec![ORDER_PAID.into()], limits: EndpointLimits::MAX };
+    let secret_keys = SecretKeys::generate("example");
     let mut transaction = database.begin().await?;
-    Subscriptions::create_endpoint(&mut transaction, CLIENT, &endpoint, SystemClock.now_ms()).await?;
+    Subscriptions::new(database.clone(), secret_keys.clone()).create_endpoint(&mut transaction, CLIENT, &endpoint, SystemClock.now_ms()).await?;
     transaction.commit().await?;
 
     let settings = Settings {
@@ -65,6 +66,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         test_hosts: vec![receiver.to_string()],
         // One client at its endpoint's maximum: the client's own budget must not be the limit.
         client_rate_per_sec: EndpointLimits::MAX.rate_per_sec,
+        secret_keys,
         ..Settings::default()
     };
     let sender = Application::build_with_clock(settings, Arc::new(SystemClock)).await?;

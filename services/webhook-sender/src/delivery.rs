@@ -93,8 +93,9 @@ impl<R: Resolve> Deliverer<R> {
         Ok(Self { client, dns, policy, resolver, lookups: Shares::new(lookups_per_client), request_timeout, clock })
     }
 
-    /// Attempts `claim` at `url`, an endpoint of `client_id`, once.
-    pub async fn deliver(&self, url: &str, client_id: &str, claim: &Claim) -> Report {
+    /// Attempts `claim` once at its endpoint's URL, an endpoint of `client_id`.
+    pub async fn deliver(&self, client_id: &str, claim: &Claim) -> Report {
+        let url = claim.url.as_str();
         let started_at_ms = self.clock.now_ms();
         let started = Instant::now();
         let deadline = started + self.request_timeout;

@@ -11,6 +11,9 @@ pub enum SenderError {
     // The URL is not repeated: it may carry a password.
     #[error("database: {0}")]
     Database(#[from] DatabaseError),
+    /// Sealing the secrets stored in plain text by an older version failed at start.
+    #[error("sealing stored secrets: {0}")]
+    Sealing(#[from] outbox::OutboxError),
     #[error("HTTP client: {0}")]
     Client(reqwest::Error),
     #[error("resolver: {0}")]

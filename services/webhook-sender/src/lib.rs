@@ -62,6 +62,7 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
     pub async fn build_with(settings: Settings, clock: Arc<dyn Clock>, resolver: R) -> Result<Self, SenderError> {
         settings.validate()?;
         let database = Database::open(&settings.database_url, settings.sqlite, |backend| vec![outbox::migrations(backend)]).await?;
+        outbox::seal_plaintext_secrets(&database, &settings.secret_keys).await?;
         let ms = Duration::from_millis;
         let deliverer = Deliverer::new(
             settings.ssrf_policy()?,
@@ -74,7 +75,7 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
         .map_err(SenderError::Client)?;
         let to_i64 = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
         let sender = Sender {
-            deliveries: Deliveries::new(database),
+            deliveries: Deliveries::new(database, settings.secret_keys.clone()),
             deliverer,
             schedule: settings.retry_schedule(),
             clock,

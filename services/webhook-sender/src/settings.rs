@@ -1,6 +1,7 @@
 use std::{fmt, net::SocketAddr, time::Duration};
 
 use idempotency::SqliteSettings;
+use outbox::SecretKeys;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use webhooks::ssrf::Policy;
 
@@ -68,6 +69,8 @@ pub struct Settings {
     pub reap_batch: u32,
     /// How recipients' names are looked up.
     pub dns: DnsSettings,
+    /// The keys that open the endpoint secrets sealed at rest: orders' `webhooks.secret_keys`.
+    pub secret_keys: SecretKeys,
 }
 
 /// The sender's resolver: where it asks, how long it waits, what it remembers, and how many
@@ -133,6 +136,7 @@ impl Default for Settings {
             reap_interval_ms: 60_000,
             reap_batch: 500,
             dns: DnsSettings::default(),
+            secret_keys: SecretKeys::default(),
         }
     }
 }
@@ -202,6 +206,9 @@ impl Settings {
         if self.dns.max_lookups_per_client == 0 {
             return Err(invalid("dns.max_lookups_per_client", "must be at least 1"));
         }
+        if self.secret_keys.is_empty() {
+            return Err(invalid("secret_keys", SecretKeys::REQUIRED));
+        }
         self.ssrf_policy()?;
         Ok(())
     }
@@ -267,6 +274,10 @@ mod tests {
     use super::*;
 
     fn load(overrides: &[&str]) -> Result<Settings, String> {
+        // A key, as the sender requires one, unless the case is about the keys.
+        let key = format!("secret_keys={:?}", SecretKeys::generate("k1").to_written());
+        let keyed = overrides.iter().any(|set| set.starts_with("secret_keys="));
+        let overrides = if keyed { overrides.to_vec() } else { [&[key.as_str()][..], overrides].concat() };
         let args = settings::SettingsArgs { config: None, overrides: overrides.iter().map(|s| s.to_string()).collect() };
         let settings: Settings = settings::load("WEBHOOK_SENDER_UNIT_TEST", &args).map_err(|error| error.to_string())?;
         settings.validate().map_err(|error| error.to_string())?;
@@ -308,6 +319,10 @@ mod tests {
         }
         assert!(load(&["schedule=[\"5 parsecs\"]"]).is_err());
         assert!(load(&["no_such_knob=1"]).is_err(), "unknown keys are errors");
+        let none = load(&["secret_keys=[]"]).expect_err("no key");
+        assert!(none.contains("invalid setting secret_keys: at least one key is required"), "{none}");
+        let short = load(&["secret_keys=[\"k1:c2hvcnQ=\"]"]).expect_err("a short key");
+        assert!(short.contains("32 bytes"), "{short}");
     }
 
     #[test]

@@ -11,7 +11,9 @@
 //! starts a worker for an endpoint it has not seen, and wakes the ones it has. A worker claims
 //! deliveries while they are due and it has permits, sends each in a task of its own holding a
 //! permit, and leaves when it has been idle for a while with nothing in flight. An endpoint's
-//! limits and URL are read when its worker starts; changes apply to its next worker.
+//! URL is read with each claim, so an update applies to the next delivery; its limits are read
+//! when its worker starts, and a change applies to its next worker (the claim itself always keeps
+//! to the stored `max_in_flight`).
 //!
 //! A `Retry-After` pause is not the worker's: it is the endpoint's row in the outbox
 //! (`paused_until_ms`), which the claim checks. A worker that leaves, a sender that restarts and
@@ -152,14 +154,14 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
         }
     }
 
-    /// Sends one claimed delivery to `url`, an endpoint of `client_id`, and records what
-    /// happened; `_places` are the endpoint's concurrency slot and the client's place in the
+    /// Sends one claimed delivery to its endpoint's URL, an endpoint of `client_id`, and records
+    /// what happened; `_places` are the endpoint's concurrency slot and the client's place in the
     /// sender, held until then.
-    async fn deliver(self: Arc<Self>, url: Arc<str>, client_id: Arc<str>, claim: Claim, _places: (OwnedSemaphorePermit, FairShare)) {
+    async fn deliver(self: Arc<Self>, client_id: Arc<str>, claim: Claim, _places: (OwnedSemaphorePermit, FairShare)) {
         // The lease is measured on the database's clock; this is the same length on ours, from a
         // moment just after the claim, so it ends no earlier than the lease itself.
         let lease_ends = Instant::now() + Duration::from_millis(u64::try_from(self.lease_ms).unwrap_or(0));
-        let report = self.deliverer.deliver(&url, &client_id, &claim).await;
+        let report = self.deliverer.deliver(&client_id, &claim).await;
         let now_ms = self.clock.now_ms();
         let outcome = self.next_step(&claim, report.verdict, now_ms);
         let label = match outcome {
@@ -258,7 +260,6 @@ where
 struct Worker<R> {
     sender: Arc<Sender<R>>,
     endpoint: DueEndpoint,
-    url: Arc<str>,
     client_id: Arc<str>,
     in_flight: Arc<Semaphore>,
     max_in_flight: usize,
@@ -273,7 +274,6 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
         let max_in_flight = positive(endpoint.max_in_flight).get() as usize;
         Self {
             sender,
-            url: endpoint.url.as_str().into(),
             client_id: endpoint.client_id.as_str().into(),
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,
@@ -339,7 +339,7 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
                 }
             };
             let span = tracing::info_span!("delivery", event_id = %claim.event_id, attempt = claim.attempt);
-            let delivery = sender.clone().deliver(self.url.clone(), self.client_id.clone(), claim, (permit, place));
+            let delivery = sender.clone().deliver(self.client_id.clone(), claim, (permit, place));
             sender.tasks.spawn(delivery.instrument(span));
         }
     }

@@ -3,7 +3,12 @@ use idempotency::{Transaction, on_driver};
 use sqlx::FromRow;
 use webhooks::signature::Secret;
 
-use crate::{ENDPOINT_DISABLED, NewEvent, OutboxError, new_id, record};
+use crate::{
+    ENDPOINT_ATTEMPTS_EXHAUSTED, ENDPOINT_DISABLED, NewEvent, OutboxError,
+    event::{Recipients, record_for},
+    new_id, record,
+    sealed::SecretKeys,
+};
 
 /// An endpoint with deliveries due, as the sender needs it.
 #[derive(Debug, Clone, PartialEq, Eq, FromRow)]
@@ -11,7 +16,6 @@ pub struct DueEndpoint {
     pub endpoint_id: String,
     /// The endpoint's owner, whose share of the sender it draws on.
     pub client_id: String,
-    pub url: String,
     pub max_in_flight: i64,
     pub rate_per_sec: i64,
 }
@@ -21,6 +25,9 @@ pub struct DueEndpoint {
 pub struct Claim {
     pub endpoint_id: String,
     pub event_id: String,
+    /// Where the endpoint receives its deliveries, as stored at the claim: an update of the URL
+    /// applies to the next claim.
+    pub url: String,
     /// The attempt's number, counted over every claim of this delivery.
     pub attempt: i64,
     /// Failures so far in this round of the retry schedule.
@@ -110,11 +117,13 @@ struct ClaimedRow {
 #[derive(Debug, Clone)]
 pub struct Deliveries {
     database: Database,
+    /// What opens the endpoints' secrets.
+    keys: SecretKeys,
 }
 
 impl Deliveries {
-    pub fn new(database: Database) -> Self {
-        Self { database }
+    pub fn new(database: Database, keys: SecretKeys) -> Self {
+        Self { database, keys }
     }
 
     /// Enabled endpoints, not paused, with at least one delivery due at `now_ms` and not leased
@@ -152,15 +161,19 @@ impl Deliveries {
         let Some(row) = row else {
             return Ok(None);
         };
-        let (payload,): (String,) = on_driver!(&mut transaction, |executor| sqlx::query_as("SELECT payload FROM webhook_events WHERE event_id = $1")
-            .bind(&row.event_id)
-            .fetch_one(executor)
-            .await?);
-        let secrets = active_secrets(&mut transaction, endpoint_id, now_ms).await?;
+        let (payload, url): (String, String) = on_driver!(&mut transaction, |executor| sqlx::query_as(
+            "SELECT ev.payload, en.url FROM webhook_events ev JOIN webhook_endpoints en ON en.endpoint_id = $2 WHERE ev.event_id = $1"
+        )
+        .bind(&row.event_id)
+        .bind(endpoint_id)
+        .fetch_one(executor)
+        .await?);
+        let secrets = active_secrets(&mut transaction, &self.keys, endpoint_id, now_ms).await?;
         transaction.commit().await?;
         Ok(Some(Claim {
             endpoint_id: endpoint_id.to_owned(),
             event_id: row.event_id,
+            url,
             attempt: row.attempts,
             schedule_step: row.schedule_step,
             payload,
@@ -173,7 +186,9 @@ impl Deliveries {
     /// Records `attempt` and applies `outcome`, both in one transaction; the delivery and its
     /// endpoint change only while `claim` is still the delivery's lease. Failures that meet
     /// `disable_rule` disable the endpoint, as a 410 does; a disabled endpoint's owner is told by an
-    /// [`ENDPOINT_DISABLED`] event to its other endpoints.
+    /// [`ENDPOINT_DISABLED`] event to its other endpoints. A delivery whose schedule is spent is
+    /// marked undelivered, and the owner's other endpoints get an [`ENDPOINT_ATTEMPTS_EXHAUSTED`]
+    /// event, in the same transaction.
     pub async fn finish(
         &self,
         claim: &Claim,
@@ -276,6 +291,9 @@ impl Deliveries {
                     .then(|| format!("the endpoint has failed every attempt ({failures}) for {} s", failing_ms / 1000))
             }
         };
+        if state == "undelivered" {
+            exhausted(&mut transaction, claim, now_ms).await?;
+        }
         let endpoint_disabled = match disable_reason {
             Some(reason) => disable(&mut transaction, &claim.endpoint_id, &reason, now_ms).await?.then_some(reason),
             None => None,
@@ -333,7 +351,7 @@ macro_rules! sqlite_now_ms {
 macro_rules! due_endpoints_statement {
     ($now:expr) => {
         concat!(
-            "SELECT e.endpoint_id, e.client_id, e.url, e.max_in_flight, e.rate_per_sec FROM webhook_endpoints e \
+            "SELECT e.endpoint_id, e.client_id, e.max_in_flight, e.rate_per_sec FROM webhook_endpoints e \
              WHERE e.state = 'enabled' AND EXISTS (SELECT 1 FROM webhook_deliveries d \
                WHERE d.endpoint_id = e.endpoint_id AND d.state = 'pending' AND d.next_attempt_at_ms <= $1 \
                  AND (d.claimed_until_ms IS NULL OR d.claimed_until_ms <= ",
@@ -373,8 +391,8 @@ macro_rules! claim_statement {
 const CLAIM_POSTGRES: &str = claim_statement!(postgres_now_ms!(), " FOR UPDATE OF d SKIP LOCKED");
 const CLAIM_SQLITE: &str = claim_statement!(sqlite_now_ms!(), "");
 
-/// The endpoint's secrets that sign at `now_ms`, newest first.
-async fn active_secrets(transaction: &mut Transaction, endpoint_id: &str, now_ms: i64) -> Result<Vec<Secret>, OutboxError> {
+/// The endpoint's secrets that sign at `now_ms`, newest first, opened with `keys`.
+async fn active_secrets(transaction: &mut Transaction, keys: &SecretKeys, endpoint_id: &str, now_ms: i64) -> Result<Vec<Secret>, OutboxError> {
     let rows: Vec<(String,)> = on_driver!(transaction, |executor| sqlx::query_as(
         "SELECT secret FROM webhook_secrets WHERE endpoint_id = $1 AND (expires_at_ms IS NULL OR expires_at_ms > $2) \
          ORDER BY created_at_ms DESC, secret_id DESC",
@@ -383,7 +401,25 @@ async fn active_secrets(transaction: &mut Transaction, endpoint_id: &str, now_ms
     .bind(now_ms)
     .fetch_all(executor)
     .await?);
-    rows.into_iter().map(|(secret,)| secret.parse().map_err(|error| OutboxError::Storage(sqlx::Error::Decode(Box::new(error))))).collect()
+    rows.into_iter().map(|(sealed,)| keys.open(endpoint_id, &sealed)).collect()
+}
+
+/// Tells the owner of the claim's endpoint, through its other endpoints, that the claimed
+/// delivery ran out of its schedule. Not for an exhausted [`ENDPOINT_ATTEMPTS_EXHAUSTED`] event
+/// itself: two failing endpoints would otherwise tell each other about each other for ever.
+async fn exhausted(transaction: &mut Transaction, claim: &Claim, now_ms: i64) -> Result<(), OutboxError> {
+    let (client_id, event_type): (String, String) =
+        on_driver!(&mut *transaction, |executor| sqlx::query_as("SELECT e.client_id, e.event_type FROM webhook_events e WHERE e.event_id = $1")
+            .bind(&claim.event_id)
+            .fetch_one(executor)
+            .await?);
+    if event_type == ENDPOINT_ATTEMPTS_EXHAUSTED {
+        return Ok(());
+    }
+    let data = serde_json::json!({ "endpoint_id": claim.endpoint_id, "event_id": claim.event_id, "event_type": event_type });
+    let event = NewEvent { event_type: ENDPOINT_ATTEMPTS_EXHAUSTED, version: 1, data: &data };
+    record_for(transaction, &client_id, &event, Recipients::Subscribers { except: Some(&claim.endpoint_id) }, now_ms).await?;
+    Ok(())
 }
 
 /// Disables an enabled endpoint and tells its owner; `false` when it was not enabled.

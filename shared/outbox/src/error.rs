@@ -10,6 +10,9 @@ pub enum OutboxError {
     /// The request is fine but conflicts with work still running; asking again later succeeds.
     #[error("{0}")]
     Busy(String),
+    /// An endpoint secret could not be sealed or opened with the configured keys.
+    #[error("endpoint secret: {0}")]
+    Sealing(String),
     #[error("webhook store: {0}")]
     Storage(#[from] sqlx::Error),
 }

@@ -11,8 +11,56 @@ pub const ORDER_PAID: &str = "order.paid";
 pub const ORDER_PAYMENT_DECLINED: &str = "order.payment_declined";
 /// One of the client's endpoints was disabled (it answered 410, or failed for too long).
 pub const ENDPOINT_DISABLED: &str = "endpoint.disabled";
-/// Every event type an endpoint can subscribe to.
-pub const EVENT_TYPES: &[&str] = &[ORDER_PAID, ORDER_PAYMENT_DECLINED, ENDPOINT_DISABLED];
+/// A delivery to one of the client's endpoints ran out of its retry schedule.
+pub const ENDPOINT_ATTEMPTS_EXHAUSTED: &str = "endpoint.attempts_exhausted";
+/// A test event, sent when the owner asks, to the endpoint asked only.
+pub const ENDPOINT_PING: &str = "endpoint.ping";
+
+/// One event type the system emits, as the catalogue shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventType {
+    pub name: &'static str,
+    pub description: &'static str,
+    /// The version of the shape of the event's `data`; it grows when that shape changes.
+    pub schema_version: u32,
+    /// Whether an endpoint can subscribe to it; a ping goes to the endpoint asked, subscribed or not.
+    pub subscribable: bool,
+}
+
+/// Every event type the system emits: the one list that the catalogue shows and that endpoints'
+/// subscriptions are checked against.
+pub const EVENT_TYPES: &[EventType] = &[
+    EventType { name: ORDER_PAID, description: "An order was paid; data: the order.", schema_version: 1, subscribable: true },
+    EventType {
+        name: ORDER_PAYMENT_DECLINED,
+        description: "An order's payment was declined; data: the order.",
+        schema_version: 1,
+        subscribable: true,
+    },
+    EventType {
+        name: ENDPOINT_DISABLED,
+        description: "One of the client's endpoints was disabled (410 Gone, or failing too long); data: endpoint_id, url, reason.",
+        schema_version: 1,
+        subscribable: true,
+    },
+    EventType {
+        name: ENDPOINT_ATTEMPTS_EXHAUSTED,
+        description: "A delivery to another of the client's endpoints ran out of retries; data: endpoint_id, event_id, event_type.",
+        schema_version: 1,
+        subscribable: true,
+    },
+    EventType {
+        name: ENDPOINT_PING,
+        description: "A test event sent on the owner's request to that endpoint only, subscribed or not; data: endpoint_id.",
+        schema_version: 1,
+        subscribable: false,
+    },
+];
+
+/// The event types an endpoint can subscribe to, by name.
+pub fn subscribable_event_types() -> impl Iterator<Item = &'static str> {
+    EVENT_TYPES.iter().filter(|event_type| event_type.subscribable).map(|event_type| event_type.name)
+}
 
 /// An event to put in the outbox.
 #[derive(Debug, Clone)]
@@ -50,20 +98,50 @@ pub async fn record<D: Serialize>(
     event: &NewEvent<'_, D>,
     now_ms: i64,
 ) -> Result<Option<String>, OutboxError> {
+    record_for(transaction, client_id, event, Recipients::Subscribers { except: None }, now_ms).await
+}
+
+/// Who gets an event's deliveries.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Recipients<'a> {
+    /// The client's enabled endpoints that subscribe to its type, but `except`.
+    Subscribers { except: Option<&'a str> },
+    /// This endpoint of the client alone, subscribed or not, enabled or not (a disabled one's
+    /// delivery waits, as any other).
+    Only(&'a str),
+}
+
+/// As [`record`], to `recipients`.
+pub(crate) async fn record_for<D: Serialize>(
+    transaction: &mut Transaction,
+    client_id: &str,
+    event: &NewEvent<'_, D>,
+    recipients: Recipients<'_>,
+    now_ms: i64,
+) -> Result<Option<String>, OutboxError> {
     let event_id = new_id("msg");
     let occurred = humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(now_ms.max(0) as u64));
     let payload = Payload { id: &event_id, event_type: event.event_type, version: event.version, timestamp: occurred.to_string(), data: event.data };
     let payload = serde_json::to_string(&payload).map_err(|error| OutboxError::Invalid(format!("event data: {error}")))?;
+    // `$6` is the one endpoint that is left out (Subscribers) or the only one (Only); `$7` says which.
+    let (endpoint, only) = match recipients {
+        Recipients::Subscribers { except } => (except, false),
+        Recipients::Only(endpoint_id) => (Some(endpoint_id), true),
+    };
     let inserted = on_driver!(&mut *transaction, |executor| sqlx::query(
         "INSERT INTO webhook_events (event_id, client_id, event_type, payload, created_at_ms) \
          SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM webhook_endpoints e \
-           JOIN webhook_subscriptions s ON s.endpoint_id = e.endpoint_id WHERE e.client_id = $2 AND s.event_type = $3)",
+           WHERE e.client_id = $2 AND (CASE WHEN $7 THEN e.endpoint_id = $6 \
+             ELSE ($6 IS NULL OR e.endpoint_id <> $6) AND EXISTS (SELECT 1 FROM webhook_subscriptions s \
+               WHERE s.endpoint_id = e.endpoint_id AND s.event_type = $3) END))",
     )
     .bind(&event_id)
     .bind(client_id)
     .bind(event.event_type)
     .bind(payload)
     .bind(now_ms)
+    .bind(endpoint)
+    .bind(only)
     .execute(executor)
     .await?
     .rows_affected());
@@ -74,14 +152,17 @@ pub async fn record<D: Serialize>(
         sqlx::query(
             "INSERT INTO webhook_deliveries \
            (endpoint_id, event_id, state, attempts, schedule_step, next_attempt_at_ms, created_at_ms, updated_at_ms) \
-         SELECT e.endpoint_id, $1, 'pending', 0, 0, $2, $2, $2 \
-         FROM webhook_endpoints e JOIN webhook_subscriptions s ON s.endpoint_id = e.endpoint_id \
-         WHERE e.client_id = $3 AND e.state = 'enabled' AND s.event_type = $4",
+         SELECT e.endpoint_id, $1, 'pending', 0, 0, $2, $2, $2 FROM webhook_endpoints e \
+         WHERE e.client_id = $3 AND (CASE WHEN $6 THEN e.endpoint_id = $5 \
+           ELSE e.state = 'enabled' AND ($5 IS NULL OR e.endpoint_id <> $5) AND EXISTS (SELECT 1 FROM webhook_subscriptions s \
+             WHERE s.endpoint_id = e.endpoint_id AND s.event_type = $4) END)",
         )
         .bind(&event_id)
         .bind(now_ms)
         .bind(client_id)
         .bind(event.event_type)
+        .bind(endpoint)
+        .bind(only)
         .execute(executor)
         .await?;
     });

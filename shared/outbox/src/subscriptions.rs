@@ -3,8 +3,11 @@ use sqlx::FromRow;
 use webhooks::{signature::Secret, ssrf};
 
 use crate::{
-    EVENT_TYPES, OutboxError, new_id,
+    ENDPOINT_PING, NewEvent, OutboxError,
+    event::{Recipients, record_for, subscribable_event_types},
+    new_id,
     redeliveries::{self, RedeliveryLimits, RedeliveryRange},
+    sealed::SecretKeys,
 };
 
 /// The most endpoints one client may have: each gets a worker and connections in the sender, so
@@ -43,23 +46,68 @@ impl NewEndpoint {
     /// puts the URL in its normalised form, the one stored and shown.
     /// Names are resolved and vetted again at every delivery, since what they resolve to changes.
     pub fn validate(&mut self, policy: &ssrf::Policy) -> Result<(), OutboxError> {
-        let target = ssrf::Target::parse(&self.url, policy).map_err(|error| OutboxError::Invalid(format!("url: {error}")))?;
-        self.url = target.normalised().to_owned();
-        if self.event_types.is_empty() {
-            return Err(OutboxError::Invalid(format!("event_types: name at least one of {}", EVENT_TYPES.join(", "))));
+        self.url = vetted_url(&self.url, policy)?;
+        check_event_types(&self.event_types)?;
+        check_limit("max_in_flight", self.limits.max_in_flight, EndpointLimits::MAX.max_in_flight)?;
+        check_limit("rate_per_sec", self.limits.rate_per_sec, EndpointLimits::MAX.rate_per_sec)
+    }
+}
+
+/// What to change of an endpoint: only the fields given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EndpointUpdate {
+    pub url: Option<String>,
+    /// The event types it receives from now on, in place of those it had.
+    pub event_types: Option<Vec<String>>,
+    pub max_in_flight: Option<u32>,
+    pub rate_per_sec: Option<u32>,
+}
+
+impl EndpointUpdate {
+    /// The checks of [`NewEndpoint::validate`], on the fields given; at least one must be.
+    pub fn validate(&mut self, policy: &ssrf::Policy) -> Result<(), OutboxError> {
+        if *self == Self::default() {
+            return Err(OutboxError::Invalid("body: name at least one of url, event_types, max_in_flight, rate_per_sec to change".into()));
         }
-        if let Some(unknown) = self.event_types.iter().find(|event_type| !EVENT_TYPES.contains(&event_type.as_str())) {
-            return Err(OutboxError::Invalid(format!("event_types: unknown {unknown:?}; known are {}", EVENT_TYPES.join(", "))));
+        if let Some(url) = &mut self.url {
+            *url = vetted_url(url, policy)?;
         }
-        let (limits, max) = (self.limits, EndpointLimits::MAX);
-        if !(1..=max.max_in_flight).contains(&limits.max_in_flight) {
-            return Err(OutboxError::Invalid(format!("max_in_flight: must be 1..={}", max.max_in_flight)));
+        if let Some(event_types) = &self.event_types {
+            check_event_types(event_types)?;
         }
-        if !(1..=max.rate_per_sec).contains(&limits.rate_per_sec) {
-            return Err(OutboxError::Invalid(format!("rate_per_sec: must be 1..={}", max.rate_per_sec)));
+        if let Some(max_in_flight) = self.max_in_flight {
+            check_limit("max_in_flight", max_in_flight, EndpointLimits::MAX.max_in_flight)?;
+        }
+        if let Some(rate_per_sec) = self.rate_per_sec {
+            check_limit("rate_per_sec", rate_per_sec, EndpointLimits::MAX.rate_per_sec)?;
         }
         Ok(())
     }
+}
+
+/// `url` vetted under `policy`, in its normalised form.
+fn vetted_url(url: &str, policy: &ssrf::Policy) -> Result<String, OutboxError> {
+    let target = ssrf::Target::parse(url, policy).map_err(|error| OutboxError::Invalid(format!("url: {error}")))?;
+    Ok(target.normalised().to_owned())
+}
+
+/// At least one event type, each one an endpoint can subscribe to.
+fn check_event_types(event_types: &[String]) -> Result<(), OutboxError> {
+    let known = || subscribable_event_types().collect::<Vec<_>>().join(", ");
+    if event_types.is_empty() {
+        return Err(OutboxError::Invalid(format!("event_types: name at least one of {}", known())));
+    }
+    if let Some(unknown) = event_types.iter().find(|event_type| !subscribable_event_types().any(|known| known == event_type.as_str())) {
+        return Err(OutboxError::Invalid(format!("event_types: unknown {unknown:?}; known are {}", known())));
+    }
+    Ok(())
+}
+
+fn check_limit(field: &str, value: u32, max: u32) -> Result<(), OutboxError> {
+    if !(1..=max).contains(&value) {
+        return Err(OutboxError::Invalid(format!("{field}: must be 1..={max}")));
+    }
+    Ok(())
 }
 
 /// A recipient as stored.
@@ -73,6 +121,8 @@ pub struct Endpoint {
     pub failing_since_ms: Option<i64>,
     pub limits: EndpointLimits,
     pub created_at_ms: i64,
+    /// When it was created or last changed by its owner (an update of its URL, event types or limits).
+    pub updated_at_ms: i64,
 }
 
 #[derive(Debug, FromRow)]
@@ -85,10 +135,11 @@ struct EndpointRow {
     max_in_flight: i64,
     rate_per_sec: i64,
     created_at_ms: i64,
+    updated_at_ms: i64,
 }
 
-const SELECT_ENDPOINT: &str =
-    "SELECT endpoint_id, url, state, disabled_reason, failing_since_ms, max_in_flight, rate_per_sec, created_at_ms FROM webhook_endpoints";
+const SELECT_ENDPOINT: &str = "SELECT endpoint_id, url, state, disabled_reason, failing_since_ms, max_in_flight, rate_per_sec, created_at_ms, \
+     updated_at_ms FROM webhook_endpoints";
 
 /// Where a delivery stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,16 +278,24 @@ impl LogRow {
 #[derive(Debug, Clone)]
 pub struct Subscriptions {
     database: Database,
+    /// What seals the endpoints' secrets at rest.
+    keys: SecretKeys,
 }
 
 impl Subscriptions {
-    pub fn new(database: Database) -> Self {
-        Self { database }
+    pub fn new(database: Database, keys: SecretKeys) -> Self {
+        Self { database, keys }
+    }
+
+    /// The keys that seal the secrets this stores.
+    pub fn keys(&self) -> &SecretKeys {
+        &self.keys
     }
 
     /// Creates an enabled endpoint and its first secret, in `transaction` (inside the caller's
     /// transaction, e.g. an idempotency key's phase). `new` must have been validated.
     pub async fn create_endpoint(
+        &self,
         transaction: &mut Transaction,
         client_id: &str,
         new: &NewEndpoint,
@@ -246,8 +305,8 @@ impl Subscriptions {
         // Counted after the insert, in its transaction: a read first could go stale on SQLite
         // before the write, and two creations at once on PostgreSQL both see the other's row.
         on_driver!(&mut *transaction, |executor| sqlx::query(
-            "INSERT INTO webhook_endpoints (endpoint_id, client_id, url, state, max_in_flight, rate_per_sec, created_at_ms) \
-             VALUES ($1, $2, $3, 'enabled', $4, $5, $6)",
+            "INSERT INTO webhook_endpoints (endpoint_id, client_id, url, state, max_in_flight, rate_per_sec, created_at_ms, updated_at_ms) \
+             VALUES ($1, $2, $3, 'enabled', $4, $5, $6, $6)",
         )
         .bind(&endpoint_id)
         .bind(client_id)
@@ -266,19 +325,8 @@ impl Subscriptions {
         if endpoints > i64::from(MAX_ENDPOINTS_PER_CLIENT) {
             return Err(OutboxError::Invalid(format!("a client has at most {MAX_ENDPOINTS_PER_CLIENT} endpoints")));
         }
-        let mut event_types = new.event_types.clone();
-        event_types.sort();
-        event_types.dedup();
-        for event_type in &event_types {
-            on_driver!(&mut *transaction, |executor| {
-                sqlx::query("INSERT INTO webhook_subscriptions (endpoint_id, event_type) VALUES ($1, $2)")
-                    .bind(&endpoint_id)
-                    .bind(event_type)
-                    .execute(executor)
-                    .await?;
-            });
-        }
-        let secret = insert_secret(transaction, &endpoint_id, now_ms).await?;
+        let event_types = insert_subscriptions(transaction, &endpoint_id, &new.event_types).await?;
+        let secret = insert_secret(transaction, &self.keys, &endpoint_id, now_ms).await?;
         let endpoint = Endpoint {
             endpoint_id,
             url: new.url.clone(),
@@ -288,6 +336,7 @@ impl Subscriptions {
             failing_since_ms: None,
             limits: new.limits,
             created_at_ms: now_ms,
+            updated_at_ms: now_ms,
         };
         Ok((endpoint, secret))
     }
@@ -298,6 +347,7 @@ impl Subscriptions {
     /// stops signing now: there are never more than two, so repeated rotations cannot pile up
     /// HMACs per delivery and a `webhook-signature` header that receivers refuse.
     pub async fn rotate_secret(
+        &self,
         transaction: &mut Transaction,
         client_id: &str,
         endpoint_id: &str,
@@ -320,7 +370,58 @@ impl Subscriptions {
                 .execute(executor)
                 .await?;
         });
-        insert_secret(transaction, endpoint_id, now_ms).await
+        insert_secret(transaction, &self.keys, endpoint_id, now_ms).await
+    }
+
+    /// Changes what `update` names of the endpoint, in one transaction, and answers the endpoint
+    /// as it is then. `update` must have been validated. New event types replace the old ones
+    /// (deliveries already queued stay); a new URL is a new recipient, so the failures counted
+    /// against the old one and any pause it asked for are forgotten.
+    pub async fn update_endpoint(&self, client_id: &str, endpoint_id: &str, update: &EndpointUpdate, now_ms: i64) -> Result<Endpoint, OutboxError> {
+        let mut transaction = self.database.begin().await?;
+        lock_owned_endpoint(&mut transaction, client_id, endpoint_id).await?;
+        on_driver!(&mut transaction, |executor| {
+            sqlx::query(
+                "UPDATE webhook_endpoints SET url = COALESCE($1, url), max_in_flight = COALESCE($2, max_in_flight), \
+                   rate_per_sec = COALESCE($3, rate_per_sec), updated_at_ms = $4, \
+                   failing_since_ms = CASE WHEN $1 IS NULL OR $1 = url THEN failing_since_ms END, \
+                   failures_since_success = CASE WHEN $1 IS NULL OR $1 = url THEN failures_since_success ELSE 0 END, \
+                   paused_until_ms = CASE WHEN $1 IS NULL OR $1 = url THEN paused_until_ms END \
+                 WHERE endpoint_id = $5",
+            )
+            .bind(update.url.as_deref())
+            .bind(update.max_in_flight.map(i64::from))
+            .bind(update.rate_per_sec.map(i64::from))
+            .bind(now_ms)
+            .bind(endpoint_id)
+            .execute(executor)
+            .await?;
+        });
+        if let Some(event_types) = &update.event_types {
+            on_driver!(&mut transaction, |executor| {
+                sqlx::query("DELETE FROM webhook_subscriptions WHERE endpoint_id = $1").bind(endpoint_id).execute(executor).await?;
+            });
+            insert_subscriptions(&mut transaction, endpoint_id, event_types).await?;
+        }
+        let row = owned_endpoint(&mut transaction, client_id, endpoint_id).await?;
+        let endpoint = with_event_types(&mut transaction, row).await?;
+        transaction.commit().await?;
+        Ok(endpoint)
+    }
+
+    /// Sends the endpoint an [`ENDPOINT_PING`] event now, through the pipeline every event takes
+    /// (signed, retried on the schedule, in the delivery log), whatever it subscribes to; returns
+    /// the event's id. A disabled endpoint's ping waits, as its other deliveries do.
+    pub async fn ping(&self, client_id: &str, endpoint_id: &str, now_ms: i64) -> Result<String, OutboxError> {
+        let mut transaction = self.database.begin().await?;
+        lock_owned_endpoint(&mut transaction, client_id, endpoint_id).await?;
+        let data = serde_json::json!({ "endpoint_id": endpoint_id });
+        let event = NewEvent { event_type: ENDPOINT_PING, version: 1, data: &data };
+        let event_id = record_for(&mut transaction, client_id, &event, Recipients::Only(endpoint_id), now_ms)
+            .await?
+            .ok_or_else(|| OutboxError::EndpointNotFound(endpoint_id.to_owned()))?;
+        transaction.commit().await?;
+        Ok(event_id)
     }
 
     pub async fn endpoints(&self, client_id: &str) -> Result<Vec<Endpoint>, OutboxError> {
@@ -536,13 +637,32 @@ async fn owned_endpoint(transaction: &mut Transaction, client_id: &str, endpoint
         .ok_or_else(|| OutboxError::EndpointNotFound(endpoint_id.to_owned())))
 }
 
-async fn insert_secret(transaction: &mut Transaction, endpoint_id: &str, now_ms: i64) -> Result<Secret, OutboxError> {
+/// Subscribes the endpoint to `event_types` (each once); returns them sorted.
+async fn insert_subscriptions(transaction: &mut Transaction, endpoint_id: &str, event_types: &[String]) -> Result<Vec<String>, OutboxError> {
+    let mut event_types = event_types.to_vec();
+    event_types.sort();
+    event_types.dedup();
+    for event_type in &event_types {
+        on_driver!(&mut *transaction, |executor| {
+            sqlx::query("INSERT INTO webhook_subscriptions (endpoint_id, event_type) VALUES ($1, $2)")
+                .bind(endpoint_id)
+                .bind(event_type)
+                .execute(executor)
+                .await?;
+        });
+    }
+    Ok(event_types)
+}
+
+/// A new secret for the endpoint, stored sealed under `keys`.
+async fn insert_secret(transaction: &mut Transaction, keys: &SecretKeys, endpoint_id: &str, now_ms: i64) -> Result<Secret, OutboxError> {
     let secret = Secret::generate();
+    let sealed = keys.seal(endpoint_id, &secret)?;
     on_driver!(transaction, |executor| {
         sqlx::query("INSERT INTO webhook_secrets (secret_id, endpoint_id, secret, created_at_ms) VALUES ($1, $2, $3, $4)")
             .bind(new_id("sec"))
             .bind(endpoint_id)
-            .bind(secret.to_string())
+            .bind(sealed)
             .bind(now_ms)
             .execute(executor)
             .await?;
@@ -571,6 +691,7 @@ impl EndpointRow {
             failing_since_ms: self.failing_since_ms,
             limits,
             created_at_ms: self.created_at_ms,
+            updated_at_ms: self.updated_at_ms,
         })
     }
 }

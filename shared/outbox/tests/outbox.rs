@@ -3,11 +3,11 @@
 
 use idempotency::Database;
 use outbox::{
-    Attempt, Deliveries, DeliveryQuery, DeliveryState, DisableRule, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, OutboxError, Outcome,
-    RedeliveryLimits, RedeliveryRange, Subscriptions,
+    Attempt, Deliveries, DeliveryQuery, DeliveryState, DisableRule, ENDPOINT_ATTEMPTS_EXHAUSTED, ENDPOINT_PING, EndpointLimits, EndpointUpdate,
+    NewEndpoint, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, OutboxError, Outcome, RedeliveryLimits, RedeliveryRange, SecretKeys, Subscriptions,
 };
 use serde_json::json;
-use std::time::Duration;
+use std::{sync::LazyLock, time::Duration};
 
 use test_support::{ScratchDatabase, eventually};
 
@@ -44,6 +44,20 @@ async fn databases() -> Vec<(Database, Scratch)> {
     databases
 }
 
+/// The key that seals the tests' endpoint secrets.
+fn keys() -> SecretKeys {
+    static KEYS: LazyLock<SecretKeys> = LazyLock::new(|| SecretKeys::generate("test"));
+    KEYS.clone()
+}
+
+fn subscriptions(database: &Database) -> Subscriptions {
+    Subscriptions::new(database.clone(), keys())
+}
+
+fn deliveries(database: &Database) -> Deliveries {
+    Deliveries::new(database.clone(), keys())
+}
+
 async fn endpoint(database: &Database, event_types: &[&str]) -> String {
     endpoint_with(database, event_types, EndpointLimits::default()).await
 }
@@ -52,7 +66,7 @@ async fn endpoint_with(database: &Database, event_types: &[&str], limits: Endpoi
     let new =
         NewEndpoint { url: "https://hooks.example.com/orders".into(), event_types: event_types.iter().map(|t| t.to_string()).collect(), limits };
     let mut transaction = database.begin().await.expect("transaction");
-    let (endpoint, _secret) = Subscriptions::create_endpoint(&mut transaction, CLIENT, &new, T0).await.expect("endpoint");
+    let (endpoint, _secret) = subscriptions(database).create_endpoint(&mut transaction, CLIENT, &new, T0).await.expect("endpoint");
     transaction.commit().await.expect("commit");
     endpoint.endpoint_id
 }
@@ -106,10 +120,10 @@ async fn events_reach_only_enabled_endpoints_of_the_client_that_subscribe_to_the
         let subscribed = endpoint(&database, &[ORDER_PAID]).await;
         endpoint(&database, &[outbox::ORDER_PAYMENT_DECLINED]).await;
         let disabled = endpoint(&database, &[ORDER_PAID]).await;
-        let subscriptions = Subscriptions::new(database.clone());
+        let subscriptions = subscriptions(&database);
         subscriptions.set_enabled(CLIENT, &disabled, false).await.expect("disable");
         paid(&database, T0).await;
-        let due = Deliveries::new(database.clone()).due_endpoints(T0).await.expect("due");
+        let due = deliveries(&database).due_endpoints(T0).await.expect("due");
         assert_eq!(due.iter().map(|e| e.endpoint_id.as_str()).collect::<Vec<_>>(), [subscribed.as_str()]);
         assert!(subscriptions.endpoint("another-client", &subscribed).await.is_err(), "endpoints are scoped per client");
     }
@@ -120,7 +134,7 @@ async fn a_claimed_delivery_is_nobody_elses_until_its_lease_runs_out_on_the_data
     for (database, _scratch) in databases().await {
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
         let event_id = paid(&database, T0).await;
-        let deliveries = Deliveries::new(database.clone());
+        let deliveries = deliveries(&database);
         let first = deliveries.claim(&endpoint_id, T0, LEASE_MS).await.expect("claim").expect("due");
         assert_eq!((first.event_id.as_str(), first.attempt), (event_id.as_str(), 1));
         // A sender whose clock runs a day ahead still sees the lease: leases are on the
@@ -138,7 +152,7 @@ async fn a_claimed_delivery_is_nobody_elses_until_its_lease_runs_out_on_the_data
         let finished = deliveries.finish(&second, &answered(200, T0 + 30_000), Outcome::Delivered, RULE, T0 + 30_002).await.expect("finish");
         assert!(!finished.lease_lost);
 
-        let log = Subscriptions::new(database.clone()).deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
+        let log = subscriptions(&database).deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
         assert_eq!(log[0].state, DeliveryState::Delivered);
         assert_eq!(log[0].attempts.iter().map(|a| a.attempt).collect::<Vec<_>>(), [1, 2], "both attempts are logged");
     }
@@ -152,7 +166,7 @@ async fn concurrent_claims_never_share_a_delivery() {
             paid(&database, T0 + n).await;
         }
         let claimers = (0..4).map(|_| {
-            let deliveries = Deliveries::new(database.clone());
+            let deliveries = deliveries(&database);
             let endpoint_id = endpoint_id.clone();
             tokio::spawn(async move {
                 let mut mine = Vec::new();
@@ -178,14 +192,14 @@ async fn the_schedule_runs_out_into_undelivered_and_a_redelivery_keeps_the_event
     for (database, _scratch) in databases().await {
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
         let event_id = paid(&database, T0).await;
-        let deliveries = Deliveries::new(database.clone());
+        let deliveries = deliveries(&database);
         let claim = deliveries.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
         deliveries.finish(&claim, &answered(500, T0), Outcome::Failed { retry_at_ms: Some(T0 + 5_000) }, RULE, T0).await.expect("finish");
         assert!(deliveries.claim(&endpoint_id, T0 + 4_999, 30_000).await.expect("claim").is_none(), "not due yet");
         let claim = deliveries.claim(&endpoint_id, T0 + 5_000, 30_000).await.expect("claim").expect("due");
         assert_eq!(claim.schedule_step, 1);
         deliveries.finish(&claim, &answered(500, T0 + 5_000), Outcome::Failed { retry_at_ms: None }, RULE, T0 + 5_000).await.expect("finish");
-        let subscriptions = Subscriptions::new(database.clone());
+        let subscriptions = subscriptions(&database);
         let log = subscriptions.deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
         assert_eq!((log[0].state, log[0].attempts.len()), (DeliveryState::Undelivered, 2));
         assert!(deliveries.claim(&endpoint_id, T0 + DAY_MS, 30_000).await.expect("claim").is_none());
@@ -201,13 +215,13 @@ async fn a_pause_holds_every_delivery_of_the_endpoint_for_every_sender_and_only_
     for (database, _scratch) in databases().await {
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
         paid(&database, T0).await;
-        let one = Deliveries::new(database.clone());
+        let one = deliveries(&database);
         let claim = one.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
         let pause = Outcome::Paused { retry_at_ms: Some(T0 + 60_000), until_ms: T0 + 60_000 };
         one.finish(&claim, &answered(429, T0), pause, RULE, T0).await.expect("finish");
         // A shorter pause recorded later does not cut the first one short.
         paid(&database, T0 + 1).await;
-        let two = Deliveries::new(database.clone());
+        let two = deliveries(&database);
         assert!(two.claim(&endpoint_id, T0 + 1, 30_000).await.expect("claim").is_none(), "another sender sees the pause");
         assert!(two.due_endpoints(T0 + 59_999).await.expect("due").is_empty(), "nothing is due while paused");
         assert_eq!(two.next_due_ms().await.expect("next due"), Some(T0 + 60_000));
@@ -229,7 +243,7 @@ async fn an_endpoint_failing_for_a_day_or_gone_is_disabled_and_its_owner_told() 
     for (database, _scratch) in databases().await {
         let failing = endpoint(&database, &[ORDER_PAID]).await;
         let owner = endpoint(&database, &[outbox::ENDPOINT_DISABLED]).await;
-        let deliveries = Deliveries::new(database.clone());
+        let deliveries = deliveries(&database);
         paid(&database, T0).await;
         let claim = deliveries.claim(&failing, T0, 30_000).await.expect("claim").expect("due");
         let first =
@@ -241,7 +255,7 @@ async fn an_endpoint_failing_for_a_day_or_gone_is_disabled_and_its_owner_told() 
             .await
             .expect("finish");
         assert!(last.endpoint_disabled.is_some(), "failing for a day disables");
-        let subscriptions = Subscriptions::new(database.clone());
+        let subscriptions = subscriptions(&database);
         assert!(!subscriptions.endpoint(CLIENT, &failing).await.expect("endpoint").enabled);
         let told = subscriptions.deliveries(CLIENT, &owner, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
         assert_eq!(told.iter().map(|d| d.event_type.as_str()).collect::<Vec<_>>(), [outbox::ENDPOINT_DISABLED]);
@@ -271,7 +285,7 @@ async fn an_endpoint_is_disabled_only_after_failing_for_days_and_often() {
         let rule = DisableRule { after_ms: 5 * DAY_MS, after_failures: 10 };
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
         paid(&database, T0).await;
-        let deliveries = Deliveries::new(database.clone());
+        let deliveries = deliveries(&database);
         assert!(!fail_one(&deliveries, &endpoint_id, rule, T0).await);
         // A quiet week: one more failure six days later is not enough.
         assert!(!fail_one(&deliveries, &endpoint_id, rule, T0 + 6 * DAY_MS).await, "two failures in six days");
@@ -285,7 +299,7 @@ async fn an_endpoint_is_disabled_only_after_failing_for_days_and_often() {
         }
         // Five days and ten failures since the success.
         assert!(fail_one(&deliveries, &endpoint_id, rule, T0 + 11 * DAY_MS + 60_000).await, "failing for five days, ten times");
-        let endpoint = Subscriptions::new(database.clone()).endpoint(CLIENT, &endpoint_id).await.expect("endpoint");
+        let endpoint = subscriptions(&database).endpoint(CLIENT, &endpoint_id).await.expect("endpoint");
         assert!(!endpoint.enabled);
         assert!(endpoint.disabled_reason.expect("a reason").contains("(10) for 432000 s"));
     }
@@ -296,10 +310,10 @@ async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
     for (database, _scratch) in databases().await {
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
         let mut transaction = database.begin().await.expect("transaction");
-        Subscriptions::rotate_secret(&mut transaction, CLIENT, &endpoint_id, DAY_MS, T0 + 1).await.expect("rotate");
+        subscriptions(&database).rotate_secret(&mut transaction, CLIENT, &endpoint_id, DAY_MS, T0 + 1).await.expect("rotate");
         transaction.commit().await.expect("commit");
         paid(&database, T0 + 2).await;
-        let deliveries = Deliveries::new(database.clone());
+        let deliveries = deliveries(&database);
         let during = deliveries.claim(&endpoint_id, T0 + 2, 30_000).await.expect("claim").expect("due");
         assert_eq!(during.secrets.len(), 2, "old and new sign during the overlap");
         deliveries
@@ -325,12 +339,17 @@ async fn rotations_keep_the_current_secret_and_one_previous_at_most() {
         let mut rotated = Vec::new();
         for n in 1..=4 {
             let mut transaction = database.begin().await.expect("transaction");
-            rotated
-                .push(Subscriptions::rotate_secret(&mut transaction, CLIENT, &endpoint_id, 30 * DAY_MS, T0 + n).await.expect("rotate").to_string());
+            rotated.push(
+                subscriptions(&database)
+                    .rotate_secret(&mut transaction, CLIENT, &endpoint_id, 30 * DAY_MS, T0 + n)
+                    .await
+                    .expect("rotate")
+                    .to_string(),
+            );
             transaction.commit().await.expect("commit");
         }
         paid(&database, T0 + 10).await;
-        let claim = Deliveries::new(database.clone()).claim(&endpoint_id, T0 + 10, 1).await.expect("claim").expect("due");
+        let claim = deliveries(&database).claim(&endpoint_id, T0 + 10, 1).await.expect("claim").expect("due");
         let signing: Vec<String> = claim.secrets.iter().map(ToString::to_string).collect();
         assert_eq!(signing, [rotated[3].clone(), rotated[2].clone()], "the newest and the one before it, nothing older");
         assert_eq!(count(&database, "webhook_secrets").await, 2, "older secrets are not kept");
@@ -342,11 +361,11 @@ async fn a_long_error_is_stored_cut_to_a_kilobyte() {
     for (database, _scratch) in databases().await {
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
         paid(&database, T0).await;
-        let deliveries = Deliveries::new(database.clone());
+        let deliveries = deliveries(&database);
         let claim = deliveries.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
         let huge = Attempt { error: Some("é".repeat(200_000)), ..answered(302, T0) };
         deliveries.finish(&claim, &huge, Outcome::Failed { retry_at_ms: Some(T0 + 5_000) }, RULE, T0).await.expect("finish");
-        let log = Subscriptions::new(database.clone()).deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(1)).await.expect("log").deliveries;
+        let log = subscriptions(&database).deliveries(CLIENT, &endpoint_id, &DeliveryQuery::newest(1)).await.expect("log").deliveries;
         let stored = log[0].attempts[0].error.clone().expect("an error");
         assert!(stored.len() <= 1_024 && stored.len() > 1_000, "{} bytes", stored.len());
         assert!(stored.ends_with("é…"), "cut on a character boundary, and marked");
@@ -359,7 +378,7 @@ async fn redelivering_a_range_includes_events_missed_while_disabled_but_none_fro
         assert_eq!(record_paid(&database, T0 - 5).await, None, "an event nobody subscribes to is not kept");
         assert_eq!(count(&database, "webhook_events").await, 0);
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
-        let subscriptions = Subscriptions::new(database.clone());
+        let subscriptions = subscriptions(&database);
         paid(&database, T0 + 10).await;
         subscriptions.set_enabled(CLIENT, &endpoint_id, false).await.expect("disable");
         paid(&database, T0 + 20).await;
@@ -368,7 +387,7 @@ async fn redelivering_a_range_includes_events_missed_while_disabled_but_none_fro
         let range = RedeliveryRange { from_ms: T0 - 10, until_ms: T0 + 30, include_delivered: false };
         let queued = subscriptions.redeliver_range(CLIENT, &endpoint_id, range, RedeliveryLimits::default(), T0 + 40).await.expect("range");
         assert_eq!(queued, 2, "the one it was sent and the one it missed; not the one from before it, nor the one after the range");
-        let deliveries = Deliveries::new(database.clone());
+        let deliveries = deliveries(&database);
         assert_eq!(deliveries.redeliver_next_batch(100, T0 + 41).await.expect("batch"), Some(2));
         assert_eq!(deliveries.redeliver_next_batch(100, T0 + 42).await.expect("batch"), None, "the range is done");
         assert_eq!(count(&database, "webhook_deliveries").await, 2, "the missed one in the range inserted, not the one after it");
@@ -389,9 +408,9 @@ async fn a_range_redelivery_runs_in_batches_and_skips_delivered_events_unless_as
         for n in 0..5 {
             paid(&database, T0 + n).await;
         }
-        let deliveries = Deliveries::new(database.clone());
+        let deliveries = deliveries(&database);
         let delivered = [deliver_one(&deliveries, &endpoint_id, T0 + 10).await, deliver_one(&deliveries, &endpoint_id, T0 + 10).await];
-        let subscriptions = Subscriptions::new(database.clone());
+        let subscriptions = subscriptions(&database);
         let limits = RedeliveryLimits::default();
         let range = RedeliveryRange { from_ms: T0, until_ms: T0 + 5, include_delivered: false };
         assert_eq!(subscriptions.redeliver_range(CLIENT, &endpoint_id, range, limits, T0 + 20).await.expect("range"), 3);
@@ -429,9 +448,9 @@ async fn the_delivery_log_pages_with_a_cursor_and_filters() {
         for n in 0..5 {
             events.push(paid(&database, T0 + n).await);
         }
-        let deliveries = Deliveries::new(database.clone());
+        let deliveries = deliveries(&database);
         let delivered = deliver_one(&deliveries, &endpoint_id, T0 + 10).await;
-        let subscriptions = Subscriptions::new(database.clone());
+        let subscriptions = subscriptions(&database);
         let mut query = DeliveryQuery::newest(2);
         let mut pages = Vec::new();
         loop {
@@ -460,8 +479,8 @@ async fn events_past_retention_are_reaped_in_batches_unless_still_being_delivere
     const RETENTION_MS: i64 = 30 * DAY_MS;
     for (database, _scratch) in databases().await {
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
-        let deliveries = Deliveries::new(database.clone());
-        let subscriptions = Subscriptions::new(database.clone());
+        let deliveries = deliveries(&database);
+        let subscriptions = subscriptions(&database);
         let delivered = [paid(&database, T0).await, paid(&database, T0 + 1).await];
         for _ in &delivered {
             deliver_one(&deliveries, &endpoint_id, T0 + 10).await;
@@ -508,7 +527,7 @@ async fn a_range_redelivery_beyond_its_caps_is_refused_and_names_the_cap() {
         for n in 0..3 {
             paid(&database, T0 + n).await;
         }
-        let subscriptions = Subscriptions::new(database.clone());
+        let subscriptions = subscriptions(&database);
         let limits = RedeliveryLimits { max_days: 1, max_events: 2 };
         let too_long = RedeliveryRange { from_ms: T0 - DAY_MS, until_ms: T0 + 1, include_delivered: false };
         let error = subscriptions.redeliver_range(CLIENT, &endpoint_id, too_long, limits, T0 + 10).await.expect_err("longer than a day");
@@ -527,9 +546,9 @@ async fn a_redelivery_during_an_attempt_is_not_undone_by_the_attempts_outcome() 
     for (database, _scratch) in databases().await {
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
         let event_id = paid(&database, T0).await;
-        let deliveries = Deliveries::new(database.clone());
+        let deliveries = deliveries(&database);
         let in_flight = deliveries.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
-        let subscriptions = Subscriptions::new(database.clone());
+        let subscriptions = subscriptions(&database);
         subscriptions.redeliver(CLIENT, &endpoint_id, &event_id, T0 + 1).await.expect("redeliver");
 
         let finished =
@@ -552,7 +571,7 @@ async fn claims_of_every_sender_together_keep_to_the_endpoints_concurrency_limit
             paid(&database, T0 + n).await;
         }
         // Two senders, each with its own view: the third claim waits for a slot.
-        let (one, two) = (Deliveries::new(database.clone()), Deliveries::new(database.clone()));
+        let (one, two) = (deliveries(&database), deliveries(&database));
         let first = one.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").expect("a slot");
         two.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").expect("the second slot");
         assert!(one.claim(&endpoint_id, T0 + 10, 30_000).await.expect("claim").is_none(), "two in flight already");
@@ -570,11 +589,189 @@ async fn a_client_has_a_bounded_number_of_endpoints() {
         let new =
             NewEndpoint { url: "https://hooks.example.com/one-more".into(), event_types: vec![ORDER_PAID.into()], limits: EndpointLimits::default() };
         let mut transaction = database.begin().await.expect("transaction");
-        let refused = Subscriptions::create_endpoint(&mut transaction, CLIENT, &new, T0).await.expect_err("over the bound");
+        let refused = subscriptions(&database).create_endpoint(&mut transaction, CLIENT, &new, T0).await.expect_err("over the bound");
         assert!(refused.to_string().contains("at most"), "{refused}");
         drop(transaction);
         let mut transaction = database.begin().await.expect("transaction");
-        Subscriptions::create_endpoint(&mut transaction, "another-client", &new, T0).await.expect("the bound is per client");
+        subscriptions(&database).create_endpoint(&mut transaction, "another-client", &new, T0).await.expect("the bound is per client");
         transaction.commit().await.expect("commit");
+    }
+}
+
+#[test]
+fn an_update_is_vetted_as_a_creation_is() {
+    let policy = webhooks::ssrf::Policy::default();
+    let mut moved = EndpointUpdate { url: Some("https://Hooks.Example.com:443/new".into()), ..EndpointUpdate::default() };
+    moved.validate(&policy).expect("a public https URL");
+    assert_eq!(moved.url.as_deref(), Some("https://hooks.example.com/new"), "normalised as on creation");
+    for (mut update, field) in [
+        (EndpointUpdate::default(), "body"),
+        (EndpointUpdate { url: Some("http://hooks.example.com/".into()), ..EndpointUpdate::default() }, "url"),
+        (EndpointUpdate { url: Some("https://10.0.0.1/".into()), ..EndpointUpdate::default() }, "url"),
+        (EndpointUpdate { event_types: Some(vec![]), ..EndpointUpdate::default() }, "event_types"),
+        (EndpointUpdate { event_types: Some(vec!["order.shipped".into()]), ..EndpointUpdate::default() }, "event_types"),
+        (EndpointUpdate { event_types: Some(vec![ENDPOINT_PING.into()]), ..EndpointUpdate::default() }, "event_types"),
+        (EndpointUpdate { max_in_flight: Some(0), ..EndpointUpdate::default() }, "max_in_flight"),
+        (EndpointUpdate { rate_per_sec: Some(1_001), ..EndpointUpdate::default() }, "rate_per_sec"),
+    ] {
+        let error = update.validate(&policy).expect_err(field).to_string();
+        assert!(error.contains(&format!("{field}: ")), "{field}: {error}");
+    }
+}
+
+#[tokio::test]
+async fn an_update_changes_only_what_it_names_and_routes_new_events_by_the_new_types() {
+    for (database, _scratch) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        let subscriptions = subscriptions(&database);
+        let limits = EndpointUpdate { max_in_flight: Some(8), ..EndpointUpdate::default() };
+        let updated = subscriptions.update_endpoint(CLIENT, &endpoint_id, &limits, T0 + 1).await.expect("update");
+        assert_eq!((updated.limits, updated.updated_at_ms), (EndpointLimits { max_in_flight: 8, rate_per_sec: 50 }, T0 + 1));
+        assert_eq!((updated.url.as_str(), updated.event_types.clone()), ("https://hooks.example.com/orders", vec![ORDER_PAID.to_owned()]));
+
+        let types =
+            EndpointUpdate { event_types: Some(vec![ORDER_PAYMENT_DECLINED.into(), ORDER_PAYMENT_DECLINED.into()]), ..EndpointUpdate::default() };
+        let updated = subscriptions.update_endpoint(CLIENT, &endpoint_id, &types, T0 + 2).await.expect("update");
+        assert_eq!(updated.event_types, [ORDER_PAYMENT_DECLINED], "replaced, each once");
+        assert_eq!(updated.limits.max_in_flight, 8, "what it does not name stays");
+        assert_eq!(record_paid(&database, T0 + 3).await, None, "no longer subscribed to order.paid");
+
+        let moved = EndpointUpdate { url: Some("https://other.example.com/hooks".into()), ..EndpointUpdate::default() };
+        let updated = subscriptions.update_endpoint(CLIENT, &endpoint_id, &moved, T0 + 4).await.expect("update");
+        assert_eq!((updated.url.as_str(), updated.updated_at_ms, updated.created_at_ms), ("https://other.example.com/hooks", T0 + 4, T0));
+        assert_eq!(subscriptions.endpoint(CLIENT, &endpoint_id).await.expect("endpoint"), updated, "as stored");
+
+        let refused = subscriptions.update_endpoint("another-client", &endpoint_id, &moved, T0 + 5).await;
+        assert!(matches!(refused, Err(OutboxError::EndpointNotFound(_))), "another client's endpoint: {refused:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_new_url_forgets_the_old_ones_failures_and_pause() {
+    for (database, _scratch) in databases().await {
+        let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
+        paid(&database, T0).await;
+        let deliveries = deliveries(&database);
+        let claim = deliveries.claim(&endpoint_id, T0, 30_000).await.expect("claim").expect("due");
+        let pause = Outcome::Paused { retry_at_ms: Some(T0 + 1), until_ms: T0 + DAY_MS };
+        deliveries.finish(&claim, &answered(429, T0), pause, RULE, T0).await.expect("finish");
+        let subscriptions = subscriptions(&database);
+        assert!(subscriptions.endpoint(CLIENT, &endpoint_id).await.expect("endpoint").failing_since_ms.is_some());
+        let same = EndpointUpdate { url: Some("https://hooks.example.com/orders".into()), ..EndpointUpdate::default() };
+        subscriptions.update_endpoint(CLIENT, &endpoint_id, &same, T0 + 1).await.expect("update");
+        assert!(deliveries.claim(&endpoint_id, T0 + 2, 30_000).await.expect("claim").is_none(), "the same URL: still paused");
+        let moved = EndpointUpdate { url: Some("https://other.example.com/hooks".into()), ..EndpointUpdate::default() };
+        let updated = subscriptions.update_endpoint(CLIENT, &endpoint_id, &moved, T0 + 3).await.expect("update");
+        assert_eq!(updated.failing_since_ms, None);
+        assert!(deliveries.claim(&endpoint_id, T0 + 3, 30_000).await.expect("claim").is_some(), "a new recipient is not paused");
+    }
+}
+
+#[tokio::test]
+async fn a_ping_goes_to_its_endpoint_only_as_any_event_does() {
+    for (database, _scratch) in databases().await {
+        let pinged = endpoint(&database, &[ORDER_PAID]).await;
+        let other = endpoint(&database, &[ORDER_PAID]).await;
+        let subscriptions = subscriptions(&database);
+        let event_id = subscriptions.ping(CLIENT, &pinged, T0).await.expect("ping");
+        let deliveries = deliveries(&database);
+        assert!(deliveries.claim(&other, T0, 30_000).await.expect("claim").is_none(), "only the endpoint pinged");
+        let claim = deliveries.claim(&pinged, T0, 30_000).await.expect("claim").expect("due at once");
+        assert_eq!(claim.event_id, event_id);
+        assert_eq!(claim.secrets.len(), 1, "signed as any delivery");
+        let body: serde_json::Value = serde_json::from_str(&claim.payload).expect("json");
+        assert_eq!(
+            (body["id"].as_str(), body["type"].as_str(), body["data"]["endpoint_id"].as_str()),
+            (Some(event_id.as_str()), Some(ENDPOINT_PING), Some(pinged.as_str()))
+        );
+        deliveries.finish(&claim, &answered(500, T0), Outcome::Failed { retry_at_ms: Some(T0 + 5_000) }, RULE, T0).await.expect("finish");
+        let log = subscriptions.deliveries(CLIENT, &pinged, &DeliveryQuery::newest(10)).await.expect("log").deliveries;
+        assert_eq!(
+            (log[0].event_type.as_str(), log[0].state, log[0].attempts.len()),
+            (ENDPOINT_PING, DeliveryState::Pending, 1),
+            "logged, and retried"
+        );
+        assert!(matches!(subscriptions.ping("another-client", &pinged, T0).await, Err(OutboxError::EndpointNotFound(_))));
+    }
+}
+
+#[tokio::test]
+async fn a_delivery_out_of_attempts_is_told_to_the_owners_other_endpoints_in_the_same_transaction() {
+    for (database, _scratch) in databases().await {
+        let failing = endpoint(&database, &[ORDER_PAID, ENDPOINT_ATTEMPTS_EXHAUSTED]).await;
+        let told = endpoint(&database, &[ENDPOINT_ATTEMPTS_EXHAUSTED]).await;
+        let disabled = endpoint(&database, &[ENDPOINT_ATTEMPTS_EXHAUSTED]).await;
+        let subscriptions = subscriptions(&database);
+        subscriptions.set_enabled(CLIENT, &disabled, false).await.expect("disable");
+        let event_id = paid(&database, T0).await;
+        let deliveries = deliveries(&database);
+        let claim = deliveries.claim(&failing, T0, 30_000).await.expect("claim").expect("due");
+        deliveries.finish(&claim, &answered(500, T0), Outcome::Failed { retry_at_ms: Some(T0 + 5_000) }, RULE, T0).await.expect("finish");
+        assert_eq!(count(&database, "webhook_events").await, 1, "a retry still to come tells nobody");
+        let claim = deliveries.claim(&failing, T0 + 5_000, 30_000).await.expect("claim").expect("due");
+        deliveries.finish(&claim, &answered(500, T0 + 5_000), Outcome::Failed { retry_at_ms: None }, RULE, T0 + 5_000).await.expect("finish");
+
+        assert!(deliveries.claim(&failing, T0 + 5_000, 30_000).await.expect("claim").is_none(), "not the endpoint that ran out");
+        assert!(deliveries.claim(&disabled, T0 + 5_000, 30_000).await.expect("claim").is_none());
+        let notice = deliveries.claim(&told, T0 + 5_000, 30_000).await.expect("claim").expect("the other endpoint is told");
+        let body: serde_json::Value = serde_json::from_str(&notice.payload).expect("json");
+        assert_eq!(body["type"], ENDPOINT_ATTEMPTS_EXHAUSTED);
+        assert_eq!(body["id"], notice.event_id.as_str());
+        assert_eq!(body["data"], json!({"endpoint_id": failing, "event_id": event_id, "event_type": ORDER_PAID}));
+
+        // The notice running out itself tells nobody: no endless echo between failing endpoints.
+        deliveries.finish(&notice, &answered(500, T0 + 5_000), Outcome::Failed { retry_at_ms: None }, RULE, T0 + 5_000).await.expect("finish");
+        assert_eq!(count(&database, "webhook_events").await, 2);
+    }
+}
+
+#[tokio::test]
+async fn secrets_are_sealed_at_rest_and_rows_from_before_are_sealed_at_start() {
+    for (database, _scratch) in databases().await {
+        let new =
+            NewEndpoint { url: "https://hooks.example.com/orders".into(), event_types: vec![ORDER_PAID.into()], limits: EndpointLimits::default() };
+        let mut transaction = database.begin().await.expect("transaction");
+        let (created, secret) = subscriptions(&database).create_endpoint(&mut transaction, CLIENT, &new, T0).await.expect("endpoint");
+        transaction.commit().await.expect("commit");
+        let stored = || async {
+            let (value,): (String,) = idempotency::on_driver!(database.reader(), |executor| sqlx::query_as("SELECT secret FROM webhook_secrets")
+                .fetch_one(executor)
+                .await
+                .expect("the secret's row"));
+            value
+        };
+        let sealed = stored().await;
+        let bare = secret.to_string();
+        let key_material = bare.trim_start_matches("whsec_");
+        assert!(sealed.starts_with("sealed1:test:") && !sealed.contains(key_material), "{sealed}");
+        paid(&database, T0).await;
+        let claim = deliveries(&database).claim(&created.endpoint_id, T0, 1).await.expect("claim").expect("due");
+        assert_eq!(claim.secrets.iter().map(ToString::to_string).collect::<Vec<_>>(), [bare.as_str()], "opened to sign");
+        assert!(
+            Deliveries::new(database.clone(), SecretKeys::generate("test")).claim(&created.endpoint_id, T0 + DAY_MS, 1).await.is_err(),
+            "another key does not open it"
+        );
+
+        // A row stored in plain text by a version from before sealing.
+        database
+            .autocommit({
+                let bare = bare.clone();
+                move |writes| {
+                    Box::pin(async move {
+                        idempotency::on_driver!(writes, |executor| sqlx::query("UPDATE webhook_secrets SET secret = $1")
+                            .bind(&bare)
+                            .execute(executor)
+                            .await
+                            .map(drop))
+                    })
+                }
+            })
+            .await
+            .expect("plain text");
+        assert_eq!(outbox::seal_plaintext_secrets(&database, &keys()).await.expect("seal"), 1);
+        assert_eq!(outbox::seal_plaintext_secrets(&database, &keys()).await.expect("seal"), 0, "nothing left");
+        assert!(stored().await.starts_with("sealed1:test:"));
+        let claim = deliveries(&database).claim(&created.endpoint_id, T0 + DAY_MS, 1).await.expect("claim").expect("due");
+        assert_eq!(claim.secrets[0].to_string(), bare);
     }
 }

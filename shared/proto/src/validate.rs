@@ -1,7 +1,10 @@
 //! The rules input must satisfy, shared by every service that accepts it, so that the gateway's
 //! HTTP and gRPC faces and the orders service reject the same input with the same words.
 
-use crate::{common::v1::CreateOrderRequest, orders::v1::CreateEndpointRequest};
+use crate::{
+    common::v1::CreateOrderRequest,
+    orders::v1::{CreateEndpointRequest, UpdateEndpointRequest},
+};
 
 /// Currencies the bank settles (ISO 4217).
 pub const CURRENCIES: &[&str] = &["CHF", "CZK", "DKK", "EUR", "GBP", "JPY", "NOK", "PLN", "SEK", "USD"];
@@ -93,6 +96,17 @@ pub fn create_order(request: &CreateOrderRequest) -> Result<(), FieldError> {
 pub fn create_endpoint(request: &CreateEndpointRequest) -> Result<(), FieldError> {
     text("url", &request.url)?;
     for (index, event_type) in request.event_types.iter().enumerate() {
+        text(&format!("event_types[{index}]"), event_type)?;
+    }
+    Ok(())
+}
+
+/// Checks the text of an endpoint update, as [`create_endpoint`] does that of a new one.
+pub fn update_endpoint(request: &UpdateEndpointRequest) -> Result<(), FieldError> {
+    if let Some(url) = &request.url {
+        text("url", url)?;
+    }
+    for (index, event_type) in request.event_types.iter().flat_map(|list| &list.names).enumerate() {
         text(&format!("event_types[{index}]"), event_type)?;
     }
     Ok(())

@@ -72,6 +72,14 @@ async fn a_new_endpoint_shows_its_secret_and_a_repeat_replays_it_byte_for_byte()
         assert_eq!(again.status(), 201, "{name}");
         assert_eq!(again.headers()["idempotent-replayed"], "true", "{name}");
         assert_eq!(again.bytes().await.unwrap(), first_body, "{name}: the same endpoint and the same secret");
+        let database = idempotency::Database::connect(&test.chain.database_urls.0).await.unwrap();
+        let kept: Vec<u8> = idempotency::on_driver!(database.reader(), |executor| sqlx::query_scalar(
+            "SELECT response_body FROM idempotency_keys WHERE idempotency_key = 'endpoint-1'"
+        )
+        .fetch_one(executor)
+        .await
+        .unwrap());
+        assert!(!String::from_utf8_lossy(&kept).contains(secret.trim_start_matches("whsec_")), "{name}: the key keeps the secret sealed");
 
         let reused = create(&test, "endpoint-1", &endpoint_body("https://other.example.com/")).await;
         assert_eq!(reused.status(), 422, "{name}");
@@ -386,4 +394,100 @@ async fn a_client_deletes_its_endpoint_frees_its_place_and_gets_nothing_more() {
         let listed: Value = get(&test, API_KEY, ENDPOINTS).await.json().await.unwrap();
         assert_eq!(listed["endpoints"].as_array().unwrap().len(), 20);
     }
+}
+
+async fn patch(test: &TestChain, api_key: &str, path: &str, body: &Value) -> reqwest::Response {
+    test.http.patch(test.url(path)).bearer_auth(api_key).json(body).send().await.unwrap()
+}
+
+#[tokio::test]
+async fn an_update_changes_only_the_fields_it_names() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        let test = TestChain::start_on(&backend, |_| {}).await;
+        let endpoint = created(&test, "endpoint-1").await["endpoint"].clone();
+        let path = format!("{ENDPOINTS}/{}", endpoint["endpoint_id"].as_str().unwrap());
+
+        let moved = patch(&test, API_KEY, &path, &json!({"url": "https://Other.Example.com:443/hooks", "max_in_flight": 8})).await;
+        assert_eq!(moved.status(), 200, "{name}");
+        let moved: Value = moved.json().await.unwrap();
+        assert_eq!(moved["url"], "https://other.example.com/hooks", "{name}: vetted and normalised as on creation");
+        assert_eq!((moved["max_in_flight"].as_u64(), moved["rate_per_sec"].as_u64()), (Some(8), Some(50)), "{name}");
+        assert_eq!((&moved["event_types"], &moved["created_at"]), (&endpoint["event_types"], &endpoint["created_at"]), "{name}: the rest stays");
+        assert!(moved["updated_at"].as_str().unwrap() >= endpoint["updated_at"].as_str().unwrap(), "{name}: {moved}");
+
+        let retyped =
+            patch(&test, API_KEY, &path, &json!({"event_types": ["order.payment_declined", "endpoint.attempts_exhausted"], "url": null})).await;
+        assert_eq!(retyped.status(), 200, "{name}");
+        let retyped: Value = retyped.json().await.unwrap();
+        assert_eq!(retyped["event_types"], json!(["endpoint.attempts_exhausted", "order.payment_declined"]), "{name}: in place of the old ones");
+        assert_eq!((&retyped["url"], &retyped["max_in_flight"]), (&moved["url"], &moved["max_in_flight"]), "{name}: null is absent");
+        assert_eq!(get(&test, API_KEY, &path).await.json::<Value>().await.unwrap(), retyped, "{name}: as stored");
+    }
+}
+
+#[tokio::test]
+async fn bad_updates_are_refused_as_bad_creations_are_and_change_nothing() {
+    let test = TestChain::start().await;
+    let endpoint = created(&test, "endpoint-1").await["endpoint"].clone();
+    let path = format!("{ENDPOINTS}/{}", endpoint["endpoint_id"].as_str().unwrap());
+    // The body, the field named, and what the detail says about it.
+    let cases = [
+        (json!({"url": "https://10.0.0.1/"}), "url", "10.0.0.1"),
+        (json!({"url": "http://hooks.example.com/"}), "url", "plain http"),
+        (json!({"url": "https://0x7f.1/"}), "url", "127.0.0.1"),
+        (json!({"url": "https://hooks.example.com/\u{202e}"}), "url", "bidirectional"),
+        (json!({"event_types": ["order.shipped"]}), "event_types", "order.shipped"),
+        (json!({"event_types": ["endpoint.ping"]}), "event_types", "endpoint.ping"),
+        (json!({"event_types": []}), "event_types", "at least one"),
+        (json!({"max_in_flight": 0}), "max_in_flight", "1..=64"),
+        (json!({"rate_per_sec": 1_000_000}), "rate_per_sec", "1..=1000"),
+        (json!({"rate_per_sec": -1}), "rate_per_sec", "invalid value"),
+        (json!({}), "body", "at least one"),
+    ];
+    for (body, field, expected) in cases {
+        let problem = refused(patch(&test, API_KEY, &path, &body).await, expected).await;
+        assert_eq!(problem["field"], field, "{problem}");
+    }
+    refused(patch(&test, API_KEY, &path, &json!({"secret": "mine"})).await, "secret").await;
+    let not_json = test.http.patch(test.url(&path)).bearer_auth(API_KEY).body("url=https://x.example.com/").send().await.unwrap();
+    e2e::problem(not_json, 415).await;
+    let moved = json!({"url": "https://other.example.com/"});
+    e2e::problem(patch(&test, OTHER_API_KEY, &path, &moved).await, 404).await;
+    e2e::problem(patch(&test, API_KEY, &format!("{ENDPOINTS}/ep_unknown"), &moved).await, 404).await;
+    assert_eq!(get(&test, API_KEY, &path).await.json::<Value>().await.unwrap(), endpoint, "nothing changed");
+}
+
+#[tokio::test]
+async fn the_event_type_catalogue_is_what_subscriptions_are_checked_against() {
+    let test = TestChain::start().await;
+    let response = get(&test, API_KEY, "/v1/webhooks/event-types").await;
+    assert_eq!(response.status(), 200);
+    let catalogue: Value = response.json().await.unwrap();
+    let event_types = catalogue["event_types"].as_array().unwrap();
+    let names: Vec<&str> = event_types.iter().map(|event_type| event_type["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["order.paid", "order.payment_declined", "endpoint.disabled", "endpoint.attempts_exhausted", "endpoint.ping"]);
+    for (index, event_type) in event_types.iter().enumerate() {
+        assert!(!event_type["description"].as_str().unwrap().is_empty(), "{event_type}");
+        assert!(event_type["schema_version"].as_u64().unwrap() >= 1, "{event_type}");
+        let body = json!({"url": "https://hooks.example.com/", "event_types": [event_type["name"]]});
+        let status = create(&test, &format!("catalogue-{index}"), &body).await.status();
+        let expected = if event_type["subscribable"].as_bool().unwrap() { 201 } else { 400 };
+        assert_eq!(status, expected, "{event_type}");
+    }
+    e2e::problem(test.http.get(test.url("/v1/webhooks/event-types")).send().await.unwrap(), 401).await;
+}
+
+#[tokio::test]
+async fn a_ping_is_accepted_for_the_clients_own_endpoint_only() {
+    let test = TestChain::start().await;
+    let id = created(&test, "endpoint-1").await["endpoint"]["endpoint_id"].as_str().unwrap().to_owned();
+    let path = format!("{ENDPOINTS}/{id}/ping");
+    let accepted = post(&test, API_KEY, &path, None).await;
+    assert_eq!(accepted.status(), 202);
+    let event_id = accepted.json::<Value>().await.unwrap()["event_id"].as_str().unwrap().to_owned();
+    let log: Value = get(&test, API_KEY, &format!("{ENDPOINTS}/{id}/deliveries")).await.json().await.unwrap();
+    assert_eq!(log["deliveries"][0]["event_id"], event_id.as_str());
+    assert_eq!(log["deliveries"][0]["event_type"], "endpoint.ping");
+    e2e::problem(post(&test, OTHER_API_KEY, &path, None).await, 404).await;
 }

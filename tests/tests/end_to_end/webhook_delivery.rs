@@ -3,7 +3,7 @@
 //! it; a payment that failed announces nothing.
 
 use bank_mock::Faults;
-use e2e::{BACKGROUND, Backend, chain_with_receiver, events, eventually, fast_bank, order_body, subscribe};
+use e2e::{API_KEY, BACKGROUND, Backend, chain_with_receiver, events, eventually, fast_bank, order_body, subscribe};
 use serde_json::Value;
 
 const ENDPOINTS: &str = "/v1/webhooks/endpoints";
@@ -65,4 +65,33 @@ async fn paid_and_declined_orders_are_announced(backend: &Backend) {
     // there will ever be for it.
     assert_eq!(test.post_order("paid", &order_body()).send().await.unwrap().headers()["idempotent-replayed"], "true");
     assert_eq!(test.count_rows("webhook_events").await, 2, "a replayed order is not announced again");
+}
+
+#[tokio::test]
+async fn a_ping_reaches_the_receiver_signed_with_a_secret_the_database_holds_sealed() {
+    for backend in Backend::all() {
+        let name = backend.name();
+        let (test, listener) = chain_with_receiver(&backend, |_| {}).await;
+        let (endpoint_id, processed) = subscribe(&test, listener).await;
+        let pinged = test.http.post(test.url(&format!("{ENDPOINTS}/{endpoint_id}/ping"))).bearer_auth(API_KEY).send().await.unwrap();
+        assert_eq!(pinged.status(), 202, "{name}");
+        let event_id = pinged.json::<Value>().await.unwrap()["event_id"].as_str().unwrap().to_owned();
+        // The example receiver processes only deliveries whose signature verifies.
+        let [(id, event)] = events(&processed, 1).await.try_into().expect("one event");
+        assert_eq!((id.as_str(), event["type"].as_str()), (event_id.as_str(), Some("endpoint.ping")), "{name}");
+        assert_eq!(event["data"]["endpoint_id"], endpoint_id.as_str(), "{name}");
+        let path = format!("{ENDPOINTS}/{endpoint_id}/deliveries");
+        eventually(BACKGROUND, "the ping recorded as delivered", || async {
+            let log: Value = test.get(&path).send().await.unwrap().json().await.unwrap();
+            (log["deliveries"][0]["state"] == "delivered").then_some(())
+        })
+        .await;
+
+        let database = idempotency::Database::connect(&test.chain.database_urls.0).await.unwrap();
+        let stored: Vec<String> = idempotency::on_driver!(database.reader(), |executor| sqlx::query_scalar("SELECT secret FROM webhook_secrets")
+            .fetch_all(executor)
+            .await
+            .unwrap());
+        assert!(stored.iter().all(|secret| secret.starts_with("sealed1:dev:") && !secret.contains("whsec_")), "{name}: {stored:?}");
+    }
 }

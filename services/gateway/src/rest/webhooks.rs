@@ -8,7 +8,8 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use proto::orders::v1::{
-    Attempt, CreateEndpointRequest, Delivery, Endpoint, ListDeliveriesRequest, RedeliverRangeRequest, RedeliverRequest, RotateSecretRequest,
+    Attempt, CreateEndpointRequest, Delivery, Endpoint, EventType, EventTypeNames, ListDeliveriesRequest, RedeliverRangeRequest, RedeliverRequest,
+    RotateSecretRequest, UpdateEndpointRequest,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -24,13 +25,15 @@ use crate::{
 pub fn routes() -> OpenApiRouter<Api> {
     OpenApiRouter::new()
         .routes(routes!(create_endpoint, list_endpoints))
-        .routes(routes!(get_endpoint, delete_endpoint))
+        .routes(routes!(get_endpoint, update_endpoint, delete_endpoint))
         .routes(routes!(rotate_secret))
         .routes(routes!(disable_endpoint))
         .routes(routes!(enable_endpoint))
         .routes(routes!(list_deliveries))
         .routes(routes!(redeliver))
         .routes(routes!(redeliver_range))
+        .routes(routes!(ping_endpoint))
+        .routes(routes!(list_event_types))
 }
 
 /// The endpoint a path names.
@@ -150,6 +153,8 @@ struct EndpointJson {
     max_in_flight: u32,
     rate_per_sec: u32,
     created_at: String,
+    /// When it last changed (RFC 3339).
+    updated_at: String,
 }
 
 /// An endpoint's signing secret, shown on creation and rotation only.
@@ -235,6 +240,7 @@ impl From<Endpoint> for EndpointJson {
             max_in_flight: endpoint.max_in_flight,
             rate_per_sec: endpoint.rate_per_sec,
             created_at: endpoint.created_at,
+            updated_at: endpoint.updated_at,
         }
     }
 }
@@ -485,4 +491,121 @@ async fn redeliver_range(
     };
     let queued = api.webhooks().redeliver_range(&client, request).await?.queued;
     Ok((StatusCode::ACCEPTED, Json(QueuedJson { queued })).into_response())
+}
+
+/// `PATCH /v1/webhooks/endpoints/{endpoint_id}` body: only the fields present change (`null` is
+/// absent); the rules are those of a new endpoint.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = EndpointChanges, description = "What to change of an endpoint: only the fields present change, by the rules of a new endpoint.")]
+struct EndpointChanges {
+    /// An `https` URL (at most 2048 characters) on a public address; vetted as on creation.
+    #[schema(min_length = 1, max_length = 2048, example = "https://example.com/webhooks")]
+    url: Option<String>,
+    /// In place of the endpoint's event types.
+    event_types: Option<Vec<String>>,
+    /// Deliveries in flight at once to this endpoint.
+    #[schema(minimum = 1, maximum = 64)]
+    max_in_flight: Option<u32>,
+    /// Deliveries per second at most.
+    #[schema(minimum = 1, maximum = 1000)]
+    rate_per_sec: Option<u32>,
+}
+
+/// An event type the system sends.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = EventType)]
+struct EventTypeJson {
+    /// E.g. `order.paid`.
+    name: String,
+    description: String,
+    /// The version of its `data`'s shape.
+    schema_version: u32,
+    /// Whether an endpoint may subscribe to it (a ping goes to its endpoint whatever it subscribes to).
+    subscribable: bool,
+}
+
+/// Every event type the system sends.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = EventTypes)]
+struct EventTypesJson {
+    event_types: Vec<EventTypeJson>,
+}
+
+/// The event a ping queued.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Ping)]
+struct PingJson {
+    /// The event's id, its `webhook-id` when it is delivered.
+    event_id: String,
+}
+
+impl From<EventType> for EventTypeJson {
+    fn from(event_type: EventType) -> Self {
+        Self {
+            name: event_type.name,
+            description: event_type.description,
+            schema_version: event_type.schema_version,
+            subscribable: event_type.subscribable,
+        }
+    }
+}
+
+/// Changes an endpoint's URL, event types or limits.
+#[utoipa::path(
+    patch,
+    path = "/v1/webhooks/endpoints/{endpoint_id}",
+    tag = "webhooks",
+    params(EndpointPath),
+    request_body = EndpointChanges,
+    responses(
+        (status = 200, description = "The endpoint as it now stands.", body = EndpointJson),
+        (status = 404, description = "No such endpoint for this client.", body = Problem, content_type = "application/problem+json"),
+    ),
+)]
+async fn update_endpoint(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
+    body: Bytes,
+) -> Result<Response, GatewayError> {
+    let client = authenticate(&api, &headers)?;
+    let changes: EndpointChanges = json_body(&headers, &body)?;
+    let request = UpdateEndpointRequest {
+        endpoint_id,
+        url: changes.url,
+        event_types: changes.event_types.map(|names| EventTypeNames { names }),
+        max_in_flight: changes.max_in_flight,
+        rate_per_sec: changes.rate_per_sec,
+    };
+    Ok(Json(EndpointJson::from(api.webhooks().update_endpoint(&client, request).await?)).into_response())
+}
+
+/// Queues an `endpoint.ping` event for this endpoint alone, delivered as any event is.
+#[utoipa::path(
+    post,
+    path = "/v1/webhooks/endpoints/{endpoint_id}/ping",
+    tag = "webhooks",
+    params(EndpointPath),
+    responses(
+        (status = 202, description = "The ping's event, queued.", body = PingJson),
+        (status = 404, description = "No such endpoint for this client.", body = Problem, content_type = "application/problem+json"),
+    ),
+)]
+async fn ping_endpoint(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
+) -> Result<Response, GatewayError> {
+    let client = authenticate(&api, &headers)?;
+    let event_id = api.webhooks().ping(&client, endpoint_id).await?.event_id;
+    Ok((StatusCode::ACCEPTED, Json(PingJson { event_id })).into_response())
+}
+
+/// The event types the system sends, with the version of each one's data.
+#[utoipa::path(get, path = "/v1/webhooks/event-types", tag = "webhooks", responses((status = 200, description = "Every event type.", body = EventTypesJson)))]
+async fn list_event_types(State(api): State<Api>, headers: HeaderMap) -> Result<Response, GatewayError> {
+    let client = authenticate(&api, &headers)?;
+    let event_types = api.webhooks().event_types(&client).await?.event_types.into_iter().map(EventTypeJson::from).collect();
+    Ok(Json(EventTypesJson { event_types }).into_response())
 }

@@ -114,3 +114,36 @@ async fn a_pause_outlasts_the_endpoints_worker_and_the_sender_itself() {
     let resumed = outbox.attempts(&endpoint_id, &second, 1).await;
     assert_eq!(resumed.attempts[0].started_at_ms, asked_at + 30_000, "the new event went when the pause ended");
 }
+
+#[tokio::test]
+async fn a_delivery_out_of_attempts_is_told_to_the_owners_other_endpoints_signed_with_their_sealed_secret() {
+    let outbox = Outbox::new().await;
+    let clock = Arc::new(ManualClock::starting_at(wall_ms()));
+    let failing = Receiver::answering(500).await;
+    let owner = Receiver::answering(204).await;
+    let (failing_id, _) = outbox.endpoint(&failing.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), clock.now_ms()).await;
+    let (owner_id, owner_secret) =
+        outbox.endpoint(&owner.url(), &[outbox::ENDPOINT_ATTEMPTS_EXHAUSTED], EndpointLimits::default(), clock.now_ms()).await;
+    // One attempt in all: its failure spends the schedule.
+    let settings = webhook_sender::Settings { schedule: vec![Delay(Duration::ZERO)], ..settings(&outbox, &[&failing, &owner]) };
+    let _sender = start_sender(settings, clock.clone()).await;
+    let event_id = outbox.paid(clock.now_ms()).await;
+
+    owner.wait_for(1).await;
+    let told = &owner.received()[0];
+    let body: serde_json::Value = serde_json::from_slice(&told.body).expect("json");
+    assert_eq!(body["type"], outbox::ENDPOINT_ATTEMPTS_EXHAUSTED);
+    assert_eq!(body["data"], serde_json::json!({"endpoint_id": failing_id, "event_id": event_id, "event_type": outbox::ORDER_PAID}));
+    assert_eq!(outbox.delivery(&failing_id, &event_id).await.state, DeliveryState::Undelivered);
+    told.verify(&owner_secret).expect("signed with the owner's secret");
+
+    // The secret signs although the database holds it sealed.
+    let stored: Vec<(String,)> =
+        idempotency::on_driver!(outbox.database.reader(), |executor| sqlx::query_as("SELECT secret FROM webhook_secrets WHERE endpoint_id = $1")
+            .bind(&owner_id)
+            .fetch_all(executor)
+            .await
+            .expect("the secret's row"));
+    let bare = owner_secret.to_string();
+    assert!(stored[0].0.starts_with("sealed1:test:") && !stored[0].0.contains(bare.trim_start_matches("whsec_")), "{stored:?}");
+}

@@ -56,14 +56,14 @@ async fn a_sender_killed_after_sending_and_before_recording_delivers_again_and_t
     tokio::spawn(axum::serve(listener, app).into_future());
     let event_id = outbox.paid(wall_ms()).await;
 
-    let first = SenderProcess::spawn(&outbox.url, &addr.to_string()).await;
+    let first = SenderProcess::spawn(&outbox, &addr.to_string()).await;
     eventually(Duration::from_secs(20), "the first sender's delivery is processed", || async { processed.lock().expect("not poisoned").len() == 1 })
         .await;
     first.kill();
     let unrecorded = outbox.delivery(&endpoint_id, &event_id).await;
     assert_eq!((unrecorded.state, unrecorded.attempts.len()), (DeliveryState::Pending, 0), "killed before recording");
 
-    let _second = SenderProcess::spawn(&outbox.url, &addr.to_string()).await;
+    let _second = SenderProcess::spawn(&outbox, &addr.to_string()).await;
     eventually(Duration::from_secs(20), "the restarted sender records the delivery", || async {
         outbox.delivery(&endpoint_id, &event_id).await.state == DeliveryState::Delivered
     })

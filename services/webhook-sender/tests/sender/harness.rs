@@ -23,12 +23,15 @@ use axum::{
     routing::post,
 };
 use idempotency::{Clock, Database, SystemClock};
-use outbox::{DeliveryLog, DeliveryQuery, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, Subscriptions};
+use outbox::{DeliveryLog, DeliveryQuery, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, SecretKeys, Subscriptions};
 use test_support::eventually;
 use tokio::net::TcpListener;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use webhook_sender::{Application, Settings};
-use webhooks::{signature::Secret, ssrf::Resolve};
+use webhooks::{
+    signature::{ReceivedHeaders, Secret, Verifier, VerifyError},
+    ssrf::Resolve,
+};
 
 pub const CLIENT: &str = "demo-client-1";
 
@@ -37,10 +40,11 @@ pub fn wall_ms() -> i64 {
     SystemClock.now_ms()
 }
 
-/// The orders database, in a temporary directory.
+/// The orders database, in a temporary directory, and the key that seals its secrets.
 pub struct Outbox {
     pub database: Database,
     pub url: String,
+    pub keys: SecretKeys,
     _dir: tempfile::TempDir,
 }
 
@@ -49,7 +53,7 @@ impl Outbox {
         let dir = tempfile::tempdir().expect("temporary directory");
         let url = format!("sqlite://{}", dir.path().join("orders.db").display());
         let database = Database::open(&url, Default::default(), |backend| vec![outbox::migrations(backend)]).await.expect("database");
-        Self { database, url, _dir: dir }
+        Self { database, url, keys: SecretKeys::generate("test"), _dir: dir }
     }
 
     /// An endpoint of [`CLIENT`] at `url` for `event_types`, and its secret.
@@ -61,7 +65,7 @@ impl Outbox {
     pub async fn client_endpoint(&self, client: &str, url: &str, event_types: &[&str], limits: EndpointLimits, now_ms: i64) -> (String, Secret) {
         let new = NewEndpoint { url: url.into(), event_types: event_types.iter().map(|t| t.to_string()).collect(), limits };
         let mut transaction = self.database.begin().await.expect("transaction");
-        let (endpoint, secret) = Subscriptions::create_endpoint(&mut transaction, client, &new, now_ms).await.expect("endpoint");
+        let (endpoint, secret) = self.subscriptions().create_endpoint(&mut transaction, client, &new, now_ms).await.expect("endpoint");
         transaction.commit().await.expect("commit");
         (endpoint.endpoint_id, secret)
     }
@@ -99,7 +103,7 @@ impl Outbox {
     }
 
     pub fn subscriptions(&self) -> Subscriptions {
-        Subscriptions::new(self.database.clone())
+        Subscriptions::new(self.database.clone(), self.keys.clone())
     }
 
     /// The endpoint's delivery of `event_id`, with its attempts.
@@ -131,6 +135,17 @@ pub struct Received {
 impl Received {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+
+    /// Checks the delivery's signature with `secret` alone, at the time it was signed.
+    pub fn verify(&self, secret: &Secret) -> Result<(), VerifyError> {
+        let headers = ReceivedHeaders {
+            id: self.header("webhook-id"),
+            timestamp: self.header("webhook-timestamp"),
+            signature: self.header("webhook-signature"),
+        };
+        let now_secs = self.header("webhook-timestamp").and_then(|t| t.parse().ok()).expect("a timestamp");
+        Verifier::new(secret.clone()).verify(&headers, &self.body, now_secs)
     }
 }
 
@@ -323,6 +338,7 @@ pub fn settings(outbox: &Outbox, receivers: &[&Receiver]) -> Settings {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         poll_interval_ms: 10,
         test_hosts: receivers.iter().map(|receiver| receiver.test_host()).collect(),
+        secret_keys: outbox.keys.clone(),
         ..Settings::default()
     }
 }
@@ -369,10 +385,11 @@ impl Drop for KilledOnDrop {
 type Startup = Result<SocketAddr, String>;
 
 impl SenderProcess {
-    /// Starts the binary and waits until its log says where it serves.
-    pub async fn spawn(database_url: &str, test_host: &str) -> Self {
+    /// Starts the binary on `outbox` and waits until its log says where it serves.
+    pub async fn spawn(outbox: &Outbox, test_host: &str) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_webhook-sender"))
-            .env("WEBHOOK_SENDER_DATABASE_URL", database_url)
+            .env("WEBHOOK_SENDER_DATABASE_URL", &outbox.url)
+            .env("WEBHOOK_SENDER_SECRET_KEYS", serde_json::to_string(&outbox.keys).expect("keys serialize"))
             .env("WEBHOOK_SENDER_LISTEN", "127.0.0.1:0")
             .env("WEBHOOK_SENDER_POLL_INTERVAL_MS", "20")
             .env("WEBHOOK_SENDER_REQUEST_TIMEOUT_MS", "2000")

@@ -12,7 +12,7 @@ async fn the_binary_answers_its_health_check_and_counts_deliveries_in_metrics() 
     let outbox = Outbox::new().await;
     let receiver = Receiver::answering(204).await;
     outbox.endpoint(&receiver.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), wall_ms()).await;
-    let sender = SenderProcess::spawn(&outbox.url, &receiver.test_host()).await;
+    let sender = SenderProcess::spawn(&outbox, &receiver.test_host()).await;
     outbox.paid(wall_ms()).await;
     receiver.wait_for(1).await;
 

@@ -3,22 +3,12 @@
 use std::sync::Arc;
 
 use idempotency::{Clock, ManualClock};
-use outbox::{EndpointLimits, Subscriptions};
-use webhooks::signature::{ReceivedHeaders, Secret, Verifier, VerifyError};
+use outbox::EndpointLimits;
+use webhooks::signature::VerifyError;
 
-use crate::harness::{CLIENT, Outbox, Received, Receiver, settings, start_sender, wall_ms};
+use crate::harness::{CLIENT, Outbox, Receiver, settings, start_sender, wall_ms};
 
 const OVERLAP_MS: i64 = 60_000;
-
-fn verify(secret: &Secret, delivery: &Received) -> Result<(), VerifyError> {
-    let headers = ReceivedHeaders {
-        id: delivery.header("webhook-id"),
-        timestamp: delivery.header("webhook-timestamp"),
-        signature: delivery.header("webhook-signature"),
-    };
-    let now_secs = delivery.header("webhook-timestamp").and_then(|t| t.parse().ok()).expect("a timestamp");
-    Verifier::new(secret.clone()).verify(&headers, &delivery.body, now_secs)
-}
 
 #[tokio::test]
 async fn during_the_overlap_both_secrets_sign_and_after_it_only_the_new_one() {
@@ -27,7 +17,7 @@ async fn during_the_overlap_both_secrets_sign_and_after_it_only_the_new_one() {
     let clock = Arc::new(ManualClock::starting_at(wall_ms()));
     let (endpoint_id, old) = outbox.endpoint(&receiver.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), clock.now_ms()).await;
     let mut transaction = outbox.database.begin().await.expect("transaction");
-    let new = Subscriptions::rotate_secret(&mut transaction, CLIENT, &endpoint_id, OVERLAP_MS, clock.now_ms()).await.expect("rotate");
+    let new = outbox.subscriptions().rotate_secret(&mut transaction, CLIENT, &endpoint_id, OVERLAP_MS, clock.now_ms()).await.expect("rotate");
     transaction.commit().await.expect("commit");
     let _sender = start_sender(settings(&outbox, &[&receiver]), clock.clone()).await;
 
@@ -36,14 +26,14 @@ async fn during_the_overlap_both_secrets_sign_and_after_it_only_the_new_one() {
     let during = &receiver.received()[0];
     let entries = during.header("webhook-signature").expect("signed").split(' ').count();
     assert_eq!(entries, 2, "one v1 entry per active secret");
-    verify(&old, during).expect("the old secret verifies alone");
-    verify(&new, during).expect("the new secret verifies alone");
+    during.verify(&old).expect("the old secret verifies alone");
+    during.verify(&new).expect("the new secret verifies alone");
 
     clock.advance_ms(OVERLAP_MS + 1);
     outbox.paid(clock.now_ms()).await;
     receiver.wait_for(2).await;
     let after = &receiver.received()[1];
     assert_eq!(after.header("webhook-signature").expect("signed").split(' ').count(), 1);
-    verify(&new, after).expect("the new secret verifies");
-    assert!(matches!(verify(&old, after), Err(VerifyError::NoMatchingSignature { .. })), "the old secret no longer signs");
+    after.verify(&new).expect("the new secret verifies");
+    assert!(matches!(after.verify(&old), Err(VerifyError::NoMatchingSignature { .. })), "the old secret no longer signs");
 }

@@ -8,6 +8,11 @@
 //! among them), and the stack's containers, networks and volumes removed at the end, whatever
 //! happened (the images are kept for the next run). Without a Docker engine with Compose it fails
 //! in CI, and elsewhere says so loudly and does nothing.
+//!
+//! [`replicas`] runs the same stack, from the same images, with two replicas of every service
+//! but the bank and PostgreSQL.
+
+mod replicas;
 
 use std::{
     io::Write,
@@ -66,10 +71,17 @@ fn compose_command(program: &[&str]) -> Command {
     command
 }
 
-/// `deploy/compose.yaml` with the test's one change (the OTLP receiver for Jaeger), as one
-/// argument list for Compose.
-fn compose_files() -> [PathBuf; 2] {
-    [root().join("deploy/compose.yaml"), root().join("tests/compose/compose.yaml")]
+/// `deploy/compose.yaml` with the test's one change (the OTLP receiver for Jaeger), then
+/// `overlays` (paths from the workspace root), as one argument list for Compose.
+fn compose_files(overlays: &[&str]) -> Vec<PathBuf> {
+    ["deploy/compose.yaml", "tests/compose/compose.yaml"].iter().chain(overlays).map(|file| root().join(file)).collect()
+}
+
+/// The images of the stack, built offline: the first run builds them, later runs (and the other
+/// compose test) find them built.
+fn build_images() {
+    build("the service images", &root().join("deploy/build-images.sh"), &["--from-host", "--with-test-receiver", "--tag", IMAGE_TAG]);
+    build("the PostgreSQL image", &root().join("tests/compose/postgres/build-image.sh"), &[POSTGRES_IMAGE]);
 }
 
 /// Runs `program` with `args`, saying how long it took.
@@ -89,16 +101,22 @@ fn build(what: &str, program: &Path, args: &[&str]) {
 struct Stack {
     program: &'static [&'static str],
     project: String,
+    files: Vec<PathBuf>,
     /// The host ports Docker chose for the gateway's HTTP face and the bank's admin API, once up.
     gateway_port: u16,
     admin_port: u16,
 }
 
 impl Stack {
+    /// The stack of `files` (see [`compose_files`]), not started yet: ports are asked once it is.
+    fn new(program: &'static [&'static str], files: Vec<PathBuf>) -> Self {
+        Self { program, project: format!("chain-test-{}", std::process::id()), files, gateway_port: 0, admin_port: 0 }
+    }
+
     fn compose(&self) -> Command {
         let mut command = compose_command(self.program);
         command.arg("-p").arg(&self.project);
-        for file in compose_files() {
+        for file in &self.files {
             command.arg("-f").arg(file);
         }
         // Run in deploy/, whose .env the users' file reads (the settings below win over it);
@@ -113,21 +131,39 @@ impl Stack {
         command
     }
 
-    /// The host port Docker published `service`'s `port` on (chosen by Docker: see `compose`).
-    fn published_port(&self, service: &str, port: u16) -> u16 {
-        let output = String::from_utf8(run(self.compose().args(["port", service, &port.to_string()])).stdout).expect("utf-8");
+    /// The host port Docker published `service`'s `port` on (chosen by Docker: see `compose`), on
+    /// its replica `index` (from 1).
+    fn published_port(&self, service: &str, port: u16, index: usize) -> u16 {
+        let output =
+            String::from_utf8(run(self.compose().args(["port", &format!("--index={index}"), service, &port.to_string()])).stdout).expect("utf-8");
         let (_, port) = output.trim().rsplit_once(':').unwrap_or_else(|| panic!("{service}:{port} is published: {output:?}"));
         port.parse().unwrap_or_else(|_| panic!("a port number: {output:?}"))
     }
 
     fn container(&self, service: &str) -> String {
-        String::from_utf8(run(self.compose().args(["ps", "--all", "-q", service])).stdout).expect("utf-8").trim().to_owned()
+        let containers = self.containers(service);
+        assert_eq!(containers.len(), 1, "one container of {service}");
+        containers.into_iter().next().expect("one container")
     }
 
-    fn health(&self, service: &str) -> String {
-        let output =
-            Command::new("docker").args(["inspect", "-f", "{{.State.Health.Status}}", &self.container(service)]).output().expect("docker inspect");
-        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    /// The ids of `service`'s containers, in the order of their replica numbers.
+    fn containers(&self, service: &str) -> Vec<String> {
+        let ids = String::from_utf8(run(self.compose().args(["ps", "--all", "-q", service])).stdout).expect("utf-8");
+        let mut numbered: Vec<(u32, String)> = ids
+            .split_whitespace()
+            .map(|id| {
+                let number = docker_inspect(id, r#"{{index .Config.Labels "com.docker.compose.container-number"}}"#);
+                (number.parse().unwrap_or_else(|_| panic!("a replica number: {number:?}")), id.to_owned())
+            })
+            .collect();
+        numbered.sort();
+        numbered.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// Whether every container of `service` is healthy (and there is one).
+    fn healthy(&self, service: &str) -> bool {
+        let containers = self.containers(service);
+        !containers.is_empty() && containers.iter().all(|id| docker_inspect(id, "{{.State.Health.Status}}") == "healthy")
     }
 
     /// Whether the webhook sender's own health check passes when pointed at `addr`.
@@ -151,6 +187,12 @@ impl Stack {
     }
 }
 
+/// `docker inspect -f format id`, trimmed; empty when it fails (a container gone).
+fn docker_inspect(id: &str, format: &str) -> String {
+    let output = Command::new("docker").args(["inspect", "-f", format, id]).output().expect("docker inspect");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
 impl Drop for Stack {
     fn drop(&mut self) {
         let _ = self.compose().args(["down", "--volumes", "--remove-orphans", "--timeout", "5"]).stdout(Stdio::null()).stderr(Stdio::null()).status();
@@ -163,15 +205,13 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
         e2e::missing("a Docker engine with Compose", "the compose stack was not built or tested");
         return;
     };
-    build("the service images", &root().join("deploy/build-images.sh"), &["--from-host", "--with-test-receiver", "--tag", IMAGE_TAG]);
-    build("the PostgreSQL image", &root().join("tests/compose/postgres/build-image.sh"), &[POSTGRES_IMAGE]);
+    build_images();
 
-    let mut stack = Stack { program, project: format!("chain-test-{}", std::process::id()), gateway_port: 0, admin_port: 0 };
+    let mut stack = Stack::new(program, compose_files(&[]));
     let started = Instant::now();
     run(stack.compose().args(["up", "--detach", "--no-build"]));
-    (stack.gateway_port, stack.admin_port) = (stack.published_port("gateway", 8080), stack.published_port("bank-mock", 8099));
-    eventually(Duration::from_secs(120), "every service healthy", || async { SERVICES.iter().all(|service| stack.health(service) == "healthy") })
-        .await;
+    (stack.gateway_port, stack.admin_port) = (stack.published_port("gateway", 8080, 1), stack.published_port("bank-mock", 8099, 1));
+    eventually(Duration::from_secs(120), "every service healthy", || async { SERVICES.iter().all(|service| stack.healthy(service)) }).await;
     say(&format!("compose stack: up to all healthy in {:.1} s", started.elapsed().as_secs_f64()));
 
     // One order through the published port: paid, with each hop's slice of the deadline.
@@ -200,7 +240,7 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
     webhooks_leave_the_stack_only_through_the_sender(&stack, &http).await;
 
     // The fault drills, as a user runs them (PostgreSQL's restart among them).
-    let files = compose_files().map(|file| format!("-f {}", file.display())).join(" ");
+    let files = stack.files.iter().map(|file| format!("-f {}", file.display())).collect::<Vec<_>>().join(" ");
     let compose = format!("{} -p {} {files}", program.join(" "), stack.project);
     let drills = Command::new("bash")
         .arg(root().join("deploy/drills.sh"))

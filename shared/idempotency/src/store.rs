@@ -278,6 +278,11 @@ impl KeyStore {
         E: From<KeyError> + Send + 'static,
     {
         let token = rand::random::<i64>();
+        // A key already there is decided on the reader, and a repeat (a replay, most often)
+        // never waits for the writer. Only a cheap look: the insert below still decides a race.
+        if self.exists(scope, key).await? {
+            return Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, false).await?, first_phase));
+        }
         let new = self.new_key(scope, key, fingerprint, lease, token);
         let holder = Holder { scope: scope.to_owned(), key: key.to_owned(), token };
         let keep_until = new.now + self.settings.ttl_ms as i64;
@@ -301,6 +306,18 @@ impl KeyStore {
             }
             Err(first_phase) => Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, false).await?, first_phase)),
         }
+    }
+
+    /// Whether the last commit left a row for the key.
+    async fn exists(&self, scope: &str, key: &str) -> Result<bool, KeyError> {
+        let found: Option<i32> = on_driver!(self.database.reader(), |executor| sqlx::query_scalar(
+            "SELECT 1 FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2"
+        )
+        .bind(scope)
+        .bind(key)
+        .fetch_optional(executor)
+        .await?);
+        Ok(found.is_some())
     }
 
     /// A new key's row, leased from now for `lease`.

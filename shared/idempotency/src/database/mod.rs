@@ -218,9 +218,8 @@ impl Database {
     ///     .transact(move |transaction| {
     ///         Box::pin(async move {
     ///             idempotency::on_driver!(transaction, |executor| {
-    ///                 sqlx::query("INSERT INTO notes (id) VALUES ($1)").bind(&id).execute(executor).await?
-    ///             });
-    ///             Ok::<_, sqlx::Error>(())
+    ///                 sqlx::query("INSERT INTO notes (id) VALUES ($1)").bind(&id).execute(executor).await.map(drop)
+    ///             })
     ///         })
     ///     })
     ///     .await

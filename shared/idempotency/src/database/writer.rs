@@ -46,7 +46,7 @@ enum Work {
 /// Requests waiting for the writer; more wait in their callers' pools and queues.
 const QUEUE: usize = 1_024;
 
-/// The handle of the writer task; the task ends once every handle is dropped.
+/// The handle of the writer; its thread ends once every handle is dropped.
 #[derive(Clone)]
 pub(super) struct Writer {
     work: mpsc::Sender<Work>,

@@ -214,6 +214,16 @@ impl NewKey {
     }
 }
 
+/// Where a claim's first round starts.
+enum FirstRound {
+    /// Insert the key, then read it if it was there.
+    Insert,
+    /// Read the key: the caller's own insert has just found it there.
+    Read,
+    /// Decide on this row, just read.
+    Decide(KeyRow),
+}
+
 impl KeyStore {
     pub fn new(database: Database, settings: KeySettings) -> Self {
         Self::with_clock(database, settings, Arc::new(SystemClock))
@@ -257,7 +267,7 @@ impl KeyStore {
     /// key's claim is committed before this returns, so that work outside the database (a call
     /// to another service) may follow at once.
     pub async fn begin(&self, scope: &str, key: &str, fingerprint: &str, lease: Duration) -> Result<Begin, KeyError> {
-        self.claim(scope, key, fingerprint, lease, rand::random(), true).await
+        self.claim(scope, key, fingerprint, lease, rand::random(), FirstRound::Insert).await
     }
 
     /// As [`KeyStore::begin`], for a request whose first phase needs nothing from outside the
@@ -278,10 +288,10 @@ impl KeyStore {
         E: From<KeyError> + Send + 'static,
     {
         let token = rand::random::<i64>();
-        // A key already there is decided on the reader, and a repeat (a replay, most often)
-        // never waits for the writer. Only a cheap look: the insert below still decides a race.
-        if self.exists(scope, key).await? {
-            return Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, false).await?, first_phase));
+        // A key already there is decided on the reader from this one read, and a repeat (a
+        // replay, most often) never waits for the writer. The insert below still decides a race.
+        if let Some(row) = self.read(scope, key).await? {
+            return Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, FirstRound::Decide(row)).await?, first_phase));
         }
         let new = self.new_key(scope, key, fingerprint, lease, token);
         let holder = Holder { scope: scope.to_owned(), key: key.to_owned(), token };
@@ -304,20 +314,21 @@ impl KeyStore {
                 lease.advance(progress);
                 Ok(BeginWith::Executed(lease, done))
             }
-            Err(first_phase) => Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, false).await?, first_phase)),
+            Err(first_phase) => Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, FirstRound::Read).await?, first_phase)),
         }
     }
 
-    /// Whether the last commit left a row for the key.
-    async fn exists(&self, scope: &str, key: &str) -> Result<bool, KeyError> {
-        let found: Option<i32> = on_driver!(self.database.reader(), |executor| sqlx::query_scalar(
-            "SELECT 1 FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2"
+    /// The key's row as the last commit left it, read on the reader so that the writer stays free.
+    async fn read(&self, scope: &str, key: &str) -> Result<Option<KeyRow>, KeyError> {
+        Ok(on_driver!(self.database.reader(), |executor| sqlx::query_as(
+            "SELECT fingerprint, state, lock_token, locked_until, \
+             response_code, response_body, expires_at \
+             FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2",
         )
         .bind(scope)
         .bind(key)
         .fetch_optional(executor)
-        .await?);
-        Ok(found.is_some())
+        .await?))
     }
 
     /// A new key's row, leased from now for `lease`.
@@ -334,32 +345,26 @@ impl KeyStore {
         }
     }
 
-    /// Claims the key for the holder `token`; `insert_first` false when the caller's own insert
-    /// has just found the key there.
-    async fn claim(&self, scope: &str, key: &str, fingerprint: &str, lease: Duration, token: i64, mut insert_first: bool) -> Result<Begin, KeyError> {
+    /// Claims the key for the holder `token`, its first round starting from `first`.
+    async fn claim(&self, scope: &str, key: &str, fingerprint: &str, lease: Duration, token: i64, first: FirstRound) -> Result<Begin, KeyError> {
         // A few rounds at most: each one that does not decide follows a change another request
         // made in between (an expired row deleted, a takeover lost to a completion), and the next
         // round sees what that change left.
+        let mut round = first;
         for _ in 0..3 {
             let new = self.new_key(scope, key, fingerprint, lease, token);
             let (now, locked_until) = (new.now, new.locked_until);
-            if std::mem::replace(&mut insert_first, true) {
-                let inserted = self.database.autocommit(move |writes| Box::pin(async move { new.insert(writes).await })).await?;
-                if inserted == 1 {
-                    return Ok(Begin::Execute(Lease::new(scope, key, token, STARTED.into(), None)));
+            let row = match std::mem::replace(&mut round, FirstRound::Insert) {
+                FirstRound::Insert => {
+                    let inserted = self.database.autocommit(move |writes| Box::pin(async move { new.insert(writes).await })).await?;
+                    if inserted == 1 {
+                        return Ok(Begin::Execute(Lease::new(scope, key, token, STARTED.into(), None)));
+                    }
+                    self.read(scope, key).await?
                 }
-            }
-
-            // On the reader: the row is what the last commit left, and the writer stays free.
-            let row: Option<KeyRow> = on_driver!(self.database.reader(), |executor| sqlx::query_as(
-                "SELECT fingerprint, state, lock_token, locked_until, \
-                 response_code, response_body, expires_at \
-                 FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2",
-            )
-            .bind(scope)
-            .bind(key)
-            .fetch_optional(executor)
-            .await?);
+                FirstRound::Read => self.read(scope, key).await?,
+                FirstRound::Decide(row) => Some(row),
+            };
             // Deleted since the insert collided with it (the next round inserts afresh), or
             // inserted by a batch that has not committed yet (the next rounds find it in flight).
             let Some(row) = row else { continue };

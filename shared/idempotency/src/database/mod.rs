@@ -91,6 +91,12 @@ const SQLITE_READERS: u32 = 4;
 /// How long SQLite waits for another process's write lock, and anyone for a pooled connection.
 const WAIT: Duration = Duration::from_secs(5);
 
+/// A pooled PostgreSQL connection is checked before use (a ping, one round trip to the server)
+/// only after it has sat idle this long. sqlx pings on every acquire by default, which adds a
+/// round trip to each transaction, while a connection just handed back is known to have worked
+/// (sqlx pings it on release too). SQLite's readers are never checked: a file does not hang up.
+const CHECK_AFTER_IDLE: Duration = Duration::from_secs(10);
+
 #[derive(Debug, thiserror::Error)]
 pub enum DatabaseError {
     #[error("unsupported database URL {0:?}: use sqlite://FILE or postgres://…")]
@@ -151,13 +157,25 @@ impl Database {
                 for (owner, migrator) in all {
                     migrate(owner, migrator, &mut connection).await?;
                 }
-                let reader =
-                    SqlitePoolOptions::new().max_connections(SQLITE_READERS).acquire_timeout(WAIT).connect_with(options.read_only(true)).await?;
+                let reader = SqlitePoolOptions::new()
+                    .max_connections(SQLITE_READERS)
+                    .acquire_timeout(WAIT)
+                    .test_before_acquire(false)
+                    .connect_with(options.read_only(true))
+                    .await?;
                 let writer = writer::Writer::spawn(connection, &sqlite).map_err(sqlx::Error::Io)?;
                 Ok(Self { writes: Writes::Sqlite(writer), reader: Pool::Sqlite(reader) })
             }
             Backend::Postgres => {
-                let pool = PgPoolOptions::new().max_connections(16).acquire_timeout(WAIT).connect(url).await?;
+                let pool = PgPoolOptions::new()
+                    .max_connections(16)
+                    .acquire_timeout(WAIT)
+                    .test_before_acquire(false)
+                    .before_acquire(|connection, idle| {
+                        Box::pin(async move { Ok(idle.idle_for < CHECK_AFTER_IDLE || sqlx::Connection::ping(connection).await.is_ok()) })
+                    })
+                    .connect(url)
+                    .await?;
                 for (owner, migrator) in all {
                     migrate(owner, migrator, &pool).await?;
                 }

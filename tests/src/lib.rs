@@ -14,6 +14,7 @@ use bank_mock::{Faults, Latency};
 use proto::gateway::v1::gateway_client::GatewayClient;
 use rpc::{dev_certs::DevCerts, tls::ServiceTls};
 use serde_json::{Value, json};
+use stack::chain::{BANK_GRPC, GATEWAY_GRPC, GATEWAY_HTTP, ORDERS_GRPC, PAYMENT_GRPC};
 use stack::{Chain, ChainSettings};
 use telemetry::{Telemetry, TelemetrySettings};
 use tempfile::TempDir;
@@ -110,7 +111,7 @@ impl TestChain {
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.chain.addresses.gateway_http)
+        format!("http://{}{path}", self.chain.address(&GATEWAY_HTTP))
     }
 
     /// `POST /v1/orders` with the demo key, the given idempotency key and `body`.
@@ -139,7 +140,8 @@ impl TestChain {
 
     /// Rows in one of the chain's tables (`orders` in the orders database, `payments` in payment's).
     pub async fn count_rows(&self, table: &str) -> i64 {
-        let url = if table == "payments" { &self.chain.database_urls.1 } else { &self.chain.database_urls.0 };
+        let hop = if table == "payments" { payment::HOP } else { orders::HOP };
+        let url = self.chain.database_url(hop).expect("the service keeps a database");
         let database = idempotency::Database::connect(url).await.expect("the chain's database");
         let statement = format!("SELECT COUNT(*) FROM {table}");
         idempotency::on_driver!(database.reader(), |executor| sqlx::query_scalar(sqlx::AssertSqlSafe(statement.as_str()))
@@ -151,8 +153,8 @@ impl TestChain {
     /// The Prometheus text a service serves on `/metrics` at `address`: over mutual TLS with the
     /// operator's certificate on the ports of orders, payment and the bank.
     pub async fn scrape(&self, address: SocketAddr) -> String {
-        let a = &self.chain.addresses;
-        let inner = [(a.orders, "orders"), (a.payment, "payment"), (a.bank, "bank-mock")];
+        let a = self.chain.addresses();
+        let inner = [(a[&ORDERS_GRPC], "orders"), (a[&PAYMENT_GRPC], "payment"), (a[&BANK_GRPC], "bank-mock")];
         let request = match inner.iter().find(|(inner, _)| *inner == address) {
             Some((_, service)) => {
                 let host = rpc::tls::dns_name(service);
@@ -193,7 +195,7 @@ impl TestChain {
     }
 
     pub async fn grpc_gateway(&self) -> GatewayClient<Channel> {
-        let endpoint = format!("http://{}", self.chain.addresses.gateway_grpc);
+        let endpoint = format!("http://{}", self.chain.address(&GATEWAY_GRPC));
         GatewayClient::connect(endpoint).await.expect("gateway gRPC connects")
     }
 }

@@ -12,6 +12,7 @@
 use bank_mock::Latency;
 use resilience::retry::RetryStatsSnapshot;
 use serde::Serialize;
+use stack::chain::GATEWAY_HTTP;
 
 use crate::{
     BenchError,
@@ -67,7 +68,7 @@ pub async fn measure(profile: &Profile) -> Result<Amplification, BenchError> {
                 chain.bank.faults.latency_ms = latency;
             })
             .await?;
-            let orders = HttpOrders::new(running.chain.addresses.gateway_http, label, Some(settings.client_deadline));
+            let orders = HttpOrders::new(running.chain.address(&GATEWAY_HTTP), label, Some(settings.client_deadline));
             let orders = if naive { orders.deadline_untold() } else { orders };
             let requests = (settings.duration.as_secs_f64() * load.per_second).round() as usize;
             let plan = Plan::count(
@@ -79,7 +80,7 @@ pub async fn measure(profile: &Profile) -> Result<Amplification, BenchError> {
             let measurement = load::run(&plan, move |index| orders.create(index)).await;
             let bank_calls_after_clients_left = running.bank_calls_during(settings.settle).await;
             let bank = running.chain.bank().stats();
-            let hops = chains::hops(running.chain.hop_stats(), Face::Http);
+            let hops = chains::hops(&running.chain.hop_stats(), Face::Http);
             runs.push(AmplificationRun {
                 bank_failure_rate: failure_rate,
                 per_second: load.per_second,

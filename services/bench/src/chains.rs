@@ -7,7 +7,10 @@ use bank_mock::{Faults, Latency};
 use deadline::HopStatsSnapshot;
 use serde::Serialize;
 use sqlx::{Connection, Executor, PgConnection};
-use stack::{Chain, ChainHopStats, ChainSettings};
+use stack::{
+    Chain, ChainHopStats, ChainSettings,
+    chain::{GATEWAY_GRPC, GATEWAY_HTTP},
+};
 use tempfile::TempDir;
 
 use crate::BenchError;
@@ -119,15 +122,14 @@ impl Face {
 }
 
 /// Every hop's counters, outermost first, the gateway's for `face`.
-pub fn hops(stats: ChainHopStats, face: Face) -> Vec<HopWork> {
-    let gateway = match face {
-        Face::Grpc => stats.gateway_grpc,
-        Face::Http => stats.gateway_http,
+pub fn hops(stats: &ChainHopStats, face: Face) -> Vec<HopWork> {
+    let other_face = match face {
+        Face::Grpc => &GATEWAY_HTTP,
+        Face::Http => &GATEWAY_GRPC,
     };
-    vec![
-        HopWork { hop: gateway::HOP, stats: gateway },
-        HopWork { hop: orders::HOP, stats: stats.orders },
-        HopWork { hop: payment::HOP, stats: stats.payment },
-        HopWork { hop: bank_mock::HOP, stats: stats.bank },
-    ]
+    stats
+        .iter()
+        .filter(|(listener, _)| listener.key != other_face.key)
+        .map(|(listener, stats)| HopWork { hop: listener.hop(), stats: *stats })
+        .collect()
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use bank_mock::Latency;
 use serde::Serialize;
 use stack::ChainSettings;
+use stack::chain::GATEWAY_GRPC;
 
 use crate::{
     BenchError,
@@ -84,7 +85,7 @@ pub async fn measure(profile: &Profile) -> Result<FailFast, BenchError> {
             (case.change)(chain);
         })
         .await?;
-        let orders = GrpcOrders::new(running.chain.addresses.gateway_grpc, "fail-fast", None)?;
+        let orders = GrpcOrders::new(running.chain.address(&GATEWAY_GRPC), "fail-fast", None)?;
         let plan = Plan::count(case.guard, settings.requests, settings.per_second, profile.bounds);
         let measurement = load::run(&plan, move |index| orders.create(index)).await;
         running.stop().await?;

@@ -11,6 +11,7 @@
 use idempotency::Synchronous;
 use serde::Serialize;
 use stack::ChainSettings;
+use stack::chain::GATEWAY_HTTP;
 
 use crate::{
     BenchError, Coverage, NotMeasured,
@@ -78,7 +79,7 @@ async fn measure_on(
         change(chain);
     })
     .await?;
-    let orders = HttpOrders::new(running.chain.addresses.gateway_http, "idempotency", None);
+    let orders = HttpOrders::new(running.chain.address(&GATEWAY_HTTP), "idempotency", None);
     let plan = |what: &str| Plan::count(format!("{name}: {what}"), settings.requests, settings.per_second, profile.bounds);
     let first = {
         let orders = orders.clone();

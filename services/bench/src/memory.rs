@@ -10,6 +10,7 @@
 
 use serde::Serialize;
 use stack::ChainSettings;
+use stack::chain::GATEWAY_HTTP;
 
 use crate::{
     BenchError, Coverage, NotMeasured,
@@ -88,7 +89,7 @@ pub async fn measure(profile: &Profile) -> Result<MemoryUnderHang, BenchError> {
             chain.bank.faults.hang = true;
         })
         .await?;
-        let orders = HttpOrders::new(running.chain.addresses.gateway_http, "memory", Some(settings.deadline));
+        let orders = HttpOrders::new(running.chain.address(&GATEWAY_HTTP), "memory", Some(settings.deadline));
         let plan = Plan::count(format!("memory, {label}"), settings.clients, settings.per_second, profile.bounds);
         let peak_reset = machine::Memory::reset_peak();
         let before = machine::Memory::now().ok_or(BenchError::MemoryUnreadable)?;

@@ -16,6 +16,7 @@
 
 use serde::Serialize;
 use stack::ChainSettings;
+use stack::chain::GATEWAY_GRPC;
 use tempfile::TempDir;
 
 use crate::{
@@ -130,7 +131,7 @@ pub async fn measure(profile: &Profile) -> Result<Overhead, BenchError> {
         chains.push(match subject {
             Subject::Layered { label, about, change } => {
                 let running = chains::start(&Backend::Sqlite, change).await?;
-                let orders = GrpcOrders::new(running.chain.addresses.gateway_grpc, label, None)?;
+                let orders = GrpcOrders::new(running.chain.address(&GATEWAY_GRPC), label, None)?;
                 let measured = measure_chain(profile, label, about, &orders).await;
                 running.stop().await?;
                 measured

@@ -7,6 +7,7 @@
 //! by an opened breaker.
 
 use serde::Serialize;
+use stack::chain::{GATEWAY_GRPC, GATEWAY_HTTP};
 
 use crate::{
     BenchError,
@@ -57,15 +58,14 @@ pub async fn measure(profile: &Profile) -> Result<DeadlinePrecision, BenchError>
             chain.bank.faults.hang = true;
         })
         .await?;
-        let gateway = &running.chain.addresses;
         let plan = Plan::count(format!("deadline precision, {}", face.name()), settings.requests, settings.per_second, profile.bounds);
         let measurement = match face {
             Face::Grpc => {
-                let orders = GrpcOrders::new(gateway.gateway_grpc, "precision", Some(settings.deadline))?;
+                let orders = GrpcOrders::new(running.chain.address(&GATEWAY_GRPC), "precision", Some(settings.deadline))?;
                 load::run(&plan, move |index| orders.create(index)).await
             }
             Face::Http => {
-                let orders = HttpOrders::new(gateway.gateway_http, "precision", Some(settings.deadline));
+                let orders = HttpOrders::new(running.chain.address(&GATEWAY_HTTP), "precision", Some(settings.deadline));
                 load::run(&plan, move |index| orders.create(index)).await
             }
         };
@@ -84,7 +84,7 @@ pub async fn measure(profile: &Profile) -> Result<DeadlinePrecision, BenchError>
             }),
             answered_by_chain: measurement.due - unanswered,
             client_gave_up: measurement.count(CLIENT_DEADLINE),
-            hops: chains::hops(running.chain.hop_stats(), face),
+            hops: chains::hops(&running.chain.hop_stats(), face),
             bank_hung: bank.hung,
             bank_late_completions: bank.late_completions,
             measurement,

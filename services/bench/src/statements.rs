@@ -19,6 +19,7 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
+use stack::chain::GATEWAY_HTTP;
 use tracing_subscriber::{Layer, filter::Targets, layer::SubscriberExt, util::SubscriberInitExt};
 
 use crate::{
@@ -132,7 +133,7 @@ pub async fn count_in_this_process(profile: &Profile, backend: &Backend) -> Resu
         .map_err(|error| BenchError::Child(format!("a tracing subscriber was already installed: {error}")))?;
     let settings = &profile.statements;
     let running = chains::start(backend, |chain| chain.bank.faults = chains::instant_bank()).await?;
-    let orders = HttpOrders::new(running.chain.addresses.gateway_http, "statements", None);
+    let orders = HttpOrders::new(running.chain.address(&GATEWAY_HTTP), "statements", None);
     let name = match backend {
         Backend::Sqlite => "SQLite",
         Backend::Postgres(_) => "PostgreSQL",

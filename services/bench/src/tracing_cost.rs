@@ -10,6 +10,7 @@
 //! installed, telemetry stays for the rest of the process.
 
 use serde::Serialize;
+use stack::chain::GATEWAY_HTTP;
 
 use crate::{
     BenchError, Coverage, NotMeasured,
@@ -57,7 +58,7 @@ pub async fn measure(profile: &Profile) -> Result<Coverage<TracingCost>, BenchEr
         }));
     }
     let running = chains::start(&Backend::Sqlite, |settings| settings.bank.faults = chains::instant_bank()).await?;
-    let orders = HttpOrders::new(running.chain.addresses.gateway_http, "tracing", None);
+    let orders = HttpOrders::new(running.chain.address(&GATEWAY_HTTP), "tracing", None);
     // A round that counts for neither side: connections, SQLite and caches warm up in it.
     let warm_up = Plan::clients("tracing: warm-up", 1, settings.requests_per_round, settings.round_time, profile.bounds);
     let warming = orders.keyed("tracing-warm-up");

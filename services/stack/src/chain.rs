@@ -1,13 +1,17 @@
 //! Starts the four services and the webhook sender in this process, wired to each other's real
-//! addresses. [`HOPS`] lists them with what the stack does alike for each (its listeners, its
-//! certificate, its name in telemetry, stopping it); [`Chain::start`] builds them, each after the
-//! ones it calls, and points every caller at what its callee bound.
+//! addresses. [`HOPS`] has a row per service with everything the stack does for it: its
+//! listeners and who calls them, its certificate, its database, its name in telemetry, and how
+//! to build it; [`Chain::start`] walks the rows, builds each service after the ones it calls and
+//! points every caller at what its callee bound.
 
 use std::{
     collections::BTreeMap,
+    fmt,
+    future::Future,
     io,
     net::SocketAddr,
     path::{Path, PathBuf},
+    pin::Pin,
     sync::Arc,
 };
 
@@ -31,7 +35,8 @@ use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-/// Settings of the whole chain: one section per service, each exactly the service's own settings.
+/// Settings of the whole chain: one section per service, each exactly the service's own settings
+/// (a new service adds its section here, for its row of [`HOPS`] to build it from).
 /// The endpoints each service calls are filled in from the addresses actually bound, and the
 /// webhook sender's database, and how durably it commits, are orders' (it delivers orders' outbox).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,20 +99,23 @@ impl ChainSettings {
         self
     }
 
-    /// Keeps the SQLite databases of orders and payment in `dir` (PostgreSQL URLs stay as set),
-    /// and the development key that seals endpoint secrets when the settings name none.
+    /// Keeps the SQLite database of each service that has one in `dir`, named after the service
+    /// (`orders.db`, `payment.db`; PostgreSQL URLs stay as set), and the development key that
+    /// seals endpoint secrets when the settings name none.
     pub fn with_data_dir(mut self, dir: &Path) -> Self {
         self.data_dir = Some(dir.to_owned());
-        for (url, file) in [(&mut self.orders.database_url, "orders.db"), (&mut self.payment.database_url, "payment.db")] {
+        for hop in HOPS {
+            let Some(database) = hop.database else { continue };
+            let url = database(&mut self);
             if url.starts_with("sqlite:") {
-                *url = format!("sqlite://{}", dir.join(file).display());
+                *url = format!("sqlite://{}", dir.join(format!("{}.db", hop.service.name)).display());
             }
         }
         self
     }
 }
 
-/// One service of the chain, as the stack runs it.
+/// One service of the chain, as the stack runs it: everything the stack knows of it.
 pub struct Hop {
     /// Its name (the hop's, in ledgers, certificates and [`Chain::stop_service`]) and version,
     /// exported under its own name when the process's telemetry hosts it ([`telemetry::init_hosting`]).
@@ -116,6 +124,56 @@ pub struct Hop {
     pub listeners: &'static [Listener],
     /// Its mutual-TLS settings; `None` for a service that serves no gRPC to the others.
     tls: Option<fn(&mut ChainSettings) -> &mut TlsSettings>,
+    /// Its database URL, for a service that keeps data of its own: with a data directory, a
+    /// SQLite database is the file named after the service there.
+    database: Option<fn(&mut ChainSettings) -> &mut String>,
+    /// Builds it from its section of the settings (the endpoints of the services it calls
+    /// already set to where they bound), and hands over what the chain reads of it.
+    start: Start,
+}
+
+/// How a [`Hop`] builds its service.
+type Start = fn(Starting) -> Pin<Box<dyn Future<Output = Result<Started, ServerError>>>>;
+
+/// What a [`Hop`]'s `start` is given.
+struct Starting {
+    /// The chain's settings, the endpoints of the services this one calls set to where they bound.
+    chain: ChainSettings,
+    /// The outbound layers of the services that call others ([`NaiveSettings::outbound`]).
+    outbound: rpc::Outbound,
+    /// Stops this service, alone or with the chain.
+    stop: CancellationToken,
+}
+
+/// A service its [`Hop`] has built: bound, not serving yet.
+struct Started {
+    /// Where each of the row's listeners is bound.
+    bound: Vec<(&'static Listener, SocketAddr)>,
+    /// Its deadline counters, by the listener whose requests they count.
+    counters: Vec<(&'static Listener, Arc<HopStats>)>,
+    /// Its circuit breakers, by the hop whose calls each guards.
+    breakers: Vec<(&'static str, Arc<Breaker>)>,
+    /// Serves until the row's stop token is cancelled.
+    serving: Pin<Box<dyn Future<Output = Result<(), ServerError>> + Send>>,
+    /// What the chain's users drive of it, for a service they know by name.
+    handles: Handles,
+}
+
+/// What the chain's users drive or read of services they know by name, handed over by their
+/// rows: the bank's faults, counters and admin token, the gateway's retry policy and quotas,
+/// payment's bulkhead toward the bank.
+#[derive(Default)]
+struct Handles {
+    bank: Option<(Arc<BankState>, String)>,
+    gateway: Option<(RetryPolicy, Arc<gateway::ClientLimits>)>,
+    bank_bulkhead: Option<Arc<Bulkhead>>,
+}
+
+impl Handles {
+    /// These, and what `more` hands over besides.
+    fn and(self, more: Handles) -> Handles {
+        Handles { bank: self.bank.or(more.bank), gateway: self.gateway.or(more.gateway), bank_bulkhead: self.bank_bulkhead.or(more.bank_bulkhead) }
+    }
 }
 
 /// One port of a service.
@@ -127,99 +185,205 @@ pub struct Listener {
     pub label: &'static str,
     pub shown: &'static str,
     setting: fn(&mut ChainSettings) -> &mut SocketAddr,
-    bound: fn(&Addresses) -> SocketAddr,
+    /// The endpoint settings through which other services call it, each set to where it bound
+    /// before they start.
+    callers: &'static [fn(&mut ChainSettings) -> &mut String],
 }
 
 impl Listener {
-    /// Where this listener is bound in `chain`.
-    pub fn address(&self, chain: &Chain) -> SocketAddr {
-        (self.bound)(&chain.addresses)
+    /// The name of the hop it belongs to.
+    pub fn hop(&self) -> &'static str {
+        HOPS.iter().find(|hop| hop.listeners.iter().any(|listener| listener.key == self.key)).expect("every listener is in HOPS").service.name
     }
 }
 
+impl fmt::Debug for Listener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.key)
+    }
+}
+
+pub const GATEWAY_HTTP: Listener =
+    Listener { key: "gateway.http_listen", label: "gateway HTTP", shown: "http://{addr}", setting: |s| &mut s.gateway.http_listen, callers: &[] };
+pub const GATEWAY_GRPC: Listener =
+    Listener { key: "gateway.grpc_listen", label: "gateway gRPC", shown: "{addr}", setting: |s| &mut s.gateway.grpc_listen, callers: &[] };
+pub const GATEWAY_METRICS: Listener = Listener {
+    key: "gateway.metrics_listen",
+    label: "metrics",
+    shown: "http://{addr}/metrics  (every hop's series)",
+    setting: |s| &mut s.gateway.metrics_listen,
+    callers: &[],
+};
+pub const ORDERS_GRPC: Listener = Listener {
+    key: "orders.listen",
+    label: "orders gRPC",
+    shown: "{addr}",
+    setting: |s| &mut s.orders.listen,
+    callers: &[|s| &mut s.gateway.orders.endpoint, |s| &mut s.gateway.recommendations.endpoint],
+};
+pub const PAYMENT_GRPC: Listener = Listener {
+    key: "payment.listen",
+    label: "payment gRPC",
+    shown: "{addr}",
+    setting: |s| &mut s.payment.listen,
+    callers: &[|s| &mut s.orders.payment.endpoint, |s| &mut s.gateway.payment.endpoint],
+};
+/// Payment's calls go to `external_bank` instead when it is set.
+pub const BANK_GRPC: Listener = Listener {
+    key: "bank.listen",
+    label: "bank-mock gRPC",
+    shown: "{addr}",
+    setting: |s| &mut s.bank.listen,
+    callers: &[|s| &mut s.payment.bank.endpoint, |s| &mut s.gateway.bank.endpoint],
+};
+pub const BANK_ADMIN: Listener = Listener {
+    key: "bank.admin_listen",
+    label: "bank-mock admin",
+    shown: "http://{addr}  (X-Admin-Token: {admin_token})",
+    setting: |s| &mut s.bank.admin_listen,
+    callers: &[],
+};
+/// The webhook sender's health and metrics.
+pub const WEBHOOK_SENDER_HEALTH: Listener = Listener {
+    key: "webhook_sender.listen",
+    label: "webhook sender",
+    shown: "http://{addr}/metrics  (delivers orders' outbox)",
+    setting: |s| &mut s.webhook_sender.listen,
+    callers: &[],
+};
+
 /// The chain's services in the order a request goes through them, the webhook sender last.
-/// A service added here gets its ports, its certificate and its telemetry name like the others;
-/// [`Chain::start`] builds it and wires it to its neighbours.
-pub const HOPS: [Hop; 5] = [
+/// [`Chain::start`] starts them from the last to the first, so that each is built after the
+/// services it calls and its settings name where they bound (the webhook sender calls none: it
+/// delivers orders' outbox from orders' database, whose tables either of them makes).
+/// A service is added here: a row gives it its ports, its certificate, its telemetry name and
+/// its place in [`Chain::start`], and its listeners' `callers` point the services that call it
+/// at it.
+pub const HOPS: &[Hop] = &[
     Hop {
         service: gateway::SERVICE,
+        listeners: &[GATEWAY_HTTP, GATEWAY_GRPC, GATEWAY_METRICS],
         tls: Some(|s| &mut s.gateway.tls),
-        listeners: &[
-            Listener {
-                key: "gateway.http_listen",
-                label: "gateway HTTP",
-                shown: "http://{addr}",
-                setting: |s| &mut s.gateway.http_listen,
-                bound: |a| a.gateway_http,
-            },
-            Listener {
-                key: "gateway.grpc_listen",
-                label: "gateway gRPC",
-                shown: "{addr}",
-                setting: |s| &mut s.gateway.grpc_listen,
-                bound: |a| a.gateway_grpc,
-            },
-            Listener {
-                key: "gateway.metrics_listen",
-                label: "metrics",
-                shown: "http://{addr}/metrics  (every hop's series)",
-                setting: |s| &mut s.gateway.metrics_listen,
-                bound: |a| a.gateway_metrics,
-            },
-        ],
+        database: None,
+        start: |s| {
+            Box::pin(async move {
+                let mut settings = s.chain.gateway;
+                if s.chain.naive.enabled {
+                    // The naive clients retry at every hop, the gateway's included.
+                    settings.retry.max_attempts = 1;
+                }
+                let gateway = gateway::Application::build_with(settings, s.outbound).await?;
+                Ok(Started {
+                    bound: vec![
+                        (&GATEWAY_HTTP, gateway.http_addr()),
+                        (&GATEWAY_GRPC, gateway.grpc_addr()),
+                        (&GATEWAY_METRICS, gateway.metrics_addr()),
+                    ],
+                    counters: vec![(&GATEWAY_HTTP, gateway.http_stats()), (&GATEWAY_GRPC, gateway.grpc_stats())],
+                    breakers: vec![(orders::HOP, gateway.orders_breaker())],
+                    handles: Handles { gateway: Some((gateway.retry_handle(), gateway.client_limits())), ..Handles::default() },
+                    serving: Box::pin(gateway.run_until_stopped(s.stop)),
+                })
+            })
+        },
     },
     Hop {
         service: orders::SERVICE,
+        listeners: &[ORDERS_GRPC],
         tls: Some(|s| &mut s.orders.tls),
-        listeners: &[Listener {
-            key: "orders.listen",
-            label: "orders gRPC",
-            shown: "{addr}",
-            setting: |s| &mut s.orders.listen,
-            bound: |a| a.orders,
-        }],
+        database: Some(|s| &mut s.orders.database_url),
+        start: |s| {
+            Box::pin(async move {
+                let mut settings = s.chain.orders;
+                // The completer's window is checked against how long payment really keeps its keys.
+                settings.completer.payment_key_ttl_ms = s.chain.payment.idempotency.ttl_ms;
+                let orders = orders::Application::build_with(settings, s.outbound).await?;
+                Ok(Started {
+                    bound: vec![(&ORDERS_GRPC, orders.grpc_addr())],
+                    counters: vec![(&ORDERS_GRPC, orders.hop_stats())],
+                    breakers: vec![(payment::HOP, orders.payment_breaker())],
+                    handles: Handles::default(),
+                    serving: Box::pin(orders.run_until_stopped(s.stop)),
+                })
+            })
+        },
     },
     Hop {
         service: payment::SERVICE,
+        listeners: &[PAYMENT_GRPC],
         tls: Some(|s| &mut s.payment.tls),
-        listeners: &[Listener {
-            key: "payment.listen",
-            label: "payment gRPC",
-            shown: "{addr}",
-            setting: |s| &mut s.payment.listen,
-            bound: |a| a.payment,
-        }],
+        database: Some(|s| &mut s.payment.database_url),
+        start: |s| {
+            Box::pin(async move {
+                let mut settings = s.chain.payment;
+                if let Some(bank) = s.chain.external_bank {
+                    settings.bank.endpoint = bank;
+                }
+                let payment = payment::Application::build_with(settings, s.outbound).await?;
+                let (bank_breaker, bank_bulkhead) = payment.bank_guards();
+                Ok(Started {
+                    bound: vec![(&PAYMENT_GRPC, payment.grpc_addr())],
+                    counters: vec![(&PAYMENT_GRPC, payment.hop_stats())],
+                    breakers: vec![(bank_mock::HOP, bank_breaker)],
+                    handles: Handles { bank_bulkhead: Some(bank_bulkhead), ..Handles::default() },
+                    serving: Box::pin(payment.run_until_stopped(s.stop)),
+                })
+            })
+        },
     },
     Hop {
         service: bank_mock::SERVICE,
+        listeners: &[BANK_GRPC, BANK_ADMIN],
         tls: Some(|s| &mut s.bank.tls),
-        listeners: &[
-            Listener { key: "bank.listen", label: "bank-mock gRPC", shown: "{addr}", setting: |s| &mut s.bank.listen, bound: |a| a.bank },
-            Listener {
-                key: "bank.admin_listen",
-                label: "bank-mock admin",
-                shown: "http://{addr}  (X-Admin-Token: {admin_token})",
-                setting: |s| &mut s.bank.admin_listen,
-                bound: |a| a.bank_admin,
-            },
-        ],
+        database: None,
+        start: |s| {
+            Box::pin(async move {
+                let bank = bank_mock::Application::build(s.chain.bank).await?;
+                Ok(Started {
+                    bound: vec![(&BANK_GRPC, bank.grpc_addr()), (&BANK_ADMIN, bank.admin_addr())],
+                    counters: vec![(&BANK_GRPC, bank.hop_stats())],
+                    breakers: Vec::new(),
+                    handles: Handles { bank: Some((bank.state(), bank.admin_token().to_owned())), ..Handles::default() },
+                    serving: Box::pin(bank.run_until_stopped(s.stop)),
+                })
+            })
+        },
     },
     Hop {
         service: webhook_sender::SERVICE,
+        listeners: &[WEBHOOK_SENDER_HEALTH],
         tls: None,
-        listeners: &[Listener {
-            key: "webhook_sender.listen",
-            label: "webhook sender",
-            shown: "http://{addr}/metrics  (delivers orders' outbox)",
-            setting: |s| &mut s.webhook_sender.listen,
-            bound: |a| a.webhook_sender,
-        }],
+        database: None,
+        start: |s| {
+            Box::pin(async move {
+                let mut settings = s.chain.webhook_sender;
+                // The sender delivers orders' outbox, from orders' database.
+                settings.database_url = s.chain.orders.database_url;
+                settings.sqlite = s.chain.orders.sqlite;
+                let failed = |error| ServerError::Settings(format!("webhook-sender: {error}"));
+                let sender = webhook_sender::Application::build(settings).await.map_err(failed)?;
+                let bound = vec![(&WEBHOOK_SENDER_HEALTH, sender.local_addr())];
+                let sending = sender.run_until_stopped(s.stop);
+                Ok(Started {
+                    bound,
+                    counters: Vec::new(),
+                    breakers: Vec::new(),
+                    handles: Handles::default(),
+                    serving: Box::pin(async move {
+                        sending.await.map_err(|error| match error {
+                            webhook_sender::SenderError::Server(error) => error,
+                            other => failed(other),
+                        })
+                    }),
+                })
+            })
+        },
     },
 ];
 
 /// Every listener of the chain, service by service.
 pub fn listeners() -> impl Iterator<Item = &'static Listener> {
-    HOPS.into_iter().flat_map(|hop| hop.listeners)
+    HOPS.iter().flat_map(|hop| hop.listeners)
 }
 
 /// The webhook sender's name among the services, for [`Chain::stop_service`].
@@ -237,56 +401,101 @@ pub const SERVICES: [telemetry::Service; HOPS.len()] = {
     services
 };
 
-/// Where each part of a running chain listens.
-#[derive(Debug, Clone, Serialize)]
-pub struct Addresses {
-    pub gateway_http: SocketAddr,
-    pub gateway_grpc: SocketAddr,
-    pub gateway_metrics: SocketAddr,
-    pub orders: SocketAddr,
-    pub payment: SocketAddr,
-    pub bank: SocketAddr,
-    pub bank_admin: SocketAddr,
-    /// The webhook sender's health and metrics.
-    pub webhook_sender: SocketAddr,
+/// Something of each of the chain's listeners that has one, in the order of [`HOPS`]: read by
+/// indexing with the listener (`addresses[&GATEWAY_HTTP]`), written as a map by listener key.
+#[derive(Debug, Clone)]
+pub struct ByListener<T>(Vec<(&'static Listener, T)>);
+
+/// Where each listener of a running chain is bound.
+pub type Addresses = ByListener<SocketAddr>;
+
+/// The deadline counters of every hop, by the listener whose requests they count (the gateway
+/// has two, `GATEWAY_HTTP` and `GATEWAY_GRPC`): as they stand (`Counters` =
+/// [`HopStatsSnapshot`]), or the live counters a chain reads them from.
+pub type ChainHopStats<Counters = HopStatsSnapshot> = ByListener<Counters>;
+
+impl<T> ByListener<T> {
+    /// The value of `listener`, if it has one.
+    pub fn get(&self, listener: &Listener) -> Option<&T> {
+        self.0.iter().find(|(own, _)| own.key == listener.key).map(|(_, value)| value)
+    }
+
+    /// Every listener that has a value, with it.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static Listener, &T)> {
+        self.0.iter().map(|(listener, value)| (*listener, value))
+    }
 }
 
-/// Deadline counters of every hop: as they stand (`Counters` = [`HopStatsSnapshot`]), or the
-/// live counters a chain reads them from.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct ChainHopStats<Counters = HopStatsSnapshot> {
-    pub gateway_http: Counters,
-    pub gateway_grpc: Counters,
-    pub orders: Counters,
-    pub payment: Counters,
-    pub bank: Counters,
+impl<T> std::ops::Index<&Listener> for ByListener<T> {
+    type Output = T;
+
+    fn index(&self, listener: &Listener) -> &T {
+        self.get(listener).unwrap_or_else(|| panic!("nothing is kept for {}", listener.key))
+    }
+}
+
+impl<T: Serialize> Serialize for ByListener<T> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(listener, value)| (listener.key, value)))
+    }
+}
+
+/// A service's calls to another, by their hop names; written `caller → callee`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Edge {
+    pub caller: &'static str,
+    pub callee: &'static str,
+}
+
+impl fmt::Display for Edge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} → {}", self.caller, self.callee)
+    }
 }
 
 /// The breakers and the bank's bulkhead, as they stand.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ChainGuardStats {
-    pub gateway_orders: BreakerStats,
-    pub orders_payment: BreakerStats,
-    pub payment_bank: BreakerStats,
+    /// The breaker of each call from one service to another, in the order of [`HOPS`] (written as
+    /// a map by `caller → callee`).
+    #[serde(serialize_with = "by_edge")]
+    breakers: Vec<(Edge, BreakerStats)>,
     pub bank_bulkhead: BulkheadStats,
 }
 
-struct Guards {
-    gateway_orders: Arc<Breaker>,
-    orders_payment: Arc<Breaker>,
-    payment_bank: Arc<Breaker>,
-    bank_bulkhead: Arc<Bulkhead>,
+impl ChainGuardStats {
+    /// The breaker on `caller`'s calls to `callee`, by their hop names (`payment::HOP`, …).
+    ///
+    /// # Panics
+    /// When no breaker guards those calls.
+    pub fn breaker(&self, caller: &str, callee: &str) -> BreakerStats {
+        self.breakers
+            .iter()
+            .find(|(edge, _)| edge.caller == caller && edge.callee == callee)
+            .unwrap_or_else(|| panic!("no breaker guards {caller} → {callee}"))
+            .1
+    }
+
+    /// Every breaker, with the calls it guards.
+    pub fn breakers(&self) -> impl Iterator<Item = (Edge, BreakerStats)> + '_ {
+        self.breakers.iter().copied()
+    }
+}
+
+fn by_edge<S: serde::Serializer>(breakers: &[(Edge, BreakerStats)], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_map(breakers.iter().map(|(edge, stats)| (edge.to_string(), stats)))
 }
 
 /// A running chain. Dropping it without [`Chain::stop`] leaves the servers to the runtime's end.
 pub struct Chain {
-    pub addresses: Addresses,
-    /// Where orders and payment keep their data.
-    pub database_urls: (String, String),
+    addresses: Addresses,
+    /// The database URL of each service that keeps data, by hop name.
+    databases: Vec<(&'static str, String)>,
     pub admin_token: String,
     bank: Arc<BankState>,
-    hops: ChainHopStats<Arc<HopStats>>,
-    guards: Guards,
+    counters: ChainHopStats<Arc<HopStats>>,
+    breakers: Vec<(Edge, Arc<Breaker>)>,
+    bank_bulkhead: Arc<Bulkhead>,
     gateway_retry: RetryPolicy,
     client_limits: Arc<gateway::ClientLimits>,
     tokens: BTreeMap<&'static str, CancellationToken>,
@@ -297,98 +506,78 @@ pub struct Chain {
 }
 
 impl Chain {
-    /// Binds bank-mock, payment, orders and gateway in that order, pointing each at the one below.
+    /// Starts the services of [`HOPS`] from the last to the first, pointing the callers of each
+    /// at where it bound, then serves them all.
     pub async fn start(mut settings: ChainSettings) -> Result<Self, ServerError> {
         let outbound = settings.naive.outbound();
-        let naive = settings.naive.enabled;
-        if settings.naive.enabled {
-            // The naive clients retry at every hop, the gateway's included.
-            settings.gateway.retry.max_attempts = 1;
-        }
         let dev_certs = secure(&mut settings)?;
         share_secret_keys(&mut settings).map_err(|error| ServerError::Settings(format!("{SECRET_KEYS_FILE}: {error}")))?;
         let shutdown = CancellationToken::new();
+        let mut handles = Handles::default();
+        let mut tokens = BTreeMap::new();
+        let mut started = Vec::with_capacity(HOPS.len());
+        for hop in HOPS.iter().rev() {
+            // Each service stops with the chain, or alone (to see the others cope).
+            let stop = shutdown.child_token();
+            tokens.insert(hop.service.name, stop.clone());
+            let mut service = (hop.start)(Starting { chain: settings.clone(), outbound: outbound.clone(), stop }).await?;
+            for (listener, address) in &service.bound {
+                for caller in listener.callers {
+                    *caller(&mut settings) = endpoint(*address);
+                }
+            }
+            handles = handles.and(std::mem::take(&mut service.handles));
+            started.push((hop, service));
+        }
+        let (bank, admin_token) = handles.bank.expect("the bank's row hands over its state");
+        let (gateway_retry, client_limits) = handles.gateway.expect("the gateway's row hands over its policy and quotas");
+        let bank_bulkhead = handles.bank_bulkhead.expect("payment's row hands over its bulkhead");
+        let databases = HOPS.iter().filter_map(|hop| Some((hop.service.name, hop.database?(&mut settings).clone()))).collect();
+
+        let (mut addresses, mut counters, mut breakers) = (Vec::new(), Vec::new(), Vec::new());
         let mut servers = JoinSet::new();
-
-        let database_urls = (settings.orders.database_url.clone(), settings.payment.database_url.clone());
-        // The completer's window is checked against how long payment really keeps its keys.
-        settings.orders.completer.payment_key_ttl_ms = settings.payment.idempotency.ttl_ms;
-        // The sender delivers orders' outbox, from orders' database.
-        settings.webhook_sender.database_url = database_urls.0.clone();
-        settings.webhook_sender.sqlite = settings.orders.sqlite;
-
-        // Each service is built after the ones it calls, so that its settings name the addresses
-        // they really bound.
-        let bank = bank_mock::Application::build(settings.bank).await?;
-
-        settings.payment.bank.endpoint = settings.external_bank.clone().unwrap_or_else(|| endpoint(bank.grpc_addr()));
-        let payment = payment::Application::build_with(settings.payment, outbound.clone()).await?;
-
-        settings.orders.payment.endpoint = endpoint(payment.grpc_addr());
-        let orders = orders::Application::build_with(settings.orders, outbound.clone()).await?;
-
-        settings.gateway.orders.endpoint = endpoint(orders.grpc_addr());
-        settings.gateway.recommendations.endpoint = endpoint(orders.grpc_addr());
-        settings.gateway.payment.endpoint = endpoint(payment.grpc_addr());
-        settings.gateway.bank.endpoint = endpoint(bank.grpc_addr());
-        let gateway = gateway::Application::build_with(settings.gateway, outbound).await?;
-
-        let sender = webhook_sender::Application::build(settings.webhook_sender)
-            .await
-            .map_err(|error| ServerError::Settings(format!("webhook-sender: {error}")))?;
-
-        let addresses = Addresses {
-            gateway_http: gateway.http_addr(),
-            gateway_grpc: gateway.grpc_addr(),
-            gateway_metrics: gateway.metrics_addr(),
-            orders: orders.grpc_addr(),
-            payment: payment.grpc_addr(),
-            bank: bank.grpc_addr(),
-            bank_admin: bank.admin_addr(),
-            webhook_sender: sender.local_addr(),
-        };
-        let hops = ChainHopStats {
-            gateway_http: gateway.http_stats(),
-            gateway_grpc: gateway.grpc_stats(),
-            orders: orders.hop_stats(),
-            payment: payment.hop_stats(),
-            bank: bank.hop_stats(),
-        };
-        let admin_token = bank.admin_token().to_owned();
-        let gateway_retry = gateway.retry_handle();
-        let client_limits = gateway.client_limits();
-        let (payment_bank, bank_bulkhead) = payment.bank_guards();
-        let guards = Guards { gateway_orders: gateway.orders_breaker(), orders_payment: orders.payment_breaker(), payment_bank, bank_bulkhead };
-        let bank_state = bank.state();
-
-        // Each service stops with the chain, or alone (to see the others cope).
-        let tokens: BTreeMap<&'static str, CancellationToken> = HOPS.iter().map(|hop| (hop.service.name, shutdown.child_token())).collect();
-        servers.spawn(bank.run_until_stopped(tokens[bank_mock::HOP].clone()));
-        servers.spawn(payment.run_until_stopped(tokens[payment::HOP].clone()));
-        servers.spawn(orders.run_until_stopped(tokens[orders::HOP].clone()));
-        servers.spawn(gateway.run_until_stopped(tokens[gateway::HOP].clone()));
-        let sending = sender.run_until_stopped(tokens[WEBHOOK_SENDER].clone());
-        servers.spawn(async move {
-            sending.await.map_err(|error| match error {
-                webhook_sender::SenderError::Server(error) => error,
-                other => ServerError::Settings(format!("webhook-sender: {other}")),
-            })
-        });
+        for (hop, service) in started.into_iter().rev() {
+            addresses.extend(service.bound);
+            counters.extend(service.counters);
+            breakers.extend(service.breakers.into_iter().map(|(callee, breaker)| (Edge { caller: hop.service.name, callee }, breaker)));
+            servers.spawn(service.serving);
+        }
         Ok(Self {
-            addresses,
-            database_urls,
+            addresses: ByListener(addresses),
+            databases,
             admin_token,
-            bank: bank_state,
-            hops,
-            guards,
+            bank,
+            counters: ByListener(counters),
+            breakers,
+            bank_bulkhead,
             gateway_retry,
             client_limits,
             tokens,
             shutdown,
             servers,
             dev_certs,
-            naive,
+            naive: settings.naive.enabled,
         })
+    }
+
+    /// Where each listener is bound.
+    pub fn addresses(&self) -> &Addresses {
+        &self.addresses
+    }
+
+    /// Where `listener` is bound.
+    pub fn address(&self, listener: &Listener) -> SocketAddr {
+        self.addresses[listener]
+    }
+
+    /// The database URL of each service that keeps data (orders, then payment), by hop name.
+    pub fn databases(&self) -> &[(&'static str, String)] {
+        &self.databases
+    }
+
+    /// The database URL of the service named `hop`, if it keeps data.
+    pub fn database_url(&self, hop: &str) -> Option<&str> {
+        self.databases.iter().find(|(name, _)| *name == hop).map(|(_, url)| url.as_str())
     }
 
     /// The development CA made at start, with a certificate for each service and one for the
@@ -415,10 +604,8 @@ impl Chain {
     /// The breakers and the bank's bulkhead.
     pub fn guard_stats(&self) -> ChainGuardStats {
         ChainGuardStats {
-            gateway_orders: self.guards.gateway_orders.stats(),
-            orders_payment: self.guards.orders_payment.stats(),
-            payment_bank: self.guards.payment_bank.stats(),
-            bank_bulkhead: self.guards.bank_bulkhead.stats(),
+            breakers: self.breakers.iter().map(|(edge, breaker)| (*edge, breaker.stats())).collect(),
+            bank_bulkhead: self.bank_bulkhead.stats(),
         }
     }
 
@@ -432,14 +619,9 @@ impl Chain {
         self.gateway_retry.stats()
     }
 
+    /// The deadline counters of every hop, as they stand.
     pub fn hop_stats(&self) -> ChainHopStats {
-        ChainHopStats {
-            gateway_http: self.hops.gateway_http.snapshot(),
-            gateway_grpc: self.hops.gateway_grpc.snapshot(),
-            orders: self.hops.orders.snapshot(),
-            payment: self.hops.payment.snapshot(),
-            bank: self.hops.bank.snapshot(),
-        }
+        ByListener(self.counters.0.iter().map(|(listener, counters)| (*listener, counters.snapshot())).collect())
     }
 
     /// Stops one service (by its hop name, e.g. `"orders"`, or [`WEBHOOK_SENDER`]), leaving the
@@ -551,6 +733,25 @@ mod tests {
         }
         let mut ephemeral = ChainSettings::default().ephemeral();
         assert!(listeners().all(|listener| (listener.setting)(&mut ephemeral).port() == 0));
+    }
+
+    /// Each row binds every listener it lists, counts the requests of every listener that others
+    /// call, and names the hops its breakers guard.
+    #[tokio::test]
+    async fn every_row_hands_over_what_it_lists() {
+        let dir = tempfile::tempdir().unwrap();
+        let chain = Chain::start(ChainSettings::default().ephemeral().with_data_dir(dir.path())).await.unwrap();
+        let bound: Vec<_> = chain.addresses().iter().map(|(listener, address)| (listener.key, address.port() != 0)).collect();
+        assert_eq!(bound, listeners().map(|listener| (listener.key, true)).collect::<Vec<_>>());
+        let counters = chain.hop_stats();
+        for listener in listeners().filter(|listener| !listener.callers.is_empty()) {
+            assert!(counters.get(listener).is_some(), "{} is counted", listener.key);
+        }
+        let hops: Vec<_> = HOPS.iter().map(|hop| hop.service.name).collect();
+        for (edge, _) in chain.guard_stats().breakers() {
+            assert!(hops.contains(&edge.caller) && hops.contains(&edge.callee), "{edge}");
+        }
+        chain.stop().await.unwrap();
     }
 
     #[test]

@@ -3,7 +3,7 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::{Parser, Subcommand};
 use rpc::dev_certs::OPERATOR;
 use settings::SettingsArgs;
-use stack::{Chain, ChainSettings, scenario};
+use stack::{Chain, ChainSettings, chain::GATEWAY_HTTP, scenario};
 
 /// Runs gateway → orders → payment → bank-mock in one process.
 #[derive(Parser)]
@@ -100,10 +100,11 @@ async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Bo
     let mut chain = Chain::start(chain_settings.with_data_dir(dir)).await?;
     println!("gateway → orders → payment → bank-mock, and the webhook sender, are up (Ctrl-C stops them)");
     for listener in stack::chain::listeners() {
-        let shown = listener.shown.replace("{addr}", &listener.address(&chain).to_string()).replace("{admin_token}", &chain.admin_token);
+        let shown = listener.shown.replace("{addr}", &chain.address(listener).to_string()).replace("{admin_token}", &chain.admin_token);
         println!("  {:<18}{shown}", listener.label);
     }
-    println!("  databases         {}, {}", redact(&chain.database_urls.0), redact(&chain.database_urls.1));
+    let databases: Vec<String> = chain.databases().iter().map(|(_, url)| redact(url)).collect();
+    println!("  databases         {}", databases.join(", "));
     println!("  API keys          demo-key-1 (client demo-client-1), demo-key-2 (client demo-client-2)");
     match chain.dev_certs() {
         Some(certs) => {
@@ -124,7 +125,7 @@ async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Bo
         "  curl -si http://{}/v1/orders -H 'Authorization: Bearer demo-key-1' -H 'Idempotency-Key: order-1' \\\n    \
          -H 'Content-Type: application/json' \\\n    \
          -d '{{\"customer_id\": \"c-1\", \"items\": [{{\"sku\": \"sku-1\", \"quantity\": 2}}], \"amount_minor\": 1299, \"currency\": \"EUR\"}}'",
-        chain.addresses.gateway_http
+        chain.address(&GATEWAY_HTTP)
     );
     let stop = rpc::shutdown_signal();
     let token = chain.shutdown_token();

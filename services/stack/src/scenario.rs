@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    chain::{Chain, ChainGuardStats, ChainHopStats, ChainSettings},
+    chain::{Chain, ChainGuardStats, ChainHopStats, ChainSettings, GATEWAY_HTTP},
     settlement::{self, Settlement},
 };
 
@@ -628,7 +628,7 @@ async fn drive(sender: Arc<Sender>, scenario: &Scenario) {
 /// Runs `scenario` once against a running `chain` (whatever variant it was started as).
 pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> Report {
     chain.bank().reset();
-    let base = format!("http://{}", chain.addresses.gateway_http);
+    let base = format!("http://{}", chain.address(&GATEWAY_HTTP));
     // One order made while the bank is healthy, for scenarios that read it.
     let seeded = if scenario.traffic == Traffic::Summaries || scenario.reads_per_second.is_some() {
         Some(seed_order(&base, scenario.api_key).await)
@@ -801,10 +801,7 @@ impl fmt::Display for Comparison<'_> {
             ("bank calls per user request", |r| format!("{:.2}", r.bank_calls_per_request)),
             ("retries at the gateway", |r| r.retry.retries.to_string()),
             ("bank calls after clients left", |r| r.bank_calls_after_clients_left.to_string()),
-            ("work finished after its deadline", |r| {
-                let h = r.hops;
-                (h.gateway_http.finished_late + h.orders.finished_late + h.payment.finished_late + h.bank.finished_late).to_string()
-            }),
+            ("work finished after its deadline", |r| r.hops.iter().map(|(_, counters)| counters.finished_late).sum::<u64>().to_string()),
             ("p99 latency", |r| format!("{:.1} ms", r.latency_ms.p99)),
             ("no answer (client gave up)", |r| r.no_answer.to_string()),
         ];
@@ -895,8 +892,8 @@ impl fmt::Display for Report {
                 reads.p50, reads.p99, baseline.p50, baseline.p99
             )?;
         }
-        let g = self.guards;
-        for (name, b) in [("gateway → orders", g.gateway_orders), ("orders → payment", g.orders_payment), ("payment → bank", g.payment_bank)] {
+        let g = &self.guards;
+        for (name, b) in g.breakers() {
             if b.opened + b.rejected > 0 {
                 writeln!(
                     f,
@@ -909,9 +906,8 @@ impl fmt::Display for Report {
             writeln!(f, "  bulkhead     payment → bank: {} calls rejected at the limit of {}", g.bank_bulkhead.rejected, g.bank_bulkhead.limit)?;
         }
         writeln!(f, "  deadlines    requests / expired at the hop / finished late / abandoned / failed fast")?;
-        let h = self.hops;
-        for (hop, s) in [("gateway", h.gateway_http), ("orders", h.orders), ("payment", h.payment), ("bank-mock", h.bank)] {
-            writeln!(f, "    {hop:<10} {} / {} / {} / {} / {}", s.requests, s.expired, s.finished_late, s.abandoned, s.failed_fast)?;
+        for (listener, s) in self.hops.iter() {
+            writeln!(f, "    {:<16} {} / {} / {} / {} / {}", listener.label, s.requests, s.expired, s.finished_late, s.abandoned, s.failed_fast)?;
         }
         if let Some(text) = &self.sample_ledger {
             writeln!(f, "  ledger of the first answer (ms)")?;

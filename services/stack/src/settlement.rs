@@ -64,7 +64,7 @@ pub enum WatchError {
 /// Counts the chain's orders now, then again every 200 ms until none is pending or `limit` has
 /// passed.
 pub async fn watch(chain: &Chain, limit: Duration) -> Result<Settlement, WatchError> {
-    let database = Database::connect(&chain.database_urls.0).await?;
+    let database = Database::connect(chain.database_url(orders::HOP).expect("orders keeps a database")).await?;
     let started = Instant::now();
     let before = OrderCounts::read(&database).await?;
     let mut after = before;

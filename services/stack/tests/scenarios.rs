@@ -45,8 +45,8 @@ async fn bank_hang_ends_every_request_in_504_with_no_work_after_the_deadline() {
     let report = run("bank-hang").await;
     assert_eq!(report.outcomes.get(&504), Some(&report.requests));
     assert_eq!((report.bank.charges, report.bank.late_completions), (0, 0));
-    for hop in [report.hops.gateway_http, report.hops.orders, report.hops.payment, report.hops.bank] {
-        assert_eq!(hop.finished_late, 0);
+    for (listener, hop) in report.hops.iter() {
+        assert_eq!(hop.finished_late, 0, "{}", listener.key);
     }
     assert!(report.latency_ms.max < 500.0 + 750.0, "{:?}", report.latency_ms);
 }
@@ -162,7 +162,7 @@ async fn idempotent_throughput_replays_every_order_without_the_bank() {
 #[tokio::test]
 async fn bank_down_breaker_opens_answers_at_once_and_closes_after_the_bank_recovers() {
     let report = run("bank-down-breaker").await;
-    let breaker = report.guards.payment_bank;
+    let breaker = report.guards.breaker(payment::HOP, bank_mock::HOP);
     assert!(breaker.opened >= 1 && breaker.rejected > 0, "{breaker:?}");
     assert_eq!(breaker.position, resilience::breaker::Position::Closed, "closed again after the bank recovered: {breaker:?}");
     assert!(report.outcomes.get(&201).is_some_and(|paid| *paid > 0), "orders are paid after the recovery: {:?}", report.outcomes);

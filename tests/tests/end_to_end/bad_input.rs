@@ -2,6 +2,7 @@
 
 use e2e::{API_KEY, TestChain, fast_bank, grpc_request, order_body, order_message, problem};
 use serde_json::{Value, json};
+use stack::chain::{BANK_ADMIN, GATEWAY_GRPC, ORDERS_GRPC};
 use tonic::Code;
 
 fn with(change: impl FnOnce(&mut Value)) -> Value {
@@ -183,7 +184,7 @@ async fn an_undecodable_protobuf_is_invalid_argument() {
     // A gRPC frame whose message declares a field longer than itself.
     let frame = [0u8, 0, 0, 0, 2, 0x0A, 0xFF];
     let response = http2
-        .post(format!("http://{}/gateway.v1.Gateway/CreateOrder", test.chain.addresses.gateway_grpc))
+        .post(format!("http://{}/gateway.v1.Gateway/CreateOrder", test.chain.address(&GATEWAY_GRPC)))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
         .header("authorization", format!("Bearer {API_KEY}"))
@@ -201,7 +202,7 @@ async fn an_undecodable_protobuf_is_invalid_argument() {
 #[tokio::test]
 async fn bank_admin_numbers_are_bounded_and_no_absurd_wait_reaches_a_client() {
     let test = TestChain::start().await;
-    let faults_url = format!("http://{}/admin/faults", test.chain.addresses.bank_admin);
+    let faults_url = format!("http://{}/admin/faults", test.chain.address(&BANK_ADMIN));
     let put = |body: &'static str| test.http.put(&faults_url).header("x-admin-token", &test.chain.admin_token).body(body).send();
     let cases = [
         (r#"{"pushback_ms": 9223372036854775807}"#, "pushback_ms"),
@@ -230,6 +231,6 @@ async fn bank_admin_numbers_are_bounded_and_no_absurd_wait_reaches_a_client() {
 }
 
 fn assert_nothing_reached_orders(test: &TestChain) {
-    assert_eq!(test.chain.hop_stats().orders.requests, 0, "no bad request reached orders");
+    assert_eq!(test.chain.hop_stats()[&ORDERS_GRPC].requests, 0, "no bad request reached orders");
     assert_eq!(test.chain.bank().stats().calls, 0);
 }

@@ -2,6 +2,7 @@
 
 use deadline::{LEDGER_HEADER, ledger};
 use e2e::{TestChain, order_body};
+use stack::chain::{BANK_ADMIN, BANK_GRPC, GATEWAY_GRPC, ORDERS_GRPC, PAYMENT_GRPC};
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
 use tonic_reflection::pb::v1::{
     ServerReflectionRequest, server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
@@ -100,13 +101,13 @@ async fn reflected_services(channel: tonic::transport::Channel) -> Vec<String> {
 #[tokio::test]
 async fn every_service_answers_health_checks_and_reflection() {
     let test = TestChain::start().await;
-    let a = &test.chain.addresses;
+    let a = test.chain.addresses();
     for (name, addr, service) in [
-        ("gateway", a.gateway_grpc, "gateway.v1.Gateway"),
-        ("orders", a.orders, "orders.v1.Orders"),
-        ("orders", a.orders, "orders.v1.Webhooks"),
-        ("payment", a.payment, "payment.v1.PaymentService"),
-        ("bank-mock", a.bank, "bank.v1.Bank"),
+        ("gateway", a[&GATEWAY_GRPC], "gateway.v1.Gateway"),
+        ("orders", a[&ORDERS_GRPC], "orders.v1.Orders"),
+        ("orders", a[&ORDERS_GRPC], "orders.v1.Webhooks"),
+        ("payment", a[&PAYMENT_GRPC], "payment.v1.PaymentService"),
+        ("bank-mock", a[&BANK_GRPC], "bank.v1.Bank"),
     ] {
         // The public port is plain, the inner ones answer the operator's certificate.
         let channel = match name {
@@ -128,7 +129,7 @@ async fn the_public_port_reflects_the_public_services_only() {
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse::{ErrorResponse, FileDescriptorResponse};
 
     let test = TestChain::start().await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", test.chain.addresses.gateway_grpc)).unwrap().connect().await.unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", test.chain.address(&GATEWAY_GRPC))).unwrap().connect().await.unwrap();
     let mut listed = reflected_services(channel.clone()).await;
     listed.sort();
     assert_eq!(listed, ["gateway.v1.Gateway", "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"]);
@@ -151,7 +152,7 @@ async fn the_public_port_reflects_the_public_services_only() {
 #[tokio::test]
 async fn the_bank_admin_api_needs_its_token() {
     let test = TestChain::start().await;
-    let url = format!("http://{}/admin/stats", test.chain.addresses.bank_admin);
+    let url = format!("http://{}/admin/stats", test.chain.address(&BANK_ADMIN));
     assert_eq!(test.http.get(&url).send().await.unwrap().status(), 401);
     assert_eq!(test.http.get(&url).header("x-admin-token", "wrong").send().await.unwrap().status(), 401);
     let stats = test.http.get(&url).header("x-admin-token", &test.chain.admin_token).send().await.unwrap();
@@ -159,7 +160,7 @@ async fn the_bank_admin_api_needs_its_token() {
     let stats: serde_json::Value = stats.json().await.unwrap();
     assert_eq!(stats["calls"], 0);
 
-    let faults_url = format!("http://{}/admin/faults", test.chain.addresses.bank_admin);
+    let faults_url = format!("http://{}/admin/faults", test.chain.address(&BANK_ADMIN));
     let bad = test.http.put(&faults_url).header("x-admin-token", &test.chain.admin_token).body(r#"{"error_rate": 2}"#).send().await.unwrap();
     assert_eq!(bad.status(), 400);
     let good = test.http.put(&faults_url).header("x-admin-token", &test.chain.admin_token).body(r#"{"hang": true}"#).send().await.unwrap();

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use bank_mock::Faults;
 use deadline::{LEDGER_HEADER, ledger};
 use e2e::{BACKGROUND, TestChain, eventually, grpc_request, order_body, order_message};
+use stack::chain::{BANK_GRPC, GATEWAY_HTTP, ORDERS_GRPC, PAYMENT_GRPC};
 use tonic::Code;
 
 /// Ample room above a deadline for scheduling on a loaded 2-core machine.
@@ -29,18 +30,20 @@ async fn with_the_bank_hanging_http_gets_504_by_the_deadline_and_no_hop_works_pa
     // Once the bank's hanging work has been stopped (its deadline ended it, or its caller went
     // away), every hop is done with the request: nothing may have finished after its deadline.
     eventually(BACKGROUND, "the bank's hanging work stopped", || async {
-        let bank = test.chain.hop_stats().bank;
+        let bank = test.chain.hop_stats()[&BANK_GRPC];
         bank.expired + bank.abandoned >= 1
     })
     .await;
     let bank = test.chain.bank().stats();
     assert_eq!((bank.calls, bank.hung, bank.charges, bank.late_completions), (1, 1, 0, 0));
     let hops = test.chain.hop_stats();
-    for (hop, stats) in [("gateway", hops.gateway_http), ("orders", hops.orders), ("payment", hops.payment), ("bank-mock", hops.bank)] {
+    for (hop, stats) in
+        [("gateway", hops[&GATEWAY_HTTP]), ("orders", hops[&ORDERS_GRPC]), ("payment", hops[&PAYMENT_GRPC]), ("bank-mock", hops[&BANK_GRPC])]
+    {
         assert_eq!(stats.requests, 1, "{hop}");
         assert_eq!(stats.finished_late, 0, "{hop} finished work after its deadline");
     }
-    assert_eq!(hops.bank.expired + hops.bank.abandoned, 1, "the bank's hanging work was stopped");
+    assert_eq!(hops[&BANK_GRPC].expired + hops[&BANK_GRPC].abandoned, 1, "the bank's hanging work was stopped");
 }
 
 #[tokio::test]
@@ -85,15 +88,15 @@ async fn inner_hops_called_directly_also_answer_deadline_exceeded() {
 
     let test = TestChain::start().await;
     test.set_faults(Faults { hang: true, ..Faults::default() });
-    let a = &test.chain.addresses;
+    let a = test.chain.addresses();
 
-    let mut orders = OrdersClient::new(test.channel_as("gateway", "orders", a.orders).await);
+    let mut orders = OrdersClient::new(test.channel_as("gateway", "orders", a[&ORDERS_GRPC]).await);
     let mut request = grpc_request(order_message(), "direct-orders");
     request.metadata_mut().insert("x-client-id", "direct".parse().unwrap());
     request.set_timeout(Duration::from_millis(300));
     assert_eq!(orders.create_order(request).await.unwrap_err().code(), Code::DeadlineExceeded);
 
-    let mut payment = PaymentServiceClient::new(test.channel_as("orders", "payment", a.payment).await);
+    let mut payment = PaymentServiceClient::new(test.channel_as("orders", "payment", a[&PAYMENT_GRPC]).await);
     let pay = PayRequest { order_id: "ord_direct".into(), customer_id: "c-1".into(), amount_minor: 100, currency: "EUR".into() };
     let mut request = grpc_request(pay, "direct-payment");
     request.set_timeout(Duration::from_millis(300));
@@ -118,5 +121,5 @@ async fn a_hop_with_less_budget_than_the_next_call_needs_does_not_make_it() {
     assert!(status.message().contains("minimum of 5000"), "{status:?}");
 
     assert_eq!(test.chain.bank().stats().calls, 0, "the bank was never called");
-    assert_eq!(test.chain.hop_stats().payment.failed_fast, 2);
+    assert_eq!(test.chain.hop_stats()[&PAYMENT_GRPC].failed_fast, 2);
 }

@@ -4,11 +4,12 @@
 
 use e2e::{BACKGROUND, TestChain, eventually, fast_bank, order_body};
 use serde_json::Value;
+use stack::chain::ORDERS_GRPC;
 
 /// Stops orders and returns once its port refuses connections.
 async fn stop_orders(test: &TestChain) {
     assert!(test.chain.stop_service("orders"));
-    let address = test.chain.addresses.orders;
+    let address = test.chain.address(&ORDERS_GRPC);
     eventually(BACKGROUND, "orders stopped listening", || async { tokio::net::TcpStream::connect(address).await.is_err() }).await;
 }
 

@@ -6,6 +6,7 @@ use bank_mock::Latency;
 use e2e::{BACKGROUND, TestChain, eventually, fast_bank, grpc_request, order_body};
 use proto::payment::v1::{PayRequest, payment_service_client::PaymentServiceClient};
 use resilience::{breaker::Position, rate_limit::QuotaSettings};
+use stack::chain::{GATEWAY_HTTP, ORDERS_GRPC, PAYMENT_GRPC};
 use tonic::Code;
 
 /// How long the breakers of these tests first stay open: long enough for a dozen loopback calls
@@ -32,14 +33,14 @@ async fn the_breaker_opens_fails_fast_without_calling_then_probes_and_closes() {
         let response = test.post_order(&format!("down-{n}"), &order_body()).send().await.unwrap();
         assert_eq!(response.status(), 503);
     }
-    assert_eq!(test.chain.guard_stats().payment_bank.position, Position::Open);
+    assert_eq!(test.chain.guard_stats().breaker(payment::HOP, bank_mock::HOP).position, Position::Open);
     let calls = test.chain.bank().stats().calls;
 
     // Open: answered at once, without reaching the bank, with the time until it probes again.
     let response = test.post_order("down-open", &order_body()).send().await.unwrap();
     assert_eq!(response.status(), 503);
     assert!(response.headers().contains_key("retry-after"));
-    let mut payment = PaymentServiceClient::new(test.channel_as("orders", "payment", test.chain.addresses.payment).await);
+    let mut payment = PaymentServiceClient::new(test.channel_as("orders", "payment", test.chain.address(&PAYMENT_GRPC)).await);
     for n in 0..10 {
         let pay = PayRequest { order_id: format!("ord_direct_{n}"), customer_id: "c".into(), amount_minor: 100, currency: "EUR".into() };
         let status = payment.pay(grpc_request(pay, &format!("direct-{n}"))).await.unwrap_err();
@@ -57,7 +58,7 @@ async fn the_breaker_opens_fails_fast_without_calling_then_probes_and_closes() {
     assert!(wait.as_millis() as u64 <= longest_first, "{wait:?}");
     tokio::time::sleep(wait).await;
     test.post_order("down-probe", &order_body()).send().await.unwrap();
-    assert_eq!(test.chain.guard_stats().payment_bank.position, Position::Open);
+    assert_eq!(test.chain.guard_stats().breaker(payment::HOP, bank_mock::HOP).position, Position::Open);
     assert_eq!(test.chain.bank().stats().calls, calls + 1, "one probe went through");
     let wait = pushback_of_the_bank_breaker(&mut payment, "direct-second-wait").await;
     assert!((longest_first + 1..=2 * longest_first).contains(&(wait.as_millis() as u64)), "longer than any first opening: {wait:?}");
@@ -68,7 +69,7 @@ async fn the_breaker_opens_fails_fast_without_calling_then_probes_and_closes() {
     for n in 0..2 {
         assert_eq!(test.post_order(&format!("healed-{n}"), &order_body()).send().await.unwrap().status(), 201);
     }
-    let breaker = test.chain.guard_stats().payment_bank;
+    let breaker = test.chain.guard_stats().breaker(payment::HOP, bank_mock::HOP);
     assert_eq!(breaker.position, Position::Closed, "{breaker:?}");
     assert_eq!((breaker.opened, breaker.half_opened, breaker.closed), (2, 2, 1), "{breaker:?}");
 }
@@ -114,7 +115,7 @@ async fn resource_exhausted_never_opens_the_breaker_and_its_pushback_is_honoured
         assert_eq!(response.status(), 429);
         assert_eq!(response.headers()["retry-after"], "3");
     }
-    let breaker = test.chain.guard_stats().payment_bank;
+    let breaker = test.chain.guard_stats().breaker(payment::HOP, bank_mock::HOP);
     assert_eq!((breaker.position, breaker.opened, breaker.judged_against), (Position::Closed, 0, 0), "{breaker:?}");
     assert_eq!(test.chain.bank().stats().calls, 20, "every call still reaches the bank");
 }
@@ -183,7 +184,7 @@ async fn long_operations_have_their_own_intake_and_reads_keep_theirs() {
     assert_eq!(refused.status(), 503);
     assert_eq!(refused.headers()["retry-after"], "1");
     assert_eq!(refused.headers()["content-type"], "application/problem+json");
-    assert_eq!(test.chain.hop_stats().gateway_http.requests, 4, "the seed, the two hanging creations and the refused one");
+    assert_eq!(test.chain.hop_stats()[&GATEWAY_HTTP].requests, 4, "the seed, the two hanging creations and the refused one");
 
     let read = test.http.get(&order_url).bearer_auth(e2e::API_KEY).send().await.unwrap();
     assert_eq!(read.status(), 200, "reads are not behind the creations");
@@ -200,7 +201,7 @@ async fn a_server_at_capacity_refuses_at_once_with_a_pushback() {
     test.set_faults(fast_bank(|f| f.hang = true));
     let [busy] = creations_in_the_background(&test, "busy", 1, 800).try_into().expect("one creation");
     eventually(BACKGROUND, "the busy creation hanging at the bank", || async { test.chain.bank().stats().hung >= 1 }).await;
-    let mut orders = OrdersClient::new(test.channel_as("gateway", "orders", test.chain.addresses.orders).await);
+    let mut orders = OrdersClient::new(test.channel_as("gateway", "orders", test.chain.address(&ORDERS_GRPC)).await);
     let mut request = grpc_request(e2e::order_message(), "at-capacity");
     request.metadata_mut().insert("x-client-id", "direct".parse().unwrap());
     let status = orders.create_order(request).await.unwrap_err();
@@ -250,7 +251,7 @@ async fn a_client_with_tiny_deadlines_cannot_open_the_bank_breaker_for_the_other
     assert!(expired >= 5, "most expired at the bank (a quick draw of its latency may make it): {expired} of 8");
     assert!(test.chain.bank().stats().calls >= 8, "the bank was called each time, no fail-fast: {:?}", test.chain.bank().stats());
     let guards = test.chain.guard_stats();
-    let breaker = guards.payment_bank;
+    let breaker = guards.breaker(payment::HOP, bank_mock::HOP);
     assert_eq!((breaker.position, breaker.opened, breaker.judged_against), (Position::Closed, 0, 0), "{breaker:?}");
 
     // Another client's ordinary orders keep going through.
@@ -258,11 +259,8 @@ async fn a_client_with_tiny_deadlines_cannot_open_the_bank_breaker_for_the_other
         let response = test.post_order(&format!("ordinary-{n}"), &order_body()).timeout(REQUEST_LIMIT).send().await.unwrap();
         assert_eq!(response.status(), 201);
     }
-    let guards = test.chain.guard_stats();
-    for (hop, breaker) in
-        [("payment → bank", guards.payment_bank), ("orders → payment", guards.orders_payment), ("gateway → orders", guards.gateway_orders)]
-    {
-        assert_eq!((breaker.position, breaker.opened), (Position::Closed, 0), "{hop}: {breaker:?}");
+    for (edge, breaker) in test.chain.guard_stats().breakers() {
+        assert_eq!((breaker.position, breaker.opened), (Position::Closed, 0), "{edge}: {breaker:?}");
     }
 }
 
@@ -280,11 +278,11 @@ async fn a_bank_slower_than_an_adequate_slice_still_opens_its_breaker() {
     for request in slow {
         assert_eq!(request.await.unwrap(), 504);
     }
-    let guards = test.chain.guard_stats();
-    assert_eq!(guards.payment_bank.position, Position::Open, "{:?}", guards.payment_bank);
-    // The expiry is the bank's, relayed above payment: the breakers further up stay closed.
-    assert_eq!(guards.orders_payment.position, Position::Closed, "{:?}", guards.orders_payment);
-    assert_eq!(guards.gateway_orders.position, Position::Closed, "{:?}", guards.gateway_orders);
+    for (edge, breaker) in test.chain.guard_stats().breakers() {
+        // The expiry is the bank's, relayed above payment: the breakers further up stay closed.
+        let expected = if edge.callee == bank_mock::HOP { Position::Open } else { Position::Closed };
+        assert_eq!(breaker.position, expected, "{edge}: {breaker:?}");
+    }
 
     let calls = test.chain.bank().stats().calls;
     let refused = test.post_order("slow-refused", &order_body()).timeout(REQUEST_LIMIT).send().await.unwrap();
@@ -301,12 +299,13 @@ async fn a_bank_failing_every_call_opens_only_the_breaker_in_front_of_it() {
         assert_eq!(response.status(), 503);
     }
     let guards = test.chain.guard_stats();
-    assert_eq!(guards.payment_bank.position, Position::Open, "{:?}", guards.payment_bank);
+    let bank = guards.breaker(payment::HOP, bank_mock::HOP);
+    assert_eq!(bank.position, Position::Open, "{bank:?}");
     // Above payment the failures arrive relayed (the bank's) or failed fast (payment's breaker):
     // neither says anything about payment or orders themselves.
-    for (hop, breaker) in [("orders → payment", guards.orders_payment), ("gateway → orders", guards.gateway_orders)] {
-        assert_eq!((breaker.position, breaker.opened), (Position::Closed, 0), "{hop}: {breaker:?}");
-        assert_eq!(breaker.judged_against, 0, "{hop} counted none of them against its dependency: {breaker:?}");
+    for (edge, breaker) in guards.breakers().filter(|(edge, _)| edge.callee != bank_mock::HOP) {
+        assert_eq!((breaker.position, breaker.opened), (Position::Closed, 0), "{edge}: {breaker:?}");
+        assert_eq!(breaker.judged_against, 0, "{edge} counted none of them against its dependency: {breaker:?}");
     }
 }
 
@@ -321,7 +320,7 @@ async fn payment_keeps_the_banks_quota_itself_and_the_breaker_stays_closed() {
     for n in 0..2 {
         assert_eq!(test.post_order(&format!("within-quota-{n}"), &order_body()).send().await.unwrap().status(), 201);
     }
-    let mut payment = PaymentServiceClient::new(test.channel_as("orders", "payment", test.chain.addresses.payment).await);
+    let mut payment = PaymentServiceClient::new(test.channel_as("orders", "payment", test.chain.address(&PAYMENT_GRPC)).await);
     let pay = PayRequest { order_id: "ord_over_quota".into(), customer_id: "c".into(), amount_minor: 100, currency: "EUR".into() };
     let status = payment.pay(grpc_request(pay, "over-quota-direct")).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
@@ -331,7 +330,7 @@ async fn payment_keeps_the_banks_quota_itself_and_the_breaker_stays_closed() {
     let refused = test.post_order("over-quota", &order_body()).send().await.unwrap();
     e2e::problem(refused, 429).await;
     assert_eq!(test.chain.bank().stats().calls, 2, "the calls over the quota never reached the bank");
-    let breaker = test.chain.guard_stats().payment_bank;
+    let breaker = test.chain.guard_stats().breaker(payment::HOP, bank_mock::HOP);
     assert_eq!(
         (breaker.position, breaker.opened, breaker.judged_against),
         (Position::Closed, 0, 0),

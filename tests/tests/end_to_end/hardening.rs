@@ -12,6 +12,7 @@ use std::{
 
 use e2e::{BACKGROUND, TestChain, eventually, fast_bank, order_body};
 use rpc::connections::ConnectionLimits;
+use stack::chain::{BANK_GRPC, GATEWAY_GRPC, GATEWAY_HTTP, ORDERS_GRPC, PAYMENT_GRPC};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpSocket, TcpStream},
@@ -38,11 +39,11 @@ async fn a_flood_of_idle_connections_on_the_public_port_stops_nothing_else() {
     const FLOOD: usize = 400;
     let limits = ConnectionLimits { max_open: 1_000, max_per_peer: 50, idle_timeout_ms: 1_500, ..ConnectionLimits::default() };
     let test = TestChain::start_with(|s| s.gateway.connections = limits).await;
-    let a = test.chain.addresses.clone();
+    let a = test.chain.addresses().clone();
 
     let mut flood = Vec::with_capacity(FLOOD);
     for _ in 0..FLOOD {
-        flood.push(connect_from(FLOODER, a.gateway_http).await.expect("the kernel accepts the connection"));
+        flood.push(connect_from(FLOODER, a[&GATEWAY_HTTP]).await.expect("the kernel accepts the connection"));
     }
     // The peer's share is held; everything beyond it is closed at once (after the accept loop
     // has caught up with the burst).
@@ -57,7 +58,7 @@ async fn a_flood_of_idle_connections_on_the_public_port_stops_nothing_else() {
 
     // Meanwhile the chain serves: an order through all four hops, and every inner health check.
     assert_eq!(test.post_order("during-the-flood", &order_body()).send().await.unwrap().status(), 201);
-    for (service, address) in [("orders", a.orders), ("payment", a.payment), ("bank-mock", a.bank)] {
+    for (service, address) in [("orders", a[&ORDERS_GRPC]), ("payment", a[&PAYMENT_GRPC]), ("bank-mock", a[&BANK_GRPC])] {
         let tls = rpc::tls::ServiceTls::load(service, &test.certs().settings(service)).unwrap();
         rpc::health::check_as(address, service, &tls, Duration::from_secs(5)).await.unwrap();
     }
@@ -103,7 +104,7 @@ async fn slow_headers_and_silent_http2_connections_are_closed_within_their_timeo
     const SLOW: usize = 50;
     let limits = ConnectionLimits { header_read_timeout_ms: 1_000, idle_timeout_ms: 1_500, ..ConnectionLimits::default() };
     let test = TestChain::start_with(|s| s.gateway.connections = limits).await;
-    let a = test.chain.addresses.clone();
+    let a = test.chain.addresses().clone();
     let (header_read, idle) = (Duration::from_millis(limits.header_read_timeout_ms), Duration::from_millis(limits.idle_timeout_ms));
     // A loaded machine may be slow to notice; a connection held for ever never is.
     let slack = Duration::from_secs(2);
@@ -112,7 +113,7 @@ async fn slow_headers_and_silent_http2_connections_are_closed_within_their_timeo
     // header read timeout that must close it.
     let slow_headers: Vec<_> = (0..SLOW)
         .map(|n| {
-            let to = a.gateway_http;
+            let to = a[&GATEWAY_HTTP];
             tokio::spawn(async move {
                 let stream = connect_from(FLOODER, to).await.unwrap();
                 let opening = format!("GET /v1/orders/ord_{n} HTTP/1.1\r\nhost: gateway\r\n");
@@ -123,7 +124,7 @@ async fn slow_headers_and_silent_http2_connections_are_closed_within_their_timeo
     // HTTP/2 on both public ports: the preface and then silence, until the idle timeout.
     let silent: Vec<_> = (0..SLOW)
         .map(|n| {
-            let to = if n % 2 == 0 { a.gateway_grpc } else { a.gateway_http };
+            let to = if n % 2 == 0 { a[&GATEWAY_GRPC] } else { a[&GATEWAY_HTTP] };
             tokio::spawn(async move {
                 let stream = connect_from(FLOODER, to).await.unwrap();
                 lifetime(stream, HTTP2_PREFACE, None, idle * 10).await
@@ -177,7 +178,7 @@ async fn twenty_thousand_idle_connections_on_the_public_port() {
     const RSS_GROWTH_KIB: u64 = 100 * 1024;
     let limits = ConnectionLimits { idle_timeout_ms: 5_000, ..ConnectionLimits::default() };
     let test = TestChain::start_with(|s| s.gateway.connections = limits).await;
-    let a = test.chain.addresses.clone();
+    let a = test.chain.addresses().clone();
 
     let per_flooder = FLOOD / FLOODERS;
     let sources = per_flooder / limits.max_per_peer;
@@ -186,7 +187,7 @@ async fn twenty_thousand_idle_connections_on_the_public_port() {
     let mut serves = async || {
         orders += 1;
         assert_eq!(test.post_order(&format!("during-the-flood-{orders}"), &order_body()).send().await.unwrap().status(), 201);
-        for (service, address) in [("orders", a.orders), ("payment", a.payment), ("bank-mock", a.bank)] {
+        for (service, address) in [("orders", a[&ORDERS_GRPC]), ("payment", a[&PAYMENT_GRPC]), ("bank-mock", a[&BANK_GRPC])] {
             let tls = rpc::tls::ServiceTls::load(service, &test.certs().settings(service)).unwrap();
             rpc::health::check_as(address, service, &tls, Duration::from_secs(5)).await.unwrap();
         }
@@ -198,7 +199,7 @@ async fn twenty_thousand_idle_connections_on_the_public_port() {
         .map(|n| {
             let first_source = Ipv4Addr::new(127, 0, 10 + n as u8, 1);
             Command::new(env!("CARGO_BIN_EXE_idle-flood"))
-                .args([a.gateway_http.to_string(), first_source.to_string(), sources.to_string(), per_flooder.to_string()])
+                .args([a[&GATEWAY_HTTP].to_string(), first_source.to_string(), sources.to_string(), per_flooder.to_string()])
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .spawn()

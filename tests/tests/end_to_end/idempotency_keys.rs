@@ -212,7 +212,7 @@ async fn the_completer_probes_instead_of_retrying_every_stranded_create_while_th
     assert!((1..=20).contains(&completer_calls), "{completer_calls} bank calls from the completer in 3 s");
 
     test.set_faults(fast_bank(|_| {}));
-    let database = idempotency::Database::connect(&test.chain.database_urls.0).await.unwrap();
+    let database = idempotency::Database::connect(test.chain.database_url(orders::HOP).unwrap()).await.unwrap();
     eventually(BACKGROUND, "every stranded create settled once the bank is back", || async {
         let paid: i64 =
             idempotency::on_driver!(database.reader(), |executor| sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE status = 'paid'")

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bank_mock::Latency;
 use e2e::{BACKGROUND, TestChain, eventually, fast_bank, order_body, sample};
+use stack::chain::{BANK_ADMIN, BANK_GRPC, GATEWAY_GRPC, GATEWAY_HTTP, GATEWAY_METRICS, ORDERS_GRPC, PAYMENT_GRPC};
 use telemetry::TelemetrySettings;
 
 #[tokio::test]
@@ -21,8 +22,8 @@ async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
         settings.orders.completer.grace_ms = 100;
     })
     .await;
-    let addresses = test.chain.addresses.clone();
-    let before = test.scrape(addresses.gateway_metrics).await;
+    let addresses = test.chain.addresses().clone();
+    let before = test.scrape(addresses[&GATEWAY_METRICS]).await;
 
     // Healthy orders and a summary, whose exchange rate the gateway remembers.
     let mut order_id = String::new();
@@ -70,7 +71,7 @@ async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
     }
     assert_eq!(summary(&test).await.unwrap().status(), 200);
 
-    let after = test.scrape(addresses.gateway_metrics).await;
+    let after = test.scrape(addresses[&GATEWAY_METRICS]).await;
     let grew = |metric: &str, labels: &[(&str, &str)]| sample(&after, metric, labels) - sample(&before, metric, labels);
     assert!(grew("chain_requests_total", &[("hop", "gateway"), ("code", "201")]) >= 3.0, "{after}");
     assert!(grew("chain_requests_total", &[("hop", "gateway"), ("code", "429")]) >= 1.0, "429s counted apart: {after}");
@@ -91,20 +92,20 @@ async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
 
     // Behind the edge every port answers /metrics, the gRPC ports over HTTP/1.1 too; the
     // gateway's public faces do not.
-    for address in [addresses.orders, addresses.payment, addresses.bank, addresses.bank_admin] {
+    for address in [addresses[&ORDERS_GRPC], addresses[&PAYMENT_GRPC], addresses[&BANK_GRPC], addresses[&BANK_ADMIN]] {
         let text = tokio::time::timeout(Duration::from_secs(5), test.scrape(address)).await.expect("scraped in time");
         assert!(text.contains("chain_requests_total"), "{address}: {text}");
     }
     // The completer's rounds, and its resumes of the creates the failing bank left (which fail
     // again: the bank still fails, or the breaker answers for it).
     let text = eventually(BACKGROUND, "the completer resumed a create", || async {
-        let text = test.scrape(addresses.orders).await;
+        let text = test.scrape(addresses[&ORDERS_GRPC]).await;
         (sample(&text, "orders_completer_resumes_total", &[("outcome", "failed")]) >= 1.0).then_some(text)
     })
     .await;
     assert!(sample(&text, "orders_completer_runs_total", &[]) >= 1.0, "{text}");
     assert_eq!(sample(&text, "orders_completer_unsettled", &[]), 0.0, "{text}");
-    for address in [addresses.gateway_http, addresses.gateway_grpc] {
+    for address in [addresses[&GATEWAY_HTTP], addresses[&GATEWAY_GRPC]] {
         let response = test.http.get(format!("http://{address}/metrics")).send().await.unwrap();
         assert!(!response.text().await.unwrap().contains("chain_requests_total"), "no metrics on the public face {address}");
     }

@@ -11,6 +11,7 @@ use proto::{
     payment::v1::{PayRequest, payment_service_client::PaymentServiceClient},
 };
 use rpc::{dev_certs::DevCerts, tls::dns_name};
+use stack::chain::{BANK_GRPC, ORDERS_GRPC, PAYMENT_GRPC};
 use tonic::{
     Code, Request, Status,
     transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
@@ -60,7 +61,7 @@ async fn assert_nothing_was_made(test: &TestChain) {
 #[tokio::test]
 async fn callers_without_a_certificate_or_from_a_hop_the_chain_does_not_allow_are_refused() {
     let test = TestChain::start().await;
-    let a = test.chain.addresses.clone();
+    let a = test.chain.addresses().clone();
     let identity = |name: &str| {
         let certs = test.certs();
         Some(Identity::from_pem(std::fs::read(certs.cert(name)).unwrap(), std::fs::read(certs.key(name)).unwrap()))
@@ -68,9 +69,9 @@ async fn callers_without_a_certificate_or_from_a_hop_the_chain_does_not_allow_ar
 
     // No certificate: the handshake completes, the call does not.
     let refused = try_everything(
-        channel(&test, "orders", a.orders, None).await,
-        channel(&test, "payment", a.payment, None).await,
-        channel(&test, "bank-mock", a.bank, None).await,
+        channel(&test, "orders", a[&ORDERS_GRPC], None).await,
+        channel(&test, "payment", a[&PAYMENT_GRPC], None).await,
+        channel(&test, "bank-mock", a[&BANK_GRPC], None).await,
     )
     .await;
     for status in &refused {
@@ -83,9 +84,9 @@ async fn callers_without_a_certificate_or_from_a_hop_the_chain_does_not_allow_ar
         [("bank-mock", "gateway", "orders"), ("payment", "bank-mock", "gateway"), ("operator", "operator", "operator")]
     {
         let refused = try_everything(
-            channel(&test, "orders", a.orders, identity(orders_caller)).await,
-            channel(&test, "payment", a.payment, identity(payment_caller)).await,
-            channel(&test, "bank-mock", a.bank, identity(bank_caller)).await,
+            channel(&test, "orders", a[&ORDERS_GRPC], identity(orders_caller)).await,
+            channel(&test, "payment", a[&PAYMENT_GRPC], identity(payment_caller)).await,
+            channel(&test, "bank-mock", a[&BANK_GRPC], identity(bank_caller)).await,
         )
         .await;
         for (status, caller) in refused.iter().zip([orders_caller, payment_caller, bank_caller]) {
@@ -101,16 +102,16 @@ async fn callers_without_a_certificate_or_from_a_hop_the_chain_does_not_allow_ar
     let foreign_identity =
         |name: &str| Some(Identity::from_pem(std::fs::read(foreign.cert(name)).unwrap(), std::fs::read(foreign.key(name)).unwrap()));
     let refused = try_everything(
-        channel(&test, "orders", a.orders, foreign_identity("gateway")).await,
-        channel(&test, "payment", a.payment, foreign_identity("orders")).await,
-        channel(&test, "bank-mock", a.bank, foreign_identity("payment")).await,
+        channel(&test, "orders", a[&ORDERS_GRPC], foreign_identity("gateway")).await,
+        channel(&test, "payment", a[&PAYMENT_GRPC], foreign_identity("orders")).await,
+        channel(&test, "bank-mock", a[&BANK_GRPC], foreign_identity("payment")).await,
     )
     .await;
     for status in &refused {
         assert!(matches!(status.code(), Code::Unavailable | Code::Unknown), "a failed handshake: {status:?}");
     }
     let plain = |address: SocketAddr| Endpoint::from_shared(format!("http://{address}")).unwrap().connect_lazy();
-    let refused = try_everything(plain(a.orders), plain(a.payment), plain(a.bank)).await;
+    let refused = try_everything(plain(a[&ORDERS_GRPC]), plain(a[&PAYMENT_GRPC]), plain(a[&BANK_GRPC])).await;
     for status in &refused {
         assert_ne!(status.code(), Code::Ok, "{status:?}");
     }
@@ -123,18 +124,18 @@ async fn callers_without_a_certificate_or_from_a_hop_the_chain_does_not_allow_ar
 #[tokio::test]
 async fn the_operator_reads_and_checks_health_on_every_inner_service() {
     let test = TestChain::start().await;
-    let a = test.chain.addresses.clone();
+    let a = test.chain.addresses().clone();
     let created: serde_json::Value = test.post_order("for-the-operator", &order_body()).send().await.unwrap().json().await.unwrap();
     let order_id = created["order_id"].as_str().unwrap().to_owned();
 
-    let mut orders = OrdersClient::new(test.channel_as(rpc::dev_certs::OPERATOR, "orders", a.orders).await);
+    let mut orders = OrdersClient::new(test.channel_as(rpc::dev_certs::OPERATOR, "orders", a[&ORDERS_GRPC]).await);
     let mut read = Request::new(GetOrderRequest { order_id: order_id.clone() });
     read.metadata_mut().insert("x-client-id", "demo-client-1".parse().unwrap());
     assert_eq!(orders.get_order(read).await.unwrap().into_inner().order_id, order_id);
 
     // Each service's own certificate passes its health check, as the `healthcheck` subcommand
     // does in a container.
-    for (service, address) in [("orders", a.orders), ("payment", a.payment), ("bank-mock", a.bank)] {
+    for (service, address) in [("orders", a[&ORDERS_GRPC]), ("payment", a[&PAYMENT_GRPC]), ("bank-mock", a[&BANK_GRPC])] {
         let tls = rpc::tls::ServiceTls::load(service, &test.certs().settings(service)).unwrap();
         rpc::health::check_as(address, service, &tls, std::time::Duration::from_secs(5)).await.unwrap();
     }

@@ -12,6 +12,7 @@ use std::{
 
 use e2e::{API_KEY, Backend, TestChain, chain_with_receiver, events, missing, order_body, subscribe};
 use serde_json::{Value, json};
+use stack::chain::GATEWAY_HTTP;
 use webhook_receiver::PATH;
 
 fn committed_document() -> PathBuf {
@@ -121,7 +122,7 @@ async fn schemathesis_finds_no_internal_error_and_no_answer_the_document_does_no
         "--no-color".to_owned(),
         "run".to_owned(),
         committed_document().display().to_string(),
-        format!("--url=http://{}", test.chain.addresses.gateway_http),
+        format!("--url=http://{}", test.chain.address(&GATEWAY_HTTP)),
         format!("--header=Authorization: Bearer {API_KEY}"),
         format!("--checks={}", checks.join(",")),
         format!("--max-examples={EXAMPLES_PER_OPERATION}"),

@@ -9,6 +9,7 @@ use std::{path::Path, process::Command};
 use e2e::{API_KEY, TestChain, missing};
 use rpc::{dev_certs::OPERATOR, tls::dns_name};
 use serde_json::{Value, json};
+use stack::chain::{BANK_GRPC, GATEWAY_GRPC, ORDERS_GRPC, PAYMENT_GRPC, WEBHOOK_SENDER_HEALTH};
 
 /// The Python modules the script imports.
 const MODULES: &str = "import grpc, grpc_health.v1, grpc_reflection.v1alpha, grpc_tools.protoc";
@@ -23,22 +24,22 @@ async fn a_python_grpcio_client_sees_health_reflection_and_deadline_propagation_
         return missing("python3 with grpcio, grpcio-health-checking, grpcio-reflection and grpcio-tools", "the Python interop test did not run");
     }
     let test = TestChain::start().await;
-    let addresses = &test.chain.addresses;
+    let addresses = test.chain.addresses();
     let certs = test.certs();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace");
     let inner = |address: std::net::SocketAddr, service: &str| json!({ "address": address.to_string(), "tls_name": dns_name(service) });
     let plain = |address: std::net::SocketAddr| json!({ "address": address.to_string() });
     let config = json!({
         "ports": {
-            "gateway": plain(addresses.gateway_grpc),
-            "orders": inner(addresses.orders, "orders"),
-            "payment": inner(addresses.payment, "payment"),
-            "bank-mock": inner(addresses.bank, "bank-mock"),
-            "webhook-sender": plain(addresses.webhook_sender),
+            "gateway": plain(addresses[&GATEWAY_GRPC]),
+            "orders": inner(addresses[&ORDERS_GRPC], "orders"),
+            "payment": inner(addresses[&PAYMENT_GRPC], "payment"),
+            "bank-mock": inner(addresses[&BANK_GRPC], "bank-mock"),
+            "webhook-sender": plain(addresses[&WEBHOOK_SENDER_HEALTH]),
         },
         "operator": { "ca": certs.ca(), "cert": certs.cert(OPERATOR), "key": certs.key(OPERATOR) },
         "proto_dir": root.join("proto"),
-        "gateway": addresses.gateway_grpc.to_string(),
+        "gateway": addresses[&GATEWAY_GRPC].to_string(),
         "api_key": API_KEY,
         "idempotency_key": "python-1",
         "timeout_s": 1.5,

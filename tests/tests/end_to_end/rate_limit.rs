@@ -3,6 +3,7 @@
 
 use e2e::{TestChain, grpc_request, order_body, order_message};
 use resilience::rate_limit::QuotaSettings;
+use stack::chain::{GATEWAY_HTTP, ORDERS_GRPC};
 use tonic::Code;
 
 /// `"default";r=0;t=1` → the number after `key=`.
@@ -32,8 +33,8 @@ async fn a_client_over_its_quota_gets_429_with_rate_limit_headers_and_others_do_
         statuses.push(response.status().as_u16());
     }
     assert!(statuses.iter().all(|s| *s == 404), "the burst is allowed: {statuses:?}");
-    let orders_before = test.chain.hop_stats().orders.requests;
-    let gateway_before = test.chain.hop_stats().gateway_http.requests;
+    let orders_before = test.chain.hop_stats()[&ORDERS_GRPC].requests;
+    let gateway_before = test.chain.hop_stats()[&GATEWAY_HTTP].requests;
 
     let refused = test.post_as("demo-key-2", "/v1/orders", "quota-over", &order_body()).send().await.unwrap();
     let retry_after: u64 = refused.headers()["retry-after"].to_str().unwrap().parse().unwrap();
@@ -46,8 +47,8 @@ async fn a_client_over_its_quota_gets_429_with_rate_limit_headers_and_others_do_
 
     // Cheap is shown by what was not done, not by a stopwatch.
     let hops = test.chain.hop_stats();
-    assert_eq!(hops.orders.requests, orders_before, "refused before any storage access");
-    assert_eq!(hops.gateway_http.requests, gateway_before, "refused before the deadline, auth and handler");
+    assert_eq!(hops[&ORDERS_GRPC].requests, orders_before, "refused before any storage access");
+    assert_eq!(hops[&GATEWAY_HTTP].requests, gateway_before, "refused before the deadline, auth and handler");
     assert_eq!(test.chain.rate_limited(), 1);
 
     // Another client is unaffected.

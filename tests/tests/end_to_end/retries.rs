@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use bank_mock::{Faults, Latency};
 use e2e::{BACKGROUND, TestChain, eventually, fast_bank, grpc_request, order_body, order_message};
+use stack::chain::{ORDERS_GRPC, PAYMENT_GRPC};
 
 #[tokio::test]
 async fn inner_hops_send_each_call_once_under_every_fault() {
@@ -31,8 +32,8 @@ async fn inner_hops_send_each_call_once_under_every_fault() {
         let response = test.post_order(&format!("once-{index}"), &order_body()).header("x-request-timeout-ms", "400").send().await.unwrap();
         assert!(!response.status().is_success(), "{name}: {}", response.status());
         let after = test.chain.hop_stats();
-        assert_eq!(after.orders.requests - before.orders.requests, 1, "{name}: orders called once");
-        assert_eq!(after.payment.requests - before.payment.requests, 1, "{name}: payment called once");
+        assert_eq!(after[&ORDERS_GRPC].requests - before[&ORDERS_GRPC].requests, 1, "{name}: orders called once");
+        assert_eq!(after[&PAYMENT_GRPC].requests - before[&PAYMENT_GRPC].requests, 1, "{name}: payment called once");
         assert_eq!(test.chain.bank().stats().calls, 1, "{name}: the bank called once");
     }
 }
@@ -58,19 +59,19 @@ async fn failures_a_retry_cannot_fix_are_not_retried() {
     // NOT_FOUND.
     let missing = test.http.get(test.url("/v1/orders/ord_missing")).bearer_auth(e2e::API_KEY).send().await.unwrap();
     assert_eq!(missing.status(), 404);
-    assert_eq!(test.chain.hop_stats().orders.requests, 1);
+    assert_eq!(test.chain.hop_stats()[&ORDERS_GRPC].requests, 1);
 
     // FAILED_PRECONDITION: a reused key with another body.
     assert_eq!(test.post_order("reused-1", &order_body()).send().await.unwrap().status(), 201);
     let mut other = order_body();
     other["amount_minor"] = 7.into();
     assert_eq!(test.post_order("reused-1", &other).send().await.unwrap().status(), 422);
-    assert_eq!(test.chain.hop_stats().orders.requests, 3);
+    assert_eq!(test.chain.hop_stats()[&ORDERS_GRPC].requests, 3);
 
     // A declined payment is an answer, not a failure.
     test.set_faults(fast_bank(|f| f.decline_rate = 1.0));
     assert_eq!(test.post_order("declined-2", &order_body()).send().await.unwrap().status(), 402);
-    assert_eq!(test.chain.hop_stats().orders.requests, 4);
+    assert_eq!(test.chain.hop_stats()[&ORDERS_GRPC].requests, 4);
     assert_eq!(test.chain.retry_stats().retries, 0);
 }
 

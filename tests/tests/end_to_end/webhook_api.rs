@@ -4,6 +4,7 @@
 use e2e::{API_KEY, Backend, TestChain, order_body};
 use proto::orders::v1::{CreateEndpointRequest, webhooks_client::WebhooksClient};
 use serde_json::{Value, json};
+use stack::chain::ORDERS_GRPC;
 use tonic::Code;
 use tonic_types::StatusExt;
 use webhooks::signature::Secret;
@@ -72,7 +73,7 @@ async fn a_new_endpoint_shows_its_secret_and_a_repeat_replays_it_byte_for_byte()
         assert_eq!(again.status(), 201, "{name}");
         assert_eq!(again.headers()["idempotent-replayed"], "true", "{name}");
         assert_eq!(again.bytes().await.unwrap(), first_body, "{name}: the same endpoint and the same secret");
-        let database = idempotency::Database::connect(&test.chain.database_urls.0).await.unwrap();
+        let database = idempotency::Database::connect(test.chain.database_url(orders::HOP).unwrap()).await.unwrap();
         let kept: Vec<u8> = idempotency::on_driver!(database.reader(), |executor| sqlx::query_scalar(
             "SELECT response_body FROM idempotency_keys WHERE idempotency_key = 'endpoint-1'"
         )
@@ -256,7 +257,7 @@ async fn the_delivery_log_and_redelivery() {
 #[tokio::test]
 async fn orders_serves_webhooks_over_grpc_beside_orders() {
     let test = TestChain::start().await;
-    let mut webhooks = WebhooksClient::new(test.channel_as("gateway", "orders", test.chain.addresses.orders).await);
+    let mut webhooks = WebhooksClient::new(test.channel_as("gateway", "orders", test.chain.address(&ORDERS_GRPC)).await);
     let request = |url: &str, key: Option<&str>| {
         let mut request =
             tonic::Request::new(CreateEndpointRequest { url: url.into(), event_types: vec!["order.paid".into()], ..Default::default() });
@@ -300,7 +301,7 @@ async fn webhook_writes_without_a_key_are_sent_to_orders_once() {
 
     // Calls orders refused at its full intake: every call the gateway made while the slot is held.
     let refused = || async {
-        let text = test.scrape(test.chain.addresses.orders).await;
+        let text = test.scrape(test.chain.address(&ORDERS_GRPC)).await;
         e2e::sample(&text, "chain_load_shed_rejections_total", &[("intake", "orders")]) as u64
     };
     // A keyed write is retried: the refusal is one a retry is made for.

@@ -132,7 +132,11 @@ async fn schemathesis_finds_no_internal_error_and_no_answer_the_document_does_no
         "--request-timeout=5".to_owned(),
         // Reproducible: a finding is found again by the next run.
         "--seed=1".to_owned(),
-        "--workers=2".to_owned(),
+        // One worker: with two, hypothesis describes filters by parsing their source with `ast`
+        // from two threads at once, which CPython 3.11.7 does not always survive ("AST
+        // constructor recursion depth mismatch": a tool error that fails the run with every case
+        // passed).
+        "--workers=1".to_owned(),
         "--generation-database=none".to_owned(),
     ];
     let report = python(dir.path(), args.into()).await;

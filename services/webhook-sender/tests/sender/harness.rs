@@ -80,13 +80,18 @@ impl Outbox {
         self.record(client, ORDER_PAID, now_ms).await
     }
 
-    /// Commits `events` `order.paid` events of `client`, one every `pace`; returns when each was
-    /// committed (wall-clock ms), by event id.
+    /// Commits `events` `order.paid` events of `client`, one every `pace`; returns when each
+    /// commit returned (wall-clock ms), by event id.
+    ///
+    /// When it returned, not when it began: this connection and the sender's are two writers on
+    /// one SQLite file, and a writer that finds the file locked polls for it (SQLite's busy
+    /// handler sleeps up to 100 ms between tries). Under a sender writing hundreds of attempts a
+    /// second, a commit here can wait a second for the lock: the test's wait, not the sender's.
     pub async fn paced_commits(&self, client: &str, events: usize, pace: Duration) -> HashMap<String, i64> {
         let mut committed_at = HashMap::new();
         for _ in 0..events {
-            let at = wall_ms();
-            committed_at.insert(self.client_paid(client, at).await, at);
+            let event_id = self.client_paid(client, wall_ms()).await;
+            committed_at.insert(event_id, wall_ms());
             tokio::time::sleep(pace).await;
         }
         committed_at

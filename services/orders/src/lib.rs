@@ -3,6 +3,7 @@
 mod callers;
 pub mod completer;
 mod error;
+mod open_circuit;
 mod settings;
 mod store;
 mod webhooks;
@@ -20,6 +21,7 @@ use deadline::{Hop, HopStats};
 use error::OrdersError;
 use futures::future::BoxFuture;
 use idempotency::{Begin, BeginWith, Database, KeyStore, Lease, Progress, Stored, Transaction};
+use open_circuit::OpenCircuit;
 use prost::Message;
 use proto::{
     common::v1::{CreateOrderRequest, GetOrderRequest, Order, OrderStatus},
@@ -90,6 +92,7 @@ impl Application {
             keys: keys.clone(),
             orders: store::Orders::new(database),
             payment: PaymentServiceClient::new(payment.client),
+            payment_circuit: Arc::default(),
             default_lease,
         };
         let webhooks = webhooks::WebhookService::new(keys.clone(), &settings.webhooks, default_lease).map_err(ServerError::Settings)?;
@@ -130,6 +133,8 @@ struct OrderService {
     keys: KeyStore,
     orders: store::Orders,
     payment: PaymentServiceClient<Client>,
+    /// Whether payment said its circuit below is open, and for how long.
+    payment_circuit: Arc<OpenCircuit>,
     /// Lease of a key when the request carries no deadline.
     default_lease: Duration,
 }
@@ -151,6 +156,14 @@ impl OrderService {
         let fingerprint = idempotency::fingerprint(&request.encode_to_vec());
         // The key is ours until our deadline: after it nobody works on it and a retry may take over.
         let lease = Hop::current().map_or(self.default_lease, |hop| hop.deadline().remaining());
+        // While payment refuses every charge, a create would write an order only to give up on
+        // it: refused before writing, unless the key completed before and replays.
+        if let Some(refusal) = self.payment_circuit.refusal() {
+            return match self.keys.stored_answer(client_id, key, &fingerprint).await? {
+                Some(stored) => Ok(Answer { order: replay(&stored)?, replayed: true }),
+                None => Err(OrdersError::Payment(refusal)),
+            };
+        }
         // Phase 1, committed with a new key's claim: the order row, with the recovery point that
         // says it exists.
         let first_phase = insert_order(client_id, new_order(&request));
@@ -187,7 +200,9 @@ impl OrderService {
         // be a new payment rather than a repeat of the old one.
         let payment_key = rpc::derive_key("payment", client_id, &format!("{key}/{}", order.order_id));
         pay.metadata_mut().insert(IDEMPOTENCY_KEY, payment_key.parse().expect("hex is valid metadata"));
-        let payment = match self.payment.clone().pay(pay).await {
+        let answer = self.payment.clone().pay(pay).await;
+        self.payment_circuit.heard(&answer);
+        let payment = match answer {
             Ok(payment) => payment.into_inner(),
             Err(status) => {
                 self.keys.release(lease).await?;

@@ -318,6 +318,22 @@ impl KeyStore {
         }
     }
 
+    /// The answer stored under a completed `key`, read without writing anything: for a request
+    /// that will not execute now (its dependency refuses it) but whose repeat must still replay.
+    /// `None` when the key is unused, expired or not completed; [`KeyError::Mismatch`] when it was
+    /// used for another request, as [`KeyStore::begin`] would answer.
+    pub async fn stored_answer(&self, scope: &str, key: &str, fingerprint: &str) -> Result<Option<Stored>, KeyError> {
+        let Some(row) = self.read(scope, key).await? else { return Ok(None) };
+        if row.expires_at <= self.clock.now_ms() {
+            return Ok(None);
+        }
+        if row.fingerprint != fingerprint {
+            return Err(KeyError::Mismatch);
+        }
+        Ok((row.state == COMPLETED)
+            .then(|| Stored { code: row.response_code.unwrap_or_default() as i32, body: row.response_body.unwrap_or_default() }))
+    }
+
     /// The key's row as the last commit left it, read on the reader so that the writer stays free.
     async fn read(&self, scope: &str, key: &str) -> Result<Option<KeyRow>, KeyError> {
         Ok(on_driver!(self.database.reader(), |executor| sqlx::query_as(

@@ -78,6 +78,26 @@ async fn a_key_executes_once_and_then_replays_its_exact_answer() {
 }
 
 #[tokio::test]
+async fn a_stored_answer_is_read_without_claiming_the_key() {
+    for (backend, database, _scratch) in databases().await {
+        let (store, clock) = store(&database, KeySettings::default());
+        assert_eq!(store.stored_answer("c", "k-read", "fp").await.unwrap(), None, "{backend}: unused");
+        let mut lease = execute(store.begin("c", "k-read", "fp", LEASE).await.unwrap());
+        assert_eq!(store.stored_answer("c", "k-read", "fp").await.unwrap(), None, "{backend}: in flight");
+        assert!(matches!(store.stored_answer("c", "k-read", "other").await, Err(KeyError::Mismatch)), "{backend}");
+
+        let answer = Stored { code: 0, body: vec![7, 0, 255] };
+        store.phase(&mut lease).await.unwrap().complete(&answer).await.unwrap();
+        assert_eq!(store.stored_answer("c", "k-read", "fp").await.unwrap(), Some(answer), "{backend}: byte for byte");
+        // Reading claimed nothing: an unused key read before is still free to execute.
+        execute(store.begin("c", "k-unused", "fp", LEASE).await.unwrap());
+
+        clock.advance_ms(KeySettings::default().ttl_ms as i64);
+        assert_eq!(store.stored_answer("c", "k-read", "fp").await.unwrap(), None, "{backend}: expired");
+    }
+}
+
+#[tokio::test]
 async fn phases_commit_effects_with_the_recovery_point_and_a_released_key_resumes_there() {
     for (backend, database, _scratch) in databases().await {
         effects_table(&database, backend, "effects").await;

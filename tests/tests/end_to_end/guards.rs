@@ -52,11 +52,12 @@ async fn the_breaker_opens_fails_fast_without_calling_then_probes_and_closes() {
     assert_eq!(test.chain.bank().stats().calls, calls, "the bank was not called while open");
 
     // Still failing when it half-opens, after the wait it names (what is left of OPEN_MS ± 20 %):
-    // a probe fails and it opens again, for twice as long.
+    // a probe fails and it opens again, for twice as long. (Orders keeps the wait of the refusal
+    // it relayed, counted from when it got it: the margin covers that answer's way up.)
     let wait = pushback_of_the_bank_breaker(&mut payment, "direct-first-wait").await;
     let longest_first = OPEN_MS * 6 / 5;
     assert!(wait.as_millis() as u64 <= longest_first, "{wait:?}");
-    tokio::time::sleep(wait).await;
+    tokio::time::sleep(wait + ANSWER_WAY_UP).await;
     test.post_order("down-probe", &order_body()).send().await.unwrap();
     assert_eq!(test.chain.guard_stats().breaker(payment::HOP, bank_mock::HOP).position, Position::Open);
     assert_eq!(test.chain.bank().stats().calls, calls + 1, "one probe went through");
@@ -65,13 +66,55 @@ async fn the_breaker_opens_fails_fast_without_calling_then_probes_and_closes() {
 
     // Healthy again: the probes succeed and it closes.
     test.set_faults(fast_bank(|_| {}));
-    tokio::time::sleep(wait).await;
+    tokio::time::sleep(wait + ANSWER_WAY_UP).await;
     for n in 0..2 {
         assert_eq!(test.post_order(&format!("healed-{n}"), &order_body()).send().await.unwrap().status(), 201);
     }
     let breaker = test.chain.guard_stats().breaker(payment::HOP, bank_mock::HOP);
     assert_eq!(breaker.position, Position::Closed, "{breaker:?}");
     assert_eq!((breaker.opened, breaker.half_opened, breaker.closed), (2, 2, 1), "{breaker:?}");
+}
+
+/// More than an answer takes from payment up to orders on a loaded machine.
+const ANSWER_WAY_UP: Duration = Duration::from_millis(100);
+
+#[tokio::test]
+async fn an_open_circuit_below_payment_refuses_creates_before_orders_writes() {
+    let test = TestChain::start_with(|s| {
+        small_breaker(s);
+        // Open for the whole test, however slow the machine.
+        s.payment.bank.breaker.open_ms = 60_000;
+    })
+    .await;
+    let paid = test.post_order("paid-before", &order_body()).send().await.unwrap();
+    assert_eq!(paid.status(), 201);
+    let paid = paid.bytes().await.unwrap();
+    test.set_faults(fast_bank(|f| f.error_rate = 1.0));
+    for n in 0..5 {
+        test.post_order(&format!("opening-{n}"), &order_body()).send().await.unwrap();
+    }
+    // The first create after it opened reaches payment, whose breaker refuses it; orders keeps the
+    // wait payment named.
+    let refused = test.post_order("first-refused", &order_body()).send().await.unwrap();
+    assert_eq!(refused.status(), 503);
+    let (orders, keys) = (test.count_rows("orders").await, test.count_rows("idempotency_keys").await);
+    let payment_calls = test.chain.hop_stats()[&PAYMENT_GRPC].requests;
+
+    for n in 0..5 {
+        let response = test.post_order(&format!("refused-{n}"), &order_body()).send().await.unwrap();
+        assert_eq!(response.status(), 503);
+        let retry_after: u64 = response.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!((1..=72).contains(&retry_after), "what is left of the wait payment named (60 s ± 20 %): {retry_after} s");
+    }
+    assert_eq!(test.chain.hop_stats()[&PAYMENT_GRPC].requests, payment_calls, "payment was not called");
+    assert_eq!(test.count_rows("orders").await, orders, "no order was written");
+    assert_eq!(test.count_rows("idempotency_keys").await, keys, "no key was claimed");
+
+    // A create that finished before still gets its answer, byte for byte.
+    let replayed = test.post_order("paid-before", &order_body()).send().await.unwrap();
+    assert_eq!(replayed.status(), 201);
+    assert_eq!(replayed.headers()["idempotent-replayed"], "true");
+    assert_eq!(replayed.bytes().await.unwrap(), paid);
 }
 
 /// The wait that payment's open breaker toward the bank names in its pushback, asked directly.

@@ -240,7 +240,7 @@ impl Breaker {
         admission.map(Some).map_err(|retry_in| {
             self.counters.rejected.fetch_add(1, Ordering::Relaxed);
             self.counters.rejections.add(1, &self.counters.labels);
-            let open = CircuitOpen { dependency: self.dependency, retry_in };
+            let open = CircuitOpen { dependency: self.dependency.into(), retry_in };
             tracing::debug!(
                 peer = self.dependency,
                 breaker.state = "open",

@@ -2,7 +2,8 @@
 //! of a full bulkhead, beside the calls that went through to the bank.
 //!
 //! Both guards sit in payment's client toward the bank, and both answers travel back up through
-//! orders and the gateway, so the time is end to end at the gateway's gRPC face. The gateway's
+//! orders and the gateway, so the time is end to end at the gateway's gRPC face (once the breaker
+//! has refused a call, orders gives its answer itself until the wait it named ends). The gateway's
 //! retries are off here: each answer is one pass through the chain, not a retry after a backoff.
 
 use std::time::Duration;

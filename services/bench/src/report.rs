@@ -332,8 +332,9 @@ impl Report {
             out,
             "{} requests at {} over gRPC per guard, gateway retries off; latency end to end at the \
              gateway, beside the calls that reached the bank. Both guards are payment's, toward the \
-             bank: a refused call has passed the gateway and orders, which records the order before \
-             it calls payment.\n",
+             bank. A call the full bulkhead refuses has passed the gateway and orders, which records \
+             the order before it calls payment; once the breaker has refused one call, orders keeps \
+             the wait it named and refuses the next creates itself, before writing anything.\n",
             p.requests,
             rate(p.per_second)
         )?;

@@ -247,7 +247,7 @@ fn new_order(request: &CreateOrderRequest) -> Order {
 fn insert_order(
     client_id: &str,
     order: Order,
-) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(Order, Progress), OrdersError>> + Send + use<> {
+) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(Order, Progress), OrdersError>> + Clone + Send + use<> {
     let client_id = client_id.to_owned();
     move |transaction| {
         Box::pin(async move {

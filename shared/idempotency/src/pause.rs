@@ -11,6 +11,9 @@ pub enum Pause {
     /// In [`KeyStore::begin`](crate::KeyStore::begin), after the key's row was read and before
     /// anything is decided from it (a takeover, a delete of an expired row).
     BeginRead,
+    /// In [`KeyStore::begin_with_first_phase`](crate::KeyStore::begin_with_first_phase), after
+    /// the read found no key and before the claim and the first phase are queued.
+    NewKeyRead,
 }
 
 /// Decides how long a request on `key` waits at `at`.

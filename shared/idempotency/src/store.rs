@@ -191,21 +191,37 @@ struct NewKey {
 }
 
 impl NewKey {
-    /// Inserts the key unless it exists; 1 when it was inserted.
+    /// Inserts the key at `started` unless it exists; 1 when it was inserted.
     async fn insert(&self, transaction: &mut Transaction) -> Result<u64, sqlx::Error> {
+        self.insert_at(transaction, None).await
+    }
+
+    /// Inserts the key unless it exists, already where a first phase committed with it left
+    /// it (`None`: at `started`); 1 when it was inserted. One statement where a claim and then
+    /// a move would be two.
+    async fn insert_at(&self, transaction: &mut Transaction, progress: Option<&Progress>) -> Result<u64, sqlx::Error> {
+        let (state, point, resource_id, locked_until, answer) = match progress {
+            None => (IN_FLIGHT, STARTED, None, self.locked_until, None),
+            Some(Progress::At { point, resource_id }) => (IN_FLIGHT, *point, resource_id.as_deref(), self.locked_until, None),
+            Some(Progress::Completed(answer)) => (COMPLETED, FINISHED, None, 0, Some(answer)),
+        };
         Ok(on_driver!(transaction, |executor| sqlx::query(
             "INSERT INTO idempotency_keys \
-             (scope, idempotency_key, fingerprint, state, recovery_point, lock_token, locked_until, created_at, expires_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             (scope, idempotency_key, fingerprint, state, recovery_point, resource_id, lock_token, locked_until, \
+              response_code, response_body, created_at, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
              ON CONFLICT (scope, idempotency_key) DO NOTHING",
         )
         .bind(&self.scope)
         .bind(&self.key)
         .bind(&self.fingerprint)
-        .bind(IN_FLIGHT)
-        .bind(STARTED)
+        .bind(state)
+        .bind(point)
+        .bind(resource_id)
         .bind(self.token)
-        .bind(self.locked_until)
+        .bind(locked_until)
+        .bind(answer.map(|answer| i64::from(answer.code)))
+        .bind(answer.map(|answer| answer.body.as_slice()))
         .bind(self.now)
         .bind(self.expires_at)
         .execute(executor)
@@ -274,6 +290,12 @@ impl KeyStore {
     /// database: a new key's claim and `first_phase` (as [`KeyStore::atomic_phase`] takes it)
     /// commit in one transaction, one write instead of two. A failing first phase takes the
     /// claim back with it, as if the request had never come.
+    ///
+    /// The phase runs first and the key is then inserted where the phase leaves it, one
+    /// statement fewer than a claim and a move. A key that another request claimed meanwhile
+    /// makes that insert change nothing: the transaction is rolled back with the phase's work,
+    /// and the key is decided as [`KeyStore::begin`] would, with a copy of `first_phase` handed
+    /// back unrun (hence `Clone`).
     pub async fn begin_with_first_phase<T, E, F>(
         &self,
         scope: &str,
@@ -283,7 +305,7 @@ impl KeyStore {
         first_phase: F,
     ) -> Result<BeginWith<T, F>, E>
     where
-        F: for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(T, Progress), E>> + Send + 'static,
+        F: for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(T, Progress), E>> + Clone + Send + 'static,
         T: Send + 'static,
         E: From<KeyError> + Send + 'static,
     {
@@ -293,28 +315,30 @@ impl KeyStore {
         if let Some(row) = self.read(scope, key).await? {
             return Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, FirstRound::Decide(row)).await?, first_phase));
         }
+        #[cfg(feature = "pause-points")]
+        self.pause(crate::pause::Pause::NewKeyRead, key).await;
         let new = self.new_key(scope, key, fingerprint, lease, token);
-        let holder = Holder { scope: scope.to_owned(), key: key.to_owned(), token };
-        let keep_until = new.now + self.settings.ttl_ms as i64;
+        let unrun = first_phase.clone();
         let claimed = self
             .database
             .transact(move |transaction| {
                 Box::pin(async move {
-                    if new.insert(transaction).await? == 0 {
-                        return Ok(Err(first_phase));
+                    let (done, progress) = first_phase(&mut *transaction).await.map_err(PhaseFailed::Effects)?;
+                    if new.insert_at(transaction, Some(&progress)).await? == 0 {
+                        return Err(PhaseFailed::KeyTaken);
                     }
-                    holder.run(transaction, first_phase, keep_until).await.map(Ok)
+                    Ok((done, progress))
                 })
             })
-            .await
-            .map_err(PhaseFailed::into_error)?;
+            .await;
         match claimed {
             Ok((done, progress)) => {
                 let mut lease = Lease::new(scope, key, token, STARTED.into(), None);
                 lease.advance(progress);
                 Ok(BeginWith::Executed(lease, done))
             }
-            Err(first_phase) => Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, FirstRound::Read).await?, first_phase)),
+            Err(PhaseFailed::KeyTaken) => Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, FirstRound::Read).await?, unrun)),
+            Err(failed) => Err(failed.into_error()),
         }
     }
 
@@ -547,7 +571,7 @@ impl KeyStore {
         let now = self.clock.now_ms();
         let (scope, key, token) = (lease.scope.clone(), lease.key.clone(), lease.token);
         self.database
-            .transact(move |writes| {
+            .autocommit(move |writes| {
                 Box::pin(async move {
                     on_driver!(writes, |executor| sqlx::query(
                         "UPDATE idempotency_keys SET locked_until = $1 WHERE scope = $2 AND idempotency_key = $3 AND lock_token = $4"
@@ -657,6 +681,8 @@ pub enum Progress {
 enum PhaseFailed<E> {
     Effects(E),
     Key(KeyError),
+    /// A new key's first phase found the key claimed by another request meanwhile.
+    KeyTaken,
 }
 
 impl<E: From<KeyError>> PhaseFailed<E> {
@@ -664,6 +690,7 @@ impl<E: From<KeyError>> PhaseFailed<E> {
         match self {
             PhaseFailed::Effects(error) => error,
             PhaseFailed::Key(error) => E::from(error),
+            PhaseFailed::KeyTaken => E::from(KeyError::InFlight),
         }
     }
 }

@@ -236,20 +236,67 @@ async fn a_failing_job_in_a_batch_rolls_back_only_its_own_work() {
                 .await
         }
     };
-    let mut first = std::pin::pin!(job(&["first"]));
-    let mut failing = std::pin::pin!(job(&["failing", "holder"]));
-    let mut third = std::pin::pin!(job(&["third"]));
-    for queued in [poll_once(first.as_mut()).is_pending(), poll_once(failing.as_mut()).is_pending(), poll_once(third.as_mut()).is_pending()] {
-        assert!(queued, "each job queues behind the transaction that holds the writer");
-    }
+    batch_behind(holder, job(&["first"]), job(&["failing", "holder"]), job(&["third"])).await;
+    assert_eq!(committed_keys(&database).await, ["first", "holder", "third"], "the failed job's own insert is undone, the others' kept");
+}
 
+/// Queues three writes behind `holder`, which holds SQLite's writer, so that they run in its
+/// batch once it commits; the first and the third succeed, and the second fails on the key's
+/// uniqueness (it inserts the holder's key again).
+async fn batch_behind<F, G, H>(holder: idempotency::Transaction, first: F, failing: G, third: H)
+where
+    F: Future<Output = Result<(), sqlx::Error>>,
+    G: Future<Output = Result<(), sqlx::Error>>,
+    H: Future<Output = Result<(), sqlx::Error>>,
+{
+    let (mut first, mut failing, mut third) = (std::pin::pin!(first), std::pin::pin!(failing), std::pin::pin!(third));
+    for queued in [poll_once(first.as_mut()).is_pending(), poll_once(failing.as_mut()).is_pending(), poll_once(third.as_mut()).is_pending()] {
+        assert!(queued, "each write queues behind the transaction that holds the writer");
+    }
     let (holder, first, failing, third) = tokio::join!(holder.commit(), first, failing, third);
     holder.unwrap();
     first.unwrap();
     third.unwrap();
     let failed = failing.expect_err("the second breaks the key's uniqueness");
     assert!(matches!(&failed, sqlx::Error::Database(error) if error.is_unique_violation()), "{failed}");
-    assert_eq!(committed_keys(&database).await, ["first", "holder", "third"], "the failed job's own insert is undone, the others' kept");
+}
+
+/// Statements that are each safe alone ([`Database::autocommit`]) join a batch without a
+/// savepoint of their own: one that fails is undone by SQLite alone, the statements before it
+/// stay, and nobody else's work is touched (going back to a savepoint there would undo the
+/// member before it).
+#[tokio::test]
+async fn a_failing_autocommit_in_a_batch_undoes_only_its_failed_statement() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::connect(&format!("sqlite://{}", dir.path().join("keys.db").display())).await.unwrap();
+    let mut holder = database.begin().await.unwrap();
+    insert_key(&mut holder, "holder").await.unwrap();
+
+    let failing = database.autocommit(|writes| {
+        Box::pin(async move {
+            insert_key(writes, "kept").await?;
+            insert_key(writes, "holder").await
+        })
+    });
+    let insert = |key: &'static str| database.transact(move |transaction| Box::pin(async move { insert_key(transaction, key).await }));
+    batch_behind(holder, insert("first"), failing, insert("third")).await;
+    assert_eq!(committed_keys(&database).await, ["first", "holder", "kept", "third"]);
+}
+
+/// With nothing else waiting for SQLite's writer, statements each safe alone run outside any
+/// transaction (no `BEGIN` and `COMMIT` round trips around them): SQLite runs a `VACUUM`, which
+/// it refuses inside a transaction, as work in a transaction shows.
+#[tokio::test]
+async fn an_autocommit_alone_on_the_writer_runs_outside_a_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::connect(&format!("sqlite://{}", dir.path().join("keys.db").display())).await.unwrap();
+    fn vacuum(transaction: &mut idempotency::Transaction) -> futures::future::BoxFuture<'_, Result<(), sqlx::Error>> {
+        Box::pin(async move { idempotency::on_driver!(transaction, |executor| sqlx::query("VACUUM").execute(executor).await.map(drop)) })
+    }
+    database.autocommit(vacuum).await.expect("alone, the statement runs by itself");
+    let in_transaction = database.transact(vacuum).await.expect_err("SQLite refuses VACUUM inside a transaction");
+    assert!(in_transaction.to_string().contains("within a transaction"), "{in_transaction}");
+    database.autocommit(vacuum).await.expect("alone, the statement runs by itself");
 }
 
 /// A job whose caller stops waiting still runs and commits: like a reply lost on the way back,

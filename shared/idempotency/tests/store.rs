@@ -173,7 +173,7 @@ fn first_phase(
     table: &str,
     id: &str,
     fails: bool,
-) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(String, Progress), KeyError>> + Send + use<> {
+) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(String, Progress), KeyError>> + Clone + Send + use<> {
     let (statement, id) = (format!("INSERT INTO {table} (id) VALUES ('{id}')"), id.to_owned());
     move |transaction| {
         Box::pin(async move {
@@ -255,6 +255,39 @@ async fn fifty_concurrent_repeats_claiming_with_their_first_phase_execute_once()
         let in_flight = results.iter().filter(|r| matches!(r.as_ref().unwrap(), Err(KeyError::InFlight))).count();
         assert_eq!((executed, in_flight), (1, 49), "{backend}");
         assert_eq!(count_effects(&database, &table).await, 1, "{backend}");
+    }
+}
+
+/// A new key's first phase runs before the key is inserted, so a repeat that claims the key in
+/// between (after the read that found nothing) leaves the phase's insert to change nothing: the
+/// phase's work is rolled back with it, and the key is decided as it stands. Here the repeat
+/// first holds the key (in flight), then completes it (a replay), and no first phase of the
+/// held requests commits anything.
+#[tokio::test]
+async fn a_first_phase_whose_key_is_claimed_meanwhile_is_rolled_back() {
+    for (backend, database, _scratch) in databases().await {
+        let table = effects_table(&database, backend, "taken").await;
+        for (key, completes) in [("k-taken-in-flight", false), ("k-taken-completed", true)] {
+            let hold = HoldOnce::new(Pause::NewKeyRead, key);
+            let (store, _) = store(&database, KeySettings::default());
+            let store = store.with_pause_hook(hold.clone());
+            let held = tokio::spawn({
+                let (store, effects) = (store.clone(), first_phase(&table, &format!("{key}-held"), false));
+                async move { store.begin_with_first_phase("c", key, "fp", LEASE, effects).await }
+            });
+            hold.held().await;
+            let mut other = execute(store.begin("c", key, "fp", LEASE).await.unwrap());
+            if completes {
+                store.phase(&mut other).await.unwrap().complete(&Stored { code: 0, body: b"first".to_vec() }).await.unwrap();
+            }
+            hold.let_go();
+            match (held.await.unwrap(), completes) {
+                (Err(KeyError::InFlight), false) => {}
+                (Ok(BeginWith::Found(Begin::Replay(stored), _unrun)), true) => assert_eq!(stored.body, b"first", "{backend}"),
+                (other, _) => panic!("{backend}, {key}: {other:?}"),
+            }
+        }
+        assert_eq!(count_effects(&database, &table).await, 0, "{backend}: no held first phase committed");
     }
 }
 

@@ -1,5 +1,6 @@
 //! One service's database, SQLite or PostgreSQL, through sqlx's typed drivers.
 
+mod affinity;
 mod writer;
 
 use std::{num::NonZeroU32, str::FromStr, time::Duration};
@@ -147,23 +148,17 @@ impl Database {
             Backend::Sqlite => {
                 let options = SqliteConnectOptions::from_str(url)?.busy_timeout(WAIT);
                 // WAL lets the readers run beside the one writer, which creates the file.
-                let mut connection = <SqliteConnection as sqlx::Connection>::connect_with(
-                    &options.clone().create_if_missing(true).journal_mode(SqliteJournalMode::Wal).synchronous(match sqlite.synchronous {
-                        Synchronous::Normal => SqliteSynchronous::Normal,
-                        Synchronous::Full => SqliteSynchronous::Full,
-                    }),
-                )
-                .await?;
-                for (owner, migrator) in all {
-                    migrate(owner, migrator, &mut connection).await?;
-                }
+                let writes = options.clone().create_if_missing(true).journal_mode(SqliteJournalMode::Wal).synchronous(match sqlite.synchronous {
+                    Synchronous::Normal => SqliteSynchronous::Normal,
+                    Synchronous::Full => SqliteSynchronous::Full,
+                });
+                let writer = writer::Writer::spawn(writes, all, &sqlite).await?;
                 let reader = SqlitePoolOptions::new()
                     .max_connections(SQLITE_READERS)
                     .acquire_timeout(WAIT)
                     .test_before_acquire(false)
                     .connect_with(options.read_only(true))
                     .await?;
-                let writer = writer::Writer::spawn(connection, &sqlite).map_err(sqlx::Error::Io)?;
                 Ok(Self { writes: Writes::Sqlite(writer), reader: Pool::Sqlite(reader) })
             }
             Backend::Postgres => {
@@ -206,18 +201,23 @@ impl Database {
         }
     }
 
-    /// Runs `statements`, which write without a transaction of their own: on PostgreSQL each
-    /// commits by itself as it runs (no `BEGIN` and `COMMIT`, two round trips fewer); on SQLite
-    /// they run on the writer as [`Database::transact`]'s work does, and so commit with its batch,
-    /// which is never weaker. For a write of one statement, or of several that are each safe
-    /// alone; `statements` own what they use, as [`Database::transact`]'s do.
+    /// Runs `statements`, which write without a transaction of their own, each committing by
+    /// itself as it runs: no `BEGIN` and `COMMIT` around them, two round trips fewer. On SQLite
+    /// they run on the one writer: by themselves when nothing waits for it, else in its current
+    /// batch (without a savepoint, so that they commit with the batch). For a write of one
+    /// statement, or of several that are each safe alone (a failure keeps the ones before it);
+    /// `statements` own what they use, as [`Database::transact`]'s do.
     pub async fn autocommit<T, F>(&self, statements: F) -> Result<T, sqlx::Error>
     where
         F: for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<T, sqlx::Error>> + Send + 'static,
         T: Send + 'static,
     {
         match &self.writes {
-            Writes::Sqlite(_) => self.transact(statements).await,
+            Writes::Sqlite(writer) => {
+                let (job, outcome) = writer_job(statements);
+                writer.autocommit(job).await?;
+                outcome.await.map_err(|_| sqlx::Error::WorkerCrashed)?
+            }
             Writes::Postgres(pool) => statements(&mut Transaction(Open::PostgresAutocommit(pool.acquire().await?))).await,
         }
     }
@@ -251,27 +251,7 @@ impl Database {
     {
         match &self.writes {
             Writes::Sqlite(writer) => {
-                let (reply, outcome) = oneshot::channel();
-                let job: writer::Job = Box::new(move |transaction| {
-                    Box::pin(async move {
-                        let transaction = match transaction {
-                            Ok(transaction) => transaction,
-                            Err(error) => {
-                                let _ = reply.send(Err(E::from(error)));
-                                return None;
-                            }
-                        };
-                        match work(transaction).await {
-                            Ok(done) => Some(Box::new(move |committed: Result<(), sqlx::Error>| {
-                                let _ = reply.send(committed.map(|()| done).map_err(E::from));
-                            }) as writer::Settle),
-                            Err(error) => {
-                                let _ = reply.send(Err(error));
-                                None
-                            }
-                        }
-                    })
-                });
+                let (job, outcome) = writer_job(work);
                 writer.run(job).await?;
                 outcome.await.map_err(|_| E::from(sqlx::Error::WorkerCrashed))?
             }
@@ -305,6 +285,47 @@ impl Database {
             Pool::Postgres(_) => Backend::Postgres,
         }
     }
+}
+
+/// `work` as a job for SQLite's writer, and where its result arrives: its error as soon as it
+/// fails, its value once its batch has committed.
+fn writer_job<T, E, F>(work: F) -> (writer::Job, oneshot::Receiver<Result<T, E>>)
+where
+    F: for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<T, E>> + Send + 'static,
+    T: Send + 'static,
+    E: From<sqlx::Error> + Send + 'static,
+{
+    let (reply, outcome) = oneshot::channel();
+    let job: writer::Job = Box::new(move |transaction| {
+        Box::pin(async move {
+            let transaction = match transaction {
+                Ok(transaction) => transaction,
+                Err(error) => {
+                    let _ = reply.send(Err(E::from(error)));
+                    return None;
+                }
+            };
+            match work(transaction).await {
+                Ok(done) => Some(Box::new(move |committed: Result<(), sqlx::Error>| {
+                    let _ = reply.send(committed.map(|()| done).map_err(E::from));
+                }) as writer::Settle),
+                Err(error) => {
+                    let _ = reply.send(Err(error));
+                    None
+                }
+            }
+        })
+    });
+    (job, outcome)
+}
+
+/// SQLite's write connection, with `migrations` applied.
+async fn connect_writer(options: &SqliteConnectOptions, migrations: Vec<Migrations>) -> Result<SqliteConnection, DatabaseError> {
+    let mut connection = <SqliteConnection as sqlx::Connection>::connect_with(options).await?;
+    for (owner, migrator) in migrations {
+        migrate(owner, migrator, &mut connection).await?;
+    }
+    Ok(connection)
 }
 
 async fn migrate<'a, A: sqlx::Acquire<'a>>(owner: &'static str, mut migrator: Migrator, on: A) -> Result<(), MigrateError>

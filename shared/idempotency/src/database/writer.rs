@@ -17,14 +17,24 @@
 //! not once per statement behind every other task of the process, and the writer is never held
 //! by a request waiting for its turn to run. Work that must run on the request's own task (it
 //! borrows the request's state) is lent the connection instead ([`Writer::join`]).
+//!
+//! Why does the writer open its connection itself? So that sqlx's connection thread starts on
+//! the writer's CPU and the two take turns there (see [`super::affinity`]).
+//!
+//! Why work whose statements are each safe alone ([`Writer::autocommit`]) is told apart? Each
+//! statement costs a round trip to sqlx's connection thread, and so do `BEGIN`, `COMMIT` and
+//! `SAVEPOINT`. Such work needs none of them: with nothing waiting behind it, it runs outside any
+//! transaction, each statement committing as it runs (a single `INSERT` is one round trip, not
+//! three); in a batch it runs without a savepoint, because a statement that fails is undone by
+//! SQLite itself and the ones before it may stay.
 
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use sqlx::{Executor, SqliteConnection};
+use sqlx::{Executor, SqliteConnection, sqlite::SqliteConnectOptions};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Open, SqliteSettings, Transaction};
+use super::{DatabaseError, Migrations, Open, SqliteSettings, Transaction, affinity};
 
 /// A request for the write connection: answered with a [`Member`] of the current batch.
 type Join = oneshot::Sender<Result<Member, sqlx::Error>>;
@@ -41,6 +51,8 @@ pub(super) type Settle = Box<dyn FnOnce(Result<(), sqlx::Error>) + Send>;
 enum Work {
     Lend(Join),
     Run(Job),
+    /// A job whose statements are each safe alone: no transaction or savepoint of its own.
+    Autocommit(Job),
 }
 
 /// Requests waiting for the writer; more wait in their callers' pools and queues.
@@ -59,12 +71,31 @@ impl std::fmt::Debug for Writer {
 }
 
 impl Writer {
-    pub(super) fn spawn(connection: SqliteConnection, settings: &SqliteSettings) -> std::io::Result<Self> {
+    /// Starts the writer's thread, which opens the write connection with `options` and applies
+    /// `migrations` before it takes work; returns once they are applied.
+    pub(super) async fn spawn(options: SqliteConnectOptions, migrations: Vec<Migrations>, settings: &SqliteSettings) -> Result<Self, DatabaseError> {
         let (work, waiting) = mpsc::channel(QUEUE);
         let max_batch = settings.max_batch.get() as usize;
         let batch_wait = Duration::from_micros(settings.batch_wait_us);
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
-        std::thread::Builder::new().name("sqlite-writer".into()).spawn(move || runtime.block_on(run(connection, waiting, max_batch, batch_wait)))?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().map_err(sqlx::Error::Io)?;
+        let (opened, open) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("sqlite-writer".into())
+            .spawn(move || {
+                affinity::stay_on_current_cpu();
+                runtime.block_on(async move {
+                    match super::connect_writer(&options, migrations).await {
+                        Ok(connection) => {
+                            if opened.send(Ok(())).is_ok() {
+                                run(connection, waiting, max_batch, batch_wait).await;
+                            }
+                        }
+                        Err(error) => drop(opened.send(Err(error))),
+                    }
+                })
+            })
+            .map_err(sqlx::Error::Io)?;
+        open.await.map_err(|_| sqlx::Error::WorkerCrashed)??;
         Ok(Self { work })
     }
 
@@ -81,7 +112,18 @@ impl Writer {
     /// Has the writer run `job` in the current batch. The job reports its own outcome (see
     /// [`Job`]); this only fails when the job could not be queued in time.
     pub(super) async fn run(&self, job: Job) -> Result<(), sqlx::Error> {
-        let queued = self.work.send(Work::Run(job));
+        self.queue(Work::Run(job)).await
+    }
+
+    /// As [`Writer::run`], for a job whose statements are each safe alone, as a statement that
+    /// commits by itself is: it runs outside any transaction when nothing waits behind it, and
+    /// without a savepoint in a batch. A job that fails keeps the statements that succeeded.
+    pub(super) async fn autocommit(&self, job: Job) -> Result<(), sqlx::Error> {
+        self.queue(Work::Autocommit(job)).await
+    }
+
+    async fn queue(&self, work: Work) -> Result<(), sqlx::Error> {
+        let queued = self.work.send(work);
         tokio::time::timeout(super::WAIT, queued).await.map_err(|_| sqlx::Error::PoolTimedOut)?.map_err(|_| sqlx::Error::WorkerCrashed)
     }
 }
@@ -142,8 +184,25 @@ async fn run(mut connection: SqliteConnection, mut waiting: mpsc::Receiver<Work>
         let mut failure = None;
         let mut next = Some(first);
         while let Some(work) = next.take() {
-            // The first member's work is undone by rolling the transaction back.
-            let savepoint = !kept.is_empty();
+            // With no transaction open and nothing behind it, work whose statements are each
+            // safe alone runs by itself: no BEGIN and COMMIT around it.
+            let work = match work {
+                Work::Autocommit(job) if !open && waiting.is_empty() => {
+                    let (back, settle) = on_writer(connection, job).await;
+                    connection = back;
+                    if let Some(settle) = settle {
+                        settle(Ok(()));
+                    }
+                    next = waiting.try_recv().ok();
+                    continue;
+                }
+                work => work,
+            };
+            // What a failed member leaves is undone: the first's by rolling the transaction
+            // back, a later one's by going back to its savepoint. Statements each safe alone
+            // are not undone, so they need no savepoint.
+            let each_alone = matches!(work, Work::Autocommit(_));
+            let savepoint = !each_alone && !kept.is_empty();
             let started = if !open {
                 connection.execute("BEGIN IMMEDIATE").await
             } else if savepoint {
@@ -166,18 +225,16 @@ async fn run(mut connection: SqliteConnection, mut waiting: mpsc::Receiver<Work>
                     // shutting down drops it in neither way, and the connection with it.
                     None => return,
                 },
-                Work::Run(job) => {
-                    let mut transaction = Transaction(Open::OnWriter(connection));
-                    let settle = job(Ok(&mut transaction)).await;
-                    let Transaction(Open::OnWriter(back)) = transaction else { unreachable!("a job cannot replace its transaction") };
+                Work::Run(job) | Work::Autocommit(job) => {
+                    let (back, settle) = on_writer(connection, job).await;
                     connection = back;
                     settle
                 }
             };
-            let settled = match (&settle, savepoint) {
-                (Some(_), _) => Ok(()),
-                (None, true) => connection.execute(ROLLBACK_TO).await.map(drop),
-                (None, false) => {
+            let settled = match (&settle, each_alone, savepoint) {
+                (Some(_), _, _) | (None, true, _) => Ok(()),
+                (None, false, true) => connection.execute(ROLLBACK_TO).await.map(drop),
+                (None, false, false) => {
                     open = false;
                     connection.execute("ROLLBACK").await.map(drop)
                 }
@@ -217,6 +274,14 @@ async fn run(mut connection: SqliteConnection, mut waiting: mpsc::Receiver<Work>
     }
 }
 
+/// Runs `job` on the writer's connection, in whatever transaction is open on it.
+async fn on_writer(connection: SqliteConnection, job: Job) -> (SqliteConnection, Option<Settle>) {
+    let mut transaction = Transaction(Open::OnWriter(connection));
+    let settle = job(Ok(&mut transaction)).await;
+    let Transaction(Open::OnWriter(connection)) = transaction else { unreachable!("a job cannot replace its transaction") };
+    (connection, settle)
+}
+
 /// Lends the connection to a request and waits for it back, with how to tell the request about
 /// the batch's commit (`None` when its work is to be undone); `None` when it never comes back.
 async fn lend(connection: SqliteConnection, join: Join) -> Option<(SqliteConnection, Option<Settle>)> {
@@ -241,6 +306,6 @@ async fn lend(connection: SqliteConnection, join: Join) -> Option<(SqliteConnect
 async fn refuse(work: Work, error: sqlx::Error) {
     match work {
         Work::Lend(join) => drop(join.send(Err(error))),
-        Work::Run(job) => drop(job(Err(error)).await),
+        Work::Run(job) | Work::Autocommit(job) => drop(job(Err(error)).await),
     }
 }

@@ -61,8 +61,13 @@ pub struct SummarySources {
     pub popular: Arc<Vec<String>>,
 }
 
+/// The gateway's API, shared by its HTTP and gRPC faces. Cloning it (axum does, for every
+/// request) is one reference count: its parts hold a dozen layered clients, whose clones would
+/// each allocate.
 #[derive(Clone)]
-pub struct Api {
+pub struct Api(Arc<Parts>);
+
+struct Parts {
     create: Operation<CreateOrderRequest>,
     get: Operation<GetOrderRequest>,
     api_keys: Arc<BTreeMap<String, String>>,
@@ -91,7 +96,7 @@ impl Api {
             let mut orders = orders.clone();
             async move { orders.get_order(request).await }
         });
-        Self {
+        Self(Arc::new(Parts {
             create,
             get,
             api_keys: Arc::new(api_keys),
@@ -100,19 +105,19 @@ impl Api {
             rates_seen: Arc::default(),
             fallbacks: metrics::counter(metrics::name::FALLBACKS, "Answers made from a fallback"),
             webhooks,
-        }
+        }))
     }
 
     /// The client's webhook subscriptions.
     pub fn webhooks(&self) -> &WebhooksApi {
-        &self.webhooks
+        &self.0.webhooks
     }
 
     /// The client owning `Bearer <api key>`.
     pub fn authenticate(&self, authorization: Option<&str>) -> Result<ClientId, GatewayError> {
         authorization
             .and_then(|value| value.strip_prefix("Bearer "))
-            .and_then(|key| self.api_keys.get(key.trim()))
+            .and_then(|key| self.0.api_keys.get(key.trim()))
             .map(|client| ClientId(client.clone()))
             .ok_or(GatewayError::Unauthenticated)
     }
@@ -124,10 +129,10 @@ impl Api {
         let mut metadata = MetadataMap::new();
         metadata.insert(CLIENT_ID, metadata_value(&client.0)?);
         metadata.insert(IDEMPOTENCY_KEY, metadata_value(key)?);
-        let response = self.create.clone().oneshot(Call::new(order, metadata)).await.map_err(|s| GatewayError::Upstream(rpc::relay(&s)))?;
+        let response = self.0.create.clone().oneshot(Call::new(order, metadata)).await.map_err(|s| GatewayError::Upstream(rpc::relay(&s)))?;
         let replayed = response.metadata().get(IDEMPOTENT_REPLAYED).is_some_and(|value| value == "true");
         let order = response.into_inner();
-        self.orders_seen.remember(&client.0, &order);
+        self.0.orders_seen.remember(&client.0, &order);
         if order.status() == OrderStatus::PaymentDeclined {
             let reason = order.payment.as_ref().map(|p| p.decline_reason.clone()).unwrap_or_default();
             return Err(GatewayError::PaymentDeclined { order_id: order.order_id, reason, replayed });
@@ -141,15 +146,15 @@ impl Api {
         let mut metadata = MetadataMap::new();
         metadata.insert(CLIENT_ID, metadata_value(&client.0)?);
         let call = Call::new(GetOrderRequest { order_id: order_id.clone() }, metadata);
-        match self.get.clone().oneshot(call).await {
+        match self.0.get.clone().oneshot(call).await {
             Ok(response) => {
                 let order = response.into_inner();
-                self.orders_seen.remember(&client.0, &order);
+                self.0.orders_seen.remember(&client.0, &order);
                 Ok(Read { order, stale_since: None })
             }
-            Err(status) if stands_in_for(status.code()) => match self.orders_seen.last_known(&client.0, &order_id) {
+            Err(status) if stands_in_for(status.code()) => match self.0.orders_seen.last_known(&client.0, &order_id) {
                 Some((order, since)) => {
-                    self.fallbacks.add(1, &[KeyValue::new("kind", "stale_copy")]);
+                    self.0.fallbacks.add(1, &[KeyValue::new("kind", "stale_copy")]);
                     let age_ms = since.elapsed().map_or(0, |age| i64::try_from(age.as_millis()).unwrap_or(i64::MAX));
                     tracing::info!(fallback.kind = "stale_copy", fallback.age_ms = age_ms, order_id, code = ?status.code(), "answering with the last known copy");
                     Ok(Read { order, stale_since: Some(since) })
@@ -166,7 +171,7 @@ impl Api {
             return Err("the order has no payment yet".into());
         };
         let request = Request::new(GetPaymentRequest { payment_id: payment.payment_id.clone() });
-        match self.sources.payment.clone().get_payment(request).await {
+        match self.0.sources.payment.clone().get_payment(request).await {
             Ok(response) => Ok(response.into_inner()),
             Err(status) => Err(status.message().to_owned()),
         }
@@ -175,15 +180,15 @@ impl Api {
     /// The bank's rate for the order's currency, or its last known quote.
     pub async fn rate_part(&self, currency: &str) -> Part<Rate> {
         let request = Request::new(ExchangeRateRequest { currency: currency.to_owned() });
-        match self.sources.bank.clone().get_exchange_rate(request).await {
+        match self.0.sources.bank.clone().get_exchange_rate(request).await {
             Ok(response) => {
                 let rate = response.into_inner();
-                self.rates_seen.remember(&rate);
+                self.0.rates_seen.remember(&rate);
                 Ok(Rate { rate, stale: false })
             }
-            Err(status) => match self.rates_seen.last_known(currency) {
+            Err(status) => match self.0.rates_seen.last_known(currency) {
                 Some(rate) => {
-                    self.fallbacks.add(1, &[KeyValue::new("kind", "stale_rate")]);
+                    self.0.fallbacks.add(1, &[KeyValue::new("kind", "stale_rate")]);
                     tracing::info!(fallback.kind = "stale_rate", fallback.as_of = rate.as_of, currency, "answering with the last known rate");
                     Ok(Rate { rate, stale: true })
                 }
@@ -198,16 +203,16 @@ impl Api {
         let personal = match metadata_value(&client.0) {
             Ok(value) => {
                 request.metadata_mut().insert(CLIENT_ID, value);
-                self.sources.recommendations.clone().recommend(request).await.map(|r| r.into_inner().skus)
+                self.0.sources.recommendations.clone().recommend(request).await.map(|r| r.into_inner().skus)
             }
             Err(error) => Err(Status::internal(error.to_string())),
         };
-        let popular = || self.sources.popular.iter().filter(|sku| !order.items.iter().any(|i| &&i.sku == sku)).cloned().collect();
+        let popular = || self.0.sources.popular.iter().filter(|sku| !order.items.iter().any(|i| &&i.sku == sku)).cloned().collect();
         match personal {
             Ok(skus) if !skus.is_empty() => Recommended { skus, degraded: None },
             Ok(_) => Recommended { skus: popular(), degraded: Some("no purchase history yet".into()) },
             Err(status) => {
-                self.fallbacks.add(1, &[KeyValue::new("kind", "popular")]);
+                self.0.fallbacks.add(1, &[KeyValue::new("kind", "popular")]);
                 tracing::info!(fallback.kind = "popular", code = ?status.code(), "recommending popular items");
                 Recommended { skus: popular(), degraded: Some(status.message().to_owned()) }
             }

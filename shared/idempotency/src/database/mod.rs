@@ -147,11 +147,18 @@ impl Database {
         match backend {
             Backend::Sqlite => {
                 let options = SqliteConnectOptions::from_str(url)?.busy_timeout(WAIT);
-                // WAL lets the readers run beside the one writer, which creates the file.
-                let writes = options.clone().create_if_missing(true).journal_mode(SqliteJournalMode::Wal).synchronous(match sqlite.synchronous {
-                    Synchronous::Normal => SqliteSynchronous::Normal,
-                    Synchronous::Full => SqliteSynchronous::Full,
-                });
+                // WAL lets the readers run beside the one writer, which creates the file. A
+                // batch's savepoints keep the pages their members change in a sub-journal, a
+                // temporary file once it outgrows 64 KiB: kept in memory, it is never written.
+                let writes = options
+                    .clone()
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(match sqlite.synchronous {
+                        Synchronous::Normal => SqliteSynchronous::Normal,
+                        Synchronous::Full => SqliteSynchronous::Full,
+                    })
+                    .pragma("temp_store", "memory");
                 let writer = writer::Writer::spawn(writes, all, &sqlite).await?;
                 let reader = SqlitePoolOptions::new()
                     .max_connections(SQLITE_READERS)

@@ -169,12 +169,12 @@ impl OrderService {
         let first_phase = insert_order(client_id, new_order(&request));
         let (mut lease, order) = match self.keys.begin_with_first_phase(client_id, key, &fingerprint, lease, first_phase).await? {
             BeginWith::Executed(lease, order) => (lease, order),
-            BeginWith::Found(Begin::Replay(stored), _) => return Ok(Answer { order: replay(&stored)?, replayed: true }),
+            BeginWith::Found(Begin::Replay(stored)) => return Ok(Answer { order: replay(&stored)?, replayed: true }),
             // A lease taken over: phase 1 again unless it committed before.
-            BeginWith::Found(Begin::Execute(mut lease), first_phase) => {
+            BeginWith::Found(Begin::Execute(mut lease)) => {
                 let order = match lease.resource_id.clone() {
                     Some(order_id) => self.orders.load(&order_id).await?,
-                    None => self.keys.atomic_phase(&mut lease, first_phase).await?,
+                    None => self.keys.atomic_phase(&mut lease, insert_order(client_id, new_order(&request))).await?,
                 };
                 (lease, order)
             }
@@ -247,7 +247,7 @@ fn new_order(request: &CreateOrderRequest) -> Order {
 fn insert_order(
     client_id: &str,
     order: Order,
-) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(Order, Progress), OrdersError>> + Clone + Send + use<> {
+) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(Order, Progress), OrdersError>> + Send + use<> {
     let client_id = client_id.to_owned();
     move |transaction| {
         Box::pin(async move {

@@ -110,22 +110,14 @@ pub enum Begin {
 }
 
 /// What [`KeyStore::begin_with_first_phase`] found.
-pub enum BeginWith<T, F> {
+#[derive(Debug)]
+pub enum BeginWith<T> {
     /// A new key, claimed with its first phase in one transaction: go on from the lease's
     /// recovery point, with what the phase returned.
     Executed(Lease, T),
-    /// A key already there, as [`KeyStore::begin`] answers for it, with the first phase handed
-    /// back unrun (a lease taken over at `started` runs it with [`KeyStore::atomic_phase`]).
-    Found(Begin, F),
-}
-
-impl<T: std::fmt::Debug, F> std::fmt::Debug for BeginWith<T, F> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BeginWith::Executed(lease, done) => f.debug_tuple("Executed").field(lease).field(done).finish(),
-            BeginWith::Found(found, _) => f.debug_tuple("Found").field(found).finish_non_exhaustive(),
-        }
-    }
+    /// A key already there, as [`KeyStore::begin`] answers for it; its first phase did not
+    /// commit (a lease taken over at `started` runs one with [`KeyStore::atomic_phase`]).
+    Found(Begin),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -294,8 +286,7 @@ impl KeyStore {
     /// The phase runs first and the key is then inserted where the phase leaves it, one
     /// statement fewer than a claim and a move. A key that another request claimed meanwhile
     /// makes that insert change nothing: the transaction is rolled back with the phase's work,
-    /// and the key is decided as [`KeyStore::begin`] would, with a copy of `first_phase` handed
-    /// back unrun (hence `Clone`).
+    /// and the key is decided as [`KeyStore::begin`] would.
     pub async fn begin_with_first_phase<T, E, F>(
         &self,
         scope: &str,
@@ -303,9 +294,9 @@ impl KeyStore {
         fingerprint: &str,
         lease: Duration,
         first_phase: F,
-    ) -> Result<BeginWith<T, F>, E>
+    ) -> Result<BeginWith<T>, E>
     where
-        F: for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(T, Progress), E>> + Clone + Send + 'static,
+        F: for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(T, Progress), E>> + Send + 'static,
         T: Send + 'static,
         E: From<KeyError> + Send + 'static,
     {
@@ -313,12 +304,11 @@ impl KeyStore {
         // A key already there is decided on the reader from this one read, and a repeat (a
         // replay, most often) never waits for the writer. The insert below still decides a race.
         if let Some(row) = self.read(scope, key).await? {
-            return Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, FirstRound::Decide(row)).await?, first_phase));
+            return Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, FirstRound::Decide(row)).await?));
         }
         #[cfg(feature = "pause-points")]
         self.pause(crate::pause::Pause::NewKeyRead, key).await;
         let new = self.new_key(scope, key, fingerprint, lease, token);
-        let unrun = first_phase.clone();
         let claimed = self
             .database
             .transact(move |transaction| {
@@ -337,7 +327,7 @@ impl KeyStore {
                 lease.advance(progress);
                 Ok(BeginWith::Executed(lease, done))
             }
-            Err(PhaseFailed::KeyTaken) => Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, FirstRound::Read).await?, unrun)),
+            Err(PhaseFailed::KeyTaken) => Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, FirstRound::Read).await?)),
             Err(failed) => Err(failed.into_error()),
         }
     }

@@ -173,7 +173,7 @@ fn first_phase(
     table: &str,
     id: &str,
     fails: bool,
-) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(String, Progress), KeyError>> + Clone + Send + use<> {
+) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(String, Progress), KeyError>> + Send + use<> {
     let (statement, id) = (format!("INSERT INTO {table} (id) VALUES ('{id}')"), id.to_owned());
     move |transaction| {
         Box::pin(async move {
@@ -196,7 +196,7 @@ async fn a_claim_commits_with_its_first_phase_or_not_at_all() {
         let (mut lease, created) =
             match store.begin_with_first_phase("c", "k-both", "fp", LEASE, first_phase(&table, "order-1", false)).await.unwrap() {
                 BeginWith::Executed(lease, created) => (lease, created),
-                BeginWith::Found(found, _) => panic!("{backend}: a new key, found as {found:?}"),
+                BeginWith::Found(found) => panic!("{backend}: a new key, found as {found:?}"),
             };
         assert_eq!(
             (lease.recovery_point.as_str(), lease.resource_id.as_deref(), created.as_str()),
@@ -217,8 +217,8 @@ async fn a_claim_commits_with_its_first_phase_or_not_at_all() {
 }
 
 /// A repeat that claims with its first phase finds the key: in flight while its holder works,
-/// and once the holder has given it up, taken over at the holder's recovery point, with its own
-/// first phase handed back unrun (the holder's committed it already).
+/// and once the holder has given it up, taken over at the holder's recovery point, without
+/// running its own first phase (the holder's committed it already).
 #[tokio::test]
 async fn a_repeat_claiming_with_its_first_phase_finds_the_key_and_runs_nothing() {
     for (backend, database, _scratch) in databases().await {
@@ -226,13 +226,13 @@ async fn a_repeat_claiming_with_its_first_phase_finds_the_key_and_runs_nothing()
         let (store, _) = store(&database, KeySettings::default());
         let mut holder = match store.begin_with_first_phase("c", "k", "fp", LEASE, first_phase(&table, "order-1", false)).await.unwrap() {
             BeginWith::Executed(lease, _) => lease,
-            BeginWith::Found(found, _) => panic!("{backend}: a new key, found as {found:?}"),
+            BeginWith::Found(found) => panic!("{backend}: a new key, found as {found:?}"),
         };
         let in_flight = store.begin_with_first_phase("c", "k", "fp", LEASE, first_phase(&table, "order-2", false)).await;
         assert!(matches!(in_flight, Err(KeyError::InFlight)), "{backend}: {in_flight:?}");
         store.release(&mut holder).await.unwrap();
         match store.begin_with_first_phase("c", "k", "fp", LEASE, first_phase(&table, "order-3", false)).await.unwrap() {
-            BeginWith::Found(Begin::Execute(lease), _unrun) => assert_eq!(lease.resource_id.as_deref(), Some("order-1"), "{backend}"),
+            BeginWith::Found(Begin::Execute(lease)) => assert_eq!(lease.resource_id.as_deref(), Some("order-1"), "{backend}"),
             other => panic!("{backend}: expected a takeover, got {other:?}"),
         }
         assert_eq!(count_effects(&database, &table).await, 1, "{backend}: the repeats' first phases never ran");
@@ -283,7 +283,7 @@ async fn a_first_phase_whose_key_is_claimed_meanwhile_is_rolled_back() {
             hold.let_go();
             match (held.await.unwrap(), completes) {
                 (Err(KeyError::InFlight), false) => {}
-                (Ok(BeginWith::Found(Begin::Replay(stored), _unrun)), true) => assert_eq!(stored.body, b"first", "{backend}"),
+                (Ok(BeginWith::Found(Begin::Replay(stored))), true) => assert_eq!(stored.body, b"first", "{backend}"),
                 (other, _) => panic!("{backend}, {key}: {other:?}"),
             }
         }

@@ -11,8 +11,9 @@ pub enum Pause {
     /// In [`KeyStore::begin`](crate::KeyStore::begin), after the key's row was read and before
     /// anything is decided from it (a takeover, a delete of an expired row).
     BeginRead,
-    /// In [`KeyStore::begin_with_first_phase`](crate::KeyStore::begin_with_first_phase), after
-    /// the read found no key and before the claim and the first phase are queued.
+    /// In [`KeyStore::begin_with_first_phase`](crate::KeyStore::begin_with_first_phase), inside
+    /// its transaction, after a read found no key and before the first phase runs (on SQLite,
+    /// while the request holds the one writer).
     NewKeyRead,
 }
 

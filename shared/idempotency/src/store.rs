@@ -4,7 +4,7 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
 
-use crate::{Clock, Database, SystemClock, Transaction, on_driver};
+use crate::{Backend, Clock, Database, SystemClock, Transaction, on_driver};
 
 /// Expiry and reaping of one store's keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -222,6 +222,18 @@ impl NewKey {
     }
 }
 
+/// Reads a key's row: on the reader, or in the transaction that is about to claim the key.
+const READ_KEY: &str = "SELECT fingerprint, state, lock_token, locked_until, response_code, response_body, expires_at \
+                        FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2";
+
+/// What the transaction of [`KeyStore::begin_with_first_phase`] did.
+enum FirstPhase<T> {
+    /// The key was new: the first phase committed with its claim.
+    Committed(T, Progress),
+    /// The key was there: nothing was written.
+    Found(KeyRow),
+}
+
 /// Where a claim's first round starts.
 enum FirstRound {
     /// Insert the key, then read it if it was there.
@@ -283,10 +295,16 @@ impl KeyStore {
     /// commit in one transaction, one write instead of two. A failing first phase takes the
     /// claim back with it, as if the request had never come.
     ///
-    /// The phase runs first and the key is then inserted where the phase leaves it, one
-    /// statement fewer than a claim and a move. A key that another request claimed meanwhile
-    /// makes that insert change nothing: the transaction is rolled back with the phase's work,
-    /// and the key is decided as [`KeyStore::begin`] would.
+    /// A key already there is decided as [`KeyStore::begin`] would, and its first phase does
+    /// not run. It is found where that is cheapest: on SQLite by a read in the transaction, a
+    /// statement on the one writer's thread where a reader would be a hand-off to another
+    /// thread; on PostgreSQL by a read before it, one round trip where a read in a transaction
+    /// would add a `BEGIN` and a `COMMIT` to every repeat. For a new key, the phase runs and the
+    /// key is then inserted where the phase leaves it, one statement fewer than a claim and a
+    /// move. On SQLite nobody can claim the key between the read and the insert: the one writer
+    /// runs them in turn. On PostgreSQL another request can, and then the insert changes
+    /// nothing: the transaction is rolled back with the phase's work, and the key is decided as
+    /// it now stands.
     pub async fn begin_with_first_phase<T, E, F>(
         &self,
         scope: &str,
@@ -301,35 +319,50 @@ impl KeyStore {
         E: From<KeyError> + Send + 'static,
     {
         let token = rand::random::<i64>();
-        // A key already there is decided on the reader from this one read, and a repeat (a
-        // replay, most often) never waits for the writer. The insert below still decides a race.
-        if let Some(row) = self.read(scope, key).await? {
+        let read_in_transaction = self.database.backend() == Backend::Sqlite;
+        if !read_in_transaction && let Some(row) = self.read(scope, key).await? {
             return Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, FirstRound::Decide(row)).await?));
         }
-        #[cfg(feature = "pause-points")]
-        self.pause(crate::pause::Pause::NewKeyRead, key).await;
         let new = self.new_key(scope, key, fingerprint, lease, token);
+        #[cfg(feature = "pause-points")]
+        let pause = self.pause.clone();
         let claimed = self
             .database
             .transact(move |transaction| {
                 Box::pin(async move {
+                    if read_in_transaction {
+                        let found: Option<KeyRow> = on_driver!(&mut *transaction, |executor| sqlx::query_as(READ_KEY)
+                            .bind(&new.scope)
+                            .bind(&new.key)
+                            .fetch_optional(executor)
+                            .await?);
+                        if let Some(row) = found {
+                            return Ok(FirstPhase::Found(row));
+                        }
+                    }
+                    #[cfg(feature = "pause-points")]
+                    if let Some(hook) = pause {
+                        hook.reached(crate::pause::Pause::NewKeyRead, &new.key).await;
+                    }
                     let (done, progress) = first_phase(&mut *transaction).await.map_err(PhaseFailed::Effects)?;
                     if new.insert_at(transaction, Some(&progress)).await? == 0 {
                         return Err(PhaseFailed::KeyTaken);
                     }
-                    Ok((done, progress))
+                    Ok(FirstPhase::Committed(done, progress))
                 })
             })
             .await;
-        match claimed {
-            Ok((done, progress)) => {
+        let first = match claimed {
+            Ok(FirstPhase::Committed(done, progress)) => {
                 let mut lease = Lease::new(scope, key, token, STARTED.into(), None);
                 lease.advance(progress);
-                Ok(BeginWith::Executed(lease, done))
+                return Ok(BeginWith::Executed(lease, done));
             }
-            Err(PhaseFailed::KeyTaken) => Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, FirstRound::Read).await?)),
-            Err(failed) => Err(failed.into_error()),
-        }
+            Ok(FirstPhase::Found(row)) => FirstRound::Decide(row),
+            Err(PhaseFailed::KeyTaken) => FirstRound::Read,
+            Err(failed) => return Err(failed.into_error()),
+        };
+        Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, first).await?))
     }
 
     /// The answer stored under a completed `key`, read without writing anything: for a request
@@ -350,15 +383,7 @@ impl KeyStore {
 
     /// The key's row as the last commit left it, read on the reader so that the writer stays free.
     async fn read(&self, scope: &str, key: &str) -> Result<Option<KeyRow>, KeyError> {
-        Ok(on_driver!(self.database.reader(), |executor| sqlx::query_as(
-            "SELECT fingerprint, state, lock_token, locked_until, \
-             response_code, response_body, expires_at \
-             FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2",
-        )
-        .bind(scope)
-        .bind(key)
-        .fetch_optional(executor)
-        .await?))
+        Ok(on_driver!(self.database.reader(), |executor| sqlx::query_as(READ_KEY).bind(scope).bind(key).fetch_optional(executor).await?))
     }
 
     /// A new key's row, leased from now for `lease`.

@@ -8,7 +8,9 @@ mod reaper;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use database::{Backend, Database, DatabaseError, Driver, Executors, Migrations, Pool, SqliteSettings, Synchronous, Transaction, is_unreachable};
+pub use database::{
+    Backend, Database, DatabaseError, Driver, Executors, Migrations, Pool, SqliteExecutor, SqliteSettings, Synchronous, Transaction, is_unreachable,
+};
 pub use reaper::spawn_reaper;
 pub use store::{Begin, BeginWith, KeyError, KeySettings, KeyStore, Lease, Phase, Progress, Stored, StrandedKey, TtlTooShort};
 

@@ -236,14 +236,13 @@ async fn a_failing_job_in_a_batch_rolls_back_only_its_own_work() {
                 .await
         }
     };
-    batch_behind(holder, job(&["first"]), job(&["failing", "holder"]), job(&["third"])).await;
+    assert_unique_violation(&batch_behind(holder, job(&["first"]), job(&["failing", "holder"]), job(&["third"])).await);
     assert_eq!(committed_keys(&database).await, ["first", "holder", "third"], "the failed job's own insert is undone, the others' kept");
 }
 
 /// Queues three writes behind `holder`, which holds SQLite's writer, so that they run in its
-/// batch once it commits; the first and the third succeed, and the second fails on the key's
-/// uniqueness (it inserts the holder's key again).
-async fn batch_behind<F, G, H>(holder: idempotency::Transaction, first: F, failing: G, third: H)
+/// batch once it commits; the first and the third succeed, and the second's error is returned.
+async fn batch_behind<F, G, H>(holder: idempotency::Transaction, first: F, failing: G, third: H) -> sqlx::Error
 where
     F: Future<Output = Result<(), sqlx::Error>>,
     G: Future<Output = Result<(), sqlx::Error>>,
@@ -257,8 +256,13 @@ where
     holder.unwrap();
     first.unwrap();
     third.unwrap();
-    let failed = failing.expect_err("the second breaks the key's uniqueness");
-    assert!(matches!(&failed, sqlx::Error::Database(error) if error.is_unique_violation()), "{failed}");
+    failing.expect_err("the second fails")
+}
+
+/// The second of [`batch_behind`]'s writes broke the key's uniqueness (it inserted the holder's
+/// key again).
+fn assert_unique_violation(failed: &sqlx::Error) {
+    assert!(matches!(failed, sqlx::Error::Database(error) if error.is_unique_violation()), "{failed}");
 }
 
 /// Statements that are each safe alone ([`Database::autocommit`]) join a batch without a
@@ -279,8 +283,59 @@ async fn a_failing_autocommit_in_a_batch_undoes_only_its_failed_statement() {
         })
     });
     let insert = |key: &'static str| database.transact(move |transaction| Box::pin(async move { insert_key(transaction, key).await }));
-    batch_behind(holder, insert("first"), failing, insert("third")).await;
+    assert_unique_violation(&batch_behind(holder, insert("first"), failing, insert("third")).await);
     assert_eq!(committed_keys(&database).await, ["first", "holder", "kept", "third"]);
+}
+
+/// A job that fails before its first statement opened nothing: the savepoint the writer would
+/// have sent with that statement was never made, so nothing is rolled back for it. Going back to
+/// the newest savepoint instead would undo the member before it, which its caller is told has
+/// committed.
+#[tokio::test]
+async fn a_job_that_fails_before_its_first_statement_leaves_its_batch_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::connect(&format!("sqlite://{}", dir.path().join("keys.db").display())).await.unwrap();
+    let mut holder = database.begin().await.unwrap();
+    insert_key(&mut holder, "holder").await.unwrap();
+    let insert = |key: &'static str| database.transact(move |transaction| Box::pin(async move { insert_key(transaction, key).await }));
+    let refused = database.transact(|_| Box::pin(async move { Err::<(), _>(sqlx::Error::Protocol("refused before any statement".into())) }));
+    let refused = batch_behind(holder, insert("first"), refused, insert("third")).await;
+    assert!(matches!(refused, sqlx::Error::Protocol(_)), "the job's own error: {refused}");
+    assert_eq!(committed_keys(&database).await, ["first", "holder", "third"]);
+}
+
+/// The writer's `BEGIN` or `SAVEPOINT` goes to SQLite with a job's first statement, and what
+/// that statement reports is its own: an `UPDATE` that matches nothing changed 0 rows, though
+/// SQLite reports, for the opening statement, the rows of the statement before it (how a phase
+/// learns that its lease was lost). Both as the first of a batch and as a later member.
+#[tokio::test]
+async fn a_statement_sent_with_the_writers_opening_reports_only_its_own_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::connect(&format!("sqlite://{}", dir.path().join("keys.db").display())).await.unwrap();
+    let update_nothing = || {
+        database.transact(|transaction| {
+            Box::pin(async move {
+                Ok::<_, sqlx::Error>(idempotency::on_driver!(transaction, |executor| sqlx::query(
+                    "UPDATE idempotency_keys SET locked_until = 1 WHERE idempotency_key = 'nobody'"
+                )
+                .execute(executor)
+                .await?
+                .rows_affected()))
+            })
+        })
+    };
+    database.transact(|transaction| Box::pin(async move { insert_key(transaction, "before").await })).await.unwrap();
+    assert_eq!(update_nothing().await.unwrap(), 0, "as the first of a batch, after an insert");
+
+    let mut holder = database.begin().await.unwrap();
+    insert_key(&mut holder, "holder").await.unwrap();
+    let insert = database.transact(|transaction| Box::pin(async move { insert_key(transaction, "member").await }));
+    let (mut insert, mut updated) = (std::pin::pin!(insert), std::pin::pin!(update_nothing()));
+    assert!(poll_once(insert.as_mut()).is_pending() && poll_once(updated.as_mut()).is_pending(), "both queue behind the holder");
+    let (holder, insert, updated) = tokio::join!(holder.commit(), insert, updated);
+    holder.unwrap();
+    insert.unwrap();
+    assert_eq!(updated.unwrap(), 0, "as a later member, after another member's insert");
 }
 
 /// With nothing else waiting for SQLite's writer, statements each safe alone run outside any

@@ -1,7 +1,10 @@
 //! One service's database, SQLite or PostgreSQL, through sqlx's typed drivers.
 
 mod affinity;
+mod sqlite_executor;
 mod writer;
+
+pub use sqlite_executor::SqliteExecutor;
 
 use std::{num::NonZeroU32, str::FromStr, time::Duration};
 
@@ -209,7 +212,8 @@ impl Database {
     }
 
     /// Runs `statements`, which write without a transaction of their own, each committing by
-    /// itself as it runs: no `BEGIN` and `COMMIT` around them, two round trips fewer. On SQLite
+    /// itself as it runs: no `BEGIN` and `COMMIT` around them (two round trips fewer on PostgreSQL,
+    /// one on SQLite, whose writer sends a `BEGIN` with the first statement). On SQLite
     /// they run on the one writer: by themselves when nothing waits for it, else in its current
     /// batch (without a savepoint, so that they commit with the batch). For a write of one
     /// statement, or of several that are each safe alone (a failure keeps the ones before it);
@@ -305,13 +309,6 @@ where
     let (reply, outcome) = oneshot::channel();
     let job: writer::Job = Box::new(move |transaction| {
         Box::pin(async move {
-            let transaction = match transaction {
-                Ok(transaction) => transaction,
-                Err(error) => {
-                    let _ = reply.send(Err(E::from(error)));
-                    return None;
-                }
-            };
             match work(transaction).await {
                 Ok(done) => Some(Box::new(move |committed: Result<(), sqlx::Error>| {
                     let _ = reply.send(committed.map(|()| done).map_err(E::from));
@@ -361,8 +358,9 @@ pub struct Transaction(Open);
 #[derive(Debug)]
 enum Open {
     Batched(writer::Member),
-    /// The writer's own connection, while it runs a [`Database::transact`] job.
-    OnWriter(SqliteConnection),
+    /// The writer's own connection, while it runs a [`Database::transact`] job, with the
+    /// statement that opens the job's work until it is sent with the job's first.
+    OnWriter(SqliteConnection, sqlite_executor::Opening),
     SqliteRead(sqlx::Transaction<'static, Sqlite>),
     Postgres(sqlx::Transaction<'static, Postgres>),
     PostgresAutocommit(PoolConnection<Postgres>),
@@ -374,7 +372,7 @@ impl Transaction {
         match self.0 {
             Open::Batched(member) => member.commit().await,
             // A job's transaction is committed by the writer, with its batch.
-            Open::OnWriter(_) => Ok(()),
+            Open::OnWriter(..) => Ok(()),
             Open::SqliteRead(transaction) => transaction.commit().await,
             Open::Postgres(transaction) => transaction.commit().await,
             Open::PostgresAutocommit(_) => Ok(()),
@@ -407,13 +405,13 @@ impl<'a> Executors for &'a Pool {
 }
 
 impl<'a> Executors for &'a mut Transaction {
-    type Sqlite = &'a mut SqliteConnection;
+    type Sqlite = SqliteExecutor<'a>;
     type Postgres = &'a mut PgConnection;
     fn driver(self) -> Driver<Self::Sqlite, Self::Postgres> {
         match &mut self.0 {
-            Open::Batched(member) => Driver::Sqlite(member.connection()),
-            Open::OnWriter(connection) => Driver::Sqlite(connection),
-            Open::SqliteRead(transaction) => Driver::Sqlite(transaction),
+            Open::Batched(member) => Driver::Sqlite(SqliteExecutor::new(member.connection(), None)),
+            Open::OnWriter(connection, opening) => Driver::Sqlite(SqliteExecutor::new(connection, Some(opening))),
+            Open::SqliteRead(transaction) => Driver::Sqlite(SqliteExecutor::new(transaction, None)),
             Open::Postgres(transaction) => Driver::Postgres(transaction),
             Open::PostgresAutocommit(connection) => Driver::Postgres(connection),
         }

@@ -22,10 +22,11 @@
 //! the writer's CPU and the two take turns there (see [`super::affinity`]).
 //!
 //! Why work whose statements are each safe alone ([`Writer::autocommit`]) is told apart? Each
-//! statement costs a round trip to sqlx's connection thread, and so do `BEGIN`, `COMMIT` and
-//! `SAVEPOINT`. Such work needs none of them: with nothing waiting behind it, it runs outside any
+//! query costs a round trip to sqlx's connection thread, and so does the batch's `COMMIT` (a
+//! job's `BEGIN` or `SAVEPOINT` goes with its first statement, see [`super::sqlite_executor`]).
+//! Such work needs none of them: with nothing waiting behind it, it runs outside any
 //! transaction, each statement committing as it runs (a single `INSERT` is one round trip, not
-//! three); in a batch it runs without a savepoint, because a statement that fails is undone by
+//! two); in a batch it runs without a savepoint, because a statement that fails is undone by
 //! SQLite itself and the ones before it may stay.
 
 use std::time::Duration;
@@ -34,15 +35,14 @@ use futures::future::BoxFuture;
 use sqlx::{Executor, SqliteConnection, sqlite::SqliteConnectOptions};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{DatabaseError, Migrations, Open, SqliteSettings, Transaction, affinity};
+use super::{DatabaseError, Migrations, Open, SqliteSettings, Transaction, affinity, sqlite_executor::Opening};
 
 /// A request for the write connection: answered with a [`Member`] of the current batch.
 type Join = oneshot::Sender<Result<Member, sqlx::Error>>;
 
-/// Work the writer runs itself, as one member of a batch, in its transaction (or with the error
-/// that kept the writer from opening one): `Some` keeps the work, and is told whether its batch
-/// committed; `None` rolls it back.
-pub(super) type Job = Box<dyn for<'t> FnOnce(Result<&'t mut Transaction, sqlx::Error>) -> BoxFuture<'t, Option<Settle>> + Send>;
+/// Work the writer runs itself, as one member of a batch, in its transaction: `Some` keeps the
+/// work, and is told whether its batch committed; `None` rolls it back.
+pub(super) type Job = Box<dyn for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Option<Settle>> + Send>;
 
 /// Told whether the batch of a kept member committed.
 pub(super) type Settle = Box<dyn FnOnce(Result<(), sqlx::Error>) + Send>;
@@ -188,7 +188,7 @@ async fn run(mut connection: SqliteConnection, mut waiting: mpsc::Receiver<Work>
             // safe alone runs by itself: no BEGIN and COMMIT around it.
             let work = match work {
                 Work::Autocommit(job) if !open && waiting.is_empty() => {
-                    let (back, settle) = on_writer(connection, job).await;
+                    let (back, settle) = on_writer(connection, job, &mut Opening::default()).await;
                     connection = back;
                     if let Some(settle) = settle {
                         settle(Ok(()));
@@ -200,40 +200,50 @@ async fn run(mut connection: SqliteConnection, mut waiting: mpsc::Receiver<Work>
             };
             // What a failed member leaves is undone: the first's by rolling the transaction
             // back, a later one's by going back to its savepoint. Statements each safe alone
-            // are not undone, so they need no savepoint.
+            // are not undone, so they need no savepoint. A job's opening statement goes with its
+            // first statement (see [`super::sqlite_executor`]); a member lent the connection
+            // gets it at once.
             let each_alone = matches!(work, Work::Autocommit(_));
-            let savepoint = !each_alone && !kept.is_empty();
-            let started = if !open {
-                connection.execute("BEGIN IMMEDIATE").await
+            let savepoint = open && !each_alone && !kept.is_empty();
+            let mut opening = Opening::new(if !open {
+                Some("BEGIN IMMEDIATE")
             } else if savepoint {
-                connection.execute(SAVEPOINT).await
+                Some(SAVEPOINT)
             } else {
-                Ok(Default::default())
-            };
-            if let Err(error) = started {
-                refuse(work, error).await;
-                break;
-            }
-            open = true;
+                None
+            });
             let settle = match work {
-                Work::Lend(join) => match lend(connection, join).await {
-                    Some((back, settle)) => {
-                        connection = back;
-                        settle
+                Work::Lend(join) => {
+                    if let Some(statement) = opening.take_statement()
+                        && let Err(error) = connection.execute(statement).await
+                    {
+                        drop(join.send(Err(error)));
+                        break;
                     }
-                    // A member is handed back when it is committed or dropped; only a runtime
-                    // shutting down drops it in neither way, and the connection with it.
-                    None => return,
-                },
+                    match lend(connection, join).await {
+                        Some((back, settle)) => {
+                            connection = back;
+                            settle
+                        }
+                        // A member is handed back when it is committed or dropped; only a
+                        // runtime shutting down drops it in neither way, and the connection
+                        // with it.
+                        None => return,
+                    }
+                }
                 Work::Run(job) | Work::Autocommit(job) => {
-                    let (back, settle) = on_writer(connection, job).await;
+                    let (back, settle) = on_writer(connection, job, &mut opening).await;
                     connection = back;
                     settle
                 }
             };
-            let settled = match (&settle, each_alone, savepoint) {
+            // A member that ran no statement opened nothing: no savepoint to go back to, and,
+            // as the first, no transaction yet.
+            open = open || opening.ran();
+            let settled = match (&settle, each_alone, savepoint && opening.ran()) {
                 (Some(_), _, _) | (None, true, _) => Ok(()),
                 (None, false, true) => connection.execute(ROLLBACK_TO).await.map(drop),
+                (None, false, false) if savepoint || !open => Ok(()),
                 (None, false, false) => {
                     open = false;
                     connection.execute("ROLLBACK").await.map(drop)
@@ -253,6 +263,8 @@ async fn run(mut connection: SqliteConnection, mut waiting: mpsc::Receiver<Work>
             }
         }
         if !open {
+            // Members that ran no statement: nothing to commit.
+            kept.into_iter().for_each(|settle| settle(Ok(())));
             continue;
         }
         let failure = match failure {
@@ -274,11 +286,13 @@ async fn run(mut connection: SqliteConnection, mut waiting: mpsc::Receiver<Work>
     }
 }
 
-/// Runs `job` on the writer's connection, in whatever transaction is open on it.
-async fn on_writer(connection: SqliteConnection, job: Job) -> (SqliteConnection, Option<Settle>) {
-    let mut transaction = Transaction(Open::OnWriter(connection));
-    let settle = job(Ok(&mut transaction)).await;
-    let Transaction(Open::OnWriter(connection)) = transaction else { unreachable!("a job cannot replace its transaction") };
+/// Runs `job` on the writer's connection, in whatever transaction is open on it, with `opening`
+/// sent in front of its first statement.
+async fn on_writer(connection: SqliteConnection, job: Job, opening: &mut Opening) -> (SqliteConnection, Option<Settle>) {
+    let mut transaction = Transaction(Open::OnWriter(connection, std::mem::take(opening)));
+    let settle = job(&mut transaction).await;
+    let Transaction(Open::OnWriter(connection, left)) = transaction else { unreachable!("a job cannot replace its transaction") };
+    *opening = left;
     (connection, settle)
 }
 
@@ -299,13 +313,5 @@ async fn lend(connection: SqliteConnection, join: Join) -> Option<(SqliteConnect
             let settle = back.committed.map(|committed| -> Settle { Box::new(move |outcome| drop(committed.send(outcome))) });
             Some((back.connection, settle))
         }
-    }
-}
-
-/// Tells waiting work that the writer could not start it.
-async fn refuse(work: Work, error: sqlx::Error) {
-    match work {
-        Work::Lend(join) => drop(join.send(Err(error))),
-        Work::Run(job) | Work::Autocommit(job) => drop(job(Err(error)).await),
     }
 }

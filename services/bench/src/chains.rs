@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use bank_mock::{Faults, Latency};
 use deadline::HopStatsSnapshot;
+use resilience::rate_limit::QuotaSettings;
 use serde::Serialize;
 use sqlx::{Connection, Executor, PgConnection};
 use stack::{
@@ -36,9 +37,13 @@ struct Scratch {
     databases: Vec<String>,
 }
 
-/// A bank that answers at once: the chain's own cost, nothing of the bank's.
-pub fn instant_bank() -> Faults {
-    Faults { latency_ms: Latency { mean: 0.0, stddev: 0.0 }, ..Faults::HEALTHY }
+/// A bank that answers at once and publishes no quota: the chain's own cost, nothing of the
+/// bank's. Payment still checks its own limit toward the bank on every call, set beyond reach:
+/// the default settings' quota (2,000 calls a second) would otherwise be the ceiling of every
+/// measurement on a fast machine, the bank's number rather than the chain's.
+pub fn with_instant_bank(settings: &mut ChainSettings) {
+    settings.bank.faults = Faults { latency_ms: Latency { mean: 0.0, stddev: 0.0 }, ..Faults::HEALTHY };
+    settings.payment.bank.quota = QuotaSettings { per_second: u32::MAX / 2, burst: u32::MAX / 2 };
 }
 
 /// Starts the chain on `backend` with the default settings after `change`.

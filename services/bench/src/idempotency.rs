@@ -75,7 +75,7 @@ async fn measure_on(
 ) -> Result<BackendIdempotency, BenchError> {
     let settings = &profile.idempotency;
     let running = chains::start(backend, |chain| {
-        chain.bank.faults = chains::instant_bank();
+        chains::with_instant_bank(chain);
         change(chain);
     })
     .await?;

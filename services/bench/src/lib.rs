@@ -132,7 +132,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     let fail_fast = fail_fast::measure(profile).await?;
     eprintln!("6. Idempotency");
     let idempotency = idempotency::measure(profile, postgres.as_ref()).await?;
-    eprintln!("8. Statements per create");
+    eprintln!("8. Queries and statements per create");
     let statements = statements::measure(profile, postgres.as_ref(), &options.bench_executable).await?;
     // Last: it installs telemetry for the rest of the process.
     eprintln!("7. Tracing cost");

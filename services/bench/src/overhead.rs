@@ -102,13 +102,13 @@ const SUBJECTS: [Subject; 5] = [
     Subject::Layered {
         label: EVERY_LAYER,
         about: "the chain as configured: deadline, retries under the budget, breakers, bulkheads, rate limit, intake limits; orders and keys in SQLite",
-        change: |settings| settings.bank.faults = chains::instant_bank(),
+        change: chains::with_instant_bank,
     },
     Subject::Layered {
         label: GUARDS_IDLE,
         about: "the same services and storage, with breakers and retries off and bulkhead and quota limits out of reach",
         change: |settings| {
-            settings.bank.faults = chains::instant_bank();
+            chains::with_instant_bank(settings);
             stack::scenario::without_guards(settings);
         },
     },
@@ -116,7 +116,7 @@ const SUBJECTS: [Subject; 5] = [
         label: PLAIN_TEXT,
         about: "the chain as configured, with its hops talking plain-text gRPC instead of mutual TLS: beside every layer, the price of the hops' identities",
         change: |settings| {
-            settings.bank.faults = chains::instant_bank();
+            chains::with_instant_bank(settings);
             settings.plaintext = true;
         },
     },

@@ -1,10 +1,12 @@
-//! Comparison 8, statements: how many SQL statements one create sends to the databases, of
-//! which kinds, on each backend, one create at a time and with many clients at once.
+//! Comparison 8, statements: how many queries and SQL statements one create sends to the
+//! databases, of which kinds, on each backend, one create at a time and with many clients at once.
 //!
-//! Why count statements? On SQLite every statement is a hand-off to the connection's own thread
-//! and back, and on PostgreSQL a network round trip (sqlx does not pipeline): on a create's path
-//! it is their number, more than the databases' work, that costs. The count is sqlx's own: it
-//! reports every statement it runs (`BEGIN` and `COMMIT` included) as a `sqlx::query` event.
+//! Why count them? On SQLite every query is a hand-off to the connection's own thread and back,
+//! and on PostgreSQL a network round trip (sqlx does not pipeline): on a create's path it is
+//! their number, more than the databases' work, that costs. A query may hold several statements
+//! (SQLite's writer sends its `BEGIN` or `SAVEPOINT` with a transaction's first statement), so
+//! both are counted. The count is sqlx's own: it reports every query it runs (`BEGIN` and
+//! `COMMIT` included) as a `sqlx::query` event.
 //! A tracing subscriber is installed once per process, and comparison 7 installs telemetry's,
 //! so each backend is counted in a child process of this harness (see [`count_in_this_process`]),
 //! whose subscriber counts those events and nothing else.
@@ -37,6 +39,9 @@ pub struct Round {
     pub label: String,
     pub clients: usize,
     pub successes: usize,
+    /// Queries per success: on SQLite each a hand-off to the connection's thread and back, on
+    /// PostgreSQL a round trip.
+    pub queries_per_request: f64,
     /// Statements per success, by their first word (`INSERT`, `COMMIT`, …).
     pub per_request: BTreeMap<String, f64>,
     pub total_per_request: f64,
@@ -87,39 +92,65 @@ async fn in_child(bench: &Path, backend: &str, postgres_url: Option<&str>, smoke
     Ok(serde_json::from_slice(&output.stdout)?)
 }
 
-/// Statements seen since the last [`Counts::take`], by kind.
+/// Queries and statements seen since the last [`Counts::take`].
 #[derive(Clone, Default)]
-struct Counts(Arc<Mutex<BTreeMap<String, u64>>>);
+struct Counts(Arc<Mutex<Counted>>);
+
+#[derive(Default)]
+struct Counted {
+    /// Queries sent: each a hand-off on SQLite, a round trip on PostgreSQL.
+    queries: u64,
+    /// Their statements (a query may hold several), by first word.
+    statements: BTreeMap<String, u64>,
+}
 
 impl Counts {
-    fn take(&self) -> BTreeMap<String, u64> {
+    fn take(&self) -> Counted {
         std::mem::take(&mut *self.0.lock().expect("never poisoned"))
     }
 }
 
 impl<S: tracing::Subscriber> Layer<S> for Counts {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        let mut summary = Summary(None);
-        event.record(&mut summary);
-        let kind = summary.0.as_deref().and_then(|text| text.split_whitespace().next()).unwrap_or("?").to_uppercase();
-        *self.0.lock().expect("never poisoned").entry(kind).or_default() += 1;
+        let mut query = Query::default();
+        event.record(&mut query);
+        // sqlx gives the whole SQL only when its summary (the first words) leaves some out.
+        let sql = query.statement.filter(|sql| !sql.trim().is_empty()).or(query.summary).unwrap_or_default();
+        let mut counted = self.0.lock().expect("never poisoned");
+        counted.queries += 1;
+        // The statements here hold no `;` of their own, so it separates them.
+        for statement in sql.split(';').map(str::trim).filter(|statement| !statement.is_empty()) {
+            let kind = statement.split_whitespace().next().unwrap_or("?").to_uppercase();
+            *counted.statements.entry(kind).or_default() += 1;
+        }
     }
 }
 
-/// The `summary` field of sqlx's event: the statement's first words.
-struct Summary(Option<String>);
+/// The fields of sqlx's event: its summary (the first words) and, when that is not all of it,
+/// the whole SQL.
+#[derive(Default)]
+struct Query {
+    summary: Option<String>,
+    statement: Option<String>,
+}
 
-impl tracing::field::Visit for Summary {
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        if field.name() == "summary" {
-            self.0 = Some(value.to_owned());
+impl Query {
+    fn record(&mut self, field: &tracing::field::Field, value: String) {
+        match field.name() {
+            "summary" => self.summary = Some(value),
+            "db.statement" => self.statement = Some(value),
+            _ => {}
         }
+    }
+}
+
+impl tracing::field::Visit for Query {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.record(field, value.to_owned());
     }
 
     fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "summary" {
-            self.0 = Some(format!("{value:?}").trim_matches('"').to_owned());
-        }
+        self.record(field, format!("{value:?}").trim_matches('"').to_owned());
     }
 }
 
@@ -132,7 +163,7 @@ pub async fn count_in_this_process(profile: &Profile, backend: &Backend) -> Resu
         .try_init()
         .map_err(|error| BenchError::Child(format!("a tracing subscriber was already installed: {error}")))?;
     let settings = &profile.statements;
-    let running = chains::start(backend, |chain| chain.bank.faults = chains::instant_bank()).await?;
+    let running = chains::start(backend, chains::with_instant_bank).await?;
     let orders = HttpOrders::new(running.chain.address(&GATEWAY_HTTP), "statements", None);
     let name = match backend {
         Backend::Sqlite => "SQLite",
@@ -160,13 +191,14 @@ pub async fn count_in_this_process(profile: &Profile, backend: &Backend) -> Resu
     Ok(BackendStatements { backend: name.into(), rounds })
 }
 
-fn round(label: &str, clients: usize, successes: usize, counted: BTreeMap<String, u64>) -> Round {
+fn round(label: &str, clients: usize, successes: usize, counted: Counted) -> Round {
     let per = |count: u64| count as f64 / successes.max(1) as f64;
     Round {
         label: label.into(),
         clients,
         successes,
-        total_per_request: per(counted.values().sum()),
-        per_request: counted.into_iter().map(|(kind, count)| (kind, per(count))).collect(),
+        queries_per_request: per(counted.queries),
+        total_per_request: per(counted.statements.values().sum()),
+        per_request: counted.statements.into_iter().map(|(kind, count)| (kind, per(count))).collect(),
     }
 }

@@ -57,7 +57,7 @@ pub async fn measure(profile: &Profile) -> Result<Coverage<TracingCost>, BenchEr
             reason: "telemetry was already installed in this process, so tracing could not be switched".into(),
         }));
     }
-    let running = chains::start(&Backend::Sqlite, |settings| settings.bank.faults = chains::instant_bank()).await?;
+    let running = chains::start(&Backend::Sqlite, chains::with_instant_bank).await?;
     let orders = HttpOrders::new(running.chain.address(&GATEWAY_HTTP), "tracing", None);
     // A round that counts for neither side: connections, SQLite and caches warm up in it.
     let warm_up = Plan::clients("tracing: warm-up", 1, settings.requests_per_round, settings.round_time, profile.bounds);

@@ -67,7 +67,7 @@ async fn the_smoke_profile_makes_every_comparison_and_writes_them() {
         "## 5. Memory",
         "## 6. Idempotency",
         "## 7. Tracing",
-        "## 8. Statements",
+        "## 8. Queries and statements",
     ] {
         assert!(markdown.contains(heading), "BENCHMARKS.md has no {heading:?}:\n{markdown}");
     }

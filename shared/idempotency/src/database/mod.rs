@@ -2,6 +2,7 @@
 
 mod affinity;
 mod sqlite_executor;
+mod wakeup;
 mod writer;
 
 pub use sqlite_executor::SqliteExecutor;

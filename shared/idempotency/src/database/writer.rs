@@ -19,7 +19,9 @@
 //! borrows the request's state) is lent the connection instead ([`Writer::join`]).
 //!
 //! Why does the writer open its connection itself? So that sqlx's connection thread starts on
-//! the writer's CPU and the two take turns there (see [`super::affinity`]).
+//! the writer's CPU and the two take turns there (see [`super::affinity`]); once connected, the
+//! writer lets the connection thread finish what it is doing before it runs (see
+//! [`super::wakeup`]).
 //!
 //! Why work whose statements are each safe alone ([`Writer::autocommit`]) is told apart? Each
 //! query costs a round trip to sqlx's connection thread, and so does the batch's `COMMIT` (a
@@ -35,7 +37,7 @@ use futures::future::BoxFuture;
 use sqlx::{Executor, SqliteConnection, sqlite::SqliteConnectOptions};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{DatabaseError, Migrations, Open, SqliteSettings, Transaction, affinity, sqlite_executor::Opening};
+use super::{DatabaseError, Migrations, Open, SqliteSettings, Transaction, affinity, sqlite_executor::Opening, wakeup};
 
 /// A request for the write connection: answered with a [`Member`] of the current batch.
 type Join = oneshot::Sender<Result<Member, sqlx::Error>>;
@@ -86,6 +88,7 @@ impl Writer {
                 runtime.block_on(async move {
                     match super::connect_writer(&options, migrations).await {
                         Ok(connection) => {
+                            wakeup::wait_for_the_waker();
                             if opened.send(Ok(())).is_ok() {
                                 run(connection, waiting, max_batch, batch_wait).await;
                             }

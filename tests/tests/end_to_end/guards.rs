@@ -271,10 +271,12 @@ const REQUEST_LIMIT: Duration = Duration::from_secs(10);
 #[tokio::test]
 async fn a_client_with_tiny_deadlines_cannot_open_the_bank_breaker_for_the_others() {
     let test = TestChain::start_with(quick_verdict).await;
-    test.set_faults(fast_bank(|f| f.latency_ms = Latency { mean: 60.0, stddev: 10.0 }));
+    test.set_faults(fast_bank(|f| f.latency_ms = Latency { mean: 80.0, stddev: 10.0 }));
 
     // demo-key-2 (5/s, burst 10) sends 8 orders with 100 ms deadlines: the bank gets ~50 ms of
-    // them, less than it takes. Those expiries are the client's choice, not the bank's failures.
+    // them, less than it takes (three standard deviations less: with a mean of 60 ms, one draw
+    // in six made it, and four of eight now and then). Those expiries are the client's choice,
+    // not the bank's failures.
     let mut expired = 0;
     for n in 0..8 {
         let response = test

@@ -242,12 +242,13 @@ async fn run(mut connection: SqliteConnection, mut waiting: mpsc::Receiver<Work>
             };
             // A member that ran no statement opened nothing: no savepoint to go back to, and,
             // as the first, no transaction yet.
-            open = open || opening.ran();
-            let settled = match (&settle, each_alone, savepoint && opening.ran()) {
-                (Some(_), _, _) | (None, true, _) => Ok(()),
-                (None, false, true) => connection.execute(ROLLBACK_TO).await.map(drop),
-                (None, false, false) if savepoint || !open => Ok(()),
-                (None, false, false) => {
+            let opened = opening.ran();
+            open = open || opened;
+            let settled = match &settle {
+                Some(_) => Ok(()),
+                None if each_alone || !opened => Ok(()),
+                None if savepoint => connection.execute(ROLLBACK_TO).await.map(drop),
+                None => {
                     open = false;
                     connection.execute("ROLLBACK").await.map(drop)
                 }

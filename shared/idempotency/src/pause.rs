@@ -15,6 +15,10 @@ pub enum Pause {
     /// its transaction, after a read found no key and before the first phase runs (on SQLite,
     /// while the request holds the one writer).
     NewKeyRead,
+    /// In [`KeyStore::atomic_phase`](crate::KeyStore::atomic_phase), inside its transaction,
+    /// after the key was moved to where the phase leaves it and before the commit: on
+    /// PostgreSQL the phase then holds the key's row lock, on SQLite the one writer.
+    PhaseMoved,
 }
 
 /// Decides how long a request on `key` waits at `at`.

@@ -570,9 +570,20 @@ impl KeyStore {
     {
         let holder = Holder { scope: lease.scope.clone(), key: lease.key.clone(), token: lease.token };
         let keep_until = self.clock.now_ms() + self.settings.ttl_ms as i64;
+        #[cfg(feature = "pause-points")]
+        let pause = self.pause.clone();
         let (done, progress) = self
             .database
-            .transact(move |transaction| Box::pin(async move { holder.run(transaction, effects, keep_until).await }))
+            .transact(move |transaction| {
+                Box::pin(async move {
+                    let moved = holder.run(transaction, effects, keep_until).await?;
+                    #[cfg(feature = "pause-points")]
+                    if let Some(hook) = pause {
+                        hook.reached(crate::pause::Pause::PhaseMoved, &holder.key).await;
+                    }
+                    Ok(moved)
+                })
+            })
             .await
             .map_err(PhaseFailed::into_error)?;
         lease.advance(progress);
@@ -608,10 +619,17 @@ impl KeyStore {
     /// `reap_batch` rows per statement; returns how many.
     pub async fn reap_expired(&self) -> Result<u64, sqlx::Error> {
         let now = self.clock.now_ms();
+        // The rule stands twice. The sub-select picks the rows from the statement's snapshot;
+        // under READ COMMITTED, a row a phase changed while the DELETE waited for its lock is
+        // then checked again against the DELETE's own WHERE only, and without the rule there a
+        // key moved past `started` or leased again meanwhile would be deleted (a repeat would
+        // then execute afresh beside its work). Rather than `FOR UPDATE SKIP LOCKED` in the
+        // sub-select, which SQLite does not know: one statement for both backends, at the price
+        // of waiting for a phase's commit, which is short.
+        let rule = expired_and_settled("$1");
         let statement = format!(
             "DELETE FROM idempotency_keys WHERE (scope, idempotency_key) IN \
-             (SELECT scope, idempotency_key FROM idempotency_keys WHERE {} LIMIT $2)",
-            expired_and_settled("$1")
+             (SELECT scope, idempotency_key FROM idempotency_keys WHERE {rule} LIMIT $2) AND {rule}"
         );
         let mut deleted = 0;
         loop {

@@ -361,6 +361,63 @@ async fn an_expired_key_the_reaper_has_not_reached_executes_afresh() {
     }
 }
 
+/// A key at `started` whose lease ran out matches the reaper's rule once it has expired. Its
+/// holder, still running past its lease, commits its first phase (an order) while the reaper's
+/// DELETE waits for the row lock that phase holds (on SQLite, for the writer it holds). The
+/// reaper must judge the key as the phase left it, half-done, and keep it: deleted, a repeat
+/// would execute afresh and make a second order beside the first.
+#[tokio::test]
+async fn the_reaper_keeps_a_key_that_a_phase_moved_past_started_while_it_waited() {
+    for (backend, database, _scratch) in databases().await {
+        let orders = effects_table(&database, backend, "reaped_orders").await;
+        let hold = HoldOnce::new(Pause::PhaseMoved, "k-reaped");
+        let (store, clock) = store(&database, KeySettings { ttl_ms: 10_000, ..KeySettings::default() });
+        let store = store.with_pause_hook(hold.clone());
+        let mut holder = execute(store.begin("c", "k-reaped", "fp", Duration::from_millis(500)).await.unwrap());
+        clock.advance_ms(11_000);
+        let phase = tokio::spawn({
+            let (store, effects) = (store.clone(), first_phase(&orders, "order-1", false));
+            async move { store.atomic_phase(&mut holder, effects).await.map(|_| holder) }
+        });
+        hold.held().await;
+        let reaper = tokio::spawn({
+            let store = store.clone();
+            async move { store.reap_expired().await }
+        });
+        waits_behind_the_held_phase(&database, backend, &reaper).await;
+        hold.let_go();
+
+        let holder = phase.await.unwrap().unwrap();
+        assert_eq!(reaper.await.unwrap().unwrap(), 0, "{backend}: the reaper deleted a key whose order exists");
+        assert_eq!(holder.recovery_point, "order_created", "{backend}");
+        let resumed = execute(store.begin("c", "k-reaped", "fp", LEASE).await.unwrap());
+        assert_eq!((resumed.recovery_point.as_str(), resumed.resource_id.as_deref()), ("order_created", Some("order-1")), "{backend}");
+        assert_eq!(count_effects(&database, &orders).await, 1, "{backend}: one order under one key");
+    }
+}
+
+/// Returns once `reaper` waits behind the phase held at its pause point: on PostgreSQL, once its
+/// DELETE waits for a row lock; on SQLite, where it waits for the writer and nothing shows it,
+/// once it has had time to finish and has not.
+async fn waits_behind_the_held_phase(database: &Database, backend: &str, reaper: &tokio::task::JoinHandle<Result<u64, sqlx::Error>>) {
+    if backend == "sqlite" {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!reaper.is_finished(), "the reaper waits for the writer the held phase holds");
+        return;
+    }
+    test_support::eventually(Duration::from_secs(10), "the reaper's DELETE waits for the key's row lock", || async {
+        let waiting: i64 = on_driver!(database.reader(), |executor| sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'DELETE FROM idempotency_keys%'"
+        )
+        .fetch_one(executor)
+        .await
+        .unwrap());
+        waiting == 1
+    })
+    .await;
+}
+
 /// Holds the first request that reaches `at` on `key` until the test lets it go.
 #[derive(Debug)]
 struct HoldOnce {

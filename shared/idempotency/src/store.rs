@@ -149,11 +149,56 @@ pub struct KeyStore {
 struct KeyRow {
     fingerprint: String,
     state: String,
+    recovery_point: String,
+    resource_id: Option<String>,
     lock_token: i64,
     locked_until: i64,
     response_code: Option<i64>,
     response_body: Option<Vec<u8>>,
     expires_at: i64,
+}
+
+impl KeyRow {
+    /// [`expired_and_settled`] judged on a row read at `now`: whether it counts as unused.
+    fn expired_and_settled(&self, now: i64) -> bool {
+        self.expires_at <= now && (self.state == COMPLETED || (self.recovery_point == STARTED && self.locked_until <= now))
+    }
+
+    /// What the row says about its key to a request with `fingerprint` at `now`, in the order
+    /// [`KeyStore::begin`] decides (see [`Lookup`]).
+    fn judge(self, fingerprint: &str, now: i64) -> Result<Lookup, KeyError> {
+        if self.expired_and_settled(now) {
+            return Ok(Lookup::Unused);
+        }
+        if self.fingerprint != fingerprint {
+            return Err(KeyError::Mismatch);
+        }
+        if self.state == COMPLETED {
+            return Ok(Lookup::Completed(Stored {
+                code: self.response_code.unwrap_or_default() as i32,
+                body: self.response_body.unwrap_or_default(),
+            }));
+        }
+        if self.locked_until > now {
+            return Ok(Lookup::InFlight);
+        }
+        Ok(Lookup::Unsettled { recovery_point: self.recovery_point, resource_id: self.resource_id })
+    }
+}
+
+/// What [`KeyStore::lookup`] found under a key, without claiming it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// No row, or one expired with nothing left to do: a request would execute afresh.
+    Unused,
+    /// Completed: a request would replay this answer.
+    Completed(Stored),
+    /// Another request holds it: a request would get [`KeyError::InFlight`].
+    InFlight,
+    /// Not completed, and nobody holds it (its lease ran out or was released): a request would
+    /// take it over and resume after `recovery_point`, with what the phases created
+    /// (`resource_id`, e.g. the order id).
+    Unsettled { recovery_point: String, resource_id: Option<String> },
 }
 
 const STARTED: &str = "started";
@@ -166,7 +211,8 @@ const COMPLETED: &str = "completed";
 /// first phase and nobody holds it. A key with a live lease, or one whose work is half-done
 /// (past `started`, not completed), is kept whatever its age: deleting it would let a repeat
 /// execute afresh beside the work already done (a second order, a second charge). `now` names
-/// the statement's parameter that holds the current time (e.g. `$3`).
+/// the statement's parameter that holds the current time (e.g. `$3`). The same rule judges a
+/// row read, in [`KeyRow::expired_and_settled`]: the two must agree.
 fn expired_and_settled(now: &str) -> String {
     format!("expires_at <= {now} AND (state = '{COMPLETED}' OR (recovery_point = '{STARTED}' AND locked_until <= {now}))")
 }
@@ -223,7 +269,7 @@ impl NewKey {
 }
 
 /// Reads a key's row: on the reader, or in the transaction that is about to claim the key.
-const READ_KEY: &str = "SELECT fingerprint, state, lock_token, locked_until, response_code, response_body, expires_at \
+const READ_KEY: &str = "SELECT fingerprint, state, recovery_point, resource_id, lock_token, locked_until, response_code, response_body, expires_at \
                         FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2";
 
 /// What the transaction of [`KeyStore::begin_with_first_phase`] did.
@@ -365,20 +411,27 @@ impl KeyStore {
         Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, first).await?))
     }
 
-    /// The answer stored under a completed `key`, read without writing anything: for a request
-    /// that will not execute now (its dependency refuses it) but whose repeat must still replay.
-    /// `None` when the key is unused, expired or not completed; [`KeyError::Mismatch`] when it was
-    /// used for another request, as [`KeyStore::begin`] would answer.
+    /// What `key` holds for a request with `fingerprint`, read on the reader without claiming
+    /// or writing anything: for a request that will not execute now (its dependency refuses it)
+    /// but must answer as its key says, a completed key's repeat with the stored answer, a
+    /// half-done one with what it created. Decided as [`KeyStore::begin`] decides: an expired
+    /// key with nothing left to do is [`Lookup::Unused`], its answer never replayed; a key used
+    /// for another request is [`KeyError::Mismatch`].
+    pub async fn lookup(&self, scope: &str, key: &str, fingerprint: &str) -> Result<Lookup, KeyError> {
+        let now = self.clock.now_ms();
+        match self.read(scope, key).await? {
+            Some(row) => row.judge(fingerprint, now),
+            None => Ok(Lookup::Unused),
+        }
+    }
+
+    /// The answer of a completed key: [`KeyStore::lookup`]'s [`Lookup::Completed`]. To go once
+    /// orders calls `lookup`.
     pub async fn stored_answer(&self, scope: &str, key: &str, fingerprint: &str) -> Result<Option<Stored>, KeyError> {
-        let Some(row) = self.read(scope, key).await? else { return Ok(None) };
-        if row.expires_at <= self.clock.now_ms() {
-            return Ok(None);
-        }
-        if row.fingerprint != fingerprint {
-            return Err(KeyError::Mismatch);
-        }
-        Ok((row.state == COMPLETED)
-            .then(|| Stored { code: row.response_code.unwrap_or_default() as i32, body: row.response_body.unwrap_or_default() }))
+        Ok(match self.lookup(scope, key, fingerprint).await? {
+            Lookup::Completed(stored) => Some(stored),
+            Lookup::Unused | Lookup::InFlight | Lookup::Unsettled { .. } => None,
+        })
     }
 
     /// The key's row as the last commit left it, read on the reader so that the writer stays free.
@@ -425,52 +478,54 @@ impl KeyStore {
             let Some(row) = row else { continue };
             #[cfg(feature = "pause-points")]
             self.pause(crate::pause::Pause::BeginRead, key).await;
-            // An expired key counts as unused, but only once nothing can still be done under it:
-            // the delete checks that in the same statement (see `expired_and_settled`), and a row
-            // it keeps is handled as an unexpired one.
-            if row.expires_at <= now {
-                let statement = format!("DELETE FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2 AND {}", expired_and_settled("$3"));
-                let (scope, key) = (scope.to_owned(), key.to_owned());
-                let deleted = self
-                    .database
-                    .autocommit(move |writes| {
-                        Box::pin(async move {
-                            Ok(on_driver!(writes, |executor| sqlx::query(sqlx::AssertSqlSafe(statement))
-                                .bind(scope)
-                                .bind(key)
-                                .bind(now)
-                                .execute(executor)
-                                .await?
-                                .rows_affected()))
-                        })
-                    })
-                    .await?;
-                if deleted == 1 {
+            let seen_token = row.lock_token;
+            match row.judge(fingerprint, now)? {
+                // An expired key with nothing left to do counts as unused: it is deleted (the
+                // delete checks the rule again on the row as it is now, see
+                // `expired_and_settled`) and the next round inserts afresh. If the delete finds
+                // nothing, the row changed since it was read (a concurrent repeat deleted it and
+                // may have executed afresh, or its holder moved on): the next round reads it
+                // again, since deciding from the stale row could replay the expired answer.
+                Lookup::Unused => {
+                    self.delete_if_expired_and_settled(scope, key, now).await?;
                     continue;
                 }
-            }
-            if row.fingerprint != fingerprint {
-                return Err(KeyError::Mismatch);
-            }
-            if row.state == COMPLETED {
-                let code = row.response_code.unwrap_or_default() as i32;
-                return Ok(Begin::Replay(Stored { code, body: row.response_body.unwrap_or_default() }));
-            }
-            if row.locked_until > now {
-                return Err(KeyError::InFlight);
-            }
-            // The lease ran out (its request was cancelled, crashed or failed): take it over.
-            match self.take_over(scope, key, row.lock_token, token, now, locked_until).await? {
-                Some(lease) => {
-                    tracing::info!(scope, recovery_point = %lease.recovery_point, "resuming an idempotency key whose lease ran out");
-                    return Ok(Begin::Execute(lease));
-                }
-                // Another request changed the key since it was read: completed it (the next
-                // round replays its answer) or took it over (the next round finds it in flight).
-                None => continue,
+                Lookup::Completed(stored) => return Ok(Begin::Replay(stored)),
+                Lookup::InFlight => return Err(KeyError::InFlight),
+                // The lease ran out (its request was cancelled, crashed or failed): take it over.
+                Lookup::Unsettled { .. } => match self.take_over(scope, key, seen_token, token, now, locked_until).await? {
+                    Some(lease) => {
+                        tracing::info!(scope, recovery_point = %lease.recovery_point, "resuming an idempotency key whose lease ran out");
+                        return Ok(Begin::Execute(lease));
+                    }
+                    // Another request changed the key since it was read: completed it (the next
+                    // round replays its answer) or took it over (the next round finds it in flight).
+                    None => continue,
+                },
             }
         }
         Err(KeyError::InFlight)
+    }
+
+    /// Deletes the key if the expiry rule holds for it now; whether it did, the caller reads it
+    /// again.
+    async fn delete_if_expired_and_settled(&self, scope: &str, key: &str, now: i64) -> Result<(), KeyError> {
+        let statement = format!("DELETE FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2 AND {}", expired_and_settled("$3"));
+        let (scope, key) = (scope.to_owned(), key.to_owned());
+        self.database
+            .autocommit(move |writes| {
+                Box::pin(async move {
+                    on_driver!(writes, |executor| sqlx::query(sqlx::AssertSqlSafe(statement))
+                        .bind(scope)
+                        .bind(key)
+                        .bind(now)
+                        .execute(executor)
+                        .await
+                        .map(drop))
+                })
+            })
+            .await?;
+        Ok(())
     }
 
     /// Takes over the lease of a key whose lease has run out, if it is still the one `seen_token`

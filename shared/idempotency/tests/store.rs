@@ -5,7 +5,7 @@
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -13,12 +13,12 @@ use std::{
 use futures::future::BoxFuture;
 use idempotency::on_driver;
 use idempotency::{
-    Begin, BeginWith, Database, KeyError, KeySettings, KeyStore, ManualClock, Progress, Stored, Transaction,
+    Begin, BeginWith, Database, KeyError, KeySettings, KeyStore, Lookup, ManualClock, Progress, Stored, Transaction,
     pause::{Pause, PauseHook},
 };
 use sqlx::Executor;
 use test_support::ScratchDatabase;
-use tokio::sync::Notify;
+use tokio::sync::{Barrier, Notify};
 
 const LEASE: Duration = Duration::from_secs(2);
 const START_MS: i64 = 1_800_000_000_000;
@@ -77,23 +77,34 @@ async fn a_key_executes_once_and_then_replays_its_exact_answer() {
     }
 }
 
+/// `lookup` answers what `begin` would decide, without claiming or writing anything: an
+/// expired key with nothing left to do is unused (its answer never replayed), a half-done one is
+/// unsettled whatever its age.
 #[tokio::test]
-async fn a_stored_answer_is_read_without_claiming_the_key() {
+async fn a_lookup_reads_the_key_as_begin_would_decide_without_claiming_it() {
     for (backend, database, _scratch) in databases().await {
-        let (store, clock) = store(&database, KeySettings::default());
-        assert_eq!(store.stored_answer("c", "k-read", "fp").await.unwrap(), None, "{backend}: unused");
-        let mut lease = execute(store.begin("c", "k-read", "fp", LEASE).await.unwrap());
-        assert_eq!(store.stored_answer("c", "k-read", "fp").await.unwrap(), None, "{backend}: in flight");
-        assert!(matches!(store.stored_answer("c", "k-read", "other").await, Err(KeyError::Mismatch)), "{backend}");
-
+        let (store, clock) = store(&database, KeySettings { ttl_ms: 10_000, ..KeySettings::default() });
+        assert_eq!(store.lookup("c", "k-done", "fp").await.unwrap(), Lookup::Unused, "{backend}");
+        let mut done = execute(store.begin("c", "k-done", "fp", LEASE).await.unwrap());
+        assert_eq!(store.lookup("c", "k-done", "fp").await.unwrap(), Lookup::InFlight, "{backend}");
+        assert!(matches!(store.lookup("c", "k-done", "other").await, Err(KeyError::Mismatch)), "{backend}");
         let answer = Stored { code: 0, body: vec![7, 0, 255] };
-        store.phase(&mut lease).await.unwrap().complete(&answer).await.unwrap();
-        assert_eq!(store.stored_answer("c", "k-read", "fp").await.unwrap(), Some(answer), "{backend}: byte for byte");
-        // Reading claimed nothing: an unused key read before is still free to execute.
+        store.phase(&mut done).await.unwrap().complete(&answer).await.unwrap();
+        assert_eq!(store.lookup("c", "k-done", "fp").await.unwrap(), Lookup::Completed(answer.clone()), "{backend}: byte for byte");
+        assert_eq!(store.stored_answer("c", "k-done", "fp").await.unwrap(), Some(answer), "{backend}");
+
+        let mut half = execute(store.begin("c", "k-half", "fp", LEASE).await.unwrap());
+        store.phase(&mut half).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
+        store.release(&mut half).await.unwrap();
+        let unsettled = Lookup::Unsettled { recovery_point: "order_created".into(), resource_id: Some("order-1".into()) };
+        assert_eq!(store.lookup("c", "k-half", "fp").await.unwrap(), unsettled, "{backend}");
+        // Looking up claimed nothing: an unused key looked up before is still free to execute.
         execute(store.begin("c", "k-unused", "fp", LEASE).await.unwrap());
 
-        clock.advance_ms(KeySettings::default().ttl_ms as i64);
-        assert_eq!(store.stored_answer("c", "k-read", "fp").await.unwrap(), None, "{backend}: expired");
+        clock.advance_ms(10_000);
+        assert_eq!(store.lookup("c", "k-done", "fp").await.unwrap(), Lookup::Unused, "{backend}: expired, never replayed");
+        assert_eq!(store.lookup("c", "k-done", "other").await.unwrap(), Lookup::Unused, "{backend}: as begin would execute it afresh");
+        assert_eq!(store.lookup("c", "k-half", "fp").await.unwrap(), unsettled, "{backend}: half-done keys outlive their TTL");
     }
 }
 
@@ -416,6 +427,66 @@ async fn waits_behind_the_held_phase(database: &Database, backend: &str, reaper:
         waiting == 1
     })
     .await;
+}
+
+/// Sixteen repeats of a completed key past its TTL, each held after reading the key until all
+/// have read it: one deletes the expired row and executes afresh, and none of the others may
+/// replay the expired answer from the row it read before the delete; they find the new
+/// execution in flight.
+#[tokio::test]
+async fn concurrent_repeats_of_an_expired_key_never_replay_its_answer_and_execute_once() {
+    const REPEATS: usize = 16;
+    for (backend, database, _scratch) in databases().await {
+        let (store, clock) = store(&database, KeySettings { ttl_ms: 1_000, ..KeySettings::default() });
+        let store = store.with_pause_hook(HoldTogether::new(Pause::BeginRead, "k-expired", REPEATS));
+        let mut first = execute(store.begin("c", "k-expired", "fp", LEASE).await.unwrap());
+        store.phase(&mut first).await.unwrap().complete(&Stored { code: 0, body: b"expired".to_vec() }).await.unwrap();
+        clock.advance_ms(1_000);
+
+        let repeats = (0..REPEATS).map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.begin("c", "k-expired", "fp", LEASE).await })
+        });
+        let answers = tokio::time::timeout(Duration::from_secs(30), futures::future::join_all(repeats)).await.expect("every repeat answers");
+        let (mut executed, mut in_flight, mut replayed) = (0, 0, Vec::new());
+        for answer in answers {
+            match answer.unwrap() {
+                Ok(Begin::Execute(_)) => executed += 1,
+                Err(KeyError::InFlight) => in_flight += 1,
+                Ok(Begin::Replay(stored)) => replayed.push(String::from_utf8_lossy(&stored.body).into_owned()),
+                Err(other) => panic!("{backend}: {other}"),
+            }
+        }
+        assert_eq!((executed, in_flight, replayed), (1, REPEATS - 1, Vec::<String>::new()), "{backend}");
+    }
+}
+
+/// Holds the first `count` requests that reach `at` on `key` until all of them are there.
+#[derive(Debug)]
+struct HoldTogether {
+    at: Pause,
+    key: &'static str,
+    count: usize,
+    arrived: AtomicUsize,
+    all_there: Arc<Barrier>,
+}
+
+impl HoldTogether {
+    fn new(at: Pause, key: &'static str, count: usize) -> Arc<Self> {
+        Arc::new(Self { at, key, count, arrived: AtomicUsize::new(0), all_there: Arc::new(Barrier::new(count)) })
+    }
+}
+
+impl PauseHook for HoldTogether {
+    fn reached(&self, at: Pause, key: &str) -> BoxFuture<'static, ()> {
+        if at != self.at || key != self.key || self.arrived.fetch_add(1, Ordering::SeqCst) >= self.count {
+            return Box::pin(async {});
+        }
+        let all_there = self.all_there.clone();
+        Box::pin(async move {
+            all_there.wait().await;
+        })
+    }
 }
 
 /// Holds the first request that reaches `at` on `key` until the test lets it go.

@@ -645,6 +645,33 @@ impl KeyStore {
         Ok(done)
     }
 
+    /// Takes back a request that stopped before anything outside the database happened under
+    /// its key (refused before anything could be charged): `effects` undo what its phases wrote
+    /// (e.g. delete the order), and the key's row goes with them, in one transaction, only while
+    /// `lease` still holds the key and it is not completed (else nothing commits:
+    /// [`KeyError::LeaseLost`]). The key is then unused, as if the request had never come: no
+    /// completer resumes it, and a repeat executes afresh. A failure of `effects` rolls back
+    /// and is returned as it is.
+    pub async fn withdraw<E, F>(&self, lease: Lease, effects: F) -> Result<(), E>
+    where
+        F: for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(), E>> + Send + 'static,
+        E: From<KeyError> + Send + 'static,
+    {
+        let holder = Holder { scope: lease.scope, key: lease.key, token: lease.token };
+        self.database
+            .transact(move |transaction| {
+                Box::pin(async move {
+                    // The key first: its row lock keeps a takeover out while the effects run.
+                    if holder.delete(transaction).await? == 0 {
+                        return Err(PhaseFailed::Key(KeyError::LeaseLost));
+                    }
+                    effects(transaction).await.map_err(PhaseFailed::Effects)
+                })
+            })
+            .await
+            .map_err(PhaseFailed::into_error)
+    }
+
     /// Gives the key up after a failure a retry may fix: the next repeat resumes at once from the
     /// last recovery point instead of waiting for the lease to run out. The lease ends now, which
     /// tells [`KeyStore::stranded`] how long the key has waited.
@@ -824,6 +851,20 @@ impl Holder {
         .bind(&self.scope)
         .bind(&self.key)
         .bind(self.token)
+        .execute(executor)
+        .await?
+        .rows_affected()))
+    }
+
+    /// Deletes the key unless it completed; 0 rows when the lease was lost.
+    async fn delete(&self, transaction: &mut Transaction) -> Result<u64, sqlx::Error> {
+        Ok(on_driver!(transaction, |executor| sqlx::query(
+            "DELETE FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2 AND lock_token = $3 AND state = $4",
+        )
+        .bind(&self.scope)
+        .bind(&self.key)
+        .bind(self.token)
+        .bind(IN_FLIGHT)
         .execute(executor)
         .await?
         .rows_affected()))

@@ -318,6 +318,56 @@ async fn a_first_phase_whose_key_is_claimed_meanwhile_is_rolled_back() {
     }
 }
 
+/// A request withdrawn before anything outside the database happened under its key leaves
+/// nothing behind: its first phase's row and its key go together, no completer finds it, and a
+/// repeat executes afresh. A holder whose lease was taken over withdraws nothing, nor does a
+/// withdrawal whose effects fail.
+#[tokio::test]
+async fn a_withdrawn_key_leaves_nothing_behind_and_its_repeat_executes_afresh() {
+    for (backend, database, _scratch) in databases().await {
+        let orders = effects_table(&database, backend, "withdrawn").await;
+        let (store, clock) = store(&database, KeySettings::default());
+        let refused = match store.begin_with_first_phase("c", "k-refused", "fp", LEASE, first_phase(&orders, "order-1", false)).await.unwrap() {
+            BeginWith::Executed(lease, _) => lease,
+            BeginWith::Found(found) => panic!("{backend}: a new key, found as {found:?}"),
+        };
+        store.withdraw(refused, delete_effect(&orders, "order-1")).await.unwrap();
+        assert_eq!(count_effects(&database, &orders).await, 0, "{backend}: the order went with its key");
+        assert_eq!(store.lookup("c", "k-refused", "fp").await.unwrap(), Lookup::Unused, "{backend}");
+        clock.advance_ms(60_000);
+        assert_eq!(store.stranded(Duration::from_secs(1), Duration::from_secs(3_600), 10).await.unwrap(), vec![], "{backend}");
+        let fresh = execute(store.begin("c", "k-refused", "another request", LEASE).await.unwrap());
+        assert_eq!(fresh.recovery_point, "started", "{backend}: executed afresh, as a new key");
+
+        let mut stale = execute(store.begin("c", "k-taken", "fp", Duration::from_millis(500)).await.unwrap());
+        store.atomic_phase(&mut stale, first_phase(&orders, "order-2", false)).await.unwrap();
+        clock.advance_ms(600);
+        let current = execute(store.begin("c", "k-taken", "fp", LEASE).await.unwrap());
+        let lost = store.withdraw(stale, delete_effect(&orders, "order-2")).await;
+        assert!(matches!(lost, Err(KeyError::LeaseLost)), "{backend}: {lost:?}");
+        assert_eq!(count_effects(&database, &orders).await, 1, "{backend}: the order the new holder resumes is kept");
+        assert_eq!(current.resource_id.as_deref(), Some("order-2"), "{backend}");
+        assert_eq!(store.lookup("c", "k-taken", "fp").await.unwrap(), Lookup::InFlight, "{backend}");
+
+        let kept = match store.begin_with_first_phase("c", "k-kept", "fp", LEASE, first_phase(&orders, "order-3", false)).await.unwrap() {
+            BeginWith::Executed(lease, _) => lease,
+            BeginWith::Found(found) => panic!("{backend}: a new key, found as {found:?}"),
+        };
+        let failed = store.withdraw(kept, delete_effect("no_such_table", "order-3")).await;
+        assert!(matches!(failed, Err(KeyError::Storage(_))), "{backend}: {failed:?}");
+        assert_eq!(count_effects(&database, &orders).await, 2, "{backend}: a failed withdrawal undoes nothing");
+        assert_eq!(store.lookup("c", "k-kept", "fp").await.unwrap(), Lookup::InFlight, "{backend}: nor deletes the key");
+    }
+}
+
+/// Undoes what `first_phase` wrote: its row in `table`.
+fn delete_effect(table: &str, id: &str) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(), KeyError>> + Send + use<> {
+    let statement = format!("DELETE FROM {table} WHERE id = '{id}'");
+    move |transaction| {
+        Box::pin(async move { Ok(on_driver!(transaction, |executor| executor.execute(sqlx::AssertSqlSafe(statement)).await.map(drop))?) })
+    }
+}
+
 /// An atomic phase of a holder whose lease was taken over commits nothing: its effects are rolled
 /// back with `LeaseLost`, and the new holder's phase commits.
 #[tokio::test]

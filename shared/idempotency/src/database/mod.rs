@@ -21,14 +21,16 @@ use tokio::sync::oneshot;
 
 /// When a SQLite commit is on disk (`PRAGMA synchronous` in WAL mode). PostgreSQL's is the
 /// server's `synchronous_commit` (`on` by default: a commit waits for its WAL to be flushed).
+/// `Full` by default, as PostgreSQL's: a commit forgotten after a power loss is an answer a
+/// client already has (a paid create), and its repeat would then pay a second order.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Synchronous {
     /// The WAL is synced at checkpoints, not at each commit: a commit survives a crash of the
     /// process, and the last commits before a power loss or an OS crash may be rolled back.
-    #[default]
     Normal,
     /// The WAL is synced at every commit: a commit survives a power loss too.
+    #[default]
     Full,
 }
 

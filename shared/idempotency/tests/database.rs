@@ -379,3 +379,32 @@ async fn a_job_whose_caller_stops_waiting_still_commits() {
     .expect("the abandoned job commits");
     assert_eq!(committed, ["abandoned"]);
 }
+
+/// On PostgreSQL, by contrast, `transact` runs its work in the caller's future: dropped after the
+/// work's insert and before its `COMMIT`, the transaction is rolled back, and no connection is left
+/// inside it.
+#[tokio::test]
+async fn a_transaction_whose_caller_stops_waiting_is_rolled_back_on_postgresql() {
+    let Some(admin_url) = test_support::postgres_admin_url() else { return };
+    let scratch = ScratchDatabase::create(&admin_url, "keys").await;
+    let database = Database::connect(scratch.url()).await.unwrap();
+    let (inserted, insert_made) = tokio::sync::oneshot::channel();
+    let abandoned = database.transact(move |transaction| {
+        Box::pin(async move {
+            insert_key(transaction, "abandoned").await?;
+            let _ = inserted.send(());
+            std::future::pending::<Result<(), sqlx::Error>>().await
+        })
+    });
+    tokio::select! {
+        _ = abandoned => unreachable!("the work never ends"),
+        _ = insert_made => {}
+    }
+    database.autocommit(|transaction| Box::pin(async move { insert_key(transaction, "later").await })).await.unwrap();
+    let observer = Database::connect(scratch.url()).await.unwrap();
+    test_support::eventually(Duration::from_secs(5), "no connection left inside a transaction", || async {
+        idle_in_transaction(&observer).await == 0
+    })
+    .await;
+    assert_eq!(keys(observer.reader()).await, 1, "the later write alone is committed");
+}

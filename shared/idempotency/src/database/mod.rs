@@ -207,6 +207,9 @@ impl Database {
     /// takes any more is dropped there, which rolls it back. (sqlx issue 4393, fixed upstream
     /// after 0.9.0; the test `a_begin_dropped_midway_leaves_no_connection_inside_a_transaction`
     /// shows both.)
+    ///
+    /// The transaction returned is the caller's: dropped without [`Transaction::commit`], on
+    /// either backend, its work is rolled back.
     pub async fn begin(&self) -> Result<Transaction, sqlx::Error> {
         match &self.writes {
             Writes::Sqlite(writer) => Ok(Transaction(Open::Batched(writer.join().await?))),
@@ -220,7 +223,10 @@ impl Database {
     /// they run on the one writer: by themselves when nothing waits for it, else in its current
     /// batch (without a savepoint, so that they commit with the batch). For a write of one
     /// statement, or of several that are each safe alone (a failure keeps the ones before it);
-    /// `statements` own what they use, as [`Database::transact`]'s do.
+    /// `statements` own what they use, as [`Database::transact`]'s do. Dropped before it
+    /// returns: on SQLite as [`Database::transact`] (once queued, the statements run); on
+    /// PostgreSQL they run in this future, so those already run have committed, the one in
+    /// flight may or may not have, and the rest never run.
     pub async fn autocommit<T, F>(&self, statements: F) -> Result<T, sqlx::Error>
     where
         F: for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<T, sqlx::Error>> + Send + 'static,
@@ -242,7 +248,13 @@ impl Database {
     /// [`SqliteSettings`]), so that a request waits for the writer once, not once per statement;
     /// on PostgreSQL it runs on the caller's task. `work` owns what it needs, as for a spawned
     /// task; its result comes back once its transaction (on SQLite, its batch) has committed.
-    /// Dropped before that, the work still runs and commits: the caller merely does not hear of it.
+    ///
+    /// Dropped before it returns, this future leaves different things on each backend. On
+    /// SQLite, `work` is queued to the writer at once (unless a thousand jobs wait), and once
+    /// queued it runs and commits with its batch: the caller merely does not hear of it;
+    /// dropped while still waiting to be queued, it never runs. On PostgreSQL, `work` runs in
+    /// this future: dropping it stops the work where it is and rolls its transaction back,
+    /// unless the `COMMIT` was under way, which may or may not have taken effect.
     ///
     /// ```no_run
     /// # async fn insert(database: &idempotency::Database, id: String) -> Result<(), sqlx::Error> {
@@ -370,7 +382,10 @@ enum Open {
 }
 
 impl Transaction {
-    /// Commits, and returns once the work is durable as the backend's settings say.
+    /// Commits, and returns once the work is durable as the backend's settings say. Dropped
+    /// before it returns: on SQLite, the work was handed to the writer when this was first
+    /// polled and commits with its batch; on PostgreSQL, the `COMMIT` may or may not have
+    /// taken effect.
     pub async fn commit(self) -> Result<(), sqlx::Error> {
         match self.0 {
             Open::Batched(member) => member.commit().await,

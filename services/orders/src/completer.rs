@@ -17,6 +17,12 @@
 //! create per round, the pause between rounds doubling up to `max_backoff_ms`. The first create
 //! that settles brings back full rounds.
 //!
+//! Nor may a few creates that fail for their own reasons (poison keys) hold up the others: each
+//! resume is counted in the key's row, a key waits `grace_ms` doubled per failed resume before
+//! the next, the keys tried least (and then the longest waiting) are taken first, and after
+//! `max_attempts` resumes a key is parked: no longer resumed, logged, counted in
+//! `orders.completer.parked`, left for an operator.
+//!
 //! It only resumes keys first used within `window_ms`: past payment's key TTL payment would no
 //! longer know the payment, so the window must be shorter (the settings refuse otherwise), and
 //! what is left beyond it is counted for an operator instead.
@@ -31,7 +37,7 @@ use std::{
 
 use deadline::{Deadline, Hop, HopStats};
 use futures::StreamExt;
-use idempotency::{KeyError, StrandedKey};
+use idempotency::{KeyError, ResumePolicy, StrandedKey};
 use proto::common::v1::OrderStatus;
 use serde::{Deserialize, Serialize};
 use telemetry::metrics::{Counter, Gauge, KeyValue};
@@ -64,6 +70,8 @@ pub struct CompleterSettings {
     pub concurrency: u32,
     /// Creates taken per round at most.
     pub batch: u32,
+    /// Resumes of one create after which it is parked for an operator (1 to 63).
+    pub max_attempts: u32,
 }
 
 impl Default for CompleterSettings {
@@ -77,6 +85,11 @@ impl Default for CompleterSettings {
             deadline_ms: 2_000,
             concurrency: 4,
             batch: 100,
+            // With the grace doubling per failed resume (10 s, 20 s, … 85 min), the tenth resume
+            // comes about 2.8 h after the client gave up: an outage shorter than that parks
+            // nothing, and a create that fails for its own reasons costs ten payment calls and
+            // is in an operator's hands well within the 12 h window.
+            max_attempts: 10,
         }
     }
 }
@@ -94,7 +107,15 @@ impl CompleterSettings {
         if self.grace_ms >= self.window_ms {
             return Err(format!("completer.grace_ms ({} ms) must be shorter than completer.window_ms ({} ms)", self.grace_ms, self.window_ms));
         }
+        if !(1..=63).contains(&self.max_attempts) {
+            return Err(format!("completer.max_attempts ({}) must be from 1 to 63", self.max_attempts));
+        }
         Ok(())
+    }
+
+    /// Which stranded creates the completer takes, and when it parks one.
+    fn policy(&self) -> ResumePolicy {
+        ResumePolicy { grace: Duration::from_millis(self.grace_ms), window: Duration::from_millis(self.window_ms), max_attempts: self.max_attempts }
     }
 }
 
@@ -123,6 +144,11 @@ impl Resumed {
     }
 }
 
+/// Whether a round's resumes failed and none settled: payment is likely failing still.
+fn failed_without_settling(outcomes: &[Resumed]) -> bool {
+    outcomes.contains(&Resumed::Failed) && !outcomes.iter().any(|outcome| matches!(outcome, Resumed::Paid | Resumed::Declined))
+}
+
 /// Names of the completer's instruments.
 pub mod name {
     /// Rounds the completer ran.
@@ -132,6 +158,8 @@ pub mod name {
     pub const RESUMES: &str = "orders.completer.resumes";
     /// Half-done creates older than the window, which it no longer resumes: for an operator.
     pub const UNSETTLED: &str = "orders.completer.unsettled";
+    /// Half-done creates within the window parked after `max_attempts` resumes: for an operator.
+    pub const PARKED: &str = "orders.completer.parked";
 }
 
 /// Resumes stranded creates of one orders service.
@@ -143,6 +171,7 @@ pub(crate) struct Completer {
     runs: Counter<u64>,
     resumes: Counter<u64>,
     unsettled: Gauge<u64>,
+    parked: Gauge<u64>,
 }
 
 impl Completer {
@@ -155,6 +184,7 @@ impl Completer {
             runs: telemetry::metrics::counter(name::RUNS, "Rounds of the completer"),
             resumes: telemetry::metrics::counter(name::RESUMES, "Stranded creates the completer resumed, by outcome"),
             unsettled: meter.u64_gauge(name::UNSETTLED).with_description("Half-done creates older than the completer's window").build(),
+            parked: meter.u64_gauge(name::PARKED).with_description("Half-done creates the completer parked after repeated failed resumes").build(),
         }
     }
 
@@ -172,14 +202,17 @@ impl Completer {
                     () = tokio::time::sleep(pause) => {}
                 }
                 let limit = if probing { 1 } else { self.settings.batch };
-                let failing = match self.run_once(limit).await {
-                    Ok(outcomes) => outcomes.contains(&Resumed::Failed) && !outcomes.iter().any(|o| matches!(o, Resumed::Paid | Resumed::Declined)),
+                (probing, pause) = match self.run_once(limit).await {
+                    // Nothing was due (the failing creates all wait out their grace): nothing
+                    // learnt of payment, so a probing completer keeps probing.
+                    Ok(outcomes) if outcomes.is_empty() => (probing, interval),
+                    Ok(outcomes) if !failed_without_settling(&outcomes) => (false, interval),
+                    Ok(_) => (true, (pause * 2).min(max_backoff)),
                     Err(error) => {
                         tracing::warn!(%error, "the completer's round failed; the next one tries again");
-                        true
+                        (true, (pause * 2).min(max_backoff))
                     }
                 };
-                (probing, pause) = if failing { (true, (pause * 2).min(max_backoff)) } else { (false, interval) };
             }
         })
     }
@@ -190,11 +223,11 @@ impl Completer {
         telemetry::trace::set_service(&span, HOP);
         async {
             self.runs.add(1, &[]);
-            let settings = &self.settings;
+            let (settings, policy) = (&self.settings, self.settings.policy());
             let keys = self.service.keys.clone();
-            let window = Duration::from_millis(settings.window_ms);
-            self.unsettled.record(keys.count_unsettled_before(window).await?, &[]);
-            let stranded = keys.stranded(Duration::from_millis(settings.grace_ms), window, limit).await?;
+            self.unsettled.record(keys.count_unsettled_before(policy.window).await?, &[]);
+            self.parked.record(keys.count_parked(&policy).await?, &[]);
+            let stranded = keys.stranded(&policy, limit).await?;
             tracing::Span::current().record("found", stranded.len());
             let failed = AtomicBool::new(false);
             let outcomes = futures::stream::iter(stranded)
@@ -229,7 +262,8 @@ impl Completer {
             recovery_point = %stranded.recovery_point,
             outcome = tracing::field::Empty,
         );
-        let work = Hop::scope(hop, self.settle(&stranded, budget));
+        let mut attempted = false;
+        let work = Hop::scope(hop, self.settle(&stranded, budget, &mut attempted));
         let outcome = match tokio::time::timeout(budget, work).instrument(span.clone()).await {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(OrdersError::Payment(status))) => {
@@ -245,12 +279,22 @@ impl Completer {
         };
         span.record("outcome", outcome.as_str());
         self.resumes.add(1, &[KeyValue::new("outcome", outcome.as_str())]);
+        if outcome == Resumed::Failed && attempted && stranded.resume_attempts + 1 >= self.settings.max_attempts {
+            tracing::warn!(
+                parent: &span,
+                resumes = stranded.resume_attempts + 1,
+                "a stranded create failed every resume and is parked: the completer leaves it to an operator, to settle or re-arm"
+            );
+        }
         outcome
     }
 
-    async fn settle(&self, stranded: &StrandedKey, lease: Duration) -> Result<Resumed, OrdersError> {
+    /// Takes the create's key over (`attempted` says it did: the resume is then counted against
+    /// the key) and settles it through payment.
+    async fn settle(&self, stranded: &StrandedKey, lease: Duration, attempted: &mut bool) -> Result<Resumed, OrdersError> {
         let service = &self.service;
         let Some(mut lease) = service.keys.resume(stranded, lease).await? else { return Ok(Resumed::Taken) };
+        *attempted = true;
         let order_id = lease
             .resource_id
             .clone()
@@ -258,5 +302,18 @@ impl Completer {
         let order = service.orders.load(&order_id).await?;
         let order = service.pay(&stranded.scope, &stranded.key, &mut lease, order).await?;
         Ok(if order.status() == OrderStatus::Paid { Resumed::Paid } else { Resumed::Declined })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_attempts_outside_one_to_sixty_three_is_refused() {
+        let with = |max_attempts| CompleterSettings { max_attempts, ..CompleterSettings::default() }.check();
+        assert!(with(0).unwrap_err().contains("completer.max_attempts"), "a create never resumed at all");
+        assert!(with(64).unwrap_err().contains("completer.max_attempts"), "a wait halved 64 times is a shift out of range");
+        assert_eq!((with(1), with(63)), (Ok(()), Ok(())));
     }
 }

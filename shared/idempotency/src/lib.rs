@@ -12,7 +12,7 @@ pub use database::{
     Backend, Database, DatabaseError, Driver, Executors, Migrations, Pool, SqliteExecutor, SqliteSettings, Synchronous, Transaction, is_unreachable,
 };
 pub use reaper::spawn_reaper;
-pub use store::{Begin, BeginWith, KeyError, KeySettings, KeyStore, Lease, Lookup, Phase, Progress, Stored, StrandedKey, TtlTooShort};
+pub use store::{Begin, BeginWith, KeyError, KeySettings, KeyStore, Lease, Lookup, Phase, Progress, ResumePolicy, Stored, StrandedKey, TtlTooShort};
 
 use sha2::{Digest, Sha256};
 

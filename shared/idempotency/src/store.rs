@@ -98,6 +98,24 @@ pub struct StrandedKey {
     /// When the key was first used, ms since the epoch.
     #[sqlx(rename = "created_at")]
     pub created_at_ms: i64,
+    /// How many times a completer took it over before ([`KeyStore::resume`]).
+    #[sqlx(try_from = "i64")]
+    pub resume_attempts: u32,
+}
+
+/// Which half-done keys a completer resumes, and when it gives one up: see
+/// [`KeyStore::stranded`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResumePolicy {
+    /// How long a key is left to its client's own retry once its lease ended; doubled for each
+    /// resume of it that failed, so that a key failing for its own reasons is tried less and
+    /// less often, and one caught in an outage is not given up within minutes.
+    pub grace: Duration,
+    /// Only keys first used within this long ago are resumed.
+    pub window: Duration,
+    /// After this many resumes a key is parked: no longer resumed, left to an operator (see
+    /// [`KeyStore::parked`]). At most 62: the doubled grace is a shift.
+    pub max_attempts: u32,
 }
 
 /// What [`KeyStore::begin`] found.
@@ -461,7 +479,7 @@ impl KeyStore {
         let mut round = first;
         for _ in 0..3 {
             let new = self.new_key(scope, key, fingerprint, lease, token);
-            let (now, locked_until) = (new.now, new.locked_until);
+            let now = new.now;
             let row = match std::mem::replace(&mut round, FirstRound::Insert) {
                 FirstRound::Insert => {
                     let inserted = self.database.autocommit(move |writes| Box::pin(async move { new.insert(writes).await })).await?;
@@ -493,7 +511,7 @@ impl KeyStore {
                 Lookup::Completed(stored) => return Ok(Begin::Replay(stored)),
                 Lookup::InFlight => return Err(KeyError::InFlight),
                 // The lease ran out (its request was cancelled, crashed or failed): take it over.
-                Lookup::Unsettled { .. } => match self.take_over(scope, key, seen_token, token, now, locked_until).await? {
+                Lookup::Unsettled { .. } => match self.take_over(scope, key, seen_token, token, lease, 0).await? {
                     Some(lease) => {
                         tracing::info!(scope, recovery_point = %lease.recovery_point, "resuming an idempotency key whose lease ran out");
                         return Ok(Begin::Execute(lease));
@@ -528,26 +546,30 @@ impl KeyStore {
         Ok(())
     }
 
-    /// Takes over the lease of a key whose lease has run out, if it is still the one `seen_token`
-    /// names. The update returns the recovery point and resource it won, so the new holder
+    /// Takes over, leased for `lease`, a key whose lease has run out, if the holder `seen` still
+    /// holds it. The update returns the recovery point and resource it won, so the new holder
     /// resumes from what the key says now: the old holder may have committed a phase after the
     /// key was read, and resuming from that read would redo the phase (a second order).
-    async fn take_over(&self, scope: &str, key: &str, seen_token: i64, token: i64, now: i64, locked_until: i64) -> Result<Option<Lease>, KeyError> {
+    /// `resumes` (0 or 1) is added to the key's count of a completer's resumes.
+    async fn take_over(&self, scope: &str, key: &str, seen: i64, token: i64, lease: Duration, resumes: i64) -> Result<Option<Lease>, KeyError> {
+        let now = self.clock.now_ms();
+        let locked_until = now + lease.as_millis() as i64;
         let (scope_owned, key_owned) = (scope.to_owned(), key.to_owned());
         let won: Option<(String, Option<String>)> = self
             .database
             .autocommit(move |writes| {
                 Box::pin(async move {
                     Ok(on_driver!(writes, |executor| sqlx::query_as(
-                        "UPDATE idempotency_keys SET lock_token = $1, locked_until = $2 \
-                         WHERE scope = $3 AND idempotency_key = $4 AND lock_token = $5 AND state = $6 AND locked_until <= $7 \
+                        "UPDATE idempotency_keys SET lock_token = $1, locked_until = $2, resume_attempts = resume_attempts + $3 \
+                         WHERE scope = $4 AND idempotency_key = $5 AND lock_token = $6 AND state = $7 AND locked_until <= $8 \
                          RETURNING recovery_point, resource_id",
                     )
                     .bind(token)
                     .bind(locked_until)
+                    .bind(resumes)
                     .bind(&scope_owned)
                     .bind(&key_owned)
-                    .bind(seen_token)
+                    .bind(seen)
                     .bind(IN_FLIGHT)
                     .bind(now)
                     .fetch_optional(executor)
@@ -558,24 +580,64 @@ impl KeyStore {
         Ok(won.map(|(recovery_point, resource_id)| Lease::new(scope, key, token, recovery_point, resource_id)))
     }
 
-    /// Keys whose work was left half-done: past their first phase, not completed, and released
-    /// or with a lease that ran out at least `grace` ago (time for the client's own retry),
-    /// first used within `window`. Oldest first, at most `limit`.
-    pub async fn stranded(&self, grace: Duration, window: Duration, limit: u32) -> Result<Vec<StrandedKey>, KeyError> {
+    /// Keys whose work was left half-done, for a completer to resume: past their first phase,
+    /// not completed, first used within `policy.window`, resumed fewer than
+    /// `policy.max_attempts` times, and released or with a lease that ran out at least
+    /// `policy.grace` ago, doubled for each earlier resume. At most `limit`, those resumed the
+    /// fewest times first (a key never tried goes before any that failed), then those waiting
+    /// the longest: keys that keep failing take turns behind the others, rather than the oldest
+    /// being taken every round.
+    pub async fn stranded(&self, policy: &ResumePolicy, limit: u32) -> Result<Vec<StrandedKey>, KeyError> {
         let now = self.clock.now_ms();
         // The states are written out, not bound, so that both backends use the partial index
-        // `idempotency_keys_unsettled`, whose condition this must repeat.
+        // `idempotency_keys_unsettled`, whose condition this must repeat. The wait is halved
+        // per resume rather than the grace doubled: no overflow, whatever the settings.
         let keys = on_driver!(self.database.reader(), |executor| sqlx::query_as(
-            "SELECT scope, idempotency_key, lock_token, recovery_point, resource_id, created_at FROM idempotency_keys \
-             WHERE state = 'in_flight' AND recovery_point <> 'started' AND locked_until <= $1 AND created_at > $2 \
-             ORDER BY created_at LIMIT $3",
+            "SELECT scope, idempotency_key, lock_token, recovery_point, resource_id, created_at, resume_attempts FROM idempotency_keys \
+             WHERE state = 'in_flight' AND recovery_point <> 'started' AND created_at > $1 AND resume_attempts < $2 \
+             AND locked_until <= $3 AND (($3 - locked_until) >> CAST(resume_attempts AS INTEGER)) >= $4 \
+             ORDER BY resume_attempts, locked_until LIMIT $5",
         )
-        .bind(now - grace.as_millis() as i64)
-        .bind(now - window.as_millis() as i64)
+        .bind(now - policy.window.as_millis() as i64)
+        .bind(i64::from(policy.max_attempts))
+        .bind(now)
+        .bind(policy.grace.as_millis() as i64)
         .bind(i64::from(limit.max(1)))
         .fetch_all(executor)
         .await?);
         Ok(keys)
+    }
+
+    /// Keys [`KeyStore::stranded`] no longer gives a completer: half-done, first used within
+    /// `policy.window`, resumed `policy.max_attempts` times. Oldest first, at most `limit`, for
+    /// an operator to settle, or to re-arm by setting their `resume_attempts` back to 0.
+    pub async fn parked(&self, policy: &ResumePolicy, limit: u32) -> Result<Vec<StrandedKey>, KeyError> {
+        let now = self.clock.now_ms();
+        let keys = on_driver!(self.database.reader(), |executor| sqlx::query_as(
+            "SELECT scope, idempotency_key, lock_token, recovery_point, resource_id, created_at, resume_attempts FROM idempotency_keys \
+             WHERE state = 'in_flight' AND recovery_point <> 'started' AND created_at > $1 AND resume_attempts >= $2 \
+             ORDER BY created_at LIMIT $3",
+        )
+        .bind(now - policy.window.as_millis() as i64)
+        .bind(i64::from(policy.max_attempts))
+        .bind(i64::from(limit.max(1)))
+        .fetch_all(executor)
+        .await?);
+        Ok(keys)
+    }
+
+    /// How many keys [`KeyStore::parked`] would list without a limit.
+    pub async fn count_parked(&self, policy: &ResumePolicy) -> Result<u64, KeyError> {
+        let now = self.clock.now_ms();
+        let count: i64 = on_driver!(self.database.reader(), |executor| sqlx::query_scalar(
+            "SELECT COUNT(*) FROM idempotency_keys \
+             WHERE state = 'in_flight' AND recovery_point <> 'started' AND created_at > $1 AND resume_attempts >= $2",
+        )
+        .bind(now - policy.window.as_millis() as i64)
+        .bind(i64::from(policy.max_attempts))
+        .fetch_one(executor)
+        .await?);
+        Ok(count as u64)
     }
 
     /// Keys past their first phase and not completed that were first used longer than `window`
@@ -592,12 +654,11 @@ impl KeyStore {
         Ok(count as u64)
     }
 
-    /// Takes over a key [`KeyStore::stranded`] found, leased for `lease`; `None` when another
-    /// request or completer got to it first.
+    /// Takes over a key [`KeyStore::stranded`] found, leased for `lease`, and counts the
+    /// attempt against it (it has then been resumed `stranded.resume_attempts + 1` times);
+    /// `None` when another request or completer got to it first.
     pub async fn resume(&self, stranded: &StrandedKey, lease: Duration) -> Result<Option<Lease>, KeyError> {
-        let now = self.clock.now_ms();
-        let token = rand::random::<i64>();
-        self.take_over(&stranded.scope, &stranded.key, stranded.lock_token, token, now, now + lease.as_millis() as i64).await
+        self.take_over(&stranded.scope, &stranded.key, stranded.lock_token, rand::random(), lease, 1).await
     }
 
     /// Starts an atomic phase: run its effects in [`Phase::transaction`], then commit them with

@@ -13,7 +13,7 @@ use std::{
 use futures::future::BoxFuture;
 use idempotency::on_driver;
 use idempotency::{
-    Begin, BeginWith, Database, KeyError, KeySettings, KeyStore, Lookup, ManualClock, Progress, Stored, Transaction,
+    Begin, BeginWith, Database, KeyError, KeySettings, KeyStore, Lookup, ManualClock, Progress, ResumePolicy, Stored, Transaction,
     pause::{Pause, PauseHook},
 };
 use sqlx::Executor;
@@ -335,7 +335,7 @@ async fn a_withdrawn_key_leaves_nothing_behind_and_its_repeat_executes_afresh() 
         assert_eq!(count_effects(&database, &orders).await, 0, "{backend}: the order went with its key");
         assert_eq!(store.lookup("c", "k-refused", "fp").await.unwrap(), Lookup::Unused, "{backend}");
         clock.advance_ms(60_000);
-        assert_eq!(store.stranded(Duration::from_secs(1), Duration::from_secs(3_600), 10).await.unwrap(), vec![], "{backend}");
+        assert_eq!(store.stranded(&POLICY, 10).await.unwrap(), vec![], "{backend}");
         let fresh = execute(store.begin("c", "k-refused", "another request", LEASE).await.unwrap());
         assert_eq!(fresh.recovery_point, "started", "{backend}: executed afresh, as a new key");
 
@@ -722,7 +722,7 @@ async fn an_expired_key_whose_work_is_half_done_is_kept_and_resumes_where_it_sto
 async fn stranded_keys_are_found_after_their_grace_and_resumed_once() {
     for (backend, database, _scratch) in databases().await {
         let (store, clock) = store(&database, KeySettings::default());
-        let (grace, window) = (Duration::from_secs(1), Duration::from_secs(60));
+        let policy = ResumePolicy { window: Duration::from_secs(60), ..POLICY };
         let mut released = execute(store.begin("c", "k-released", "fp", LEASE).await.unwrap());
         store.phase(&mut released).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
         store.release(&mut released).await.unwrap();
@@ -734,9 +734,9 @@ async fn stranded_keys_are_found_after_their_grace_and_resumed_once() {
         store.phase(&mut done).await.unwrap().complete(&Stored { code: 0, body: vec![] }).await.unwrap();
 
         clock.advance_ms(500);
-        assert_eq!(store.stranded(grace, window, 10).await.unwrap(), vec![], "{backend}: within the grace");
+        assert_eq!(store.stranded(&policy, 10).await.unwrap(), vec![], "{backend}: within the grace");
         clock.advance_ms(600);
-        let found = store.stranded(grace, window, 10).await.unwrap();
+        let found = store.stranded(&policy, 10).await.unwrap();
         let keys: Vec<&str> = found.iter().map(|stranded| stranded.key.as_str()).collect();
         assert_eq!(keys, ["k-released"], "{backend}");
         assert_eq!(found[0].resource_id.as_deref(), Some("order-1"));
@@ -750,12 +750,91 @@ async fn stranded_keys_are_found_after_their_grace_and_resumed_once() {
 
         // The held key strands once its lease has run out and the grace has passed.
         clock.advance_ms(2_000);
-        let keys: Vec<String> = store.stranded(grace, window, 10).await.unwrap().into_iter().map(|stranded| stranded.key).collect();
+        let keys: Vec<String> = store.stranded(&policy, 10).await.unwrap().into_iter().map(|stranded| stranded.key).collect();
         assert_eq!(keys, ["k-held"], "{backend}: the resumed key holds a live lease again");
 
         // Past the window a completer leaves them to an operator.
         clock.advance_ms(60_000);
-        assert_eq!(store.stranded(grace, window, 10).await.unwrap(), vec![], "{backend}");
-        assert_eq!(store.count_unsettled_before(window).await.unwrap(), 2, "{backend}");
+        assert_eq!(store.stranded(&policy, 10).await.unwrap(), vec![], "{backend}");
+        assert_eq!(store.count_unsettled_before(policy.window).await.unwrap(), 2, "{backend}");
     }
+}
+
+/// A key whose resumes keep failing (its payment always fails, say) waits twice as long after
+/// each, comes after keys tried fewer times, and is parked once resumed `max_attempts` times:
+/// listed for an operator and no longer given to a completer, until re-armed. A good key
+/// stranded behind it is taken first.
+#[tokio::test]
+async fn a_key_whose_resumes_keep_failing_is_parked_and_does_not_go_before_others() {
+    for (backend, database, _scratch) in databases().await {
+        let (store, clock) = store(&database, KeySettings::default());
+        let stranded_keys = async |store: &KeyStore| -> Vec<(String, u32)> {
+            store.stranded(&POLICY, 10).await.unwrap().into_iter().map(|stranded| (stranded.key, stranded.resume_attempts)).collect()
+        };
+        strand(&store, "k-poison").await;
+        clock.advance_ms(1_000);
+        fail_resume(&store, "k-poison").await;
+
+        strand(&store, "k-good").await;
+        clock.advance_ms(1_000);
+        assert_eq!(stranded_keys(&store).await, [("k-good".into(), 0)], "{backend}: the poison key waits 2 s after its first failure");
+        clock.advance_ms(1_000);
+        assert_eq!(stranded_keys(&store).await, [("k-good".into(), 0), ("k-poison".into(), 1)], "{backend}: never tried goes first");
+        let good = store.stranded(&POLICY, 1).await.unwrap().remove(0);
+        let mut settling = store.resume(&good, LEASE).await.unwrap().expect("taken over");
+        store.phase(&mut settling).await.unwrap().complete(&Stored { code: 0, body: b"paid".to_vec() }).await.unwrap();
+        fail_resume(&store, "k-poison").await;
+
+        clock.advance_ms(3_999);
+        assert_eq!(stranded_keys(&store).await, [], "{backend}: 4 s after its second failure");
+        clock.advance_ms(1);
+        fail_resume(&store, "k-poison").await;
+        clock.advance_ms(600_000);
+        assert_eq!(stranded_keys(&store).await, [], "{backend}: parked after 3 resumes");
+        let parked: Vec<(String, u32)> =
+            store.parked(&POLICY, 10).await.unwrap().into_iter().map(|parked| (parked.key, parked.resume_attempts)).collect();
+        assert_eq!(parked, [("k-poison".into(), 3)], "{backend}");
+        assert_eq!(store.count_parked(&POLICY).await.unwrap(), 1, "{backend}");
+
+        // The client's own repeat still resumes it, and counts no attempt.
+        let mut repeat = execute(store.begin("c", "k-poison", "fp", LEASE).await.unwrap());
+        assert_eq!(repeat.resource_id.as_deref(), Some("order-k-poison"), "{backend}");
+        store.release(&mut repeat).await.unwrap();
+        assert_eq!(store.count_parked(&POLICY).await.unwrap(), 1, "{backend}");
+
+        // An operator re-arms it as the README says.
+        database
+            .autocommit(|writes| {
+                Box::pin(async move {
+                    on_driver!(writes, |executor| executor
+                        .execute("UPDATE idempotency_keys SET resume_attempts = 0 WHERE scope = 'c' AND idempotency_key = 'k-poison'")
+                        .await
+                        .map(drop))
+                })
+            })
+            .await
+            .unwrap();
+        clock.advance_ms(1_000);
+        assert_eq!(stranded_keys(&store).await, [("k-poison".into(), 0)], "{backend}: resumed again once re-armed");
+        assert_eq!(store.count_parked(&POLICY).await.unwrap(), 0, "{backend}");
+    }
+}
+
+/// The completer's policy in the tests: a grace of 1 s, parked after 3 resumes.
+const POLICY: ResumePolicy = ResumePolicy { grace: Duration::from_secs(1), window: Duration::from_secs(3_600), max_attempts: 3 };
+
+/// Leaves `key` half-done and released, as a create whose payment failed: its order made
+/// (`order-<key>`), its outcome unknown.
+async fn strand(store: &KeyStore, key: &str) {
+    let mut lease = execute(store.begin("c", key, "fp", LEASE).await.unwrap());
+    store.phase(&mut lease).await.unwrap().commit_at("order_created", Some(&format!("order-{key}"))).await.unwrap();
+    store.release(&mut lease).await.unwrap();
+}
+
+/// Resumes `key`, which must be stranded now, and fails, as a completer whose payment call
+/// fails does: the key is released.
+async fn fail_resume(store: &KeyStore, key: &str) {
+    let stranded = store.stranded(&POLICY, 10).await.unwrap().into_iter().find(|stranded| stranded.key == key).expect("stranded now");
+    let mut lease = store.resume(&stranded, LEASE).await.unwrap().expect("taken over");
+    store.release(&mut lease).await.unwrap();
 }

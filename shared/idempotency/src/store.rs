@@ -443,15 +443,6 @@ impl KeyStore {
         }
     }
 
-    /// The answer of a completed key: [`KeyStore::lookup`]'s [`Lookup::Completed`]. To go once
-    /// orders calls `lookup`.
-    pub async fn stored_answer(&self, scope: &str, key: &str, fingerprint: &str) -> Result<Option<Stored>, KeyError> {
-        Ok(match self.lookup(scope, key, fingerprint).await? {
-            Lookup::Completed(stored) => Some(stored),
-            Lookup::Unused | Lookup::InFlight | Lookup::Unsettled { .. } => None,
-        })
-    }
-
     /// The key's row as the last commit left it, read on the reader so that the writer stays free.
     async fn read(&self, scope: &str, key: &str) -> Result<Option<KeyRow>, KeyError> {
         Ok(on_driver!(self.database.reader(), |executor| sqlx::query_as(READ_KEY).bind(scope).bind(key).fetch_optional(executor).await?))

@@ -70,7 +70,7 @@ pub struct CompleterSettings {
     pub concurrency: u32,
     /// Creates taken per round at most.
     pub batch: u32,
-    /// Resumes of one create after which it is parked for an operator (1 to 63).
+    /// Resumes of one create after which it is parked for an operator (1 to 64).
     pub max_attempts: u32,
 }
 
@@ -107,8 +107,8 @@ impl CompleterSettings {
         if self.grace_ms >= self.window_ms {
             return Err(format!("completer.grace_ms ({} ms) must be shorter than completer.window_ms ({} ms)", self.grace_ms, self.window_ms));
         }
-        if !(1..=63).contains(&self.max_attempts) {
-            return Err(format!("completer.max_attempts ({}) must be from 1 to 63", self.max_attempts));
+        if !(1..=64).contains(&self.max_attempts) {
+            return Err(format!("completer.max_attempts ({}) must be from 1 to 64", self.max_attempts));
         }
         Ok(())
     }
@@ -310,10 +310,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn max_attempts_outside_one_to_sixty_three_is_refused() {
+    fn max_attempts_outside_one_to_sixty_four_is_refused() {
         let with = |max_attempts| CompleterSettings { max_attempts, ..CompleterSettings::default() }.check();
         assert!(with(0).unwrap_err().contains("completer.max_attempts"), "a create never resumed at all");
-        assert!(with(64).unwrap_err().contains("completer.max_attempts"), "a wait halved 64 times is a shift out of range");
-        assert_eq!((with(1), with(63)), (Ok(()), Ok(())));
+        assert!(with(65).unwrap_err().contains("completer.max_attempts"), "a wait halved 65 times: a shift out of range");
+        assert_eq!((with(1), with(64)), (Ok(()), Ok(())));
     }
 }

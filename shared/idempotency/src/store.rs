@@ -114,7 +114,7 @@ pub struct ResumePolicy {
     /// Only keys first used within this long ago are resumed.
     pub window: Duration,
     /// After this many resumes a key is parked: no longer resumed, left to an operator (see
-    /// [`KeyStore::parked`]). At most 62: the doubled grace is a shift.
+    /// [`KeyStore::parked`]). At most 64: the wait is halved per resume by a 64-bit shift.
     pub max_attempts: u32,
 }
 

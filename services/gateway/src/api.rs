@@ -6,15 +6,19 @@ use proto::{
     bank::v1::{ExchangeRate, ExchangeRateRequest, bank_client::BankClient},
     common::v1::{CreateOrderRequest, GetOrderRequest, Order, OrderStatus, Payment},
     orders::v1::{RecommendRequest, orders_client::OrdersClient},
+    outcome::FailedCreate,
     payment::v1::{GetPaymentRequest, payment_service_client::PaymentServiceClient},
 };
-use resilience::retry::{Call, RetryPolicy};
+use resilience::{
+    PREVIOUS_ATTEMPTS_HEADER,
+    retry::{Call, RetryPolicy},
+};
 use rpc::{
     Client,
     metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
 };
 use telemetry::metrics::{self, Counter, KeyValue};
-use tonic::{Request, Status, metadata::MetadataMap};
+use tonic::{Code, Request, Status, metadata::MetadataMap};
 use tower::ServiceExt;
 
 use crate::{
@@ -129,7 +133,7 @@ impl Api {
         let mut metadata = MetadataMap::new();
         metadata.insert(CLIENT_ID, metadata_value(&client.0)?);
         metadata.insert(IDEMPOTENCY_KEY, metadata_value(key)?);
-        let response = self.0.create.clone().oneshot(Call::new(order, metadata)).await.map_err(|s| GatewayError::Upstream(rpc::relay(&s)))?;
+        let response = self.0.create.clone().oneshot(Call::new(order, metadata)).await.map_err(|s| GatewayError::Upstream(failed_create(s)))?;
         let replayed = response.metadata().get(IDEMPOTENT_REPLAYED).is_some_and(|value| value == "true");
         let order = response.into_inner();
         self.0.orders_seen.remember(&client.0, &order);
@@ -216,6 +220,57 @@ impl Api {
                 tracing::info!(fallback.kind = "popular", code = ?status.code(), "recommending popular items");
                 Recommended { skus: popular(), degraded: Some(status.message().to_owned()) }
             }
+        }
+    }
+}
+
+/// A failed create, relayed, saying what it left behind ([`FailedCreate`]): orders' own word
+/// when it gave one; refused when the one attempt made was not executed by orders (refused by
+/// a guard here or by orders' intake); otherwise unknown, since an attempt whose answer never
+/// came, or an earlier attempt, may have made an order. The client's own mistakes (an invalid
+/// request, a reused key, a key in flight) say what they are already.
+fn failed_create(status: Status) -> Status {
+    let relayed = rpc::relay(&status);
+    let clients_mistake = matches!(
+        status.code(),
+        Code::InvalidArgument | Code::FailedPrecondition | Code::Aborted | Code::AlreadyExists | Code::Unauthenticated | Code::PermissionDenied
+    );
+    if clients_mistake || FailedCreate::of(&status).is_some() {
+        return relayed;
+    }
+    let one_attempt = !status.metadata().contains_key(PREVIOUS_ATTEMPTS_HEADER);
+    let failed = if one_attempt && rpc::not_executed(&status) { FailedCreate::Refused } else { FailedCreate::Unknown };
+    failed.on(relayed, crate::HOP)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused_here() -> Status {
+        let mut status = Status::unavailable("orders: circuit open");
+        status.metadata_mut().insert(wire::NOT_EXECUTED, "orders".parse().unwrap());
+        status
+    }
+
+    #[test]
+    fn a_failed_create_says_what_it_left_behind() {
+        let after_retries = |mut status: Status| {
+            status.metadata_mut().insert(PREVIOUS_ATTEMPTS_HEADER, "1".parse().unwrap());
+            status
+        };
+        let pending = FailedCreate::Pending { order_id: "ord_1".into() };
+        let cases = [
+            ("refused here, the only attempt", refused_here(), Some(FailedCreate::Refused)),
+            ("refused here after an attempt that may have made an order", after_retries(refused_here()), Some(FailedCreate::Unknown)),
+            ("orders' own word", after_retries(pending.on(Status::unavailable("payment: down"), "orders")), Some(pending)),
+            ("no answer from orders", Status::deadline_exceeded("orders: deadline exceeded"), Some(FailedCreate::Unknown)),
+            ("the client's mistake", Status::failed_precondition("orders: key reused"), None),
+        ];
+        for (case, status, expected) in cases {
+            let failed = failed_create(status);
+            assert_eq!(FailedCreate::of(&failed), expected, "{case}");
+            assert_eq!(failed.metadata().get(resilience::breaker::RELAYED_HEADER).unwrap(), "true", "{case}: relayed");
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
+use proto::outcome::FailedCreate;
 use resilience::retry::{PUSHBACK_HEADER, RETRIES_SPENT_HEADER};
 use serde::Serialize;
 use tonic::{Code, Status, metadata::MetadataValue};
@@ -56,19 +57,59 @@ pub struct Problem {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub field: Option<String>,
-    /// The order whose payment was declined, for 402s.
+    /// The order whose payment was declined, for 402s; the order whose outcome is pending.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub order_id: Option<String>,
+    /// What a failed create left behind: `refused` (nothing was charged, no order is kept, and
+    /// nothing will be charged later), `pending` (the order `order_id` exists and will be
+    /// settled: repeat with the same `Idempotency-Key`, read it, or wait for its webhook) or
+    /// `unknown` (only a repeat with the same `Idempotency-Key` can tell).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub outcome: Option<Outcome>,
     /// The gRPC code of the failure below the gateway.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub grpc_code: Option<String>,
 }
 
+/// A failed create's outcome, as [`Problem::outcome`] names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Refused,
+    Pending,
+    Unknown,
+}
+
+impl Outcome {
+    /// The outcome a failure names, its order for a pending one, and what the client may do.
+    fn of(failed: FailedCreate) -> (Self, Option<String>, String) {
+        match failed {
+            FailedCreate::Refused => (
+                Outcome::Refused,
+                None,
+                "Nothing was charged and no order was kept, and nothing will be charged later: a retry, with this Idempotency-Key or another, starts afresh.".into(),
+            ),
+            FailedCreate::Pending { order_id } => {
+                let next = format!(
+                    "Order {order_id} exists and its payment's outcome is not known yet; it will be settled. Learn the outcome by repeating this request with the same Idempotency-Key, from GET /v1/orders/{order_id}, or from its order.paid or order.payment_declined webhook. A new Idempotency-Key would make a second order."
+                );
+                (Outcome::Pending, Some(order_id), next)
+            }
+            FailedCreate::Unknown => (
+                Outcome::Unknown,
+                None,
+                "Whether an order was made is not known. Repeat this request with the same Idempotency-Key to learn it; a new Idempotency-Key could make a second order.".into(),
+            ),
+        }
+    }
+}
+
 impl Problem {
     pub fn new(status: StatusCode, title: &'static str, detail: String) -> Self {
-        Self { kind: "about:blank", title, status: status.as_u16(), detail, field: None, order_id: None, grpc_code: None }
+        Self { kind: "about:blank", title, status: status.as_u16(), detail, field: None, order_id: None, outcome: None, grpc_code: None }
     }
 
     pub fn to_json(&self) -> String {
@@ -121,7 +162,14 @@ impl IntoResponse for GatewayError {
                 retry_after = pushback_seconds(&status);
                 // The field at fault, when the hop below named it in a google.rpc.BadRequest.
                 let field = status.get_details_bad_request().and_then(|bad| bad.field_violations.into_iter().next()).map(|violation| violation.field);
-                Problem { field, grpc_code: Some(format!("{:?}", status.code())), ..Problem::new(http, title, detail) }
+                let grpc_code = Some(format!("{:?}", status.code()));
+                match FailedCreate::of(&status).map(Outcome::of) {
+                    Some((outcome, order_id, next)) => {
+                        let detail = format!("{detail}. {next}");
+                        Problem { field, order_id, outcome: Some(outcome), grpc_code, ..Problem::new(http, title, detail) }
+                    }
+                    None => Problem { field, grpc_code, ..Problem::new(http, title, detail) },
+                }
             }
         };
         let unauthenticated = problem.status == StatusCode::UNAUTHORIZED.as_u16();

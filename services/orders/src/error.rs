@@ -2,6 +2,7 @@
 
 use idempotency::KeyError;
 use outbox::OutboxError;
+use proto::outcome::FailedCreate;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -20,6 +21,14 @@ pub enum OrdersError {
     /// Payment failed; its status is relayed as it is.
     #[error("{}", .0.message())]
     Payment(Status),
+    /// A create refused before anything could be charged: no order is left, and nothing will
+    /// be charged later (the failure below says why).
+    #[error("{}", .0.message())]
+    Refused(Status),
+    /// A create whose order exists failed before its outcome was known: the order is left for
+    /// a repeat with the same key, or the completer, to settle.
+    #[error("{cause}")]
+    Pending { order_id: String, cause: Box<OrdersError> },
     #[error("order storage: {0}")]
     Storage(#[from] sqlx::Error),
     #[error("stored answer is unreadable: {0}")]
@@ -28,6 +37,16 @@ pub enum OrdersError {
     Corrupt(String, String),
     #[error(transparent)]
     Webhooks(#[from] OutboxError),
+}
+
+impl OrdersError {
+    /// This failure of a create whose order `order_id` exists.
+    pub fn pending(self, order_id: String) -> Self {
+        match self {
+            pending @ OrdersError::Pending { .. } => pending,
+            cause => OrdersError::Pending { order_id, cause: Box::new(cause) },
+        }
+    }
 }
 
 impl From<KeyError> for OrdersError {
@@ -50,6 +69,8 @@ impl From<OrdersError> for Status {
             OrdersError::InFlight => Status::aborted(message),
             OrdersError::NotFound(_) => Status::not_found(message),
             OrdersError::Payment(status) => rpc::relay(&status),
+            OrdersError::Refused(status) => FailedCreate::Refused.on(rpc::relay(&status), crate::HOP),
+            OrdersError::Pending { order_id, cause } => FailedCreate::Pending { order_id }.on(Status::from(*cause), crate::HOP),
             OrdersError::Webhooks(OutboxError::EndpointNotFound(_) | OutboxError::DeliveryNotFound { .. }) => Status::not_found(message),
             OrdersError::Webhooks(OutboxError::Busy(_)) => Status::aborted(message),
             OrdersError::Storage(ref storage) | OrdersError::Webhooks(OutboxError::Storage(ref storage)) if idempotency::is_unreachable(storage) => {

@@ -20,11 +20,11 @@ use std::{
 use deadline::{Hop, HopStats};
 use error::OrdersError;
 use futures::future::BoxFuture;
-use idempotency::{Begin, BeginWith, Database, KeyStore, Lease, Progress, Stored, Transaction};
+use idempotency::{Begin, BeginWith, Database, KeyStore, Lease, Lookup, Progress, Stored, Transaction};
 use open_circuit::OpenCircuit;
 use prost::Message;
 use proto::{
-    common::v1::{CreateOrderRequest, GetOrderRequest, Order, OrderStatus},
+    common::v1::{CreateOrderRequest, GetOrderRequest, Order, OrderStatus, Payment},
     orders::v1::{
         RecommendRequest, Recommendations,
         orders_server::{Orders, OrdersServer},
@@ -157,39 +157,72 @@ impl OrderService {
         // The key is ours until our deadline: after it nobody works on it and a retry may take over.
         let lease = Hop::current().map_or(self.default_lease, |hop| hop.deadline().remaining());
         // While payment refuses every charge, a create would write an order only to give up on
-        // it: refused before writing, unless the key completed before and replays.
+        // it: refused before writing, unless the key says more (a stored answer replays, an order
+        // left pending is named).
         if let Some(refusal) = self.payment_circuit.refusal() {
-            return match self.keys.stored_answer(client_id, key, &fingerprint).await? {
-                Some(stored) => Ok(Answer { order: replay(&stored)?, replayed: true }),
-                None => Err(OrdersError::Payment(refusal)),
+            return match self.keys.lookup(client_id, key, &fingerprint).await? {
+                Lookup::Completed(stored) => Ok(Answer { order: replay(&stored)?, replayed: true }),
+                Lookup::InFlight => Err(OrdersError::InFlight),
+                Lookup::Unsettled { resource_id: Some(order_id), .. } => Err(OrdersError::Payment(refusal).pending(order_id)),
+                Lookup::Unsettled { resource_id: None, .. } | Lookup::Unused => Err(OrdersError::Refused(refusal)),
             };
         }
         // Phase 1, committed with a new key's claim: the order row, with the recovery point that
         // says it exists.
         let first_phase = insert_order(client_id, new_order(&request));
-        let (mut lease, order) = match self.keys.begin_with_first_phase(client_id, key, &fingerprint, lease, first_phase).await? {
-            BeginWith::Executed(lease, order) => (lease, order),
+        let (mut lease, order, created_now) = match self.keys.begin_with_first_phase(client_id, key, &fingerprint, lease, first_phase).await? {
+            BeginWith::Executed(lease, order) => (lease, order, true),
             BeginWith::Found(Begin::Replay(stored)) => return Ok(Answer { order: replay(&stored)?, replayed: true }),
             // A lease taken over: phase 1 again unless it committed before.
-            BeginWith::Found(Begin::Execute(mut lease)) => {
-                let order = match lease.resource_id.clone() {
-                    Some(order_id) => self.orders.load(&order_id).await?,
-                    None => self.keys.atomic_phase(&mut lease, insert_order(client_id, new_order(&request))).await?,
-                };
-                (lease, order)
-            }
+            BeginWith::Found(Begin::Execute(mut lease)) => match lease.resource_id.clone() {
+                Some(order_id) => {
+                    let order = self.orders.load(&order_id).await.map_err(|error| error.pending(order_id))?;
+                    (lease, order, false)
+                }
+                None => {
+                    let order = self.keys.atomic_phase(&mut lease, insert_order(client_id, new_order(&request))).await?;
+                    (lease, order, true)
+                }
+            },
         };
-        let order = self.pay(client_id, key, &mut lease, order).await?;
+        let order_id = order.order_id.clone();
+        let paid = match self.charge(client_id, key, &order).await {
+            Ok(payment) => self.record(client_id, &mut lease, order, payment).await,
+            // Refused below before the bank was called, for an order no earlier attempt can have
+            // asked payment about (this one made it): nothing can have been charged for it. The
+            // order and its key go, so that nobody resumes it and charges later.
+            Err(status) if created_now && rpc::not_executed(&status) => {
+                return match self.keys.withdraw(lease, delete_order(order_id.clone())).await {
+                    Ok(()) => Err(OrdersError::Refused(status)),
+                    Err(error) => Err(error.pending(order_id)),
+                };
+            }
+            Err(status) => self.give_up(&mut lease, status).await,
+        };
+        // Once the order exists, a failure leaves it for a repeat or the completer to settle.
+        let order = paid.map_err(|error| error.pending(order_id))?;
         Ok(Answer { order, replayed: false })
     }
 
-    /// Phases 2 and 3 of a create whose order exists, for the client's request and for the
-    /// completer alike, so that a create the completer settles ends exactly as if the client
-    /// had retried.
+    /// Phases 2 and 3 of a create resumed by the completer, so that it ends exactly as the
+    /// client's retry would have.
     async fn pay(&self, client_id: &str, key: &str, lease: &mut Lease, order: Order) -> Result<Order, OrdersError> {
-        // Phase 2: one payment call, whose key is derived from the client's and the order, so a
-        // resumed create reaches the bank with the same key. A failure releases the key for the
-        // next repeat (or the completer).
+        match self.charge(client_id, key, &order).await {
+            Ok(payment) => self.record(client_id, lease, order, payment).await,
+            Err(status) => self.give_up(lease, status).await,
+        }
+    }
+
+    /// A payment that failed without proof that nothing was charged: the key is released for
+    /// the next repeat (or the completer), which resumes it with the same payment key.
+    async fn give_up(&self, lease: &mut Lease, status: Status) -> Result<Order, OrdersError> {
+        self.keys.release(lease).await?;
+        Err(OrdersError::Payment(status))
+    }
+
+    /// Phase 2 of a create: one payment call, whose key is derived from the client's and the
+    /// order, so a resumed create reaches the bank with the same key.
+    async fn charge(&self, client_id: &str, key: &str, order: &Order) -> Result<Payment, Status> {
         let mut pay = Request::new(PayRequest {
             order_id: order.order_id.clone(),
             customer_id: order.customer_id.clone(),
@@ -202,17 +235,13 @@ impl OrderService {
         pay.metadata_mut().insert(IDEMPOTENCY_KEY, payment_key.parse().expect("hex is valid metadata"));
         let answer = self.payment.clone().pay(pay).await;
         self.payment_circuit.heard(&answer);
-        let payment = match answer {
-            Ok(payment) => payment.into_inner(),
-            Err(status) => {
-                self.keys.release(lease).await?;
-                return Err(OrdersError::Payment(status));
-            }
-        };
+        answer.map(Response::into_inner)
+    }
 
-        // Phase 3: the outcome, with the answer every repeat will get and the event that tells
-        // the client's webhook endpoints, all in one transaction: no event without the outcome,
-        // no outcome without its event.
+    /// Phase 3 of a create: the outcome, with the answer every repeat will get and the event
+    /// that tells the client's webhook endpoints, all in one transaction: no event without the
+    /// outcome, no outcome without its event.
+    async fn record(&self, client_id: &str, lease: &mut Lease, order: Order, payment: Payment) -> Result<Order, OrdersError> {
         let (client_id, order_id) = (client_id.to_owned(), order.order_id);
         let order = self
             .keys
@@ -256,6 +285,11 @@ fn insert_order(
             Ok((order, created))
         })
     }
+}
+
+/// Undoes phase 1 of a create refused before payment could charge: its order goes with its key.
+fn delete_order(order_id: String) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(), OrdersError>> + Send + use<> {
+    move |transaction| Box::pin(async move { store::delete_unpaid(transaction, &order_id).await })
 }
 
 /// The stored answer of a completed create.

@@ -74,6 +74,18 @@ pub async fn insert(transaction: &mut Transaction, client_id: &str, order: &Orde
     Ok(())
 }
 
+/// Deletes an order still awaiting payment, whose create was refused before payment could
+/// charge anything (an effect of withdrawing its key): nothing is left for anyone to resume.
+pub async fn delete_unpaid(transaction: &mut Transaction, order_id: &str) -> Result<(), OrdersError> {
+    on_driver!(transaction, |executor| sqlx::query("DELETE FROM orders WHERE order_id = $1 AND status = $2")
+        .bind(order_id)
+        .bind(PENDING)
+        .execute(executor)
+        .await
+        .map(drop))?;
+    Ok(())
+}
+
 /// An order as it stands, and the version of its state (one per change of state).
 pub struct VersionedOrder {
     pub order: Order,

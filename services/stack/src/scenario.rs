@@ -251,6 +251,22 @@ pub fn catalogue() -> Vec<Scenario> {
             ..Scenario::DEFAULTS
         },
         Scenario {
+            name: "create-answers",
+            about: "the bank fails every call for 3 s, then recovers: each failed create says how it stands, refused before the bank (no order, never charged) or pending (its order named, and paid once the bank is back, by orders' completer); the bank charges each paid order once",
+            faults: Faults { error_rate: 1.0, latency_ms: latency(5.0, 1.0), ..Faults::default() },
+            requests: 300,
+            load: Load::Open { per_second: 60 },
+            settle: true,
+            chain: |settings| {
+                settings.orders.completer.grace_ms = 1_000;
+                settings.orders.completer.interval_ms = 200;
+                settings.payment.bank.breaker.open_ms = 1_000;
+                settings.payment.bank.breaker.max_open_ms = 1_000;
+            },
+            heal_after: Some(Duration::from_secs(3)),
+            ..Scenario::DEFAULTS
+        },
+        Scenario {
             name: "duplicate-storm",
             about: "50 clients send the same request with one idempotency key at once: one executes, the others get its answer or 409",
             faults: Faults { latency_ms: latency(50.0, 5.0), ..Faults::default() },
@@ -357,6 +373,9 @@ pub struct Report {
     pub elapsed_ms: f64,
     /// HTTP status → count.
     pub outcomes: BTreeMap<u16, usize>,
+    /// Failed creates by what their answer says they left behind: `refused` (nothing charged,
+    /// then or later), `pending` (the order named, settled later) or `unknown`.
+    pub unsettled: BTreeMap<String, usize>,
     /// Requests with no HTTP answer (the client gave up or the connection failed).
     pub no_answer: usize,
     pub success_rate: f64,
@@ -437,6 +456,8 @@ pub fn order_message() -> proto::common::v1::CreateOrderRequest {
 #[derive(Default)]
 struct Tally {
     outcomes: BTreeMap<u16, usize>,
+    /// Failed creates by the outcome their problem names (`refused`, `pending`, `unknown`).
+    unsettled: BTreeMap<String, usize>,
     /// Answers marked `X-Fallback`.
     fallbacks: usize,
     no_answer: usize,
@@ -508,21 +529,30 @@ impl Sender {
         let response = request.send().await;
         let micros = sent.elapsed().as_micros() as u64;
         self.latencies.lock().expect("histogram lock").saturating_record(micros.max(1));
-        {
-            let mut tally = self.tally.lock().expect("tally lock");
-            match response {
-                Ok(response) => {
-                    *tally.outcomes.entry(response.status().as_u16()).or_default() += 1;
-                    if response.headers().contains_key(wire::FALLBACK) {
-                        tally.fallbacks += 1;
-                    }
-                    if tally.sample.is_none() {
-                        let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
-                        tally.sample = Some((header(deadline::LEDGER_HEADER), header("server-timing")));
-                    }
+        match response {
+            Ok(response) => {
+                let status = response.status();
+                let fallback = response.headers().contains_key(wire::FALLBACK);
+                let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+                let sample = (header(deadline::LEDGER_HEADER), header("server-timing"));
+                // What a failed create left behind, as its problem says.
+                let unsettled = if !self.get && (status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS) {
+                    let problem: Option<serde_json::Value> = response.json().await.ok();
+                    problem.and_then(|problem| problem["outcome"].as_str().map(str::to_owned))
+                } else {
+                    None
+                };
+                let mut tally = self.tally.lock().expect("tally lock");
+                *tally.outcomes.entry(status.as_u16()).or_default() += 1;
+                if let Some(outcome) = unsettled {
+                    *tally.unsettled.entry(outcome).or_default() += 1;
                 }
-                Err(_) => tally.no_answer += 1,
+                if fallback {
+                    tally.fallbacks += 1;
+                }
+                tally.sample.get_or_insert(sample);
             }
+            Err(_) => self.tally.lock().expect("tally lock").no_answer += 1,
         }
         let done = self.done.fetch_add(1, Ordering::Relaxed) + 1;
         if done.is_multiple_of((self.total / 10).max(1)) || done == self.total {
@@ -720,6 +750,7 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
         requests: completed,
         elapsed_ms: elapsed.as_secs_f64() * 1e3,
         outcomes: tally.outcomes,
+        unsettled: tally.unsettled,
         no_answer: tally.no_answer,
         success_rate: succeeded as f64 / completed.max(1) as f64,
         latency_ms: Percentiles::of(&histogram),
@@ -828,6 +859,16 @@ impl fmt::Display for Report {
             self.requests_per_second
         )?;
         writeln!(f, "  outcomes     {} (success {:.1} %)", describe_outcomes(&self.outcomes, self.no_answer), self.success_rate * 100.0)?;
+        if !self.unsettled.is_empty() {
+            let count = |outcome: &str| self.unsettled.get(outcome).copied().unwrap_or_default();
+            writeln!(
+                f,
+                "  failed       creates refused before the bank (no order, never charged): {}; pending (order named, settled later): {}; unknown: {}",
+                count("refused"),
+                count("pending"),
+                count("unknown")
+            )?;
+        }
         let l = self.latency_ms;
         writeln!(f, "  latency      min {:.1} ms, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms", l.min, l.p50, l.p99, l.max)?;
         if let (Some(r), Some(outcomes)) = (self.replay_latency_ms, &self.replay_outcomes) {

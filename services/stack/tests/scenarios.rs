@@ -144,6 +144,20 @@ async fn stranded_charges_are_all_settled_by_the_completer_with_one_charge_each(
 }
 
 #[tokio::test]
+async fn create_answers_say_what_each_failure_left_and_the_bank_charges_only_the_pending() {
+    let report = run("create-answers").await;
+    let count = |outcome: &str| report.unsettled.get(outcome).copied().unwrap_or_default() as u64;
+    assert!(count("pending") > 0 && count("refused") > 0, "both kinds while the bank is down: {:?}", report.unsettled);
+    let failed: usize = report.outcomes.iter().filter(|(status, _)| **status >= 500).map(|(_, n)| n).sum();
+    assert_eq!(report.unsettled.values().sum::<usize>(), failed, "every failed create says how it stands: {:?}", report.outcomes);
+    let settlement = report.settlement.expect("the orders were counted");
+    let created = report.outcomes.get(&201).copied().unwrap_or_default() as u64;
+    assert_eq!(settlement.after.pending, 0, "every pending order settled: {settlement:?}");
+    assert_eq!(settlement.after.paid, created + count("pending"), "a refused create left no order: {settlement:?}");
+    assert_eq!(report.bank.charges, settlement.after.paid, "one charge per paid order, none for the refused: {:?}", report.bank);
+}
+
+#[tokio::test]
 async fn duplicate_storm_executes_once() {
     let report = run("duplicate-storm").await;
     assert_eq!(report.bank.charges, 1, "{:?}", report.bank);

@@ -34,4 +34,5 @@ pub mod bank {
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("descriptor");
 
 pub mod json;
+pub mod outcome;
 pub mod validate;

@@ -134,22 +134,23 @@ pin_project! {
 /// not the server's load), RESOURCE_EXHAUSTED with a pushback over gRPC.
 fn share_refusal<B: Default + From<String>>(grpc: bool, intake: &Intake, share: usize) -> Response<B> {
     let detail = format!("{}: {share} requests of this client already in progress; retry when one has finished", intake.name);
-    refused(grpc, detail, StatusCode::TOO_MANY_REQUESTS, "Too many requests in progress")
+    refused(grpc, intake, detail, StatusCode::TOO_MANY_REQUESTS, "Too many requests in progress")
 }
 
 /// The refusal of a request beyond the intake's limit: 503 over HTTP.
 fn refusal<B: Default + From<String>>(grpc: bool, intake: &Intake) -> Response<B> {
     let detail = format!("{}: {} requests already in progress; retry shortly", intake.name, intake.limit);
-    refused(grpc, detail, StatusCode::SERVICE_UNAVAILABLE, "Overloaded")
+    refused(grpc, intake, detail, StatusCode::SERVICE_UNAVAILABLE, "Overloaded")
 }
 
 /// A refusal as problem+json with `Retry-After: 1` over HTTP, or RESOURCE_EXHAUSTED with a
-/// random pushback over gRPC.
-fn refused<B: Default + From<String>>(grpc: bool, detail: String, http_status: StatusCode, title: &str) -> Response<B> {
+/// random pushback over gRPC, marked as not executed by the intake's service.
+fn refused<B: Default + From<String>>(grpc: bool, intake: &Intake, detail: String, http_status: StatusCode, title: &str) -> Response<B> {
     if grpc {
         let mut status = Status::resource_exhausted(detail);
         // A generator seeded anew for each refusal, so that refusals do not share one sequence.
         status.metadata_mut().insert(PUSHBACK_HEADER, MetadataValue::from(pushback_ms(&mut HasherRng::default())));
+        status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static(intake.name));
         return status.into_http();
     }
     let body = serde_json::json!({"type": "about:blank", "title": title, "status": http_status.as_u16(), "detail": detail});

@@ -113,6 +113,7 @@ impl From<OverOwnQuota> for Status {
         let wait_ms = crate::retry::wait_millis(over.retry_after).max(1);
         let mut status = Status::resource_exhausted(over.to_string());
         status.metadata_mut().insert(PUSHBACK_HEADER, MetadataValue::from(wait_ms));
+        status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static(over.dependency));
         status
     }
 }

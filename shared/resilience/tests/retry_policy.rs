@@ -380,6 +380,18 @@ async fn a_failure_the_edge_stopped_retrying_for_its_limits_is_marked_for_its_cl
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_failure_after_retries_says_how_many_attempts_came_before_it() {
+    let policy = retry_policy(RetrySettings::default());
+    let bank = Bank::new([Err(unavailable()), Err(unavailable()), Err(unavailable())]);
+    let failure = operation(&policy, &bank, ms(10_000)).await.result.unwrap_err();
+    assert_eq!(failure.metadata().get(PREVIOUS_ATTEMPTS_HEADER).unwrap(), "2");
+    // The only attempt's failure says nothing: there was none before it.
+    let bank = Bank::new([Err(Status::invalid_argument("bad amount"))]);
+    let failure = operation(&policy, &bank, ms(2_000)).await.result.unwrap_err();
+    assert!(failure.metadata().get(PREVIOUS_ATTEMPTS_HEADER).is_none());
+}
+
+#[tokio::test(start_paused = true)]
 async fn retry_budget_caps_retries_at_ten_percent_of_requests() {
     // The share alone: no floor (budget_min_per_sec 0) and no throttle (throttle_max_tokens 0),
     // which would otherwise stop every retry after ten failures. A retry is allowed while the

@@ -16,7 +16,7 @@ pub use client::{Client, ClientLayers, Connection, Dependency, Outbound, Traced,
 pub use server::{GrpcServer, GrpcService, Role, ServerError, Services, bind, reflection, serve_http, serve_http_with, shutdown_signal};
 
 mod relay;
-pub use relay::{PUSHBACK_HEADER, derive_key, relay};
+pub use relay::{PUSHBACK_HEADER, derive_key, not_executed, relay};
 
 /// Metadata names the services agree on.
 pub mod metadata {

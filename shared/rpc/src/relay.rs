@@ -14,12 +14,14 @@ use resilience::{
 
 /// Passes a dependency's failure up unchanged: same code, same message (every hop names itself in
 /// the messages it makes, so the message already says which hop failed), marked as relayed (so
-/// that breakers above do not blame this hop), and what the edge needs to decide on a retry: the pushback, the fail-fast, open-circuit and full-bulkhead marks and the
-/// status details, and the edge's own mark that it stopped retrying for its limits. Other metadata (including the
-/// dependency's ledger, which the deadline layers carry separately) is not copied.
+/// that breakers above do not blame this hop), and what the hops above need to decide on a retry
+/// and on what the failure left behind: the pushback, the fail-fast, open-circuit, full-bulkhead
+/// and not-executed marks, the status details, and the edge's own mark that it stopped retrying
+/// for its limits. Other metadata (including the dependency's ledger, which the deadline layers
+/// carry separately) is not copied.
 pub fn relay(status: &Status) -> Status {
     let mut metadata = MetadataMap::new();
-    for key in [FAILED_FAST_HEADER, CIRCUIT_OPEN_HEADER, BULKHEAD_FULL_HEADER, RETRIES_SPENT_HEADER] {
+    for key in [FAILED_FAST_HEADER, CIRCUIT_OPEN_HEADER, BULKHEAD_FULL_HEADER, wire::NOT_EXECUTED, RETRIES_SPENT_HEADER] {
         if let Some(value) = status.metadata().get(key) {
             metadata.insert(key, value.clone());
         }
@@ -36,6 +38,13 @@ pub fn relay(status: &Status) -> Status {
     metadata.insert(RELAYED_HEADER, MetadataValue::from_static("true"));
     // The details (e.g. a google.rpc.RetryInfo) travel too.
     Status::with_details_and_metadata(status.code(), status.message(), status.details().to_vec().into(), metadata)
+}
+
+/// Whether a failure says that the call was not executed: a guard refused to send it on, or an
+/// intake refused it, at the hop that answered or below it (the mark is relayed). Nothing
+/// happened below that point, so a call whose every effect lies there had none.
+pub fn not_executed(status: &Status) -> bool {
+    status.metadata().contains_key(wire::NOT_EXECUTED)
 }
 
 /// The idempotency key a hop sends downstream for `purpose`, derived from the key it received:
@@ -64,6 +73,7 @@ mod tests {
         status.metadata_mut().insert(CIRCUIT_OPEN_HEADER, "bank-mock".parse().unwrap());
         status.metadata_mut().insert(BULKHEAD_FULL_HEADER, "bank-mock".parse().unwrap());
         status.metadata_mut().insert(RETRIES_SPENT_HEADER, "budget".parse().unwrap());
+        status.metadata_mut().insert(wire::NOT_EXECUTED, "bank-mock".parse().unwrap());
         let relayed = relay(&status);
         assert_eq!(relayed.code(), Code::ResourceExhausted);
         assert_eq!(relayed.message(), "bank-mock: slow down");
@@ -72,6 +82,7 @@ mod tests {
         assert_eq!(relayed.metadata().get(CIRCUIT_OPEN_HEADER).unwrap(), "bank-mock");
         assert_eq!(relayed.metadata().get(BULKHEAD_FULL_HEADER).unwrap(), "bank-mock");
         assert_eq!(relayed.metadata().get(RETRIES_SPENT_HEADER).unwrap(), "budget");
+        assert!(not_executed(&relayed), "callers above know that nothing happened below");
         assert_eq!(relayed.metadata().get(RELAYED_HEADER).unwrap(), "true", "breakers above do not blame the relaying hop");
         assert!(relayed.metadata().get("x-deadline-ledger").is_none());
     }

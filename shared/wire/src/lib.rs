@@ -27,6 +27,11 @@ pub const CIRCUIT_OPEN: &str = "x-circuit-open";
 pub const RELAYED: &str = "x-relayed";
 /// On an answer refused by a full bulkhead: the dependency.
 pub const BULKHEAD_FULL: &str = "x-bulkhead-full";
+/// On a failure answered without doing the work: the service that did nothing with the call,
+/// because a guard refused to send it there (a breaker, a bulkhead, a quota, too little
+/// deadline) or its intake refused it. Passed up with the failure, so that a caller far above
+/// knows that nothing happened at or below that service.
+pub const NOT_EXECUTED: &str = "x-not-executed";
 /// The client's quota state (the IETF RateLimit fields).
 pub const RATE_LIMIT: &str = "ratelimit";
 /// The client's quota (the IETF RateLimit fields).
@@ -67,6 +72,7 @@ pub const ALL: &[&str] = &[
     CIRCUIT_OPEN,
     RELAYED,
     BULKHEAD_FULL,
+    NOT_EXECUTED,
     RATE_LIMIT,
     RATE_LIMIT_POLICY,
     FALLBACK,

@@ -194,6 +194,12 @@ struct Unavailable {
 }
 
 /// Creates an order and pays it, under one deadline.
+///
+/// Every answer says how the create stands: done (`201` paid, `402` declined), or, for any other
+/// failure below, the problem's `outcome`: `refused` (nothing was charged and nothing will be),
+/// `pending` (the order `order_id` exists and will be settled; learn how by repeating with the
+/// same key, from `GET /v1/orders/{order_id}` or from its webhook) or `unknown` (repeat with
+/// the same key to learn it). A repeat with the same key after the outcome is known returns it.
 #[utoipa::path(
     post,
     path = "/v1/orders",

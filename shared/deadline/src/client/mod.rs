@@ -95,6 +95,7 @@ where
                 tracing::debug!(%too_little, "failing fast");
                 let mut status = Status::deadline_exceeded(too_little.to_string());
                 status.metadata_mut().insert(FAILED_FAST_HEADER, MetadataValue::from_static(hop.name()));
+                status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static(self.dependency));
                 return ResponseFuture::answered_here(status.into_http());
             }
         };

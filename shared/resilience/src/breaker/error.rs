@@ -39,7 +39,8 @@ impl From<CircuitOpen> for Status {
         let metadata = status.metadata_mut();
         // A name read back by `from_status` was a valid value already; a static one is ours.
         if let Ok(dependency) = MetadataValue::try_from(open.dependency.as_ref()) {
-            metadata.insert(CIRCUIT_OPEN_HEADER, dependency);
+            metadata.insert(CIRCUIT_OPEN_HEADER, dependency.clone());
+            metadata.insert(wire::NOT_EXECUTED, dependency);
         }
         metadata.insert(PUSHBACK_HEADER, MetadataValue::from(open.retry_in_ms()));
         status

@@ -45,6 +45,7 @@ impl From<BulkheadFull> for Status {
     fn from(full: BulkheadFull) -> Self {
         let mut status = Status::unavailable(full.to_string());
         status.metadata_mut().insert(BULKHEAD_FULL_HEADER, MetadataValue::from_static(full.dependency));
+        status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static(full.dependency));
         status
     }
 }

@@ -32,7 +32,9 @@
 //! Every operation ends with a [`StopReason`], logged and counted. When the edge stops for its
 //! budget, its attempts or an open breaker, the failure is marked ([`RETRIES_SPENT_HEADER`]) so
 //! that the edge's gRPC face tells its own clients not to retry what it already retried as far as
-//! it should.
+//! it should. A failure after retries also carries `grpc-previous-rpc-attempts`, as A6 exposes
+//! it to the application: the caller learns that attempts were made whose answers it never sees
+//! (a create's gateway needs it to say what a failure left behind).
 
 mod attempt_time;
 mod budget;
@@ -349,6 +351,11 @@ impl<M: Clone, R> Policy<Call<M>, R, Status> for RetryPolicy {
             Err(reason) => {
                 if matches!(reason, StopReason::Budget | StopReason::Attempts | StopReason::Breaker) {
                     status.metadata_mut().insert(RETRIES_SPENT_HEADER, MetadataValue::from_static(reason.as_str()));
+                }
+                // The attempts before this failure, as A6 exposes them to the application: what
+                // they did is not in this answer, and a caller may need to know they were made.
+                if call.previous_attempts > 0 {
+                    status.metadata_mut().insert(crate::PREVIOUS_ATTEMPTS_HEADER, MetadataValue::from(call.previous_attempts));
                 }
                 self.stop(reason, attempts);
                 None

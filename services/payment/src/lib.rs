@@ -133,6 +133,15 @@ impl Payments {
             Begin::Replay(stored) => return Ok((Payment::decode(stored.body.as_slice())?, true)),
             Begin::Execute(lease) => lease,
         };
+        let payment_id = format!("pay_{}", &rpc::derive_key("payment-id", "", key)[..24]);
+        // The payment row outlives the key: a repeat whose key expired and was reaped (a create
+        // resumed after payment's key TTL) finds it here and answers with it, instead of
+        // calling the bank again (a second charge, for a bank that forgot its key too).
+        if let Some(recorded) = self.recorded(&payment_id).await? {
+            let answer = Stored { code: Code::Ok as i32, body: recorded.encode_to_vec() };
+            self.keys.atomic_phase(&mut lease, move |_| Box::pin(async move { Ok::<_, PaymentError>(((), Progress::Completed(answer))) })).await?;
+            return Ok((recorded, true));
+        }
 
         let mut charge = Request::new(ChargeRequest {
             reference: request.order_id.clone(),
@@ -151,7 +160,7 @@ impl Payments {
         };
         let approved = reply.outcome() == ChargeOutcome::Approved;
         let payment = Payment {
-            payment_id: format!("pay_{}", &rpc::derive_key("payment-id", "", key)[..24]),
+            payment_id,
             status: if approved { PaymentStatus::Approved } else { PaymentStatus::Declined } as i32,
             bank_charge_id: reply.charge_id,
             decline_reason: reply.decline_reason,
@@ -193,24 +202,30 @@ struct PaymentRow {
     decline_reason: Option<String>,
 }
 
-#[tonic::async_trait]
-impl PaymentService for Payments {
-    async fn get_payment(&self, request: Request<GetPaymentRequest>) -> Result<Response<Payment>, Status> {
-        let payment_id = request.into_inner().payment_id;
+impl Payments {
+    /// The payment recorded as `payment_id`, if there is one.
+    async fn recorded(&self, payment_id: &str) -> Result<Option<Payment>, PaymentError> {
         let row: Option<PaymentRow> = on_driver!(self.keys.database().reader(), |executor| sqlx::query_as(
             "SELECT payment_id, status, bank_charge_id, decline_reason FROM payments WHERE payment_id = $1"
         )
-        .bind(&payment_id)
+        .bind(payment_id)
         .fetch_optional(executor)
-        .await
-        .map_err(PaymentError::Storage)?);
-        let row = row.ok_or_else(|| Status::not_found(format!("{HOP}: payment {payment_id} not found")))?;
-        Ok(Response::new(Payment {
+        .await?);
+        Ok(row.map(|row| Payment {
             payment_id: row.payment_id,
             status: if row.status == "approved" { PaymentStatus::Approved } else { PaymentStatus::Declined } as i32,
             bank_charge_id: row.bank_charge_id,
             decline_reason: row.decline_reason.unwrap_or_default(),
         }))
+    }
+}
+
+#[tonic::async_trait]
+impl PaymentService for Payments {
+    async fn get_payment(&self, request: Request<GetPaymentRequest>) -> Result<Response<Payment>, Status> {
+        let payment_id = request.into_inner().payment_id;
+        let payment = self.recorded(&payment_id).await?;
+        Ok(Response::new(payment.ok_or_else(|| Status::not_found(format!("{HOP}: payment {payment_id} not found")))?))
     }
 
     async fn pay(&self, request: Request<PayRequest>) -> Result<Response<Payment>, Status> {

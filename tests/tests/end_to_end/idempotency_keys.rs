@@ -3,7 +3,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use e2e::{BACKGROUND, Backend, TestChain, chain_with_receiver, events, eventually, fast_bank, order_body, subscribe};
+use e2e::{BACKGROUND, Backend, TestChain, chain_with_receiver, events, eventually, fast_bank, order_body, problem, subscribe};
 use tokio::sync::Barrier;
 
 #[tokio::test]
@@ -119,7 +119,9 @@ async fn a_create_cancelled_between_its_phases_is_resumed_by_the_retry() {
         let test = TestChain::start_on(&backend, |s| s.gateway.retry.max_attempts = 1).await;
         test.set_faults(fast_bank(|f| f.hang = true));
         let cancelled = test.post_order("resume-1", &order_body()).header("x-request-timeout-ms", "400").send().await.unwrap();
-        assert_eq!(cancelled.status(), 504, "{name}");
+        // orders keeps a reserve of the deadline for its answer, which names the order left pending.
+        let cancelled = problem(cancelled, 504).await;
+        assert_eq!(cancelled["outcome"], "pending", "{name}: {cancelled}");
         assert_eq!(test.count_rows("orders").await, 1, "{name}: the order row was committed before payment");
         assert_eq!(test.chain.bank().stats().charges, 0);
 
@@ -132,6 +134,7 @@ async fn a_create_cancelled_between_its_phases_is_resumed_by_the_retry() {
         })
         .await;
         assert_eq!(resumed.status(), 201, "{name}");
+        assert_eq!(resumed.json::<serde_json::Value>().await.unwrap()["order_id"], cancelled["order_id"], "{name}: the order the 504 named");
         assert_eq!(test.count_rows("orders").await, 1, "{name}: the same order, not a second one");
         let bank = test.chain.bank().stats();
         // The hung call never charged; the resume charged once.
@@ -313,4 +316,41 @@ async fn retry_until_settled(test: &TestChain, key: &str) -> reqwest::Response {
         (response.status() != 409).then_some(response)
     })
     .await
+}
+
+/// A payment outlives its key: orders resumes a create after payment reaped the key of a payment
+/// it completed (the answer was lost on its way to orders). The repeat finds the payment by its
+/// id, derived from the key, and answers with it: no second bank call, nothing stuck.
+#[tokio::test]
+async fn a_payment_whose_key_was_reaped_answers_its_repeat_without_calling_the_bank() {
+    use proto::payment::v1::{PayRequest, payment_service_client::PaymentServiceClient};
+    use stack::chain::PAYMENT_GRPC;
+
+    for backend in Backend::all() {
+        let name = backend.name();
+        let test = TestChain::start_on(&backend, |_| {}).await;
+        let mut payment = PaymentServiceClient::new(test.channel_as("orders", "payment", test.chain.addresses()[&PAYMENT_GRPC]).await);
+        let pay = || {
+            let request = PayRequest { order_id: "ord_outlived".into(), customer_id: "c-1".into(), amount_minor: 100, currency: "EUR".into() };
+            let mut request = e2e::grpc_request(request, "outlived-key");
+            request.set_timeout(Duration::from_secs(2));
+            request
+        };
+        let first = payment.pay(pay()).await.unwrap().into_inner();
+        // What the reaper does once the key's TTL has passed.
+        let database = idempotency::Database::connect(test.chain.database_url(payment::HOP).unwrap()).await.unwrap();
+        database
+            .autocommit(|writes| {
+                Box::pin(async move {
+                    idempotency::on_driver!(writes, |executor| sqlx::query("DELETE FROM idempotency_keys").execute(executor).await.map(drop))
+                })
+            })
+            .await
+            .unwrap();
+        let again = payment.pay(pay()).await.unwrap();
+        assert_eq!(again.into_inner(), first, "{name}: the recorded payment");
+        let bank = test.chain.bank().stats();
+        assert_eq!((bank.calls, bank.charges), (1, 1), "{name}: the repeat never reached the bank: {bank:?}");
+        assert_eq!(test.count_rows("payments").await, 1, "{name}");
+    }
 }

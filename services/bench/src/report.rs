@@ -448,12 +448,12 @@ impl Report {
             )
         };
         row(out, &self.idempotency.sqlite)?;
-        row(out, &self.idempotency.sqlite_full)?;
+        row(out, &self.idempotency.sqlite_normal)?;
         match &self.idempotency.postgres {
             Coverage::Measured(postgres) => row(out, postgres)?,
             Coverage::NotMeasured(not) => writeln!(out, "| PostgreSQL | **{}** | | | | | | | |", not.reason)?,
         }
-        let measured = [&self.idempotency.sqlite, &self.idempotency.sqlite_full].into_iter().chain(match &self.idempotency.postgres {
+        let measured = [&self.idempotency.sqlite, &self.idempotency.sqlite_normal].into_iter().chain(match &self.idempotency.postgres {
             Coverage::Measured(postgres) => Some(postgres),
             Coverage::NotMeasured(_) => None,
         });

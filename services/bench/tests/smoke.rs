@@ -37,7 +37,7 @@ async fn the_smoke_profile_makes_every_comparison_and_writes_them() {
     assert_eq!(json["fail_fast"]["guards"].as_array().unwrap().len(), 2);
     let memory = &json["memory"]["runs"];
     assert!(memory["measured"].as_array().is_some_and(|runs| runs.len() == 2) || memory["not_measured"]["reason"].is_string(), "{memory}");
-    for sqlite in ["sqlite", "sqlite_full"] {
+    for sqlite in ["sqlite", "sqlite_normal"] {
         assert!(json["idempotency"][sqlite]["first"]["due"].as_u64().is_some_and(|due| due > 0), "{sqlite}");
     }
     let postgres = &json["idempotency"]["postgres"];

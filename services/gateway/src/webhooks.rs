@@ -73,6 +73,7 @@ impl WebhooksApi {
     }
 
     pub async fn rotate_secret(&self, client: &ClientId, key: &str, request: RotateSecretRequest) -> Result<Keyed, GatewayError> {
+        proto::validate::id("endpoint_id", &request.endpoint_id)?;
         Ok(keyed(call(&self.rotate, request, keyed_metadata(client, key)?).await?))
     }
 
@@ -81,10 +82,12 @@ impl WebhooksApi {
     }
 
     pub async fn endpoint(&self, client: &ClientId, endpoint_id: String) -> Result<Endpoint, GatewayError> {
+        proto::validate::id("endpoint_id", &endpoint_id)?;
         Ok(call(&self.get, EndpointRef { endpoint_id }, metadata(client)?).await?.into_inner())
     }
 
     pub async fn deliveries(&self, client: &ClientId, request: ListDeliveriesRequest) -> Result<ListDeliveriesResponse, GatewayError> {
+        proto::validate::list_deliveries(&request)?;
         Ok(call(&self.deliveries, request, metadata(client)?).await?.into_inner())
     }
 
@@ -95,6 +98,7 @@ impl WebhooksApi {
 
     /// Tried once, like a redelivery: a repeat would send a second ping.
     pub async fn ping(&self, client: &ClientId, endpoint_id: String) -> Result<PingResponse, GatewayError> {
+        proto::validate::id("endpoint_id", &endpoint_id)?;
         let request = once(client, EndpointRef { endpoint_id })?;
         self.webhooks.clone().ping_endpoint(request).await.map(Response::into_inner).map_err(upstream)
     }
@@ -104,6 +108,7 @@ impl WebhooksApi {
     }
 
     pub async fn set_enabled(&self, client: &ClientId, endpoint_id: String, enabled: bool) -> Result<Endpoint, GatewayError> {
+        proto::validate::id("endpoint_id", &endpoint_id)?;
         let request = once(client, EndpointRef { endpoint_id })?;
         let mut webhooks = self.webhooks.clone();
         let answer = if enabled { webhooks.enable_endpoint(request).await } else { webhooks.disable_endpoint(request).await };
@@ -112,16 +117,19 @@ impl WebhooksApi {
 
     /// Tried once, like disabling: a repeat after a lost answer finds nothing and says so.
     pub async fn delete_endpoint(&self, client: &ClientId, endpoint_id: String) -> Result<(), GatewayError> {
+        proto::validate::id("endpoint_id", &endpoint_id)?;
         let request = once(client, EndpointRef { endpoint_id })?;
         self.webhooks.clone().delete_endpoint(request).await.map(drop).map_err(upstream)
     }
 
     pub async fn redeliver(&self, client: &ClientId, request: RedeliverRequest) -> Result<RedeliverResponse, GatewayError> {
+        proto::validate::redeliver(&request)?;
         let request = once(client, request)?;
         self.webhooks.clone().redeliver(request).await.map(Response::into_inner).map_err(upstream)
     }
 
     pub async fn redeliver_range(&self, client: &ClientId, request: RedeliverRangeRequest) -> Result<RedeliverResponse, GatewayError> {
+        proto::validate::redeliver_range(&request)?;
         let request = once(client, request)?;
         self.webhooks.clone().redeliver_range(request).await.map(Response::into_inner).map_err(upstream)
     }

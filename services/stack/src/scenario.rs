@@ -260,8 +260,6 @@ pub fn catalogue() -> Vec<Scenario> {
             chain: |settings| {
                 settings.orders.completer.grace_ms = 1_000;
                 settings.orders.completer.interval_ms = 200;
-                settings.payment.bank.breaker.open_ms = 1_000;
-                settings.payment.bank.breaker.max_open_ms = 1_000;
             },
             heal_after: Some(Duration::from_secs(3)),
             ..Scenario::DEFAULTS
@@ -290,12 +288,6 @@ pub fn catalogue() -> Vec<Scenario> {
             faults: Faults { error_rate: 1.0, latency_ms: latency(5.0, 1.0), ..Faults::default() },
             requests: 500,
             load: Load::Open { per_second: 100 },
-            // Open 1 s at a time, not growing while the bank stays down, so that the 5 s run
-            // shows the breaker probe and close soon after the bank recovers.
-            chain: |settings| {
-                settings.payment.bank.breaker.open_ms = 1_000;
-                settings.payment.bank.breaker.max_open_ms = 1_000;
-            },
             heal_after: Some(Duration::from_secs(3)),
             ..Scenario::DEFAULTS
         },

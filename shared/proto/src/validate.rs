@@ -3,7 +3,7 @@
 
 use crate::{
     common::v1::CreateOrderRequest,
-    orders::v1::{CreateEndpointRequest, UpdateEndpointRequest},
+    orders::v1::{CreateEndpointRequest, ListDeliveriesRequest, RedeliverRangeRequest, RedeliverRequest, UpdateEndpointRequest},
 };
 
 /// Currencies the bank settles (ISO 4217).
@@ -15,6 +15,12 @@ pub const MAX_QUANTITY: u32 = 1_000;
 pub const MAX_ID_LEN: usize = 64;
 /// Idempotency keys are 1 to 255 characters.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+/// Longest webhook endpoint URL, in characters.
+pub const MAX_URL_LEN: usize = 2_048;
+/// Most event types one endpoint subscribes to.
+pub const MAX_EVENT_TYPES: usize = 16;
+/// Longest of the other text fields (a page cursor, a time), in characters.
+pub const MAX_TEXT_LEN: usize = 256;
 
 /// One field that breaks a rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -67,6 +73,35 @@ pub fn id(field: &str, value: &str) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// Checks [`text`] of at most `max` characters.
+///
+/// Why every text field has a bound: a hop's error names what it refused, and an unbounded value
+/// makes an unbounded error, which the caller's HTTP/2 client may refuse as a protocol error
+/// and its breaker count against the hop: one client's long field would cut the hop off for all.
+pub fn bounded(field: &str, value: &str, max: usize) -> Result<(), FieldError> {
+    text(field, value)?;
+    if value.chars().count() > max {
+        return reject(field, format!("must be at most {max} characters"));
+    }
+    Ok(())
+}
+
+/// Checks an optional text field: empty, or [`bounded`].
+fn optional(field: &str, value: &str, max: usize) -> Result<(), FieldError> {
+    if value.is_empty() { Ok(()) } else { bounded(field, value, max) }
+}
+
+/// Checks an event type list: at most [`MAX_EVENT_TYPES`] names, each an [`id`].
+fn event_types(names: &[String]) -> Result<(), FieldError> {
+    if names.len() > MAX_EVENT_TYPES {
+        return reject("event_types", format!("must list at most {MAX_EVENT_TYPES} event types"));
+    }
+    for (index, name) in names.iter().enumerate() {
+        id(&format!("event_types[{index}]"), name)?;
+    }
+    Ok(())
+}
+
 /// Checks a new order; the first broken rule is returned.
 pub fn create_order(request: &CreateOrderRequest) -> Result<(), FieldError> {
     id("customer_id", &request.customer_id)?;
@@ -94,22 +129,38 @@ pub fn create_order(request: &CreateOrderRequest) -> Result<(), FieldError> {
 /// Checks the text of a new webhook endpoint; what the URL may name and which event types exist
 /// are the outbox's rules.
 pub fn create_endpoint(request: &CreateEndpointRequest) -> Result<(), FieldError> {
-    text("url", &request.url)?;
-    for (index, event_type) in request.event_types.iter().enumerate() {
-        text(&format!("event_types[{index}]"), event_type)?;
-    }
-    Ok(())
+    bounded("url", &request.url, MAX_URL_LEN)?;
+    event_types(&request.event_types)
 }
 
 /// Checks the text of an endpoint update, as [`create_endpoint`] does that of a new one.
 pub fn update_endpoint(request: &UpdateEndpointRequest) -> Result<(), FieldError> {
+    id("endpoint_id", &request.endpoint_id)?;
     if let Some(url) = &request.url {
-        text("url", url)?;
+        bounded("url", url, MAX_URL_LEN)?;
     }
-    for (index, event_type) in request.event_types.iter().flat_map(|list| &list.names).enumerate() {
-        text(&format!("event_types[{index}]"), event_type)?;
-    }
-    Ok(())
+    request.event_types.as_ref().map_or(Ok(()), |list| event_types(&list.names))
+}
+
+/// Checks a page of deliveries asked for: the endpoint, and the filters that are set.
+pub fn list_deliveries(request: &ListDeliveriesRequest) -> Result<(), FieldError> {
+    id("endpoint_id", &request.endpoint_id)?;
+    optional("cursor", &request.cursor, MAX_TEXT_LEN)?;
+    optional("state", &request.state, MAX_ID_LEN)?;
+    optional("event_type", &request.event_type, MAX_ID_LEN)
+}
+
+/// Checks a redelivery of one event.
+pub fn redeliver(request: &RedeliverRequest) -> Result<(), FieldError> {
+    id("endpoint_id", &request.endpoint_id)?;
+    id("event_id", &request.event_id)
+}
+
+/// Checks a redelivery of a time range; that the bounds are times is the outbox's rule.
+pub fn redeliver_range(request: &RedeliverRangeRequest) -> Result<(), FieldError> {
+    id("endpoint_id", &request.endpoint_id)?;
+    optional("from", &request.from, MAX_TEXT_LEN)?;
+    optional("until", &request.until, MAX_TEXT_LEN)
 }
 
 /// Checks an idempotency key: 1 to 255 visible ASCII characters.

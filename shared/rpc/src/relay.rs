@@ -12,6 +12,11 @@ use resilience::{
     bulkhead::BULKHEAD_FULL_HEADER,
 };
 
+/// The most of a failure's message a hop passes up, in bytes.
+pub const MAX_RELAYED_MESSAGE: usize = 1_024;
+/// The most of a failure's details a hop passes up, in bytes; larger details are dropped.
+pub const MAX_RELAYED_DETAILS: usize = 2_048;
+
 /// Passes a dependency's failure up unchanged: same code, same message (every hop names itself in
 /// the messages it makes, so the message already says which hop failed), marked as relayed (so
 /// that breakers above do not blame this hop), and what the hops above need to decide on a retry
@@ -19,6 +24,10 @@ use resilience::{
 /// and not-executed marks, the status details, and the edge's own mark that it stopped retrying
 /// for its limits. Other metadata (including the dependency's ledger, which the deadline layers
 /// carry separately) is not copied.
+///
+/// The message and details are bounded ([`MAX_RELAYED_MESSAGE`], [`MAX_RELAYED_DETAILS`]): they
+/// travel in HTTP/2 trailers, and a caller whose header limits they exceed sees a protocol error
+/// instead of the failure, which its breaker would count against the hop that relayed it.
 pub fn relay(status: &Status) -> Status {
     let mut metadata = MetadataMap::new();
     for key in [FAILED_FAST_HEADER, CIRCUIT_OPEN_HEADER, BULKHEAD_FULL_HEADER, wire::NOT_EXECUTED, RETRIES_SPENT_HEADER] {
@@ -36,8 +45,22 @@ pub fn relay(status: &Status) -> Status {
         metadata.insert(PUSHBACK_HEADER, value);
     }
     metadata.insert(RELAYED_HEADER, MetadataValue::from_static("true"));
-    // The details (e.g. a google.rpc.RetryInfo) travel too.
-    Status::with_details_and_metadata(status.code(), status.message(), status.details().to_vec().into(), metadata)
+    // The details (e.g. a google.rpc.RetryInfo) travel too, unless they are oversized.
+    let details = if status.details().len() <= MAX_RELAYED_DETAILS { status.details().to_vec() } else { Vec::new() };
+    Status::with_details_and_metadata(status.code(), bounded(status.message()), details.into(), metadata)
+}
+
+/// `message` cut to at most [`MAX_RELAYED_MESSAGE`] bytes, on a character boundary, marked with
+/// `…` where it was cut.
+fn bounded(message: &str) -> String {
+    if message.len() <= MAX_RELAYED_MESSAGE {
+        return message.to_owned();
+    }
+    let mut end = MAX_RELAYED_MESSAGE - '…'.len_utf8();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &message[..end])
 }
 
 /// Whether a failure says that the call was not executed: a guard refused to send it on, or an
@@ -85,6 +108,18 @@ mod tests {
         assert!(not_executed(&relayed), "callers above know that nothing happened below");
         assert_eq!(relayed.metadata().get(RELAYED_HEADER).unwrap(), "true", "breakers above do not blame the relaying hop");
         assert!(relayed.metadata().get("x-deadline-ledger").is_none());
+    }
+
+    #[test]
+    fn a_relayed_message_and_details_are_bounded() {
+        let long = "é".repeat(MAX_RELAYED_MESSAGE);
+        let status = Status::with_details(Code::InvalidArgument, format!("orders: unknown {long}"), vec![0; MAX_RELAYED_DETAILS + 1].into());
+        let relayed = relay(&status);
+        assert!(relayed.message().len() <= MAX_RELAYED_MESSAGE && relayed.message().ends_with('…'), "{}", relayed.message().len());
+        assert!(relayed.message().starts_with("orders: unknown é"));
+        assert!(relayed.details().is_empty(), "oversized details are dropped");
+        let short = Status::with_details(Code::Unavailable, "payment: down", vec![1, 2, 3].into());
+        assert_eq!((relay(&short).message(), relay(&short).details()), ("payment: down", &[1u8, 2, 3][..]));
     }
 
     #[test]

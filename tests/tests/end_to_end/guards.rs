@@ -9,9 +9,9 @@ use resilience::{breaker::Position, rate_limit::QuotaSettings};
 use stack::chain::{GATEWAY_HTTP, ORDERS_GRPC, PAYMENT_GRPC};
 use tonic::Code;
 
-/// How long the breakers of these tests first stay open: long enough for a dozen loopback calls
-/// on a loaded machine, short enough to wait out twice. The timing itself (jitter, growth, the
-/// half-open probes) is unit-tested on a paused clock in `resilience::breaker`.
+/// How long the breakers of these tests stay open: long enough for a dozen loopback calls on a
+/// loaded machine, short enough to wait out twice. The timing itself (jitter, the half-open
+/// probes) is unit-tested on a paused clock in `resilience::breaker`.
 const OPEN_MS: u64 = 2_000;
 
 /// A breaker that judges after 5 calls and stays open for [`OPEN_MS`]; gateway retries off, so
@@ -52,17 +52,20 @@ async fn the_breaker_opens_fails_fast_without_calling_then_probes_and_closes() {
     assert_eq!(test.chain.bank().stats().calls, calls, "the bank was not called while open");
 
     // Still failing when it half-opens, after the wait it names (what is left of OPEN_MS ± 20 %):
-    // a probe fails and it opens again, for twice as long. (Orders keeps the wait of the refusal
-    // it relayed, counted from when it got it: the margin covers that answer's way up.)
+    // a probe fails and it opens again, for as long. (Orders keeps the wait of the refusal it
+    // relayed, counted from when it got it: the margin covers that answer's way up.)
     let wait = pushback_of_the_bank_breaker(&mut payment, "direct-first-wait").await;
-    let longest_first = OPEN_MS * 6 / 5;
-    assert!(wait.as_millis() as u64 <= longest_first, "{wait:?}");
+    let longest = OPEN_MS * 6 / 5;
+    assert!(wait.as_millis() as u64 <= longest, "{wait:?}");
     tokio::time::sleep(wait + ANSWER_WAY_UP).await;
     test.post_order("down-probe", &order_body()).send().await.unwrap();
     assert_eq!(test.chain.guard_stats().breaker(payment::HOP, bank_mock::HOP).position, Position::Open);
     assert_eq!(test.chain.bank().stats().calls, calls + 1, "one probe went through");
     let wait = pushback_of_the_bank_breaker(&mut payment, "direct-second-wait").await;
-    assert!((longest_first + 1..=2 * longest_first).contains(&(wait.as_millis() as u64)), "longer than any first opening: {wait:?}");
+    assert!(
+        (OPEN_MS * 4 / 5 - ANSWER_WAY_UP.as_millis() as u64..=longest).contains(&(wait.as_millis() as u64)),
+        "no longer than the first: {wait:?}"
+    );
 
     // Healthy again: the probes succeed and it closes.
     test.set_faults(fast_bank(|_| {}));
@@ -73,6 +76,63 @@ async fn the_breaker_opens_fails_fast_without_calling_then_probes_and_closes() {
     let breaker = test.chain.guard_stats().breaker(payment::HOP, bank_mock::HOP);
     assert_eq!(breaker.position, Position::Closed, "{breaker:?}");
     assert_eq!((breaker.opened, breaker.half_opened, breaker.closed), (2, 2, 1), "{breaker:?}");
+}
+
+/// An outage long enough for an open time that doubled with each failed probe to have grown from
+/// 200 ms to 3.2 s: the breaker probes every 200 ms (± 20 %) throughout, so creates succeed again
+/// within 2 s of the bank's recovery, not after the longest open time.
+#[tokio::test]
+async fn after_a_long_outage_creates_succeed_again_within_two_seconds_of_the_recovery() {
+    let test = TestChain::start_with(|s| {
+        small_breaker(s);
+        s.payment.bank.breaker.open_ms = 200;
+    })
+    .await;
+    test.set_faults(fast_bank(|f| f.error_rate = 1.0));
+    let outage = Instant::now();
+    let mut sent = 0;
+    while outage.elapsed() < Duration::from_secs(5) {
+        test.post_order(&format!("outage-{sent}"), &order_body()).send().await.unwrap();
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let breaker = test.chain.guard_stats().breaker(payment::HOP, bank_mock::HOP);
+    assert!(breaker.opened >= 5, "opened by failed probes throughout the outage: {breaker:?}");
+
+    test.set_faults(fast_bank(|_| {}));
+    let recovered = Instant::now();
+    let mut attempt = 0;
+    eventually(Duration::from_secs(2), "a create paid after the bank's recovery", || {
+        attempt += 1;
+        let request = test.post_order(&format!("recovered-{attempt}"), &order_body());
+        async move { request.send().await.unwrap().status() == 201 }
+    })
+    .await;
+    assert!(recovered.elapsed() < Duration::from_secs(2), "{:?}", recovered.elapsed());
+}
+
+/// One client, at its own quota, sends requests whose text would make an error larger than the
+/// gateway's HTTP/2 client accepts (a 20,000-character event type, a 7,000-character endpoint
+/// id): they are refused at the edge, and the other client's creates all succeed, with the
+/// gateway's breaker toward orders closed throughout.
+#[tokio::test]
+async fn one_clients_crafted_requests_cannot_move_another_clients_success_rate() {
+    let test = TestChain::start().await;
+    let crafted = "x".repeat(20_000);
+    let mut paid = 0;
+    for n in 0..10 {
+        let body = serde_json::json!({"url": "https://hooks.example.com/in", "event_types": [crafted.as_str()]});
+        let refused = test.post_as("demo-key-2", "/v1/webhooks/endpoints", &format!("crafted-{n}"), &body).send().await.unwrap();
+        assert!(matches!(refused.status().as_u16(), 400 | 429), "{refused:?}");
+        let path = format!("/v1/webhooks/endpoints/{}", &crafted[..7_000]);
+        let refused = test.get_as("demo-key-2", &path).send().await.unwrap();
+        assert!(matches!(refused.status().as_u16(), 400 | 429), "{refused:?}");
+        let created = test.post_order(&format!("innocent-{n}"), &order_body()).send().await.unwrap();
+        paid += usize::from(created.status() == 201);
+    }
+    assert_eq!(paid, 10, "the other client's creates all succeed");
+    let breaker = test.chain.guard_stats().breaker(gateway::HOP, orders::HOP);
+    assert_eq!((breaker.position, breaker.opened), (Position::Closed, 0), "{breaker:?}");
 }
 
 /// More than an answer takes from payment up to orders on a loaded machine.
@@ -271,12 +331,14 @@ const REQUEST_LIMIT: Duration = Duration::from_secs(10);
 #[tokio::test]
 async fn a_client_with_tiny_deadlines_cannot_open_the_bank_breaker_for_the_others() {
     let test = TestChain::start_with(quick_verdict).await;
-    test.set_faults(fast_bank(|f| f.latency_ms = Latency { mean: 80.0, stddev: 10.0 }));
+    test.set_faults(fast_bank(|f| f.latency_ms = Latency { mean: 180.0, stddev: 10.0 }));
 
-    // demo-key-2 (5/s, burst 10) sends 8 orders with 100 ms deadlines: the bank gets ~50 ms of
-    // them, less than it takes (three standard deviations less: with a mean of 60 ms, one draw
-    // in six made it, and four of eight now and then). Those expiries are the client's choice,
-    // not the bank's failures.
+    // demo-key-2 (5/s, burst 10) sends 8 orders with 200 ms deadlines: the bank gets ~140 ms of
+    // them, less than it takes (four standard deviations less), and far less than the 500 ms a
+    // slice needs to be judged. Those expiries are the client's choice, not the bank's failures.
+    // (With 100 ms, the syncs of the writes before the bank call took the bank's slice below its
+    // minimum on a loaded machine: fail-fasts, which the breaker ignores too, but which would not
+    // test it.)
     let mut expired = 0;
     for n in 0..8 {
         let response = test
@@ -284,7 +346,7 @@ async fn a_client_with_tiny_deadlines_cannot_open_the_bank_breaker_for_the_other
             .post(test.url("/v1/orders"))
             .bearer_auth("demo-key-2")
             .header("idempotency-key", format!("tiny-{n}"))
-            .header("x-request-timeout-ms", "100")
+            .header("x-request-timeout-ms", "200")
             .timeout(REQUEST_LIMIT)
             .json(&order_body())
             .send()

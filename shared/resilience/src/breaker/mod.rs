@@ -24,10 +24,12 @@
 //! The window holds the last `window_calls` outcomes, and of those only the ones recorded within
 //! `window_ms`: at low traffic, failures from long ago say nothing about the neighbour now.
 //!
-//! Why jitter and growth: breakers that opened together (one per replica, all facing the same
-//! outage) would probe together, every `open_ms`, and a neighbour still down would be probed at
-//! full rate for ever. Each probe that fails in a row doubles the open time, up to
-//! `max_open_ms`; every open time is spread ±20 % at random; closing starts again at `open_ms`.
+//! Why a short open time that does not grow: the probes are how the breaker learns that its
+//! neighbour is back, and an open time that doubled with each failed probe (to a minute, say)
+//! kept a recovered neighbour cut off for as long, after an outage of any length. A few probe
+//! calls every `open_ms` (1 s) are no load for a neighbour that is down, and find it back within
+//! about a second. Every open time is spread ±20 % at random, so that breakers that opened
+//! together (one per replica, all facing the same outage) do not probe together.
 //!
 //! Each state change starts a new generation, and a call's outcome is recorded only in the
 //! generation that admitted it: a call let through while closed that ends after the breaker
@@ -100,11 +102,10 @@ pub struct BreakerSettings {
     pub min_judged_slice_ms: u64,
     /// Share of slow calls in the window that opens the breaker.
     pub slow_call_rate: f64,
-    /// How long the breaker stays open before probing, the first time.
+    /// How long the breaker stays open before it lets probes through (1 s), spread ±20 % at
+    /// random; the same after a failed probe, so that a dependency that is back is found within
+    /// one open time, whatever the outage lasted.
     pub open_ms: u64,
-    /// The longest open time (60 s): each probe that fails in a row doubles the last one, up to
-    /// this; never below `open_ms`. Every open time is then spread ±20 % at random.
-    pub max_open_ms: u64,
     /// Probe calls let through when half-open; all must succeed to close.
     pub half_open_probes: u32,
 }
@@ -120,8 +121,7 @@ impl Default for BreakerSettings {
             slow_call_ms: 1_000,
             min_judged_slice_ms: 500,
             slow_call_rate: 0.8,
-            open_ms: 5_000,
-            max_open_ms: 60_000,
+            open_ms: 1_000,
             half_open_probes: 3,
         }
     }
@@ -354,7 +354,7 @@ mod tests {
         service.call(Request::new(String::new())).await.unwrap();
         let refused = service.call(Request::new(String::new())).await.unwrap();
         let pushback: u64 = refused.headers()[crate::retry::PUSHBACK_HEADER].to_str().unwrap().parse().unwrap();
-        assert!((4_000..=6_000).contains(&pushback), "open_ms 5000 ± 20 %: {pushback}");
+        assert!((800..=1_200).contains(&pushback), "open_ms 1000 ± 20 %: {pushback}");
 
         // A millisecond short of the pushback it is still open (the wait was rounded up, not down)...
         tokio::time::advance(Duration::from_millis(pushback - 1)).await;

@@ -90,15 +90,13 @@ pub struct Machine<R> {
     state: State,
     /// Counts state changes: a call admitted under another generation belongs to a past state.
     generation: u64,
-    /// Probes that failed in a row since the breaker last closed: each doubles the open time.
-    reopened: u32,
     /// Draws the jitter of open times.
     rng: R,
 }
 
 impl<R: Rng> Machine<R> {
     pub fn new(settings: BreakerSettings, rng: R) -> Self {
-        Self { settings, state: State::Closed { window: VecDeque::new() }, generation: 0, reopened: 0, rng }
+        Self { settings, state: State::Closed { window: VecDeque::new() }, generation: 0, rng }
     }
 
     pub fn position(&self) -> Position {
@@ -169,12 +167,7 @@ impl<R: Rng> Machine<R> {
                 Outcome::Failure | Outcome::Slow => self.open(now),
                 Outcome::Success => {
                     *succeeded += 1;
-                    if *succeeded >= settings.half_open_probes {
-                        self.reopened = 0;
-                        self.move_to(State::Closed { window: VecDeque::new() })
-                    } else {
-                        None
-                    }
+                    if *succeeded >= settings.half_open_probes { self.move_to(State::Closed { window: VecDeque::new() }) } else { None }
                 }
             },
             // Nothing is admitted while open: the generation of an admission is never an open one.
@@ -183,20 +176,16 @@ impl<R: Rng> Machine<R> {
     }
 
     fn open(&mut self, now: Instant) -> Option<Transition> {
-        // Opened again by a failed probe: the neighbour is still down, so wait longer this time.
-        self.reopened = if self.position() == Position::HalfOpen { self.reopened.saturating_add(1) } else { 0 };
         let until = now + self.open_time();
         self.move_to(State::Open { until })
     }
 
-    /// `open_ms · 2^reopened`, at most `max_open_ms` (never below `open_ms`), spread by
-    /// ±[`OPEN_JITTER`] at random.
+    /// `open_ms`, spread by ±[`OPEN_JITTER`] at random. The same after a failed probe, however
+    /// long the outage: an open time that grew with it would keep a recovered dependency cut off
+    /// for as long, and a probe every `open_ms` is no load for a dependency that is down.
     fn open_time(&mut self) -> Duration {
-        let base = self.settings.open_ms as f64;
-        let longest = base.max(self.settings.max_open_ms as f64);
-        let nominal = (base * 2f64.powi(self.reopened.min(64) as i32)).min(longest);
         let spread = 1.0 + OPEN_JITTER * (2.0 * self.rng.next_f64() - 1.0);
-        Duration::from_secs_f64(nominal * spread / 1_000.0)
+        Duration::from_secs_f64(self.settings.open_ms as f64 * spread / 1_000.0)
     }
 
     fn move_to(&mut self, state: State) -> Option<Transition> {
@@ -236,7 +225,6 @@ mod tests {
             min_judged_slice_ms: 1_000,
             slow_call_rate: 0.8,
             open_ms: 5_000,
-            max_open_ms: 60_000,
             half_open_probes: 2,
         }
     }
@@ -340,39 +328,29 @@ mod tests {
         let (probe, _) = machine.admit(later);
         let reopened = machine.record(probe.unwrap(), Outcome::Failure, later);
         assert_eq!(reopened, Some(Transition { from: Position::HalfOpen, to: Position::Open }));
-        assert_eq!(machine.admit(later).0, Err(Duration::from_millis(10_000)), "twice as long as the first time");
+        assert_eq!(machine.admit(later).0, Err(Duration::from_millis(5_000)), "as long as the first time");
     }
 
     #[tokio::test(start_paused = true)]
-    async fn each_failed_probe_doubles_the_open_time_up_to_max_open_ms_and_a_close_resets_it() {
+    async fn after_an_outage_of_any_length_the_next_probe_is_one_open_time_away() {
         let mut machine = machine(settings());
         let mut now = Instant::now();
         open(&mut machine, now);
-        let mut open_times = vec![];
-        for _ in 0..6 {
+        // An hour of failed probes, one every open time.
+        let outage_ends = now + Duration::from_secs(3_600);
+        while now < outage_ends {
             let Err(open_for) = machine.admit(now).0 else { panic!("open") };
-            open_times.push(open_for.as_millis());
+            assert_eq!(open_for, Duration::from_millis(5_000), "never longer for a longer outage");
             now += open_for;
-            call(&mut machine, Outcome::Slow, now);
+            call(&mut machine, Outcome::Failure, now);
         }
-        assert_eq!(open_times, [5_000, 10_000, 20_000, 40_000, 60_000, 60_000]);
-
+        // The dependency is back: the probe after the open time in progress closes the breaker.
         let Err(open_for) = machine.admit(now).0 else { panic!("open") };
         now += open_for;
         for _ in 0..2 {
             call(&mut machine, Outcome::Success, now);
         }
-        assert_eq!(machine.position(), Position::Closed);
-        open(&mut machine, now);
-        assert_eq!(machine.admit(now).0, Err(Duration::from_millis(5_000)), "closing started the doubling over");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_max_open_ms_below_open_ms_never_shortens_it() {
-        let mut machine = machine(BreakerSettings { max_open_ms: 1_000, ..settings() });
-        let now = Instant::now();
-        open(&mut machine, now);
-        assert_eq!(machine.admit(now).0, Err(Duration::from_millis(5_000)));
+        assert_eq!(machine.position(), Position::Closed, "{:?} after the recovery", open_for);
     }
 
     #[tokio::test(start_paused = true)]

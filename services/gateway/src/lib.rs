@@ -94,7 +94,7 @@ impl Application {
             .layer(telemetry::trace::ServerTraceLayer::new(HOP))
             // Outermost but for counting: the quota is checked before anything else happens.
             .layer(rate_limit::RateLimitLayer::new(limits.clone()))
-            .layer(RequestMetricsLayer::new(HOP))
+            .layer(RequestMetricsLayer::new(HOP, []))
             .layer(axum::middleware::from_fn(rest::problems::problem_answers));
         let http = rpc::bind(settings.http_listen).await?;
         let metrics = rpc::bind(settings.metrics_listen).await?;

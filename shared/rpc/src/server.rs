@@ -100,6 +100,8 @@ pub enum Role {
 /// A bound gRPC server for one hop, not yet serving.
 pub struct GrpcServer {
     hop: &'static str,
+    /// The paths of the methods it serves, the only ones its metrics name.
+    methods: Vec<String>,
     role: Role,
     listener: TcpListener,
     routes: axum::Router,
@@ -176,6 +178,7 @@ impl GrpcServer {
             Role::Inner { .. } => FileDescriptorSet::decode(proto::FILE_DESCRIPTOR_SET)?,
         };
         let (reflection_v1, reflection_v1alpha) = reflection(&descriptors)?;
+        let methods = method_paths(&descriptors, &services.names)?;
         let stats = HopStats::new();
         let routes = services
             .routes
@@ -192,7 +195,7 @@ impl GrpcServer {
             // Outside the deadline: a refused request costs no deadline bookkeeping.
             .layer(LoadShedLayer::new(Intake::new(hop, inbound.max_in_flight)))
             .layer(ServerTraceLayer::new(hop));
-        Ok(Self { hop, role, listener, routes, stats, limits: ConnectionLimits::default() })
+        Ok(Self { hop, methods, role, listener, routes, stats, limits: ConnectionLimits::default() })
     }
 
     /// Puts `layer` in front of every request, outside the deadline layer (e.g. an edge's rate
@@ -232,7 +235,7 @@ impl GrpcServer {
     /// An inner server with certificates serves TLS only, and checks every request, `/metrics`
     /// included, against its callers before anything else.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        let routes = self.routes.layer(RequestMetricsLayer::new(self.hop));
+        let routes = self.routes.layer(RequestMetricsLayer::new(self.hop, self.methods));
         let Role::Inner { tls, callers } = self.role else {
             return serve_http_with(self.listener, self.limits, routes, shutdown).await;
         };
@@ -245,6 +248,25 @@ impl GrpcServer {
         crate::serve::serve(listener, &self.limits, routes, shutdown).await;
         Ok(())
     }
+}
+
+/// The paths (`/orders.v1.Orders/CreateOrder`) of the methods of the `services` in `descriptors`,
+/// of health and of both reflections: what a server with them serves.
+fn method_paths(descriptors: &FileDescriptorSet, services: &[&str]) -> Result<Vec<String>, prost::DecodeError> {
+    let mut sets = vec![descriptors.clone()];
+    for encoded in
+        [tonic_health::pb::FILE_DESCRIPTOR_SET, tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET, tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET]
+    {
+        sets.push(FileDescriptorSet::decode(encoded)?);
+    }
+    let served = |name: &str| services.contains(&name) || name.starts_with("grpc.health.") || name.starts_with("grpc.reflection.");
+    Ok(sets
+        .iter()
+        .flat_map(|set| &set.file)
+        .flat_map(|file| file.service.iter().map(move |service| (format!("{}.{}", file.package(), service.name()), service)))
+        .filter(|(name, _)| served(name))
+        .flat_map(|(name, service)| service.method.iter().map(move |method| format!("/{name}/{}", method.name())))
+        .collect())
 }
 
 /// Reflection of `descriptors` in both versions, `grpc.reflection.v1` and `grpc.reflection.v1alpha`

@@ -111,3 +111,30 @@ async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
     }
     telemetry.shutdown().await;
 }
+
+/// A caller that makes up a method name per call does not make a series per call: methods the
+/// gateway does not serve are one, `_OTHER`.
+#[tokio::test]
+async fn made_up_method_names_make_no_series_of_their_own() {
+    let _telemetry = telemetry::init(e2e::SERVICE, &TelemetrySettings::default()).expect("metrics are installed");
+    let test = TestChain::start().await;
+    let addresses = test.chain.addresses().clone();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", addresses[&GATEWAY_GRPC])).unwrap().connect().await.unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    for n in 0..200 {
+        grpc.ready().await.unwrap();
+        let path = format!("/made.up.Service{n}/Method{n}").parse().unwrap();
+        let mut request = tonic::Request::new(());
+        request.metadata_mut().insert("authorization", format!("Bearer {}", e2e::API_KEY).parse().unwrap());
+        let status = grpc.unary::<(), (), _>(request, path, tonic_prost::ProstCodec::default()).await.unwrap_err();
+        // Past the client's quota the rate limit answers first: labelled all the same.
+        assert!(matches!(status.code(), tonic::Code::Unimplemented | tonic::Code::ResourceExhausted), "{status:?}");
+    }
+    let text = test.scrape(addresses[&GATEWAY_METRICS]).await;
+    let methods: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|line| line.starts_with("rpc_server_call_duration"))
+        .filter_map(|line| line.split("rpc_method=\"").nth(1)?.split('"').next())
+        .collect();
+    assert!(methods.contains("_OTHER") && methods.len() < 10, "{methods:?}");
+}

@@ -1,9 +1,16 @@
 //! Counts every request a server answers, by answer code, and times it: in the chain's own
 //! metrics, by hop, and in the OpenTelemetry standard duration of its kind (gRPC or HTTP).
+//!
+//! Labels come from a fixed set: a gRPC method the server does not serve is `_OTHER` (as the
+//! OpenTelemetry conventions have it), an HTTP request its route or none. Labelled with the raw
+//! path, any caller could make a new series per request, until `/metrics` grew by megabytes and
+//! real series fell into the exporter's overflow.
 
 use std::{
+    collections::HashSet,
     future::Future,
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
 };
 
@@ -23,10 +30,15 @@ use crate::{
     message::{grpc_method, http_method, is_grpc, status_code, url_scheme},
 };
 
+/// The `rpc.service` and `rpc.method` of a method a server does not serve.
+const OTHER: &str = "_OTHER";
+
 /// Applies [`RequestMetrics`] for one hop.
 #[derive(Debug, Clone)]
 pub struct RequestMetricsLayer {
     hop: &'static str,
+    /// The paths of the gRPC methods the server serves (`/orders.v1.Orders/CreateOrder`).
+    grpc_methods: Arc<HashSet<String>>,
     requests: Counter<u64>,
     duration: Histogram<f64>,
     rpc_duration: Histogram<f64>,
@@ -34,9 +46,12 @@ pub struct RequestMetricsLayer {
 }
 
 impl RequestMetricsLayer {
-    pub fn new(hop: &'static str) -> Self {
+    /// For a server that serves the gRPC methods at `grpc_methods` (their paths,
+    /// `/orders.v1.Orders/CreateOrder`), and HTTP routes.
+    pub fn new(hop: &'static str, grpc_methods: impl IntoIterator<Item = String>) -> Self {
         Self {
             hop,
+            grpc_methods: Arc::new(grpc_methods.into_iter().collect()),
             requests: super::counter(name::REQUESTS, "Requests answered, by hop and answer code"),
             duration: super::millisecond_histogram(name::REQUEST_DURATION, "Time to answer a request"),
             rpc_duration: super::second_histogram(name::RPC_SERVER_CALL_DURATION, "Duration of the gRPC calls a server answered"),
@@ -127,7 +142,8 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let received = if is_grpc(request.headers()) {
-            let (service, method) = grpc_method(request.uri().path());
+            let path = request.uri().path();
+            let (service, method) = if self.layer.grpc_methods.contains(path) { grpc_method(path) } else { (OTHER, OTHER) };
             Received::Grpc { service: service.to_owned(), method: method.to_owned() }
         } else {
             let route = request.extensions().get::<MatchedPath>().cloned();

@@ -13,6 +13,9 @@ use crate::{
 /// The most endpoints one client may have: each gets a worker and connections in the sender, so
 /// the sender's resources are shared out fairly among clients.
 pub const MAX_ENDPOINTS_PER_CLIENT: u32 = 20;
+/// The class of PostgreSQL's advisory locks that serialise a client's endpoint creations (the
+/// second key is the client's hash): a number of ours, apart from any other lock's.
+const ENDPOINT_CREATION_LOCK: i32 = 0x0E0B_400C;
 
 /// How hard one endpoint may be pushed: its deliveries in flight at once, and started per second.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -302,8 +305,18 @@ impl Subscriptions {
         now_ms: i64,
     ) -> Result<(Endpoint, Secret), OutboxError> {
         let endpoint_id = new_id("ep");
-        // Counted after the insert, in its transaction: a read first could go stale on SQLite
-        // before the write, and two creations at once on PostgreSQL both see the other's row.
+        // Counted after the insert, in its transaction, one creation per client at a time: on
+        // SQLite the one writer runs them in turn; on PostgreSQL, under READ COMMITTED, two at
+        // once would each count its own row and not the other's, so each takes the client's lock
+        // first (held to the end of its transaction), and the second counts after the first.
+        if self.database.backend() == Backend::Postgres {
+            on_driver!(&mut *transaction, |executor| sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
+                .bind(ENDPOINT_CREATION_LOCK)
+                .bind(client_id)
+                .execute(executor)
+                .await
+                .map(drop))?;
+        }
         on_driver!(&mut *transaction, |executor| sqlx::query(
             "INSERT INTO webhook_endpoints (endpoint_id, client_id, url, state, max_in_flight, rate_per_sec, created_at_ms, updated_at_ms) \
              VALUES ($1, $2, $3, 'enabled', $4, $5, $6, $6)",

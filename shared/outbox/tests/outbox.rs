@@ -7,7 +7,10 @@ use outbox::{
     NewEndpoint, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, OutboxError, Outcome, RedeliveryLimits, RedeliveryRange, SecretKeys, Subscriptions,
 };
 use serde_json::json;
-use std::{sync::LazyLock, time::Duration};
+use std::{
+    sync::{Arc, LazyLock},
+    time::Duration,
+};
 
 use test_support::{ScratchDatabase, eventually};
 
@@ -595,6 +598,40 @@ async fn a_client_has_a_bounded_number_of_endpoints() {
         let mut transaction = database.begin().await.expect("transaction");
         subscriptions(&database).create_endpoint(&mut transaction, "another-client", &new, T0).await.expect("the bound is per client");
         transaction.commit().await.expect("commit");
+    }
+}
+
+/// Two creations at once for the last place, each in its own transaction, both holding it open
+/// after counting: under READ COMMITTED each would count only its own new row, unless they take
+/// turns (then the second waits for the first's commit, and its own wait for the first times out).
+#[tokio::test]
+async fn two_creations_at_once_do_not_both_take_the_last_place() {
+    for (database, _scratch) in databases().await {
+        for _ in 1..outbox::MAX_ENDPOINTS_PER_CLIENT {
+            endpoint(&database, &[ORDER_PAID]).await;
+        }
+        let both_counted = Arc::new(tokio::sync::Barrier::new(2));
+        let mut creations = tokio::task::JoinSet::new();
+        for n in 0..2 {
+            let (database, both_counted) = (database.clone(), both_counted.clone());
+            creations.spawn(async move {
+                let new = NewEndpoint {
+                    url: format!("https://hooks.example.com/last-{n}"),
+                    event_types: vec![ORDER_PAID.into()],
+                    limits: EndpointLimits::default(),
+                };
+                let mut transaction = database.begin().await.expect("transaction");
+                let created = subscriptions(&database).create_endpoint(&mut transaction, CLIENT, &new, T0).await.is_ok();
+                let _ = tokio::time::timeout(Duration::from_millis(500), both_counted.wait()).await;
+                if created {
+                    transaction.commit().await.expect("commit");
+                }
+                created
+            });
+        }
+        let created = creations.join_all().await.into_iter().filter(|created| *created).count();
+        assert_eq!(created, 1, "{:?}", database.backend());
+        assert_eq!(count(&database, "webhook_endpoints").await, i64::from(outbox::MAX_ENDPOINTS_PER_CLIENT), "{:?}", database.backend());
     }
 }
 

@@ -752,6 +752,10 @@ mod tests {
             assert!(hops.contains(&edge.caller) && hops.contains(&edge.callee), "{edge}");
         }
         chain.stop().await.unwrap();
+        for file in ["orders.db", "orders.db-wal", "payment.db", "payment.db-wal"] {
+            let mode = std::fs::metadata(dir.path().join(file)).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "{file} is its owner's only: {mode:o}");
+        }
     }
 
     #[test]

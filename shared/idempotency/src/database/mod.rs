@@ -112,6 +112,19 @@ pub enum DatabaseError {
     Connect(#[from] sqlx::Error),
     #[error("migrating the database: {0}")]
     Migrate(#[from] MigrateError),
+    #[error("creating the database file: {0}")]
+    Create(#[from] std::io::Error),
+}
+
+/// Creates the SQLite file `path`, when missing, readable and writable by its owner only: it holds
+/// every order and payment, and the stored answers. SQLite gives its `-wal` and `-shm` files the
+/// permissions of the database file.
+fn create_private(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Err(error) if error.kind() != std::io::ErrorKind::AlreadyExists => Err(error),
+        _ => Ok(()),
+    }
 }
 
 /// Whether `error` says the database could not be reached rather than that a statement failed:
@@ -153,6 +166,7 @@ impl Database {
         match backend {
             Backend::Sqlite => {
                 let options = SqliteConnectOptions::from_str(url)?.busy_timeout(WAIT);
+                create_private(options.get_filename())?;
                 // WAL lets the readers run beside the one writer, which creates the file. A
                 // batch's savepoints keep the pages their members change in a sub-journal, a
                 // temporary file once it outgrows 64 KiB: kept in memory, it is never written.

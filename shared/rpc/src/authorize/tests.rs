@@ -55,6 +55,13 @@ fn every_service_of_the_chain_may_ask_for_health() {
 /// Calls `policy` through the layer as `caller`, returning the answer's gRPC status (0 when the
 /// inner service answered) and the client id the inner service saw.
 async fn call(caller: Option<&str>, path: &str) -> (String, Option<String>) {
+    let (response, client) = call_with(caller, path, "application/grpc").await;
+    (response.headers().get("grpc-status").map_or("0".to_owned(), |v| v.to_str().unwrap().to_owned()), client)
+}
+
+/// Calls `policy` through the layer as `caller`, with `content_type`: the answer, and the client
+/// id the inner service saw.
+async fn call_with(caller: Option<&str>, path: &str, content_type: &str) -> (http::Response<String>, Option<String>) {
     let seen = Arc::new(std::sync::Mutex::new(None));
     let record = seen.clone();
     let inner = service_fn(move |request: http::Request<()>| {
@@ -62,13 +69,12 @@ async fn call(caller: Option<&str>, path: &str) -> (String, Option<String>) {
         *record.lock().unwrap() = client;
         async { Ok::<_, Infallible>(http::Response::new(String::new())) }
     });
-    let mut request = http::Request::builder().uri(path).header(CLIENT_ID, "demo-client-1").body(()).unwrap();
+    let mut request = http::Request::builder().uri(path).header(CLIENT_ID, "demo-client-1").header("content-type", content_type).body(()).unwrap();
     let peer = Peer { addr: SocketAddr::from(([127, 0, 0, 1], 1)), identity: caller.map(Arc::from) };
     request.extensions_mut().insert(ConnectInfo(peer));
     let response = AuthorizeLayer::new(policy()).layer(inner).oneshot(request).await.unwrap();
-    let status = response.headers().get("grpc-status").map_or("0".to_owned(), |v| v.to_str().unwrap().to_owned());
     let client = seen.lock().unwrap().clone();
-    (status, client)
+    (response, client)
 }
 
 #[tokio::test]
@@ -81,4 +87,12 @@ async fn the_client_id_is_believed_only_from_a_caller_that_speaks_for_clients() 
 async fn refusals_are_answered_before_the_service_runs() {
     assert_eq!(call(None, "/orders.v1.Orders/GetOrder").await, ((tonic::Code::Unauthenticated as i32).to_string(), None));
     assert_eq!(call(Some("payment"), "/orders.v1.Orders/GetOrder").await, ((tonic::Code::PermissionDenied as i32).to_string(), None));
+}
+
+#[tokio::test]
+async fn a_refused_plain_http_request_gets_an_http_status() {
+    let (unauthenticated, _) = call_with(None, "/metrics", "text/plain").await;
+    assert_eq!((unauthenticated.status(), unauthenticated.headers().get("grpc-status")), (http::StatusCode::UNAUTHORIZED, None));
+    let (forbidden, _) = call_with(Some("payment"), "/metrics", "text/plain").await;
+    assert_eq!(forbidden.status(), http::StatusCode::FORBIDDEN);
 }

@@ -1,19 +1,21 @@
 //! A listener that speaks TLS and tells each request who is calling.
 //!
 //! Handshakes run beside the accept loop, each under a time limit, so that a peer that opens a
-//! connection and says nothing holds neither the loop nor a slot for long. The caller's identity,
+//! connection and says nothing holds neither the loop nor a place for long. The caller's identity,
 //! read once per connection from its certificate, travels with every request on the connection
-//! as axum's `ConnectInfo<Peer>` (plain-text connections carry a `Peer` without identity).
+//! as axum's `ConnectInfo<Peer>` (plain-text connections carry a `Peer` without identity). A caller
+//! without one keeps its place no longer than the handshake's time limit: long enough to be told
+//! `UNAUTHENTICATED`, too short to hold the port.
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use axum::serve::Listener;
 use rustls::ServerConfig;
-use tokio::{net::TcpStream, task::JoinSet};
+use tokio::{net::TcpStream, task::JoinSet, time::Instant};
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 
 use crate::{
-    connections::{Limited, LimitedListener},
+    connections::{Limited, LimitedListener, Place, Placed},
     tls::peer_identity,
 };
 
@@ -61,9 +63,13 @@ impl Listener for TlsListener {
                     let acceptor = self.acceptor.clone();
                     let limit = self.handshake_timeout;
                     self.handshakes.spawn(async move {
-                        match tokio::time::timeout(limit, acceptor.accept(tcp)).await {
+                        let time_up = Instant::now() + limit;
+                        match tokio::time::timeout_at(time_up, acceptor.accept(tcp)).await {
                             Ok(Ok(stream)) => {
                                 let identity = stream.get_ref().1.peer_certificates().and_then(|certs| certs.first()).and_then(peer_identity);
+                                if identity.is_none() {
+                                    stream.place().uncertified_until(time_up);
+                                }
                                 Some((stream, Peer { addr, identity: identity.map(Arc::from) }))
                             }
                             Ok(Err(error)) => {
@@ -88,5 +94,11 @@ impl Listener for TlsListener {
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
         Ok(Peer { addr: self.tcp.local_addr()?, identity: None })
+    }
+}
+
+impl<Io: Placed> Placed for TlsStream<Io> {
+    fn place(&self) -> &Place {
+        self.get_ref().0.place()
     }
 }

@@ -3,13 +3,22 @@
 //!
 //! Why not `axum::serve`: it gives hyper no timer, so an HTTP/1 client that sends its headers a
 //! line at a time holds its connection for ever, and HTTP/2 peers that vanish are never pinged.
+//! And only here are requests seen: a connection is idle while none is open on it, which the
+//! listener's connections learn from [`OpenRequest`] guards that live as long as each answer.
 
-use std::{future::Future, pin::pin, time::Duration};
+use std::{
+    future::Future,
+    pin::{Pin, pin},
+    task::{Context, Poll},
+    time::Duration,
+};
 
 use axum::{
+    body::Body,
     extract::{ConnectInfo, Request},
     serve::Listener,
 };
+use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
@@ -18,13 +27,17 @@ use hyper_util::{
 };
 use tower::ServiceExt;
 
-use crate::{connections::ConnectionLimits, listener::Peer};
+use crate::{
+    connections::{ConnectionLimits, OpenRequest, Placed},
+    listener::Peer,
+};
 
 /// Serves `router` on `listener` until `shutdown` completes, then lets the requests in flight
 /// finish. Every request carries `ConnectInfo<Peer>`.
 pub(crate) async fn serve<L>(mut listener: L, limits: &ConnectionLimits, router: axum::Router, shutdown: impl Future<Output = ()>)
 where
     L: Listener,
+    L::Io: Placed,
     L::Addr: Into<Peer>,
 {
     let mut builder = Builder::new(TokioExecutor::new());
@@ -43,10 +56,13 @@ where
         };
         let peer: Peer = addr.into();
         let router = router.clone();
+        let requests = io.place().requests();
         let service = TowerToHyperService::new(tower::service_fn(move |request: Request<Incoming>| {
-            let mut request = request.map(axum::body::Body::new);
+            let open = requests.open();
+            let mut request = request.map(Body::new);
             request.extensions_mut().insert(ConnectInfo(peer.clone()));
-            router.clone().oneshot(request)
+            let answer = router.clone().oneshot(request);
+            async move { Ok::<_, std::convert::Infallible>(answer.await?.map(|body| Body::new(Answer { body, _open: open }))) }
         }));
         let connection = graceful.watch(builder.serve_connection(TokioIo::new(io), service).into_owned());
         tokio::spawn(async move {
@@ -56,4 +72,30 @@ where
         });
     }
     graceful.shutdown().await;
+}
+
+pin_project_lite::pin_project! {
+    /// An answer's body, which keeps its request open until it is all sent (or dropped).
+    struct Answer {
+        #[pin]
+        body: Body,
+        _open: OpenRequest,
+    }
+}
+
+impl http_body::Body for Answer {
+    type Data = <Body as http_body::Body>::Data;
+    type Error = <Body as http_body::Body>::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        self.project().body.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }

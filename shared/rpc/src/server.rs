@@ -6,7 +6,7 @@ use deadline::{
 };
 use resilience::load_shed::{Intake, LoadShedLayer};
 use telemetry::{metrics::RequestMetricsLayer, trace::ServerTraceLayer};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio_util::sync::CancellationToken;
 use tonic::{server::NamedService, service::Routes};
 
@@ -34,9 +34,22 @@ pub enum ServerError {
     Descriptors(#[from] prost::DecodeError),
 }
 
+/// Connections the kernel completes and queues for a port before the server accepts them
+/// (capped by `net.core.somaxconn`, 4,096 by default). Larger than the usual 128, so that a burst
+/// of connections is queued rather than dropped (a dropped handshake is retried after a second,
+/// which is how long a new client would wait behind a flood).
+const ACCEPT_QUEUE: u32 = 4_096;
+
 /// Binds `addr` (port 0 picks a free port).
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
-    TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() };
+    let listen = || {
+        let socket = socket?;
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(ACCEPT_QUEUE)
+    };
+    listen().map_err(|source| ServerError::Bind { addr, source })
 }
 
 /// Serves an HTTP router (admin APIs, metrics) until `shutdown` completes, under the default

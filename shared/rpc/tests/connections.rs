@@ -1,9 +1,10 @@
-//! Every port keeps its connection limits: a cap on open connections and on those of one peer,
-//! refused at once; silent and slow connections closed within their time limits; places given
-//! back when connections close.
+//! Every port keeps its connection limits: at the cap, the longest-idle connection makes room for
+//! a new client; below it, one address may hold every place; connections without a request, slow
+//! headers and silent peers are closed within their time limits, whatever pings they answer.
 
 use std::{
     net::SocketAddr,
+    sync::atomic::{AtomicUsize, Ordering},
     time::{Duration, Instant},
 };
 
@@ -48,24 +49,69 @@ async fn answers(addr: SocketAddr) -> bool {
     answer.starts_with(b"HTTP/1.1 200")
 }
 
-#[tokio::test]
-async fn a_connection_over_the_cap_is_closed_at_once_and_a_closed_one_frees_its_place() {
-    let (addr, _server) = server(ConnectionLimits { max_open: 2, max_per_peer: 0, ..ConnectionLimits::default() }).await;
-    let first = TcpStream::connect(addr).await.unwrap();
-    let _second = TcpStream::connect(addr).await.unwrap();
-    let mut third = TcpStream::connect(addr).await.unwrap();
-    closed_within(&mut third, SOON).await;
-    drop(first);
-    // The place comes back once the server has seen the close.
-    test_support::eventually(SOON, "a request answered after a place was freed", || async { answers(addr).await }).await;
+/// Whether `stream` is still open after `wait` (the server has neither closed nor reset it).
+async fn still_open(stream: &mut TcpStream, wait: Duration) -> bool {
+    let mut buffer = [0u8; 1024];
+    tokio::time::timeout(wait, stream.read(&mut buffer)).await.is_err()
 }
 
 #[tokio::test]
-async fn one_peer_holds_at_most_its_share() {
-    let (addr, _server) = server(ConnectionLimits { max_open: 100, max_per_peer: 1, ..ConnectionLimits::default() }).await;
-    let _held = TcpStream::connect(addr).await.unwrap();
+async fn at_the_cap_the_longest_idle_connection_makes_room_for_a_new_client() {
+    let (addr, _server) = server(ConnectionLimits { max_open: 2, ..ConnectionLimits::default() }).await;
+    let mut first = TcpStream::connect(addr).await.unwrap();
+    assert!(still_open(&mut first, Duration::from_millis(100)).await, "accepted before the second");
     let mut second = TcpStream::connect(addr).await.unwrap();
-    closed_within(&mut second, SOON).await;
+    assert!(still_open(&mut second, Duration::from_millis(100)).await);
+    assert!(answers(addr).await, "a new client is served at the cap");
+    closed_within(&mut first, SOON).await;
+    assert!(still_open(&mut second, Duration::from_millis(200)).await, "only the longest idle made room");
+}
+
+#[tokio::test]
+async fn below_the_cap_one_address_may_hold_every_place() {
+    const HELD: usize = 600;
+    let (addr, _server) = server(ConnectionLimits { max_open: 1_000, ..ConnectionLimits::default() }).await;
+    let mut held = Vec::with_capacity(HELD);
+    for _ in 0..HELD {
+        held.push(TcpStream::connect(addr).await.unwrap());
+    }
+    assert!(answers(addr).await);
+    for stream in &mut held {
+        assert!(still_open(stream, Duration::from_millis(1)).await, "a connection from the one address was closed");
+    }
+}
+
+#[tokio::test]
+async fn a_connection_that_answers_pings_but_sends_no_request_is_closed_at_the_idle_timeout() {
+    let limits = ConnectionLimits { idle_timeout_ms: 800, keepalive_interval_ms: 100, keepalive_timeout_ms: 1_000, ..ConnectionLimits::default() };
+    let (addr, _server) = server(limits).await;
+    let pings = AtomicUsize::new(0);
+    let started = Instant::now();
+    let answered = tokio::time::timeout(SOON * 2, test_support::quiet_http2::answer_pings(TcpStream::connect(addr).await.unwrap(), &pings)).await;
+    let took = started.elapsed();
+    assert!(answered.is_ok(), "still open after {took:?}, {} pings answered", pings.load(Ordering::SeqCst));
+    assert!(took >= Duration::from_millis(750) && took < Duration::from_millis(800) + SOON, "closed after {took:?}");
+    assert!(pings.load(Ordering::SeqCst) >= 3, "it answered pings until then: {}", pings.load(Ordering::SeqCst));
+}
+
+#[tokio::test]
+async fn a_slow_answer_keeps_its_connection_open_past_the_idle_timeout() {
+    let listener = rpc::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let slow = || async {
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        "late"
+    };
+    let router = axum::Router::new().route("/", axum::routing::get(slow));
+    let stop = CancellationToken::new();
+    let limits = ConnectionLimits { idle_timeout_ms: 300, ..ConnectionLimits::default() };
+    tokio::spawn(rpc::serve_http_with(listener, limits, router, stop.clone().cancelled_owned()));
+    let _server = stop.drop_guard();
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(SOON, stream.read_to_end(&mut answer)).await.expect("answered").unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200") && answer.ends_with(b"late"), "{}", String::from_utf8_lossy(&answer));
 }
 
 #[tokio::test]

@@ -4,11 +4,14 @@
 //! - [`missing`]: the rule for a dependency that is not there (PostgreSQL, Docker with Compose):
 //!   in CI the test fails; elsewhere it says so on the terminal, past the runner's capture;
 //! - [`postgres_admin_url`] and [`ScratchDatabase`]: a database of its own per test, dropped when
-//!   the test ends.
+//!   the test ends;
+//! - [`quiet_http2`]: an HTTP/2 client that answers pings but never asks anything.
 
 use std::{future::Future, io::Write, time::Duration};
 
 use sqlx::{Connection, Executor, PgConnection};
+
+pub mod quiet_http2;
 
 /// How often [`eventually`] looks again.
 const POLL: Duration = Duration::from_millis(10);

@@ -11,6 +11,7 @@ mod bad_input;
 mod chain;
 mod collector_unreachable;
 mod compose;
+mod connection_flood;
 mod create_outcomes;
 mod deadlines;
 mod fallbacks;

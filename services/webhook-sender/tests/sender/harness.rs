@@ -52,7 +52,7 @@ impl Outbox {
     pub async fn new() -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
         let url = format!("sqlite://{}", dir.path().join("orders.db").display());
-        let database = Database::open(&url, Default::default(), |backend| vec![outbox::migrations(backend)]).await.expect("database");
+        let database = Database::open(&url, unsynced(), |backend| vec![outbox::migrations(backend)]).await.expect("database");
         Self { database, url, keys: SecretKeys::generate("test"), _dir: dir }
     }
 
@@ -337,9 +337,17 @@ impl Resolve for FixedResolver {
 }
 
 /// Settings for a sender on `outbox` that may reach `receivers` over plain http, polling often.
+/// SQLite commits synced only at checkpoints: these tests measure how the sender schedules its
+/// work, and a sync per commit (the default) on a loaded machine kept one writer waiting for the
+/// other past the 5 s a writer is waited for.
+fn unsynced() -> idempotency::SqliteSettings {
+    idempotency::SqliteSettings { synchronous: idempotency::Synchronous::Normal, ..Default::default() }
+}
+
 pub fn settings(outbox: &Outbox, receivers: &[&Receiver]) -> Settings {
     Settings {
         database_url: outbox.url.clone(),
+        sqlite: unsynced(),
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         poll_interval_ms: 10,
         test_hosts: receivers.iter().map(|receiver| receiver.test_host()).collect(),

@@ -138,16 +138,18 @@ impl TestChain {
         self.chain.bank().update_faults(|current| *current = faults);
     }
 
+    /// The database of the chain's service `hop` (`orders::HOP` or `payment::HOP`), as the
+    /// service migrated it. On SQLite this process's writer of the file is the service's own,
+    /// shared.
+    pub async fn database(&self, hop: &str) -> storage::Database {
+        let url = self.chain.database_url(hop).expect("the service keeps a database");
+        storage::Database::open(url, storage::SqliteSettings::default(), |_| Vec::new()).await.expect("the chain's database")
+    }
+
     /// Rows in one of the chain's tables (`orders` in the orders database, `payments` in payment's).
     pub async fn count_rows(&self, table: &str) -> i64 {
         let hop = if table == "payments" { payment::HOP } else { orders::HOP };
-        let url = self.chain.database_url(hop).expect("the service keeps a database");
-        let database = idempotency::Database::connect(url).await.expect("the chain's database");
-        let statement = format!("SELECT COUNT(*) FROM {table}");
-        idempotency::on_driver!(database.reader(), |executor| sqlx::query_scalar(sqlx::AssertSqlSafe(statement.as_str()))
-            .fetch_one(executor)
-            .await
-            .expect("count rows"))
+        self.database(hop).await.fetch_one(&format!("SELECT COUNT(*) FROM {table}"), &[]).await.expect("count rows")
     }
 
     /// The Prometheus text a service serves on `/metrics` at `address`: over mutual TLS with the

@@ -9,11 +9,11 @@
 //!
 //! With minimal writes, the floor of a durable chain: the same hops, with orders and payment
 //! each writing one row per request in a transaction of its own, on SQLite set up as the chain's
-//! (the same driver, writer and pragmas). The row is one statement that commits by itself
-//! ([`idempotency::Database::autocommit`]), the fastest durable write of one row the chain's
-//! storage offers. Against it, the chain's numbers show the price of its
-//! reliability bookkeeping (keys, phases, recovery points, the outbox) apart from the price of
-//! writing at all.
+//! (the same storage, writer, group commit and pragmas). The row is one statement, the whole of
+//! its unit of work ([`storage::Database::write`]), the least durable write of one row the
+//! chain's storage offers. Against it, the chain's numbers show the price of its reliability
+//! bookkeeping (keys, phases, recovery points, the outbox) apart from the price of writing at
+//! all.
 
 use std::{
     convert::Infallible,
@@ -23,8 +23,8 @@ use std::{
     time::SystemTime,
 };
 
-use idempotency::{Database, on_driver};
 use prost::Message;
+use storage::{Database, SqliteSettings};
 
 use proto::{
     bank::v1::{
@@ -66,41 +66,28 @@ fn next_id(prefix: &str, counter: &AtomicU64) -> String {
     format!("{prefix}_{:032x}", counter.fetch_add(1, Ordering::Relaxed))
 }
 
-/// One row per request, written by one statement that commits by itself: the least a durable
-/// hop does.
+/// One row per request, written by one statement in a transaction of its own: the least a
+/// durable hop does.
 #[derive(Clone)]
 struct MinimalWrites(Database);
 
 impl MinimalWrites {
     async fn open(path: &Path) -> Result<Self, BenchError> {
-        let database = Database::connect(&format!("sqlite://{}", path.display())).await.map_err(|error| BenchError::Floor(error.to_string()))?;
-        let create = database.autocommit(|writes| {
-            Box::pin(async move {
-                on_driver!(writes, |executor| sqlx::query("CREATE TABLE writes (id TEXT PRIMARY KEY, body BLOB NOT NULL)")
-                    .execute(executor)
-                    .await
-                    .map(drop))
-            })
-        });
-        create.await.map_err(|error| BenchError::Floor(error.to_string()))?;
+        let floor = |error: storage::Error| BenchError::Floor(error.to_string());
+        // The chain's SQLite settings, and no migrations: the one table is made here.
+        let database = Database::open(&format!("sqlite://{}", path.display()), SqliteSettings::default(), |_| Vec::new()).await.map_err(floor)?;
+        let create = database.write(async |tx| tx.execute("CREATE TABLE writes (id TEXT PRIMARY KEY, body BLOB NOT NULL)", &[]).await);
+        create.await.map_err(floor)?;
         Ok(Self(database))
     }
 
     async fn write(&self, id: &str, message: &impl Message) -> Result<(), Status> {
         let (id, body) = (id.to_owned(), message.encode_to_vec());
         self.0
-            .autocommit(move |writes| {
-                Box::pin(async move {
-                    on_driver!(writes, |executor| sqlx::query("INSERT INTO writes (id, body) VALUES ($1, $2)")
-                        .bind(id)
-                        .bind(body)
-                        .execute(executor)
-                        .await
-                        .map(drop))
-                })
-            })
+            .write(async move |tx| tx.execute("INSERT INTO writes (id, body) VALUES ($1, $2)", &[&id, &body]).await)
             .await
-            .map_err(|error: sqlx::Error| Status::internal(error.to_string()))
+            .map(drop)
+            .map_err(|error: storage::Error| Status::internal(error.to_string()))
     }
 }
 

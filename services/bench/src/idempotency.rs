@@ -9,10 +9,10 @@
 //! again with the same keys (every one should be a replay), then closed-loop clients with new
 //! keys for throughput. All over the gateway's HTTP face, where replays are marked.
 
-use idempotency::Synchronous;
 use serde::Serialize;
 use stack::ChainSettings;
 use stack::chain::GATEWAY_HTTP;
+use storage::Synchronous;
 
 use crate::{
     BenchError, Coverage, NotMeasured,

@@ -103,15 +103,9 @@ impl Memory {
 
 /// CPU time, user and system, that this process's threads have used so far.
 pub fn process_cpu_time() -> Duration {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes a whole `rusage` to the pointer it is given, which points to one;
-    // RUSAGE_SELF is always a valid target, so it cannot fail.
-    let usage = unsafe {
-        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
-        usage.assume_init()
-    };
-    let time = |value: libc::timeval| Duration::from_secs(value.tv_sec as u64) + Duration::from_micros(value.tv_usec as u64);
-    time(usage.ru_utime) + time(usage.ru_stime)
+    // The process's CPU-time clock: every thread's user and system time, as getrusage sums them.
+    let time = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
 }
 
 #[cfg(test)]

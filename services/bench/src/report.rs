@@ -475,13 +475,13 @@ impl Report {
         writeln!(
             out,
             "Over HTTP, a bank that answers at once, on a fresh chain per backend: {} creates one at a \
-             time, the same {} again (replays), then {} new creates from {} clients at once. Every query \
-             sqlx ran in orders' and payment's databases, and its statements by their first word, divided by \
-             the successes (the chain's background polls included). On SQLite each query is a hand-off to the \
-             connection's thread and back, and the writer sends its `BEGIN` or `SAVEPOINT` in one query with \
-             a transaction's first statement; on PostgreSQL each query is a network round trip. sqlx does not \
-             report PostgreSQL's `BEGIN` (it is sent as a simple query of its own): there, one more round trip \
-             precedes each transaction that ends in a `COMMIT` or is rolled back.\n",
+             time, the same {} again (replays), then {} new creates from {} clients at once. In orders' and \
+             payment's databases, the trips (the times a create waits for a database) and the statements by \
+             their first word, divided by the successes (the chain's background polls included). On SQLite a \
+             trip is a unit of work handed to the file's writer thread and back, whatever its statements (a \
+             read runs on the caller's thread: no trip); on PostgreSQL each query is a network round trip. sqlx does \
+             not report PostgreSQL's `BEGIN` (it is sent as a simple query of its own): there, one more round \
+             trip precedes each transaction that ends in a `COMMIT` or is rolled back.\n",
             p.requests, p.requests, p.requests, s.clients
         )?;
         let backends: Vec<&BackendStatements> = std::iter::once(&s.sqlite)
@@ -493,7 +493,7 @@ impl Report {
         let mut kinds: Vec<&str> = backends.iter().flat_map(|b| b.rounds.iter().flat_map(|r| r.per_request.keys().map(String::as_str))).collect();
         kinds.sort_unstable();
         kinds.dedup();
-        writeln!(out, "| Backend | Round | Successes | Queries per success | Statements per success | {} |", kinds.join(" | "))?;
+        writeln!(out, "| Backend | Round | Successes | Trips per success | Statements per success | {} |", kinds.join(" | "))?;
         writeln!(out, "|---|---|---:|---:|---:|{}", "---:|".repeat(kinds.len()))?;
         for b in &backends {
             for r in &b.rounds {
@@ -504,7 +504,7 @@ impl Report {
                     b.backend,
                     r.label,
                     r.successes,
-                    r.queries_per_request,
+                    r.trips_per_request,
                     r.total_per_request,
                     by_kind.join(" | ")
                 )?;

@@ -1,12 +1,17 @@
-//! Comparison 8, statements: how many queries and SQL statements one create sends to the
-//! databases, of which kinds, on each backend, one create at a time and with many clients at once.
+//! Comparison 8, statements: how often one create waits for the databases, and the SQL
+//! statements it runs there, of which kinds, on each backend, one create at a time and with many
+//! clients at once.
 //!
-//! Why count them? On SQLite every query is a hand-off to the connection's own thread and back,
-//! and on PostgreSQL a network round trip (sqlx does not pipeline): on a create's path it is
-//! their number, more than the databases' work, that costs. A query may hold several statements
-//! (SQLite's writer sends its `BEGIN` or `SAVEPOINT` with a transaction's first statement), so
-//! both are counted. The count is sqlx's own: it reports every query it runs (`BEGIN` and
-//! `COMMIT` included) as a `sqlx::query` event.
+//! Why count them? On a create's path it is the waits, more than the databases' work, that
+//! cost. On SQLite a write waits once per unit of work, handed to the file's writer thread and
+//! back, whatever its statements (a read runs on the caller's thread, no hand-off); on
+//! PostgreSQL every query is a network round trip (sqlx does not pipeline). Both are counted as
+//! trips, and the statements apart, by their first word.
+//!
+//! The counts are the drivers' own events: on SQLite `storage`'s (`storage::write`, one per unit
+//! of work handed to the writer; `storage::statement`, one per statement run, with its SQL in
+//! `sql`), on PostgreSQL sqlx's (`sqlx::query`, one per query, `BEGIN` and `COMMIT`
+//! included).
 //! A tracing subscriber is installed once per process, and comparison 7 installs telemetry's,
 //! so each backend is counted in a child process of this harness (see [`count_in_this_process`]),
 //! whose subscriber counts those events and nothing else.
@@ -39,9 +44,9 @@ pub struct Round {
     pub label: String,
     pub clients: usize,
     pub successes: usize,
-    /// Queries per success: on SQLite each a hand-off to the connection's thread and back, on
-    /// PostgreSQL a round trip.
-    pub queries_per_request: f64,
+    /// Waits for the database per success: on SQLite the units of work handed to the writer's
+    /// thread and back, on PostgreSQL the queries, each a round trip.
+    pub trips_per_request: f64,
     /// Statements per success, by their first word (`INSERT`, `COMMIT`, …).
     pub per_request: BTreeMap<String, f64>,
     pub total_per_request: f64,
@@ -92,32 +97,48 @@ async fn in_child(bench: &Path, backend: &str, postgres_url: Option<&str>, smoke
     Ok(serde_json::from_slice(&output.stdout)?)
 }
 
-/// Queries and statements seen since the last [`Counts::take`].
-#[derive(Clone, Default)]
-struct Counts(Arc<Mutex<Counted>>);
+/// Trips and statements seen since the last [`Counts::take`].
+#[derive(Clone)]
+struct Counts {
+    counted: Arc<Mutex<Counted>>,
+    /// Whether each statement is a trip of its own (PostgreSQL's queries), rather than run where
+    /// the unit of work already is (SQLite's, on the writer's thread or the reader's caller).
+    statements_are_trips: bool,
+}
 
 #[derive(Default)]
 struct Counted {
-    /// Queries sent: each a hand-off on SQLite, a round trip on PostgreSQL.
-    queries: u64,
-    /// Their statements (a query may hold several), by first word.
+    /// Waits for the database: units of work handed to SQLite's writer, or PostgreSQL's queries.
+    trips: u64,
+    /// Statements, by first word.
     statements: BTreeMap<String, u64>,
 }
 
+/// The targets of `storage`'s events on SQLite: a unit of work handed to the writer, and a
+/// statement run.
+const WRITE: &str = "storage::write";
+const STATEMENT: &str = "storage::statement";
+
 impl Counts {
     fn take(&self) -> Counted {
-        std::mem::take(&mut *self.0.lock().expect("never poisoned"))
+        std::mem::take(&mut *self.counted.lock().expect("never poisoned"))
     }
 }
 
 impl<S: tracing::Subscriber> Layer<S> for Counts {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut counted = self.counted.lock().expect("never poisoned");
+        if event.metadata().target() == WRITE {
+            counted.trips += 1;
+            return;
+        }
         let mut query = Query::default();
         event.record(&mut query);
         // sqlx gives the whole SQL only when its summary (the first words) leaves some out.
         let sql = query.statement.filter(|sql| !sql.trim().is_empty()).or(query.summary).unwrap_or_default();
-        let mut counted = self.0.lock().expect("never poisoned");
-        counted.queries += 1;
+        if self.statements_are_trips {
+            counted.trips += 1;
+        }
         // The statements here hold no `;` of their own, so it separates them.
         for statement in sql.split(';').map(str::trim).filter(|statement| !statement.is_empty()) {
             let kind = statement.split_whitespace().next().unwrap_or("?").to_uppercase();
@@ -126,8 +147,8 @@ impl<S: tracing::Subscriber> Layer<S> for Counts {
     }
 }
 
-/// The fields of sqlx's event: its summary (the first words) and, when that is not all of it,
-/// the whole SQL.
+/// The fields of a statement's event: sqlx's summary (the first words) and, when that is not all
+/// of it, the whole SQL (`db.statement`); `storage`'s whole SQL (`sql`).
 #[derive(Default)]
 struct Query {
     summary: Option<String>,
@@ -138,7 +159,7 @@ impl Query {
     fn record(&mut self, field: &tracing::field::Field, value: String) {
         match field.name() {
             "summary" => self.summary = Some(value),
-            "db.statement" => self.statement = Some(value),
+            "db.statement" | "sql" => self.statement = Some(value),
             _ => {}
         }
     }
@@ -157,9 +178,13 @@ impl tracing::field::Visit for Query {
 /// The child's side: counts the statements of a chain on `backend` in this process and returns
 /// them, for the parent to read as JSON. Installs this process's tracing subscriber.
 pub async fn count_in_this_process(profile: &Profile, backend: &Backend) -> Result<BackendStatements, BenchError> {
-    let counts = Counts::default();
+    let (counts, events) = match backend {
+        Backend::Sqlite => (Counts { counted: Arc::default(), statements_are_trips: false }, [WRITE, STATEMENT].as_slice()),
+        Backend::Postgres(_) => (Counts { counted: Arc::default(), statements_are_trips: true }, ["sqlx::query"].as_slice()),
+    };
+    let events = events.iter().fold(Targets::new(), |targets, target| targets.with_target(*target, tracing::Level::DEBUG));
     tracing_subscriber::registry()
-        .with(counts.clone().with_filter(Targets::new().with_target("sqlx::query", tracing::Level::DEBUG)))
+        .with(counts.clone().with_filter(events))
         .try_init()
         .map_err(|error| BenchError::Child(format!("a tracing subscriber was already installed: {error}")))?;
     let settings = &profile.statements;
@@ -197,7 +222,7 @@ fn round(label: &str, clients: usize, successes: usize, counted: Counted) -> Rou
         label: label.into(),
         clients,
         successes,
-        queries_per_request: per(counted.queries),
+        trips_per_request: per(counted.trips),
         total_per_request: per(counted.statements.values().sum()),
         per_request: counted.statements.into_iter().map(|(kind, count)| (kind, per(count))).collect(),
     }

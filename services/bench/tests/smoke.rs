@@ -54,6 +54,7 @@ async fn the_smoke_profile_makes_every_comparison_and_writes_them() {
         for round in rounds {
             assert!(round["successes"].as_u64().is_some_and(|n| n > 0), "{round}");
             assert!(round["total_per_request"].as_f64().is_some_and(|n| n > 0.0), "{round}");
+            assert!(round["trips_per_request"].as_f64().is_some_and(|n| n > 0.0), "{round}");
         }
     }
 

@@ -30,7 +30,7 @@ pub enum OrdersError {
     #[error("{cause}")]
     Pending { order_id: String, cause: Box<OrdersError> },
     #[error("order storage: {0}")]
-    Storage(#[from] sqlx::Error),
+    Storage(#[from] storage::Error),
     #[error("stored answer is unreadable: {0}")]
     StoredAnswer(#[from] prost::DecodeError),
     #[error("stored order {0} is unreadable: {1}")]
@@ -73,7 +73,7 @@ impl From<OrdersError> for Status {
             OrdersError::Pending { order_id, cause } => FailedCreate::Pending { order_id }.on(Status::from(*cause), crate::HOP),
             OrdersError::Webhooks(OutboxError::EndpointNotFound(_) | OutboxError::DeliveryNotFound { .. }) => Status::not_found(message),
             OrdersError::Webhooks(OutboxError::Busy(_)) => Status::aborted(message),
-            OrdersError::Storage(ref storage) | OrdersError::Webhooks(OutboxError::Storage(ref storage)) if idempotency::is_unreachable(storage) => {
+            OrdersError::Storage(ref storage) | OrdersError::Webhooks(OutboxError::Storage(ref storage)) if storage.is_unreachable() => {
                 tracing::error!(%message, "database unreachable");
                 Status::unavailable(format!("{}: database unreachable", crate::HOP))
             }

@@ -19,8 +19,7 @@ use std::{
 
 use deadline::{Hop, HopStats};
 use error::OrdersError;
-use futures::future::BoxFuture;
-use idempotency::{Begin, BeginWith, Database, KeyStore, Lease, Lookup, Progress, Stored, Transaction};
+use idempotency::{Begin, BeginWith, KeyStore, Lease, Lookup, Progress, Stored};
 use open_circuit::OpenCircuit;
 use prost::Message;
 use proto::{
@@ -37,6 +36,7 @@ use rpc::{
     Client, GrpcServer, ServerError,
     metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
 };
+use storage::{Database, Tx};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status, metadata::MetadataMap};
 
@@ -65,13 +65,14 @@ impl Application {
     /// channels to payment (see [`rpc::Outbound`]).
     pub async fn build_with(settings: Settings, outbound: rpc::Outbound) -> Result<Self, ServerError> {
         settings.check().map_err(ServerError::Settings)?;
-        // The webhook tables live beside the orders: an event is written with its order's outcome.
+        // The keys and the webhook tables live beside the orders: a phase's key moves with its
+        // order, and an event is written with its order's outcome.
         let database = Database::open(&settings.database_url, settings.sqlite, |backend| {
             let orders = match backend {
-                idempotency::Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
-                idempotency::Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
+                storage::Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
+                storage::Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
             };
-            vec![(HOP, orders), outbox::migrations(backend)]
+            vec![idempotency::migrations(backend), (HOP, orders), outbox::migrations(backend)]
         })
         .await
         // The URL is not repeated: it may carry a password.
@@ -169,8 +170,10 @@ impl OrderService {
         }
         // Phase 1, committed with a new key's claim: the order row, with the recovery point that
         // says it exists.
-        let first_phase = insert_order(client_id, new_order(&request));
-        let (mut lease, order, created_now) = match self.keys.begin_with_first_phase(client_id, key, &fingerprint, lease, first_phase).await? {
+        let (client, order) = (client_id.to_owned(), new_order(&request));
+        let claimed =
+            self.keys.begin_with_first_phase(client_id, key, &fingerprint, lease, async move |tx| insert_order(tx, &client, order).await).await?;
+        let (mut lease, order, created_now) = match claimed {
             BeginWith::Executed(lease, order) => (lease, order, true),
             BeginWith::Found(Begin::Replay(stored)) => return Ok(Answer { order: replay(&stored)?, replayed: true }),
             // A lease taken over: phase 1 again unless it committed before.
@@ -180,7 +183,8 @@ impl OrderService {
                     (lease, order, false)
                 }
                 None => {
-                    let order = self.keys.atomic_phase(&mut lease, insert_order(client_id, new_order(&request))).await?;
+                    let (client, order) = (client_id.to_owned(), new_order(&request));
+                    let order = self.keys.atomic_phase(&mut lease, async move |tx| insert_order(tx, &client, order).await).await?;
                     (lease, order, true)
                 }
             },
@@ -192,7 +196,8 @@ impl OrderService {
             // asked payment about (this one made it): nothing can have been charged for it. The
             // order and its key go, so that nobody resumes it and charges later.
             Err(status) if created_now && rpc::not_executed(&status) => {
-                return match self.keys.withdraw(lease, delete_order(order_id.clone())).await {
+                let unpaid = order_id.clone();
+                return match self.keys.withdraw(lease, async move |tx| store::delete_unpaid(tx, &unpaid).await).await {
                     Ok(()) => Err(OrdersError::Refused(status)),
                     Err(error) => Err(error.pending(order_id)),
                 };
@@ -245,13 +250,11 @@ impl OrderService {
         let (client_id, order_id) = (client_id.to_owned(), order.order_id);
         let order = self
             .keys
-            .atomic_phase(lease, move |transaction| {
-                Box::pin(async move {
-                    let recorded = store::record_payment(transaction, &order_id, &payment).await?;
-                    store::announce_payment(transaction, &client_id, &recorded).await?;
-                    let answer = Stored { code: Code::Ok as i32, body: recorded.order.encode_to_vec() };
-                    Ok::<_, OrdersError>((recorded.order, Progress::Completed(answer)))
-                })
+            .atomic_phase(lease, async move |tx| {
+                let recorded = store::record_payment(tx, &order_id, &payment).await?;
+                store::announce_payment(tx, &client_id, &recorded).await?;
+                let answer = Stored { code: Code::Ok as i32, body: recorded.order.encode_to_vec() };
+                Ok::<_, OrdersError>((recorded.order, Progress::Completed(answer)))
             })
             .await?;
         Ok(order)
@@ -273,23 +276,10 @@ fn new_order(request: &CreateOrderRequest) -> Order {
 }
 
 /// Phase 1 of a create: the order row, and the key at the recovery point that says it exists.
-fn insert_order(
-    client_id: &str,
-    order: Order,
-) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(Order, Progress), OrdersError>> + Send + use<> {
-    let client_id = client_id.to_owned();
-    move |transaction| {
-        Box::pin(async move {
-            store::insert(transaction, &client_id, &order).await?;
-            let created = Progress::At { point: ORDER_CREATED, resource_id: Some(order.order_id.clone()) };
-            Ok((order, created))
-        })
-    }
-}
-
-/// Undoes phase 1 of a create refused before payment could charge: its order goes with its key.
-fn delete_order(order_id: String) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(), OrdersError>> + Send + use<> {
-    move |transaction| Box::pin(async move { store::delete_unpaid(transaction, &order_id).await })
+async fn insert_order(tx: &mut Tx<'_>, client_id: &str, order: Order) -> Result<(Order, Progress), OrdersError> {
+    store::insert(tx, client_id, &order).await?;
+    let created = Progress::At { point: ORDER_CREATED, resource_id: Some(order.order_id.clone()) };
+    Ok((order, created))
 }
 
 /// The stored answer of a completed create.

@@ -1,7 +1,8 @@
 use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
-use idempotency::{KeySettings, SqliteSettings};
+use idempotency::KeySettings;
+use storage::SqliteSettings;
 
 use crate::CompleterSettings;
 use outbox::{EndpointLimits, RedeliveryLimits, SecretKeys};
@@ -15,7 +16,7 @@ use serde::{Deserialize, Serialize};
 pub struct Settings {
     /// gRPC address.
     pub listen: SocketAddr,
-    /// sqlx URL of the order database: `sqlite://…` (the file is created when missing) or
+    /// URL of the order database: `sqlite://…` (the file is created when missing) or
     /// `postgres://…`.
     pub database_url: String,
     /// How SQLite is written: when a commit is on disk (`synchronous`: `normal` survives a crash
@@ -132,7 +133,7 @@ mod tests {
     fn sqlite_settings_are_read_and_a_batch_of_none_is_refused() {
         let args = |overrides: &[&str]| settings::SettingsArgs { config: None, overrides: overrides.iter().map(|o| o.to_string()).collect() };
         let loaded: Settings = settings::load("ORDERS_TEST", &args(&["sqlite.synchronous=\"full\"", "sqlite.max_batch=8"])).unwrap();
-        assert_eq!(loaded.sqlite.synchronous, idempotency::Synchronous::Full);
+        assert_eq!(loaded.sqlite.synchronous, storage::Synchronous::Full);
         assert_eq!(loaded.sqlite.max_batch.get(), 8);
         assert_eq!(loaded.sqlite.batch_wait_us, 0, "unset keys keep their defaults");
         let zero = settings::load::<Settings>("ORDERS_TEST", &args(&["sqlite.max_batch=0"])).unwrap_err();

@@ -1,14 +1,13 @@
-//! Order rows through sqlx, on SQLite or PostgreSQL.
+//! Order rows, on SQLite or PostgreSQL through `storage`.
 
-use idempotency::{Clock, Database, SystemClock};
-use idempotency::{Transaction, on_driver};
+use idempotency::{Clock, SystemClock};
 use outbox::NewEvent;
 use proto::{
     common::v1::{LineItem, Order, OrderStatus, Payment, PaymentStatus},
     json::OrderJson,
 };
 use serde::{Deserialize, Serialize};
-use sqlx::FromRow;
+use storage::{Database, FromRow, Row, Tx};
 
 use crate::error::OrdersError;
 
@@ -18,7 +17,7 @@ pub struct Orders {
     database: Database,
 }
 
-#[derive(Debug, FromRow)]
+#[derive(Debug)]
 struct OrderRow {
     order_id: String,
     customer_id: String,
@@ -31,6 +30,24 @@ struct OrderRow {
     decline_reason: Option<String>,
     created_at: String,
     version: i64,
+}
+
+impl FromRow for OrderRow {
+    fn from_row(row: &Row) -> Result<Self, storage::Error> {
+        Ok(Self {
+            order_id: row.get("order_id")?,
+            customer_id: row.get("customer_id")?,
+            items: row.get("items")?,
+            amount_minor: row.get("amount_minor")?,
+            currency: row.get("currency")?,
+            status: row.get("status")?,
+            payment_id: row.get("payment_id")?,
+            bank_charge_id: row.get("bank_charge_id")?,
+            decline_reason: row.get("decline_reason")?,
+            created_at: row.get("created_at")?,
+            version: row.get("version")?,
+        })
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -51,38 +68,34 @@ macro_rules! order_columns {
     };
 }
 
-const SELECT: &str = concat!("SELECT ", order_columns!(), " FROM orders");
+/// One order by its id.
+const SELECT_ONE: &str = concat!("SELECT ", order_columns!(), " FROM orders WHERE order_id = $1");
 
 /// Inserts a new order awaiting payment (an effect of the key's first phase).
-pub async fn insert(transaction: &mut Transaction, client_id: &str, order: &Order) -> Result<(), OrdersError> {
+pub async fn insert(tx: &mut Tx<'_>, client_id: &str, order: &Order) -> Result<(), OrdersError> {
     let items: Vec<ItemJson> = order.items.iter().map(|i| ItemJson { sku: i.sku.clone(), quantity: i.quantity }).collect();
-    on_driver!(transaction, |executor| sqlx::query(
+    tx.execute(
         "INSERT INTO orders (order_id, client_id, customer_id, items, amount_minor, currency, status, created_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        &[
+            &order.order_id,
+            &client_id,
+            &order.customer_id,
+            &serde_json::to_string(&items).expect("items serialize"),
+            &order.amount_minor,
+            &order.currency,
+            &PENDING,
+            &order.created_at,
+        ],
     )
-    .bind(&order.order_id)
-    .bind(client_id)
-    .bind(&order.customer_id)
-    .bind(serde_json::to_string(&items).expect("items serialize"))
-    .bind(order.amount_minor)
-    .bind(&order.currency)
-    .bind(PENDING)
-    .bind(&order.created_at)
-    .execute(executor)
-    .await
-    .map(drop))?;
+    .await?;
     Ok(())
 }
 
 /// Deletes an order still awaiting payment, whose create was refused before payment could
 /// charge anything (an effect of withdrawing its key): nothing is left for anyone to resume.
-pub async fn delete_unpaid(transaction: &mut Transaction, order_id: &str) -> Result<(), OrdersError> {
-    on_driver!(transaction, |executor| sqlx::query("DELETE FROM orders WHERE order_id = $1 AND status = $2")
-        .bind(order_id)
-        .bind(PENDING)
-        .execute(executor)
-        .await
-        .map(drop))?;
+pub async fn delete_unpaid(tx: &mut Tx<'_>, order_id: &str) -> Result<(), OrdersError> {
+    tx.execute("DELETE FROM orders WHERE order_id = $1 AND status = $2", &[&order_id, &PENDING]).await?;
     Ok(())
 }
 
@@ -94,28 +107,22 @@ pub struct VersionedOrder {
 
 /// Records the payment's outcome on a pending order, a new version of its state, and returns the
 /// order as it now stands, in one statement (`RETURNING`).
-pub async fn record_payment(transaction: &mut Transaction, order_id: &str, payment: &Payment) -> Result<VersionedOrder, OrdersError> {
+pub async fn record_payment(tx: &mut Tx<'_>, order_id: &str, payment: &Payment) -> Result<VersionedOrder, OrdersError> {
     let status = if payment.status() == PaymentStatus::Approved { PAID } else { DECLINED };
-    let updated: Option<OrderRow> = on_driver!(&mut *transaction, |executor| sqlx::query_as(concat!(
-        "UPDATE orders SET status = $1, payment_id = $2, bank_charge_id = $3, decline_reason = $4, version = version + 1 \
-         WHERE order_id = $5 AND status = $6 RETURNING ",
-        order_columns!()
-    ))
-    .bind(status)
-    .bind(&payment.payment_id)
-    .bind(&payment.bank_charge_id)
-    .bind(&payment.decline_reason)
-    .bind(order_id)
-    .bind(PENDING)
-    .fetch_optional(executor)
-    .await?);
+    let updated: Option<OrderRow> = tx
+        .fetch_optional(
+            concat!(
+                "UPDATE orders SET status = $1, payment_id = $2, bank_charge_id = $3, decline_reason = $4, version = version + 1 \
+                 WHERE order_id = $5 AND status = $6 RETURNING ",
+                order_columns!()
+            ),
+            &[&status, &payment.payment_id, &payment.bank_charge_id, &payment.decline_reason, &order_id, &PENDING],
+        )
+        .await?;
     // Not pending any more: the outcome is already on it.
     let row = match updated {
         Some(row) => row,
-        None => on_driver!(transaction, |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1")))
-            .bind(order_id)
-            .fetch_one(executor)
-            .await?),
+        None => tx.fetch_one(SELECT_ONE, &[&order_id]).await?,
     };
     let version = row.version;
     Ok(VersionedOrder { order: row.into_order()?, version })
@@ -129,12 +136,12 @@ struct OrderEventData {
 
 /// Puts the payment's outcome on the order in the outbox, for the client's webhook endpoints:
 /// call it in the transaction that records the outcome.
-pub async fn announce_payment(transaction: &mut Transaction, client_id: &str, versioned: &VersionedOrder) -> Result<(), OrdersError> {
+pub async fn announce_payment(tx: &mut Tx<'_>, client_id: &str, versioned: &VersionedOrder) -> Result<(), OrdersError> {
     let order = &versioned.order;
     let event_type = if order.status() == OrderStatus::Paid { outbox::ORDER_PAID } else { outbox::ORDER_PAYMENT_DECLINED };
     let data = OrderEventData { order: OrderJson::from(order.clone()) };
     let event = NewEvent { event_type, version: versioned.version, data: &data };
-    outbox::record(transaction, client_id, &event, SystemClock.now_ms()).await?;
+    outbox::record(tx, client_id, &event, SystemClock.now_ms()).await?;
     Ok(())
 }
 
@@ -145,32 +152,19 @@ impl Orders {
 
     /// An order an idempotency key names, for resuming its create.
     pub async fn load(&self, order_id: &str) -> Result<Order, OrdersError> {
-        // On the writer, which the key's takeover came through, so the two agree.
-        let id = order_id.to_owned();
-        let row: Option<OrderRow> = self
-            .database
-            .autocommit(move |writes| {
-                Box::pin(async move {
-                    on_driver!(writes, |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE order_id = $1")))
-                        .bind(id)
-                        .fetch_optional(executor)
-                        .await)
-                })
-            })
-            .await?;
+        // A plain read: the order committed with the phase that put its id on the key, before
+        // the takeover that read the id back, so every read from now on sees it.
+        let row: Option<OrderRow> = self.database.fetch_optional(SELECT_ONE, &[&order_id]).await?;
         let row = row.ok_or_else(|| OrdersError::Corrupt(order_id.to_owned(), "its idempotency key names it but it is missing".into()))?;
         row.into_order()
     }
 
     pub async fn get(&self, client_id: &str, order_id: &str) -> Result<Order, OrdersError> {
-        let row: OrderRow = on_driver!(self.database.reader(), |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "{SELECT} WHERE order_id = $1 AND client_id = $2"
-        )))
-        .bind(order_id)
-        .bind(client_id)
-        .fetch_optional(executor)
-        .await?
-        .ok_or_else(|| OrdersError::NotFound(order_id.to_owned()))?);
+        let row: OrderRow = self
+            .database
+            .fetch_optional(concat!("SELECT ", order_columns!(), " FROM orders WHERE order_id = $1 AND client_id = $2"), &[&order_id, &client_id])
+            .await?
+            .ok_or_else(|| OrdersError::NotFound(order_id.to_owned()))?;
         row.into_order()
     }
 }
@@ -180,16 +174,15 @@ impl Orders {
     /// most frequent first.
     pub async fn recommend(&self, client_id: &str, order_id: &str, limit: usize) -> Result<Vec<String>, OrdersError> {
         let order = self.get(client_id, order_id).await?;
-        let rows: Vec<(String,)> = on_driver!(self.database.reader(), |executor| sqlx::query_as(
-            "SELECT items FROM orders WHERE client_id = $1 AND customer_id = $2 AND order_id <> $3"
-        )
-        .bind(client_id)
-        .bind(&order.customer_id)
-        .bind(order_id)
-        .fetch_all(executor)
-        .await?);
+        let rows: Vec<String> = self
+            .database
+            .fetch_all(
+                "SELECT items FROM orders WHERE client_id = $1 AND customer_id = $2 AND order_id <> $3",
+                &[&client_id, &order.customer_id, &order_id],
+            )
+            .await?;
         let mut counts: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
-        for (items,) in rows {
+        for items in rows {
             let items: Vec<ItemJson> = serde_json::from_str(&items).map_err(|e| OrdersError::Corrupt(order_id.to_owned(), e.to_string()))?;
             for item in items {
                 *counts.entry(item.sku).or_default() += u64::from(item.quantity);

@@ -10,11 +10,10 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use deadline::Hop;
-use idempotency::Transaction;
-use idempotency::{Begin, Clock, KeyStore, Stored, SystemClock};
+use idempotency::{Begin, Clock, KeyStore, Progress, Stored, SystemClock};
 use outbox::{
     AttemptLog, DeliveryLog, DeliveryQuery, DeliveryState, EndpointLimits, EndpointUpdate, LogCursor, NewEndpoint, OutboxError, RedeliveryLimits,
-    RedeliveryRange, Subscriptions,
+    RedeliveryRange, SecretKeys, Subscriptions,
 };
 use prost::Message;
 use proto::orders::v1::{
@@ -23,6 +22,7 @@ use proto::orders::v1::{
     RedeliverRangeRequest, RedeliverRequest, RedeliverResponse, RotateSecretRequest, UpdateEndpointRequest, webhooks_server::Webhooks,
 };
 use rpc::metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use storage::Tx;
 use tonic::{Code, Request, Response, Status};
 use webhooks::ssrf;
 
@@ -80,12 +80,13 @@ impl WebhookService {
 
     /// Runs `write` once under the client's idempotency key, in one phase that also stores its
     /// answer; a repeat gets that answer back byte for byte (the same secret). A failed write
-    /// releases the key, so that a corrected repeat is not refused as in flight.
+    /// releases the key, so that a corrected repeat is not refused as in flight. `write` owns
+    /// what it uses (a clone of the subscriptions, its inputs): see [`KeyStore::atomic_phase`].
     async fn keyed(
         &self,
         request: &Request<impl Message>,
         method: &str,
-        write: impl AsyncFnOnce(&mut Transaction, &str) -> Result<EndpointWithSecret, OrdersError>,
+        write: impl AsyncFnOnce(&mut Tx<'_>, &str) -> Result<EndpointWithSecret, OrdersError> + Send + 'static,
     ) -> Result<Response<EndpointWithSecret>, OrdersError> {
         let client_id = required(request.metadata(), CLIENT_ID)?;
         let key = required(request.metadata(), IDEMPOTENCY_KEY)?;
@@ -104,32 +105,20 @@ impl WebhookService {
             }
             Begin::Execute(lease) => lease,
         };
-        let written = {
-            let mut phase = self.keys.phase(&mut lease).await?;
-            match write(phase.transaction(), client_id).await {
-                Ok(answer) => match self.sealed(&answer) {
-                    Ok(stored) => phase
-                        .complete(&Stored { code: Code::Ok as i32, body: stored.encode_to_vec() })
-                        .await
-                        .map(|()| answer)
-                        .map_err(OrdersError::from),
-                    Err(error) => Err(error),
-                },
-                Err(error) => Err(error),
-            }
-            // A phase that did not complete is rolled back here, before the key is released.
-        };
+        let (secret_keys, client) = (self.subscriptions.keys().clone(), client_id.to_owned());
+        let written = self
+            .keys
+            .atomic_phase(&mut lease, async move |tx| {
+                let answer = write(tx, &client).await?;
+                let stored = Stored { code: Code::Ok as i32, body: sealed(&secret_keys, &answer)?.encode_to_vec() };
+                Ok::<_, OrdersError>((answer, Progress::Completed(stored)))
+            })
+            .await;
         // A failed write or completion committed nothing, so a corrected repeat may start afresh.
         if written.is_err() {
             self.keys.release(&mut lease).await?;
         }
         written.map(Response::new)
-    }
-
-    /// `answer` as the key store keeps it: its secret sealed for its endpoint.
-    fn sealed(&self, answer: &EndpointWithSecret) -> Result<EndpointWithSecret, OrdersError> {
-        let secret = answer.secret.parse().map_err(|_| OutboxError::Sealing("the answer's secret is not a secret".into()))?;
-        Ok(EndpointWithSecret { secret: self.subscriptions.keys().seal(endpoint_id(answer), &secret)?, ..answer.clone() })
     }
 
     async fn set_enabled(&self, request: Request<EndpointRef>, enabled: bool) -> Result<Response<Endpoint>, Status> {
@@ -155,8 +144,9 @@ impl Webhooks for WebhookService {
         };
         // Checked before the key is claimed: a refused request does not use up its key.
         new.validate(&self.policy).map_err(OrdersError::from)?;
-        let created = self.keyed(&request, CREATE_ENDPOINT, async |transaction, client_id| {
-            let (endpoint, secret) = self.subscriptions.create_endpoint(transaction, client_id, &new, SystemClock.now_ms()).await?;
+        let subscriptions = self.subscriptions.clone();
+        let created = self.keyed(&request, CREATE_ENDPOINT, async move |tx, client_id| {
+            let (endpoint, secret) = subscriptions.create_endpoint(tx, client_id, &new, SystemClock.now_ms()).await?;
             Ok(EndpointWithSecret {
                 endpoint: Some(endpoint_message(endpoint)),
                 secret: secret.to_string(),
@@ -184,13 +174,15 @@ impl Webhooks for WebhookService {
             return Err(OrdersError::InvalidRequest(format!("overlap_ms: at most {MAX_OVERLAP_MS} (30 days)")).into());
         }
         let overlap_ms = i64::try_from(if message.overlap_ms == 0 { self.rotation_overlap_ms } else { message.overlap_ms }).unwrap_or(i64::MAX);
-        // Read before the phase, which holds the only connection on SQLite: the rotation changes
-        // the endpoint's secrets, not what it shows. An unknown endpoint does not use up the key.
+        // Read before the phase, on a reader, so that the phase on the writer is only the write:
+        // the rotation changes the endpoint's secrets, not what it shows. An unknown endpoint
+        // does not use up the key.
         let client_id = required(request.metadata(), CLIENT_ID)?;
         let endpoint = self.subscriptions.endpoint(client_id, &message.endpoint_id).await.map_err(OrdersError::from)?;
-        let rotated = self.keyed(&request, ROTATE_SECRET, async |transaction, client_id| {
+        let subscriptions = self.subscriptions.clone();
+        let rotated = self.keyed(&request, ROTATE_SECRET, async move |tx, client_id| {
             let now = SystemClock.now_ms();
-            let secret = self.subscriptions.rotate_secret(transaction, client_id, &endpoint.endpoint_id, overlap_ms, now).await?;
+            let secret = subscriptions.rotate_secret(tx, client_id, &endpoint.endpoint_id, overlap_ms, now).await?;
             Ok(EndpointWithSecret {
                 endpoint: Some(endpoint_message(endpoint)),
                 secret: secret.to_string(),
@@ -299,6 +291,12 @@ impl Webhooks for WebhookService {
             .map_err(OrdersError::from)?;
         Ok(Response::new(RedeliverResponse { queued }))
     }
+}
+
+/// `answer` as the key store keeps it: its secret sealed for its endpoint under `keys`.
+fn sealed(keys: &SecretKeys, answer: &EndpointWithSecret) -> Result<EndpointWithSecret, OrdersError> {
+    let secret = answer.secret.parse().map_err(|_| OutboxError::Sealing("the answer's secret is not a secret".into()))?;
+    Ok(EndpointWithSecret { secret: keys.seal(endpoint_id(answer), &secret)?, ..answer.clone() })
 }
 
 /// The id of the endpoint an answer shows its secret for.

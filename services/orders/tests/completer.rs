@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use idempotency::{Database, KeySettings, KeyStore, ResumePolicy};
+use idempotency::{KeySettings, KeyStore, ResumePolicy};
 use orders::{Application, CompleterSettings, Settings};
 use proto::{
     common::v1::{CreateOrderRequest, GetOrderRequest, LineItem, OrderStatus, Payment, PaymentStatus},
@@ -27,6 +27,7 @@ use rpc::{
     metadata::{CLIENT_ID, IDEMPOTENCY_KEY},
     tls::{ServiceTls, TlsSettings},
 };
+use storage::{Database, SqliteSettings};
 use test_support::{ScratchDatabase, eventually};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, transport::Channel};
@@ -164,7 +165,9 @@ async fn creates_whose_payment_always_fails_do_not_hold_up_a_good_one_and_are_pa
         })
         .await;
 
-        let keys = KeyStore::new(Database::connect(&database_url).await.unwrap(), KeySettings::default());
+        // Orders' own database, already migrated: on SQLite this process's writer of the file, shared.
+        let database = Database::open(&database_url, SqliteSettings::default(), |_| Vec::new()).await.unwrap();
+        let keys = KeyStore::new(database, KeySettings::default());
         let policy = ResumePolicy { grace: Duration::from_millis(300), window: Duration::from_secs(3_600), max_attempts: MAX_ATTEMPTS };
         let mut poison = payment.orders_of(POISON_MINOR);
         poison.sort();

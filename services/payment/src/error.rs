@@ -17,7 +17,7 @@ pub enum PaymentError {
     #[error("idempotency key already used for a different payment; nothing was charged")]
     KeyReused,
     #[error("payment storage: {0}")]
-    Storage(#[from] sqlx::Error),
+    Storage(#[from] storage::Error),
     #[error("stored answer is unreadable: {0}")]
     StoredAnswer(#[from] prost::DecodeError),
 }
@@ -39,7 +39,7 @@ impl From<PaymentError> for Status {
             PaymentError::Bank(status) => rpc::relay(&status),
             PaymentError::InFlight => Status::aborted(format!("{}: {error}", crate::HOP)),
             PaymentError::KeyReused => Status::failed_precondition(format!("{}: {error}", crate::HOP)),
-            PaymentError::Storage(ref storage) if idempotency::is_unreachable(storage) => {
+            PaymentError::Storage(ref storage) if storage.is_unreachable() => {
                 tracing::error!(%error, "database unreachable");
                 Status::unavailable(format!("{}: database unreachable", crate::HOP))
             }

@@ -14,7 +14,7 @@ use std::{
 
 use deadline::{Hop, HopStats};
 use error::PaymentError;
-use idempotency::{Begin, Database, KeyStore, Progress, Stored, on_driver};
+use idempotency::{Begin, KeyStore, Progress, Stored};
 use prost::Message;
 use proto::{
     bank::v1::{ChargeOutcome, ChargeRequest, bank_client::BankClient},
@@ -29,6 +29,7 @@ use rpc::{
     Client, GrpcServer, ServerError,
     metadata::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
 };
+use storage::{Database, FromRow, Row};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status};
 
@@ -60,14 +61,13 @@ impl Application {
             .idempotency
             .require_ttl(Duration::from_millis(settings.deadline.max_ms), "a key must outlive the longest request (deadline.max_ms)")
             .map_err(|error| ServerError::Settings(error.to_string()))?;
+        // The keys live beside the payments: a payment is recorded with its key's answer.
         let database = Database::open(&settings.database_url, settings.sqlite, |backend| {
-            vec![(
-                HOP,
-                match backend {
-                    idempotency::Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
-                    idempotency::Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
-                },
-            )]
+            let payments = match backend {
+                storage::Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
+                storage::Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
+            };
+            vec![idempotency::migrations(backend), (HOP, payments)]
         })
         .await
         // The URL is not repeated: it may carry a password.
@@ -139,7 +139,7 @@ impl Payments {
         // calling the bank again (a second charge, for a bank that forgot its key too).
         if let Some(recorded) = self.recorded(&payment_id).await? {
             let answer = Stored { code: Code::Ok as i32, body: recorded.encode_to_vec() };
-            self.keys.atomic_phase(&mut lease, move |_| Box::pin(async move { Ok::<_, PaymentError>(((), Progress::Completed(answer))) })).await?;
+            self.keys.atomic_phase(&mut lease, async move |_| Ok::<_, PaymentError>(((), Progress::Completed(answer)))).await?;
             return Ok((recorded, true));
         }
 
@@ -168,33 +168,24 @@ impl Payments {
 
         let (row, order_id, amount_minor, currency) = (payment.clone(), request.order_id, request.amount_minor, request.currency);
         let answer = Stored { code: Code::Ok as i32, body: payment.encode_to_vec() };
+        let status = if approved { "approved" } else { "declined" };
+        let created_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
         self.keys
-            .atomic_phase(&mut lease, move |transaction| {
-                Box::pin(async move {
-                    on_driver!(transaction, |executor| sqlx::query(
-                        "INSERT INTO payments (payment_id, order_id, amount_minor, currency, status, bank_charge_id, decline_reason, created_at) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-                    )
-                    .bind(&row.payment_id)
-                    .bind(&order_id)
-                    .bind(amount_minor)
-                    .bind(&currency)
-                    .bind(if approved { "approved" } else { "declined" })
-                    .bind(&row.bank_charge_id)
-                    .bind(&row.decline_reason)
-                    .bind(humantime::format_rfc3339_millis(SystemTime::now()).to_string())
-                    .execute(executor)
-                    .await
-                    .map(drop))?;
-                    Ok::<_, PaymentError>(((), Progress::Completed(answer)))
-                })
+            .atomic_phase(&mut lease, async move |tx| {
+                tx.execute(
+                    "INSERT INTO payments (payment_id, order_id, amount_minor, currency, status, bank_charge_id, decline_reason, created_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                    &[&row.payment_id, &order_id, &amount_minor, &currency, &status, &row.bank_charge_id, &row.decline_reason, &created_at],
+                )
+                .await?;
+                Ok::<_, PaymentError>(((), Progress::Completed(answer)))
             })
             .await?;
         Ok((payment, false))
     }
 }
 
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 struct PaymentRow {
     payment_id: String,
     status: String,
@@ -202,15 +193,25 @@ struct PaymentRow {
     decline_reason: Option<String>,
 }
 
+impl FromRow for PaymentRow {
+    fn from_row(row: &Row) -> Result<Self, storage::Error> {
+        Ok(Self {
+            payment_id: row.get("payment_id")?,
+            status: row.get("status")?,
+            bank_charge_id: row.get("bank_charge_id")?,
+            decline_reason: row.get("decline_reason")?,
+        })
+    }
+}
+
 impl Payments {
     /// The payment recorded as `payment_id`, if there is one.
     async fn recorded(&self, payment_id: &str) -> Result<Option<Payment>, PaymentError> {
-        let row: Option<PaymentRow> = on_driver!(self.keys.database().reader(), |executor| sqlx::query_as(
-            "SELECT payment_id, status, bank_charge_id, decline_reason FROM payments WHERE payment_id = $1"
-        )
-        .bind(payment_id)
-        .fetch_optional(executor)
-        .await?);
+        let row: Option<PaymentRow> = self
+            .keys
+            .database()
+            .fetch_optional("SELECT payment_id, status, bank_charge_id, decline_reason FROM payments WHERE payment_id = $1", &[&payment_id])
+            .await?;
         Ok(row.map(|row| Payment {
             payment_id: row.payment_id,
             status: if row.status == "approved" { PaymentStatus::Approved } else { PaymentStatus::Declined } as i32,

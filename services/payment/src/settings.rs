@@ -1,10 +1,11 @@
 use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
-use idempotency::{KeySettings, SqliteSettings};
+use idempotency::KeySettings;
 use resilience::rate_limit::QuotaSettings;
 use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
 use serde::{Deserialize, Serialize};
+use storage::SqliteSettings;
 
 /// Every knob of payment; see the README for the table and the environment names.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -12,7 +13,7 @@ use serde::{Deserialize, Serialize};
 pub struct Settings {
     /// gRPC address.
     pub listen: SocketAddr,
-    /// sqlx URL of the payment database: `sqlite://…` (created when missing) or `postgres://…`.
+    /// URL of the payment database: `sqlite://…` (created when missing) or `postgres://…`.
     pub database_url: String,
     /// How SQLite is written: when a commit is on disk (`synchronous`: `normal` survives a crash
     /// of the process, `full` a power loss too, at the cost of a sync per commit) and how the one

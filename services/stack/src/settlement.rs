@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use idempotency::{Database, DatabaseError, on_driver};
 use serde::Serialize;
+use storage::{Database, SqliteSettings};
 
 use crate::Chain;
 
@@ -20,11 +20,8 @@ pub struct OrderCounts {
 }
 
 impl OrderCounts {
-    async fn read(database: &Database) -> Result<Self, sqlx::Error> {
-        let by_status: Vec<(String, i64)> =
-            on_driver!(database.reader(), |executor| sqlx::query_as("SELECT status, COUNT(*) FROM orders GROUP BY status")
-                .fetch_all(executor)
-                .await?);
+    async fn read(database: &Database) -> Result<Self, storage::Error> {
+        let by_status: Vec<(String, i64)> = database.fetch_all("SELECT status, COUNT(*) FROM orders GROUP BY status", &[]).await?;
         let mut counts = Self::default();
         for (status, count) in by_status {
             let count = count as u64;
@@ -34,12 +31,14 @@ impl OrderCounts {
                 _ => counts.pending += count,
             }
         }
-        counts.without_key = on_driver!(database.reader(), |executor| sqlx::query_scalar::<_, i64>(
-            "SELECT COUNT(*) FROM orders o WHERE NOT EXISTS \
-             (SELECT 1 FROM idempotency_keys k WHERE k.scope = o.client_id AND k.resource_id = o.order_id)",
-        )
-        .fetch_one(executor)
-        .await?) as u64;
+        let without_key: i64 = database
+            .fetch_one(
+                "SELECT COUNT(*) FROM orders o WHERE NOT EXISTS \
+                 (SELECT 1 FROM idempotency_keys k WHERE k.scope = o.client_id AND k.resource_id = o.order_id)",
+                &[],
+            )
+            .await?;
+        counts.without_key = without_key as u64;
         Ok(counts)
     }
 }
@@ -56,15 +55,18 @@ pub struct Settlement {
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
     #[error("opening orders' database: {0}")]
-    Open(#[from] DatabaseError),
+    Open(storage::Error),
     #[error("counting orders: {0}")]
-    Read(#[from] sqlx::Error),
+    Read(#[from] storage::Error),
 }
 
 /// Counts the chain's orders now, then again every 200 ms until none is pending or `limit` has
 /// passed.
 pub async fn watch(chain: &Chain, limit: Duration) -> Result<Settlement, WatchError> {
-    let database = Database::connect(chain.database_url(orders::HOP).expect("orders keeps a database")).await?;
+    // Orders' database, migrated by orders: nothing to apply. On SQLite the file's writer is
+    // orders' own, in this process, and the counts run on readers beside it.
+    let url = chain.database_url(orders::HOP).expect("orders keeps a database");
+    let database = Database::open(url, SqliteSettings::default(), |_| Vec::new()).await.map_err(WatchError::Open)?;
     let started = Instant::now();
     let before = OrderCounts::read(&database).await?;
     let mut after = before;

@@ -1,5 +1,5 @@
 //! `stack up` as a user runs it: the binary starts the chain, prints where it listens, serves the
-//! README's request, and stops on SIGTERM.
+//! README's request with one SQLite writer per database file, and stops on SIGTERM.
 
 mod common;
 
@@ -50,6 +50,14 @@ async fn up_serves_the_readme_request_and_stops_on_sigterm() {
     let order: serde_json::Value = response.json().await.unwrap();
     let fetched = client.get(format!("{gateway}/v1/orders/{}", order["order_id"].as_str().unwrap())).bearer_auth("demo-key-1").send().await.unwrap();
     assert_eq!(fetched.status(), 200);
+
+    // One writer per SQLite file: orders and the webhook sender share orders.db's, payment has
+    // payment.db's. Each is a thread of the process named by `storage`.
+    let writers = std::fs::read_dir(format!("/proc/{}/task", child.id()))
+        .unwrap()
+        .filter(|task| std::fs::read_to_string(task.as_ref().unwrap().path().join("comm")).is_ok_and(|name| name.trim() == "sqlite-writer"))
+        .count();
+    assert_eq!(writers, 2, "one SQLite writer for orders.db and one for payment.db");
 
     Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     let status =

@@ -20,8 +20,9 @@ use std::{
 
 use axum::{Router, extract::State, http::HeaderMap, http::StatusCode, routing::post};
 use hdrhistogram::Histogram;
-use idempotency::{Clock, Database, SystemClock};
+use idempotency::{Clock, SystemClock};
 use outbox::{EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, SecretKeys, Subscriptions};
+use storage::Database;
 use tokio_util::sync::CancellationToken;
 use webhook_sender::{Application, Settings};
 
@@ -55,9 +56,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The most an endpoint may ask for: 64 in flight, 1,000 per second.
     let endpoint = NewEndpoint { url: format!("http://{receiver}/hook"), event_types: vec![ORDER_PAID.into()], limits: EndpointLimits::MAX };
     let secret_keys = SecretKeys::generate("example");
-    let mut transaction = database.begin().await?;
-    Subscriptions::new(database.clone(), secret_keys.clone()).create_endpoint(&mut transaction, CLIENT, &endpoint, SystemClock.now_ms()).await?;
-    transaction.commit().await?;
+    let subscriptions = Subscriptions::new(database.clone(), secret_keys.clone());
+    database.write(async move |tx| subscriptions.create_endpoint(tx, CLIENT, &endpoint, SystemClock.now_ms()).await).await?;
 
     let settings = Settings {
         database_url,
@@ -86,12 +86,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         if let Some(ticks) = ticks.as_mut() {
             ticks.tick().await;
         }
-        let mut transaction = database.begin().await?;
         let at = SystemClock.now_ms();
-        let id = outbox::record(&mut transaction, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 1, data: &data }, at)
+        let data = data.clone();
+        let id = database
+            .write(async move |tx| outbox::record(tx, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 1, data: &data }, at).await)
             .await?
             .ok_or("the endpoint subscribes to order.paid")?;
-        transaction.commit().await?;
         committed_at.insert(id, at);
         if n % 500 == 0 {
             println!("  committed {n}, delivered {}", receipts.lock().expect("not poisoned").len());

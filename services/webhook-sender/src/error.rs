@@ -1,4 +1,3 @@
-use idempotency::DatabaseError;
 use rpc::ServerError;
 
 use crate::InvalidSetting;
@@ -10,7 +9,7 @@ pub enum SenderError {
     Settings(#[from] InvalidSetting),
     // The URL is not repeated: it may carry a password.
     #[error("database: {0}")]
-    Database(#[from] DatabaseError),
+    Database(#[from] storage::Error),
     /// Sealing the secrets stored in plain text by an older version failed at start.
     #[error("sealing stored secrets: {0}")]
     Sealing(#[from] outbox::OutboxError),

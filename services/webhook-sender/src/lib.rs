@@ -19,8 +19,9 @@ pub use settings::{Delay, DnsSettings, InvalidSetting, Settings};
 use std::{net::SocketAddr, num::NonZeroU32, sync::Arc, time::Duration};
 
 use governor::{Quota, RateLimiter};
-use idempotency::{Clock, Database, SystemClock};
+use idempotency::{Clock, SystemClock};
 use outbox::{Deliveries, DisableRule};
+use storage::Database;
 use tokio::net::TcpListener;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use webhooks::ssrf::Resolve;

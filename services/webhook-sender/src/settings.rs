@@ -1,8 +1,8 @@
 use std::{fmt, net::SocketAddr, time::Duration};
 
-use idempotency::SqliteSettings;
 use outbox::SecretKeys;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use storage::SqliteSettings;
 use webhooks::ssrf::Policy;
 
 use crate::schedule::RetrySchedule;
@@ -18,7 +18,7 @@ const RETENTION_MIN_MS: u64 = 86_400_000;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Settings {
-    /// sqlx URL of the orders database, whose outbox is delivered: `sqlite://…` or `postgres://…`.
+    /// URL of the orders database, whose outbox is delivered: `sqlite://…` or `postgres://…`.
     pub database_url: String,
     /// How SQLite is written: when a commit is on disk (`synchronous`: `normal` survives a crash
     /// of the process, `full` a power loss too, at the cost of a sync per commit) and how the one

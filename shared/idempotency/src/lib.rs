@@ -1,20 +1,25 @@
 #![doc = include_str!("../README.md")]
 
 mod clock;
-mod database;
 #[cfg(feature = "pause-points")]
 pub mod pause;
 mod reaper;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use database::{
-    Backend, Database, DatabaseError, Driver, Executors, Migrations, Pool, SqliteExecutor, SqliteSettings, Synchronous, Transaction, is_unreachable,
-};
 pub use reaper::spawn_reaper;
-pub use store::{Begin, BeginWith, KeyError, KeySettings, KeyStore, Lease, Lookup, Phase, Progress, ResumePolicy, Stored, StrandedKey, TtlTooShort};
+pub use store::{Begin, BeginWith, KeyError, KeySettings, KeyStore, Lease, Lookup, Progress, ResumePolicy, Stored, StrandedKey, TtlTooShort};
 
 use sha2::{Digest, Sha256};
+
+/// The key store's table, for [`storage::Database::open`] to apply with the service's own.
+pub fn migrations(backend: storage::Backend) -> storage::Migrations {
+    let migrator = match backend {
+        storage::Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
+        storage::Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
+    };
+    ("idempotency", migrator)
+}
 
 /// The fingerprint of a request: SHA-256 of its canonical bytes, hex-encoded.
 pub fn fingerprint(request: &[u8]) -> String {

@@ -1,10 +1,9 @@
 use std::{sync::Arc, time::Duration};
 
-use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
-use sqlx::FromRow;
+use storage::{Backend, Database, FromRow, Row, Tx};
 
-use crate::{Backend, Clock, Database, SystemClock, Transaction, on_driver};
+use crate::{Clock, SystemClock};
 
 /// Expiry and reaping of one store's keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,21 +85,33 @@ impl Lease {
 }
 
 /// A key whose work was left half-done and nobody holds: see [`KeyStore::stranded`].
-#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StrandedKey {
     pub scope: String,
-    #[sqlx(rename = "idempotency_key")]
     pub key: String,
     /// The holder it was left by, so that resuming it takes over only what was found.
     lock_token: i64,
     pub recovery_point: String,
     pub resource_id: Option<String>,
     /// When the key was first used, ms since the epoch.
-    #[sqlx(rename = "created_at")]
     pub created_at_ms: i64,
     /// How many times a completer took it over before ([`KeyStore::resume`]).
-    #[sqlx(try_from = "i64")]
     pub resume_attempts: u32,
+}
+
+impl FromRow for StrandedKey {
+    fn from_row(row: &Row) -> Result<Self, storage::Error> {
+        let resume_attempts: i64 = row.get("resume_attempts")?;
+        Ok(Self {
+            scope: row.get("scope")?,
+            key: row.get("idempotency_key")?,
+            lock_token: row.get("lock_token")?,
+            recovery_point: row.get("recovery_point")?,
+            resource_id: row.get("resource_id")?,
+            created_at_ms: row.get("created_at")?,
+            resume_attempts: u32::try_from(resume_attempts).map_err(|_| storage::Error::Corrupt(format!("resume_attempts {resume_attempts}")))?,
+        })
+    }
 }
 
 /// Which half-done keys a completer resumes, and when it gives one up: see
@@ -150,7 +161,7 @@ pub enum KeyError {
     #[error("the idempotency key's lease was taken over by another request")]
     LeaseLost,
     #[error("idempotency store: {0}")]
-    Storage(#[from] sqlx::Error),
+    Storage(#[from] storage::Error),
 }
 
 /// The idempotency keys of one service.
@@ -163,7 +174,7 @@ pub struct KeyStore {
     pause: Option<Arc<dyn crate::pause::PauseHook>>,
 }
 
-#[derive(Debug, FromRow)]
+#[derive(Debug)]
 struct KeyRow {
     fingerprint: String,
     state: String,
@@ -174,6 +185,22 @@ struct KeyRow {
     response_code: Option<i64>,
     response_body: Option<Vec<u8>>,
     expires_at: i64,
+}
+
+impl FromRow for KeyRow {
+    fn from_row(row: &Row) -> Result<Self, storage::Error> {
+        Ok(Self {
+            fingerprint: row.get("fingerprint")?,
+            state: row.get("state")?,
+            recovery_point: row.get("recovery_point")?,
+            resource_id: row.get("resource_id")?,
+            lock_token: row.get("lock_token")?,
+            locked_until: row.get("locked_until")?,
+            response_code: row.get("response_code")?,
+            response_body: row.get("response_body")?,
+            expires_at: row.get("expires_at")?,
+        })
+    }
 }
 
 impl KeyRow {
@@ -246,43 +273,60 @@ struct NewKey {
     expires_at: i64,
 }
 
+/// Inserts a key unless it exists; 1 row when it was inserted. Its parameters are
+/// [`NewKey::inserted_at`]'s.
+const INSERT_KEY: &str = "INSERT INTO idempotency_keys \
+     (scope, idempotency_key, fingerprint, state, recovery_point, resource_id, lock_token, locked_until, \
+      response_code, response_body, created_at, expires_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+     ON CONFLICT (scope, idempotency_key) DO NOTHING";
+
+/// The columns of a new key that depend on where it is inserted.
+struct Inserted<'p> {
+    state: &'static str,
+    point: &'p str,
+    resource_id: Option<&'p str>,
+    locked_until: i64,
+    code: Option<i64>,
+    body: Option<&'p [u8]>,
+}
+
 impl NewKey {
-    /// Inserts the key at `started` unless it exists; 1 when it was inserted.
-    async fn insert(&self, transaction: &mut Transaction) -> Result<u64, sqlx::Error> {
-        self.insert_at(transaction, None).await
+    /// The key at `started` (`progress` `None`), or already where a first phase committed with
+    /// it left it: one statement where a claim and then a move would be two.
+    fn inserted_at<'p>(&self, progress: Option<&'p Progress>) -> Inserted<'p> {
+        match progress {
+            None => Inserted { state: IN_FLIGHT, point: STARTED, resource_id: None, locked_until: self.locked_until, code: None, body: None },
+            Some(Progress::At { point, resource_id }) => {
+                Inserted { state: IN_FLIGHT, point, resource_id: resource_id.as_deref(), locked_until: self.locked_until, code: None, body: None }
+            }
+            Some(Progress::Completed(answer)) => Inserted {
+                state: COMPLETED,
+                point: FINISHED,
+                resource_id: None,
+                locked_until: 0,
+                code: Some(i64::from(answer.code)),
+                body: Some(&answer.body),
+            },
+        }
     }
 
-    /// Inserts the key unless it exists, already where a first phase committed with it left
-    /// it (`None`: at `started`); 1 when it was inserted. One statement where a claim and then
-    /// a move would be two.
-    async fn insert_at(&self, transaction: &mut Transaction, progress: Option<&Progress>) -> Result<u64, sqlx::Error> {
-        let (state, point, resource_id, locked_until, answer) = match progress {
-            None => (IN_FLIGHT, STARTED, None, self.locked_until, None),
-            Some(Progress::At { point, resource_id }) => (IN_FLIGHT, *point, resource_id.as_deref(), self.locked_until, None),
-            Some(Progress::Completed(answer)) => (COMPLETED, FINISHED, None, 0, Some(answer)),
-        };
-        Ok(on_driver!(transaction, |executor| sqlx::query(
-            "INSERT INTO idempotency_keys \
-             (scope, idempotency_key, fingerprint, state, recovery_point, resource_id, lock_token, locked_until, \
-              response_code, response_body, created_at, expires_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
-             ON CONFLICT (scope, idempotency_key) DO NOTHING",
-        )
-        .bind(&self.scope)
-        .bind(&self.key)
-        .bind(&self.fingerprint)
-        .bind(state)
-        .bind(point)
-        .bind(resource_id)
-        .bind(self.token)
-        .bind(locked_until)
-        .bind(answer.map(|answer| i64::from(answer.code)))
-        .bind(answer.map(|answer| answer.body.as_slice()))
-        .bind(self.now)
-        .bind(self.expires_at)
-        .execute(executor)
-        .await?
-        .rows_affected()))
+    /// [`INSERT_KEY`]'s parameters for this key, inserted as `at` says.
+    fn params<'a>(&'a self, at: &'a Inserted<'a>) -> [&'a dyn storage::Param; 12] {
+        [
+            &self.scope,
+            &self.key,
+            &self.fingerprint,
+            &at.state,
+            &at.point,
+            &at.resource_id,
+            &self.token,
+            &at.locked_until,
+            &at.code,
+            &at.body,
+            &self.now,
+            &self.expires_at,
+        ]
     }
 }
 
@@ -378,7 +422,7 @@ impl KeyStore {
         first_phase: F,
     ) -> Result<BeginWith<T>, E>
     where
-        F: for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(T, Progress), E>> + Send + 'static,
+        F: AsyncFnOnce(&mut Tx<'_>) -> Result<(T, Progress), E> + Send + 'static,
         T: Send + 'static,
         E: From<KeyError> + Send + 'static,
     {
@@ -392,28 +436,19 @@ impl KeyStore {
         let pause = self.pause.clone();
         let claimed = self
             .database
-            .transact(move |transaction| {
-                Box::pin(async move {
-                    if read_in_transaction {
-                        let found: Option<KeyRow> = on_driver!(&mut *transaction, |executor| sqlx::query_as(READ_KEY)
-                            .bind(&new.scope)
-                            .bind(&new.key)
-                            .fetch_optional(executor)
-                            .await?);
-                        if let Some(row) = found {
-                            return Ok(FirstPhase::Found(row));
-                        }
-                    }
-                    #[cfg(feature = "pause-points")]
-                    if let Some(hook) = pause {
-                        hook.reached(crate::pause::Pause::NewKeyRead, &new.key).await;
-                    }
-                    let (done, progress) = first_phase(&mut *transaction).await.map_err(PhaseFailed::Effects)?;
-                    if new.insert_at(transaction, Some(&progress)).await? == 0 {
-                        return Err(PhaseFailed::KeyTaken);
-                    }
-                    Ok(FirstPhase::Committed(done, progress))
-                })
+            .write(async move |tx| {
+                if read_in_transaction && let Some(row) = tx.fetch_optional(READ_KEY, &[&new.scope, &new.key]).await? {
+                    return Ok(FirstPhase::Found(row));
+                }
+                #[cfg(feature = "pause-points")]
+                if let Some(hook) = pause {
+                    hook.reached(crate::pause::Pause::NewKeyRead, &new.key).await;
+                }
+                let (done, progress) = first_phase(tx).await.map_err(PhaseFailed::Effects)?;
+                if tx.execute(INSERT_KEY, &new.params(&new.inserted_at(Some(&progress)))).await? == 0 {
+                    return Err(PhaseFailed::KeyTaken);
+                }
+                Ok(FirstPhase::Committed(done, progress))
             })
             .await;
         let first = match claimed {
@@ -445,7 +480,7 @@ impl KeyStore {
 
     /// The key's row as the last commit left it, read on the reader so that the writer stays free.
     async fn read(&self, scope: &str, key: &str) -> Result<Option<KeyRow>, KeyError> {
-        Ok(on_driver!(self.database.reader(), |executor| sqlx::query_as(READ_KEY).bind(scope).bind(key).fetch_optional(executor).await?))
+        Ok(self.database.fetch_optional(READ_KEY, &[&scope, &key]).await?)
     }
 
     /// A new key's row, leased from now for `lease`.
@@ -473,7 +508,7 @@ impl KeyStore {
             let now = new.now;
             let row = match std::mem::replace(&mut round, FirstRound::Insert) {
                 FirstRound::Insert => {
-                    let inserted = self.database.autocommit(move |writes| Box::pin(async move { new.insert(writes).await })).await?;
+                    let inserted = self.database.execute(INSERT_KEY, &new.params(&new.inserted_at(None))).await?;
                     if inserted == 1 {
                         return Ok(Begin::Execute(Lease::new(scope, key, token, STARTED.into(), None)));
                     }
@@ -520,20 +555,7 @@ impl KeyStore {
     /// again.
     async fn delete_if_expired_and_settled(&self, scope: &str, key: &str, now: i64) -> Result<(), KeyError> {
         let statement = format!("DELETE FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2 AND {}", expired_and_settled("$3"));
-        let (scope, key) = (scope.to_owned(), key.to_owned());
-        self.database
-            .autocommit(move |writes| {
-                Box::pin(async move {
-                    on_driver!(writes, |executor| sqlx::query(sqlx::AssertSqlSafe(statement))
-                        .bind(scope)
-                        .bind(key)
-                        .bind(now)
-                        .execute(executor)
-                        .await
-                        .map(drop))
-                })
-            })
-            .await?;
+        self.database.execute(&statement, &[&scope, &key, &now]).await?;
         Ok(())
     }
 
@@ -545,28 +567,14 @@ impl KeyStore {
     async fn take_over(&self, scope: &str, key: &str, seen: i64, token: i64, lease: Duration, resumes: i64) -> Result<Option<Lease>, KeyError> {
         let now = self.clock.now_ms();
         let locked_until = now + lease.as_millis() as i64;
-        let (scope_owned, key_owned) = (scope.to_owned(), key.to_owned());
         let won: Option<(String, Option<String>)> = self
             .database
-            .autocommit(move |writes| {
-                Box::pin(async move {
-                    Ok(on_driver!(writes, |executor| sqlx::query_as(
-                        "UPDATE idempotency_keys SET lock_token = $1, locked_until = $2, resume_attempts = resume_attempts + $3 \
-                         WHERE scope = $4 AND idempotency_key = $5 AND lock_token = $6 AND state = $7 AND locked_until <= $8 \
-                         RETURNING recovery_point, resource_id",
-                    )
-                    .bind(token)
-                    .bind(locked_until)
-                    .bind(resumes)
-                    .bind(&scope_owned)
-                    .bind(&key_owned)
-                    .bind(seen)
-                    .bind(IN_FLIGHT)
-                    .bind(now)
-                    .fetch_optional(executor)
-                    .await?))
-                })
-            })
+            .execute_returning(
+                "UPDATE idempotency_keys SET lock_token = $1, locked_until = $2, resume_attempts = resume_attempts + $3 \
+                 WHERE scope = $4 AND idempotency_key = $5 AND lock_token = $6 AND state = $7 AND locked_until <= $8 \
+                 RETURNING recovery_point, resource_id",
+                &[&token, &locked_until, &resumes, &scope, &key, &seen, &IN_FLIGHT, &now],
+            )
             .await?;
         Ok(won.map(|(recovery_point, resource_id)| Lease::new(scope, key, token, recovery_point, resource_id)))
     }
@@ -583,19 +591,22 @@ impl KeyStore {
         // The states are written out, not bound, so that both backends use the partial index
         // `idempotency_keys_unsettled`, whose condition this must repeat. The wait is halved
         // per resume rather than the grace doubled: no overflow, whatever the settings.
-        let keys = on_driver!(self.database.reader(), |executor| sqlx::query_as(
-            "SELECT scope, idempotency_key, lock_token, recovery_point, resource_id, created_at, resume_attempts FROM idempotency_keys \
+        let keys = self
+            .database
+            .fetch_all(
+                "SELECT scope, idempotency_key, lock_token, recovery_point, resource_id, created_at, resume_attempts FROM idempotency_keys \
              WHERE state = 'in_flight' AND recovery_point <> 'started' AND created_at > $1 AND resume_attempts < $2 \
              AND locked_until <= $3 AND (($3 - locked_until) >> CAST(resume_attempts AS INTEGER)) >= $4 \
              ORDER BY resume_attempts, locked_until LIMIT $5",
-        )
-        .bind(now - policy.window.as_millis() as i64)
-        .bind(i64::from(policy.max_attempts))
-        .bind(now)
-        .bind(policy.grace.as_millis() as i64)
-        .bind(i64::from(limit.max(1)))
-        .fetch_all(executor)
-        .await?);
+                &[
+                    &(now - policy.window.as_millis() as i64),
+                    &i64::from(policy.max_attempts),
+                    &now,
+                    &(policy.grace.as_millis() as i64),
+                    &i64::from(limit.max(1)),
+                ],
+            )
+            .await?;
         Ok(keys)
     }
 
@@ -604,30 +615,29 @@ impl KeyStore {
     /// an operator to settle, or to re-arm by setting their `resume_attempts` back to 0.
     pub async fn parked(&self, policy: &ResumePolicy, limit: u32) -> Result<Vec<StrandedKey>, KeyError> {
         let now = self.clock.now_ms();
-        let keys = on_driver!(self.database.reader(), |executor| sqlx::query_as(
-            "SELECT scope, idempotency_key, lock_token, recovery_point, resource_id, created_at, resume_attempts FROM idempotency_keys \
+        let keys = self
+            .database
+            .fetch_all(
+                "SELECT scope, idempotency_key, lock_token, recovery_point, resource_id, created_at, resume_attempts FROM idempotency_keys \
              WHERE state = 'in_flight' AND recovery_point <> 'started' AND created_at > $1 AND resume_attempts >= $2 \
              ORDER BY created_at LIMIT $3",
-        )
-        .bind(now - policy.window.as_millis() as i64)
-        .bind(i64::from(policy.max_attempts))
-        .bind(i64::from(limit.max(1)))
-        .fetch_all(executor)
-        .await?);
+                &[&(now - policy.window.as_millis() as i64), &i64::from(policy.max_attempts), &i64::from(limit.max(1))],
+            )
+            .await?;
         Ok(keys)
     }
 
     /// How many keys [`KeyStore::parked`] would list without a limit.
     pub async fn count_parked(&self, policy: &ResumePolicy) -> Result<u64, KeyError> {
         let now = self.clock.now_ms();
-        let count: i64 = on_driver!(self.database.reader(), |executor| sqlx::query_scalar(
-            "SELECT COUNT(*) FROM idempotency_keys \
+        let count: i64 = self
+            .database
+            .fetch_one(
+                "SELECT COUNT(*) FROM idempotency_keys \
              WHERE state = 'in_flight' AND recovery_point <> 'started' AND created_at > $1 AND resume_attempts >= $2",
-        )
-        .bind(now - policy.window.as_millis() as i64)
-        .bind(i64::from(policy.max_attempts))
-        .fetch_one(executor)
-        .await?);
+                &[&(now - policy.window.as_millis() as i64), &i64::from(policy.max_attempts)],
+            )
+            .await?;
         Ok(count as u64)
     }
 
@@ -635,13 +645,14 @@ impl KeyStore {
     /// ago: work nobody resumes by itself any more, left for an operator to settle.
     pub async fn count_unsettled_before(&self, window: Duration) -> Result<u64, KeyError> {
         let now = self.clock.now_ms();
-        let count: i64 = on_driver!(self.database.reader(), |executor| sqlx::query_scalar(
-            "SELECT COUNT(*) FROM idempotency_keys \
+        let count: i64 = self
+            .database
+            .fetch_one(
+                "SELECT COUNT(*) FROM idempotency_keys \
              WHERE state = 'in_flight' AND recovery_point <> 'started' AND created_at <= $1",
-        )
-        .bind(now - window.as_millis() as i64)
-        .fetch_one(executor)
-        .await?);
+                &[&(now - window.as_millis() as i64)],
+            )
+            .await?;
         Ok(count as u64)
     }
 
@@ -652,26 +663,17 @@ impl KeyStore {
         self.take_over(&stranded.scope, &stranded.key, stranded.lock_token, rand::random(), lease, 1).await
     }
 
-    /// Starts an atomic phase: run its effects in [`Phase::transaction`], then commit them with
-    /// the key's next recovery point ([`Phase::commit_at`]) or its final answer ([`Phase::complete`]).
-    pub async fn phase<'l>(&self, lease: &'l mut Lease) -> Result<Phase<'l>, KeyError> {
-        let keep_until = self.clock.now_ms() + self.settings.ttl_ms as i64;
-        let transaction = self.database.begin().await?;
-        Ok(Phase { transaction, lease, keep_until })
-    }
-
     /// Runs one atomic phase: `effects`, then the key moved to the [`Progress`] they return, in one
     /// transaction; their result once it has committed. A failure of `effects` rolls them back
     /// and is returned as it is; a lease lost in the meantime rolls them back with
     /// [`KeyError::LeaseLost`].
     ///
     /// Why `effects` own what they use: on SQLite the phase runs on the database's one writer, as
-    /// one member of its batch (see [`Database::transact`]), so that a request waits for the
-    /// writer once per phase rather than once per statement. [`KeyStore::phase`] runs a phase on
-    /// the caller's task instead, for effects that borrow from it.
+    /// one member of its batch (see [`Database::write`]), so that a request waits for the
+    /// writer once per phase rather than once per statement.
     pub async fn atomic_phase<T, E, F>(&self, lease: &mut Lease, effects: F) -> Result<T, E>
     where
-        F: for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(T, Progress), E>> + Send + 'static,
+        F: AsyncFnOnce(&mut Tx<'_>) -> Result<(T, Progress), E> + Send + 'static,
         T: Send + 'static,
         E: From<KeyError> + Send + 'static,
     {
@@ -681,15 +683,13 @@ impl KeyStore {
         let pause = self.pause.clone();
         let (done, progress) = self
             .database
-            .transact(move |transaction| {
-                Box::pin(async move {
-                    let moved = holder.run(transaction, effects, keep_until).await?;
-                    #[cfg(feature = "pause-points")]
-                    if let Some(hook) = pause {
-                        hook.reached(crate::pause::Pause::PhaseMoved, &holder.key).await;
-                    }
-                    Ok(moved)
-                })
+            .write(async move |tx| {
+                let moved = holder.run(tx, effects, keep_until).await?;
+                #[cfg(feature = "pause-points")]
+                if let Some(hook) = pause {
+                    hook.reached(crate::pause::Pause::PhaseMoved, &holder.key).await;
+                }
+                Ok(moved)
             })
             .await
             .map_err(PhaseFailed::into_error)?;
@@ -706,19 +706,17 @@ impl KeyStore {
     /// and is returned as it is.
     pub async fn withdraw<E, F>(&self, lease: Lease, effects: F) -> Result<(), E>
     where
-        F: for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(), E>> + Send + 'static,
+        F: AsyncFnOnce(&mut Tx<'_>) -> Result<(), E> + Send + 'static,
         E: From<KeyError> + Send + 'static,
     {
         let holder = Holder { scope: lease.scope, key: lease.key, token: lease.token };
         self.database
-            .transact(move |transaction| {
-                Box::pin(async move {
-                    // The key first: its row lock keeps a takeover out while the effects run.
-                    if holder.delete(transaction).await? == 0 {
-                        return Err(PhaseFailed::Key(KeyError::LeaseLost));
-                    }
-                    effects(transaction).await.map_err(PhaseFailed::Effects)
-                })
+            .write(async move |tx| {
+                // The key first: its row lock keeps a takeover out while the effects run.
+                if holder.delete(tx).await? == 0 {
+                    return Err(PhaseFailed::Key(KeyError::LeaseLost));
+                }
+                effects(tx).await.map_err(PhaseFailed::Effects)
             })
             .await
             .map_err(PhaseFailed::into_error)
@@ -729,29 +727,18 @@ impl KeyStore {
     /// tells [`KeyStore::stranded`] how long the key has waited.
     pub async fn release(&self, lease: &mut Lease) -> Result<(), KeyError> {
         let now = self.clock.now_ms();
-        let (scope, key, token) = (lease.scope.clone(), lease.key.clone(), lease.token);
         self.database
-            .autocommit(move |writes| {
-                Box::pin(async move {
-                    on_driver!(writes, |executor| sqlx::query(
-                        "UPDATE idempotency_keys SET locked_until = $1 WHERE scope = $2 AND idempotency_key = $3 AND lock_token = $4"
-                    )
-                    .bind(now)
-                    .bind(&scope)
-                    .bind(&key)
-                    .bind(token)
-                    .execute(executor)
-                    .await
-                    .map(drop))
-                })
-            })
+            .execute(
+                "UPDATE idempotency_keys SET locked_until = $1 WHERE scope = $2 AND idempotency_key = $3 AND lock_token = $4",
+                &[&now, &lease.scope, &lease.key, &lease.token],
+            )
             .await?;
         Ok(())
     }
 
     /// Deletes expired keys that nothing can still be done under (see `expired_and_settled`),
     /// `reap_batch` rows per statement; returns how many.
-    pub async fn reap_expired(&self) -> Result<u64, sqlx::Error> {
+    pub async fn reap_expired(&self) -> Result<u64, storage::Error> {
         let now = self.clock.now_ms();
         // The rule stands twice. The sub-select picks the rows from the statement's snapshot;
         // under READ COMMITTED, a row a phase changed while the DELETE waited for its lock is
@@ -768,70 +755,12 @@ impl KeyStore {
         let mut deleted = 0;
         loop {
             let limit = i64::from(self.settings.reap_batch.max(1));
-            let statement = statement.clone();
-            let batch = self
-                .database
-                .autocommit(move |writes| {
-                    Box::pin(async move {
-                        Ok(on_driver!(writes, |executor| sqlx::query(sqlx::AssertSqlSafe(statement))
-                            .bind(now)
-                            .bind(limit)
-                            .execute(executor)
-                            .await?
-                            .rows_affected()))
-                    })
-                })
-                .await?;
+            let batch = self.database.execute(&statement, &[&now, &limit]).await?;
             deleted += batch;
             if batch < u64::from(self.settings.reap_batch.max(1)) {
                 return Ok(deleted);
             }
         }
-    }
-}
-
-/// One atomic phase: the caller's effects and the key's progress in one transaction.
-pub struct Phase<'l> {
-    transaction: Transaction,
-    lease: &'l mut Lease,
-    /// A key completed now is kept at least until then, so that even work finished late (a
-    /// create the completer settled) can be replayed for a full TTL.
-    keep_until: i64,
-}
-
-impl Phase<'_> {
-    /// Where the phase's own statements run.
-    pub fn transaction(&mut self) -> &mut Transaction {
-        &mut self.transaction
-    }
-
-    fn holder(&self) -> Holder {
-        Holder { scope: self.lease.scope.clone(), key: self.lease.key.clone(), token: self.lease.token }
-    }
-
-    /// Commits the phase's effects with the key moved to `point` (and `resource_id` remembered).
-    pub async fn commit_at(mut self, point: &str, resource_id: Option<&str>) -> Result<(), KeyError> {
-        let updated = self.holder().move_to(&mut self.transaction, point, resource_id).await?;
-        if updated == 0 {
-            return Err(KeyError::LeaseLost);
-        }
-        self.transaction.commit().await?;
-        self.lease.recovery_point = point.to_owned();
-        if let Some(resource_id) = resource_id {
-            self.lease.resource_id = Some(resource_id.to_owned());
-        }
-        Ok(())
-    }
-
-    /// Commits the phase's effects with the key completed: later repeats replay `answer`.
-    pub async fn complete(mut self, answer: &Stored) -> Result<(), KeyError> {
-        let updated = self.holder().complete(&mut self.transaction, answer, self.keep_until).await?;
-        if updated == 0 {
-            return Err(KeyError::LeaseLost);
-        }
-        self.transaction.commit().await?;
-        self.lease.recovery_point = FINISHED.to_owned();
-        Ok(())
     }
 }
 
@@ -862,8 +791,8 @@ impl<E: From<KeyError>> PhaseFailed<E> {
     }
 }
 
-impl<E> From<sqlx::Error> for PhaseFailed<E> {
-    fn from(error: sqlx::Error) -> Self {
+impl<E> From<storage::Error> for PhaseFailed<E> {
+    fn from(error: storage::Error) -> Self {
         PhaseFailed::Key(KeyError::Storage(error))
     }
 }
@@ -877,14 +806,14 @@ struct Holder {
 
 impl Holder {
     /// Runs an atomic phase's `effects`, then moves the key to where they say, in `transaction`.
-    async fn run<T, E, F>(&self, transaction: &mut Transaction, effects: F, keep_until: i64) -> Result<(T, Progress), PhaseFailed<E>>
+    async fn run<T, E, F>(&self, tx: &mut Tx<'_>, effects: F, keep_until: i64) -> Result<(T, Progress), PhaseFailed<E>>
     where
-        F: for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(T, Progress), E>>,
+        F: AsyncFnOnce(&mut Tx<'_>) -> Result<(T, Progress), E>,
     {
-        let (done, progress) = effects(&mut *transaction).await.map_err(PhaseFailed::Effects)?;
+        let (done, progress) = effects(tx).await.map_err(PhaseFailed::Effects)?;
         let updated = match &progress {
-            Progress::At { point, resource_id } => self.move_to(transaction, point, resource_id.as_deref()).await?,
-            Progress::Completed(answer) => self.complete(transaction, answer, keep_until).await?,
+            Progress::At { point, resource_id } => self.move_to(tx, point, resource_id.as_deref()).await?,
+            Progress::Completed(answer) => self.complete(tx, answer, keep_until).await?,
         };
         if updated == 0 {
             return Err(PhaseFailed::Key(KeyError::LeaseLost));
@@ -893,53 +822,33 @@ impl Holder {
     }
 
     /// Moves the key to `point` (and remembers `resource_id`); 0 rows when the lease was lost.
-    async fn move_to(&self, transaction: &mut Transaction, point: &str, resource_id: Option<&str>) -> Result<u64, sqlx::Error> {
-        Ok(on_driver!(transaction, |executor| sqlx::query(
+    async fn move_to(&self, tx: &mut Tx<'_>, point: &str, resource_id: Option<&str>) -> Result<u64, storage::Error> {
+        tx.execute(
             "UPDATE idempotency_keys SET recovery_point = $1, resource_id = COALESCE($2, resource_id) \
              WHERE scope = $3 AND idempotency_key = $4 AND lock_token = $5",
+            &[&point, &resource_id, &self.scope, &self.key, &self.token],
         )
-        .bind(point)
-        .bind(resource_id)
-        .bind(&self.scope)
-        .bind(&self.key)
-        .bind(self.token)
-        .execute(executor)
-        .await?
-        .rows_affected()))
+        .await
     }
 
     /// Deletes the key unless it completed; 0 rows when the lease was lost.
-    async fn delete(&self, transaction: &mut Transaction) -> Result<u64, sqlx::Error> {
-        Ok(on_driver!(transaction, |executor| sqlx::query(
+    async fn delete(&self, tx: &mut Tx<'_>) -> Result<u64, storage::Error> {
+        tx.execute(
             "DELETE FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2 AND lock_token = $3 AND state = $4",
+            &[&self.scope, &self.key, &self.token, &IN_FLIGHT],
         )
-        .bind(&self.scope)
-        .bind(&self.key)
-        .bind(self.token)
-        .bind(IN_FLIGHT)
-        .execute(executor)
-        .await?
-        .rows_affected()))
+        .await
     }
 
     /// Completes the key with `answer`, kept at least until `keep_until`; 0 rows when the lease
     /// was lost.
-    async fn complete(&self, transaction: &mut Transaction, answer: &Stored, keep_until: i64) -> Result<u64, sqlx::Error> {
-        Ok(on_driver!(transaction, |executor| sqlx::query(
+    async fn complete(&self, tx: &mut Tx<'_>, answer: &Stored, keep_until: i64) -> Result<u64, storage::Error> {
+        tx.execute(
             "UPDATE idempotency_keys SET state = $1, recovery_point = $2, response_code = $3, response_body = $4, \
              locked_until = 0, expires_at = CASE WHEN expires_at < $8 THEN $8 ELSE expires_at END \
              WHERE scope = $5 AND idempotency_key = $6 AND lock_token = $7",
+            &[&COMPLETED, &FINISHED, &i64::from(answer.code), &answer.body, &self.scope, &self.key, &self.token, &keep_until],
         )
-        .bind(COMPLETED)
-        .bind(FINISHED)
-        .bind(i64::from(answer.code))
-        .bind(answer.body.as_slice())
-        .bind(&self.scope)
-        .bind(&self.key)
-        .bind(self.token)
-        .bind(keep_until)
-        .execute(executor)
-        .await?
-        .rows_affected()))
+        .await
     }
 }

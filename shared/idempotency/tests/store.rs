@@ -11,12 +11,11 @@ use std::{
 };
 
 use futures::future::BoxFuture;
-use idempotency::on_driver;
 use idempotency::{
-    Begin, BeginWith, Database, KeyError, KeySettings, KeyStore, Lookup, ManualClock, Progress, ResumePolicy, Stored, Transaction,
+    Begin, BeginWith, KeyError, KeySettings, KeyStore, Lease, Lookup, ManualClock, Progress, ResumePolicy, Stored,
     pause::{Pause, PauseHook},
 };
-use sqlx::Executor;
+use storage::{Database, SqliteSettings, Tx};
 use test_support::ScratchDatabase;
 use tokio::sync::{Barrier, Notify};
 
@@ -30,21 +29,62 @@ enum Scratch {
     Postgres { _database: ScratchDatabase },
 }
 
+/// A database with the key store's table.
+async fn connect(url: &str) -> Database {
+    Database::open(url, SqliteSettings::default(), |backend| vec![idempotency::migrations(backend)]).await.unwrap()
+}
+
 /// A fresh database of each available backend.
 async fn databases() -> Vec<(&'static str, Database, Scratch)> {
     let dir = tempfile::tempdir().unwrap();
-    let sqlite = Database::connect(&format!("sqlite://{}", dir.path().join("keys.db").display())).await.unwrap();
+    let sqlite = connect(&format!("sqlite://{}", dir.path().join("keys.db").display())).await;
     let mut all = vec![("sqlite", sqlite, Scratch::Sqlite { _dir: dir })];
     if let Some(admin_url) = test_support::postgres_admin_url() {
         let scratch = ScratchDatabase::create(&admin_url, "keys").await;
-        all.push(("postgres", Database::connect(scratch.url()).await.unwrap(), Scratch::Postgres { _database: scratch }));
+        all.push(("postgres", connect(scratch.url()).await, Scratch::Postgres { _database: scratch }));
     }
     all
+}
+
+/// Completes `lease`'s key with `answer`, in a phase of no effects of its own.
+async fn complete(store: &KeyStore, lease: &mut Lease, answer: &Stored) -> Result<(), KeyError> {
+    let answer = answer.clone();
+    store.atomic_phase(lease, async move |_: &mut Tx<'_>| Ok::<_, KeyError>(((), Progress::Completed(answer)))).await
+}
+
+/// Moves `lease`'s key to `point`, naming `resource_id`, in a phase of no effects of its own.
+async fn commit_at(store: &KeyStore, lease: &mut Lease, point: &'static str, resource_id: Option<&str>) -> Result<(), KeyError> {
+    let resource_id = resource_id.map(str::to_owned);
+    store.atomic_phase(lease, async move |_: &mut Tx<'_>| Ok::<_, KeyError>(((), Progress::At { point, resource_id }))).await
 }
 
 fn store(database: &Database, settings: KeySettings) -> (KeyStore, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::starting_at(START_MS));
     (KeyStore::with_clock(database.clone(), settings, clock.clone()), clock)
+}
+
+/// The effects of a first phase as orders' is: one row in `table`, and the key at
+/// `order_created` naming it; or the row, then a failure (the transaction's work undone). A
+/// macro, so that each is a closure of its own type, whose future the compiler sees is `Send`.
+macro_rules! first_phase {
+    ($table:expr, $id:expr, $fails:expr) => {{
+        let (statement, id, fails): (String, String, bool) = (format!("INSERT INTO {} (id) VALUES ('{}')", $table, $id), $id.to_string(), $fails);
+        async move |tx: &mut Tx<'_>| {
+            tx.execute(&statement, &[]).await?;
+            if fails {
+                return Err(KeyError::Storage(storage::Error::Corrupt("the first phase fails after its insert".into())));
+            }
+            Ok((id.clone(), Progress::At { point: "order_created", resource_id: Some(id) }))
+        }
+    }};
+}
+
+/// Undoes what `first_phase!` wrote: its row in `table`.
+macro_rules! delete_effect {
+    ($table:expr, $id:expr) => {{
+        let statement = format!("DELETE FROM {} WHERE id = '{}'", $table, $id);
+        async move |tx: &mut Tx<'_>| tx.execute(&statement, &[]).await.map(drop).map_err(KeyError::from)
+    }};
 }
 
 fn execute(begin: Begin) -> idempotency::Lease {
@@ -65,7 +105,7 @@ async fn a_key_executes_once_and_then_replays_its_exact_answer() {
         assert!(matches!(store.begin("client-a", "k-1", "fp-2", LEASE).await, Err(KeyError::Mismatch)), "{backend}");
 
         let answer = Stored { code: 0, body: vec![0, 1, 2, 255, 10, 13] };
-        store.phase(&mut lease).await.unwrap().complete(&answer).await.unwrap();
+        complete(&store, &mut lease, &answer).await.unwrap();
         match store.begin("client-a", "k-1", "fp-1", LEASE).await.unwrap() {
             Begin::Replay(stored) => assert_eq!(stored, answer, "{backend}: byte-identical replay"),
             Begin::Execute(_) => panic!("{backend}: a completed key executed again"),
@@ -89,11 +129,11 @@ async fn a_lookup_reads_the_key_as_begin_would_decide_without_claiming_it() {
         assert_eq!(store.lookup("c", "k-done", "fp").await.unwrap(), Lookup::InFlight, "{backend}");
         assert!(matches!(store.lookup("c", "k-done", "other").await, Err(KeyError::Mismatch)), "{backend}");
         let answer = Stored { code: 0, body: vec![7, 0, 255] };
-        store.phase(&mut done).await.unwrap().complete(&answer).await.unwrap();
+        complete(&store, &mut done, &answer).await.unwrap();
         assert_eq!(store.lookup("c", "k-done", "fp").await.unwrap(), Lookup::Completed(answer), "{backend}: byte for byte");
 
         let mut half = execute(store.begin("c", "k-half", "fp", LEASE).await.unwrap());
-        store.phase(&mut half).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
+        commit_at(&store, &mut half, "order_created", Some("order-1")).await.unwrap();
         store.release(&mut half).await.unwrap();
         let unsettled = Lookup::Unsettled { recovery_point: "order_created".into(), resource_id: Some("order-1".into()) };
         assert_eq!(store.lookup("c", "k-half", "fp").await.unwrap(), unsettled, "{backend}");
@@ -113,9 +153,7 @@ async fn phases_commit_effects_with_the_recovery_point_and_a_released_key_resume
         effects_table(&database, backend, "effects").await;
         let (store, _) = store(&database, KeySettings::default());
         let mut lease = execute(store.begin("c", "k-2", "fp", LEASE).await.unwrap());
-        let mut phase = store.phase(&mut lease).await.unwrap();
-        insert_effect(&mut phase, &format!("effects_{backend}"), "order-1").await;
-        phase.commit_at("order_created", Some("order-1")).await.unwrap();
+        store.atomic_phase(&mut lease, first_phase!(&format!("effects_{backend}"), "order-1", false)).await.unwrap();
         assert_eq!((lease.recovery_point.as_str(), lease.resource_id.as_deref()), ("order_created", Some("order-1")));
 
         // A failure a retry may fix: the key is released and the repeat resumes where it stopped.
@@ -130,11 +168,13 @@ async fn a_phase_whose_effects_fail_leaves_nothing_behind() {
     for (backend, database, _scratch) in databases().await {
         let (store, _) = store(&database, KeySettings::default());
         let mut lease = execute(store.begin("c", "k-3", "fp", LEASE).await.unwrap());
-        {
-            let mut phase = store.phase(&mut lease).await.unwrap();
-            on_driver!(phase.transaction(), |executor| executor.execute("INSERT INTO no_such_table VALUES (1)").await.map(drop)).unwrap_err();
-            // Dropped without commit: rolled back.
-        }
+        let failed = store
+            .atomic_phase(&mut lease, async |tx: &mut Tx<'_>| {
+                tx.execute("INSERT INTO no_such_table VALUES (1)", &[]).await?;
+                Ok::<_, KeyError>(((), Progress::At { point: "order_created", resource_id: None }))
+            })
+            .await;
+        assert!(matches!(failed, Err(KeyError::Storage(_))), "{backend}: {failed:?}");
         store.release(&mut lease).await.unwrap();
         let resumed = execute(store.begin("c", "k-3", "fp", LEASE).await.unwrap());
         assert_eq!(resumed.recovery_point, "started", "{backend}");
@@ -150,9 +190,9 @@ async fn a_lease_that_ran_out_is_taken_over_and_the_old_holder_cannot_commit() {
         assert!(matches!(store.begin("c", "k-4", "fp", LEASE).await, Err(KeyError::InFlight)), "{backend}");
         clock.advance_ms(200);
         let mut current = execute(store.begin("c", "k-4", "fp", LEASE).await.unwrap());
-        let lost = store.phase(&mut stale).await.unwrap().commit_at("order_created", Some("x")).await;
+        let lost = commit_at(&store, &mut stale, "order_created", Some("x")).await;
         assert!(matches!(lost, Err(KeyError::LeaseLost)), "{backend}");
-        store.phase(&mut current).await.unwrap().complete(&Stored { code: 0, body: b"ok".to_vec() }).await.unwrap();
+        complete(&store, &mut current, &Stored { code: 0, body: b"ok".to_vec() }).await.unwrap();
     }
 }
 
@@ -177,25 +217,6 @@ async fn fifty_concurrent_repeats_execute_once() {
     }
 }
 
-/// The effects of a first phase as orders' is: one row in `table`, and the key at
-/// `order_created` naming it; or the row, then a failure (the transaction's work undone).
-fn first_phase(
-    table: &str,
-    id: &str,
-    fails: bool,
-) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(String, Progress), KeyError>> + Send + use<> {
-    let (statement, id) = (format!("INSERT INTO {table} (id) VALUES ('{id}')"), id.to_owned());
-    move |transaction| {
-        Box::pin(async move {
-            on_driver!(transaction, |executor| executor.execute(sqlx::AssertSqlSafe(statement)).await.map(drop))?;
-            if fails {
-                return Err(KeyError::Storage(sqlx::Error::Protocol("the first phase fails after its insert".into())));
-            }
-            Ok((id.clone(), Progress::At { point: "order_created", resource_id: Some(id) }))
-        })
-    }
-}
-
 /// A new key's claim commits with its first phase, or not at all: a failing first phase takes
 /// the claim back with its own insert, and the key's repeat executes afresh.
 #[tokio::test]
@@ -204,7 +225,7 @@ async fn a_claim_commits_with_its_first_phase_or_not_at_all() {
         let table = effects_table(&database, backend, "claimed").await;
         let (store, _) = store(&database, KeySettings::default());
         let (mut lease, created) =
-            match store.begin_with_first_phase("c", "k-both", "fp", LEASE, first_phase(&table, "order-1", false)).await.unwrap() {
+            match store.begin_with_first_phase("c", "k-both", "fp", LEASE, first_phase!(table, "order-1", false)).await.unwrap() {
                 BeginWith::Executed(lease, created) => (lease, created),
                 BeginWith::Found(found) => panic!("{backend}: a new key, found as {found:?}"),
             };
@@ -218,7 +239,7 @@ async fn a_claim_commits_with_its_first_phase_or_not_at_all() {
         let resumed = execute(store.begin("c", "k-both", "fp", LEASE).await.unwrap());
         assert_eq!((resumed.recovery_point.as_str(), resumed.resource_id.as_deref()), ("order_created", Some("order-1")), "{backend}");
 
-        let failed = store.begin_with_first_phase("c", "k-neither", "fp", LEASE, first_phase(&table, "order-2", true)).await;
+        let failed = store.begin_with_first_phase("c", "k-neither", "fp", LEASE, first_phase!(table, "order-2", true)).await;
         assert!(matches!(failed, Err(KeyError::Storage(_))), "{backend}: {failed:?}");
         let fresh = execute(store.begin("c", "k-neither", "another request", LEASE).await.unwrap());
         assert_eq!(fresh.recovery_point, "started", "{backend}: the key was never claimed, so it executes afresh");
@@ -234,14 +255,14 @@ async fn a_repeat_claiming_with_its_first_phase_finds_the_key_and_runs_nothing()
     for (backend, database, _scratch) in databases().await {
         let table = effects_table(&database, backend, "repeated").await;
         let (store, _) = store(&database, KeySettings::default());
-        let mut holder = match store.begin_with_first_phase("c", "k", "fp", LEASE, first_phase(&table, "order-1", false)).await.unwrap() {
+        let mut holder = match store.begin_with_first_phase("c", "k", "fp", LEASE, first_phase!(table, "order-1", false)).await.unwrap() {
             BeginWith::Executed(lease, _) => lease,
             BeginWith::Found(found) => panic!("{backend}: a new key, found as {found:?}"),
         };
-        let in_flight = store.begin_with_first_phase("c", "k", "fp", LEASE, first_phase(&table, "order-2", false)).await;
+        let in_flight = store.begin_with_first_phase("c", "k", "fp", LEASE, first_phase!(table, "order-2", false)).await;
         assert!(matches!(in_flight, Err(KeyError::InFlight)), "{backend}: {in_flight:?}");
         store.release(&mut holder).await.unwrap();
-        match store.begin_with_first_phase("c", "k", "fp", LEASE, first_phase(&table, "order-3", false)).await.unwrap() {
+        match store.begin_with_first_phase("c", "k", "fp", LEASE, first_phase!(table, "order-3", false)).await.unwrap() {
             BeginWith::Found(Begin::Execute(lease)) => assert_eq!(lease.resource_id.as_deref(), Some("order-1"), "{backend}"),
             other => panic!("{backend}: expected a takeover, got {other:?}"),
         }
@@ -257,7 +278,7 @@ async fn fifty_concurrent_repeats_claiming_with_their_first_phase_execute_once()
         let table = effects_table(&database, backend, "storm").await;
         let (store, _) = store(&database, KeySettings::default());
         let attempts = (0..50).map(|attempt| {
-            let (store, effects) = (store.clone(), first_phase(&table, &format!("order-{attempt}"), false));
+            let (store, effects) = (store.clone(), first_phase!(table, &format!("order-{attempt}"), false));
             tokio::spawn(async move { store.begin_with_first_phase("c", "storm", "fp", LEASE, effects).await })
         });
         let results = futures::future::join_all(attempts).await;
@@ -285,7 +306,7 @@ async fn a_first_phase_whose_key_is_claimed_meanwhile_is_rolled_back() {
             let (store, _) = store(&database, KeySettings::default());
             let store = store.with_pause_hook(hold.clone());
             let held = tokio::spawn({
-                let (store, effects) = (store.clone(), first_phase(&table, &format!("{key}-held"), false));
+                let (store, effects) = (store.clone(), first_phase!(table, &format!("{key}-held"), false));
                 async move { store.begin_with_first_phase("c", key, "fp", LEASE, effects).await }
             });
             hold.held().await;
@@ -303,7 +324,7 @@ async fn a_first_phase_whose_key_is_claimed_meanwhile_is_rolled_back() {
             }
             let mut other = execute(repeat.await.unwrap().unwrap());
             if completes {
-                store.phase(&mut other).await.unwrap().complete(&Stored { code: 0, body: b"first".to_vec() }).await.unwrap();
+                complete(&store, &mut other, &Stored { code: 0, body: b"first".to_vec() }).await.unwrap();
             }
             hold.let_go();
             match (held.await.unwrap(), completes) {
@@ -326,11 +347,11 @@ async fn a_withdrawn_key_leaves_nothing_behind_and_its_repeat_executes_afresh() 
     for (backend, database, _scratch) in databases().await {
         let orders = effects_table(&database, backend, "withdrawn").await;
         let (store, clock) = store(&database, KeySettings::default());
-        let refused = match store.begin_with_first_phase("c", "k-refused", "fp", LEASE, first_phase(&orders, "order-1", false)).await.unwrap() {
+        let refused = match store.begin_with_first_phase("c", "k-refused", "fp", LEASE, first_phase!(orders, "order-1", false)).await.unwrap() {
             BeginWith::Executed(lease, _) => lease,
             BeginWith::Found(found) => panic!("{backend}: a new key, found as {found:?}"),
         };
-        store.withdraw(refused, delete_effect(&orders, "order-1")).await.unwrap();
+        store.withdraw(refused, delete_effect!(orders, "order-1")).await.unwrap();
         assert_eq!(count_effects(&database, &orders).await, 0, "{backend}: the order went with its key");
         assert_eq!(store.lookup("c", "k-refused", "fp").await.unwrap(), Lookup::Unused, "{backend}");
         clock.advance_ms(60_000);
@@ -339,31 +360,23 @@ async fn a_withdrawn_key_leaves_nothing_behind_and_its_repeat_executes_afresh() 
         assert_eq!(fresh.recovery_point, "started", "{backend}: executed afresh, as a new key");
 
         let mut stale = execute(store.begin("c", "k-taken", "fp", Duration::from_millis(500)).await.unwrap());
-        store.atomic_phase(&mut stale, first_phase(&orders, "order-2", false)).await.unwrap();
+        store.atomic_phase(&mut stale, first_phase!(orders, "order-2", false)).await.unwrap();
         clock.advance_ms(600);
         let current = execute(store.begin("c", "k-taken", "fp", LEASE).await.unwrap());
-        let lost = store.withdraw(stale, delete_effect(&orders, "order-2")).await;
+        let lost = store.withdraw(stale, delete_effect!(orders, "order-2")).await;
         assert!(matches!(lost, Err(KeyError::LeaseLost)), "{backend}: {lost:?}");
         assert_eq!(count_effects(&database, &orders).await, 1, "{backend}: the order the new holder resumes is kept");
         assert_eq!(current.resource_id.as_deref(), Some("order-2"), "{backend}");
         assert_eq!(store.lookup("c", "k-taken", "fp").await.unwrap(), Lookup::InFlight, "{backend}");
 
-        let kept = match store.begin_with_first_phase("c", "k-kept", "fp", LEASE, first_phase(&orders, "order-3", false)).await.unwrap() {
+        let kept = match store.begin_with_first_phase("c", "k-kept", "fp", LEASE, first_phase!(orders, "order-3", false)).await.unwrap() {
             BeginWith::Executed(lease, _) => lease,
             BeginWith::Found(found) => panic!("{backend}: a new key, found as {found:?}"),
         };
-        let failed = store.withdraw(kept, delete_effect("no_such_table", "order-3")).await;
+        let failed = store.withdraw(kept, delete_effect!("no_such_table", "order-3")).await;
         assert!(matches!(failed, Err(KeyError::Storage(_))), "{backend}: {failed:?}");
         assert_eq!(count_effects(&database, &orders).await, 2, "{backend}: a failed withdrawal undoes nothing");
         assert_eq!(store.lookup("c", "k-kept", "fp").await.unwrap(), Lookup::InFlight, "{backend}: nor deletes the key");
-    }
-}
-
-/// Undoes what `first_phase` wrote: its row in `table`.
-fn delete_effect(table: &str, id: &str) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(), KeyError>> + Send + use<> {
-    let statement = format!("DELETE FROM {table} WHERE id = '{id}'");
-    move |transaction| {
-        Box::pin(async move { Ok(on_driver!(transaction, |executor| executor.execute(sqlx::AssertSqlSafe(statement)).await.map(drop))?) })
     }
 }
 
@@ -377,10 +390,10 @@ async fn an_atomic_phase_after_its_lease_was_taken_over_commits_nothing() {
         let mut stale = execute(store.begin("c", "k", "fp", Duration::from_millis(500)).await.unwrap());
         clock.advance_ms(600);
         let mut current = execute(store.begin("c", "k", "fp", LEASE).await.unwrap());
-        let lost = store.atomic_phase(&mut stale, first_phase(&table, "order-stale", false)).await;
+        let lost = store.atomic_phase(&mut stale, first_phase!(table, "order-stale", false)).await;
         assert!(matches!(lost, Err(KeyError::LeaseLost)), "{backend}: {lost:?}");
         assert_eq!(stale.recovery_point, "started", "{backend}: the stale lease did not move");
-        store.atomic_phase(&mut current, first_phase(&table, "order-current", false)).await.unwrap();
+        store.atomic_phase(&mut current, first_phase!(table, "order-current", false)).await.unwrap();
         assert_eq!((current.recovery_point.as_str(), current.resource_id.as_deref()), ("order_created", Some("order-current")), "{backend}");
         assert_eq!(count_effects(&database, &table).await, 1, "{backend}: the stale phase's insert is undone");
     }
@@ -394,11 +407,11 @@ async fn expired_keys_are_reaped_in_batches_and_then_execute_afresh() {
         let scope = format!("reap-{}", uuid::Uuid::now_v7().simple());
         for n in 0..5 {
             let mut lease = execute(store.begin(&scope, &format!("old-{n}"), "fp", LEASE).await.unwrap());
-            store.phase(&mut lease).await.unwrap().complete(&Stored { code: 0, body: vec![] }).await.unwrap();
+            complete(&store, &mut lease, &Stored { code: 0, body: vec![] }).await.unwrap();
         }
         clock.advance_ms(6_000);
         let mut young = execute(store.begin(&scope, "young", "fp", LEASE).await.unwrap());
-        store.phase(&mut young).await.unwrap().complete(&Stored { code: 0, body: b"kept".to_vec() }).await.unwrap();
+        complete(&store, &mut young, &Stored { code: 0, body: b"kept".to_vec() }).await.unwrap();
         clock.advance_ms(5_000); // the five old keys are 11 s old, the young one 5 s
 
         assert_eq!(store.reap_expired().await.unwrap(), 5, "{backend}: only the expired rows, 2 at a time");
@@ -414,7 +427,7 @@ async fn an_expired_key_the_reaper_has_not_reached_executes_afresh() {
     for (backend, database, _scratch) in databases().await {
         let (store, clock) = store(&database, KeySettings { ttl_ms: 1_000, ..KeySettings::default() });
         let mut lease = execute(store.begin("c", "k-5", "fp", LEASE).await.unwrap());
-        store.phase(&mut lease).await.unwrap().complete(&Stored { code: 0, body: b"first".to_vec() }).await.unwrap();
+        complete(&store, &mut lease, &Stored { code: 0, body: b"first".to_vec() }).await.unwrap();
         clock.advance_ms(1_000);
         let fresh = execute(store.begin("c", "k-5", "fp", LEASE).await.unwrap());
         assert_eq!(fresh.recovery_point, "started", "{backend}");
@@ -436,7 +449,7 @@ async fn the_reaper_keeps_a_key_that_a_phase_moved_past_started_while_it_waited(
         let mut holder = execute(store.begin("c", "k-reaped", "fp", Duration::from_millis(500)).await.unwrap());
         clock.advance_ms(11_000);
         let phase = tokio::spawn({
-            let (store, effects) = (store.clone(), first_phase(&orders, "order-1", false));
+            let (store, effects) = (store.clone(), first_phase!(orders, "order-1", false));
             async move { store.atomic_phase(&mut holder, effects).await.map(|_| holder) }
         });
         hold.held().await;
@@ -459,20 +472,21 @@ async fn the_reaper_keeps_a_key_that_a_phase_moved_past_started_while_it_waited(
 /// Returns once `reaper` waits behind the phase held at its pause point: on PostgreSQL, once its
 /// DELETE waits for a row lock; on SQLite, where it waits for the writer and nothing shows it,
 /// once it has had time to finish and has not.
-async fn waits_behind_the_held_phase(database: &Database, backend: &str, reaper: &tokio::task::JoinHandle<Result<u64, sqlx::Error>>) {
+async fn waits_behind_the_held_phase(database: &Database, backend: &str, reaper: &tokio::task::JoinHandle<Result<u64, storage::Error>>) {
     if backend == "sqlite" {
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!reaper.is_finished(), "the reaper waits for the writer the held phase holds");
         return;
     }
     test_support::eventually(Duration::from_secs(10), "the reaper's DELETE waits for the key's row lock", || async {
-        let waiting: i64 = on_driver!(database.reader(), |executor| sqlx::query_scalar(
-            "SELECT COUNT(*) FROM pg_stat_activity \
-             WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'DELETE FROM idempotency_keys%'"
-        )
-        .fetch_one(executor)
-        .await
-        .unwrap());
+        let waiting: i64 = database
+            .fetch_one(
+                "SELECT COUNT(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'DELETE FROM idempotency_keys%'",
+                &[],
+            )
+            .await
+            .unwrap();
         waiting == 1
     })
     .await;
@@ -489,7 +503,7 @@ async fn concurrent_repeats_of_an_expired_key_never_replay_its_answer_and_execut
         let (store, clock) = store(&database, KeySettings { ttl_ms: 1_000, ..KeySettings::default() });
         let store = store.with_pause_hook(HoldTogether::new(Pause::BeginRead, "k-expired", REPEATS));
         let mut first = execute(store.begin("c", "k-expired", "fp", LEASE).await.unwrap());
-        store.phase(&mut first).await.unwrap().complete(&Stored { code: 0, body: b"expired".to_vec() }).await.unwrap();
+        complete(&store, &mut first, &Stored { code: 0, body: b"expired".to_vec() }).await.unwrap();
         clock.advance_ms(1_000);
 
         let repeats = (0..REPEATS).map(|_| {
@@ -579,21 +593,12 @@ impl PauseHook for HoldOnce {
 async fn effects_table(database: &Database, backend: &str, name: &str) -> String {
     let table = format!("{name}_{backend}");
     let statement = format!("CREATE TABLE {table} (id TEXT PRIMARY KEY)");
-    database
-        .autocommit(|writes| Box::pin(async move { on_driver!(writes, |executor| executor.execute(sqlx::AssertSqlSafe(statement)).await.map(drop)) }))
-        .await
-        .unwrap();
+    database.write(async move |tx: &mut Tx<'_>| tx.execute(&statement, &[]).await).await.unwrap();
     table
 }
 
-async fn insert_effect(phase: &mut idempotency::Phase<'_>, table: &str, id: &str) {
-    let statement = format!("INSERT INTO {table} (id) VALUES ('{id}')");
-    on_driver!(phase.transaction(), |executor| executor.execute(sqlx::AssertSqlSafe(statement.as_str())).await.map(drop)).unwrap();
-}
-
 async fn count_effects(database: &Database, table: &str) -> i64 {
-    let statement = format!("SELECT COUNT(*) FROM {table}");
-    on_driver!(database.reader(), |executor| sqlx::query_scalar(sqlx::AssertSqlSafe(statement.as_str())).fetch_one(executor).await.unwrap())
+    database.fetch_one(&format!("SELECT COUNT(*) FROM {table}"), &[]).await.unwrap()
 }
 
 /// A holder of `key` whose 500 ms lease has run out, and a repeat of it held after reading the
@@ -627,21 +632,17 @@ async fn a_takeover_resumes_from_the_phase_the_old_holder_committed_meanwhile() 
         let orders = effects_table(&database, backend, "race_orders").await;
         let HeldRepeat { store, mut old, hold, repeat } = repeat_held_after_its_read(&database, "k-race").await;
         // Still running past its lease (a clock step, a COMMIT in flight when its deadline fired).
-        let mut phase = store.phase(&mut old).await.unwrap();
-        insert_effect(&mut phase, &orders, "order-1").await;
-        phase.commit_at("order_created", Some("order-1")).await.unwrap();
+        store.atomic_phase(&mut old, first_phase!(&orders, "order-1", false)).await.unwrap();
         hold.let_go();
 
         let mut taken = execute(repeat.await.unwrap().unwrap());
         assert_eq!((taken.recovery_point.as_str(), taken.resource_id.as_deref()), ("order_created", Some("order-1")), "{backend}");
         // What a service does with its lease: a lease at `started` makes the order.
         if taken.resource_id.is_none() {
-            let mut phase = store.phase(&mut taken).await.unwrap();
-            insert_effect(&mut phase, &orders, "order-2").await;
-            phase.commit_at("order_created", Some("order-2")).await.unwrap();
+            store.atomic_phase(&mut taken, first_phase!(&orders, "order-2", false)).await.unwrap();
         }
         assert_eq!(count_effects(&database, &orders).await, 1, "{backend}: one order under one key");
-        let lost = store.phase(&mut old).await.unwrap().complete(&Stored { code: 0, body: vec![] }).await;
+        let lost = complete(&store, &mut old, &Stored { code: 0, body: vec![] }).await;
         assert!(matches!(lost, Err(KeyError::LeaseLost)), "{backend}: the old holder cannot complete");
     }
 }
@@ -653,7 +654,7 @@ async fn a_takeover_lost_to_a_completion_replays_it() {
     for (backend, database, _scratch) in databases().await {
         let HeldRepeat { store, mut old, hold, repeat } = repeat_held_after_its_read(&database, "k-done").await;
         let answer = Stored { code: 0, body: b"paid".to_vec() };
-        store.phase(&mut old).await.unwrap().complete(&answer).await.unwrap();
+        complete(&store, &mut old, &answer).await.unwrap();
         hold.let_go();
 
         match repeat.await.unwrap() {
@@ -670,7 +671,7 @@ async fn an_expired_key_with_a_live_lease_is_kept_and_stays_in_flight() {
     for (backend, database, _scratch) in databases().await {
         let (store, clock) = store(&database, KeySettings { ttl_ms: 10_000, ..KeySettings::default() });
         let mut first = execute(store.begin("c", "k-live", "fp", LEASE).await.unwrap());
-        store.phase(&mut first).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
+        commit_at(&store, &mut first, "order_created", Some("order-1")).await.unwrap();
         store.release(&mut first).await.unwrap();
 
         clock.advance_ms(9_000);
@@ -684,7 +685,7 @@ async fn an_expired_key_with_a_live_lease_is_kept_and_stays_in_flight() {
             other => panic!("{backend}: expected in flight while the resumed request pays, got {other:?}"),
         }
         let answer = Stored { code: 0, body: b"paid".to_vec() };
-        store.phase(&mut resumed).await.unwrap().complete(&answer).await.unwrap();
+        complete(&store, &mut resumed, &answer).await.unwrap();
         // Completed after its TTL, it is kept a full TTL from then, for the client's repeat.
         clock.advance_ms(9_000);
         assert_eq!(store.reap_expired().await.unwrap(), 0, "{backend}");
@@ -700,7 +701,7 @@ async fn an_expired_key_whose_work_is_half_done_is_kept_and_resumes_where_it_sto
     for (backend, database, _scratch) in databases().await {
         let (store, clock) = store(&database, KeySettings { ttl_ms: 10_000, ..KeySettings::default() });
         let mut first = execute(store.begin("c", "k-half", "fp", LEASE).await.unwrap());
-        store.phase(&mut first).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
+        commit_at(&store, &mut first, "order_created", Some("order-1")).await.unwrap();
         store.release(&mut first).await.unwrap();
         // Never started: nothing was committed under it, so it expires like any other.
         let mut never = execute(store.begin("c", "k-never", "fp", LEASE).await.unwrap());
@@ -723,14 +724,14 @@ async fn stranded_keys_are_found_after_their_grace_and_resumed_once() {
         let (store, clock) = store(&database, KeySettings::default());
         let policy = ResumePolicy { window: Duration::from_secs(60), ..POLICY };
         let mut released = execute(store.begin("c", "k-released", "fp", LEASE).await.unwrap());
-        store.phase(&mut released).await.unwrap().commit_at("order_created", Some("order-1")).await.unwrap();
+        commit_at(&store, &mut released, "order_created", Some("order-1")).await.unwrap();
         store.release(&mut released).await.unwrap();
         let mut held = execute(store.begin("c", "k-held", "fp", LEASE).await.unwrap());
-        store.phase(&mut held).await.unwrap().commit_at("order_created", Some("order-2")).await.unwrap();
+        commit_at(&store, &mut held, "order_created", Some("order-2")).await.unwrap();
         let mut unstarted = execute(store.begin("c", "k-unstarted", "fp", LEASE).await.unwrap());
         store.release(&mut unstarted).await.unwrap();
         let mut done = execute(store.begin("c", "k-done", "fp", LEASE).await.unwrap());
-        store.phase(&mut done).await.unwrap().complete(&Stored { code: 0, body: vec![] }).await.unwrap();
+        complete(&store, &mut done, &Stored { code: 0, body: vec![] }).await.unwrap();
 
         clock.advance_ms(500);
         assert_eq!(store.stranded(&policy, 10).await.unwrap(), vec![], "{backend}: within the grace");
@@ -742,7 +743,7 @@ async fn stranded_keys_are_found_after_their_grace_and_resumed_once() {
 
         let resumed = store.resume(&found[0], LEASE).await.unwrap().expect("taken over");
         assert_eq!((resumed.recovery_point.as_str(), resumed.resource_id.as_deref()), ("order_created", Some("order-1")), "{backend}");
-        let lost = store.phase(&mut released).await.unwrap().complete(&Stored { code: 0, body: vec![] }).await;
+        let lost = complete(&store, &mut released, &Stored { code: 0, body: vec![] }).await;
         assert!(matches!(lost, Err(KeyError::LeaseLost)), "{backend}: the request that released it cannot complete it");
         assert!(store.resume(&found[0], LEASE).await.unwrap().is_none(), "{backend}: a second completer gets nothing");
         assert!(matches!(store.begin("c", "k-released", "fp", LEASE).await, Err(KeyError::InFlight)), "{backend}");
@@ -781,7 +782,7 @@ async fn a_key_whose_resumes_keep_failing_is_parked_and_does_not_go_before_other
         assert_eq!(stranded_keys(&store).await, [("k-good".into(), 0), ("k-poison".into(), 1)], "{backend}: never tried goes first");
         let good = store.stranded(&POLICY, 1).await.unwrap().remove(0);
         let mut settling = store.resume(&good, LEASE).await.unwrap().expect("taken over");
-        store.phase(&mut settling).await.unwrap().complete(&Stored { code: 0, body: b"paid".to_vec() }).await.unwrap();
+        complete(&store, &mut settling, &Stored { code: 0, body: b"paid".to_vec() }).await.unwrap();
         fail_resume(&store, "k-poison").await;
 
         clock.advance_ms(3_999);
@@ -803,13 +804,8 @@ async fn a_key_whose_resumes_keep_failing_is_parked_and_does_not_go_before_other
 
         // An operator re-arms it as the README says.
         database
-            .autocommit(|writes| {
-                Box::pin(async move {
-                    on_driver!(writes, |executor| executor
-                        .execute("UPDATE idempotency_keys SET resume_attempts = 0 WHERE scope = 'c' AND idempotency_key = 'k-poison'")
-                        .await
-                        .map(drop))
-                })
+            .write(async |tx: &mut Tx<'_>| {
+                tx.execute("UPDATE idempotency_keys SET resume_attempts = 0 WHERE scope = 'c' AND idempotency_key = 'k-poison'", &[]).await
             })
             .await
             .unwrap();
@@ -826,7 +822,7 @@ const POLICY: ResumePolicy = ResumePolicy { grace: Duration::from_secs(1), windo
 /// (`order-<key>`), its outcome unknown.
 async fn strand(store: &KeyStore, key: &str) {
     let mut lease = execute(store.begin("c", key, "fp", LEASE).await.unwrap());
-    store.phase(&mut lease).await.unwrap().commit_at("order_created", Some(&format!("order-{key}"))).await.unwrap();
+    commit_at(store, &mut lease, "order_created", Some(&format!("order-{key}"))).await.unwrap();
     store.release(&mut lease).await.unwrap();
 }
 

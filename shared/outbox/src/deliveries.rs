@@ -1,6 +1,4 @@
-use idempotency::{Backend, Database};
-use idempotency::{Transaction, on_driver};
-use sqlx::FromRow;
+use storage::{Backend, Database, FromRow, Row, Tx};
 use webhooks::signature::Secret;
 
 use crate::{
@@ -11,13 +9,24 @@ use crate::{
 };
 
 /// An endpoint with deliveries due, as the sender needs it.
-#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DueEndpoint {
     pub endpoint_id: String,
     /// The endpoint's owner, whose share of the sender it draws on.
     pub client_id: String,
     pub max_in_flight: i64,
     pub rate_per_sec: i64,
+}
+
+impl FromRow for DueEndpoint {
+    fn from_row(row: &Row) -> Result<Self, storage::Error> {
+        Ok(Self {
+            endpoint_id: row.get("endpoint_id")?,
+            client_id: row.get("client_id")?,
+            max_in_flight: row.get("max_in_flight")?,
+            rate_per_sec: row.get("rate_per_sec")?,
+        })
+    }
 }
 
 /// A delivery claimed by one sender until `claimed_until_ms` (on the database's clock).
@@ -105,12 +114,23 @@ pub struct Finished {
     pub endpoint_disabled: Option<String>,
 }
 
-#[derive(Debug, FromRow)]
+#[derive(Debug)]
 struct ClaimedRow {
     event_id: String,
     claimed_until_ms: i64,
     attempts: i64,
     schedule_step: i64,
+}
+
+impl FromRow for ClaimedRow {
+    fn from_row(row: &Row) -> Result<Self, storage::Error> {
+        Ok(Self {
+            event_id: row.get("event_id")?,
+            claimed_until_ms: row.get("claimed_until_ms")?,
+            attempts: row.get("attempts")?,
+            schedule_step: row.get("schedule_step")?,
+        })
+    }
 }
 
 /// The sender's side of the webhook tables.
@@ -133,7 +153,7 @@ impl Deliveries {
             Backend::Postgres => DUE_ENDPOINTS_POSTGRES,
             Backend::Sqlite => DUE_ENDPOINTS_SQLITE,
         };
-        Ok(on_driver!(self.database.reader(), |executor| sqlx::query_as(statement).bind(now_ms).fetch_all(executor).await?))
+        Ok(self.database.fetch_all(statement, &[&now_ms]).await?)
     }
 
     /// Claims the endpoint's oldest due delivery for `lease_ms` on the database's clock, if there is one, the
@@ -150,37 +170,35 @@ impl Deliveries {
             Backend::Sqlite => CLAIM_SQLITE,
         };
         let token = new_id("claim");
-        let mut transaction = self.database.begin().await?;
-        let row: Option<ClaimedRow> = on_driver!(&mut transaction, |executor| sqlx::query_as(statement)
-            .bind(&token)
-            .bind(lease_ms)
-            .bind(now_ms)
-            .bind(endpoint_id)
-            .fetch_optional(executor)
-            .await?);
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let (payload, url): (String, String) = on_driver!(&mut transaction, |executor| sqlx::query_as(
-            "SELECT ev.payload, en.url FROM webhook_events ev JOIN webhook_endpoints en ON en.endpoint_id = $2 WHERE ev.event_id = $1"
-        )
-        .bind(&row.event_id)
-        .bind(endpoint_id)
-        .fetch_one(executor)
-        .await?);
-        let secrets = active_secrets(&mut transaction, &self.keys, endpoint_id, now_ms).await?;
-        transaction.commit().await?;
-        Ok(Some(Claim {
-            endpoint_id: endpoint_id.to_owned(),
-            event_id: row.event_id,
-            url,
-            attempt: row.attempts,
-            schedule_step: row.schedule_step,
-            payload,
-            secrets,
-            claimed_until_ms: row.claimed_until_ms,
-            token,
-        }))
+        let (endpoint_id, keys) = (endpoint_id.to_owned(), self.keys.clone());
+        self.database
+            .write(async move |tx| {
+                let row: Option<ClaimedRow> = tx.fetch_optional(statement, &[&token, &lease_ms, &now_ms, &endpoint_id]).await?;
+                let Some(row) = row else {
+                    return Ok(None);
+                };
+                let (payload, url): (String, String) = tx
+                    .fetch_one(
+                        "SELECT ev.payload, en.url FROM webhook_events ev JOIN webhook_endpoints en ON en.endpoint_id = $2 WHERE ev.event_id = $1",
+                        &[&row.event_id, &endpoint_id],
+                    )
+                    .await?;
+                // Opened in the transaction: a secret that does not open leaves the delivery
+                // unclaimed.
+                let secrets = active_secrets(tx, &keys, &endpoint_id, now_ms).await?;
+                Ok(Some(Claim {
+                    endpoint_id,
+                    event_id: row.event_id,
+                    url,
+                    attempt: row.attempts,
+                    schedule_step: row.schedule_step,
+                    payload,
+                    secrets,
+                    claimed_until_ms: row.claimed_until_ms,
+                    token,
+                }))
+            })
+            .await
     }
 
     /// Records `attempt` and applies `outcome`, both in one transaction; the delivery and its
@@ -197,109 +215,90 @@ impl Deliveries {
         disable_rule: DisableRule,
         now_ms: i64,
     ) -> Result<Finished, OutboxError> {
-        let mut transaction = self.database.begin().await?;
         let outcome_name = if outcome == Outcome::Delivered { "delivered" } else { "failed" };
-        if let Outcome::Paused { until_ms, .. } = outcome {
-            // Recorded even when the lease is lost: the answer says what the recipient can take
-            // now, whichever sender asked. Only ever lengthened, so a late short pause cannot
-            // cut a longer one short.
-            on_driver!(&mut transaction, |executor| {
-                sqlx::query(
-                    "UPDATE webhook_endpoints SET paused_until_ms = $1 \
-                 WHERE endpoint_id = $2 AND (paused_until_ms IS NULL OR paused_until_ms < $1)",
-                )
-                .bind(until_ms)
-                .bind(&claim.endpoint_id)
-                .execute(executor)
-                .await?;
-            });
-        }
-        on_driver!(&mut transaction, |executor| {
-            sqlx::query(
-                "INSERT INTO webhook_attempts (endpoint_id, event_id, attempt, started_at_ms, duration_ms, status_code, outcome, error) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            )
-            .bind(&claim.endpoint_id)
-            .bind(&claim.event_id)
-            .bind(claim.attempt)
-            .bind(attempt.started_at_ms)
-            .bind(attempt.duration_ms)
-            .bind(attempt.status_code.map(i64::from))
-            .bind(outcome_name)
-            .bind(attempt.error.as_deref().map(|error| truncated(error, MAX_ERROR_BYTES)))
-            .execute(executor)
-            .await?;
-        });
-
-        let (state, next_attempt_at_ms, step) = match outcome {
-            Outcome::Delivered => ("delivered", now_ms, claim.schedule_step),
-            Outcome::Failed { retry_at_ms: Some(at) } | Outcome::Gone { retry_at_ms: Some(at) } | Outcome::Paused { retry_at_ms: Some(at), .. } => {
-                ("pending", at, claim.schedule_step + 1)
-            }
-            Outcome::Failed { retry_at_ms: None } | Outcome::Gone { retry_at_ms: None } | Outcome::Paused { retry_at_ms: None, .. } => {
-                ("undelivered", now_ms, claim.schedule_step + 1)
-            }
-        };
-        let updated = on_driver!(&mut transaction, |executor| sqlx::query(
-            "UPDATE webhook_deliveries SET state = $1, next_attempt_at_ms = $2, schedule_step = $3, \
-               claim_token = NULL, claimed_until_ms = NULL, updated_at_ms = $4 \
-             WHERE endpoint_id = $5 AND event_id = $6 AND claim_token = $7",
-        )
-        .bind(state)
-        .bind(next_attempt_at_ms)
-        .bind(step)
-        .bind(now_ms)
-        .bind(&claim.endpoint_id)
-        .bind(&claim.event_id)
-        .bind(&claim.token)
-        .execute(executor)
-        .await?
-        .rows_affected());
-
-        let lease_lost = updated == 0;
-        if lease_lost {
-            // Another sender holds the delivery now (or a redelivery reset it): only the attempt
-            // is this sender's to record, not what it means for the delivery or the endpoint.
-            transaction.commit().await?;
-            return Ok(Finished { lease_lost, endpoint_disabled: None });
-        }
-        let disable_reason = match outcome {
-            Outcome::Delivered => {
-                on_driver!(&mut transaction, |executor| {
-                    sqlx::query("UPDATE webhook_endpoints SET failing_since_ms = NULL, failures_since_success = 0 WHERE endpoint_id = $1 AND failing_since_ms IS NOT NULL")
-                    .bind(&claim.endpoint_id)
-                    .execute(executor)
+        let (claim, error) = (claim.clone(), attempt.error.as_deref().map(|error| truncated(error, MAX_ERROR_BYTES)));
+        let (started_at_ms, duration_ms, status_code) = (attempt.started_at_ms, attempt.duration_ms, attempt.status_code.map(i64::from));
+        self.database
+            .write(async move |tx| {
+                if let Outcome::Paused { until_ms, .. } = outcome {
+                    // Recorded even when the lease is lost: the answer says what the recipient can
+                    // take now, whichever sender asked. Only ever lengthened, so a late short pause
+                    // cannot cut a longer one short.
+                    tx.execute(
+                        "UPDATE webhook_endpoints SET paused_until_ms = $1 \
+                         WHERE endpoint_id = $2 AND (paused_until_ms IS NULL OR paused_until_ms < $1)",
+                        &[&until_ms, &claim.endpoint_id],
+                    )
                     .await?;
-                });
-                None
-            }
-            Outcome::Gone { .. } => Some("the endpoint answered 410 Gone".to_owned()),
-            Outcome::Failed { .. } | Outcome::Paused { .. } => {
-                // One statement: a success recorded at the same time cannot clear it in between.
-                let (failing_since_ms, failures): (i64, i64) = on_driver!(&mut transaction, |executor| {
-                    sqlx::query_as(
-                    "UPDATE webhook_endpoints SET failing_since_ms = COALESCE(failing_since_ms, $1), failures_since_success = failures_since_success + 1 \
-                     WHERE endpoint_id = $2 RETURNING failing_since_ms, failures_since_success",
+                }
+                tx.execute(
+                    "INSERT INTO webhook_attempts (endpoint_id, event_id, attempt, started_at_ms, duration_ms, status_code, outcome, error) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                    &[&claim.endpoint_id, &claim.event_id, &claim.attempt, &started_at_ms, &duration_ms, &status_code, &outcome_name, &error],
                 )
-                .bind(now_ms)
-                .bind(&claim.endpoint_id)
-                .fetch_one(executor)
-                .await?
-                });
-                let failing_ms = now_ms - failing_since_ms;
-                (failing_ms >= disable_rule.after_ms && failures >= disable_rule.after_failures)
-                    .then(|| format!("the endpoint has failed every attempt ({failures}) for {} s", failing_ms / 1000))
-            }
-        };
-        if state == "undelivered" {
-            exhausted(&mut transaction, claim, now_ms).await?;
-        }
-        let endpoint_disabled = match disable_reason {
-            Some(reason) => disable(&mut transaction, &claim.endpoint_id, &reason, now_ms).await?.then_some(reason),
-            None => None,
-        };
-        transaction.commit().await?;
-        Ok(Finished { lease_lost, endpoint_disabled })
+                .await?;
+
+                let (state, next_attempt_at_ms, step) = match outcome {
+                    Outcome::Delivered => ("delivered", now_ms, claim.schedule_step),
+                    Outcome::Failed { retry_at_ms: Some(at) }
+                    | Outcome::Gone { retry_at_ms: Some(at) }
+                    | Outcome::Paused { retry_at_ms: Some(at), .. } => ("pending", at, claim.schedule_step + 1),
+                    Outcome::Failed { retry_at_ms: None } | Outcome::Gone { retry_at_ms: None } | Outcome::Paused { retry_at_ms: None, .. } => {
+                        ("undelivered", now_ms, claim.schedule_step + 1)
+                    }
+                };
+                let updated = tx
+                    .execute(
+                        "UPDATE webhook_deliveries SET state = $1, next_attempt_at_ms = $2, schedule_step = $3, \
+                           claim_token = NULL, claimed_until_ms = NULL, updated_at_ms = $4 \
+                         WHERE endpoint_id = $5 AND event_id = $6 AND claim_token = $7",
+                        &[&state, &next_attempt_at_ms, &step, &now_ms, &claim.endpoint_id, &claim.event_id, &claim.token],
+                    )
+                    .await?;
+
+                let lease_lost = updated == 0;
+                if lease_lost {
+                    // Another sender holds the delivery now (or a redelivery reset it): only the
+                    // attempt is this sender's to record, not what it means for the delivery or the
+                    // endpoint.
+                    return Ok(Finished { lease_lost, endpoint_disabled: None });
+                }
+                let disable_reason = match outcome {
+                    Outcome::Delivered => {
+                        tx.execute(
+                            "UPDATE webhook_endpoints SET failing_since_ms = NULL, failures_since_success = 0 \
+                             WHERE endpoint_id = $1 AND failing_since_ms IS NOT NULL",
+                            &[&claim.endpoint_id],
+                        )
+                        .await?;
+                        None
+                    }
+                    Outcome::Gone { .. } => Some("the endpoint answered 410 Gone".to_owned()),
+                    Outcome::Failed { .. } | Outcome::Paused { .. } => {
+                        // One statement: a success recorded at the same time cannot clear it in between.
+                        let (failing_since_ms, failures): (i64, i64) = tx
+                            .fetch_one(
+                                "UPDATE webhook_endpoints SET failing_since_ms = COALESCE(failing_since_ms, $1), \
+                                   failures_since_success = failures_since_success + 1 \
+                                 WHERE endpoint_id = $2 RETURNING failing_since_ms, failures_since_success",
+                                &[&now_ms, &claim.endpoint_id],
+                            )
+                            .await?;
+                        let failing_ms = now_ms - failing_since_ms;
+                        (failing_ms >= disable_rule.after_ms && failures >= disable_rule.after_failures)
+                            .then(|| format!("the endpoint has failed every attempt ({failures}) for {} s", failing_ms / 1000))
+                    }
+                };
+                if state == "undelivered" {
+                    exhausted(tx, &claim, now_ms).await?;
+                }
+                let endpoint_disabled = match disable_reason {
+                    Some(reason) => disable(tx, &claim.endpoint_id, &reason, now_ms).await?.then_some(reason),
+                    None => None,
+                };
+                Ok(Finished { lease_lost, endpoint_disabled })
+            })
+            .await
     }
 
     /// Runs the next batch, of at most `batch` deliveries, of the range redelivery whose turn is
@@ -319,14 +318,15 @@ impl Deliveries {
     /// The earliest time a pending delivery of an enabled endpoint falls due (its endpoint's
     /// pause included), if any.
     pub async fn next_due_ms(&self) -> Result<Option<i64>, OutboxError> {
-        let (next,): (Option<i64>,) = on_driver!(self.database.reader(), |executor| {
-            sqlx::query_as(
-            "SELECT MIN(CASE WHEN e.paused_until_ms > d.next_attempt_at_ms THEN e.paused_until_ms ELSE d.next_attempt_at_ms END) FROM webhook_deliveries d JOIN webhook_endpoints e ON e.endpoint_id = d.endpoint_id \
-             WHERE d.state = 'pending' AND e.state = 'enabled'",
-        )
-        .fetch_one(executor)
-        .await?
-        });
+        let (next,): (Option<i64>,) = self
+            .database
+            .fetch_one(
+                "SELECT MIN(CASE WHEN e.paused_until_ms > d.next_attempt_at_ms THEN e.paused_until_ms ELSE d.next_attempt_at_ms END) \
+                 FROM webhook_deliveries d JOIN webhook_endpoints e ON e.endpoint_id = d.endpoint_id \
+                 WHERE d.state = 'pending' AND e.state = 'enabled'",
+                &[],
+            )
+            .await?;
         Ok(next)
     }
 }
@@ -392,55 +392,46 @@ const CLAIM_POSTGRES: &str = claim_statement!(postgres_now_ms!(), " FOR UPDATE O
 const CLAIM_SQLITE: &str = claim_statement!(sqlite_now_ms!(), "");
 
 /// The endpoint's secrets that sign at `now_ms`, newest first, opened with `keys`.
-async fn active_secrets(transaction: &mut Transaction, keys: &SecretKeys, endpoint_id: &str, now_ms: i64) -> Result<Vec<Secret>, OutboxError> {
-    let rows: Vec<(String,)> = on_driver!(transaction, |executor| sqlx::query_as(
-        "SELECT secret FROM webhook_secrets WHERE endpoint_id = $1 AND (expires_at_ms IS NULL OR expires_at_ms > $2) \
-         ORDER BY created_at_ms DESC, secret_id DESC",
-    )
-    .bind(endpoint_id)
-    .bind(now_ms)
-    .fetch_all(executor)
-    .await?);
+async fn active_secrets(tx: &mut Tx<'_>, keys: &SecretKeys, endpoint_id: &str, now_ms: i64) -> Result<Vec<Secret>, OutboxError> {
+    let rows: Vec<(String,)> = tx
+        .fetch_all(
+            "SELECT secret FROM webhook_secrets WHERE endpoint_id = $1 AND (expires_at_ms IS NULL OR expires_at_ms > $2) \
+             ORDER BY created_at_ms DESC, secret_id DESC",
+            &[&endpoint_id, &now_ms],
+        )
+        .await?;
     rows.into_iter().map(|(sealed,)| keys.open(endpoint_id, &sealed)).collect()
 }
 
 /// Tells the owner of the claim's endpoint, through its other endpoints, that the claimed
 /// delivery ran out of its schedule. Not for an exhausted [`ENDPOINT_ATTEMPTS_EXHAUSTED`] event
 /// itself: two failing endpoints would otherwise tell each other about each other for ever.
-async fn exhausted(transaction: &mut Transaction, claim: &Claim, now_ms: i64) -> Result<(), OutboxError> {
+async fn exhausted(tx: &mut Tx<'_>, claim: &Claim, now_ms: i64) -> Result<(), OutboxError> {
     let (client_id, event_type): (String, String) =
-        on_driver!(&mut *transaction, |executor| sqlx::query_as("SELECT e.client_id, e.event_type FROM webhook_events e WHERE e.event_id = $1")
-            .bind(&claim.event_id)
-            .fetch_one(executor)
-            .await?);
+        tx.fetch_one("SELECT e.client_id, e.event_type FROM webhook_events e WHERE e.event_id = $1", &[&claim.event_id]).await?;
     if event_type == ENDPOINT_ATTEMPTS_EXHAUSTED {
         return Ok(());
     }
     let data = serde_json::json!({ "endpoint_id": claim.endpoint_id, "event_id": claim.event_id, "event_type": event_type });
     let event = NewEvent { event_type: ENDPOINT_ATTEMPTS_EXHAUSTED, version: 1, data: &data };
-    record_for(transaction, &client_id, &event, Recipients::Subscribers { except: Some(&claim.endpoint_id) }, now_ms).await?;
+    record_for(tx, &client_id, &event, Recipients::Subscribers { except: Some(&claim.endpoint_id) }, now_ms).await?;
     Ok(())
 }
 
 /// Disables an enabled endpoint and tells its owner; `false` when it was not enabled.
-async fn disable(transaction: &mut Transaction, endpoint_id: &str, reason: &str, now_ms: i64) -> Result<bool, OutboxError> {
-    let disabled = on_driver!(&mut *transaction, |executor| sqlx::query(
-        "UPDATE webhook_endpoints SET state = 'disabled', disabled_reason = $1 WHERE endpoint_id = $2 AND state = 'enabled'"
-    )
-    .bind(reason)
-    .bind(endpoint_id)
-    .execute(executor)
-    .await?
-    .rows_affected());
+async fn disable(tx: &mut Tx<'_>, endpoint_id: &str, reason: &str, now_ms: i64) -> Result<bool, OutboxError> {
+    let disabled = tx
+        .execute(
+            "UPDATE webhook_endpoints SET state = 'disabled', disabled_reason = $1 WHERE endpoint_id = $2 AND state = 'enabled'",
+            &[&reason, &endpoint_id],
+        )
+        .await?;
     if disabled == 0 {
         return Ok(false);
     }
     let (client_id, url): (String, String) =
-        on_driver!(&mut *transaction, |executor| sqlx::query_as("SELECT client_id, url FROM webhook_endpoints WHERE endpoint_id = $1")
-            .bind(endpoint_id)
-            .fetch_one(executor)
-            .await?);
+        tx.fetch_one("SELECT client_id, url FROM webhook_endpoints WHERE endpoint_id = $1", &[&endpoint_id]).await?;
     let data = serde_json::json!({ "endpoint_id": endpoint_id, "url": url, "reason": reason });
-    record(transaction, &client_id, &NewEvent { event_type: ENDPOINT_DISABLED, version: 1, data: &data }, now_ms).await?;
+    record(tx, &client_id, &NewEvent { event_type: ENDPOINT_DISABLED, version: 1, data: &data }, now_ms).await?;
     Ok(true)
 }

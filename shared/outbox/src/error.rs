@@ -14,5 +14,5 @@ pub enum OutboxError {
     #[error("endpoint secret: {0}")]
     Sealing(String),
     #[error("webhook store: {0}")]
-    Storage(#[from] sqlx::Error),
+    Storage(#[from] storage::Error),
 }

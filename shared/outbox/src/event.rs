@@ -1,7 +1,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
-use idempotency::{Transaction, on_driver};
 use serde::Serialize;
+use storage::Tx;
 
 use crate::{OutboxError, new_id};
 
@@ -87,18 +87,14 @@ struct Payload<'a, D> {
 }
 
 /// Inserts `event` for `client_id` and one pending delivery for each of the client's enabled
-/// endpoints that subscribe to its type, in `transaction`: call it inside the transaction of the
-/// state change the event reports. Returns the event id, which is the `webhook-id` of every
-/// delivery and every retry; `None` when none of the client's endpoints subscribes to the type,
-/// enabled or not: such an event could never be delivered, so it is not kept (a client without
-/// webhooks costs its orders one statement that writes nothing).
-pub async fn record<D: Serialize>(
-    transaction: &mut Transaction,
-    client_id: &str,
-    event: &NewEvent<'_, D>,
-    now_ms: i64,
-) -> Result<Option<String>, OutboxError> {
-    record_for(transaction, client_id, event, Recipients::Subscribers { except: None }, now_ms).await
+/// endpoints that subscribe to its type, in `tx`: call it inside the transaction of the state
+/// change the event reports (the work of a [`Database::write`](storage::Database::write)).
+/// Returns the event id, which is the `webhook-id` of every delivery and every retry; `None`
+/// when none of the client's endpoints subscribes to the type, enabled or not: such an event
+/// could never be delivered, so it is not kept (a client without webhooks costs its orders one
+/// statement that writes nothing).
+pub async fn record<D: Serialize>(tx: &mut Tx<'_>, client_id: &str, event: &NewEvent<'_, D>, now_ms: i64) -> Result<Option<String>, OutboxError> {
+    record_for(tx, client_id, event, Recipients::Subscribers { except: None }, now_ms).await
 }
 
 /// Who gets an event's deliveries.
@@ -113,7 +109,7 @@ pub(crate) enum Recipients<'a> {
 
 /// As [`record`], to `recipients`.
 pub(crate) async fn record_for<D: Serialize>(
-    transaction: &mut Transaction,
+    tx: &mut Tx<'_>,
     client_id: &str,
     event: &NewEvent<'_, D>,
     recipients: Recipients<'_>,
@@ -128,43 +124,28 @@ pub(crate) async fn record_for<D: Serialize>(
         Recipients::Subscribers { except } => (except, false),
         Recipients::Only(endpoint_id) => (Some(endpoint_id), true),
     };
-    let inserted = on_driver!(&mut *transaction, |executor| sqlx::query(
-        "INSERT INTO webhook_events (event_id, client_id, event_type, payload, created_at_ms) \
-         SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM webhook_endpoints e \
-           WHERE e.client_id = $2 AND (CASE WHEN $7 THEN e.endpoint_id = $6 \
-             ELSE ($6 IS NULL OR e.endpoint_id <> $6) AND EXISTS (SELECT 1 FROM webhook_subscriptions s \
-               WHERE s.endpoint_id = e.endpoint_id AND s.event_type = $3) END))",
-    )
-    .bind(&event_id)
-    .bind(client_id)
-    .bind(event.event_type)
-    .bind(payload)
-    .bind(now_ms)
-    .bind(endpoint)
-    .bind(only)
-    .execute(executor)
-    .await?
-    .rows_affected());
+    let inserted = tx
+        .execute(
+            "INSERT INTO webhook_events (event_id, client_id, event_type, payload, created_at_ms) \
+             SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM webhook_endpoints e \
+               WHERE e.client_id = $2 AND (CASE WHEN $7 THEN e.endpoint_id = $6 \
+                 ELSE ($6 IS NULL OR e.endpoint_id <> $6) AND EXISTS (SELECT 1 FROM webhook_subscriptions s \
+                   WHERE s.endpoint_id = e.endpoint_id AND s.event_type = $3) END))",
+            &[&event_id, &client_id, &event.event_type, &payload, &now_ms, &endpoint, &only],
+        )
+        .await?;
     if inserted == 0 {
         return Ok(None);
     }
-    on_driver!(transaction, |executor| {
-        sqlx::query(
-            "INSERT INTO webhook_deliveries \
+    tx.execute(
+        "INSERT INTO webhook_deliveries \
            (endpoint_id, event_id, state, attempts, schedule_step, next_attempt_at_ms, created_at_ms, updated_at_ms) \
          SELECT e.endpoint_id, $1, 'pending', 0, 0, $2, $2, $2 FROM webhook_endpoints e \
          WHERE e.client_id = $3 AND (CASE WHEN $6 THEN e.endpoint_id = $5 \
            ELSE e.state = 'enabled' AND ($5 IS NULL OR e.endpoint_id <> $5) AND EXISTS (SELECT 1 FROM webhook_subscriptions s \
              WHERE s.endpoint_id = e.endpoint_id AND s.event_type = $4) END)",
-        )
-        .bind(&event_id)
-        .bind(now_ms)
-        .bind(client_id)
-        .bind(event.event_type)
-        .bind(endpoint)
-        .bind(only)
-        .execute(executor)
-        .await?;
-    });
+        &[&event_id, &now_ms, &client_id, &event.event_type, &endpoint, &only],
+    )
+    .await?;
     Ok(Some(event_id))
 }

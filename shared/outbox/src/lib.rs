@@ -21,10 +21,10 @@ pub use subscriptions::{
     MAX_ENDPOINTS_PER_CLIENT, NewEndpoint, Subscriptions,
 };
 
-use idempotency::{Backend, Migrations};
+use storage::{Backend, Migrations};
 
 /// The migrations of the webhook tables for `backend` (kept under their own history), for
-/// [`Database::open`](idempotency::Database::open).
+/// [`Database::open`](storage::Database::open).
 pub fn migrations(backend: Backend) -> Migrations {
     let migrations = match backend {
         Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),

@@ -7,8 +7,7 @@
 //! transaction of its own that moves the cursor with it: a crash loses nothing, and the next batch
 //! starts where the last committed one ended.
 
-use idempotency::{Database, Transaction, on_driver};
-use sqlx::FromRow;
+use storage::{Database, FromRow, Row, Tx};
 
 use crate::OutboxError;
 
@@ -78,17 +77,12 @@ pub(crate) async fn request(
     }
     // Counted up to one past the cap, so that a huge range costs no more than a capped one.
     let count = concat!("SELECT COUNT(*) FROM (", batch_events!(), " LIMIT $8) counted");
-    let (events,): (i64,) = on_driver!(database.reader(), |executor| sqlx::query_as(count)
-        .bind(endpoint_id)
-        .bind(client_id)
-        .bind(range.from_ms)
-        .bind(range.until_ms)
-        .bind(range.include_delivered)
-        .bind("")
-        .bind("")
-        .bind(i64::from(limits.max_events) + 1)
-        .fetch_one(executor)
-        .await?);
+    let (events,): (i64,) = database
+        .fetch_one(
+            count,
+            &[&endpoint_id, &client_id, &range.from_ms, &range.until_ms, &range.include_delivered, &"", &"", &(i64::from(limits.max_events) + 1)],
+        )
+        .await?;
     if events > i64::from(limits.max_events) {
         return Err(OutboxError::Invalid(format!(
             "from: the range holds more than {} deliveries to send again; ask for several shorter ranges",
@@ -99,28 +93,21 @@ pub(crate) async fn request(
         return Ok(0);
     }
     // One statement: a range still running keeps its row, and the insert changes nothing.
-    let (endpoint, client, until_ms, include_delivered, from_ms) =
-        (endpoint_id.to_owned(), client_id.to_owned(), range.until_ms, range.include_delivered, range.from_ms);
+    let (endpoint, client) = (endpoint_id.to_owned(), client_id.to_owned());
     let stored = database
-        .autocommit(move |writes| {
-            Box::pin(async move { Ok(on_driver!(writes, |executor| sqlx::query(
-                "INSERT INTO webhook_redeliveries (endpoint_id, client_id, until_ms, include_delivered, cursor_created_at_ms, cursor_event_id, requested_at_ms, updated_at_ms) \
+        .write(async move |tx| {
+            tx.execute(
+                "INSERT INTO webhook_redeliveries (endpoint_id, client_id, until_ms, include_delivered, cursor_created_at_ms, cursor_event_id, \
+                   requested_at_ms, updated_at_ms) \
                  VALUES ($1, $2, $3, $4, $5, '', $6, $6) \
                  ON CONFLICT (endpoint_id) DO UPDATE SET client_id = excluded.client_id, until_ms = excluded.until_ms, \
                    include_delivered = excluded.include_delivered, cursor_created_at_ms = excluded.cursor_created_at_ms, \
                    cursor_event_id = '', requested_at_ms = excluded.requested_at_ms, updated_at_ms = excluded.updated_at_ms, finished_at_ms = NULL \
                  WHERE webhook_redeliveries.finished_at_ms IS NOT NULL",
+                // The cursor is just before the range: `(from_ms, '')` precedes every event id.
+                &[&endpoint, &client, &range.until_ms, &range.include_delivered, &range.from_ms, &now_ms],
             )
-            .bind(endpoint)
-            .bind(client)
-            .bind(until_ms)
-            .bind(include_delivered)
-            // The cursor is just before the range: `(from_ms, '')` precedes every event id.
-            .bind(from_ms)
-            .bind(now_ms)
-            .execute(executor)
-            .await?
-            .rows_affected())) })
+            .await
         })
         .await?;
     if stored == 0 {
@@ -129,7 +116,7 @@ pub(crate) async fn request(
     Ok(u64::try_from(events).unwrap_or(0))
 }
 
-#[derive(Debug, FromRow)]
+#[derive(Debug)]
 struct Running {
     endpoint_id: String,
     client_id: String,
@@ -139,66 +126,87 @@ struct Running {
     cursor_event_id: String,
 }
 
+impl FromRow for Running {
+    fn from_row(row: &Row) -> Result<Self, storage::Error> {
+        Ok(Self {
+            endpoint_id: row.get("endpoint_id")?,
+            client_id: row.get("client_id")?,
+            until_ms: row.get("until_ms")?,
+            include_delivered: row.get("include_delivered")?,
+            cursor_created_at_ms: row.get("cursor_created_at_ms")?,
+            cursor_event_id: row.get("cursor_event_id")?,
+        })
+    }
+}
+
 /// Runs the next batch of at most `batch` deliveries of the running range redelivery whose turn
 /// is oldest, in one transaction; returns how many deliveries it queued, `None` when no range
 /// redelivery is running.
 pub(crate) async fn next_batch(database: &Database, batch: u32, now_ms: i64) -> Result<Option<u64>, OutboxError> {
-    let mut transaction = database.begin().await?;
-    let running: Option<Running> = on_driver!(&mut transaction, |executor| sqlx::query_as(
-        "SELECT endpoint_id, client_id, until_ms, include_delivered, cursor_created_at_ms, cursor_event_id FROM webhook_redeliveries \
-         WHERE finished_at_ms IS NULL ORDER BY updated_at_ms, endpoint_id LIMIT 1",
-    )
-    .fetch_optional(executor)
-    .await?);
-    let Some(running) = running else {
-        return Ok(None);
-    };
-    // The batch ends at its last event, or at the range's end when fewer are left.
-    let last_of_batch = concat!(batch_events!(), " ORDER BY e.created_at_ms, e.event_id LIMIT 1 OFFSET $8");
-    let last: Option<(String, i64)> = on_driver!(&mut transaction, |executor| sqlx::query_as(last_of_batch)
-        .bind(&running.endpoint_id)
-        .bind(&running.client_id)
-        .bind(running.cursor_created_at_ms)
-        .bind(running.until_ms)
-        .bind(running.include_delivered)
-        .bind(&running.cursor_event_id)
-        .bind("")
-        .bind(i64::from(batch.max(1)) - 1)
-        .fetch_optional(executor)
-        .await?);
-    // `(until_ms, "")` is no event's key: up to it is every event before until_ms.
-    let (end_ms, end_event_id) = match &last {
-        Some((event_id, created_at_ms)) => (*created_at_ms, event_id.as_str()),
-        None => (running.until_ms, ""),
-    };
-    let finished_at_ms = last.is_none().then_some(now_ms);
-    // The cursor moves first, on the condition that it is where this batch started: a sender
-    // running the same batch at once changes nothing, and this one gives its batch up.
-    let moved = on_driver!(&mut transaction, |executor| sqlx::query(
-        "UPDATE webhook_redeliveries SET cursor_created_at_ms = $1, cursor_event_id = $2, updated_at_ms = $3, finished_at_ms = $4 \
-         WHERE endpoint_id = $5 AND cursor_created_at_ms = $6 AND cursor_event_id = $7",
-    )
-    .bind(end_ms)
-    .bind(end_event_id)
-    .bind(now_ms)
-    .bind(finished_at_ms)
-    .bind(&running.endpoint_id)
-    .bind(running.cursor_created_at_ms)
-    .bind(&running.cursor_event_id)
-    .execute(executor)
-    .await?
-    .rows_affected());
-    if moved == 0 {
-        return Ok(Some(0));
-    }
-    let queued = queue(&mut transaction, &running, end_ms, end_event_id, now_ms).await?;
-    transaction.commit().await?;
-    Ok(Some(queued))
+    database
+        .write(async move |tx| {
+            let running: Option<Running> = tx
+                .fetch_optional(
+                    "SELECT endpoint_id, client_id, until_ms, include_delivered, cursor_created_at_ms, cursor_event_id FROM webhook_redeliveries \
+                     WHERE finished_at_ms IS NULL ORDER BY updated_at_ms, endpoint_id LIMIT 1",
+                    &[],
+                )
+                .await?;
+            let Some(running) = running else {
+                return Ok(None);
+            };
+            // The batch ends at its last event, or at the range's end when fewer are left.
+            let last_of_batch = concat!(batch_events!(), " ORDER BY e.created_at_ms, e.event_id LIMIT 1 OFFSET $8");
+            let last: Option<(String, i64)> = tx
+                .fetch_optional(
+                    last_of_batch,
+                    &[
+                        &running.endpoint_id,
+                        &running.client_id,
+                        &running.cursor_created_at_ms,
+                        &running.until_ms,
+                        &running.include_delivered,
+                        &running.cursor_event_id,
+                        &"",
+                        &(i64::from(batch.max(1)) - 1),
+                    ],
+                )
+                .await?;
+            // `(until_ms, "")` is no event's key: up to it is every event before until_ms.
+            let (end_ms, end_event_id) = match &last {
+                Some((event_id, created_at_ms)) => (*created_at_ms, event_id.as_str()),
+                None => (running.until_ms, ""),
+            };
+            let finished_at_ms = last.is_none().then_some(now_ms);
+            // The cursor moves first, on the condition that it is where this batch started: a
+            // sender running the same batch at once changes nothing, and this one gives its batch
+            // up.
+            let moved = tx
+                .execute(
+                    "UPDATE webhook_redeliveries SET cursor_created_at_ms = $1, cursor_event_id = $2, updated_at_ms = $3, finished_at_ms = $4 \
+                     WHERE endpoint_id = $5 AND cursor_created_at_ms = $6 AND cursor_event_id = $7",
+                    &[
+                        &end_ms,
+                        &end_event_id,
+                        &now_ms,
+                        &finished_at_ms,
+                        &running.endpoint_id,
+                        &running.cursor_created_at_ms,
+                        &running.cursor_event_id,
+                    ],
+                )
+                .await?;
+            if moved == 0 {
+                return Ok(Some(0));
+            }
+            Ok(Some(queue(tx, &running, end_ms, end_event_id, now_ms).await?))
+        })
+        .await
 }
 
 /// Makes the batch's deliveries pending again, due now, at a new round of the schedule, and
 /// inserts those the endpoint missed.
-async fn queue(transaction: &mut Transaction, running: &Running, end_ms: i64, end_event_id: &str, now_ms: i64) -> Result<u64, OutboxError> {
+async fn queue(tx: &mut Tx<'_>, running: &Running, end_ms: i64, end_event_id: &str, now_ms: i64) -> Result<u64, OutboxError> {
     let again = concat!(
         "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $8, updated_at_ms = $8, \
            claim_token = NULL, claimed_until_ms = NULL \
@@ -216,18 +224,21 @@ async fn queue(transaction: &mut Transaction, running: &Running, end_ms: i64, en
     );
     let mut queued = 0;
     for statement in [again, missed] {
-        queued += on_driver!(&mut *transaction, |executor| sqlx::query(statement)
-            .bind(&running.endpoint_id)
-            .bind(&running.client_id)
-            .bind(running.cursor_created_at_ms)
-            .bind(end_ms)
-            .bind(running.include_delivered)
-            .bind(&running.cursor_event_id)
-            .bind(end_event_id)
-            .bind(now_ms)
-            .execute(executor)
-            .await?
-            .rows_affected());
+        queued += tx
+            .execute(
+                statement,
+                &[
+                    &running.endpoint_id,
+                    &running.client_id,
+                    &running.cursor_created_at_ms,
+                    &end_ms,
+                    &running.include_delivered,
+                    &running.cursor_event_id,
+                    &end_event_id,
+                    &now_ms,
+                ],
+            )
+            .await?;
     }
     Ok(queued)
 }

@@ -7,7 +7,7 @@
 //! disabled endpoint does not keep it: nothing is sending it, and an owner who enables the
 //! endpoint after the retention gets only the newer events.
 
-use idempotency::{Database, Transaction, on_driver};
+use storage::{Database, Param, Tx};
 
 use crate::OutboxError;
 
@@ -21,41 +21,36 @@ const EXPIRED_EVENTS: &str = "SELECT v.event_id FROM webhook_events v WHERE v.cr
 /// their deliveries and attempts, `batch` events per transaction; returns how many events.
 pub(crate) async fn reap(database: &Database, retention_ms: i64, batch: u32, now_ms: i64) -> Result<u64, OutboxError> {
     let batch = batch.max(1);
+    let cutoff_ms = now_ms.saturating_sub(retention_ms);
     let mut reaped = 0;
     loop {
-        let mut transaction = database.begin().await?;
-        let expired: Vec<(String,)> = on_driver!(&mut transaction, |executor| sqlx::query_as(EXPIRED_EVENTS)
-            .bind(now_ms.saturating_sub(retention_ms))
-            .bind(i64::from(batch))
-            .fetch_all(executor)
-            .await?);
-        let event_ids: Vec<String> = expired.into_iter().map(|(event_id,)| event_id).collect();
-        // Attempts, then deliveries, then events: each row before the one it refers to.
-        for table in ["webhook_attempts", "webhook_deliveries", "webhook_events"] {
-            delete(&mut transaction, table, &event_ids).await?;
-        }
-        transaction.commit().await?;
-        reaped += event_ids.len() as u64;
-        if event_ids.len() < batch as usize {
+        let deleted = database
+            .write(async move |tx| {
+                let expired: Vec<(String,)> = tx.fetch_all(EXPIRED_EVENTS, &[&cutoff_ms, &i64::from(batch)]).await?;
+                let event_ids: Vec<String> = expired.into_iter().map(|(event_id,)| event_id).collect();
+                // Attempts, then deliveries, then events: each row before the one it refers to.
+                for table in ["webhook_attempts", "webhook_deliveries", "webhook_events"] {
+                    delete(tx, table, &event_ids).await?;
+                }
+                Ok::<_, OutboxError>(event_ids.len())
+            })
+            .await?;
+        reaped += deleted as u64;
+        if deleted < batch as usize {
             return Ok(reaped);
         }
     }
 }
 
 /// Deletes the rows of `table` that belong to `event_ids`.
-async fn delete(transaction: &mut Transaction, table: &str, event_ids: &[String]) -> Result<(), OutboxError> {
+async fn delete(tx: &mut Tx<'_>, table: &str, event_ids: &[String]) -> Result<(), OutboxError> {
     if event_ids.is_empty() {
         return Ok(());
     }
     // Only numbered placeholders are built into the text; the ids are bound.
     let placeholders: Vec<String> = (1..=event_ids.len()).map(|n| format!("${n}")).collect();
     let statement = format!("DELETE FROM {table} WHERE event_id IN ({})", placeholders.join(", "));
-    on_driver!(transaction, |executor| {
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(statement.as_str()));
-        for event_id in event_ids {
-            query = query.bind(event_id);
-        }
-        query.execute(executor).await?;
-    });
+    let params: Vec<&dyn Param> = event_ids.iter().map(|event_id| event_id as &dyn Param).collect();
+    tx.execute(&statement, &params).await?;
     Ok(())
 }

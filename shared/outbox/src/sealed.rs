@@ -15,9 +15,9 @@ use chacha20poly1305::{
     Key, KeyInit, XChaCha20Poly1305, XNonce,
     aead::{Aead, Payload},
 };
-use idempotency::{Database, on_driver};
 use rand::RngCore;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use storage::Database;
 use webhooks::signature::Secret;
 
 use crate::OutboxError;
@@ -139,27 +139,18 @@ impl<'de> Deserialize<'de> for SecretKeys {
 /// under the first of `keys`; returns how many. Orders and the sender run it at start, so a
 /// database they share is sealed whichever starts first; it is cheap when nothing is left.
 pub async fn seal_plaintext_secrets(database: &Database, keys: &SecretKeys) -> Result<u64, OutboxError> {
-    let rows: Vec<(String, String, String)> = on_driver!(database.reader(), |executor| sqlx::query_as(
-        "SELECT secret_id, endpoint_id, secret FROM webhook_secrets WHERE secret NOT LIKE 'sealed1:%'"
-    )
-    .fetch_all(executor)
-    .await?);
+    let rows: Vec<(String, String, String)> =
+        database.fetch_all("SELECT secret_id, endpoint_id, secret FROM webhook_secrets WHERE secret NOT LIKE 'sealed1:%'", &[]).await?;
     let mut sealed = 0;
     for (secret_id, endpoint_id, plain) in rows {
-        let secret: Secret = plain.parse().map_err(|error| OutboxError::Storage(sqlx::Error::Decode(Box::new(error))))?;
+        let secret: Secret = plain
+            .parse()
+            .map_err(|error| storage::Error::Corrupt(format!("the plain-text secret {secret_id:?} of endpoint {endpoint_id:?}: {error}")))?;
         let value = keys.seal(&endpoint_id, &secret)?;
+        // Only while still the plain text read: a rotation meanwhile changes nothing here.
         sealed += database
-            .autocommit(move |writes| {
-                Box::pin(async move {
-                    // Only while still the plain text read: a rotation meanwhile changes nothing here.
-                    Ok(on_driver!(writes, |executor| sqlx::query("UPDATE webhook_secrets SET secret = $1 WHERE secret_id = $2 AND secret = $3")
-                        .bind(&value)
-                        .bind(&secret_id)
-                        .bind(&plain)
-                        .execute(executor)
-                        .await?
-                        .rows_affected()))
-                })
+            .write(async move |tx| {
+                tx.execute("UPDATE webhook_secrets SET secret = $1 WHERE secret_id = $2 AND secret = $3", &[&value, &secret_id, &plain]).await
             })
             .await?;
     }

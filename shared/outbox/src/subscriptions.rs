@@ -1,5 +1,4 @@
-use idempotency::{Backend, Database, Transaction, on_driver};
-use sqlx::FromRow;
+use storage::{Backend, Database, FromRow, Row, Tx};
 use webhooks::{signature::Secret, ssrf};
 
 use crate::{
@@ -128,7 +127,7 @@ pub struct Endpoint {
     pub updated_at_ms: i64,
 }
 
-#[derive(Debug, FromRow)]
+#[derive(Debug)]
 struct EndpointRow {
     endpoint_id: String,
     url: String,
@@ -139,6 +138,22 @@ struct EndpointRow {
     rate_per_sec: i64,
     created_at_ms: i64,
     updated_at_ms: i64,
+}
+
+impl FromRow for EndpointRow {
+    fn from_row(row: &Row) -> Result<Self, storage::Error> {
+        Ok(Self {
+            endpoint_id: row.get("endpoint_id")?,
+            url: row.get("url")?,
+            state: row.get("state")?,
+            disabled_reason: row.get("disabled_reason")?,
+            failing_since_ms: row.get("failing_since_ms")?,
+            max_in_flight: row.get("max_in_flight")?,
+            rate_per_sec: row.get("rate_per_sec")?,
+            created_at_ms: row.get("created_at_ms")?,
+            updated_at_ms: row.get("updated_at_ms")?,
+        })
+    }
 }
 
 const SELECT_ENDPOINT: &str = "SELECT endpoint_id, url, state, disabled_reason, failing_since_ms, max_in_flight, rate_per_sec, created_at_ms, \
@@ -169,7 +184,7 @@ impl DeliveryState {
     }
 
     fn parse(text: &str) -> Result<Self, OutboxError> {
-        Self::from_name(text).ok_or_else(|| OutboxError::Storage(sqlx::Error::Decode(format!("unknown delivery state {text:?}").into())))
+        Self::from_name(text).ok_or_else(|| OutboxError::Storage(storage::Error::Corrupt(format!("unknown delivery state {text:?}"))))
     }
 }
 
@@ -249,7 +264,7 @@ impl std::str::FromStr for LogCursor {
 }
 
 /// A delivery of a log page with one of its attempts (none: the attempt's columns are NULL).
-#[derive(Debug, FromRow)]
+#[derive(Debug)]
 struct LogRow {
     event_id: String,
     event_type: String,
@@ -262,6 +277,24 @@ struct LogRow {
     status_code: Option<i64>,
     outcome: Option<String>,
     error: Option<String>,
+}
+
+impl FromRow for LogRow {
+    fn from_row(row: &Row) -> Result<Self, storage::Error> {
+        Ok(Self {
+            event_id: row.get("event_id")?,
+            event_type: row.get("event_type")?,
+            state: row.get("state")?,
+            next_attempt_at_ms: row.get("next_attempt_at_ms")?,
+            created_at_ms: row.get("created_at_ms")?,
+            attempt: row.get("attempt")?,
+            started_at_ms: row.get("started_at_ms")?,
+            duration_ms: row.get("duration_ms")?,
+            status_code: row.get("status_code")?,
+            outcome: row.get("outcome")?,
+            error: row.get("error")?,
+        })
+    }
 }
 
 impl LogRow {
@@ -295,51 +328,30 @@ impl Subscriptions {
         &self.keys
     }
 
-    /// Creates an enabled endpoint and its first secret, in `transaction` (inside the caller's
+    /// Creates an enabled endpoint and its first secret, in `tx` (inside the caller's
     /// transaction, e.g. an idempotency key's phase). `new` must have been validated.
-    pub async fn create_endpoint(
-        &self,
-        transaction: &mut Transaction,
-        client_id: &str,
-        new: &NewEndpoint,
-        now_ms: i64,
-    ) -> Result<(Endpoint, Secret), OutboxError> {
+    pub async fn create_endpoint(&self, tx: &mut Tx<'_>, client_id: &str, new: &NewEndpoint, now_ms: i64) -> Result<(Endpoint, Secret), OutboxError> {
         let endpoint_id = new_id("ep");
         // Counted after the insert, in its transaction, one creation per client at a time: on
         // SQLite the one writer runs them in turn; on PostgreSQL, under READ COMMITTED, two at
         // once would each count its own row and not the other's, so each takes the client's lock
         // first (held to the end of its transaction), and the second counts after the first.
-        if self.database.backend() == Backend::Postgres {
-            on_driver!(&mut *transaction, |executor| sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
-                .bind(ENDPOINT_CREATION_LOCK)
-                .bind(client_id)
-                .execute(executor)
-                .await
-                .map(drop))?;
+        if tx.backend() == Backend::Postgres {
+            // The lock's class is bound as a BIGINT: the two-key lock takes two INTEGERs.
+            tx.execute("SELECT pg_advisory_xact_lock($1::INTEGER, hashtext($2))", &[&ENDPOINT_CREATION_LOCK, &client_id]).await?;
         }
-        on_driver!(&mut *transaction, |executor| sqlx::query(
+        tx.execute(
             "INSERT INTO webhook_endpoints (endpoint_id, client_id, url, state, max_in_flight, rate_per_sec, created_at_ms, updated_at_ms) \
              VALUES ($1, $2, $3, 'enabled', $4, $5, $6, $6)",
+            &[&endpoint_id, &client_id, &new.url, &new.limits.max_in_flight, &new.limits.rate_per_sec, &now_ms],
         )
-        .bind(&endpoint_id)
-        .bind(client_id)
-        .bind(&new.url)
-        .bind(i64::from(new.limits.max_in_flight))
-        .bind(i64::from(new.limits.rate_per_sec))
-        .bind(now_ms)
-        .execute(executor)
-        .await?
-        .rows_affected());
-        let (endpoints,): (i64,) =
-            on_driver!(&mut *transaction, |executor| sqlx::query_as("SELECT COUNT(*) FROM webhook_endpoints WHERE client_id = $1")
-                .bind(client_id)
-                .fetch_one(executor)
-                .await?);
+        .await?;
+        let (endpoints,): (i64,) = tx.fetch_one("SELECT COUNT(*) FROM webhook_endpoints WHERE client_id = $1", &[&client_id]).await?;
         if endpoints > i64::from(MAX_ENDPOINTS_PER_CLIENT) {
             return Err(OutboxError::Invalid(format!("a client has at most {MAX_ENDPOINTS_PER_CLIENT} endpoints")));
         }
-        let event_types = insert_subscriptions(transaction, &endpoint_id, &new.event_types).await?;
-        let secret = insert_secret(transaction, &self.keys, &endpoint_id, now_ms).await?;
+        let event_types = insert_subscriptions(tx, &endpoint_id, &new.event_types).await?;
+        let secret = insert_secret(tx, &self.keys, &endpoint_id, now_ms).await?;
         let endpoint = Endpoint {
             endpoint_id,
             url: new.url.clone(),
@@ -354,36 +366,29 @@ impl Subscriptions {
         Ok((endpoint, secret))
     }
 
-    /// A new secret for the endpoint, in `transaction`. The current secret keeps signing for
+    /// A new secret for the endpoint, in `tx`. The current secret keeps signing for
     /// `overlap_ms` more (both signatures go with every delivery meanwhile), so the receiver can
     /// switch to the new one without losing a delivery. An older secret still in its overlap
     /// stops signing now: there are never more than two, so repeated rotations cannot pile up
     /// HMACs per delivery and a `webhook-signature` header that receivers refuse.
     pub async fn rotate_secret(
         &self,
-        transaction: &mut Transaction,
+        tx: &mut Tx<'_>,
         client_id: &str,
         endpoint_id: &str,
         overlap_ms: i64,
         now_ms: i64,
     ) -> Result<Secret, OutboxError> {
-        lock_owned_endpoint(transaction, client_id, endpoint_id).await?;
+        lock_owned_endpoint(tx, client_id, endpoint_id).await?;
         // Every secret but the current one goes (expired or still in an overlap); the current one
         // becomes the previous, signing until the overlap ends.
-        on_driver!(&mut *transaction, |executor| {
-            sqlx::query("DELETE FROM webhook_secrets WHERE endpoint_id = $1 AND expires_at_ms IS NOT NULL")
-                .bind(endpoint_id)
-                .execute(executor)
-                .await?;
-        });
-        on_driver!(&mut *transaction, |executor| {
-            sqlx::query("UPDATE webhook_secrets SET expires_at_ms = $1 WHERE endpoint_id = $2 AND expires_at_ms IS NULL")
-                .bind(now_ms.saturating_add(overlap_ms))
-                .bind(endpoint_id)
-                .execute(executor)
-                .await?;
-        });
-        insert_secret(transaction, &self.keys, endpoint_id, now_ms).await
+        tx.execute("DELETE FROM webhook_secrets WHERE endpoint_id = $1 AND expires_at_ms IS NOT NULL", &[&endpoint_id]).await?;
+        tx.execute(
+            "UPDATE webhook_secrets SET expires_at_ms = $1 WHERE endpoint_id = $2 AND expires_at_ms IS NULL",
+            &[&now_ms.saturating_add(overlap_ms), &endpoint_id],
+        )
+        .await?;
+        insert_secret(tx, &self.keys, endpoint_id, now_ms).await
     }
 
     /// Changes what `update` names of the endpoint, in one transaction, and answers the endpoint
@@ -391,85 +396,68 @@ impl Subscriptions {
     /// (deliveries already queued stay); a new URL is a new recipient, so the failures counted
     /// against the old one and any pause it asked for are forgotten.
     pub async fn update_endpoint(&self, client_id: &str, endpoint_id: &str, update: &EndpointUpdate, now_ms: i64) -> Result<Endpoint, OutboxError> {
-        let mut transaction = self.database.begin().await?;
-        lock_owned_endpoint(&mut transaction, client_id, endpoint_id).await?;
-        on_driver!(&mut transaction, |executor| {
-            sqlx::query(
-                "UPDATE webhook_endpoints SET url = COALESCE($1, url), max_in_flight = COALESCE($2, max_in_flight), \
-                   rate_per_sec = COALESCE($3, rate_per_sec), updated_at_ms = $4, \
-                   failing_since_ms = CASE WHEN $1 IS NULL OR $1 = url THEN failing_since_ms END, \
-                   failures_since_success = CASE WHEN $1 IS NULL OR $1 = url THEN failures_since_success ELSE 0 END, \
-                   paused_until_ms = CASE WHEN $1 IS NULL OR $1 = url THEN paused_until_ms END \
-                 WHERE endpoint_id = $5",
-            )
-            .bind(update.url.as_deref())
-            .bind(update.max_in_flight.map(i64::from))
-            .bind(update.rate_per_sec.map(i64::from))
-            .bind(now_ms)
-            .bind(endpoint_id)
-            .execute(executor)
-            .await?;
-        });
-        if let Some(event_types) = &update.event_types {
-            on_driver!(&mut transaction, |executor| {
-                sqlx::query("DELETE FROM webhook_subscriptions WHERE endpoint_id = $1").bind(endpoint_id).execute(executor).await?;
-            });
-            insert_subscriptions(&mut transaction, endpoint_id, event_types).await?;
-        }
-        let row = owned_endpoint(&mut transaction, client_id, endpoint_id).await?;
-        let endpoint = with_event_types(&mut transaction, row).await?;
-        transaction.commit().await?;
-        Ok(endpoint)
+        let (client_id, endpoint_id, update) = (client_id.to_owned(), endpoint_id.to_owned(), update.clone());
+        self.database
+            .write(async move |tx| {
+                lock_owned_endpoint(tx, &client_id, &endpoint_id).await?;
+                tx.execute(
+                    "UPDATE webhook_endpoints SET url = COALESCE($1, url), max_in_flight = COALESCE($2, max_in_flight), \
+                       rate_per_sec = COALESCE($3, rate_per_sec), updated_at_ms = $4, \
+                       failing_since_ms = CASE WHEN $1 IS NULL OR $1 = url THEN failing_since_ms END, \
+                       failures_since_success = CASE WHEN $1 IS NULL OR $1 = url THEN failures_since_success ELSE 0 END, \
+                       paused_until_ms = CASE WHEN $1 IS NULL OR $1 = url THEN paused_until_ms END \
+                     WHERE endpoint_id = $5",
+                    &[&update.url, &update.max_in_flight, &update.rate_per_sec, &now_ms, &endpoint_id],
+                )
+                .await?;
+                if let Some(event_types) = &update.event_types {
+                    tx.execute("DELETE FROM webhook_subscriptions WHERE endpoint_id = $1", &[&endpoint_id]).await?;
+                    insert_subscriptions(tx, &endpoint_id, event_types).await?;
+                }
+                let row = owned_endpoint(tx, &client_id, &endpoint_id).await?;
+                with_event_types(tx, row).await
+            })
+            .await
     }
 
     /// Sends the endpoint an [`ENDPOINT_PING`] event now, through the pipeline every event takes
     /// (signed, retried on the schedule, in the delivery log), whatever it subscribes to; returns
     /// the event's id. A disabled endpoint's ping waits, as its other deliveries do.
     pub async fn ping(&self, client_id: &str, endpoint_id: &str, now_ms: i64) -> Result<String, OutboxError> {
-        let mut transaction = self.database.begin().await?;
-        lock_owned_endpoint(&mut transaction, client_id, endpoint_id).await?;
-        let data = serde_json::json!({ "endpoint_id": endpoint_id });
-        let event = NewEvent { event_type: ENDPOINT_PING, version: 1, data: &data };
-        let event_id = record_for(&mut transaction, client_id, &event, Recipients::Only(endpoint_id), now_ms)
-            .await?
-            .ok_or_else(|| OutboxError::EndpointNotFound(endpoint_id.to_owned()))?;
-        transaction.commit().await?;
-        Ok(event_id)
+        let (client_id, endpoint_id) = (client_id.to_owned(), endpoint_id.to_owned());
+        self.database
+            .write(async move |tx| {
+                lock_owned_endpoint(tx, &client_id, &endpoint_id).await?;
+                let data = serde_json::json!({ "endpoint_id": endpoint_id });
+                let event = NewEvent { event_type: ENDPOINT_PING, version: 1, data: &data };
+                record_for(tx, &client_id, &event, Recipients::Only(&endpoint_id), now_ms)
+                    .await?
+                    .ok_or_else(|| OutboxError::EndpointNotFound(endpoint_id.clone()))
+            })
+            .await
     }
 
     pub async fn endpoints(&self, client_id: &str) -> Result<Vec<Endpoint>, OutboxError> {
-        let mut read = self.read().await?;
-        let rows: Vec<EndpointRow> = on_driver!(&mut read, |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "{SELECT_ENDPOINT} WHERE client_id = $1 ORDER BY created_at_ms, endpoint_id"
-        )))
-        .bind(client_id)
-        .fetch_all(executor)
-        .await?);
-        let mut endpoints = Vec::with_capacity(rows.len());
-        for row in rows {
-            endpoints.push(with_event_types(&mut read, row).await?);
-        }
-        Ok(endpoints)
+        self.database
+            .read(async |tx| {
+                let statement = format!("{SELECT_ENDPOINT} WHERE client_id = $1 ORDER BY created_at_ms, endpoint_id");
+                let rows: Vec<EndpointRow> = tx.fetch_all(&statement, &[&client_id]).await?;
+                let mut endpoints = Vec::with_capacity(rows.len());
+                for row in rows {
+                    endpoints.push(with_event_types(tx, row).await?);
+                }
+                Ok(endpoints)
+            })
+            .await
     }
 
     pub async fn endpoint(&self, client_id: &str, endpoint_id: &str) -> Result<Endpoint, OutboxError> {
-        let mut read = self.read().await?;
-        let row = owned_endpoint(&mut read, client_id, endpoint_id).await?;
-        with_event_types(&mut read, row).await
-    }
-
-    /// A read transaction on the reader pool: its statements see one snapshot of the tables, so
-    /// that an endpoint is read with its own subscriptions and a delivery with its own attempts
-    /// (on PostgreSQL that takes REPEATABLE READ; a SQLite read transaction is one snapshot).
-    /// It writes nothing, so it is dropped rather than committed.
-    async fn read(&self) -> Result<Transaction, OutboxError> {
-        let mut read = self.database.begin_read().await?;
-        if self.database.backend() == Backend::Postgres {
-            on_driver!(&mut read, |executor| {
-                sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(executor).await?;
-            });
-        }
-        Ok(read)
+        self.database
+            .read(async |tx| {
+                let row = owned_endpoint(tx, client_id, endpoint_id).await?;
+                with_event_types(tx, row).await
+            })
+            .await
     }
 
     /// Enables the endpoint (forgetting its failures: it starts afresh, and its pending deliveries
@@ -482,13 +470,7 @@ impl Subscriptions {
             "UPDATE webhook_endpoints SET state = 'disabled', disabled_reason = 'disabled by its owner' WHERE endpoint_id = $1 AND client_id = $2 AND state = 'enabled'"
         };
         let (endpoint, client) = (endpoint_id.to_owned(), client_id.to_owned());
-        self.database
-            .autocommit(move |writes| {
-                Box::pin(async move {
-                    on_driver!(writes, |executor| sqlx::query(statement).bind(endpoint).bind(client).execute(executor).await.map(drop))
-                })
-            })
-            .await?;
+        self.database.write(async move |tx| tx.execute(statement, &[&endpoint, &client]).await).await?;
         self.endpoint(client_id, endpoint_id).await
     }
 
@@ -497,52 +479,62 @@ impl Subscriptions {
     /// [`MAX_ENDPOINTS_PER_CLIENT`] is free. The events stay (other endpoints may deliver them).
     /// An attempt in flight meanwhile finds its delivery gone and is not recorded.
     pub async fn delete_endpoint(&self, client_id: &str, endpoint_id: &str) -> Result<(), OutboxError> {
-        let mut transaction = self.database.begin().await?;
-        lock_owned_endpoint(&mut transaction, client_id, endpoint_id).await?;
-        // Children before parents: every table refers to the endpoint (attempts through deliveries).
-        for statement in [
-            "DELETE FROM webhook_attempts WHERE endpoint_id = $1",
-            "DELETE FROM webhook_deliveries WHERE endpoint_id = $1",
-            "DELETE FROM webhook_redeliveries WHERE endpoint_id = $1",
-            "DELETE FROM webhook_secrets WHERE endpoint_id = $1",
-            "DELETE FROM webhook_subscriptions WHERE endpoint_id = $1",
-            "DELETE FROM webhook_endpoints WHERE endpoint_id = $1",
-        ] {
-            on_driver!(&mut transaction, |executor| sqlx::query(statement).bind(endpoint_id).execute(executor).await.map(drop)?);
-        }
-        transaction.commit().await?;
-        Ok(())
+        let (client_id, endpoint_id) = (client_id.to_owned(), endpoint_id.to_owned());
+        self.database
+            .write(async move |tx| {
+                lock_owned_endpoint(tx, &client_id, &endpoint_id).await?;
+                // Children before parents: every table refers to the endpoint (attempts through deliveries).
+                for statement in [
+                    "DELETE FROM webhook_attempts WHERE endpoint_id = $1",
+                    "DELETE FROM webhook_deliveries WHERE endpoint_id = $1",
+                    "DELETE FROM webhook_redeliveries WHERE endpoint_id = $1",
+                    "DELETE FROM webhook_secrets WHERE endpoint_id = $1",
+                    "DELETE FROM webhook_subscriptions WHERE endpoint_id = $1",
+                    "DELETE FROM webhook_endpoints WHERE endpoint_id = $1",
+                ] {
+                    tx.execute(statement, &[&endpoint_id]).await?;
+                }
+                Ok(())
+            })
+            .await
     }
 
     /// A page of the endpoint's deliveries that match `query`, newest first, each with its
     /// attempts: one statement whatever the page's size (the page joined with its attempts).
     pub async fn deliveries(&self, client_id: &str, endpoint_id: &str, query: &DeliveryQuery) -> Result<DeliveryPage, OutboxError> {
-        let mut read = self.read().await?;
-        owned_endpoint(&mut read, client_id, endpoint_id).await?;
         let (after_ms, after_event_id) = match &query.after {
             Some(cursor) => (Some(cursor.created_at_ms), cursor.event_id.as_str()),
             None => (None, ""),
         };
-        // One more than the page, to know whether another follows.
-        let rows: Vec<LogRow> = on_driver!(&mut read, |executor| sqlx::query_as(
-            "SELECT p.event_id, p.event_type, p.state, p.next_attempt_at_ms, p.created_at_ms, \
-               a.attempt, a.started_at_ms, a.duration_ms, a.status_code, a.outcome, a.error \
-             FROM (SELECT d.event_id, e.event_type, d.state, d.next_attempt_at_ms, d.created_at_ms \
-                   FROM webhook_deliveries d JOIN webhook_events e ON e.event_id = d.event_id \
-                   WHERE d.endpoint_id = $1 AND ($2 IS NULL OR d.state = $2) AND ($3 IS NULL OR e.event_type = $3) \
-                     AND ($4 IS NULL OR d.created_at_ms < $4 OR (d.created_at_ms = $4 AND d.event_id < $5)) \
-                   ORDER BY d.created_at_ms DESC, d.event_id DESC LIMIT $6) p \
-             LEFT JOIN webhook_attempts a ON a.endpoint_id = $1 AND a.event_id = p.event_id \
-             ORDER BY p.created_at_ms DESC, p.event_id DESC, a.attempt",
-        )
-        .bind(endpoint_id)
-        .bind(query.state.map(DeliveryState::as_str))
-        .bind(query.event_type.as_deref())
-        .bind(after_ms)
-        .bind(after_event_id)
-        .bind(i64::from(query.limit) + 1)
-        .fetch_all(executor)
-        .await?);
+        let rows: Vec<LogRow> = self
+            .database
+            .read(async |tx| {
+                owned_endpoint(tx, client_id, endpoint_id).await?;
+                // One more than the page, to know whether another follows.
+                Ok::<_, OutboxError>(
+                    tx.fetch_all(
+                        "SELECT p.event_id, p.event_type, p.state, p.next_attempt_at_ms, p.created_at_ms, \
+                           a.attempt, a.started_at_ms, a.duration_ms, a.status_code, a.outcome, a.error \
+                         FROM (SELECT d.event_id, e.event_type, d.state, d.next_attempt_at_ms, d.created_at_ms \
+                               FROM webhook_deliveries d JOIN webhook_events e ON e.event_id = d.event_id \
+                               WHERE d.endpoint_id = $1 AND ($2 IS NULL OR d.state = $2) AND ($3 IS NULL OR e.event_type = $3) \
+                                 AND ($4 IS NULL OR d.created_at_ms < $4 OR (d.created_at_ms = $4 AND d.event_id < $5)) \
+                               ORDER BY d.created_at_ms DESC, d.event_id DESC LIMIT $6) p \
+                         LEFT JOIN webhook_attempts a ON a.endpoint_id = $1 AND a.event_id = p.event_id \
+                         ORDER BY p.created_at_ms DESC, p.event_id DESC, a.attempt",
+                        &[
+                            &endpoint_id,
+                            &query.state.map(DeliveryState::as_str),
+                            &query.event_type,
+                            &after_ms,
+                            &after_event_id,
+                            &(i64::from(query.limit) + 1),
+                        ],
+                    )
+                    .await?,
+                )
+            })
+            .await?;
         let mut deliveries: Vec<DeliveryLog> = Vec::new();
         for row in rows {
             if deliveries.last().is_none_or(|last| last.event_id != row.event_id) {
@@ -575,20 +567,14 @@ impl Subscriptions {
         let (endpoint, event) = (endpoint_id.to_owned(), event_id.to_owned());
         let updated = self
             .database
-            .autocommit(move |writes| {
-                Box::pin(async move {
-                    Ok(on_driver!(writes, |executor| sqlx::query(
-                        "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $1, updated_at_ms = $1, \
-                           claim_token = NULL, claimed_until_ms = NULL \
-                         WHERE endpoint_id = $2 AND event_id = $3",
-                    )
-                    .bind(now_ms)
-                    .bind(endpoint)
-                    .bind(event)
-                    .execute(executor)
-                    .await?
-                    .rows_affected()))
-                })
+            .write(async move |tx| {
+                tx.execute(
+                    "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $1, updated_at_ms = $1, \
+                       claim_token = NULL, claimed_until_ms = NULL \
+                     WHERE endpoint_id = $2 AND event_id = $3",
+                    &[&now_ms, &endpoint, &event],
+                )
+                .await
             })
             .await?;
         if updated == 0 {
@@ -614,78 +600,56 @@ impl Subscriptions {
     }
 }
 
-async fn with_event_types(transaction: &mut Transaction, row: EndpointRow) -> Result<Endpoint, OutboxError> {
+async fn with_event_types(tx: &mut Tx<'_>, row: EndpointRow) -> Result<Endpoint, OutboxError> {
     let event_types: Vec<(String,)> =
-        on_driver!(transaction, |executor| sqlx::query_as("SELECT event_type FROM webhook_subscriptions WHERE endpoint_id = $1 ORDER BY event_type")
-            .bind(&row.endpoint_id)
-            .fetch_all(executor)
-            .await?);
+        tx.fetch_all("SELECT event_type FROM webhook_subscriptions WHERE endpoint_id = $1 ORDER BY event_type", &[&row.endpoint_id]).await?;
     row.into_endpoint(event_types.into_iter().map(|(event_type,)| event_type).collect())
 }
 
-/// Locks the client's endpoint for the rest of `transaction`, or says it has no such endpoint.
+/// Locks the client's endpoint for the rest of the transaction, or says it has no such endpoint.
 /// Writing first takes the endpoint's row lock (PostgreSQL: a concurrent rotation or delete
-/// waits, then sees what this one did) or the database's write lock (SQLite: no snapshot taken by
-/// a read can go stale before the write).
-async fn lock_owned_endpoint(transaction: &mut Transaction, client_id: &str, endpoint_id: &str) -> Result<(), OutboxError> {
+/// waits, then sees what this one did); on SQLite the one writer runs a transaction alone, so no
+/// read of it can go stale before its writes.
+async fn lock_owned_endpoint(tx: &mut Tx<'_>, client_id: &str, endpoint_id: &str) -> Result<(), OutboxError> {
     let owned =
-        on_driver!(transaction, |executor| sqlx::query("UPDATE webhook_endpoints SET state = state WHERE endpoint_id = $1 AND client_id = $2")
-            .bind(endpoint_id)
-            .bind(client_id)
-            .execute(executor)
-            .await?
-            .rows_affected());
+        tx.execute("UPDATE webhook_endpoints SET state = state WHERE endpoint_id = $1 AND client_id = $2", &[&endpoint_id, &client_id]).await?;
     if owned == 0 {
         return Err(OutboxError::EndpointNotFound(endpoint_id.to_owned()));
     }
     Ok(())
 }
 
-async fn owned_endpoint(transaction: &mut Transaction, client_id: &str, endpoint_id: &str) -> Result<EndpointRow, OutboxError> {
-    on_driver!(transaction, |executor| sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT_ENDPOINT} WHERE endpoint_id = $1 AND client_id = $2")))
-        .bind(endpoint_id)
-        .bind(client_id)
-        .fetch_optional(executor)
-        .await?
-        .ok_or_else(|| OutboxError::EndpointNotFound(endpoint_id.to_owned())))
+async fn owned_endpoint(tx: &mut Tx<'_>, client_id: &str, endpoint_id: &str) -> Result<EndpointRow, OutboxError> {
+    let statement = format!("{SELECT_ENDPOINT} WHERE endpoint_id = $1 AND client_id = $2");
+    tx.fetch_optional(&statement, &[&endpoint_id, &client_id]).await?.ok_or_else(|| OutboxError::EndpointNotFound(endpoint_id.to_owned()))
 }
 
 /// Subscribes the endpoint to `event_types` (each once); returns them sorted.
-async fn insert_subscriptions(transaction: &mut Transaction, endpoint_id: &str, event_types: &[String]) -> Result<Vec<String>, OutboxError> {
+async fn insert_subscriptions(tx: &mut Tx<'_>, endpoint_id: &str, event_types: &[String]) -> Result<Vec<String>, OutboxError> {
     let mut event_types = event_types.to_vec();
     event_types.sort();
     event_types.dedup();
     for event_type in &event_types {
-        on_driver!(&mut *transaction, |executor| {
-            sqlx::query("INSERT INTO webhook_subscriptions (endpoint_id, event_type) VALUES ($1, $2)")
-                .bind(endpoint_id)
-                .bind(event_type)
-                .execute(executor)
-                .await?;
-        });
+        tx.execute("INSERT INTO webhook_subscriptions (endpoint_id, event_type) VALUES ($1, $2)", &[&endpoint_id, event_type]).await?;
     }
     Ok(event_types)
 }
 
 /// A new secret for the endpoint, stored sealed under `keys`.
-async fn insert_secret(transaction: &mut Transaction, keys: &SecretKeys, endpoint_id: &str, now_ms: i64) -> Result<Secret, OutboxError> {
+async fn insert_secret(tx: &mut Tx<'_>, keys: &SecretKeys, endpoint_id: &str, now_ms: i64) -> Result<Secret, OutboxError> {
     let secret = Secret::generate();
     let sealed = keys.seal(endpoint_id, &secret)?;
-    on_driver!(transaction, |executor| {
-        sqlx::query("INSERT INTO webhook_secrets (secret_id, endpoint_id, secret, created_at_ms) VALUES ($1, $2, $3, $4)")
-            .bind(new_id("sec"))
-            .bind(endpoint_id)
-            .bind(sealed)
-            .bind(now_ms)
-            .execute(executor)
-            .await?;
-    });
+    tx.execute(
+        "INSERT INTO webhook_secrets (secret_id, endpoint_id, secret, created_at_ms) VALUES ($1, $2, $3, $4)",
+        &[&new_id("sec"), &endpoint_id, &sealed, &now_ms],
+    )
+    .await?;
     Ok(secret)
 }
 
 impl EndpointRow {
     fn into_endpoint(self, event_types: Vec<String>) -> Result<Endpoint, OutboxError> {
-        let corrupt = |what: &str| OutboxError::Storage(sqlx::Error::Decode(format!("endpoint {}: {what}", self.endpoint_id).into()));
+        let corrupt = |what: &str| OutboxError::Storage(storage::Error::Corrupt(format!("endpoint {}: {what}", self.endpoint_id)));
         let enabled = match self.state.as_str() {
             "enabled" => true,
             "disabled" => false,

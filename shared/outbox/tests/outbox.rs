@@ -1,16 +1,18 @@
 //! The webhook tables on SQLite (always) and PostgreSQL (when `TEST_POSTGRES_URL` names a server
 //! whose user may create databases; required in CI, reported loudly when missing elsewhere).
 
-use idempotency::Database;
 use outbox::{
-    Attempt, Deliveries, DeliveryQuery, DeliveryState, DisableRule, ENDPOINT_ATTEMPTS_EXHAUSTED, ENDPOINT_PING, EndpointLimits, EndpointUpdate,
-    NewEndpoint, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, OutboxError, Outcome, RedeliveryLimits, RedeliveryRange, SecretKeys, Subscriptions,
+    Attempt, Deliveries, DeliveryQuery, DeliveryState, DisableRule, ENDPOINT_ATTEMPTS_EXHAUSTED, ENDPOINT_PING, Endpoint, EndpointLimits,
+    EndpointUpdate, NewEndpoint, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, OutboxError, Outcome, RedeliveryLimits, RedeliveryRange, SecretKeys,
+    Subscriptions,
 };
 use serde_json::json;
 use std::{
     sync::{Arc, LazyLock},
     time::Duration,
 };
+use storage::Database;
+use webhooks::signature::Secret;
 
 use test_support::{ScratchDatabase, eventually};
 
@@ -68,19 +70,31 @@ async fn endpoint(database: &Database, event_types: &[&str]) -> String {
 async fn endpoint_with(database: &Database, event_types: &[&str], limits: EndpointLimits) -> String {
     let new =
         NewEndpoint { url: "https://hooks.example.com/orders".into(), event_types: event_types.iter().map(|t| t.to_string()).collect(), limits };
-    let mut transaction = database.begin().await.expect("transaction");
-    let (endpoint, _secret) = subscriptions(database).create_endpoint(&mut transaction, CLIENT, &new, T0).await.expect("endpoint");
-    transaction.commit().await.expect("commit");
+    let (endpoint, _secret) = create(database, CLIENT, new).await.expect("endpoint");
     endpoint.endpoint_id
+}
+
+/// Creates `new` for `client` in a transaction of its own.
+async fn create(database: &Database, client: &'static str, new: NewEndpoint) -> Result<(Endpoint, Secret), OutboxError> {
+    let subscriptions = subscriptions(database);
+    database.write(async move |tx| subscriptions.create_endpoint(tx, client, &new, T0).await).await
+}
+
+/// Rotates the endpoint's secret in a transaction of its own; the new secret.
+async fn rotate(database: &Database, endpoint_id: &str, overlap_ms: i64, now_ms: i64) -> Secret {
+    let (subscriptions, endpoint_id) = (subscriptions(database), endpoint_id.to_owned());
+    database.write(async move |tx| subscriptions.rotate_secret(tx, CLIENT, &endpoint_id, overlap_ms, now_ms).await).await.expect("rotate")
 }
 
 /// Commits an `order.paid` event; its id, or `None` when no endpoint subscribes (nothing kept).
 async fn record_paid(database: &Database, now_ms: i64) -> Option<String> {
-    let mut transaction = database.begin().await.expect("transaction");
-    let data = json!({"order_id": "ord_1"});
-    let id = outbox::record(&mut transaction, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 2, data: &data }, now_ms).await.expect("record");
-    transaction.commit().await.expect("commit");
-    id
+    database
+        .write(async move |tx| {
+            let data = json!({"order_id": "ord_1"});
+            outbox::record(tx, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 2, data: &data }, now_ms).await
+        })
+        .await
+        .expect("record")
 }
 
 async fn paid(database: &Database, now_ms: i64) -> String {
@@ -88,11 +102,7 @@ async fn paid(database: &Database, now_ms: i64) -> String {
 }
 
 async fn count(database: &Database, table: &'static str) -> i64 {
-    let statement = format!("SELECT COUNT(*) FROM {table}");
-    let (n,): (i64,) = idempotency::on_driver!(database.reader(), |executor| sqlx::query_as(sqlx::AssertSqlSafe(statement.as_str()))
-        .fetch_one(executor)
-        .await
-        .expect("count"));
+    let (n,): (i64,) = database.fetch_one(&format!("SELECT COUNT(*) FROM {table}"), &[]).await.expect("count");
     n
 }
 
@@ -104,10 +114,14 @@ fn answered(status: u16, at: i64) -> Attempt {
 async fn a_rolled_back_transaction_leaves_no_event_and_no_delivery() {
     for (database, _scratch) in databases().await {
         endpoint(&database, &[ORDER_PAID]).await;
-        let mut transaction = database.begin().await.expect("transaction");
-        let data = json!({"order_id": "ord_1"});
-        outbox::record(&mut transaction, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 2, data: &data }, T0).await.expect("record");
-        drop(transaction);
+        let rolled_back = database
+            .write(async |tx| {
+                let data = json!({"order_id": "ord_1"});
+                outbox::record(tx, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 2, data: &data }, T0).await?;
+                Err::<(), _>(OutboxError::Invalid("the state change failed after the event was recorded".into()))
+            })
+            .await;
+        assert!(matches!(rolled_back, Err(OutboxError::Invalid(_))), "{rolled_back:?}");
         assert_eq!(count(&database, "webhook_events").await, 0);
         assert_eq!(count(&database, "webhook_deliveries").await, 0);
 
@@ -312,9 +326,7 @@ async fn an_endpoint_is_disabled_only_after_failing_for_days_and_often() {
 async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
     for (database, _scratch) in databases().await {
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
-        let mut transaction = database.begin().await.expect("transaction");
-        subscriptions(&database).rotate_secret(&mut transaction, CLIENT, &endpoint_id, DAY_MS, T0 + 1).await.expect("rotate");
-        transaction.commit().await.expect("commit");
+        rotate(&database, &endpoint_id, DAY_MS, T0 + 1).await;
         paid(&database, T0 + 2).await;
         let deliveries = deliveries(&database);
         let during = deliveries.claim(&endpoint_id, T0 + 2, 30_000).await.expect("claim").expect("due");
@@ -341,15 +353,7 @@ async fn rotations_keep_the_current_secret_and_one_previous_at_most() {
         let endpoint_id = endpoint(&database, &[ORDER_PAID]).await;
         let mut rotated = Vec::new();
         for n in 1..=4 {
-            let mut transaction = database.begin().await.expect("transaction");
-            rotated.push(
-                subscriptions(&database)
-                    .rotate_secret(&mut transaction, CLIENT, &endpoint_id, 30 * DAY_MS, T0 + n)
-                    .await
-                    .expect("rotate")
-                    .to_string(),
-            );
-            transaction.commit().await.expect("commit");
+            rotated.push(rotate(&database, &endpoint_id, 30 * DAY_MS, T0 + n).await.to_string());
         }
         paid(&database, T0 + 10).await;
         let claim = deliveries(&database).claim(&endpoint_id, T0 + 10, 1).await.expect("claim").expect("due");
@@ -591,13 +595,9 @@ async fn a_client_has_a_bounded_number_of_endpoints() {
         }
         let new =
             NewEndpoint { url: "https://hooks.example.com/one-more".into(), event_types: vec![ORDER_PAID.into()], limits: EndpointLimits::default() };
-        let mut transaction = database.begin().await.expect("transaction");
-        let refused = subscriptions(&database).create_endpoint(&mut transaction, CLIENT, &new, T0).await.expect_err("over the bound");
+        let refused = create(&database, CLIENT, new.clone()).await.expect_err("over the bound");
         assert!(refused.to_string().contains("at most"), "{refused}");
-        drop(transaction);
-        let mut transaction = database.begin().await.expect("transaction");
-        subscriptions(&database).create_endpoint(&mut transaction, "another-client", &new, T0).await.expect("the bound is per client");
-        transaction.commit().await.expect("commit");
+        create(&database, "another-client", new).await.expect("the bound is per client");
     }
 }
 
@@ -620,13 +620,16 @@ async fn two_creations_at_once_do_not_both_take_the_last_place() {
                     event_types: vec![ORDER_PAID.into()],
                     limits: EndpointLimits::default(),
                 };
-                let mut transaction = database.begin().await.expect("transaction");
-                let created = subscriptions(&database).create_endpoint(&mut transaction, CLIENT, &new, T0).await.is_ok();
-                let _ = tokio::time::timeout(Duration::from_millis(500), both_counted.wait()).await;
-                if created {
-                    transaction.commit().await.expect("commit");
-                }
-                created
+                let subscriptions = subscriptions(&database);
+                // A creation refused is rolled back; one made commits after the wait.
+                let created = database
+                    .write(async move |tx| {
+                        let created = subscriptions.create_endpoint(tx, CLIENT, &new, T0).await;
+                        let _ = tokio::time::timeout(Duration::from_millis(500), both_counted.wait()).await;
+                        created
+                    })
+                    .await;
+                created.is_ok()
             });
         }
         let created = creations.join_all().await.into_iter().filter(|created| *created).count();
@@ -767,14 +770,9 @@ async fn secrets_are_sealed_at_rest_and_rows_from_before_are_sealed_at_start() {
     for (database, _scratch) in databases().await {
         let new =
             NewEndpoint { url: "https://hooks.example.com/orders".into(), event_types: vec![ORDER_PAID.into()], limits: EndpointLimits::default() };
-        let mut transaction = database.begin().await.expect("transaction");
-        let (created, secret) = subscriptions(&database).create_endpoint(&mut transaction, CLIENT, &new, T0).await.expect("endpoint");
-        transaction.commit().await.expect("commit");
+        let (created, secret) = create(&database, CLIENT, new).await.expect("endpoint");
         let stored = || async {
-            let (value,): (String,) = idempotency::on_driver!(database.reader(), |executor| sqlx::query_as("SELECT secret FROM webhook_secrets")
-                .fetch_one(executor)
-                .await
-                .expect("the secret's row"));
+            let (value,): (String,) = database.fetch_one("SELECT secret FROM webhook_secrets", &[]).await.expect("the secret's row");
             value
         };
         let sealed = stored().await;
@@ -800,21 +798,8 @@ async fn secrets_are_sealed_at_rest_and_rows_from_before_are_sealed_at_start() {
         assert!(reclaimed.is_err(), "another key does not open it");
 
         // A row stored in plain text by a version from before sealing.
-        database
-            .autocommit({
-                let bare = bare.clone();
-                move |writes| {
-                    Box::pin(async move {
-                        idempotency::on_driver!(writes, |executor| sqlx::query("UPDATE webhook_secrets SET secret = $1")
-                            .bind(&bare)
-                            .execute(executor)
-                            .await
-                            .map(drop))
-                    })
-                }
-            })
-            .await
-            .expect("plain text");
+        let plain = bare.clone();
+        database.write(async move |tx| tx.execute("UPDATE webhook_secrets SET secret = $1", &[&plain]).await).await.expect("plain text");
         assert_eq!(outbox::seal_plaintext_secrets(&database, &keys()).await.expect("seal"), 1);
         assert_eq!(outbox::seal_plaintext_secrets(&database, &keys()).await.expect("seal"), 0, "nothing left");
         assert!(stored().await.starts_with("sealed1:test:"));

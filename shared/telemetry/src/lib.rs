@@ -165,7 +165,7 @@ fn trace_provider(endpoint: &str, resource: Resource) -> Result<SdkTracerProvide
 fn quiet_transports() -> Targets {
     Targets::new()
         .with_default(Level::TRACE)
-        .with_targets(["h2", "hyper", "hyper_util", "tonic", "tower", "sqlx", "reqwest"].map(|target| (target, Level::WARN)))
+        .with_targets(["h2", "hyper", "hyper_util", "tonic", "tower", "sqlx", "storage", "reqwest"].map(|target| (target, Level::WARN)))
 }
 
 impl Telemetry {

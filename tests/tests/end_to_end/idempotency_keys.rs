@@ -215,13 +215,9 @@ async fn the_completer_probes_instead_of_retrying_every_stranded_create_while_th
     assert!((1..=20).contains(&completer_calls), "{completer_calls} bank calls from the completer in 3 s");
 
     test.set_faults(fast_bank(|_| {}));
-    let database = idempotency::Database::connect(test.chain.database_url(orders::HOP).unwrap()).await.unwrap();
+    let database = test.database(orders::HOP).await;
     eventually(BACKGROUND, "every stranded create settled once the bank is back", || async {
-        let paid: i64 =
-            idempotency::on_driver!(database.reader(), |executor| sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE status = 'paid'")
-                .fetch_one(executor)
-                .await
-                .unwrap());
+        let paid: i64 = database.fetch_one("SELECT COUNT(*) FROM orders WHERE status = 'paid'", &[]).await.unwrap();
         paid == 20
     })
     .await;
@@ -338,15 +334,8 @@ async fn a_payment_whose_key_was_reaped_answers_its_repeat_without_calling_the_b
         };
         let first = payment.pay(pay()).await.unwrap().into_inner();
         // What the reaper does once the key's TTL has passed.
-        let database = idempotency::Database::connect(test.chain.database_url(payment::HOP).unwrap()).await.unwrap();
-        database
-            .autocommit(|writes| {
-                Box::pin(async move {
-                    idempotency::on_driver!(writes, |executor| sqlx::query("DELETE FROM idempotency_keys").execute(executor).await.map(drop))
-                })
-            })
-            .await
-            .unwrap();
+        let database = test.database(payment::HOP).await;
+        database.write(async |tx| tx.execute("DELETE FROM idempotency_keys", &[]).await).await.unwrap();
         let again = payment.pay(pay()).await.unwrap();
         assert_eq!(again.into_inner(), first, "{name}: the recorded payment");
         let bank = test.chain.bank().stats();

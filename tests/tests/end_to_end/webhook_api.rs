@@ -73,13 +73,8 @@ async fn a_new_endpoint_shows_its_secret_and_a_repeat_replays_it_byte_for_byte()
         assert_eq!(again.status(), 201, "{name}");
         assert_eq!(again.headers()["idempotent-replayed"], "true", "{name}");
         assert_eq!(again.bytes().await.unwrap(), first_body, "{name}: the same endpoint and the same secret");
-        let database = idempotency::Database::connect(test.chain.database_url(orders::HOP).unwrap()).await.unwrap();
-        let kept: Vec<u8> = idempotency::on_driver!(database.reader(), |executor| sqlx::query_scalar(
-            "SELECT response_body FROM idempotency_keys WHERE idempotency_key = 'endpoint-1'"
-        )
-        .fetch_one(executor)
-        .await
-        .unwrap());
+        let database = test.database(orders::HOP).await;
+        let kept: Vec<u8> = database.fetch_one("SELECT response_body FROM idempotency_keys WHERE idempotency_key = 'endpoint-1'", &[]).await.unwrap();
         assert!(!String::from_utf8_lossy(&kept).contains(secret.trim_start_matches("whsec_")), "{name}: the key keeps the secret sealed");
 
         let reused = create(&test, "endpoint-1", &endpoint_body("https://other.example.com/")).await;

@@ -87,11 +87,7 @@ async fn a_ping_reaches_the_receiver_signed_with_a_secret_the_database_holds_sea
         })
         .await;
 
-        let database = idempotency::Database::connect(test.chain.database_url(orders::HOP).unwrap()).await.unwrap();
-        let stored: Vec<String> = idempotency::on_driver!(database.reader(), |executor| sqlx::query_scalar("SELECT secret FROM webhook_secrets")
-            .fetch_all(executor)
-            .await
-            .unwrap());
+        let stored: Vec<String> = test.database(orders::HOP).await.fetch_all("SELECT secret FROM webhook_secrets", &[]).await.unwrap();
         assert!(stored.iter().all(|secret| secret.starts_with("sealed1:dev:") && !secret.contains("whsec_")), "{name}: {stored:?}");
     }
 }

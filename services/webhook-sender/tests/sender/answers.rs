@@ -139,11 +139,7 @@ async fn a_delivery_out_of_attempts_is_told_to_the_owners_other_endpoints_signed
 
     // The secret signs although the database holds it sealed.
     let stored: Vec<(String,)> =
-        idempotency::on_driver!(outbox.database.reader(), |executor| sqlx::query_as("SELECT secret FROM webhook_secrets WHERE endpoint_id = $1")
-            .bind(&owner_id)
-            .fetch_all(executor)
-            .await
-            .expect("the secret's row"));
+        outbox.database.fetch_all("SELECT secret FROM webhook_secrets WHERE endpoint_id = $1", &[&owner_id]).await.expect("the secret's row");
     let bare = owner_secret.to_string();
     assert!(stored[0].0.starts_with("sealed1:test:") && !stored[0].0.contains(bare.trim_start_matches("whsec_")), "{stored:?}");
 }

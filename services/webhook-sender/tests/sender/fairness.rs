@@ -4,7 +4,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use idempotency::{SystemClock, on_driver};
+use idempotency::SystemClock;
 use outbox::{EndpointLimits, ORDER_PAID, RedeliveryLimits, RedeliveryRange};
 use test_support::eventually;
 
@@ -26,17 +26,23 @@ const P99_BOUND_MS: i64 = 500;
 
 /// Commits `events` `order.paid` events of `client` in one transaction.
 async fn commit_events(outbox: &Outbox, client: &str, events: usize) {
-    let mut transaction = outbox.database.begin().await.expect("transaction");
-    let data = serde_json::json!({"order_id": "ord_1"});
-    for _ in 0..events {
-        let event = outbox::NewEvent { event_type: ORDER_PAID, version: 1, data: &data };
-        outbox::record(&mut transaction, client, &event, wall_ms()).await.expect("record").expect("an endpoint subscribes");
-    }
-    transaction.commit().await.expect("commit");
+    let client = client.to_owned();
+    outbox
+        .database
+        .write(async move |tx| {
+            let data = serde_json::json!({"order_id": "ord_1"});
+            for _ in 0..events {
+                let event = outbox::NewEvent { event_type: ORDER_PAID, version: 1, data: &data };
+                outbox::record(tx, &client, &event, wall_ms()).await?.expect("an endpoint subscribes");
+            }
+            Ok::<_, outbox::OutboxError>(())
+        })
+        .await
+        .expect("record");
 }
 
 async fn count(outbox: &Outbox, statement: &'static str) -> i64 {
-    let (n,): (i64,) = on_driver!(outbox.database.reader(), |executor| sqlx::query_as(statement).fetch_one(executor).await.expect("count"));
+    let (n,): (i64,) = outbox.database.fetch_one(statement, &[]).await.expect("count");
     n
 }
 
@@ -51,15 +57,7 @@ async fn a_client_with_saturated_endpoints_and_a_range_redelivery_does_not_delay
     let range_from_ms = wall_ms();
     let (range_endpoint, _) = outbox.client_endpoint(BUSY_CLIENT, &hanging.url(), &[ORDER_PAID], most, range_from_ms).await;
     commit_events(&outbox, BUSY_CLIENT, RANGE_EVENTS).await;
-    outbox
-        .database
-        .autocommit(|writes| {
-            Box::pin(async move {
-                on_driver!(writes, |executor| sqlx::query("UPDATE webhook_deliveries SET state = 'delivered'").execute(executor).await.map(drop))
-            })
-        })
-        .await
-        .expect("mark delivered");
+    outbox.database.write(async |tx| tx.execute("UPDATE webhook_deliveries SET state = 'delivered'", &[]).await).await.expect("mark delivered");
     let range_until_ms = wall_ms() + 1;
     for _ in 1..BUSY_ENDPOINTS {
         outbox.client_endpoint(BUSY_CLIENT, &hanging.url(), &[ORDER_PAID], most, range_until_ms).await;

@@ -22,8 +22,9 @@ use axum::{
     response::{IntoResponse, Response},
     routing::post,
 };
-use idempotency::{Clock, Database, SystemClock};
+use idempotency::{Clock, SystemClock};
 use outbox::{DeliveryLog, DeliveryQuery, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, SecretKeys, Subscriptions};
+use storage::Database;
 use test_support::eventually;
 use tokio::net::TcpListener;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -64,9 +65,9 @@ impl Outbox {
     /// An endpoint of `client` at `url` for `event_types`, and its secret.
     pub async fn client_endpoint(&self, client: &str, url: &str, event_types: &[&str], limits: EndpointLimits, now_ms: i64) -> (String, Secret) {
         let new = NewEndpoint { url: url.into(), event_types: event_types.iter().map(|t| t.to_string()).collect(), limits };
-        let mut transaction = self.database.begin().await.expect("transaction");
-        let (endpoint, secret) = self.subscriptions().create_endpoint(&mut transaction, client, &new, now_ms).await.expect("endpoint");
-        transaction.commit().await.expect("commit");
+        let (subscriptions, client) = (self.subscriptions(), client.to_owned());
+        let (endpoint, secret) =
+            self.database.write(async move |tx| subscriptions.create_endpoint(tx, &client, &new, now_ms).await).await.expect("endpoint");
         (endpoint.endpoint_id, secret)
     }
 
@@ -83,10 +84,9 @@ impl Outbox {
     /// Commits `events` `order.paid` events of `client`, one every `pace`; returns when each
     /// commit returned (wall-clock ms), by event id.
     ///
-    /// When it returned, not when it began: this connection and the sender's are two writers on
-    /// one SQLite file, and a writer that finds the file locked polls for it (SQLite's busy
-    /// handler sleeps up to 100 ms between tries). Under a sender writing hundreds of attempts a
-    /// second, a commit here can wait a second for the lock: the test's wait, not the sender's.
+    /// When it returned, not when it began: a commit here waits for its turn on the SQLite file's
+    /// one writer, which it shares with the sender in this process, and under a sender writing
+    /// hundreds of attempts a second that wait is the test's, not the sender's.
     pub async fn paced_commits(&self, client: &str, events: usize, pace: Duration) -> HashMap<String, i64> {
         let mut committed_at = HashMap::new();
         for _ in 0..events {
@@ -99,12 +99,16 @@ impl Outbox {
 
     /// Commits an event of `event_type` at `now_ms`; returns its id.
     async fn record(&self, client: &str, event_type: &'static str, now_ms: i64) -> String {
-        let mut transaction = self.database.begin().await.expect("transaction");
-        let data = serde_json::json!({"order_id": "ord_1"});
-        let event = NewEvent { event_type, version: 1, data: &data };
-        let id = outbox::record(&mut transaction, client, &event, now_ms).await.expect("record").expect("an endpoint subscribes");
-        transaction.commit().await.expect("commit");
-        id
+        let client = client.to_owned();
+        self.database
+            .write(async move |tx| {
+                let data = serde_json::json!({"order_id": "ord_1"});
+                let event = NewEvent { event_type, version: 1, data: &data };
+                outbox::record(tx, &client, &event, now_ms).await
+            })
+            .await
+            .expect("record")
+            .expect("an endpoint subscribes")
     }
 
     pub fn subscriptions(&self) -> Subscriptions {
@@ -338,10 +342,10 @@ impl Resolve for FixedResolver {
 
 /// Settings for a sender on `outbox` that may reach `receivers` over plain http, polling often.
 /// SQLite commits synced only at checkpoints: these tests measure how the sender schedules its
-/// work, and a sync per commit (the default) on a loaded machine kept one writer waiting for the
-/// other past the 5 s a writer is waited for.
-fn unsynced() -> idempotency::SqliteSettings {
-    idempotency::SqliteSettings { synchronous: idempotency::Synchronous::Normal, ..Default::default() }
+/// work, not how fast the disk syncs (a sync per commit, the default, on a loaded machine once
+/// kept a writer waiting past the 5 s a writer is waited for).
+fn unsynced() -> storage::SqliteSettings {
+    storage::SqliteSettings { synchronous: storage::Synchronous::Normal, ..Default::default() }
 }
 
 pub fn settings(outbox: &Outbox, receivers: &[&Receiver]) -> Settings {

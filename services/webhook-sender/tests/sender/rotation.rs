@@ -16,9 +16,9 @@ async fn during_the_overlap_both_secrets_sign_and_after_it_only_the_new_one() {
     let receiver = Receiver::answering(204).await;
     let clock = Arc::new(ManualClock::starting_at(wall_ms()));
     let (endpoint_id, old) = outbox.endpoint(&receiver.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), clock.now_ms()).await;
-    let mut transaction = outbox.database.begin().await.expect("transaction");
-    let new = outbox.subscriptions().rotate_secret(&mut transaction, CLIENT, &endpoint_id, OVERLAP_MS, clock.now_ms()).await.expect("rotate");
-    transaction.commit().await.expect("commit");
+    let (subscriptions, rotated, now_ms) = (outbox.subscriptions(), endpoint_id.clone(), clock.now_ms());
+    let new =
+        outbox.database.write(async move |tx| subscriptions.rotate_secret(tx, CLIENT, &rotated, OVERLAP_MS, now_ms).await).await.expect("rotate");
     let _sender = start_sender(settings(&outbox, &[&receiver]), clock.clone()).await;
 
     outbox.paid(clock.now_ms()).await;

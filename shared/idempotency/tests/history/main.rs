@@ -13,7 +13,7 @@ mod simulation;
 
 use std::time::{Duration, Instant};
 
-use idempotency::Database;
+use storage::{Database, SqliteSettings};
 use test_support::ScratchDatabase;
 
 use crate::simulation::{TTL_MS, World};
@@ -27,7 +27,7 @@ const RUN_LIMIT: Duration = Duration::from_secs(60);
 async fn histories_on_sqlite_keep_every_promise() {
     for seed in seeds() {
         let dir = tempfile::tempdir().unwrap();
-        let database = Database::connect(&format!("sqlite://{}", dir.path().join("history.db").display())).await.unwrap();
+        let database = connect(&format!("sqlite://{}", dir.path().join("history.db").display())).await;
         run_seed("sqlite", database, seed).await;
     }
 }
@@ -37,8 +37,12 @@ async fn histories_on_postgres_keep_every_promise() {
     let Some(admin_url) = test_support::postgres_admin_url() else { return };
     for seed in seeds() {
         let scratch = ScratchDatabase::create(&admin_url, "history").await;
-        run_seed("postgres", Database::connect(scratch.url()).await.unwrap(), seed).await;
+        run_seed("postgres", connect(scratch.url()).await, seed).await;
     }
+}
+
+async fn connect(url: &str) -> Database {
+    Database::open(url, SqliteSettings::default(), |backend| vec![idempotency::migrations(backend)]).await.unwrap()
 }
 
 /// `HISTORY_SEED` alone, or `HISTORY_SEEDS` (default `DEFAULT_SEEDS`) consecutive seeds from a

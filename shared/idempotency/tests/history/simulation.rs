@@ -13,11 +13,11 @@ use std::{
 
 use futures::future::BoxFuture;
 use idempotency::{
-    Begin, BeginWith, Clock, Database, KeyError, KeySettings, KeyStore, Lease, ManualClock, Progress, ResumePolicy, Stored, StrandedKey, Transaction,
-    on_driver,
+    Begin, BeginWith, Clock, KeyError, KeySettings, KeyStore, Lease, ManualClock, Progress, ResumePolicy, Stored, StrandedKey,
     pause::{Pause, PauseHook},
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
+use storage::{Database, Tx};
 use tokio_util::sync::CancellationToken;
 
 use crate::check::{Answer, Event, History, KeyRow, OrderRow, stored_body};
@@ -71,10 +71,7 @@ pub struct Outcome {
 
 impl World {
     pub async fn new(database: Database, seed: u64) -> Arc<Self> {
-        database
-            .autocommit(|writes| Box::pin(async move { on_driver!(writes, |executor| sqlx::query(ORDERS_TABLE).execute(executor).await.map(drop)) }))
-            .await
-            .expect("create the orders table");
+        database.write(async |tx: &mut Tx<'_>| tx.execute(ORDERS_TABLE, &[]).await).await.expect("create the orders table");
         let clock = Arc::new(ManualClock::starting_at(START_MS));
         let pauses = Arc::new(RandomPauses { clock: clock.clone(), seed, held: AtomicBool::new(true), streams: Mutex::default() });
         let settings = KeySettings { ttl_ms: TTL_MS, ..KeySettings::default() };
@@ -159,7 +156,8 @@ impl World {
     /// store's other way, which leaves keys at `started` between the two.
     async fn create(&self, scope: &str, key: &str, rng: &mut StdRng) -> Answer {
         let claimed = if rng.random_bool(0.5) {
-            self.store.begin_with_first_phase(scope, key, "fingerprint", lease(), self.insert_order(scope, key)).await
+            let order = self.new_order(scope, key);
+            self.store.begin_with_first_phase(scope, key, "fingerprint", lease(), async move |tx: &mut Tx<'_>| order.insert(tx).await).await
         } else {
             self.store.begin(scope, key, "fingerprint", lease()).await.map(BeginWith::Found)
         };
@@ -170,7 +168,8 @@ impl World {
                 Some(order) => (lease, order, false),
                 None => {
                     self.stall(rng).await;
-                    match self.store.atomic_phase(&mut lease, self.insert_order(scope, key)).await {
+                    let order = self.new_order(scope, key);
+                    match self.store.atomic_phase(&mut lease, async move |tx: &mut Tx<'_>| order.insert(tx).await).await {
                         Ok(order) => (lease, order, true),
                         Err(error) => return unsettled(error),
                     }
@@ -183,10 +182,13 @@ impl World {
         self.stall(rng).await;
         match charged {
             Ok(charge_id) => self.record(&mut lease, order, charge_id).await,
-            Err(BankFailure::NotExecuted) if created_now => match self.store.withdraw(lease, delete_order(order.clone())).await {
-                Ok(()) => Answer::Refused { order },
-                Err(_) => Answer::Pending { order },
-            },
+            Err(BankFailure::NotExecuted) if created_now => {
+                let withdrawn = order.clone();
+                match self.store.withdraw(lease, async move |tx: &mut Tx<'_>| delete_order(tx, &withdrawn).await).await {
+                    Ok(()) => Answer::Refused { order },
+                    Err(_) => Answer::Pending { order },
+                }
+            }
             Err(_) => {
                 let _ = self.store.release(&mut lease).await;
                 Answer::Pending { order }
@@ -218,22 +220,14 @@ impl World {
         let (body, recorded_order, pending) = (stored_body(&order, charge_id, attempt), order.clone(), Answer::Pending { order: order.clone() });
         let recorded = self
             .store
-            .atomic_phase(lease, move |transaction: &mut Transaction| {
-                Box::pin(async move {
-                    on_driver!(transaction, |executor| sqlx::query(
-                        "UPDATE orders SET status = 'paid', paid_from_ms = $1, paid_ms = $2, charge_id = $3, recorded_by = $5 WHERE order_id = $4"
-                    )
-                    .bind(paid_from_ms)
-                    .bind(clock.now_ms())
-                    .bind(charge_id)
-                    .bind(&order)
-                    .bind(attempt)
-                    .execute(executor)
-                    .await
-                    .map(drop))?;
-                    let answer = Stored { code: 0, body: stored_body(&order, charge_id, attempt) };
-                    Ok::<_, KeyError>((order, Progress::Completed(answer)))
-                })
+            .atomic_phase(lease, async move |tx: &mut Tx<'_>| {
+                tx.execute(
+                    "UPDATE orders SET status = 'paid', paid_from_ms = $1, paid_ms = $2, charge_id = $3, recorded_by = $5 WHERE order_id = $4",
+                    &[&paid_from_ms, &clock.now_ms(), &charge_id, &order, &attempt],
+                )
+                .await?;
+                let answer = Stored { code: 0, body: stored_body(&order, charge_id, attempt) };
+                Ok::<_, KeyError>((order, Progress::Completed(answer)))
             })
             .await;
         self.history.record(Event::Recorded { order: recorded_order, attempt, committed: recorded.is_ok() });
@@ -243,30 +237,10 @@ impl World {
         }
     }
 
-    /// Phase 1: a new order row, and the key at `order_created` naming it.
-    fn insert_order(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(String, Progress), KeyError>> + Send + 'static + use<> {
+    /// Phase 1's order, numbered now.
+    fn new_order(&self, scope: &str, key: &str) -> NewOrder {
         let order = format!("order-{}", self.next_order.fetch_add(1, Ordering::Relaxed));
-        let (scope, key, clock) = (scope.to_owned(), key.to_owned(), self.clock.clone());
-        move |transaction| {
-            Box::pin(async move {
-                on_driver!(transaction, |executor| sqlx::query(
-                    "INSERT INTO orders (order_id, scope, idempotency_key, status, created_ms) VALUES ($1, $2, $3, 'pending_payment', $4)"
-                )
-                .bind(&order)
-                .bind(&scope)
-                .bind(&key)
-                .bind(clock.now_ms())
-                .execute(executor)
-                .await
-                .map(drop))?;
-                let created = Progress::At { point: "order_created", resource_id: Some(order.clone()) };
-                Ok((order, created))
-            })
-        }
+        NewOrder { order, scope: scope.to_owned(), key: key.to_owned(), clock: self.clock.clone() }
     }
 
     /// A replica's completer: stranded creates resumed as orders' completer does, until told
@@ -322,9 +296,9 @@ impl World {
     async fn drain(&self) {
         self.faults.store(false, Ordering::Relaxed);
         self.pauses.held.store(false, Ordering::Relaxed);
-        // On SQLite the work of a dropped task, once queued to the writer, still runs: a write
-        // queued behind it returns once it has committed.
-        self.store.database().autocommit(|_| Box::pin(async { Ok(()) })).await.expect("the writer's queue drained");
+        // On SQLite the work of a dropped task, once the writer has run it, still commits: a
+        // write queued behind it returns once it has.
+        self.store.database().write(async |_: &mut Tx<'_>| Ok::<_, storage::Error>(())).await.expect("the writer's queue drained");
         let mut rng = self.rng(5_000);
         for _ in 0..DRAIN_ROUNDS {
             // Past any grace doubled by the resumes a run can count.
@@ -340,17 +314,12 @@ impl World {
     }
 
     async fn outcome(&self) -> Outcome {
-        let reader = self.store.database().reader();
-        let orders = on_driver!(reader, |executor| sqlx::query_as(
-            "SELECT order_id, scope, idempotency_key, status, created_ms, paid_from_ms, paid_ms, charge_id, recorded_by FROM orders"
-        )
-        .fetch_all(executor)
-        .await
-        .expect("read the orders"));
-        let keys = on_driver!(reader, |executor| sqlx::query_as("SELECT scope, idempotency_key, resource_id FROM idempotency_keys")
-            .fetch_all(executor)
+        let database = self.store.database();
+        let orders = database
+            .fetch_all("SELECT order_id, scope, idempotency_key, status, created_ms, paid_from_ms, paid_ms, charge_id, recorded_by FROM orders", &[])
             .await
-            .expect("read the keys"));
+            .expect("read the orders");
+        let keys = database.fetch_all("SELECT scope, idempotency_key, resource_id FROM idempotency_keys", &[]).await.expect("read the keys");
         Outcome { events: self.history.events(), orders, keys }
     }
 }
@@ -377,18 +346,30 @@ fn payment_key(scope: &str, key: &str, order: &str) -> String {
     format!("payment/{scope}/{key}/{order}")
 }
 
-/// Undoes phase 1 of a create refused before the bank: its order goes with its key.
-fn delete_order(order: String) -> impl for<'t> FnOnce(&'t mut Transaction) -> BoxFuture<'t, Result<(), KeyError>> + Send + 'static {
-    move |transaction| {
-        Box::pin(async move {
-            on_driver!(transaction, |executor| sqlx::query("DELETE FROM orders WHERE order_id = $1 AND status = 'pending_payment'")
-                .bind(&order)
-                .execute(executor)
-                .await
-                .map(drop))?;
-            Ok(())
-        })
+/// Phase 1: a new order row, and the key at `order_created` naming it.
+struct NewOrder {
+    order: String,
+    scope: String,
+    key: String,
+    clock: Arc<ManualClock>,
+}
+
+impl NewOrder {
+    async fn insert(self, tx: &mut Tx<'_>) -> Result<(String, Progress), KeyError> {
+        tx.execute(
+            "INSERT INTO orders (order_id, scope, idempotency_key, status, created_ms) VALUES ($1, $2, $3, 'pending_payment', $4)",
+            &[&self.order, &self.scope, &self.key, &self.clock.now_ms()],
+        )
+        .await?;
+        let created = Progress::At { point: "order_created", resource_id: Some(self.order.clone()) };
+        Ok((self.order, created))
     }
+}
+
+/// Undoes phase 1 of a create refused before the bank: its order goes with its key.
+async fn delete_order(tx: &mut Tx<'_>, order: &str) -> Result<(), KeyError> {
+    tx.execute("DELETE FROM orders WHERE order_id = $1 AND status = 'pending_payment'", &[&order]).await?;
+    Ok(())
 }
 
 /// Whether a create or a resume is dropped (its deadline, a crash), and how long after it

@@ -7,7 +7,7 @@ use proto::{
     json::OrderJson,
 };
 use serde::{Deserialize, Serialize};
-use storage::{Database, FromRow, Row, Tx};
+use storage::{Database, Tx};
 
 use crate::error::OrdersError;
 
@@ -17,36 +17,20 @@ pub struct Orders {
     database: Database,
 }
 
-#[derive(Debug)]
-struct OrderRow {
-    order_id: String,
-    customer_id: String,
-    items: String,
-    amount_minor: i64,
-    currency: String,
-    status: String,
-    payment_id: Option<String>,
-    bank_charge_id: Option<String>,
-    decline_reason: Option<String>,
-    created_at: String,
-    version: i64,
-}
-
-impl FromRow for OrderRow {
-    fn from_row(row: &Row) -> Result<Self, storage::Error> {
-        Ok(Self {
-            order_id: row.get("order_id")?,
-            customer_id: row.get("customer_id")?,
-            items: row.get("items")?,
-            amount_minor: row.get("amount_minor")?,
-            currency: row.get("currency")?,
-            status: row.get("status")?,
-            payment_id: row.get("payment_id")?,
-            bank_charge_id: row.get("bank_charge_id")?,
-            decline_reason: row.get("decline_reason")?,
-            created_at: row.get("created_at")?,
-            version: row.get("version")?,
-        })
+storage::row! {
+    #[derive(Debug)]
+    struct OrderRow {
+        order_id: String,
+        customer_id: String,
+        items: String,
+        amount_minor: i64,
+        currency: String,
+        status: String,
+        payment_id: Option<String>,
+        bank_charge_id: Option<String>,
+        decline_reason: Option<String>,
+        created_at: String,
+        version: i64,
     }
 }
 

@@ -29,7 +29,7 @@ use rpc::{
     Client, GrpcServer, ServerError,
     metadata::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
 };
-use storage::{Database, FromRow, Row};
+use storage::Database;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status};
 
@@ -185,22 +185,13 @@ impl Payments {
     }
 }
 
-#[derive(Debug)]
-struct PaymentRow {
-    payment_id: String,
-    status: String,
-    bank_charge_id: String,
-    decline_reason: Option<String>,
-}
-
-impl FromRow for PaymentRow {
-    fn from_row(row: &Row) -> Result<Self, storage::Error> {
-        Ok(Self {
-            payment_id: row.get("payment_id")?,
-            status: row.get("status")?,
-            bank_charge_id: row.get("bank_charge_id")?,
-            decline_reason: row.get("decline_reason")?,
-        })
+storage::row! {
+    #[derive(Debug)]
+    struct PaymentRow {
+        payment_id: String,
+        status: String,
+        bank_charge_id: String,
+        decline_reason: Option<String>,
     }
 }
 

@@ -174,32 +174,18 @@ pub struct KeyStore {
     pause: Option<Arc<dyn crate::pause::PauseHook>>,
 }
 
-#[derive(Debug)]
-struct KeyRow {
-    fingerprint: String,
-    state: String,
-    recovery_point: String,
-    resource_id: Option<String>,
-    lock_token: i64,
-    locked_until: i64,
-    response_code: Option<i64>,
-    response_body: Option<Vec<u8>>,
-    expires_at: i64,
-}
-
-impl FromRow for KeyRow {
-    fn from_row(row: &Row) -> Result<Self, storage::Error> {
-        Ok(Self {
-            fingerprint: row.get("fingerprint")?,
-            state: row.get("state")?,
-            recovery_point: row.get("recovery_point")?,
-            resource_id: row.get("resource_id")?,
-            lock_token: row.get("lock_token")?,
-            locked_until: row.get("locked_until")?,
-            response_code: row.get("response_code")?,
-            response_body: row.get("response_body")?,
-            expires_at: row.get("expires_at")?,
-        })
+storage::row! {
+    #[derive(Debug)]
+    struct KeyRow {
+        fingerprint: String,
+        state: String,
+        recovery_point: String,
+        resource_id: Option<String>,
+        lock_token: i64,
+        locked_until: i64,
+        response_code: Option<i64>,
+        response_body: Option<Vec<u8>>,
+        expires_at: i64,
     }
 }
 

@@ -1,4 +1,4 @@
-use storage::{Backend, Database, FromRow, Row, Tx};
+use storage::{Backend, Database, Tx};
 use webhooks::signature::Secret;
 
 use crate::{
@@ -8,24 +8,15 @@ use crate::{
     sealed::SecretKeys,
 };
 
-/// An endpoint with deliveries due, as the sender needs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DueEndpoint {
-    pub endpoint_id: String,
-    /// The endpoint's owner, whose share of the sender it draws on.
-    pub client_id: String,
-    pub max_in_flight: i64,
-    pub rate_per_sec: i64,
-}
-
-impl FromRow for DueEndpoint {
-    fn from_row(row: &Row) -> Result<Self, storage::Error> {
-        Ok(Self {
-            endpoint_id: row.get("endpoint_id")?,
-            client_id: row.get("client_id")?,
-            max_in_flight: row.get("max_in_flight")?,
-            rate_per_sec: row.get("rate_per_sec")?,
-        })
+storage::row! {
+    /// An endpoint with deliveries due, as the sender needs it.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct DueEndpoint {
+        pub endpoint_id: String,
+        /// The endpoint's owner, whose share of the sender it draws on.
+        pub client_id: String,
+        pub max_in_flight: i64,
+        pub rate_per_sec: i64,
     }
 }
 
@@ -114,22 +105,13 @@ pub struct Finished {
     pub endpoint_disabled: Option<String>,
 }
 
-#[derive(Debug)]
-struct ClaimedRow {
-    event_id: String,
-    claimed_until_ms: i64,
-    attempts: i64,
-    schedule_step: i64,
-}
-
-impl FromRow for ClaimedRow {
-    fn from_row(row: &Row) -> Result<Self, storage::Error> {
-        Ok(Self {
-            event_id: row.get("event_id")?,
-            claimed_until_ms: row.get("claimed_until_ms")?,
-            attempts: row.get("attempts")?,
-            schedule_step: row.get("schedule_step")?,
-        })
+storage::row! {
+    #[derive(Debug)]
+    struct ClaimedRow {
+        event_id: String,
+        claimed_until_ms: i64,
+        attempts: i64,
+        schedule_step: i64,
     }
 }
 

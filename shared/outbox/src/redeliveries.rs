@@ -7,7 +7,7 @@
 //! transaction of its own that moves the cursor with it: a crash loses nothing, and the next batch
 //! starts where the last committed one ended.
 
-use storage::{Database, FromRow, Row, Tx};
+use storage::{Database, Tx};
 
 use crate::OutboxError;
 
@@ -116,26 +116,15 @@ pub(crate) async fn request(
     Ok(u64::try_from(events).unwrap_or(0))
 }
 
-#[derive(Debug)]
-struct Running {
-    endpoint_id: String,
-    client_id: String,
-    until_ms: i64,
-    include_delivered: bool,
-    cursor_created_at_ms: i64,
-    cursor_event_id: String,
-}
-
-impl FromRow for Running {
-    fn from_row(row: &Row) -> Result<Self, storage::Error> {
-        Ok(Self {
-            endpoint_id: row.get("endpoint_id")?,
-            client_id: row.get("client_id")?,
-            until_ms: row.get("until_ms")?,
-            include_delivered: row.get("include_delivered")?,
-            cursor_created_at_ms: row.get("cursor_created_at_ms")?,
-            cursor_event_id: row.get("cursor_event_id")?,
-        })
+storage::row! {
+    #[derive(Debug)]
+    struct Running {
+        endpoint_id: String,
+        client_id: String,
+        until_ms: i64,
+        include_delivered: bool,
+        cursor_created_at_ms: i64,
+        cursor_event_id: String,
     }
 }
 

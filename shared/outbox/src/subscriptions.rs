@@ -1,4 +1,4 @@
-use storage::{Backend, Database, FromRow, Row, Tx};
+use storage::{Backend, Database, Tx};
 use webhooks::{signature::Secret, ssrf};
 
 use crate::{
@@ -127,32 +127,18 @@ pub struct Endpoint {
     pub updated_at_ms: i64,
 }
 
-#[derive(Debug)]
-struct EndpointRow {
-    endpoint_id: String,
-    url: String,
-    state: String,
-    disabled_reason: Option<String>,
-    failing_since_ms: Option<i64>,
-    max_in_flight: i64,
-    rate_per_sec: i64,
-    created_at_ms: i64,
-    updated_at_ms: i64,
-}
-
-impl FromRow for EndpointRow {
-    fn from_row(row: &Row) -> Result<Self, storage::Error> {
-        Ok(Self {
-            endpoint_id: row.get("endpoint_id")?,
-            url: row.get("url")?,
-            state: row.get("state")?,
-            disabled_reason: row.get("disabled_reason")?,
-            failing_since_ms: row.get("failing_since_ms")?,
-            max_in_flight: row.get("max_in_flight")?,
-            rate_per_sec: row.get("rate_per_sec")?,
-            created_at_ms: row.get("created_at_ms")?,
-            updated_at_ms: row.get("updated_at_ms")?,
-        })
+storage::row! {
+    #[derive(Debug)]
+    struct EndpointRow {
+        endpoint_id: String,
+        url: String,
+        state: String,
+        disabled_reason: Option<String>,
+        failing_since_ms: Option<i64>,
+        max_in_flight: i64,
+        rate_per_sec: i64,
+        created_at_ms: i64,
+        updated_at_ms: i64,
     }
 }
 
@@ -263,37 +249,21 @@ impl std::str::FromStr for LogCursor {
     }
 }
 
-/// A delivery of a log page with one of its attempts (none: the attempt's columns are NULL).
-#[derive(Debug)]
-struct LogRow {
-    event_id: String,
-    event_type: String,
-    state: String,
-    next_attempt_at_ms: i64,
-    created_at_ms: i64,
-    attempt: Option<i64>,
-    started_at_ms: Option<i64>,
-    duration_ms: Option<i64>,
-    status_code: Option<i64>,
-    outcome: Option<String>,
-    error: Option<String>,
-}
-
-impl FromRow for LogRow {
-    fn from_row(row: &Row) -> Result<Self, storage::Error> {
-        Ok(Self {
-            event_id: row.get("event_id")?,
-            event_type: row.get("event_type")?,
-            state: row.get("state")?,
-            next_attempt_at_ms: row.get("next_attempt_at_ms")?,
-            created_at_ms: row.get("created_at_ms")?,
-            attempt: row.get("attempt")?,
-            started_at_ms: row.get("started_at_ms")?,
-            duration_ms: row.get("duration_ms")?,
-            status_code: row.get("status_code")?,
-            outcome: row.get("outcome")?,
-            error: row.get("error")?,
-        })
+storage::row! {
+    /// A delivery of a log page with one of its attempts (none: the attempt's columns are NULL).
+    #[derive(Debug)]
+    struct LogRow {
+        event_id: String,
+        event_type: String,
+        state: String,
+        next_attempt_at_ms: i64,
+        created_at_ms: i64,
+        attempt: Option<i64>,
+        started_at_ms: Option<i64>,
+        duration_ms: Option<i64>,
+        status_code: Option<i64>,
+        outcome: Option<String>,
+        error: Option<String>,
     }
 }
 

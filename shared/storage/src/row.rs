@@ -216,3 +216,32 @@ macro_rules! scalar_from_row {
     )*};
 }
 scalar_from_row!(i64, bool, String, Vec<u8>, Option<i64>, Option<String>);
+
+/// Declares a struct whose fields are named as the columns of a row, and reads it with
+/// [`FromRow`]:
+///
+/// ```
+/// storage::row! {
+///     /// A note as stored.
+///     #[derive(Debug)]
+///     pub struct Note {
+///         pub id: String,
+///         words: Option<i64>,
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! row {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident { $($(#[$field_meta:meta])* $field_vis:vis $field:ident : $type:ty),* $(,)? }) => {
+        $(#[$meta])*
+        $vis struct $name {
+            $($(#[$field_meta])* $field_vis $field: $type),*
+        }
+
+        impl $crate::FromRow for $name {
+            fn from_row(row: &$crate::Row) -> ::std::result::Result<Self, $crate::Error> {
+                Ok(Self { $($field: row.get(stringify!($field))?),* })
+            }
+        }
+    };
+}

@@ -71,49 +71,31 @@ impl History {
     }
 }
 
-/// An order row at the end of the run: `paid_from_ms` is the clock before its record phase
-/// began (the key's expiry is at least `paid_from_ms + ttl`), `paid_ms` the clock inside it
-/// (the expiry is at most `paid_ms + ttl`), `recorded_by` that phase's attempt.
-#[derive(Debug, Clone)]
-pub struct OrderRow {
-    pub order_id: String,
-    pub scope: String,
-    pub idempotency_key: String,
-    pub status: String,
-    pub created_ms: i64,
-    pub paid_from_ms: Option<i64>,
-    pub paid_ms: Option<i64>,
-    pub recorded_by: Option<i64>,
-    pub charge_id: Option<i64>,
-}
-
-/// A key row at the end of the run, as far as it names an order.
-#[derive(Debug, Clone)]
-pub struct KeyRow {
-    pub scope: String,
-    pub idempotency_key: String,
-    pub resource_id: Option<String>,
-}
-
-impl storage::FromRow for OrderRow {
-    fn from_row(row: &storage::Row) -> Result<Self, storage::Error> {
-        Ok(Self {
-            order_id: row.get("order_id")?,
-            scope: row.get("scope")?,
-            idempotency_key: row.get("idempotency_key")?,
-            status: row.get("status")?,
-            created_ms: row.get("created_ms")?,
-            paid_from_ms: row.get("paid_from_ms")?,
-            paid_ms: row.get("paid_ms")?,
-            recorded_by: row.get("recorded_by")?,
-            charge_id: row.get("charge_id")?,
-        })
+storage::row! {
+    /// An order row at the end of the run: `paid_from_ms` is the clock before its record phase
+    /// began (the key's expiry is at least `paid_from_ms + ttl`), `paid_ms` the clock inside it
+    /// (the expiry is at most `paid_ms + ttl`), `recorded_by` that phase's attempt.
+    #[derive(Debug, Clone)]
+    pub struct OrderRow {
+        pub order_id: String,
+        pub scope: String,
+        pub idempotency_key: String,
+        pub status: String,
+        pub created_ms: i64,
+        pub paid_from_ms: Option<i64>,
+        pub paid_ms: Option<i64>,
+        pub recorded_by: Option<i64>,
+        pub charge_id: Option<i64>,
     }
 }
 
-impl storage::FromRow for KeyRow {
-    fn from_row(row: &storage::Row) -> Result<Self, storage::Error> {
-        Ok(Self { scope: row.get("scope")?, idempotency_key: row.get("idempotency_key")?, resource_id: row.get("resource_id")? })
+storage::row! {
+    /// A key row at the end of the run, as far as it names an order.
+    #[derive(Debug, Clone)]
+    pub struct KeyRow {
+        pub scope: String,
+        pub idempotency_key: String,
+        pub resource_id: Option<String>,
     }
 }
 

@@ -8,6 +8,8 @@ pub mod trace;
 
 pub use service::Service;
 
+use std::io::IsTerminal;
+
 use opentelemetry::{KeyValue, trace::TracerProvider as _};
 use opentelemetry_otlp::{SpanExporter, WithExportConfig};
 use opentelemetry_sdk::{
@@ -101,7 +103,8 @@ pub fn init_hosting(process: Service, services: &[Service], settings: &Telemetry
     // OpenTelemetry's own INFO lines (a provider set, an exporter built) say nothing a user acts on,
     // and would be the first lines a service prints.
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
-    let logs = tracing_subscriber::fmt::layer().with_target(false).with_filter(filter);
+    // Colours only for a person at a terminal: logs piped to a file or a collector stay plain text.
+    let logs = tracing_subscriber::fmt::layer().with_target(false).with_ansi(std::io::stdout().is_terminal()).with_filter(filter);
     let process_resource = service_resource(process, settings.service_name.as_deref().unwrap_or(process.name));
     let endpoint = settings.otlp_endpoint.as_deref();
     let mut traces = Vec::new();

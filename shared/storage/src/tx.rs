@@ -52,11 +52,7 @@ impl<'c> Tx<'c> {
     /// Runs a statement that returns no rows; how many rows it changed.
     pub async fn execute(&mut self, sql: &str, params: &[&dyn Param]) -> Result<u64, Error> {
         match &mut self.0 {
-            Connection::Sqlite(connection) => {
-                tracing::debug!(target: "storage::statement", sql);
-                let mut statement = connection.prepare_cached(&numbered(sql))?;
-                Ok(statement.execute(rusqlite::params_from_iter(params.iter().map(|param| param.value())))? as u64)
-            }
+            Connection::Sqlite(connection) => Ok(prepare(connection, sql)?.execute(bound(params))? as u64),
             Connection::Postgres(connection) => {
                 Ok(bind_postgres(sqlx::query(sqlx::AssertSqlSafe(sql)), params).execute(&mut **connection).await?.rows_affected())
             }
@@ -67,10 +63,7 @@ impl<'c> Tx<'c> {
     pub async fn fetch_optional<R: FromRow>(&mut self, sql: &str, params: &[&dyn Param]) -> Result<Option<R>, Error> {
         match &mut self.0 {
             Connection::Sqlite(connection) => {
-                tracing::debug!(target: "storage::statement", sql);
-                let mut statement = connection.prepare_cached(&numbered(sql))?;
-                let mut rows = statement.query(rusqlite::params_from_iter(params.iter().map(|param| param.value())))?;
-                rows.next()?.map(|row| R::from_row(&Row::Sqlite(row))).transpose()
+                prepare(connection, sql)?.query(bound(params))?.next()?.map(|row| R::from_row(&Row::Sqlite(row))).transpose()
             }
             Connection::Postgres(connection) => {
                 let row = bind_postgres(sqlx::query(sqlx::AssertSqlSafe(sql)), params).fetch_optional(&mut **connection).await?;
@@ -88,9 +81,8 @@ impl<'c> Tx<'c> {
     pub async fn fetch_all<R: FromRow>(&mut self, sql: &str, params: &[&dyn Param]) -> Result<Vec<R>, Error> {
         match &mut self.0 {
             Connection::Sqlite(connection) => {
-                tracing::debug!(target: "storage::statement", sql);
-                let mut statement = connection.prepare_cached(&numbered(sql))?;
-                let mut rows = statement.query(rusqlite::params_from_iter(params.iter().map(|param| param.value())))?;
+                let mut statement = prepare(connection, sql)?;
+                let mut rows = statement.query(bound(params))?;
                 let mut all = Vec::new();
                 while let Some(row) = rows.next()? {
                     all.push(R::from_row(&Row::Sqlite(row))?);
@@ -103,6 +95,18 @@ impl<'c> Tx<'c> {
             }
         }
     }
+}
+
+/// A SQLite statement from the connection's cache of prepared statements, announced as a
+/// `storage::statement` event.
+fn prepare<'c>(connection: &'c rusqlite::Connection, sql: &str) -> rusqlite::Result<rusqlite::CachedStatement<'c>> {
+    tracing::debug!(target: "storage::statement", sql);
+    connection.prepare_cached(&numbered(sql))
+}
+
+/// `params` as rusqlite binds them.
+fn bound<'p>(params: &'p [&dyn Param]) -> impl rusqlite::Params + 'p {
+    rusqlite::params_from_iter(params.iter().map(|param| param.value()))
 }
 
 /// `sql` with SQLite's numbered parameters (`?1`) for PostgreSQL's (`$1`). SQLite reads `$1` as

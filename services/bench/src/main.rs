@@ -3,6 +3,11 @@ use std::path::PathBuf;
 use bench::{Options, Profile, chains::Backend};
 use clap::Parser;
 
+/// mimalloc rather than the system's allocator: a request makes many small, short-lived
+/// allocations on several threads (see the bench's README, "Allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Measures the chain side by side in one run: layer overhead against bare tonic, deadline
 /// precision, retry amplification, fail-fast guards, memory and idempotency. Prints the table and
 /// writes it as BENCHMARKS.md and BENCHMARKS.json.

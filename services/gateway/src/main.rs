@@ -3,6 +3,11 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use settings::SettingsArgs;
 
+/// mimalloc rather than the system's allocator: a request makes many small, short-lived
+/// allocations on several threads (see the bench's README, "Allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The edge of the chain: HTTP/JSON and gRPC in.
 #[derive(Parser)]
 #[command(version, about)]

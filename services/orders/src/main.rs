@@ -1,6 +1,11 @@
 use clap::Parser;
 use settings::SettingsArgs;
 
+/// mimalloc rather than the system's allocator: a request makes many small, short-lived
+/// allocations on several threads (see the bench's README, "Allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Owns the orders and pays them through payment.
 #[derive(Parser)]
 #[command(version, about)]

@@ -5,6 +5,11 @@ use rpc::dev_certs::OPERATOR;
 use settings::SettingsArgs;
 use stack::{Chain, ChainSettings, chain::GATEWAY_HTTP, scenario};
 
+/// mimalloc rather than the system's allocator: a request makes many small, short-lived
+/// allocations on several threads (see the bench's README, "Allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Runs gateway → orders → payment → bank-mock in one process.
 #[derive(Parser)]
 #[command(version, about)]

@@ -7,6 +7,11 @@ use webhooks::{
     signature::{Secret, Verifier},
 };
 
+/// mimalloc rather than the system's allocator: a request makes many small, short-lived
+/// allocations on several threads (see the bench's README, "Allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Receives the chain's webhooks on `POST /webhooks` and prints each event once.
 #[derive(Parser)]
 #[command(version, about)]

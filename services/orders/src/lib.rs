@@ -36,7 +36,7 @@ use rpc::{
     Client, GrpcServer, ServerError,
     metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
 };
-use storage::{Database, Tx};
+use storage::Database;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status, metadata::MetadataMap};
 
@@ -170,11 +170,11 @@ impl OrderService {
         }
         // Phase 1, committed with a new key's claim: the order row, with the recovery point that
         // says it exists.
-        let (client, order) = (client_id.to_owned(), new_order(&request));
+        let order = new_order(&request);
         let claimed =
-            self.keys.begin_with_first_phase(client_id, key, &fingerprint, lease, async move |tx| insert_order(tx, &client, order).await).await?;
+            self.keys.begin_with_first_phase(client_id, key, &fingerprint, lease, || (store::insert(client_id, &order), created(&order))).await?;
         let (mut lease, order, created_now) = match claimed {
-            BeginWith::Executed(lease, order) => (lease, order, true),
+            BeginWith::Executed(lease) => (lease, order, true),
             BeginWith::Found(Begin::Replay(stored)) => return Ok(Answer { order: replay(&stored)?, replayed: true }),
             // A lease taken over: phase 1 again unless it committed before.
             BeginWith::Found(Begin::Execute(mut lease)) => match lease.resource_id.clone() {
@@ -183,8 +183,7 @@ impl OrderService {
                     (lease, order, false)
                 }
                 None => {
-                    let (client, order) = (client_id.to_owned(), new_order(&request));
-                    let order = self.keys.atomic_phase(&mut lease, async move |tx| insert_order(tx, &client, order).await).await?;
+                    self.keys.atomic_statements(&mut lease, store::insert(client_id, &order), created(&order)).await?;
                     (lease, order, true)
                 }
             },
@@ -275,11 +274,9 @@ fn new_order(request: &CreateOrderRequest) -> Order {
     }
 }
 
-/// Phase 1 of a create: the order row, and the key at the recovery point that says it exists.
-async fn insert_order(tx: &mut Tx<'_>, client_id: &str, order: Order) -> Result<(Order, Progress), OrdersError> {
-    store::insert(tx, client_id, &order).await?;
-    let created = Progress::At { point: ORDER_CREATED, resource_id: Some(order.order_id.clone()) };
-    Ok((order, created))
+/// Where phase 1 of a create leaves its key: at the recovery point that says the order exists.
+fn created(order: &Order) -> Progress {
+    Progress::At { point: ORDER_CREATED, resource_id: Some(order.order_id.clone()) }
 }
 
 /// The stored answer of a completed create.

@@ -1,6 +1,6 @@
 //! Order rows, on SQLite or PostgreSQL through `storage`.
 
-use idempotency::{Clock, SystemClock};
+use idempotency::{Clock, Effects, SystemClock};
 use outbox::NewEvent;
 use proto::{
     common::v1::{LineItem, Order, OrderStatus, Payment, PaymentStatus},
@@ -55,12 +55,12 @@ macro_rules! order_columns {
 /// One order by its id.
 const SELECT_ONE: &str = concat!("SELECT ", order_columns!(), " FROM orders WHERE order_id = $1");
 
-/// Inserts a new order awaiting payment (an effect of the key's first phase).
-pub async fn insert(tx: &mut Tx<'_>, client_id: &str, order: &Order) -> Result<(), OrdersError> {
+/// A new order awaiting payment: the effect of the key's first phase (see [`Effects`]).
+pub fn insert(client_id: &str, order: &Order) -> Effects {
     let items: Vec<ItemJson> = order.items.iter().map(|i| ItemJson { sku: i.sku.clone(), quantity: i.quantity }).collect();
-    tx.execute(
+    Effects::default().then(
         "INSERT INTO orders (order_id, client_id, customer_id, items, amount_minor, currency, status, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8 FROM moved",
         &[
             &order.order_id,
             &client_id,
@@ -72,8 +72,6 @@ pub async fn insert(tx: &mut Tx<'_>, client_id: &str, order: &Order) -> Result<(
             &order.created_at,
         ],
     )
-    .await?;
-    Ok(())
 }
 
 /// Deletes an order still awaiting payment, whose create was refused before payment could

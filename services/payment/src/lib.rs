@@ -14,7 +14,7 @@ use std::{
 
 use deadline::{Hop, HopStats};
 use error::PaymentError;
-use idempotency::{Begin, KeyStore, Progress, Stored};
+use idempotency::{Begin, Effects, KeyStore, Progress, Stored};
 use prost::Message;
 use proto::{
     bank::v1::{ChargeOutcome, ChargeRequest, bank_client::BankClient},
@@ -139,7 +139,7 @@ impl Payments {
         // calling the bank again (a second charge, for a bank that forgot its key too).
         if let Some(recorded) = self.recorded(&payment_id).await? {
             let answer = Stored { code: Code::Ok as i32, body: recorded.encode_to_vec() };
-            self.keys.atomic_phase(&mut lease, async move |_| Ok::<_, PaymentError>(((), Progress::Completed(answer)))).await?;
+            self.keys.atomic_statements(&mut lease, Effects::default(), Progress::Completed(answer)).await?;
             return Ok((recorded, true));
         }
 
@@ -166,21 +166,24 @@ impl Payments {
             decline_reason: reply.decline_reason,
         };
 
-        let (row, order_id, amount_minor, currency) = (payment.clone(), request.order_id, request.amount_minor, request.currency);
         let answer = Stored { code: Code::Ok as i32, body: payment.encode_to_vec() };
         let status = if approved { "approved" } else { "declined" };
         let created_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
-        self.keys
-            .atomic_phase(&mut lease, async move |tx| {
-                tx.execute(
-                    "INSERT INTO payments (payment_id, order_id, amount_minor, currency, status, bank_charge_id, decline_reason, created_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-                    &[&row.payment_id, &order_id, &amount_minor, &currency, &status, &row.bank_charge_id, &row.decline_reason, &created_at],
-                )
-                .await?;
-                Ok::<_, PaymentError>(((), Progress::Completed(answer)))
-            })
-            .await?;
+        let recorded = Effects::default().then(
+            "INSERT INTO payments (payment_id, order_id, amount_minor, currency, status, bank_charge_id, decline_reason, created_at) \
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8 FROM moved",
+            &[
+                &payment.payment_id,
+                &request.order_id,
+                &request.amount_minor,
+                &request.currency,
+                &status,
+                &payment.bank_charge_id,
+                &payment.decline_reason,
+                &created_at,
+            ],
+        );
+        self.keys.atomic_statements(&mut lease, recorded, Progress::Completed(answer)).await?;
         Ok((payment, false))
     }
 }

@@ -8,7 +8,9 @@ mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use reaper::spawn_reaper;
-pub use store::{Begin, BeginWith, KeyError, KeySettings, KeyStore, Lease, Lookup, Progress, ResumePolicy, Stored, StrandedKey, TtlTooShort};
+pub use store::{
+    Begin, BeginWith, Effects, KeyError, KeySettings, KeyStore, Lease, Lookup, Progress, ResumePolicy, Stored, StrandedKey, TtlTooShort,
+};
 
 use sha2::{Digest, Sha256};
 

@@ -11,9 +11,8 @@ pub enum Pause {
     /// In [`KeyStore::begin`](crate::KeyStore::begin), after the key's row was read and before
     /// anything is decided from it (a takeover, a delete of an expired row).
     BeginRead,
-    /// In [`KeyStore::begin_with_first_phase`](crate::KeyStore::begin_with_first_phase), inside
-    /// its transaction, after a read found no key and before the first phase runs (on SQLite,
-    /// while the request holds the one writer).
+    /// In [`KeyStore::begin_with_first_phase`](crate::KeyStore::begin_with_first_phase), after
+    /// a read found no key and before the claim and the first phase are written.
     NewKeyRead,
     /// In [`KeyStore::atomic_phase`](crate::KeyStore::atomic_phase), inside its transaction,
     /// after the key was moved to where the phase leaves it and before the commit: on

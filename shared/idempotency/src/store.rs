@@ -1,7 +1,8 @@
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::{sync::Arc, time::Duration};
 
-use serde::{Deserialize, Serialize};
-use storage::{Backend, Database, FromRow, Row, Tx};
+use storage::{Backend, Database, FromRow, Param, Row, Statement, Tx};
 
 use crate::{Clock, SystemClock};
 
@@ -140,10 +141,10 @@ pub enum Begin {
 
 /// What [`KeyStore::begin_with_first_phase`] found.
 #[derive(Debug)]
-pub enum BeginWith<T> {
+pub enum BeginWith {
     /// A new key, claimed with its first phase in one transaction: go on from the lease's
-    /// recovery point, with what the phase returned.
-    Executed(Lease, T),
+    /// recovery point.
+    Executed(Lease),
     /// A key already there, as [`KeyStore::begin`] answers for it; its first phase did not
     /// commit (a lease taken over at `started` runs one with [`KeyStore::atomic_phase`]).
     Found(Begin),
@@ -297,6 +298,12 @@ impl NewKey {
         }
     }
 
+    /// The statement that inserts this key unless it exists, where a first phase that committed
+    /// with it left it (`progress`), or at `started`.
+    fn insert(&self, progress: Option<&Progress>) -> Statement {
+        Statement::new(INSERT_KEY, &self.params(&self.inserted_at(progress)))
+    }
+
     /// [`INSERT_KEY`]'s parameters for this key, inserted as `at` says.
     fn params<'a>(&'a self, at: &'a Inserted<'a>) -> [&'a dyn storage::Param; 12] {
         [
@@ -319,14 +326,6 @@ impl NewKey {
 /// Reads a key's row: on the reader, or in the transaction that is about to claim the key.
 const READ_KEY: &str = "SELECT fingerprint, state, recovery_point, resource_id, lock_token, locked_until, response_code, response_body, expires_at \
                         FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2";
-
-/// What the transaction of [`KeyStore::begin_with_first_phase`] did.
-enum FirstPhase<T> {
-    /// The key was new: the first phase committed with its claim.
-    Committed(T, Progress),
-    /// The key was there: nothing was written.
-    Found(KeyRow),
-}
 
 /// Where a claim's first round starts.
 enum FirstRound {
@@ -385,69 +384,73 @@ impl KeyStore {
     }
 
     /// As [`KeyStore::begin`], for a request whose first phase needs nothing from outside the
-    /// database: a new key's claim and `first_phase` (as [`KeyStore::atomic_phase`] takes it)
-    /// commit in one transaction, one write instead of two. A failing first phase takes the
-    /// claim back with it, as if the request had never come.
+    /// database: a new key's claim and the phase's effects commit together, the key already
+    /// where the phase leaves it, as one statement on PostgreSQL (see [`Effects`]). `first_phase`
+    /// makes the effects and that [`Progress`], only once the key is known to be new and just
+    /// before they are written, so that what they record (a time) is of the claim. A failing
+    /// effect takes the claim back with it, as if the request had never come.
     ///
-    /// A key already there is decided as [`KeyStore::begin`] would, and its first phase does
-    /// not run. It is found where that is cheapest: on SQLite by a read in the transaction, a
-    /// statement on the one writer's thread where a reader would be a hand-off to another
-    /// thread; on PostgreSQL by a read before it, one round trip where a read in a transaction
-    /// would add a `BEGIN` and a `COMMIT` to every repeat. For a new key, the phase runs and the
-    /// key is then inserted where the phase leaves it, one statement fewer than a claim and a
-    /// move. On SQLite nobody can claim the key between the read and the insert: the one writer
-    /// runs them in turn. On PostgreSQL another request can, and then the insert changes
-    /// nothing: the transaction is rolled back with the phase's work, and the key is decided as
-    /// it now stands.
-    pub async fn begin_with_first_phase<T, E, F>(
+    /// The key is read first, on the reader: a repeat finds it there and is decided as
+    /// [`KeyStore::begin`] would, with nothing written and no effect run. A key claimed by
+    /// another request between that read and the claim makes the claim insert nothing, and its
+    /// effects do nothing: the key is then decided as it now stands.
+    pub async fn begin_with_first_phase(
         &self,
         scope: &str,
         key: &str,
         fingerprint: &str,
         lease: Duration,
-        first_phase: F,
-    ) -> Result<BeginWith<T>, E>
-    where
-        F: AsyncFnOnce(&mut Tx<'_>) -> Result<(T, Progress), E> + Send + 'static,
-        T: Send + 'static,
-        E: From<KeyError> + Send + 'static,
-    {
+        first_phase: impl FnOnce() -> (Effects, Progress),
+    ) -> Result<BeginWith, KeyError> {
         let token = rand::random::<i64>();
-        let read_in_transaction = self.database.backend() == Backend::Sqlite;
-        if !read_in_transaction && let Some(row) = self.read(scope, key).await? {
+        if let Some(row) = self.read(scope, key).await? {
             return Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, FirstRound::Decide(row)).await?));
         }
-        let new = self.new_key(scope, key, fingerprint, lease, token);
         #[cfg(feature = "pause-points")]
-        let pause = self.pause.clone();
-        let claimed = self
+        self.pause(crate::pause::Pause::NewKeyRead, key).await;
+        let new = self.new_key(scope, key, fingerprint, lease, token);
+        let (effects, progress) = first_phase();
+        if !self.with_effects(new.insert(Some(&progress)), effects).await? {
+            return Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, FirstRound::Read).await?));
+        }
+        let mut lease = Lease::new(scope, key, token, STARTED.into(), None);
+        lease.advance(progress);
+        Ok(BeginWith::Executed(lease))
+    }
+
+    /// Runs `key`, a statement on one key's row, and then `effects` if it changed the row, all
+    /// or nothing; whether it changed the row. On PostgreSQL one statement: `key` as the
+    /// data-modifying `WITH` table `moved` (`RETURNING 1`, one row when it changed the key), each
+    /// effect as a table after it, and the count of `moved`. On SQLite one unit of work of the
+    /// writer, where each effect finds `moved` as one row: the key's statement has already
+    /// changed the row when they run.
+    async fn with_effects(&self, key: Statement, effects: Effects) -> Result<bool, KeyError> {
+        if self.database.backend() == Backend::Postgres {
+            let mut phase = Statement::new("WITH moved AS (", &[]);
+            phase.append(&key);
+            phase.push_sql(" RETURNING 1)");
+            for (index, effect) in effects.0.iter().enumerate() {
+                phase.push_sql(&format!(", effect_{index} AS ("));
+                phase.append(effect);
+                phase.push_sql(")");
+            }
+            phase.push_sql(" SELECT COUNT(*) FROM moved");
+            let moved: Option<i64> = self.database.execute_returning(phase.sql(), &phase.params()).await?;
+            return Ok(moved == Some(1));
+        }
+        let moved = self
             .database
             .write(async move |tx| {
-                if read_in_transaction && let Some(row) = tx.fetch_optional(READ_KEY, &[&new.scope, &new.key]).await? {
-                    return Ok(FirstPhase::Found(row));
+                if tx.execute(key.sql(), &key.params()).await? == 0 {
+                    return Ok::<_, KeyError>(false);
                 }
-                #[cfg(feature = "pause-points")]
-                if let Some(hook) = pause {
-                    hook.reached(crate::pause::Pause::NewKeyRead, &new.key).await;
+                for effect in &effects.0 {
+                    tx.execute(&format!("WITH moved AS (SELECT 1) {}", effect.sql()), &effect.params()).await?;
                 }
-                let (done, progress) = first_phase(tx).await.map_err(PhaseFailed::Effects)?;
-                if tx.execute(INSERT_KEY, &new.params(&new.inserted_at(Some(&progress)))).await? == 0 {
-                    return Err(PhaseFailed::KeyTaken);
-                }
-                Ok(FirstPhase::Committed(done, progress))
+                Ok(true)
             })
-            .await;
-        let first = match claimed {
-            Ok(FirstPhase::Committed(done, progress)) => {
-                let mut lease = Lease::new(scope, key, token, STARTED.into(), None);
-                lease.advance(progress);
-                return Ok(BeginWith::Executed(lease, done));
-            }
-            Ok(FirstPhase::Found(row)) => FirstRound::Decide(row),
-            Err(PhaseFailed::KeyTaken) => FirstRound::Read,
-            Err(failed) => return Err(failed.into_error()),
-        };
-        Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, first).await?))
+            .await?;
+        Ok(moved)
     }
 
     /// What `key` holds for a request with `fingerprint`, read on the reader without claiming
@@ -683,6 +686,19 @@ impl KeyStore {
         Ok(done)
     }
 
+    /// As [`KeyStore::atomic_phase`], for a phase whose effects are statements that need no answer
+    /// from the database (see [`Effects`]): on PostgreSQL the key's move and the effects are one
+    /// statement, one round trip with no `BEGIN` or `COMMIT`.
+    pub async fn atomic_statements(&self, lease: &mut Lease, effects: Effects, progress: Progress) -> Result<(), KeyError> {
+        let holder = Holder { scope: lease.scope.clone(), key: lease.key.clone(), token: lease.token };
+        let keep_until = self.clock.now_ms() + self.settings.ttl_ms as i64;
+        if !self.with_effects(holder.moved(&progress, keep_until), effects).await? {
+            return Err(KeyError::LeaseLost);
+        }
+        lease.advance(progress);
+        Ok(())
+    }
+
     /// Takes back a request that stopped before anything outside the database happened under
     /// its key (refused before anything could be charged): `effects` undo what its phases wrote
     /// (e.g. delete the order), and the key's row goes with them, in one transaction, only while
@@ -759,12 +775,27 @@ pub enum Progress {
     Completed(Stored),
 }
 
+/// A phase's effects written as statements, for a phase that needs no answer from the database
+/// ([`KeyStore::begin_with_first_phase`], [`KeyStore::atomic_statements`]). Each must act only
+/// when the phase's key moved: it reads the table `moved`, which has one row when the key moved
+/// and none when the lease was lost (`INSERT … SELECT … FROM moved`, `UPDATE … WHERE … AND
+/// EXISTS (SELECT 1 FROM moved)`). On PostgreSQL they all run in one statement with the key's
+/// move, so each sees the database as it was before it: none sees another's rows.
+#[derive(Debug, Default)]
+pub struct Effects(Vec<Statement>);
+
+impl Effects {
+    /// These effects, then `sql` with `params`.
+    pub fn then(mut self, sql: impl Into<Cow<'static, str>>, params: &[&dyn Param]) -> Self {
+        self.0.push(Statement::new(sql, params));
+        self
+    }
+}
+
 /// Why an atomic phase rolled back: its own effects failed, or the key's part did.
 enum PhaseFailed<E> {
     Effects(E),
     Key(KeyError),
-    /// A new key's first phase found the key claimed by another request meanwhile.
-    KeyTaken,
 }
 
 impl<E: From<KeyError>> PhaseFailed<E> {
@@ -772,7 +803,6 @@ impl<E: From<KeyError>> PhaseFailed<E> {
         match self {
             PhaseFailed::Effects(error) => error,
             PhaseFailed::Key(error) => E::from(error),
-            PhaseFailed::KeyTaken => E::from(KeyError::InFlight),
         }
     }
 }
@@ -797,24 +827,30 @@ impl Holder {
         F: AsyncFnOnce(&mut Tx<'_>) -> Result<(T, Progress), E>,
     {
         let (done, progress) = effects(tx).await.map_err(PhaseFailed::Effects)?;
-        let updated = match &progress {
-            Progress::At { point, resource_id } => self.move_to(tx, point, resource_id.as_deref()).await?,
-            Progress::Completed(answer) => self.complete(tx, answer, keep_until).await?,
-        };
-        if updated == 0 {
+        let moved = self.moved(&progress, keep_until);
+        if tx.execute(moved.sql(), &moved.params()).await? == 0 {
             return Err(PhaseFailed::Key(KeyError::LeaseLost));
         }
         Ok((done, progress))
     }
 
-    /// Moves the key to `point` (and remembers `resource_id`); 0 rows when the lease was lost.
-    async fn move_to(&self, tx: &mut Tx<'_>, point: &str, resource_id: Option<&str>) -> Result<u64, storage::Error> {
-        tx.execute(
-            "UPDATE idempotency_keys SET recovery_point = $1, resource_id = COALESCE($2, resource_id) \
-             WHERE scope = $3 AND idempotency_key = $4 AND lock_token = $5",
-            &[&point, &resource_id, &self.scope, &self.key, &self.token],
-        )
-        .await
+    /// The statement that moves the key to where `progress` says: to a recovery point (and
+    /// remembers the resource), or completed with its answer, kept at least until `keep_until`.
+    /// It changes no row when the lease was lost.
+    fn moved(&self, progress: &Progress, keep_until: i64) -> Statement {
+        match progress {
+            Progress::At { point, resource_id } => Statement::new(
+                "UPDATE idempotency_keys SET recovery_point = $1, resource_id = COALESCE($2, resource_id) \
+                 WHERE scope = $3 AND idempotency_key = $4 AND lock_token = $5",
+                &[point, resource_id, &self.scope, &self.key, &self.token],
+            ),
+            Progress::Completed(answer) => Statement::new(
+                "UPDATE idempotency_keys SET state = $1, recovery_point = $2, response_code = $3, response_body = $4, \
+                 locked_until = 0, expires_at = CASE WHEN expires_at < $8 THEN $8 ELSE expires_at END \
+                 WHERE scope = $5 AND idempotency_key = $6 AND lock_token = $7",
+                &[&COMPLETED, &FINISHED, &i64::from(answer.code), &answer.body, &self.scope, &self.key, &self.token, &keep_until],
+            ),
+        }
     }
 
     /// Deletes the key unless it completed; 0 rows when the lease was lost.
@@ -822,18 +858,6 @@ impl Holder {
         tx.execute(
             "DELETE FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2 AND lock_token = $3 AND state = $4",
             &[&self.scope, &self.key, &self.token, &IN_FLIGHT],
-        )
-        .await
-    }
-
-    /// Completes the key with `answer`, kept at least until `keep_until`; 0 rows when the lease
-    /// was lost.
-    async fn complete(&self, tx: &mut Tx<'_>, answer: &Stored, keep_until: i64) -> Result<u64, storage::Error> {
-        tx.execute(
-            "UPDATE idempotency_keys SET state = $1, recovery_point = $2, response_code = $3, response_body = $4, \
-             locked_until = 0, expires_at = CASE WHEN expires_at < $8 THEN $8 ELSE expires_at END \
-             WHERE scope = $5 AND idempotency_key = $6 AND lock_token = $7",
-            &[&COMPLETED, &FINISHED, &i64::from(answer.code), &answer.body, &self.scope, &self.key, &self.token, &keep_until],
         )
         .await
     }

@@ -126,10 +126,10 @@ enum Origin {
 /// Where a request task stands: the next statement or call it makes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum TaskStep {
-    /// `begin_with_first_phase` on PostgreSQL: the key read before the transaction.
+    /// `begin_with_first_phase`: the key read before the claim.
     BeginRead,
-    /// Its transaction: the first phase (the order) and the key inserted at `order_created`
-    /// (`insert_at`), or `KeyTaken` when the key appeared meanwhile.
+    /// The claim: the key inserted at `order_created` with the first phase (the order), or
+    /// nothing when the key appeared meanwhile.
     FirstPhase,
     /// A round of `claim` that inserts the key at `started` (`FirstRound::Insert`).
     ClaimInsert { round: u8 },

@@ -4,6 +4,7 @@ mod error;
 mod migrate;
 mod row;
 mod sqlite;
+mod statement;
 mod tx;
 
 use std::{num::NonZeroU32, sync::Arc, time::Duration};
@@ -12,6 +13,7 @@ use sqlx::{PgPool, postgres::PgPoolOptions};
 
 pub use error::Error;
 pub use row::{Column, FromRow, Nullable, Param, Row, Value};
+pub use statement::Statement;
 pub use tx::Tx;
 
 /// When a SQLite commit is on disk (`PRAGMA synchronous` in WAL mode). PostgreSQL's is the
@@ -172,8 +174,8 @@ impl Database {
     pub async fn execute(&self, sql: &str, params: &[&dyn Param]) -> Result<u64, Error> {
         match &self.0 {
             Connections::Sqlite(sqlite) => {
-                let (sql, params) = owned(sql, params);
-                sqlite.write(async move |tx: &mut Tx<'_>| tx.execute(&sql, &borrowed(&params)).await).await
+                let statement = Statement::new(sql.to_owned(), params);
+                sqlite.write(async move |tx: &mut Tx<'_>| tx.execute(statement.sql(), &statement.params()).await).await
             }
             Connections::Postgres(pool) => Tx::postgres(&mut *pool.acquire().await?).execute(sql, params).await,
         }
@@ -183,8 +185,8 @@ impl Database {
     pub async fn execute_returning<R: FromRow + Send + 'static>(&self, sql: &str, params: &[&dyn Param]) -> Result<Option<R>, Error> {
         match &self.0 {
             Connections::Sqlite(sqlite) => {
-                let (sql, params) = owned(sql, params);
-                sqlite.write(async move |tx: &mut Tx<'_>| tx.fetch_optional(&sql, &borrowed(&params)).await).await
+                let statement = Statement::new(sql.to_owned(), params);
+                sqlite.write(async move |tx: &mut Tx<'_>| tx.fetch_optional(statement.sql(), &statement.params()).await).await
             }
             Connections::Postgres(pool) => Tx::postgres(&mut *pool.acquire().await?).fetch_optional(sql, params).await,
         }
@@ -244,15 +246,6 @@ impl Database {
             Connections::Postgres(pool) => Tx::postgres(&mut *pool.acquire().await?).fetch_all(sql, params).await,
         }
     }
-}
-
-/// A statement and its parameters copied, to be sent to SQLite's writer thread.
-fn owned(sql: &str, params: &[&dyn Param]) -> (String, Vec<row::Owned>) {
-    (sql.to_owned(), params.iter().map(|param| row::Owned::from(param.value())).collect())
-}
-
-fn borrowed(params: &[row::Owned]) -> Vec<&dyn Param> {
-    params.iter().map(|param| param as &dyn Param).collect()
 }
 
 /// Begins a PostgreSQL transaction on a task of its own, because of how sqlx 0.9 cancels a

@@ -85,7 +85,7 @@ impl<T: Param + Nullable> Param for Option<T> {
     }
 }
 
-/// A parameter's value copied, for a statement sent to SQLite's writer thread.
+/// A parameter's value copied, for a [`Statement`](crate::Statement).
 #[derive(Debug, Clone)]
 pub(crate) enum Owned {
     Integer(Option<i64>),

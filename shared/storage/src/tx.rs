@@ -1,12 +1,11 @@
 //! Where a unit of work's statements run: the same calls on both backends.
 
-use std::borrow::Cow;
-
 use sqlx::PgConnection;
 
 use crate::{
     Backend, Error,
     row::{FromRow, Param, Row, bind_postgres},
+    statement::numbered,
 };
 
 /// The connection a unit of work runs its statements on, inside its transaction (see
@@ -107,32 +106,4 @@ fn prepare<'c>(connection: &'c rusqlite::Connection, sql: &str) -> rusqlite::Res
 /// `params` as rusqlite binds them.
 fn bound<'p>(params: &'p [&dyn Param]) -> impl rusqlite::Params + 'p {
     rusqlite::params_from_iter(params.iter().map(|param| param.value()))
-}
-
-/// `sql` with SQLite's numbered parameters (`?1`) for PostgreSQL's (`$1`). SQLite reads `$1` as
-/// a named parameter and numbers it by its first appearance, so a statement that uses `$2`
-/// before `$1` would bind them swapped; `?N` is numbered by its digits. No statement here has
-/// a `$` in a literal.
-fn numbered(sql: &str) -> Cow<'_, str> {
-    if !sql.contains('$') {
-        return Cow::Borrowed(sql);
-    }
-    let mut translated = String::with_capacity(sql.len());
-    let mut characters = sql.chars().peekable();
-    while let Some(character) = characters.next() {
-        let before_digit = characters.peek().is_some_and(char::is_ascii_digit);
-        translated.push(if character == '$' && before_digit { '?' } else { character });
-    }
-    Cow::Owned(translated)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::numbered;
-
-    #[test]
-    fn parameters_are_numbered_by_their_digits() {
-        assert_eq!(numbered("UPDATE t SET a = $2 WHERE b = $1 AND c = $12"), "UPDATE t SET a = ?2 WHERE b = ?1 AND c = ?12");
-        assert_eq!(numbered("SELECT 1"), "SELECT 1");
-    }
 }

@@ -47,6 +47,13 @@ pub enum Event {
     BankExecuted {
         order: String,
     },
+    /// Phase 1 of a create committed `order`, as the create saw at `clock_ms` once it returned:
+    /// a time by which the order existed. Its row's `created_ms`, taken just before the phase's
+    /// statement, can be far earlier: the statement may wait for a row lock meanwhile.
+    Made {
+        order: String,
+        clock_ms: i64,
+    },
     /// Record phase `attempt` of `order` returned: `committed` or not.
     Recorded {
         order: String,
@@ -147,22 +154,36 @@ pub fn check(events: &[Event], orders: &[OrderRow], keys: &[KeyRow], ttl_ms: i64
     // At most one bank charge per client intent while its key lives; no key naming two orders.
     // A key's next order may exist only once the one before was settled and its key expired:
     // a half-done key never expires, and a completed one lives at least `ttl` past its record.
+    // An order existed by the time its create saw phase 1 return; one whose create was dropped
+    // before it saw that has only its row's time, taken before the phase's statement.
+    let made_events: HashMap<&str, i64> = events
+        .iter()
+        .filter_map(|event| match event {
+            Event::Made { order, clock_ms } => Some((order.as_str(), *clock_ms)),
+            _ => None,
+        })
+        .collect();
+    let made_ms = |order: &OrderRow| made_events.get(order.order_id.as_str()).copied().unwrap_or(order.created_ms);
     let mut per_key: BTreeMap<(&str, &str), Vec<&OrderRow>> = BTreeMap::new();
     for order in orders {
         per_key.entry((&order.scope, &order.idempotency_key)).or_default().push(order);
     }
     for ((scope, key), mut made) in per_key {
-        made.sort_by_key(|order| order.created_ms);
+        made.sort_by_key(|order| made_ms(order));
         for pair in made.windows(2) {
             let (earlier, later) = (pair[0], pair[1]);
             let ended_at = earlier.paid_from_ms.map(|paid_from| paid_from + ttl_ms);
-            if ended_at.is_none_or(|ended_at| later.created_ms < ended_at) {
+            if ended_at.is_none_or(|ended_at| made_ms(later) < ended_at) {
                 let both_charged = charged.contains(&earlier.order_id.as_str()) && charged.contains(&later.order_id.as_str());
                 let property =
                     if both_charged { "at most one bank charge per client intent while its key lives" } else { "no key naming two orders" };
                 violations.push(format!(
                     "{property}: {scope}/{key} made {} at {} ms while its key still protected {} ({}, record began at {:?} ms, ttl {ttl_ms} ms)",
-                    later.order_id, later.created_ms, earlier.order_id, earlier.status, earlier.paid_from_ms
+                    later.order_id,
+                    made_ms(later),
+                    earlier.order_id,
+                    earlier.status,
+                    earlier.paid_from_ms
                 ));
             }
         }

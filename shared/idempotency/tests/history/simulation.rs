@@ -13,7 +13,7 @@ use std::{
 
 use futures::future::BoxFuture;
 use idempotency::{
-    Begin, BeginWith, Clock, KeyError, KeySettings, KeyStore, Lease, ManualClock, Progress, ResumePolicy, Stored, StrandedKey,
+    Begin, BeginWith, Clock, Effects, KeyError, KeySettings, KeyStore, Lease, ManualClock, Progress, ResumePolicy, Stored, StrandedKey,
     pause::{Pause, PauseHook},
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -155,22 +155,22 @@ impl World {
     /// Half of the creates claim with `begin` and make the order in a phase of its own, the
     /// store's other way, which leaves keys at `started` between the two.
     async fn create(&self, scope: &str, key: &str, rng: &mut StdRng) -> Answer {
+        let new = self.new_order(scope, key);
         let claimed = if rng.random_bool(0.5) {
-            let order = self.new_order(scope, key);
-            self.store.begin_with_first_phase(scope, key, "fingerprint", lease(), async move |tx: &mut Tx<'_>| order.insert(tx).await).await
+            self.store.begin_with_first_phase(scope, key, "fingerprint", lease(), || new.phase(self.clock.now_ms())).await
         } else {
             self.store.begin(scope, key, "fingerprint", lease()).await.map(BeginWith::Found)
         };
         let (mut lease, order, created_now) = match claimed {
-            Ok(BeginWith::Executed(lease, order)) => (lease, order, true),
+            Ok(BeginWith::Executed(lease)) => (lease, self.made(new.order), true),
             Ok(BeginWith::Found(Begin::Replay(stored))) => return Answer::Replayed { body: stored.body },
             Ok(BeginWith::Found(Begin::Execute(mut lease))) => match lease.resource_id.clone() {
                 Some(order) => (lease, order, false),
                 None => {
                     self.stall(rng).await;
-                    let order = self.new_order(scope, key);
-                    match self.store.atomic_phase(&mut lease, async move |tx: &mut Tx<'_>| order.insert(tx).await).await {
-                        Ok(order) => (lease, order, true),
+                    let (effects, created) = new.phase(self.clock.now_ms());
+                    match self.store.atomic_statements(&mut lease, effects, created).await {
+                        Ok(()) => (lease, self.made(new.order), true),
                         Err(error) => return unsettled(error),
                     }
                 }
@@ -194,6 +194,12 @@ impl World {
                 Answer::Pending { order }
             }
         }
+    }
+
+    /// `order`, whose phase 1 has just committed, recorded as made.
+    fn made(&self, order: String) -> String {
+        self.history.record(Event::Made { order: order.clone(), clock_ms: self.clock.now_ms() });
+        order
     }
 
     /// The bank's fault for one call, while faults are on.
@@ -240,7 +246,7 @@ impl World {
     /// Phase 1's order, numbered now.
     fn new_order(&self, scope: &str, key: &str) -> NewOrder {
         let order = format!("order-{}", self.next_order.fetch_add(1, Ordering::Relaxed));
-        NewOrder { order, scope: scope.to_owned(), key: key.to_owned(), clock: self.clock.clone() }
+        NewOrder { order, scope: scope.to_owned(), key: key.to_owned() }
     }
 
     /// A replica's completer: stranded creates resumed as orders' completer does, until told
@@ -351,18 +357,16 @@ struct NewOrder {
     order: String,
     scope: String,
     key: String,
-    clock: Arc<ManualClock>,
 }
 
 impl NewOrder {
-    async fn insert(self, tx: &mut Tx<'_>) -> Result<(String, Progress), KeyError> {
-        tx.execute(
-            "INSERT INTO orders (order_id, scope, idempotency_key, status, created_ms) VALUES ($1, $2, $3, 'pending_payment', $4)",
-            &[&self.order, &self.scope, &self.key, &self.clock.now_ms()],
-        )
-        .await?;
-        let created = Progress::At { point: "order_created", resource_id: Some(self.order.clone()) };
-        Ok((self.order, created))
+    /// Phase 1: the order row, made at `now_ms`, and the key at `order_created` naming it.
+    fn phase(&self, now_ms: i64) -> (Effects, Progress) {
+        let insert = Effects::default().then(
+            "INSERT INTO orders (order_id, scope, idempotency_key, status, created_ms) SELECT $1, $2, $3, 'pending_payment', $4 FROM moved",
+            &[&self.order, &self.scope, &self.key, &now_ms],
+        );
+        (insert, Progress::At { point: "order_created", resource_id: Some(self.order.clone()) })
     }
 }
 

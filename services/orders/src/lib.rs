@@ -243,20 +243,13 @@ impl OrderService {
     }
 
     /// Phase 3 of a create: the outcome, with the answer every repeat will get and the event
-    /// that tells the client's webhook endpoints, all in one transaction: no event without the
-    /// outcome, no outcome without its event.
+    /// that tells the client's webhook endpoints, all or nothing (on PostgreSQL one statement):
+    /// no event without the outcome, no outcome without its event.
     async fn record(&self, client_id: &str, lease: &mut Lease, order: Order, payment: Payment) -> Result<Order, OrdersError> {
-        let (client_id, order_id) = (client_id.to_owned(), order.order_id);
-        let order = self
-            .keys
-            .atomic_phase(lease, async move |tx| {
-                let recorded = store::record_payment(tx, &order_id, &payment).await?;
-                store::announce_payment(tx, &client_id, &recorded).await?;
-                let answer = Stored { code: Code::Ok as i32, body: recorded.order.encode_to_vec() };
-                Ok::<_, OrdersError>((recorded.order, Progress::Completed(answer)))
-            })
-            .await?;
-        Ok(order)
+        let (recorded, effects) = store::record_payment(client_id, order, &payment)?;
+        let answer = Stored { code: Code::Ok as i32, body: recorded.encode_to_vec() };
+        self.keys.atomic_statements(lease, effects, Progress::Completed(answer)).await?;
+        Ok(recorded)
     }
 }
 

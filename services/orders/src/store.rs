@@ -7,7 +7,7 @@ use proto::{
     json::OrderJson,
 };
 use serde::{Deserialize, Serialize};
-use storage::{Database, Tx};
+use storage::{Database, Statement, Tx};
 
 use crate::error::OrdersError;
 
@@ -58,7 +58,7 @@ const SELECT_ONE: &str = concat!("SELECT ", order_columns!(), " FROM orders WHER
 /// A new order awaiting payment: the effect of the key's first phase (see [`Effects`]).
 pub fn insert(client_id: &str, order: &Order) -> Effects {
     let items: Vec<ItemJson> = order.items.iter().map(|i| ItemJson { sku: i.sku.clone(), quantity: i.quantity }).collect();
-    Effects::default().then(
+    Effects::default().then(Statement::new(
         "INSERT INTO orders (order_id, client_id, customer_id, items, amount_minor, currency, status, created_at) \
          SELECT $1, $2, $3, $4, $5, $6, $7, $8 FROM moved",
         &[
@@ -71,7 +71,7 @@ pub fn insert(client_id: &str, order: &Order) -> Effects {
             &PENDING,
             &order.created_at,
         ],
-    )
+    ))
 }
 
 /// Deletes an order still awaiting payment, whose create was refused before payment could
@@ -81,34 +81,9 @@ pub async fn delete_unpaid(tx: &mut Tx<'_>, order_id: &str) -> Result<(), Orders
     Ok(())
 }
 
-/// An order as it stands, and the version of its state (one per change of state).
-pub struct VersionedOrder {
-    pub order: Order,
-    pub version: i64,
-}
-
-/// Records the payment's outcome on a pending order, a new version of its state, and returns the
-/// order as it now stands, in one statement (`RETURNING`).
-pub async fn record_payment(tx: &mut Tx<'_>, order_id: &str, payment: &Payment) -> Result<VersionedOrder, OrdersError> {
-    let status = if payment.status() == PaymentStatus::Approved { PAID } else { DECLINED };
-    let updated: Option<OrderRow> = tx
-        .fetch_optional(
-            concat!(
-                "UPDATE orders SET status = $1, payment_id = $2, bank_charge_id = $3, decline_reason = $4, version = version + 1 \
-                 WHERE order_id = $5 AND status = $6 RETURNING ",
-                order_columns!()
-            ),
-            &[&status, &payment.payment_id, &payment.bank_charge_id, &payment.decline_reason, &order_id, &PENDING],
-        )
-        .await?;
-    // Not pending any more: the outcome is already on it.
-    let row = match updated {
-        Some(row) => row,
-        None => tx.fetch_one(SELECT_ONE, &[&order_id]).await?,
-    };
-    let version = row.version;
-    Ok(VersionedOrder { order: row.into_order()?, version })
-}
+/// The version of an order's state once the payment's outcome is on it: 1 when created, 2 once
+/// paid or declined (see the migration `0002_order_version`). Its events carry it.
+const RECORDED_VERSION: i64 = 2;
 
 /// The `data` of an order's events: the order as the API shows it.
 #[derive(Serialize)]
@@ -116,15 +91,33 @@ struct OrderEventData {
     order: OrderJson,
 }
 
-/// Puts the payment's outcome on the order in the outbox, for the client's webhook endpoints:
-/// call it in the transaction that records the outcome.
-pub async fn announce_payment(tx: &mut Tx<'_>, client_id: &str, versioned: &VersionedOrder) -> Result<(), OrdersError> {
-    let order = &versioned.order;
-    let event_type = if order.status() == OrderStatus::Paid { outbox::ORDER_PAID } else { outbox::ORDER_PAYMENT_DECLINED };
+/// The order with the payment's outcome on it, and the effects of a create's last phase that
+/// record it (see [`Effects`]): the order updated, and the event that tells the client's webhook
+/// endpoints put in the outbox. The order is pending when they run: only the holder of its key's
+/// lease records an outcome, in the phase that completes the key.
+pub fn record_payment(client_id: &str, mut order: Order, payment: &Payment) -> Result<(Order, Effects), OrdersError> {
+    let paid = payment.status() == PaymentStatus::Approved;
+    order.status = if paid { OrderStatus::Paid } else { OrderStatus::PaymentDeclined } as i32;
+    // As a read of the row gives it back (`into_order`).
+    order.payment = Some(Payment { status: if paid { PaymentStatus::Approved } else { PaymentStatus::Declined } as i32, ..payment.clone() });
+    let update = Statement::new(
+        "UPDATE orders SET status = $1, payment_id = $2, bank_charge_id = $3, decline_reason = $4, version = $5 \
+         WHERE order_id = $6 AND status = $7 AND EXISTS (SELECT 1 FROM moved)",
+        &[
+            &if paid { PAID } else { DECLINED },
+            &payment.payment_id,
+            &payment.bank_charge_id,
+            &payment.decline_reason,
+            &RECORDED_VERSION,
+            &order.order_id,
+            &PENDING,
+        ],
+    );
+    let event_type = if paid { outbox::ORDER_PAID } else { outbox::ORDER_PAYMENT_DECLINED };
     let data = OrderEventData { order: OrderJson::from(order.clone()) };
-    let event = NewEvent { event_type, version: versioned.version, data: &data };
-    outbox::record(tx, client_id, &event, SystemClock.now_ms()).await?;
-    Ok(())
+    let event = NewEvent { event_type, version: RECORDED_VERSION, data: &data };
+    let [event, deliveries] = outbox::record_statements(client_id, &event, SystemClock.now_ms(), Effects::WHEN_MOVED)?;
+    Ok((order, Effects::default().then(update).then(event).then(deliveries)))
 }
 
 impl Orders {

@@ -29,7 +29,7 @@ use rpc::{
     Client, GrpcServer, ServerError,
     metadata::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
 };
-use storage::Database;
+use storage::{Database, Statement};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status};
 
@@ -169,7 +169,7 @@ impl Payments {
         let answer = Stored { code: Code::Ok as i32, body: payment.encode_to_vec() };
         let status = if approved { "approved" } else { "declined" };
         let created_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
-        let recorded = Effects::default().then(
+        let recorded = Effects::default().then(Statement::new(
             "INSERT INTO payments (payment_id, order_id, amount_minor, currency, status, bank_charge_id, decline_reason, created_at) \
              SELECT $1, $2, $3, $4, $5, $6, $7, $8 FROM moved",
             &[
@@ -182,7 +182,7 @@ impl Payments {
                 &payment.decline_reason,
                 &created_at,
             ],
-        );
+        ));
         self.keys.atomic_statements(&mut lease, recorded, Progress::Completed(answer)).await?;
         Ok((payment, false))
     }

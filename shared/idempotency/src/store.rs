@@ -1,8 +1,7 @@
-use serde::{Deserialize, Serialize};
-use std::borrow::Cow;
 use std::{sync::Arc, time::Duration};
 
-use storage::{Backend, Database, FromRow, Param, Row, Statement, Tx};
+use serde::{Deserialize, Serialize};
+use storage::{Backend, Database, FromRow, Row, Statement, Tx};
 
 use crate::{Clock, SystemClock};
 
@@ -785,9 +784,13 @@ pub enum Progress {
 pub struct Effects(Vec<Statement>);
 
 impl Effects {
-    /// These effects, then `sql` with `params`.
-    pub fn then(mut self, sql: impl Into<Cow<'static, str>>, params: &[&dyn Param]) -> Self {
-        self.0.push(Statement::new(sql, params));
+    /// The condition that makes a statement act only when the key moved, for statements made
+    /// elsewhere that take a condition to add to their own.
+    pub const WHEN_MOVED: &'static str = "EXISTS (SELECT 1 FROM moved)";
+
+    /// These effects, then `statement`.
+    pub fn then(mut self, statement: Statement) -> Self {
+        self.0.push(statement);
         self
     }
 }

@@ -139,13 +139,13 @@ enum TaskStep {
     DeleteExpired { round: u8, read: KeyRow, now: u8 },
     /// `take_over`: the compare-and-set on the `lock_token` of the row `read`.
     TakeOver { round: u8, read: KeyRow },
-    /// Phase 1 under a lease taken over at `started`: `atomic_phase(insert_order)`.
+    /// Phase 1 under a lease taken over at `started`: `atomic_statements(insert)`.
     InsertOrder { lock_token: Token },
     /// Phase 2: the payment call, on its way to payment and the bank.
     Charge { lock_token: Token, order: OrderId, created_now: bool },
     /// The bank charged; payment's reply on its way back.
     ChargeReply { lock_token: Token, order: OrderId },
-    /// Phase 3: `atomic_phase(record_payment)`, the key completed with the answer.
+    /// Phase 3: `atomic_statements(record_payment)`, the key completed with the answer.
     RecordPayment { lock_token: Token, order: OrderId },
     /// The payment call failed, refused before the bank was called (`not_executed`) or not
     /// known: `withdraw` or `release`.

@@ -15,7 +15,7 @@ use idempotency::{
     Begin, BeginWith, Effects, KeyError, KeySettings, KeyStore, Lease, Lookup, ManualClock, Progress, ResumePolicy, Stored,
     pause::{Pause, PauseHook},
 };
-use storage::{Database, SqliteSettings, Tx};
+use storage::{Database, SqliteSettings, Statement, Tx};
 use test_support::ScratchDatabase;
 use tokio::sync::{Barrier, Notify};
 
@@ -86,9 +86,9 @@ async fn claim_with_row(store: &KeyStore, key: &str, table: &str, id: &str, fail
     store
         .begin_with_first_phase("c", key, "fp", LEASE, || {
             let insert = format!("INSERT INTO {table} (id) SELECT $1 FROM moved");
-            let mut effects = Effects::default().then(insert.clone(), &[&id]);
+            let mut effects = Effects::default().then(Statement::new(insert.clone(), &[&id]));
             if fails {
-                effects = effects.then(insert, &[&id]);
+                effects = effects.then(Statement::new(insert, &[&id]));
             }
             (effects, Progress::At { point: "order_created", resource_id: Some(id.to_owned()) })
         })
@@ -394,7 +394,7 @@ async fn an_atomic_phase_after_its_lease_was_taken_over_commits_nothing() {
         assert_eq!(stale.recovery_point, "started", "{backend}: the stale lease did not move");
         // The same as statements (one on PostgreSQL): the key's move finds nothing, so the
         // effect, which reads `moved`, inserts nothing.
-        let effects = Effects::default().then(format!("INSERT INTO {table} (id) SELECT $1 FROM moved"), &[&"order-stale-statement"]);
+        let effects = Effects::default().then(Statement::new(format!("INSERT INTO {table} (id) SELECT $1 FROM moved"), &[&"order-stale-statement"]));
         let lost = store.atomic_statements(&mut stale, effects, Progress::At { point: "order_created", resource_id: None }).await;
         assert!(matches!(lost, Err(KeyError::LeaseLost)), "{backend}: {lost:?}");
         store.atomic_phase(&mut current, first_phase!(table, "order-current", false)).await.unwrap();

@@ -1,7 +1,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use serde::Serialize;
-use storage::Tx;
+use storage::{Statement, Tx};
 
 use crate::{OutboxError, new_id};
 
@@ -115,37 +115,61 @@ pub(crate) async fn record_for<D: Serialize>(
     recipients: Recipients<'_>,
     now_ms: i64,
 ) -> Result<Option<String>, OutboxError> {
+    let (event_id, [event, deliveries]) = statements(client_id, event, recipients, now_ms, "TRUE")?;
+    if tx.execute(event.sql(), &event.params()).await? == 0 {
+        return Ok(None);
+    }
+    tx.execute(deliveries.sql(), &deliveries.params()).await?;
+    Ok(Some(event_id))
+}
+
+/// [`record`] as two statements, the event and its deliveries, for a unit of work written as
+/// statements: they write only `when` holds, a condition they add to their own (such as
+/// `idempotency::Effects::WHEN_MOVED` for the effects of a key's phase). When no endpoint
+/// subscribes, both write nothing.
+pub fn record_statements<D: Serialize>(client_id: &str, event: &NewEvent<'_, D>, now_ms: i64, when: &str) -> Result<[Statement; 2], OutboxError> {
+    Ok(statements(client_id, event, Recipients::Subscribers { except: None }, now_ms, when)?.1)
+}
+
+/// The event's id, and the statements that insert the event (one row, or none when no
+/// recipient subscribes) and its deliveries (one for each enabled recipient), if `when` holds.
+fn statements<D: Serialize>(
+    client_id: &str,
+    event: &NewEvent<'_, D>,
+    recipients: Recipients<'_>,
+    now_ms: i64,
+    when: &str,
+) -> Result<(String, [Statement; 2]), OutboxError> {
     let event_id = new_id("msg");
     let occurred = humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(now_ms.max(0) as u64));
     let payload = Payload { id: &event_id, event_type: event.event_type, version: event.version, timestamp: occurred.to_string(), data: event.data };
     let payload = serde_json::to_string(&payload).map_err(|error| OutboxError::Invalid(format!("event data: {error}")))?;
-    // `$6` is the one endpoint that is left out (Subscribers) or the only one (Only); `$7` says which.
+    // `$6` is the one endpoint that is left out (Subscribers) or the only one (Only); `$7` says
+    // which. The deliveries' recipients are among the event's, so a delivery never lacks its event.
     let (endpoint, only) = match recipients {
         Recipients::Subscribers { except } => (except, false),
         Recipients::Only(endpoint_id) => (Some(endpoint_id), true),
     };
-    let inserted = tx
-        .execute(
+    let inserted = Statement::new(
+        format!(
             "INSERT INTO webhook_events (event_id, client_id, event_type, payload, created_at_ms) \
              SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM webhook_endpoints e \
                WHERE e.client_id = $2 AND (CASE WHEN $7 THEN e.endpoint_id = $6 \
                  ELSE ($6 IS NULL OR e.endpoint_id <> $6) AND EXISTS (SELECT 1 FROM webhook_subscriptions s \
-                   WHERE s.endpoint_id = e.endpoint_id AND s.event_type = $3) END))",
-            &[&event_id, &client_id, &event.event_type, &payload, &now_ms, &endpoint, &only],
-        )
-        .await?;
-    if inserted == 0 {
-        return Ok(None);
-    }
-    tx.execute(
-        "INSERT INTO webhook_deliveries \
-           (endpoint_id, event_id, state, attempts, schedule_step, next_attempt_at_ms, created_at_ms, updated_at_ms) \
-         SELECT e.endpoint_id, $1, 'pending', 0, 0, $2, $2, $2 FROM webhook_endpoints e \
-         WHERE e.client_id = $3 AND (CASE WHEN $6 THEN e.endpoint_id = $5 \
-           ELSE e.state = 'enabled' AND ($5 IS NULL OR e.endpoint_id <> $5) AND EXISTS (SELECT 1 FROM webhook_subscriptions s \
-             WHERE s.endpoint_id = e.endpoint_id AND s.event_type = $4) END)",
+                   WHERE s.endpoint_id = e.endpoint_id AND s.event_type = $3) END)) AND {when}"
+        ),
+        &[&event_id, &client_id, &event.event_type, &payload, &now_ms, &endpoint, &only],
+    );
+    let deliveries = Statement::new(
+        format!(
+            "INSERT INTO webhook_deliveries \
+               (endpoint_id, event_id, state, attempts, schedule_step, next_attempt_at_ms, created_at_ms, updated_at_ms) \
+             SELECT e.endpoint_id, $1, 'pending', 0, 0, $2, $2, $2 FROM webhook_endpoints e \
+             WHERE e.client_id = $3 AND (CASE WHEN $6 THEN e.endpoint_id = $5 \
+               ELSE e.state = 'enabled' AND ($5 IS NULL OR e.endpoint_id <> $5) AND EXISTS (SELECT 1 FROM webhook_subscriptions s \
+                 WHERE s.endpoint_id = e.endpoint_id AND s.event_type = $4) END) AND {when}"
+        ),
         &[&event_id, &now_ms, &client_id, &event.event_type, &endpoint, &only],
-    )
-    .await?;
-    Ok(Some(event_id))
+    );
+    Ok((event_id, [inserted, deliveries]))
 }

@@ -12,7 +12,7 @@ pub use deliveries::{Attempt, Claim, Deliveries, DisableRule, DueEndpoint, Finis
 pub use error::OutboxError;
 pub use event::{
     ENDPOINT_ATTEMPTS_EXHAUSTED, ENDPOINT_DISABLED, ENDPOINT_PING, EVENT_TYPES, EventType, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, record,
-    subscribable_event_types,
+    record_statements, subscribable_event_types,
 };
 pub use redeliveries::{RedeliveryLimits, RedeliveryRange};
 pub use sealed::{SecretKeys, seal_plaintext_secrets};

@@ -110,6 +110,29 @@ fn answered(status: u16, at: i64) -> Attempt {
     Attempt { started_at_ms: at, duration_ms: 3, status_code: Some(status), error: (status >= 300).then(|| format!("answered {status}")) }
 }
 
+/// As statements, an event writes what `record` writes, and nothing when its condition fails.
+#[tokio::test]
+async fn an_event_as_statements_is_written_only_when_its_condition_holds() {
+    for (database, _scratch) in databases().await {
+        endpoint(&database, &[ORDER_PAID]).await;
+        for (when, written) in [("1 = 0", 0), ("1 = 1", 1)] {
+            let data = json!({"order_id": "ord_1"});
+            let statements = outbox::record_statements(CLIENT, &NewEvent { event_type: ORDER_PAID, version: 2, data: &data }, T0, when).unwrap();
+            database
+                .write(async move |tx| {
+                    for statement in &statements {
+                        tx.execute(statement.sql(), &statement.params()).await?;
+                    }
+                    Ok::<_, storage::Error>(())
+                })
+                .await
+                .unwrap();
+            assert_eq!(count(&database, "webhook_events").await, written, "when {when}");
+            assert_eq!(count(&database, "webhook_deliveries").await, written, "when {when}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_rolled_back_transaction_leaves_no_event_and_no_delivery() {
     for (database, _scratch) in databases().await {

@@ -17,7 +17,7 @@ use idempotency::{
     pause::{Pause, PauseHook},
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use storage::{Database, Tx};
+use storage::{Database, Statement, Tx};
 use tokio_util::sync::CancellationToken;
 
 use crate::check::{Answer, Event, History, KeyRow, OrderRow, stored_body};
@@ -362,10 +362,10 @@ struct NewOrder {
 impl NewOrder {
     /// Phase 1: the order row, made at `now_ms`, and the key at `order_created` naming it.
     fn phase(&self, now_ms: i64) -> (Effects, Progress) {
-        let insert = Effects::default().then(
+        let insert = Effects::default().then(Statement::new(
             "INSERT INTO orders (order_id, scope, idempotency_key, status, created_ms) SELECT $1, $2, $3, 'pending_payment', $4 FROM moved",
             &[&self.order, &self.scope, &self.key, &now_ms],
-        );
+        ));
         (insert, Progress::At { point: "order_created", resource_id: Some(self.order.clone()) })
     }
 }

@@ -322,7 +322,7 @@ impl NewKey {
     }
 }
 
-/// Reads a key's row: on the reader, or in the transaction that is about to claim the key.
+/// Reads a key's row, on the reader: what `begin` and its siblings decide from.
 const READ_KEY: &str = "SELECT fingerprint, state, recovery_point, resource_id, lock_token, locked_until, response_code, response_body, expires_at \
                         FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2";
 

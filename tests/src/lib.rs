@@ -14,7 +14,7 @@ use bank_mock::{Faults, Latency};
 use proto::gateway::v1::gateway_client::GatewayClient;
 use rpc::{dev_certs::DevCerts, tls::ServiceTls};
 use serde_json::{Value, json};
-use stack::chain::{BANK_GRPC, GATEWAY_GRPC, GATEWAY_HTTP, ORDERS_GRPC, PAYMENT_GRPC};
+use stack::chain::{GATEWAY_GRPC, GATEWAY_HTTP};
 use stack::{Chain, ChainSettings};
 use telemetry::{Telemetry, TelemetrySettings};
 use tempfile::TempDir;
@@ -152,20 +152,10 @@ impl TestChain {
         self.database(hop).await.fetch_one(&format!("SELECT COUNT(*) FROM {table}"), &[]).await.expect("count rows")
     }
 
-    /// The Prometheus text a service serves on `/metrics` at `address`: over mutual TLS with the
-    /// operator's certificate on the ports of orders, payment and the bank.
+    /// The Prometheus text a service serves on `/metrics` at `address`, an operations port: plain
+    /// HTTP, no certificate.
     pub async fn scrape(&self, address: SocketAddr) -> String {
-        let a = self.chain.addresses();
-        let inner = [(a[&ORDERS_GRPC], "orders"), (a[&PAYMENT_GRPC], "payment"), (a[&BANK_GRPC], "bank-mock")];
-        let request = match inner.iter().find(|(inner, _)| *inner == address) {
-            Some((_, service)) => {
-                let host = rpc::tls::dns_name(service);
-                let client = self.operator_http().resolve(&host, address).build().expect("an HTTPS client");
-                client.get(format!("https://{host}:{}/metrics", address.port()))
-            }
-            None => self.http.get(format!("http://{address}/metrics")),
-        };
-        let response = request.send().await.expect("/metrics answers");
+        let response = self.http.get(format!("http://{address}/metrics")).send().await.expect("/metrics answers");
         assert_eq!(response.status(), 200);
         assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
         response.text().await.unwrap()
@@ -177,7 +167,7 @@ impl TestChain {
     }
 
     /// An HTTPS client that presents the operator's certificate and trusts the chain's CA only.
-    fn operator_http(&self) -> reqwest::ClientBuilder {
+    pub fn operator_http(&self) -> reqwest::ClientBuilder {
         let certs = self.certs();
         let read = |path: std::path::PathBuf| std::fs::read(path).expect("a development certificate file");
         let mut identity = read(certs.cert(rpc::dev_certs::OPERATOR));

@@ -45,8 +45,6 @@ pub fn router(bank: Arc<BankState>, hop: Arc<HopStats>, token: Arc<str>) -> Rout
         .route("/admin/reset", post(reset))
         .route_layer(middleware::from_fn_with_state(admin.clone(), require_token))
         .with_state(admin)
-        // Scraped without the token: counters say nothing a caller could use against the bank.
-        .merge(rpc::metrics::router())
 }
 
 async fn require_token(State(admin): State<Admin>, request: Request, next: Next) -> Result<Response, AdminError> {

@@ -16,7 +16,7 @@ use std::{net::SocketAddr, sync::Arc};
 
 use deadline::HopStats;
 use proto::bank::v1::bank_server::BankServer;
-use rpc::{GrpcServer, ServerError};
+use rpc::{GrpcServer, ServerError, ops::OpsServer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -29,6 +29,7 @@ pub const SERVICE: telemetry::Service = telemetry::Service { name: HOP, version:
 /// A bound bank-mock, ready to serve.
 pub struct Application {
     grpc: GrpcServer,
+    ops: OpsServer,
     admin: TcpListener,
     admin_token: Arc<str>,
     state: Arc<BankState>,
@@ -44,9 +45,10 @@ impl Application {
         let grpc = GrpcServer::bind(HOP, rpc::Role::Inner { tls, callers: callers::policy() }, settings.listen, settings.deadline, service)
             .await?
             .connection_limits(settings.connections);
+        let ops = OpsServer::bind(&settings.ops).await?;
         let admin = rpc::bind(settings.admin_listen).await?;
         let admin_token = settings.admin_token.unwrap_or_else(random_token).into();
-        Ok(Self { grpc, admin, admin_token, state, connections: settings.connections })
+        Ok(Self { grpc, ops, admin, admin_token, state, connections: settings.connections })
     }
 
     pub fn grpc_addr(&self) -> SocketAddr {
@@ -55,6 +57,11 @@ impl Application {
 
     pub fn admin_addr(&self) -> SocketAddr {
         self.admin.local_addr().expect("a bound listener has an address")
+    }
+
+    /// Where metrics, liveness and readiness are served.
+    pub fn ops_addr(&self) -> SocketAddr {
+        self.ops.local_addr()
     }
 
     pub fn admin_token(&self) -> &str {
@@ -73,10 +80,14 @@ impl Application {
     /// Serves gRPC and admin until `shutdown` is cancelled.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), ServerError> {
         let admin = admin::router(self.state, self.grpc.stats(), self.admin_token);
-        let admin = rpc::serve_http_with(self.admin, self.connections, admin, shutdown.clone().cancelled_owned());
-        let grpc = self.grpc.serve(shutdown.cancelled_owned());
-        tokio::try_join!(grpc, admin)?;
-        Ok(())
+        let (grpc, admin_listener, connections) = (self.grpc, self.admin, self.connections);
+        self.ops
+            .serve_while(shutdown, |drain| async move {
+                let admin = rpc::serve_http_with(admin_listener, connections, admin, drain.closing());
+                tokio::try_join!(grpc.serve(drain), admin)?;
+                Ok(())
+            })
+            .await
     }
 }
 

@@ -1,7 +1,7 @@
 use std::net::SocketAddr;
 
 use deadline::InboundPolicy;
-use rpc::{connections::ConnectionLimits, tls::TlsSettings};
+use rpc::{connections::ConnectionLimits, ops::OpsSettings, tls::TlsSettings};
 use serde::{Deserialize, Serialize};
 
 use crate::faults::Faults;
@@ -24,6 +24,9 @@ pub struct Settings {
     pub tls: TlsSettings,
     /// Limits on the connections of each of this service's ports (each port counts its own).
     pub connections: ConnectionLimits,
+    /// The operations port: metrics, liveness and readiness in plain HTTP, no business data; and
+    /// how long a stop drains before the ports close.
+    pub ops: OpsSettings,
 }
 
 impl Default for Settings {
@@ -36,6 +39,7 @@ impl Default for Settings {
             faults: Faults::default(),
             tls: TlsSettings::default(),
             connections: ConnectionLimits::default(),
+            ops: OpsSettings::on(SocketAddr::from(([127, 0, 0, 1], 9467))),
         }
     }
 }

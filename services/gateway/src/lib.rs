@@ -26,7 +26,7 @@ use resilience::{
     load_shed::{Intake, LoadShedLayer},
     retry::RetryPolicy,
 };
-use rpc::{GrpcServer, ServerError};
+use rpc::{GrpcServer, ServerError, ops::OpsServer};
 use telemetry::metrics::RequestMetricsLayer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -41,7 +41,7 @@ pub struct Application {
     grpc: GrpcServer,
     http: TcpListener,
     http_router: axum::Router,
-    metrics: TcpListener,
+    ops: OpsServer,
     http_stats: Arc<HopStats>,
     retry: RetryPolicy,
     orders_breaker: Arc<Breaker>,
@@ -97,8 +97,8 @@ impl Application {
             .layer(RequestMetricsLayer::new(HOP, []))
             .layer(axum::middleware::from_fn(rest::problems::problem_answers));
         let http = rpc::bind(settings.http_listen).await?;
-        let metrics = rpc::bind(settings.metrics_listen).await?;
-        Ok(Self { grpc, http, http_router, metrics, http_stats, retry, orders_breaker, limits, connections: settings.connections })
+        let ops = OpsServer::bind(&settings.ops).await?;
+        Ok(Self { grpc, http, http_router, ops, http_stats, retry, orders_breaker, limits, connections: settings.connections })
     }
 
     pub fn http_addr(&self) -> SocketAddr {
@@ -109,9 +109,9 @@ impl Application {
         self.grpc.local_addr()
     }
 
-    /// Where `/metrics` is served.
-    pub fn metrics_addr(&self) -> SocketAddr {
-        self.metrics.local_addr().expect("a bound listener has an address")
+    /// Where metrics, liveness and readiness are served.
+    pub fn ops_addr(&self) -> SocketAddr {
+        self.ops.local_addr()
     }
 
     /// Deadline counters of HTTP requests.
@@ -139,11 +139,15 @@ impl Application {
         self.grpc.stats()
     }
 
+    /// Serves both faces until `shutdown` is cancelled and the drain has passed.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), ServerError> {
-        let http = rpc::serve_http_with(self.http, self.connections, self.http_router, shutdown.clone().cancelled_owned());
-        let metrics = rpc::serve_http_with(self.metrics, self.connections, rpc::metrics::router(), shutdown.clone().cancelled_owned());
-        let grpc = self.grpc.serve(shutdown.cancelled_owned());
-        tokio::try_join!(grpc, http, metrics)?;
-        Ok(())
+        let (grpc, http, router, connections) = (self.grpc, self.http, self.http_router, self.connections);
+        self.ops
+            .serve_while(shutdown, |drain| async move {
+                let http = rpc::serve_http_with(http, connections, router, drain.closing());
+                tokio::try_join!(grpc.serve(drain), http)?;
+                Ok(())
+            })
+            .await
     }
 }

@@ -2,7 +2,7 @@ use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
 use resilience::{breaker::BreakerSettings, rate_limit::QuotaSettings, retry::RetrySettings};
-use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
+use rpc::{Dependency, connections::ConnectionLimits, ops::OpsSettings, tls::TlsSettings};
 use serde::{Deserialize, Serialize};
 
 /// Every knob of the gateway; see the README for the table and the environment names.
@@ -13,9 +13,10 @@ pub struct Settings {
     pub http_listen: SocketAddr,
     /// gRPC address.
     pub grpc_listen: SocketAddr,
-    /// Where `/metrics` is served (Prometheus text): a port of its own, off the public faces, so
-    /// that a scrape needs no API key and the series (client ids among them) stay inside.
-    pub metrics_listen: SocketAddr,
+    /// The operations port: metrics, liveness and readiness in plain HTTP, off the public faces,
+    /// so that a scrape needs no API key and the series (client ids among them) stay inside; and
+    /// how long a stop drains before the ports close.
+    pub ops: OpsSettings,
     /// The operation deadline: the default budget and the longest a client may ask for
     /// (`X-Request-Timeout-Ms` or `grpc-timeout`).
     pub deadline: InboundPolicy,
@@ -91,7 +92,7 @@ impl Default for Settings {
         Self {
             http_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
-            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            ops: OpsSettings::on(SocketAddr::from(([127, 0, 0, 1], 9464))),
             deadline: InboundPolicy::default(),
             orders: Dependency {
                 endpoint: "http://127.0.0.1:50052".into(),

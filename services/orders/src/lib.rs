@@ -35,6 +35,7 @@ use resilience::breaker::Breaker;
 use rpc::{
     Client, GrpcServer, ServerError,
     metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
+    ops::OpsServer,
 };
 use storage::Database;
 use tokio_util::sync::CancellationToken;
@@ -51,6 +52,7 @@ const ORDER_CREATED: &str = "order_created";
 
 pub struct Application {
     grpc: GrpcServer,
+    ops: OpsServer,
     keys: KeyStore,
     completer: completer::Completer,
     payment_breaker: Arc<Breaker>,
@@ -102,7 +104,8 @@ impl Application {
             .await?
             .connection_limits(settings.connections);
         let completer = completer::Completer::new(service, settings.completer, grpc.stats());
-        Ok(Self { grpc, keys, completer, payment_breaker })
+        let ops = OpsServer::bind(&settings.ops).await?;
+        Ok(Self { grpc, ops, keys, completer, payment_breaker })
     }
 
     /// The breaker in front of payment.
@@ -114,16 +117,21 @@ impl Application {
         self.grpc.local_addr()
     }
 
+    /// Where metrics, liveness and readiness are served.
+    pub fn ops_addr(&self) -> SocketAddr {
+        self.ops.local_addr()
+    }
+
     pub fn hop_stats(&self) -> Arc<HopStats> {
         self.grpc.stats()
     }
 
-    /// Serves until `shutdown` is cancelled, meanwhile settling stranded creates and reaping
-    /// expired idempotency keys.
+    /// Serves until `shutdown` is cancelled and the drain has passed, meanwhile settling stranded
+    /// creates and reaping expired idempotency keys.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), ServerError> {
         let reaper = idempotency::spawn_reaper(self.keys, shutdown.clone());
         let completer = self.completer.spawn(shutdown.clone());
-        let served = self.grpc.serve(shutdown.cancelled_owned()).await;
+        let served = self.ops.serve_while(shutdown, |drain| self.grpc.serve(drain)).await;
         let _ = tokio::join!(reaper, completer);
         served
     }

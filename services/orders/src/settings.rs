@@ -7,7 +7,7 @@ use storage::SqliteSettings;
 use crate::CompleterSettings;
 use outbox::{EndpointLimits, RedeliveryLimits, SecretKeys};
 use resilience::breaker::BreakerSettings;
-use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
+use rpc::{Dependency, connections::ConnectionLimits, ops::OpsSettings, tls::TlsSettings};
 use serde::{Deserialize, Serialize};
 
 /// Every knob of orders; see the README for the table and the environment names.
@@ -38,6 +38,9 @@ pub struct Settings {
     pub connections: ConnectionLimits,
     /// The webhook subscription API.
     pub webhooks: WebhookSettings,
+    /// The operations port: metrics, liveness and readiness in plain HTTP, no business data; and
+    /// how long a stop drains before the ports close.
+    pub ops: OpsSettings,
 }
 
 /// How orders' `Webhooks` service creates endpoints and rotates their secrets.
@@ -99,6 +102,7 @@ impl Default for Settings {
             webhooks: WebhookSettings::default(),
             tls: TlsSettings::default(),
             connections: ConnectionLimits::default(),
+            ops: OpsSettings::on(SocketAddr::from(([127, 0, 0, 1], 9465))),
         }
     }
 }

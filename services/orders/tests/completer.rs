@@ -25,6 +25,7 @@ use rpc::{
     GrpcServer, Role,
     authorize::Policy,
     metadata::{CLIENT_ID, IDEMPOTENCY_KEY},
+    ops::{Drain, OpsSettings},
     tls::{ServiceTls, TlsSettings},
 };
 use storage::{Database, SqliteSettings};
@@ -90,7 +91,7 @@ async fn serve_payment(payment: FakePayment, shutdown: &CancellationToken) -> So
     let server =
         GrpcServer::bind("payment", role, "127.0.0.1:0".parse().unwrap(), Default::default(), PaymentServiceServer::new(payment)).await.unwrap();
     let addr = server.local_addr();
-    tokio::spawn(server.serve(shutdown.clone().cancelled_owned()));
+    tokio::spawn(server.serve(Drain::new(shutdown.clone(), Duration::ZERO)));
     addr
 }
 
@@ -107,8 +108,9 @@ fn completer() -> CompleterSettings {
 
 /// Starts orders on `database_url`, paying through `payment`, until `shutdown`.
 async fn start_orders(database_url: &str, payment: SocketAddr, shutdown: &CancellationToken) -> OrdersClient<Channel> {
+    let any = "127.0.0.1:0".parse().unwrap();
     let mut settings =
-        Settings { listen: "127.0.0.1:0".parse().unwrap(), database_url: database_url.into(), completer: completer(), ..Settings::default() };
+        Settings { listen: any, ops: OpsSettings::on(any), database_url: database_url.into(), completer: completer(), ..Settings::default() };
     settings.tls = plaintext();
     settings.payment.endpoint = format!("http://{payment}");
     // Its breaker out of the way: the completer's own restraint is what is tested.

@@ -28,6 +28,7 @@ use resilience::{breaker::Breaker, bulkhead::Bulkhead};
 use rpc::{
     Client, GrpcServer, ServerError,
     metadata::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
+    ops::OpsServer,
 };
 use storage::{Database, Statement};
 use tokio_util::sync::CancellationToken;
@@ -44,6 +45,7 @@ const KEY_SCOPE: &str = "orders";
 
 pub struct Application {
     grpc: GrpcServer,
+    ops: OpsServer,
     keys: KeyStore,
     breaker: Arc<Breaker>,
     bulkhead: Arc<Bulkhead>,
@@ -88,7 +90,8 @@ impl Application {
         )
         .await?
         .connection_limits(settings.connections);
-        Ok(Self { grpc, keys, breaker, bulkhead })
+        let ops = OpsServer::bind(&settings.ops).await?;
+        Ok(Self { grpc, ops, keys, breaker, bulkhead })
     }
 
     /// The breaker and bulkhead in front of the bank.
@@ -100,6 +103,11 @@ impl Application {
         self.grpc.local_addr()
     }
 
+    /// Where metrics, liveness and readiness are served.
+    pub fn ops_addr(&self) -> SocketAddr {
+        self.ops.local_addr()
+    }
+
     pub fn hop_stats(&self) -> Arc<HopStats> {
         self.grpc.stats()
     }
@@ -107,7 +115,7 @@ impl Application {
     /// Serves until `shutdown` is cancelled, reaping expired idempotency keys meanwhile.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), ServerError> {
         let reaper = idempotency::spawn_reaper(self.keys, shutdown.clone());
-        let served = self.grpc.serve(shutdown.cancelled_owned()).await;
+        let served = self.ops.serve_while(shutdown, |drain| self.grpc.serve(drain)).await;
         let _ = reaper.await;
         served
     }

@@ -3,7 +3,7 @@ use std::net::SocketAddr;
 use deadline::{ForwardPolicy, InboundPolicy};
 use idempotency::KeySettings;
 use resilience::rate_limit::QuotaSettings;
-use rpc::{Dependency, connections::ConnectionLimits, tls::TlsSettings};
+use rpc::{Dependency, connections::ConnectionLimits, ops::OpsSettings, tls::TlsSettings};
 use serde::{Deserialize, Serialize};
 use storage::SqliteSettings;
 
@@ -29,6 +29,9 @@ pub struct Settings {
     pub tls: TlsSettings,
     /// Limits on the connections of each of this service's ports (each port counts its own).
     pub connections: ConnectionLimits,
+    /// The operations port: metrics, liveness and readiness in plain HTTP, no business data; and
+    /// how long a stop drains before the ports close.
+    pub ops: OpsSettings,
 }
 
 impl Default for Settings {
@@ -51,6 +54,7 @@ impl Default for Settings {
             },
             tls: TlsSettings::default(),
             connections: ConnectionLimits::default(),
+            ops: OpsSettings::on(SocketAddr::from(([127, 0, 0, 1], 9466))),
         }
     }
 }

@@ -207,11 +207,12 @@ pub const GATEWAY_HTTP: Listener =
     Listener { key: "gateway.http_listen", label: "gateway HTTP", shown: "http://{addr}", setting: |s| &mut s.gateway.http_listen, callers: &[] };
 pub const GATEWAY_GRPC: Listener =
     Listener { key: "gateway.grpc_listen", label: "gateway gRPC", shown: "{addr}", setting: |s| &mut s.gateway.grpc_listen, callers: &[] };
-pub const GATEWAY_METRICS: Listener = Listener {
-    key: "gateway.metrics_listen",
+/// The gateway's operations port. In one process every operations port shows every hop's series.
+pub const GATEWAY_OPS: Listener = Listener {
+    key: "gateway.ops.listen",
     label: "metrics",
     shown: "http://{addr}/metrics  (every hop's series)",
-    setting: |s| &mut s.gateway.metrics_listen,
+    setting: |s| &mut s.gateway.ops.listen,
     callers: &[],
 };
 pub const ORDERS_GRPC: Listener = Listener {
@@ -221,6 +222,8 @@ pub const ORDERS_GRPC: Listener = Listener {
     setting: |s| &mut s.orders.listen,
     callers: &[|s| &mut s.gateway.orders.endpoint, |s| &mut s.gateway.recommendations.endpoint],
 };
+pub const ORDERS_OPS: Listener =
+    Listener { key: "orders.ops.listen", label: "orders ops", shown: OPS_SHOWN, setting: |s| &mut s.orders.ops.listen, callers: &[] };
 pub const PAYMENT_GRPC: Listener = Listener {
     key: "payment.listen",
     label: "payment gRPC",
@@ -228,6 +231,8 @@ pub const PAYMENT_GRPC: Listener = Listener {
     setting: |s| &mut s.payment.listen,
     callers: &[|s| &mut s.orders.payment.endpoint, |s| &mut s.gateway.payment.endpoint],
 };
+pub const PAYMENT_OPS: Listener =
+    Listener { key: "payment.ops.listen", label: "payment ops", shown: OPS_SHOWN, setting: |s| &mut s.payment.ops.listen, callers: &[] };
 /// Payment's calls go to `external_bank` instead when it is set.
 pub const BANK_GRPC: Listener = Listener {
     key: "bank.listen",
@@ -243,6 +248,10 @@ pub const BANK_ADMIN: Listener = Listener {
     setting: |s| &mut s.bank.admin_listen,
     callers: &[],
 };
+pub const BANK_OPS: Listener =
+    Listener { key: "bank.ops.listen", label: "bank-mock ops", shown: OPS_SHOWN, setting: |s| &mut s.bank.ops.listen, callers: &[] };
+/// How an operations port other than the gateway's is shown.
+const OPS_SHOWN: &str = "http://{addr}  (/metrics, /livez, /readyz)";
 /// The webhook sender's health and metrics.
 pub const WEBHOOK_SENDER_HEALTH: Listener = Listener {
     key: "webhook_sender.listen",
@@ -262,7 +271,7 @@ pub const WEBHOOK_SENDER_HEALTH: Listener = Listener {
 pub const HOPS: &[Hop] = &[
     Hop {
         service: gateway::SERVICE,
-        listeners: &[GATEWAY_HTTP, GATEWAY_GRPC, GATEWAY_METRICS],
+        listeners: &[GATEWAY_HTTP, GATEWAY_GRPC, GATEWAY_OPS],
         tls: Some(|s| &mut s.gateway.tls),
         database: None,
         start: |s| {
@@ -274,11 +283,7 @@ pub const HOPS: &[Hop] = &[
                 }
                 let gateway = gateway::Application::build_with(settings, s.outbound).await?;
                 Ok(Started {
-                    bound: vec![
-                        (&GATEWAY_HTTP, gateway.http_addr()),
-                        (&GATEWAY_GRPC, gateway.grpc_addr()),
-                        (&GATEWAY_METRICS, gateway.metrics_addr()),
-                    ],
+                    bound: vec![(&GATEWAY_HTTP, gateway.http_addr()), (&GATEWAY_GRPC, gateway.grpc_addr()), (&GATEWAY_OPS, gateway.ops_addr())],
                     counters: vec![(&GATEWAY_HTTP, gateway.http_stats()), (&GATEWAY_GRPC, gateway.grpc_stats())],
                     breakers: vec![(orders::HOP, gateway.orders_breaker())],
                     handles: Handles { gateway: Some((gateway.retry_handle(), gateway.client_limits())), ..Handles::default() },
@@ -289,7 +294,7 @@ pub const HOPS: &[Hop] = &[
     },
     Hop {
         service: orders::SERVICE,
-        listeners: &[ORDERS_GRPC],
+        listeners: &[ORDERS_GRPC, ORDERS_OPS],
         tls: Some(|s| &mut s.orders.tls),
         database: Some(|s| &mut s.orders.database_url),
         start: |s| {
@@ -299,7 +304,7 @@ pub const HOPS: &[Hop] = &[
                 settings.completer.payment_key_ttl_ms = s.chain.payment.idempotency.ttl_ms;
                 let orders = orders::Application::build_with(settings, s.outbound).await?;
                 Ok(Started {
-                    bound: vec![(&ORDERS_GRPC, orders.grpc_addr())],
+                    bound: vec![(&ORDERS_GRPC, orders.grpc_addr()), (&ORDERS_OPS, orders.ops_addr())],
                     counters: vec![(&ORDERS_GRPC, orders.hop_stats())],
                     breakers: vec![(payment::HOP, orders.payment_breaker())],
                     handles: Handles::default(),
@@ -310,7 +315,7 @@ pub const HOPS: &[Hop] = &[
     },
     Hop {
         service: payment::SERVICE,
-        listeners: &[PAYMENT_GRPC],
+        listeners: &[PAYMENT_GRPC, PAYMENT_OPS],
         tls: Some(|s| &mut s.payment.tls),
         database: Some(|s| &mut s.payment.database_url),
         start: |s| {
@@ -322,7 +327,7 @@ pub const HOPS: &[Hop] = &[
                 let payment = payment::Application::build_with(settings, s.outbound).await?;
                 let (bank_breaker, bank_bulkhead) = payment.bank_guards();
                 Ok(Started {
-                    bound: vec![(&PAYMENT_GRPC, payment.grpc_addr())],
+                    bound: vec![(&PAYMENT_GRPC, payment.grpc_addr()), (&PAYMENT_OPS, payment.ops_addr())],
                     counters: vec![(&PAYMENT_GRPC, payment.hop_stats())],
                     breakers: vec![(bank_mock::HOP, bank_breaker)],
                     handles: Handles { bank_bulkhead: Some(bank_bulkhead), ..Handles::default() },
@@ -333,14 +338,14 @@ pub const HOPS: &[Hop] = &[
     },
     Hop {
         service: bank_mock::SERVICE,
-        listeners: &[BANK_GRPC, BANK_ADMIN],
+        listeners: &[BANK_GRPC, BANK_OPS, BANK_ADMIN],
         tls: Some(|s| &mut s.bank.tls),
         database: None,
         start: |s| {
             Box::pin(async move {
                 let bank = bank_mock::Application::build(s.chain.bank).await?;
                 Ok(Started {
-                    bound: vec![(&BANK_GRPC, bank.grpc_addr()), (&BANK_ADMIN, bank.admin_addr())],
+                    bound: vec![(&BANK_GRPC, bank.grpc_addr()), (&BANK_OPS, bank.ops_addr()), (&BANK_ADMIN, bank.admin_addr())],
                     counters: vec![(&BANK_GRPC, bank.hop_stats())],
                     breakers: Vec::new(),
                     handles: Handles { bank: Some((bank.state(), bank.admin_token().to_owned())), ..Handles::default() },

@@ -116,7 +116,7 @@ async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Bo
             println!("  mutual TLS        orders, payment and bank-mock answer only the chain's certificates");
             println!("  dev CA            {}", certs.ca().display());
             println!("  operator cert     {}", certs.cert(OPERATOR).display());
-            println!("  operator key      {}  (health, reflection, reads of every inner service)", certs.key(OPERATOR).display());
+            println!("  operator key      {}  (health and reflection of every inner service)", certs.key(OPERATOR).display());
         }
         None if plaintext => {
             eprintln!("WARNING: plaintext = true: the hops talk plain-text gRPC and orders, payment and bank-mock");

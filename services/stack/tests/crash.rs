@@ -88,7 +88,8 @@ async fn bank() -> (String, Arc<BankState>, tokio_util::sync::DropGuard) {
     let any = "127.0.0.1:0".parse().unwrap();
     let faults = Faults { latency_ms: Latency { mean: 5.0, stddev: 1.0 }, ..Faults::default() };
     let tls = rpc::tls::TlsSettings { plaintext: true, ..Default::default() };
-    let settings = bank_mock::Settings { listen: any, admin_listen: any, faults, tls, ..bank_mock::Settings::default() };
+    let settings =
+        bank_mock::Settings { listen: any, admin_listen: any, ops: rpc::ops::OpsSettings::on(any), faults, tls, ..bank_mock::Settings::default() };
     let bank = bank_mock::Application::build(settings).await.expect("the bank starts");
     let (endpoint, state) = (format!("http://{}", bank.grpc_addr()), bank.state());
     let stop = CancellationToken::new();

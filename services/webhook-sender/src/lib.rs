@@ -21,6 +21,7 @@ use std::{net::SocketAddr, num::NonZeroU32, sync::Arc, time::Duration};
 use governor::{Quota, RateLimiter};
 use idempotency::{Clock, SystemClock};
 use outbox::{Deliveries, DisableRule};
+use rpc::ops::Drain;
 use storage::Database;
 use tokio::net::TcpListener;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
@@ -100,7 +101,8 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
         Ok(Self { sender: Arc::new(sender), listener })
     }
 
-    /// Where `grpc.health.v1`, its reflection and `/metrics` are served.
+    /// Where `grpc.health.v1`, its reflection, `/metrics`, `/livez` and `/readyz` are served:
+    /// the sender answers no requests, so its one port is an operations port.
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("a bound listener has an address")
     }
@@ -116,7 +118,7 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
             .add_service(reflection_v1alpha)
             .prepare()
             .into_axum_router()
-            .merge(rpc::metrics::router());
+            .merge(rpc::ops::router(Drain::new(shutdown.clone(), Duration::ZERO)));
         let serving = rpc::serve_http(self.listener, routes, shutdown.clone().cancelled_owned());
         let tasks = self.sender.tasks.clone();
         // Waited for with the deliveries, at shutdown.

@@ -24,7 +24,7 @@ pub struct Settings {
     /// of the process, `full` a power loss too, at the cost of a sync per commit) and how the one
     /// writer batches commits (`max_batch`, `batch_wait_us`). Unused on PostgreSQL.
     pub sqlite: SqliteSettings,
-    /// Where `grpc.health.v1` and `GET /metrics` are served.
+    /// Where `grpc.health.v1`, `GET /metrics`, `/livez` and `/readyz` are served.
     pub listen: SocketAddr,
     /// How often the outbox is asked which endpoints have deliveries due.
     pub poll_interval_ms: u64,

@@ -7,7 +7,7 @@ mod decode;
 pub mod dev_certs;
 pub mod health;
 pub mod listener;
-pub mod metrics;
+pub mod ops;
 mod serve;
 mod server;
 pub mod tls;

@@ -71,6 +71,9 @@ where
             }
         });
     }
+    // Closed before the requests in flight finish: a new connection is refused at once, not
+    // queued behind a server that will never accept it.
+    drop(listener);
     graceful.shutdown().await;
 }
 

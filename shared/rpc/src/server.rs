@@ -9,6 +9,8 @@ use telemetry::{metrics::RequestMetricsLayer, trace::ServerTraceLayer};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio_util::sync::CancellationToken;
 use tonic::{server::NamedService, service::Routes};
+use tonic_health::{ServingStatus, pb::health_server, server::HealthReporter};
+use tower::ServiceExt;
 
 use prost::Message;
 use prost_types::{FileDescriptorProto, FileDescriptorSet};
@@ -17,6 +19,7 @@ use crate::{
     authorize::{AuthorizeLayer, Policy},
     connections::{ConnectionLimits, LimitedListener},
     listener::TlsListener,
+    ops::Drain,
     tls::ServiceTls,
 };
 
@@ -118,6 +121,11 @@ pub struct GrpcServer {
     role: Role,
     listener: TcpListener,
     routes: axum::Router,
+    /// `grpc.health.v1`, served outside every layer of `routes`: a probe is answered however
+    /// busy the server is, and says NOT_SERVING once the drain has started.
+    health: (HealthReporter, axum::Router),
+    /// The names whose status `health` reports.
+    names: Vec<&'static str>,
     stats: Arc<HopStats>,
     limits: ConnectionLimits,
 }
@@ -184,8 +192,12 @@ impl GrpcServer {
         let listener = bind(addr).await?;
         let (health, health_service) = tonic_health::server::health_reporter();
         for name in &services.names {
-            health.set_service_status(*name, tonic_health::ServingStatus::Serving).await;
+            health.set_service_status(*name, ServingStatus::Serving).await;
         }
+        let health_route = axum::Router::new().route_service(
+            &format!("/{}/{{*method}}", health_server::SERVICE_NAME),
+            health_service.map_request(|request: http::Request<axum::body::Body>| request.map(tonic::body::Body::new)),
+        );
         let descriptors = match &role {
             Role::Edge => public_descriptors(&services.names)?,
             Role::Inner { .. } => FileDescriptorSet::decode(proto::FILE_DESCRIPTOR_SET)?,
@@ -195,7 +207,6 @@ impl GrpcServer {
         let stats = HopStats::new();
         let routes = services
             .routes
-            .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .prepare()
@@ -208,7 +219,17 @@ impl GrpcServer {
             // Outside the deadline: a refused request costs no deadline bookkeeping.
             .layer(LoadShedLayer::new(Intake::new(hop, inbound.max_in_flight)))
             .layer(ServerTraceLayer::new(hop));
-        Ok(Self { hop, methods, role, listener, routes, stats, limits: ConnectionLimits::default() })
+        Ok(Self {
+            hop,
+            methods,
+            role,
+            listener,
+            routes,
+            health: (health, health_route),
+            names: services.names,
+            stats,
+            limits: ConnectionLimits::default(),
+        })
     }
 
     /// Puts `layer` in front of every request, outside the deadline layer (e.g. an edge's rate
@@ -240,26 +261,40 @@ impl GrpcServer {
         self.stats.clone()
     }
 
-    /// Serves until `shutdown` completes, then finishes the requests in flight. Every answer is
-    /// counted, those of layers added with [`GrpcServer::layer`] too. Behind the edge, `/metrics`
-    /// is served beside the gRPC services; an edge serves it on a port of its own, off its public
-    /// face.
+    /// Serves until `drain` closes the port, then finishes the requests in flight; from the
+    /// drain's start, health says NOT_SERVING. Every answer is counted, those of layers added
+    /// with [`GrpcServer::layer`] too. `/metrics` is served on the operations port
+    /// ([`crate::ops`]), not here.
     ///
-    /// An inner server with certificates serves TLS only, and checks every request, `/metrics`
+    /// An inner server with certificates serves TLS only, and checks every request, health
     /// included, against its callers before anything else.
-    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        let routes = self.routes.layer(RequestMetricsLayer::new(self.hop, self.methods));
-        let Role::Inner { tls, callers } = self.role else {
-            return serve_http_with(self.listener, self.limits, routes, shutdown).await;
+    pub async fn serve(self, drain: Drain) -> Result<(), ServerError> {
+        let (reporter, health) = self.health;
+        let (names, drain_started, closing) = (self.names, drain.started(), drain.closing());
+        let report_drain = async move {
+            drain_started.await;
+            for name in names.into_iter().chain([""]) {
+                reporter.set_service_status(name, ServingStatus::NotServing).await;
+            }
         };
-        let routes = routes.merge(crate::metrics::router());
-        let Some(config) = tls.server_config() else {
-            return serve_http_with(self.listener, self.limits, routes, shutdown).await;
+        let routes = health.fallback_service(self.routes).layer(RequestMetricsLayer::new(self.hop, self.methods));
+        let serving = async {
+            let config = match self.role {
+                Role::Inner { tls, callers } => tls.server_config().map(|config| (config, callers)),
+                Role::Edge => None,
+            };
+            match config {
+                None => serve_http_with(self.listener, self.limits, routes, closing).await,
+                Some((config, callers)) => {
+                    let routes = routes.layer(AuthorizeLayer::new(callers));
+                    let listener = TlsListener::new(LimitedListener::new(self.listener, self.limits), config, HANDSHAKE_TIMEOUT);
+                    crate::serve::serve(listener, &self.limits, routes, closing).await;
+                    Ok(())
+                }
+            }
         };
-        let routes = routes.layer(AuthorizeLayer::new(callers));
-        let listener = TlsListener::new(LimitedListener::new(self.listener, self.limits), config, HANDSHAKE_TIMEOUT);
-        crate::serve::serve(listener, &self.limits, routes, shutdown).await;
-        Ok(())
+        let ((), served) = tokio::join!(report_drain, serving);
+        served
     }
 }
 

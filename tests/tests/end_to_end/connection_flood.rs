@@ -19,7 +19,7 @@ use std::{
 use e2e::{TestChain, order_body};
 use rpc::{dev_certs::DevCerts, tls::ServiceTls};
 use rustls::pki_types::{CertificateDer, pem::PemObject};
-use stack::chain::{BANK_ADMIN, BANK_GRPC, GATEWAY_GRPC, GATEWAY_HTTP, GATEWAY_METRICS, Listener, ORDERS_GRPC, PAYMENT_GRPC, WEBHOOK_SENDER_HEALTH};
+use stack::chain::{BANK_ADMIN, BANK_GRPC, GATEWAY_GRPC, GATEWAY_HTTP, GATEWAY_OPS, Listener, ORDERS_GRPC, PAYMENT_GRPC, WEBHOOK_SENDER_HEALTH};
 use tokio::{io::AsyncReadExt, net::TcpStream, sync::mpsc};
 
 /// What many container runtimes give a process.
@@ -118,7 +118,7 @@ impl LimitedChain {
             rpc::health::check_as(self.address(&listener), service, &tls, ANSWER_WITHIN).await.unwrap_or_else(|error| panic!("{service}: {error}"));
         }
         let http = reqwest::Client::builder().timeout(ANSWER_WITHIN).build().unwrap();
-        for listener in [GATEWAY_METRICS, WEBHOOK_SENDER_HEALTH] {
+        for listener in [GATEWAY_OPS, WEBHOOK_SENDER_HEALTH] {
             let response = http.get(format!("http://{}/metrics", self.address(&listener))).send().await;
             assert_eq!(response.unwrap_or_else(|error| panic!("{}: {error}", listener.label)).status(), 200, "{}", listener.label);
         }

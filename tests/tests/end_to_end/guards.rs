@@ -6,7 +6,7 @@ use bank_mock::Latency;
 use e2e::{BACKGROUND, TestChain, eventually, fast_bank, grpc_request, order_body};
 use proto::payment::v1::{PayRequest, payment_service_client::PaymentServiceClient};
 use resilience::{breaker::Position, rate_limit::QuotaSettings};
-use stack::chain::{GATEWAY_HTTP, ORDERS_GRPC, PAYMENT_GRPC};
+use stack::chain::{GATEWAY_HTTP, ORDERS_GRPC, ORDERS_OPS, PAYMENT_GRPC};
 use tonic::Code;
 
 /// How long the breakers of these tests stay open: long enough for a dozen loopback calls on a
@@ -298,7 +298,7 @@ async fn long_operations_have_their_own_intake_and_reads_keep_theirs() {
 }
 
 #[tokio::test]
-async fn a_server_at_capacity_refuses_at_once_with_a_pushback() {
+async fn a_server_at_capacity_refuses_at_once_with_a_pushback_and_stays_live() {
     use proto::orders::v1::orders_client::OrdersClient;
 
     let test = std::sync::Arc::new(TestChain::start_with(|s| s.orders.deadline.max_in_flight = 1).await);
@@ -313,6 +313,13 @@ async fn a_server_at_capacity_refuses_at_once_with_a_pushback() {
     let pushback: u64 = status.metadata().get("grpc-retry-pushback-ms").unwrap().to_str().unwrap().parse().unwrap();
     let shortest = resilience::load_shed::PUSHBACK.as_millis() as u64;
     assert!((shortest..2 * shortest).contains(&pushback), "jittered, never shorter than configured: {pushback}");
+
+    // Busy is not dead: health on the shedding port and liveness on the operations port still
+    // answer, so no probe gets the service restarted for its load.
+    let tls = rpc::tls::ServiceTls::load("gateway", &test.certs().settings("gateway")).unwrap();
+    rpc::health::check_as(test.chain.address(&ORDERS_GRPC), "orders", &tls, Duration::from_secs(5)).await.expect("SERVING while shedding");
+    let alive = test.http.get(format!("http://{}/livez", test.chain.address(&ORDERS_OPS))).send().await.unwrap();
+    assert_eq!(alive.status(), 200);
     assert_eq!(busy.await.unwrap(), 504);
 }
 

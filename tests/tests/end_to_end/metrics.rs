@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bank_mock::Latency;
 use e2e::{BACKGROUND, TestChain, eventually, fast_bank, order_body, sample};
-use stack::chain::{BANK_ADMIN, BANK_GRPC, GATEWAY_GRPC, GATEWAY_HTTP, GATEWAY_METRICS, ORDERS_GRPC, PAYMENT_GRPC};
+use stack::chain::{BANK_ADMIN, BANK_GRPC, BANK_OPS, GATEWAY_GRPC, GATEWAY_HTTP, GATEWAY_OPS, ORDERS_GRPC, ORDERS_OPS, PAYMENT_GRPC, PAYMENT_OPS};
 use telemetry::TelemetrySettings;
 
 #[tokio::test]
@@ -23,7 +23,7 @@ async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
     })
     .await;
     let addresses = test.chain.addresses().clone();
-    let before = test.scrape(addresses[&GATEWAY_METRICS]).await;
+    let before = test.scrape(addresses[&GATEWAY_OPS]).await;
 
     // Healthy orders and a summary, whose exchange rate the gateway remembers.
     let mut order_id = String::new();
@@ -71,7 +71,7 @@ async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
     }
     assert_eq!(summary(&test).await.unwrap().status(), 200);
 
-    let after = test.scrape(addresses[&GATEWAY_METRICS]).await;
+    let after = test.scrape(addresses[&GATEWAY_OPS]).await;
     let grew = |metric: &str, labels: &[(&str, &str)]| sample(&after, metric, labels) - sample(&before, metric, labels);
     assert!(grew("chain_requests_total", &[("hop", "gateway"), ("code", "201")]) >= 3.0, "{after}");
     assert!(grew("chain_requests_total", &[("hop", "gateway"), ("code", "429")]) >= 1.0, "429s counted apart: {after}");
@@ -90,24 +90,31 @@ async fn metrics_move_with_answers_retries_guards_quotas_fallbacks_and_slack() {
         assert!(grew("chain_request_duration_milliseconds_count", &[("hop", hop)]) >= 3.0, "durations of {hop}: {after}");
     }
 
-    // Behind the edge every port answers /metrics, the gRPC ports over HTTP/1.1 too; the
-    // gateway's public faces do not.
-    for address in [addresses[&ORDERS_GRPC], addresses[&PAYMENT_GRPC], addresses[&BANK_GRPC], addresses[&BANK_ADMIN]] {
+    // Every service's operations port answers /metrics in plain HTTP, with no certificate.
+    for address in [addresses[&ORDERS_OPS], addresses[&PAYMENT_OPS], addresses[&BANK_OPS]] {
         let text = tokio::time::timeout(Duration::from_secs(5), test.scrape(address)).await.expect("scraped in time");
         assert!(text.contains("chain_requests_total"), "{address}: {text}");
     }
     // The completer's rounds, and its resumes of the creates the failing bank left (which fail
     // again: the bank still fails, or the breaker answers for it).
     let text = eventually(BACKGROUND, "the completer resumed a create", || async {
-        let text = test.scrape(addresses[&ORDERS_GRPC]).await;
+        let text = test.scrape(addresses[&ORDERS_OPS]).await;
         (sample(&text, "orders_completer_resumes_total", &[("outcome", "failed")]) >= 1.0).then_some(text)
     })
     .await;
     assert!(sample(&text, "orders_completer_runs_total", &[]) >= 1.0, "{text}");
     assert_eq!(sample(&text, "orders_completer_unsettled", &[]), 0.0, "{text}");
-    for address in [addresses[&GATEWAY_HTTP], addresses[&GATEWAY_GRPC]] {
+    // Nor on the ports that serve requests: the gateway's public faces, the bank's admin API,
+    // and the inner gRPC ports, not even to the operator's certificate.
+    for address in [addresses[&GATEWAY_HTTP], addresses[&GATEWAY_GRPC], addresses[&BANK_ADMIN]] {
         let response = test.http.get(format!("http://{address}/metrics")).send().await.unwrap();
-        assert!(!response.text().await.unwrap().contains("chain_requests_total"), "no metrics on the public face {address}");
+        assert!(!response.text().await.unwrap().contains("chain_requests_total"), "no metrics on {address}");
+    }
+    for (service, listener) in [("orders", ORDERS_GRPC), ("payment", PAYMENT_GRPC), ("bank-mock", BANK_GRPC)] {
+        let (host, address) = (rpc::tls::dns_name(service), addresses[&listener]);
+        let operator = test.operator_http().resolve(&host, address).build().unwrap();
+        let response = operator.get(format!("https://{host}:{}/metrics", address.port())).send().await.unwrap();
+        assert_eq!(response.status(), 403, "{service}'s gRPC port serves no metrics");
     }
     telemetry.shutdown().await;
 }
@@ -130,7 +137,7 @@ async fn made_up_method_names_make_no_series_of_their_own() {
         // Past the client's quota the rate limit answers first: labelled all the same.
         assert!(matches!(status.code(), tonic::Code::Unimplemented | tonic::Code::ResourceExhausted), "{status:?}");
     }
-    let text = test.scrape(addresses[&GATEWAY_METRICS]).await;
+    let text = test.scrape(addresses[&GATEWAY_OPS]).await;
     let methods: std::collections::BTreeSet<&str> = text
         .lines()
         .filter(|line| line.starts_with("rpc_server_call_duration"))

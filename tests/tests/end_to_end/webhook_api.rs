@@ -4,7 +4,7 @@
 use e2e::{API_KEY, Backend, TestChain, order_body};
 use proto::orders::v1::{CreateEndpointRequest, webhooks_client::WebhooksClient};
 use serde_json::{Value, json};
-use stack::chain::ORDERS_GRPC;
+use stack::chain::{ORDERS_GRPC, ORDERS_OPS};
 use tonic::Code;
 use tonic_types::StatusExt;
 use webhooks::signature::Secret;
@@ -296,7 +296,7 @@ async fn webhook_writes_without_a_key_are_sent_to_orders_once() {
 
     // Calls orders refused at its full intake: every call the gateway made while the slot is held.
     let refused = || async {
-        let text = test.scrape(test.chain.address(&ORDERS_GRPC)).await;
+        let text = test.scrape(test.chain.address(&ORDERS_OPS)).await;
         e2e::sample(&text, "chain_load_shed_rejections_total", &[("intake", "orders")]) as u64
     };
     // A keyed write is retried: the refusal is one a retry is made for.

@@ -6,8 +6,10 @@ use super::error::Refusal;
 /// `healthcheck` subcommand presents the service's certificate.
 const HEALTH: &str = "/grpc.health.v1.Health/*";
 
-/// What the operator's certificate may use on every inner service, besides its read methods.
-const OPERATOR_TOOLS: [&str; 3] = ["/grpc.reflection.v1.ServerReflection/*", "/grpc.reflection.v1alpha.ServerReflection/*", "/metrics"];
+/// What the operator's certificate may use on every inner service besides health: describing
+/// it. No business method: metrics and probes are on the operations port ([`crate::ops`]), which
+/// needs no certificate, so the operator's needs none of the clients' data.
+const OPERATOR_TOOLS: [&str; 2] = ["/grpc.reflection.v1.ServerReflection/*", "/grpc.reflection.v1alpha.ServerReflection/*"];
 
 /// Which callers a server answers, and what each may call.
 ///
@@ -48,11 +50,9 @@ impl Policy {
         self.rule(caller, methods, true)
     }
 
-    /// The operator's certificate may call health, reflection, `/metrics` and `reads`, naming
-    /// any client.
-    pub fn allow_operator(self, reads: &[&str]) -> Self {
-        let methods: Vec<&str> = OPERATOR_TOOLS.iter().copied().chain(reads.iter().copied()).collect();
-        self.rule(crate::dev_certs::OPERATOR, &methods, true)
+    /// The operator's certificate may call health and reflection.
+    pub fn allow_operator(self) -> Self {
+        self.rule(crate::dev_certs::OPERATOR, &OPERATOR_TOOLS, false)
     }
 
     fn rule(mut self, caller: &str, methods: &[&str], speaks_for_clients: bool) -> Self {

@@ -183,7 +183,7 @@ impl TestChain {
     /// (a service of the chain, or `operator`) as that service's own calls do.
     pub async fn channel_as(&self, caller: &str, service: &str, address: SocketAddr) -> Channel {
         let tls = ServiceTls::load(caller, &self.certs().settings(caller)).expect("the caller's certificate");
-        rpc::endpoint(&address.to_string(), service, &tls).expect("an endpoint").connect().await.expect("the inner service connects")
+        rpc::channel(&rpc::endpoint(&address.to_string()).expect("an endpoint"), service, &tls)
     }
 
     pub async fn grpc_gateway(&self) -> GatewayClient<Channel> {

@@ -57,7 +57,7 @@ impl Application {
     /// As [`Application::build`], with `outbound` between this service's calls and its
     /// channels to orders, payment and the bank (see [`rpc::Outbound`]).
     pub async fn build_with(settings: Settings, outbound: rpc::Outbound) -> Result<Self, ServerError> {
-        let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?;
+        let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?.watched();
         let orders =
             rpc::connect(HOP, "orders", &settings.orders, &tls, &outbound).map_err(|error| ServerError::Settings(format!("orders: {error}")))?;
         let orders_breaker = orders.breaker.clone();

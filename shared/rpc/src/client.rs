@@ -12,7 +12,7 @@ use telemetry::{
     metrics::{CallMetrics, CallMetricsLayer},
     trace::{ClientTrace, ClientTraceLayer},
 };
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Status, body::Body};
 use tower::{
     BoxError, Layer, ServiceBuilder,
@@ -116,16 +116,15 @@ pub fn connect(
     outbound: &Outbound,
 ) -> Result<Connection, tonic::transport::Error> {
     let idle = Duration::from_millis(dependency.idle_timeout_ms);
-    let endpoint = endpoint(&dependency.endpoint, &dependency.service, tls)?;
-    let trace = ClientTraceLayer::new(name, endpoint.uri());
-    let timed = CallMetricsLayer::new(endpoint.uri());
-    let channel = endpoint
+    let endpoint = crate::endpoint(&dependency.endpoint)?
         .connect_timeout(Duration::from_millis(dependency.connect_timeout_ms))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(idle)
         .keep_alive_timeout(idle)
-        .keep_alive_while_idle(true)
-        .connect_lazy();
+        .keep_alive_while_idle(true);
+    let trace = ClientTraceLayer::new(name, endpoint.uri());
+    let timed = CallMetricsLayer::new(endpoint.uri());
+    let channel = crate::channel(&endpoint, &dependency.service, tls);
     let breaker = Breaker::new(hop, name, dependency.breaker);
     let bulkhead = Bulkhead::new(hop, name, dependency.max_concurrent.max(1));
     let traced = trace.layer(timed.layer(channel));
@@ -145,16 +144,4 @@ pub fn connect(
         Outbound::Layers(layers) => layers.layer(traced),
     };
     Ok(Connection { client, breaker, bulkhead })
-}
-
-/// An endpoint for `address` (a URL or `host:port`) served by `service`, over TLS when `tls` has
-/// certificates: tonic dials TLS only for `https` URLs, so the scheme is set here from `tls`.
-pub fn endpoint(address: &str, service: &str, tls: &ServiceTls) -> Result<Endpoint, tonic::transport::Error> {
-    let authority = address.split_once("://").map_or(address, |(_, rest)| rest);
-    let scheme = if tls.client_config(service).is_some() { "https" } else { "http" };
-    let endpoint = Endpoint::from_shared(format!("{scheme}://{authority}"))?;
-    match tls.client_config(service) {
-        Some(config) => endpoint.tls_config(config),
-        None => Ok(endpoint),
-    }
 }

@@ -11,8 +11,8 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose
 
 use crate::tls::{TlsSettings, dns_name};
 
-/// The name of the operator's client certificate: health, reflection and reads of every inner
-/// service, for grpcurl-style tools.
+/// The name of the operator's client certificate: health and reflection of every inner service,
+/// for grpcurl-style tools.
 pub const OPERATOR: &str = "operator";
 
 /// The services of the chain that hold a certificate (the webhook sender calls none and serves
@@ -84,7 +84,7 @@ impl DevCerts {
 
     /// The TLS settings of service `name`.
     pub fn settings(&self, name: &str) -> TlsSettings {
-        TlsSettings { ca_file: Some(self.ca()), cert_file: Some(self.cert(name)), key_file: Some(self.key(name)), plaintext: false }
+        TlsSettings { ca_file: Some(self.ca()), cert_file: Some(self.cert(name)), key_file: Some(self.key(name)), ..TlsSettings::default() }
     }
 }
 

@@ -48,12 +48,8 @@ pub async fn check_as(listen: SocketAddr, service: &str, tls: &ServiceTls, timeo
         _ => listen,
     };
     let ask = async {
-        let channel = crate::endpoint(&addr.to_string(), service, tls)
-            .map_err(|source| HealthError::Unreachable { addr, source })?
-            .connect()
-            .await
-            .map_err(|source| HealthError::Unreachable { addr, source })?;
-        let answer = HealthClient::new(channel)
+        let endpoint = crate::endpoint(&addr.to_string()).map_err(|source| HealthError::Unreachable { addr, source })?;
+        let answer = HealthClient::new(crate::channel(&endpoint, service, tls))
             .check(HealthCheckRequest { service: String::new() })
             .await
             .map_err(|status| HealthError::Failed { addr, status })?;

@@ -5,6 +5,7 @@ mod client;
 pub mod connections;
 mod decode;
 pub mod dev_certs;
+mod dial;
 pub mod health;
 pub mod listener;
 pub mod ops;
@@ -12,7 +13,8 @@ mod serve;
 mod server;
 pub mod tls;
 
-pub use client::{Client, ClientLayers, Connection, Dependency, Outbound, Traced, connect, endpoint};
+pub use client::{Client, ClientLayers, Connection, Dependency, Outbound, Traced, connect};
+pub use dial::{channel, endpoint};
 pub use server::{GrpcServer, GrpcService, Role, ServerError, Services, bind, reflection, serve_http, serve_http_with, shutdown_signal};
 
 mod relay;

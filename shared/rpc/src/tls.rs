@@ -6,15 +6,20 @@
 //! service they mean to reach, whatever address they dial; servers read the caller's name from
 //! its certificate ([`peer_identity`]) and let [`crate::authorize`] decide what it may call.
 
-use std::{path::PathBuf, sync::Arc};
+use std::{
+    path::PathBuf,
+    sync::{Arc, RwLock, Weak},
+    time::Duration,
+};
 
 use rustls::{
-    RootCertStore, ServerConfig,
-    pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
-    server::WebPkiClientVerifier,
+    ClientConfig, RootCertStore, ServerConfig, SignatureScheme,
+    client::ResolvesClientCert,
+    pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject},
+    server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier},
+    sign::CertifiedKey,
 };
 use serde::{Deserialize, Serialize};
-use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 /// The DNS suffix of every service name in the chain's certificates.
 pub const TRUST_DOMAIN: &str = "chain.internal";
@@ -24,8 +29,9 @@ pub fn dns_name(service: &str) -> String {
     format!("{service}.{TRUST_DOMAIN}")
 }
 
-/// Where a service finds its certificate, its key and the CA it trusts (PEM files).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Where a service finds its certificate, its key and the CA it trusts (PEM files; in
+/// Kubernetes, the `tls.crt`, `tls.key` and `ca.crt` of a `kubernetes.io/tls` Secret).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsSettings {
     /// The CA that signs the certificates of the chain's services (and the operator's).
@@ -34,9 +40,18 @@ pub struct TlsSettings {
     pub cert_file: Option<PathBuf>,
     /// This service's private key.
     pub key_file: Option<PathBuf>,
+    /// How often the certificate and key files are read again: a rotated pair is presented on
+    /// the connections made after it is seen, in both directions, with no restart.
+    pub reload_interval_ms: u64,
     /// Serve and dial gRPC in plain text, with no certificates and so no caller checks: for
     /// experiments only. The files above must then be unset.
     pub plaintext: bool,
+}
+
+impl Default for TlsSettings {
+    fn default() -> Self {
+        Self { ca_file: None, cert_file: None, key_file: None, reload_interval_ms: 10_000, plaintext: false }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -65,9 +80,11 @@ pub enum ServiceTls {
 /// The CA, certificate and key of one service, ready for servers and channels.
 pub struct MutualTls {
     service: String,
-    ca: Certificate,
-    identity: Identity,
+    settings: TlsSettings,
+    /// The certificate and key presented on new connections, both ways.
+    current: Arc<CurrentKey>,
     server: Arc<ServerConfig>,
+    client: Arc<ClientConfig>,
 }
 
 impl ServiceTls {
@@ -78,31 +95,24 @@ impl ServiceTls {
         match (settings.plaintext, files) {
             (true, (None, None, None)) => Ok(Self::Plaintext),
             (true, _) => Err(TlsError::Ambiguous),
-            (false, (Some(ca), Some(cert), Some(key))) => {
-                let ca = read(ca)?;
-                let cert_pem = read(cert)?;
-                let key_pem = read(key)?;
-                MutualTls::new(service, &ca, &cert_pem, &key_pem, settings).map(|tls| Self::Mutual(Arc::new(tls)))
+            (false, (Some(ca), Some(_), Some(_))) => {
+                MutualTls::new(service, &read(ca)?, read_key(service, settings)?, settings).map(|tls| Self::Mutual(Arc::new(tls)))
             }
             (false, _) => Err(TlsError::Missing),
         }
     }
 
-    /// TLS from PEM text already in memory (the dev CA's, in tests).
-    pub fn from_pem(service: &str, ca: &[u8], cert: &[u8], key: &[u8]) -> Result<Self, TlsError> {
-        MutualTls::new(service, ca, cert, key, &TlsSettings::default()).map(|tls| Self::Mutual(Arc::new(tls)))
-    }
-
-    /// The client side for a channel to `server` (a service name): this service's certificate,
-    /// the chain's CA, and `server`'s name expected in the answer's certificate. `None` in plain
-    /// text.
-    pub fn client_config(&self, server: &str) -> Option<ClientTlsConfig> {
-        match self {
-            Self::Plaintext => None,
-            Self::Mutual(tls) => Some(
-                ClientTlsConfig::new().ca_certificate(tls.ca.clone()).identity(tls.identity.clone()).domain_name(dns_name(server)).assume_http2(true),
-            ),
+    /// Reads the certificate and key files again every `tls.reload_interval_ms` for as long as
+    /// this material is in use (a copy of it kept), and presents a new pair from then on. A pair
+    /// that does not load (half written, or naming another service) is logged and the one in use
+    /// kept. The CA is read once: trusting a new CA takes a restart.
+    pub fn watched(self) -> Self {
+        if let Self::Mutual(tls) = &self
+            && tls.settings.reload_interval_ms > 0
+        {
+            tokio::spawn(watch(Arc::downgrade(tls), Duration::from_millis(tls.settings.reload_interval_ms)));
         }
+        self
     }
 
     /// The server side; `None` in plain text.
@@ -110,6 +120,16 @@ impl ServiceTls {
         match self {
             Self::Plaintext => None,
             Self::Mutual(tls) => Some(tls.server.clone()),
+        }
+    }
+
+    /// The client side toward `server` (a service name): the rustls configuration with this
+    /// service's current certificate, and the name expected in the server's certificate.
+    /// `None` in plain text.
+    pub fn client_config(&self, server: &str) -> Option<(Arc<ClientConfig>, ServerName<'static>)> {
+        match self {
+            Self::Plaintext => None,
+            Self::Mutual(tls) => Some((tls.client.clone(), ServerName::try_from(dns_name(server)).ok()?)),
         }
     }
 
@@ -122,41 +142,97 @@ impl ServiceTls {
     }
 }
 
-impl MutualTls {
-    fn new(service: &str, ca: &[u8], cert_pem: &[u8], key_pem: &[u8], settings: &TlsSettings) -> Result<Self, TlsError> {
-        let path = |file: &Option<PathBuf>| file.clone().unwrap_or_else(|| PathBuf::from("<memory>"));
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
-            .collect::<Result<_, _>>()
-            .map_err(|error| TlsError::Pem { path: path(&settings.cert_file), reason: error.to_string() })?;
-        let leaf = certs.first().ok_or_else(|| TlsError::Pem { path: path(&settings.cert_file), reason: "no certificate".into() })?;
-        if peer_identity(leaf).as_deref() != Some(service) {
-            return Err(TlsError::WrongName { path: path(&settings.cert_file), expected: dns_name(service) });
+/// Reloads `tls` every `interval` until nothing holds it any more.
+async fn watch(tls: Weak<MutualTls>, interval: Duration) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
+    loop {
+        ticks.tick().await;
+        let Some(tls) = tls.upgrade() else { return };
+        match read_key(&tls.service, &tls.settings) {
+            Ok(key) if key.cert != tls.current.get().cert => {
+                tracing::info!(service = %tls.service, "presenting the certificate rotated on disk on new connections");
+                tls.current.set(Arc::new(key));
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(service = %tls.service, %error, "keeping the certificate in use"),
         }
-        let key =
-            PrivateKeyDer::from_pem_slice(key_pem).map_err(|error| TlsError::Pem { path: path(&settings.key_file), reason: error.to_string() })?;
+    }
+}
+
+impl MutualTls {
+    fn new(service: &str, ca: &[u8], key: CertifiedKey, settings: &TlsSettings) -> Result<Self, TlsError> {
         let mut roots = RootCertStore::empty();
         for ca_cert in CertificateDer::pem_slice_iter(ca) {
             let ca_cert = ca_cert.map_err(|error| TlsError::Pem { path: path(&settings.ca_file), reason: error.to_string() })?;
             roots.add(ca_cert).map_err(|error| TlsError::Pem { path: path(&settings.ca_file), reason: error.to_string() })?;
         }
+        let roots = Arc::new(roots);
+        let current = Arc::new(CurrentKey(RwLock::new(Arc::new(key))));
         // A caller without a certificate completes the handshake, so that it is answered
         // UNAUTHENTICATED in gRPC terms instead of a bare TLS alert; a certificate that the CA
         // did not sign still fails the handshake.
         let verifier =
-            WebPkiClientVerifier::builder(Arc::new(roots)).allow_unauthenticated().build().map_err(|error| TlsError::Config(error.to_string()))?;
-        let mut server = ServerConfig::builder()
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(certs, key)
-            .map_err(|error| TlsError::Config(error.to_string()))?;
-        // HTTP/1.1 too: `/metrics` is read by scrapers that speak no HTTP/2.
+            WebPkiClientVerifier::builder(roots.clone()).allow_unauthenticated().build().map_err(|error| TlsError::Config(error.to_string()))?;
+        let mut server = ServerConfig::builder().with_client_cert_verifier(verifier).with_cert_resolver(current.clone());
+        // HTTP/1.1 too, for plain HTTP clients that speak no HTTP/2 (they are told who may call).
         server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Ok(Self {
-            service: service.to_owned(),
-            ca: Certificate::from_pem(ca),
-            identity: Identity::from_pem(cert_pem, key_pem),
-            server: Arc::new(server),
-        })
+        let mut client = ClientConfig::builder().with_root_certificates(roots).with_client_cert_resolver(current.clone());
+        client.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Self { service: service.to_owned(), settings: settings.clone(), current, server: Arc::new(server), client: Arc::new(client) })
     }
+}
+
+/// The certificate and key presented on new connections, as servers and as clients; swapped
+/// whole when the files change (connections already open keep the pair they started with).
+#[derive(Debug)]
+struct CurrentKey(RwLock<Arc<CertifiedKey>>);
+
+impl CurrentKey {
+    fn get(&self) -> Arc<CertifiedKey> {
+        self.0.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    fn set(&self, key: Arc<CertifiedKey>) {
+        *self.0.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = key;
+    }
+}
+
+impl ResolvesServerCert for CurrentKey {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.get())
+    }
+}
+
+impl ResolvesClientCert for CurrentKey {
+    fn resolve(&self, _acceptable_issuers: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        Some(self.get())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// `service`'s certificate and key from the files `settings` names, checked to name the service
+/// and to belong together.
+fn read_key(service: &str, settings: &TlsSettings) -> Result<CertifiedKey, TlsError> {
+    let (Some(cert_file), Some(key_file)) = (&settings.cert_file, &settings.key_file) else { return Err(TlsError::Missing) };
+    let pem_error = |file: &PathBuf, error: rustls::pki_types::pem::Error| TlsError::Pem { path: file.clone(), reason: error.to_string() };
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(&read(cert_file)?).collect::<Result<_, _>>().map_err(|error| pem_error(cert_file, error))?;
+    let leaf = certs.first().ok_or_else(|| TlsError::Pem { path: cert_file.clone(), reason: "no certificate".into() })?;
+    if peer_identity(leaf).as_deref() != Some(service) {
+        return Err(TlsError::WrongName { path: cert_file.clone(), expected: dns_name(service) });
+    }
+    let key = PrivateKeyDer::from_pem_slice(&read(key_file)?).map_err(|error| pem_error(key_file, error))?;
+    CertifiedKey::from_der(certs, key, &rustls::crypto::ring::default_provider())
+        .map_err(|error| TlsError::Pem { path: key_file.clone(), reason: format!("not the key of the certificate: {error}") })
+}
+
+fn path(file: &Option<PathBuf>) -> PathBuf {
+    file.clone().unwrap_or_default()
 }
 
 fn read(path: &PathBuf) -> Result<Vec<u8>, TlsError> {

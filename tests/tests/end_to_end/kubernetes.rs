@@ -95,3 +95,32 @@ fn both_overlays_render_validate_and_pass_checkov() {
         succeeded("checkov", &checked);
     }
 }
+
+/// The optional components render on top of an overlay, and cert-manager's Certificates make
+/// exactly the Secrets the pods mount, each naming its service as the others check it.
+#[test]
+fn the_components_render_and_issue_the_secrets_the_pods_mount() {
+    let scratch = tempfile::tempdir().unwrap();
+    // kustomize takes directories by relative path only.
+    let up = "../".repeat(scratch.path().components().count() - 1);
+    let kubernetes = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes").canonicalize().unwrap();
+    let relative = |path: &str| format!("{up}{}", kubernetes.join(path).strip_prefix("/").unwrap().display());
+    let kustomization = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [{}]\ncomponents: [{}, {}]\n",
+        relative("overlays/dev"),
+        relative("components/cert-manager"),
+        relative("components/pod-monitor"),
+    );
+    std::fs::write(scratch.path().join("kustomization.yaml"), kustomization).unwrap();
+    let Some(rendered) = run("kubectl", &["kustomize", "--load-restrictor", "LoadRestrictionsNone", scratch.path().to_str().unwrap()]) else {
+        return;
+    };
+    succeeded("kubectl kustomize", &rendered);
+    let text = String::from_utf8(rendered.stdout).unwrap();
+    assert!(text.contains("kind: PodMonitor"), "{text}");
+    for service in rpc::dev_certs::SERVICES {
+        let secret = format!("secretName: {service}-tls");
+        assert_eq!(text.matches(&secret).count(), 2, "{service}: mounted by its pods and issued by its Certificate");
+        assert!(text.contains(&format!("- {}", rpc::tls::dns_name(service))), "{service}'s Certificate names {}", rpc::tls::dns_name(service));
+    }
+}

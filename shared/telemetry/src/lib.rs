@@ -141,18 +141,25 @@ pub fn init_hosting(process: Service, services: &[Service], settings: &Telemetry
 /// The name of the chain's tracers (the instrumentation scope of its spans).
 const TRACER: &str = "chain";
 
-/// What a service's spans and metrics say of it: its name and version, and the deployment
-/// environment (`dev`, unless `OTEL_RESOURCE_ATTRIBUTES` names another).
+/// What a service's spans and metrics say of it: its name and version, the chain it belongs to,
+/// which running copy it is, and the deployment environment; the last three are defaults that
+/// `OTEL_RESOURCE_ATTRIBUTES` overrides (a pod passes its name as `service.instance.id`).
 fn service_resource(service: Service, name: &str) -> Resource {
     let detectors: [Box<dyn ResourceDetector>; 3] =
         [Box::new(SdkProvidedResourceDetector), Box::new(TelemetryResourceDetector), Box::new(EnvResourceDetector::new())];
     Resource::builder_empty()
+        .with_attribute(KeyValue::new(resource::SERVICE_NAMESPACE, SERVICE_NAMESPACE))
+        // Replicas of one service are told apart: a new id per process unless told otherwise.
+        .with_attribute(KeyValue::new(resource::SERVICE_INSTANCE_ID, uuid::Uuid::now_v7().to_string()))
         .with_attribute(KeyValue::new(resource::DEPLOYMENT_ENVIRONMENT_NAME, DEFAULT_ENVIRONMENT))
         .with_detectors(&detectors)
         .with_service_name(name.to_owned())
         .with_attribute(KeyValue::new(resource::SERVICE_VERSION, service.version))
         .build()
 }
+
+/// The `service.namespace` of every service of the chain, unless told otherwise.
+pub const SERVICE_NAMESPACE: &str = "chain";
 
 /// The `deployment.environment.name` of a process not told otherwise.
 pub const DEFAULT_ENVIRONMENT: &str = "dev";

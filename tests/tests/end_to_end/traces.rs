@@ -141,13 +141,19 @@ async fn each_hop_exports_under_its_own_service_name_and_the_links_cross_them() 
     let bank_server = spans.iter().find(|s| text_attribute(s, attr::HOP) == Some("bank-mock")).expect("the bank's span");
     assert!(descends_from(&spans, bank_server, gateway_server), "one tree from the gateway down to the bank");
 
-    // Each hop's resource names its version, and the environment: the default, as no
-    // OTEL_RESOURCE_ATTRIBUTES is set here.
+    // Each hop's resource names its version, its namespace and an instance id of its own, and
+    // the environment: the defaults, as no OTEL_RESOURCE_ATTRIBUTES is set here.
+    let mut instances = Vec::new();
     for service in stack::SERVICES.iter().filter(|service| hops.contains(&service.name)) {
         let (resource, _) = exported.iter().find(|(resource, _)| otlp::service_name(resource) == service.name).expect("spans of each hop");
         assert_eq!(resource_text(resource, "service.version"), Some(service.version), "{}", service.name);
+        assert_eq!(resource_text(resource, "service.namespace"), Some(telemetry::SERVICE_NAMESPACE), "{}", service.name);
         assert_eq!(resource_text(resource, "deployment.environment.name"), Some(telemetry::DEFAULT_ENVIRONMENT), "{}", service.name);
+        instances.push(resource_text(resource, "service.instance.id").unwrap_or_else(|| panic!("{}: an instance id", service.name)));
     }
+    instances.sort_unstable();
+    instances.dedup();
+    assert_eq!(instances.len(), hops.len(), "an instance id per service");
 }
 
 #[tokio::test]

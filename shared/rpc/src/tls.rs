@@ -103,14 +103,15 @@ impl ServiceTls {
     }
 
     /// Reads the certificate and key files again every `tls.reload_interval_ms` for as long as
-    /// this material is in use (a copy of it kept), and presents a new pair from then on. A pair
-    /// that does not load (half written, or naming another service) is logged and the one in use
-    /// kept. The CA is read once: trusting a new CA takes a restart.
+    /// a server or channel made from this material is in use, and presents a new pair from then
+    /// on. A pair that does not load (half written, or naming another service) is logged and the
+    /// one in use kept. The CA is read once: trusting a new CA takes a restart.
     pub fn watched(self) -> Self {
         if let Self::Mutual(tls) = &self
             && tls.settings.reload_interval_ms > 0
         {
-            tokio::spawn(watch(Arc::downgrade(tls), Duration::from_millis(tls.settings.reload_interval_ms)));
+            let interval = Duration::from_millis(tls.settings.reload_interval_ms);
+            tokio::spawn(watch(tls.service.clone(), tls.settings.clone(), Arc::downgrade(&tls.current), interval));
         }
         self
     }
@@ -142,21 +143,22 @@ impl ServiceTls {
     }
 }
 
-/// Reloads `tls` every `interval` until nothing holds it any more.
-async fn watch(tls: Weak<MutualTls>, interval: Duration) {
+/// Reloads `service`'s pair from the files of `settings` into `current` every `interval`, until
+/// no server or client configuration holds `current` any more.
+async fn watch(service: String, settings: TlsSettings, current: Weak<CurrentKey>, interval: Duration) {
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await;
     loop {
         ticks.tick().await;
-        let Some(tls) = tls.upgrade() else { return };
-        match read_key(&tls.service, &tls.settings) {
-            Ok(key) if key.cert != tls.current.get().cert => {
-                tracing::info!(service = %tls.service, "presenting the certificate rotated on disk on new connections");
-                tls.current.set(Arc::new(key));
+        let Some(current) = current.upgrade() else { return };
+        match read_key(&service, &settings) {
+            Ok(key) if key.cert != current.get().cert => {
+                tracing::info!(%service, "presenting the certificate rotated on disk on new connections");
+                current.set(Arc::new(key));
             }
             Ok(_) => {}
-            Err(error) => tracing::warn!(service = %tls.service, %error, "keeping the certificate in use"),
+            Err(error) => tracing::warn!(%service, %error, "keeping the certificate in use"),
         }
     }
 }

@@ -2,12 +2,14 @@
 //! made after it is seen, by servers and by clients, with no restart; a pair that does not load
 //! leaves the one in use in place.
 
-use std::{net::SocketAddr, path::Path, time::Duration};
+use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use rpc::tls::{ServiceTls, TlsSettings, dns_name};
-use rustls::pki_types::CertificateDer;
-use test_support::eventually;
+use rustls::{
+    ClientConfig,
+    pki_types::{CertificateDer, ServerName},
+};
+use test_support::{eventually, test_ca::TestCa};
 use tokio::{net::TcpStream, sync::mpsc};
 
 /// Reloads are looked for this often here (10 s by default).
@@ -15,43 +17,24 @@ const RELOAD: Duration = Duration::from_millis(50);
 /// Generous bound for a reload to be seen on a loaded machine.
 const SEEN: Duration = Duration::from_secs(10);
 
-/// A CA of the test's own, which, unlike the development CA, keeps its key to sign renewals.
-struct Ca {
-    pem: String,
-    issuer: Issuer<'static, KeyPair>,
+/// `service`'s settings in `dir`: the CA's certificate as `ca.crt`, its own as `tls.crt` and
+/// `tls.key` in a directory of its own, as a Kubernetes Secret is mounted.
+fn settings(ca: &TestCa, dir: &Path, service: &str) -> TlsSettings {
+    let ca_file = dir.join("ca.crt");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    std::fs::create_dir_all(dir.join(service)).unwrap();
+    TlsSettings {
+        ca_file: Some(ca_file),
+        cert_file: Some(dir.join(service).join("tls.crt")),
+        key_file: Some(dir.join(service).join("tls.key")),
+        reload_interval_ms: RELOAD.as_millis() as u64,
+        plaintext: false,
+    }
 }
 
-impl Ca {
-    fn new() -> Self {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::default();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let pem = params.self_signed(&key).unwrap().pem();
-        Self { pem, issuer: Issuer::new(params, key) }
-    }
-
-    /// Writes a new certificate of `service` and its key where `settings` names them, returning
-    /// the certificate.
-    fn issue(&self, service: &str, settings: &TlsSettings) -> CertificateDer<'static> {
-        let key = KeyPair::generate().unwrap();
-        let certificate = CertificateParams::new(vec![dns_name(service)]).unwrap().signed_by(&key, &self.issuer).unwrap();
-        std::fs::write(settings.cert_file.as_ref().unwrap(), certificate.pem()).unwrap();
-        std::fs::write(settings.key_file.as_ref().unwrap(), key.serialize_pem()).unwrap();
-        certificate.der().clone()
-    }
-
-    fn settings(&self, dir: &Path, service: &str) -> TlsSettings {
-        let ca_file = dir.join("ca.crt");
-        std::fs::write(&ca_file, &self.pem).unwrap();
-        std::fs::create_dir_all(dir.join(service)).unwrap();
-        TlsSettings {
-            ca_file: Some(ca_file),
-            cert_file: Some(dir.join(service).join("tls.crt")),
-            key_file: Some(dir.join(service).join("tls.key")),
-            reload_interval_ms: RELOAD.as_millis() as u64,
-            plaintext: false,
-        }
-    }
+/// A new certificate of `service` from `ca`, written where `settings` names its files.
+fn issue(ca: &TestCa, service: &str, settings: &TlsSettings) -> CertificateDer<'static> {
+    CertificateDer::from(ca.issue(&dns_name(service), settings.cert_file.as_ref().unwrap(), settings.key_file.as_ref().unwrap()))
 }
 
 /// A TLS server with `tls`'s configuration that reports the certificate each client presented.
@@ -71,10 +54,9 @@ async fn server(tls: &ServiceTls) -> (SocketAddr, mpsc::UnboundedReceiver<Option
     (addr, presented)
 }
 
-/// Connects to `addr` as `tls`'s service, expecting `server`: the certificate the server
-/// presented.
-async fn connect(tls: &ServiceTls, server: &str, addr: SocketAddr) -> CertificateDer<'static> {
-    let (config, name) = tls.client_config(server).unwrap();
+/// Connects to `addr` with a client configuration: the certificate the server presented.
+async fn connect(client: &(Arc<ClientConfig>, ServerName<'static>), addr: SocketAddr) -> CertificateDer<'static> {
+    let (config, name) = client.clone();
     let stream = tokio_rustls::TlsConnector::from(config).connect(name, TcpStream::connect(addr).await.unwrap()).await.unwrap();
     stream.get_ref().1.peer_certificates().unwrap()[0].clone().into_owned()
 }
@@ -82,25 +64,27 @@ async fn connect(tls: &ServiceTls, server: &str, addr: SocketAddr) -> Certificat
 #[tokio::test]
 async fn servers_and_clients_present_a_rotated_certificate_on_new_connections() {
     let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::new();
-    let (orders_settings, gateway_settings) = (ca.settings(dir.path(), "orders"), ca.settings(dir.path(), "gateway"));
-    let orders_first = ca.issue("orders", &orders_settings);
-    let gateway_first = ca.issue("gateway", &gateway_settings);
+    let ca = TestCa::new();
+    let (orders_settings, gateway_settings) = (settings(&ca, dir.path(), "orders"), settings(&ca, dir.path(), "gateway"));
+    let orders_first = issue(&ca, "orders", &orders_settings);
+    let gateway_first = issue(&ca, "gateway", &gateway_settings);
     let orders = ServiceTls::load("orders", &orders_settings).unwrap().watched();
-    let gateway = ServiceTls::load("gateway", &gateway_settings).unwrap().watched();
+    let gateway = ServiceTls::load("gateway", &gateway_settings).unwrap().watched().client_config("orders").unwrap();
     let (addr, mut presented) = server(&orders).await;
+    // Servers and channels keep their configurations, not the material they were made from.
+    drop(orders);
 
-    assert_eq!(connect(&gateway, "orders", addr).await, orders_first);
+    assert_eq!(connect(&gateway, addr).await, orders_first);
     assert_eq!(presented.recv().await.unwrap().unwrap(), gateway_first);
 
     // Renewed on disk, both: new connections carry the new certificates both ways.
-    let orders_second = ca.issue("orders", &orders_settings);
-    let gateway_second = ca.issue("gateway", &gateway_settings);
-    eventually(SEEN, "orders presents its renewed certificate", || async { connect(&gateway, "orders", addr).await == orders_second }).await;
+    let orders_second = issue(&ca, "orders", &orders_settings);
+    let gateway_second = issue(&ca, "gateway", &gateway_settings);
+    eventually(SEEN, "orders presents its renewed certificate", || async { connect(&gateway, addr).await == orders_second }).await;
     // One record per connection, in order: the older ones first.
     let renewed = async {
         while presented.recv().await.unwrap().unwrap() != gateway_second {
-            connect(&gateway, "orders", addr).await;
+            connect(&gateway, addr).await;
             tokio::time::sleep(RELOAD).await;
         }
     };
@@ -109,8 +93,8 @@ async fn servers_and_clients_present_a_rotated_certificate_on_new_connections() 
     // A half-written pair, or one naming another service, is not taken: the renewed one stays.
     std::fs::write(orders_settings.key_file.as_ref().unwrap(), "-----BEGIN PRIVATE KEY-----\n").unwrap();
     tokio::time::sleep(RELOAD * 4).await;
-    assert_eq!(connect(&gateway, "orders", addr).await, orders_second, "a key that does not load is not taken");
-    ca.issue("payment", &orders_settings);
+    assert_eq!(connect(&gateway, addr).await, orders_second, "a key that does not load is not taken");
+    issue(&ca, "payment", &orders_settings);
     tokio::time::sleep(RELOAD * 4).await;
-    assert_eq!(connect(&gateway, "orders", addr).await, orders_second, "a certificate of another service is not taken");
+    assert_eq!(connect(&gateway, addr).await, orders_second, "a certificate of another service is not taken");
 }

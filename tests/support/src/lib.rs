@@ -5,13 +5,15 @@
 //!   in CI the test fails; elsewhere it says so on the terminal, past the runner's capture;
 //! - [`postgres_admin_url`] and [`ScratchDatabase`]: a database of its own per test, dropped when
 //!   the test ends;
-//! - [`quiet_http2`]: an HTTP/2 client that answers pings but never asks anything.
+//! - [`quiet_http2`]: an HTTP/2 client that answers pings but never asks anything;
+//! - [`test_ca`]: a CA that signs renewed certificates.
 
 use std::{future::Future, io::Write, time::Duration};
 
 use sqlx::{Connection, Executor, PgConnection};
 
 pub mod quiet_http2;
+pub mod test_ca;
 
 /// How often [`eventually`] looks again.
 const POLL: Duration = Duration::from_millis(10);

@@ -1,7 +1,7 @@
 //! Service identity between hops: orders, payment and the bank answer only the callers that the
 //! chain's shape allows, proven by certificates of the chain's CA; nobody else gets anything done.
 
-use std::net::SocketAddr;
+use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
 use e2e::{TestChain, grpc_request, order_body, order_message};
 use proto::{
@@ -10,8 +10,12 @@ use proto::{
     orders::v1::orders_client::OrdersClient,
     payment::v1::{PayRequest, payment_service_client::PaymentServiceClient},
 };
-use rpc::{dev_certs::DevCerts, tls::dns_name};
+use rpc::{
+    dev_certs::DevCerts,
+    tls::{ServiceTls, TlsSettings, dns_name},
+};
 use stack::chain::{BANK_GRPC, ORDERS_GRPC, PAYMENT_GRPC};
+use test_support::{eventually, test_ca::TestCa};
 use tonic::{
     Code, Request, Status,
     transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
@@ -146,4 +150,75 @@ async fn the_operator_checks_health_but_reads_no_order() {
         let tls = rpc::tls::ServiceTls::load(service, &test.certs().settings(service)).unwrap();
         rpc::health::check_as(address, service, &tls, std::time::Duration::from_secs(5)).await.unwrap();
     }
+}
+
+/// The files of `service`'s certificate in `dir`, read again every 100 ms.
+fn rotating(dir: &Path, service: &str) -> TlsSettings {
+    TlsSettings {
+        ca_file: Some(dir.join("ca.crt")),
+        cert_file: Some(dir.join(format!("{service}.crt"))),
+        key_file: Some(dir.join(format!("{service}.key"))),
+        reload_interval_ms: 100,
+        plaintext: false,
+    }
+}
+
+/// The certificate the server at `address` presents as `service`, asked over a new connection.
+async fn presented(address: SocketAddr, service: &str, caller: &ServiceTls) -> Vec<u8> {
+    let (config, name) = caller.client_config(service).unwrap();
+    let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
+    let stream = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await.unwrap();
+    stream.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
+#[tokio::test]
+async fn certificates_renewed_under_load_are_presented_on_new_connections_and_fail_no_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    std::fs::write(dir.path().join("ca.crt"), ca.pem()).unwrap();
+    let issue = |service: &str| {
+        let files = rotating(dir.path(), service);
+        ca.issue(&dns_name(service), files.cert_file.as_ref().unwrap(), files.key_file.as_ref().unwrap())
+    };
+    for service in rpc::dev_certs::SERVICES {
+        issue(service);
+    }
+    let test = Arc::new(
+        TestChain::start_with(|s| {
+            s.gateway.tls = rotating(dir.path(), "gateway");
+            s.orders.tls = rotating(dir.path(), "orders");
+            s.payment.tls = rotating(dir.path(), "payment");
+            s.bank.tls = rotating(dir.path(), "bank-mock");
+        })
+        .await,
+    );
+    let orders = test.chain.address(&ORDERS_GRPC);
+    let gateway = ServiceTls::load("gateway", &rotating(dir.path(), "gateway")).unwrap();
+    let first = presented(orders, "orders", &gateway).await;
+
+    // Orders placed four at a time, before, during and after the renewal.
+    let load = tokio::spawn({
+        let test = test.clone();
+        async move {
+            let mut statuses = Vec::new();
+            for round in 0..50 {
+                let batch = (0..4).map(|n| test.post_order(&format!("renewal-{round}-{n}"), &order_body()).send());
+                statuses.extend(futures::future::join_all(batch).await.into_iter().map(|answer| answer.map_or(0, |answer| answer.status().as_u16())));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            statuses
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for service in ["gateway", "payment", "bank-mock"] {
+        issue(service);
+    }
+    let renewed = issue("orders");
+    assert_ne!(first, renewed);
+    eventually(Duration::from_secs(10), "orders presents its renewed certificate", || async {
+        presented(orders, "orders", &gateway).await == renewed
+    })
+    .await;
+    let statuses = load.await.unwrap();
+    assert!(statuses.iter().all(|status| *status == 201), "every order placed: {statuses:?}");
 }

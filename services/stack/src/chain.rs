@@ -731,8 +731,8 @@ mod tests {
     fn every_listener_key_names_its_setting() {
         for (port, listener) in (1..).zip(listeners()) {
             let mut document = serde_json::to_value(ChainSettings::default()).unwrap();
-            let (section, field) = listener.key.split_once('.').unwrap();
-            document[section][field] = format!("127.0.0.1:{port}").into();
+            let setting = listener.key.split('.').fold(&mut document, |section, field| &mut section[field]);
+            *setting = format!("127.0.0.1:{port}").into();
             let mut settings: ChainSettings = serde_json::from_value(document).unwrap();
             assert_eq!((listener.setting)(&mut settings).port(), port, "{}", listener.key);
         }

@@ -22,9 +22,10 @@ use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
-    server::{conn::auto::Builder, graceful::GracefulShutdown},
+    server::conn::auto::Builder,
     service::TowerToHyperService,
 };
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tower::ServiceExt;
 
 use crate::{
@@ -47,7 +48,8 @@ where
         .timer(TokioTimer::new())
         .keep_alive_interval(Duration::from_millis(limits.keepalive_interval_ms))
         .keep_alive_timeout(Duration::from_millis(limits.keepalive_timeout_ms));
-    let graceful = GracefulShutdown::new();
+    // Every connection is asked to end, gracefully, at shutdown or when it reaches its age.
+    let (stop, connections) = (CancellationToken::new(), TaskTracker::new());
     let mut shutdown = pin!(shutdown);
     loop {
         let (io, addr) = tokio::select! {
@@ -64,9 +66,29 @@ where
             let answer = router.clone().oneshot(request);
             async move { Ok::<_, std::convert::Infallible>(answer.await?.map(|body| Body::new(Answer { body, _open: open }))) }
         }));
-        let connection = graceful.watch(builder.serve_connection(TokioIo::new(io), service).into_owned());
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
+        let connection = builder.serve_connection(TokioIo::new(io), service).into_owned();
+        let (stop, max_age) = (stop.clone(), limits.max_age());
+        connections.spawn(async move {
+            let mut connection = pin!(connection);
+            let aged = async {
+                match max_age {
+                    Some(age) => tokio::time::sleep(age).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let ended = tokio::select! {
+                ended = connection.as_mut() => Some(ended),
+                () = aged => None,
+                () = stop.cancelled() => None,
+            };
+            let ended = match ended {
+                Some(ended) => ended,
+                None => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(error) = ended {
                 tracing::debug!(%error, "connection ended with an error");
             }
         });
@@ -74,7 +96,9 @@ where
     // Closed before the requests in flight finish: a new connection is refused at once, not
     // queued behind a server that will never accept it.
     drop(listener);
-    graceful.shutdown().await;
+    stop.cancel();
+    connections.close();
+    connections.wait().await;
 }
 
 pin_project_lite::pin_project! {

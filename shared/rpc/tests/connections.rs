@@ -21,7 +21,13 @@ const SOON: Duration = Duration::from_secs(3);
 async fn server(limits: ConnectionLimits) -> (SocketAddr, tokio_util::sync::DropGuard) {
     let listener = rpc::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let router = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+    let router = axum::Router::new().route("/", axum::routing::get(|| async { "ok" })).route(
+        "/slow",
+        axum::routing::get(|| async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            "late"
+        }),
+    );
     let stop = CancellationToken::new();
     tokio::spawn(rpc::serve_http_with(listener, limits, router, stop.clone().cancelled_owned()));
     (addr, stop.drop_guard())
@@ -143,4 +149,20 @@ async fn headers_sent_a_line_at_a_time_are_cut_off_at_the_header_read_timeout() 
     };
     tokio::time::timeout(SOON, dripping).await.expect("the server closed the slow connection");
     assert!(started.elapsed() >= Duration::from_millis(350), "{:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn a_connection_past_its_age_finishes_its_request_then_ends() {
+    let (addr, _server) = server(ConnectionLimits { max_age_ms: 200, ..ConnectionLimits::default() }).await;
+    // A kept-alive connection whose request outlives the connection's age: answered, then closed
+    // (long before the idle timeout), so that the client connects again.
+    let mut busy = TcpStream::connect(addr).await.unwrap();
+    busy.write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(SOON, busy.read_to_end(&mut answer)).await.expect("closed after its answer").unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200") && answer.ends_with(b"late"), "{}", String::from_utf8_lossy(&answer));
+    // One that only waits ends at its age too.
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    let lived = closed_within(&mut idle, SOON).await;
+    assert!(lived < Duration::from_secs(2), "{lived:?}");
 }

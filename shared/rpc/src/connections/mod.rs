@@ -36,10 +36,28 @@ pub struct ConnectionLimits {
     pub keepalive_interval_ms: u64,
     /// ...and the connection is closed when its answer has not come within this long.
     pub keepalive_timeout_ms: u64,
+    /// A connection this old (give or take a tenth, so that a crowd of them does not end at
+    /// once) is asked to end: HTTP/2 GOAWAY, the requests in flight finish, and the client
+    /// connects again, through its load balancer, perhaps to another replica. 0: no limit.
+    pub max_age_ms: u64,
 }
 
 impl Default for ConnectionLimits {
     fn default() -> Self {
-        Self { max_open: 2_000, idle_timeout_ms: 30_000, header_read_timeout_ms: 10_000, keepalive_interval_ms: 20_000, keepalive_timeout_ms: 10_000 }
+        Self {
+            max_open: 2_000,
+            idle_timeout_ms: 30_000,
+            header_read_timeout_ms: 10_000,
+            keepalive_interval_ms: 20_000,
+            keepalive_timeout_ms: 10_000,
+            max_age_ms: 300_000,
+        }
+    }
+}
+
+impl ConnectionLimits {
+    /// How long one new connection may live: `max_age_ms` less up to a tenth, drawn at random.
+    pub(crate) fn max_age(&self) -> Option<std::time::Duration> {
+        (self.max_age_ms > 0).then(|| std::time::Duration::from_millis(self.max_age_ms).mul_f64(1.0 - rand::random::<f64>() / 10.0))
     }
 }

@@ -277,7 +277,8 @@ impl GrpcServer {
                 reporter.set_service_status(name, ServingStatus::NotServing).await;
             }
         };
-        let routes = health.fallback_service(self.routes).layer(RequestMetricsLayer::new(self.hop, self.methods));
+        // Merged after the service's layers, which so do not wrap it; one router, one lookup.
+        let routes = self.routes.merge(health).layer(RequestMetricsLayer::new(self.hop, self.methods));
         let serving = async {
             let config = match self.role {
                 Role::Inner { tls, callers } => tls.server_config().map(|config| (config, callers)),

@@ -14,7 +14,7 @@ use std::{
 use deadline::{Deadline, ForwardPolicy, Hop, HopStats, SLICE_HEADER, Slice};
 use resilience::{
     PREVIOUS_ATTEMPTS_HEADER,
-    retry::{Call, PUSHBACK_HEADER, RETRIES_SPENT_HEADER, RetryPolicy, RetrySettings, RetryStatsSnapshot},
+    retry::{Call, PUSHBACK_HEADER, PreviousReplicas, RETRIES_SPENT_HEADER, RetryPolicy, RetrySettings, RetryStatsSnapshot},
 };
 use tokio::time::{Instant, Sleep, sleep};
 use tonic::{Code, Status, metadata::MetadataMap};
@@ -490,4 +490,15 @@ fn into_request_numbers_only_retries() {
     assert_eq!(*request.get_ref(), "pay");
     assert_eq!(request.metadata().get("idempotency-key").unwrap().to_str().unwrap(), "op-1");
     assert_eq!(request.metadata().get(PREVIOUS_ATTEMPTS_HEADER).unwrap().to_str().unwrap(), "2");
+}
+
+#[test]
+fn every_attempt_of_a_call_shares_the_replicas_tried() {
+    let first = Call::new("pay", MetadataMap::new());
+    let replica = "10.0.0.1:50053".parse().unwrap();
+    first.clone().into_request().extensions().get::<PreviousReplicas>().expect("carried by the request").push(replica);
+    let retry = Call { previous_attempts: 1, ..first.clone() }.into_request();
+    assert!(retry.extensions().get::<PreviousReplicas>().unwrap().contains(replica), "the retry knows where the first attempt went");
+    let other = Call::new("pay", MetadataMap::new()).into_request();
+    assert!(!other.extensions().get::<PreviousReplicas>().unwrap().contains(replica), "another call starts afresh");
 }

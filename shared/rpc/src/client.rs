@@ -12,14 +12,14 @@ use telemetry::{
     metrics::{CallMetrics, CallMetricsLayer},
     trace::{ClientTrace, ClientTraceLayer},
 };
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint};
 use tonic::{Status, body::Body};
 use tower::{
     BoxError, Layer, ServiceBuilder,
     util::{BoxCloneSyncService, BoxCloneSyncServiceLayer},
 };
 
-use crate::tls::ServiceTls;
+use crate::{balance::Balance, tls::ServiceTls};
 
 /// How to reach one dependency, and how much of the deadline to give it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -31,6 +31,9 @@ pub struct Dependency {
     /// The service behind the endpoint (`orders`, `payment`, `bank-mock`): its certificate must
     /// name it (`orders.chain.internal`), whatever host name or address the endpoint has.
     pub service: String,
+    /// How often the endpoint's host name is resolved again, to follow replicas as they come
+    /// and go: each call goes to one of the addresses it resolves to (see the `balance` module).
+    pub resolve_interval_ms: u64,
     /// Limit on establishing a TCP connection (short: the peer is near or it is not there).
     pub connect_timeout_ms: u64,
     /// Limit on silence of an established connection: an HTTP/2 ping unanswered for this long
@@ -51,6 +54,7 @@ impl Default for Dependency {
         Self {
             endpoint: "http://127.0.0.1:50051".into(),
             service: "gateway".into(),
+            resolve_interval_ms: 5_000,
             connect_timeout_ms: 250,
             idle_timeout_ms: 5_000,
             deadline: ForwardPolicy::default(),
@@ -70,7 +74,7 @@ impl Default for Dependency {
 pub type Client = BoxCloneSyncService<Request<Body>, Response<Body>, Status>;
 
 /// A dependency's channel with its calls traced and timed: what [`Outbound`]'s layers wrap.
-pub type Traced = ClientTrace<CallMetrics<Channel>>;
+pub type Traced = ClientTrace<CallMetrics<Balance<Channel>>>;
 
 /// Layers that take a dependency's [`Traced`] channel to a [`Client`].
 pub type ClientLayers = BoxCloneSyncServiceLayer<Traced, Request<Body>, Response<Body>, Status>;
@@ -97,6 +101,17 @@ impl std::fmt::Debug for Outbound {
     }
 }
 
+/// An endpoint at `address` with `dependency`'s connection settings.
+fn endpoint_to(address: &str, dependency: &Dependency) -> Result<Endpoint, tonic::transport::Error> {
+    let idle = Duration::from_millis(dependency.idle_timeout_ms);
+    Ok(crate::endpoint(address)?
+        .connect_timeout(Duration::from_millis(dependency.connect_timeout_ms))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(idle)
+        .keep_alive_timeout(idle)
+        .keep_alive_while_idle(true))
+}
+
 /// A client and the guards in front of it, whose state the service can report.
 pub struct Connection {
     pub client: Client,
@@ -115,16 +130,19 @@ pub fn connect(
     tls: &ServiceTls,
     outbound: &Outbound,
 ) -> Result<Connection, tonic::transport::Error> {
-    let idle = Duration::from_millis(dependency.idle_timeout_ms);
-    let endpoint = crate::endpoint(&dependency.endpoint)?
-        .connect_timeout(Duration::from_millis(dependency.connect_timeout_ms))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(idle)
-        .keep_alive_timeout(idle)
-        .keep_alive_while_idle(true);
+    let endpoint = endpoint_to(&dependency.endpoint, dependency)?;
     let trace = ClientTraceLayer::new(name, endpoint.uri());
     let timed = CallMetricsLayer::new(endpoint.uri());
-    let channel = crate::channel(&endpoint, &dependency.service, tls);
+    let (host, port) = (endpoint.uri().host().unwrap_or_default(), endpoint.uri().port_u16().unwrap_or(80));
+    let interval = Duration::from_millis(dependency.resolve_interval_ms.max(1));
+    let channel = Balance::resolving(name, host, port, interval, {
+        let (dependency, tls, origin) = (dependency.clone(), tls.clone(), endpoint.uri().clone());
+        move |replica| {
+            // Requests still name the dependency (`:authority`), whichever replica takes them.
+            let endpoint = endpoint_to(&replica.to_string(), &dependency).expect("a socket address is a valid authority").origin(origin.clone());
+            crate::channel(&endpoint, &dependency.service, &tls)
+        }
+    });
     let breaker = Breaker::new(hop, name, dependency.breaker);
     let bulkhead = Bulkhead::new(hop, name, dependency.max_concurrent.max(1));
     let traced = trace.layer(timed.layer(channel));

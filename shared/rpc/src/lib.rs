@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod authorize;
+mod balance;
 mod client;
 pub mod connections;
 mod decode;

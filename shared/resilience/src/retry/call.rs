@@ -1,3 +1,8 @@
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex, PoisonError},
+};
+
 use tonic::{Request, metadata::MetadataMap};
 
 use crate::PREVIOUS_ATTEMPTS_HEADER;
@@ -10,19 +15,42 @@ pub struct Call<M> {
     pub metadata: MetadataMap,
     /// Attempts made before this one (0 for the first).
     pub previous_attempts: u32,
+    /// The replicas the attempts went to, shared by every attempt of the call.
+    pub previous_replicas: PreviousReplicas,
 }
 
 impl<M> Call<M> {
     pub fn new(message: M, metadata: MetadataMap) -> Self {
-        Self { message, metadata, previous_attempts: 0 }
+        Self { message, metadata, previous_attempts: 0, previous_replicas: PreviousReplicas::default() }
     }
 
-    /// The request for this attempt, numbered in `grpc-previous-rpc-attempts` when it is a retry.
+    /// The request for this attempt, numbered in `grpc-previous-rpc-attempts` when it is a retry,
+    /// and carrying the replicas tried before, for the balancer to choose another.
     pub fn into_request(self) -> Request<M> {
         let mut metadata = self.metadata;
         if self.previous_attempts > 0 {
             metadata.insert(PREVIOUS_ATTEMPTS_HEADER, self.previous_attempts.into());
         }
-        Request::from_parts(metadata, Default::default(), self.message)
+        let mut request = Request::from_parts(metadata, Default::default(), self.message);
+        request.extensions_mut().insert(self.previous_replicas);
+        request
+    }
+}
+
+/// The replicas of the dependency that earlier attempts of one call went to: a request
+/// extension the balancer reads, so that a retry goes to another replica where there is one
+/// (Envoy's "previous hosts" retry predicate), and writes, recording each attempt's choice.
+#[derive(Debug, Clone, Default)]
+pub struct PreviousReplicas(Arc<Mutex<Vec<SocketAddr>>>);
+
+impl PreviousReplicas {
+    /// Whether an earlier attempt went to `replica`.
+    pub fn contains(&self, replica: SocketAddr) -> bool {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).contains(&replica)
+    }
+
+    /// Records that an attempt goes to `replica`.
+    pub fn push(&self, replica: SocketAddr) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).push(replica);
     }
 }

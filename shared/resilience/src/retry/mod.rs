@@ -44,7 +44,7 @@ mod stats;
 mod throttle;
 
 pub use budget::RetryBudget;
-pub use call::Call;
+pub use call::{Call, PreviousReplicas};
 pub use classify::{MAX_PUSHBACK, Pushback, is_transient, pushback};
 pub use stats::{RetryStats, RetryStatsSnapshot, StopReason};
 pub use throttle::RetryThrottle;

@@ -1,0 +1,264 @@
+//! Per-call balancing across every replica of a dependency.
+//!
+//! One HTTP/2 connection carries every call, so a channel to a Service name talks to whichever
+//! replica it connected to first, and replicas added later get nothing from callers already
+//! connected. [`Balance`] instead resolves the endpoint's host name again and again (every
+//! address of a headless Kubernetes Service or of a Compose service's replicas), keeps a channel
+//! per address, and picks one per call: of two replicas drawn at random, the one with fewer calls
+//! in flight (power of two choices, as tower's `balance` does). It skips
+//! - a replica whose connection failed in the last [`EJECTION`], so that a replica gone does not
+//!   attract calls by failing them fast;
+//! - a replica an earlier attempt of the same call went to ([`PreviousReplicas`]), so that the
+//!   edge's retry lands elsewhere;
+//!
+//! unless no other is left.
+//!
+//! Why not tower's `Balance`: it is not `Clone`, so every caller would share it behind a
+//! `Buffer`, one more task hand-off per call, and it cannot see which replica a call's earlier
+//! attempts went to.
+//!
+//! Breakers, bulkheads and the self-limit stay per dependency, above the balancer: they protect
+//! the caller from the dependency as a whole, and the ejection above handles one replica that
+//! cannot be reached.
+
+use std::{
+    collections::BTreeSet,
+    future::Future,
+    io,
+    net::{IpAddr, SocketAddr},
+    pin::Pin,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use http::{Request, Response};
+use rand::Rng;
+use resilience::retry::PreviousReplicas;
+use tokio::{sync::watch, time::Instant};
+use tonic::{Status, metadata::MetadataValue};
+use tower::{BoxError, Service, ServiceExt};
+
+/// How long a replica whose connection failed is left out of the choice.
+pub const EJECTION: Duration = Duration::from_secs(1);
+
+/// A `Clone` service that sends each call to one replica of a dependency (see the module).
+pub struct Balance<S> {
+    service: &'static str,
+    replicas: watch::Receiver<Replicas<S>>,
+}
+
+impl<S> Clone for Balance<S> {
+    fn clone(&self) -> Self {
+        Self { service: self.service, replicas: self.replicas.clone() }
+    }
+}
+
+/// The replicas known at one moment; `None` until the first resolution answered.
+struct Replicas<S> {
+    resolved: Option<Resolved<S>>,
+}
+
+/// What a resolution gave: the replicas, or why there are none.
+type Resolved<S> = Result<Arc<[Arc<Replica<S>>]>, Arc<str>>;
+
+impl<S> Clone for Replicas<S> {
+    fn clone(&self) -> Self {
+        Self { resolved: self.resolved.clone() }
+    }
+}
+
+struct Replica<S> {
+    address: SocketAddr,
+    channel: S,
+    in_flight: AtomicUsize,
+    ejected_until: Mutex<Option<Instant>>,
+}
+
+impl<S> Replica<S> {
+    fn ejected(&self, now: Instant) -> bool {
+        self.ejected_until.lock().unwrap_or_else(PoisonError::into_inner).is_some_and(|until| now < until)
+    }
+
+    fn eject(&self, now: Instant) {
+        *self.ejected_until.lock().unwrap_or_else(PoisonError::into_inner) = Some(now + EJECTION);
+    }
+}
+
+impl<S: Send + Sync + 'static> Balance<S> {
+    /// Balances over the addresses `host:port` resolves to, resolved every `interval` while any
+    /// clone of the balancer is alive, each reached through the channel `connect` makes for it.
+    /// An address literal is its own one replica, never resolved.
+    pub fn resolving(service: &'static str, host: &str, port: u16, interval: Duration, connect: impl Fn(SocketAddr) -> S + Send + 'static) -> Self {
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            let replica = Arc::new(Replica::new(SocketAddr::new(ip, port), &connect));
+            let (_, replicas) = watch::channel(Replicas { resolved: Some(Ok(Arc::from([replica]))) });
+            return Self { service, replicas };
+        }
+        let resolve = move || {
+            let host = host.clone();
+            async move { tokio::net::lookup_host((host.as_str(), port)).await.map(Iterator::collect) }
+        };
+        Self::discovering(service, interval, resolve, connect)
+    }
+
+    /// Balances over the addresses `resolve` answers, asked every `interval`. On a failed
+    /// resolution the replicas known stay (a name server's hiccup must not empty the list).
+    fn discovering<R, F>(service: &'static str, interval: Duration, resolve: R, connect: impl Fn(SocketAddr) -> S + Send + 'static) -> Self
+    where
+        R: Fn() -> F + Send + 'static,
+        F: Future<Output = io::Result<BTreeSet<SocketAddr>>> + Send,
+    {
+        let (sender, replicas) = watch::channel(Replicas { resolved: None });
+        tokio::spawn(async move {
+            loop {
+                let resolved = resolve().await;
+                let known = sender.borrow().resolved.clone();
+                let next = match (resolved, known) {
+                    (Ok(addresses), Some(Ok(known))) if known.iter().map(|replica| replica.address).eq(addresses.iter().copied()) => None,
+                    (Ok(addresses), known) => {
+                        tracing::info!(service, replicas = ?addresses, "replicas resolved");
+                        let known = known.and_then(Result::ok).unwrap_or_default();
+                        let kept = |address| known.iter().find(|replica| replica.address == address).cloned();
+                        Some(Ok(addresses
+                            .into_iter()
+                            .map(|address| kept(address).unwrap_or_else(|| Arc::new(Replica::new(address, &connect))))
+                            .collect()))
+                    }
+                    (Err(error), Some(Ok(_))) => {
+                        tracing::warn!(service, %error, "replicas not resolved again; the known ones stay");
+                        None
+                    }
+                    (Err(error), _) => Some(Err(Arc::from(error.to_string()))),
+                };
+                if let Some(next) = next {
+                    sender.send_replace(Replicas { resolved: Some(next) });
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(interval) => {}
+                    () = sender.closed() => return,
+                }
+            }
+        });
+        Self { service, replicas }
+    }
+}
+
+impl<S> Replica<S> {
+    fn new(address: SocketAddr, connect: &impl Fn(SocketAddr) -> S) -> Self {
+        Self { address, channel: connect(address), in_flight: AtomicUsize::new(0), ejected_until: Mutex::new(None) }
+    }
+}
+
+/// Of `replicas`, the one a call goes to: two drawn at random among the best-placed (neither
+/// ejected nor tried by this call; else not ejected; else any), the less busy of the two.
+fn pick<'a, S>(replicas: &'a [Arc<Replica<S>>], tried: Option<&PreviousReplicas>, now: Instant) -> Option<&'a Arc<Replica<S>>> {
+    let eligible = |tier: usize, replica: &Arc<Replica<S>>| match tier {
+        0 => !replica.ejected(now) && !tried.is_some_and(|tried| tried.contains(replica.address)),
+        1 => !replica.ejected(now),
+        _ => true,
+    };
+    let mut random = rand::rng();
+    (0..3).find_map(|tier| {
+        let candidates = || replicas.iter().filter(move |replica| eligible(tier, replica));
+        let count = candidates().count();
+        let first = candidates().nth(random.random_range(0..count.max(1)))?;
+        if count == 1 {
+            return Some(first);
+        }
+        let second = candidates().filter(|replica| !Arc::ptr_eq(replica, first)).nth(random.random_range(0..count - 1))?;
+        Some(if second.in_flight.load(Ordering::Relaxed) < first.in_flight.load(Ordering::Relaxed) { second } else { first })
+    })
+}
+
+/// Counts a call in flight on its replica until the call ends, however it ends.
+struct InFlight<S>(Arc<Replica<S>>);
+
+impl<S> InFlight<S> {
+    fn start(replica: Arc<Replica<S>>) -> Self {
+        replica.in_flight.fetch_add(1, Ordering::Relaxed);
+        Self(replica)
+    }
+}
+
+impl<S> Drop for InFlight<S> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl<S, B, ResBody> Service<Request<B>> for Balance<S>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + Sync + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+    B: Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ResBody>, BoxError>> + Send>>;
+
+    /// Always ready: each replica's channel queues its own calls.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let service = self.service;
+        let known = self.replicas.borrow().resolved.clone();
+        let mut changes = self.replicas.clone();
+        Box::pin(async move {
+            let known = match known {
+                Some(known) => Some(known),
+                // Only the calls before the first resolution wait.
+                None => changes.wait_for(|replicas| replicas.resolved.is_some()).await.ok().and_then(|replicas| replicas.resolved.clone()),
+            };
+            let replicas = match known {
+                Some(Ok(replicas)) => replicas,
+                Some(Err(error)) => return Err(not_sent(service, &format!("no replica resolved: {error}"))),
+                None => return Err(not_sent(service, "no replica resolved")),
+            };
+            let tried = request.extensions().get::<PreviousReplicas>();
+            let Some(replica) = pick(&replicas, tried, Instant::now()).cloned() else {
+                return Err(not_sent(service, "no replica resolved"));
+            };
+            if let Some(tried) = tried {
+                tried.push(replica.address);
+            }
+            let in_flight = InFlight::start(replica.clone());
+            let answer = replica.channel.clone().oneshot(request).await.map_err(Into::into);
+            drop(in_flight);
+            answer.map_err(|error| {
+                replica.eject(Instant::now());
+                if refused(&*error) { not_sent(service, &format!("{} refused the connection", replica.address)) } else { error }
+            })
+        })
+    }
+}
+
+/// Whether the connection was refused: the call never left this process.
+fn refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(error) = source {
+        if error.downcast_ref::<io::Error>().is_some_and(|error| error.kind() == io::ErrorKind::ConnectionRefused) {
+            return true;
+        }
+        source = error.source();
+    }
+    false
+}
+
+/// UNAVAILABLE for a call that was never sent, marked so: a hop may undo what it did for it, and
+/// the edge may repeat it.
+fn not_sent(service: &str, reason: &str) -> BoxError {
+    let mut status = Status::unavailable(format!("{service}: {reason}"));
+    status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static("true"));
+    status.into()
+}
+
+#[cfg(test)]
+mod tests;

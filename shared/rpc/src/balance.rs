@@ -6,8 +6,11 @@
 //! address of a headless Kubernetes Service or of a Compose service's replicas), keeps a channel
 //! per address, and picks one per call: of two replicas drawn at random, the one with fewer calls
 //! in flight (power of two choices, as tower's `balance` does). It skips
-//! - a replica whose connection failed in the last [`EJECTION`], so that a replica gone does not
-//!   attract calls by failing them fast;
+//! - a replica ejected for failing: at once for a refused connection, after
+//!   [`FAILURES_TO_EJECT`] failures in a row otherwise (a call that failed, or was answered
+//!   `UNAVAILABLE`), for [`EJECTION`], twice as long at each ejection in a row up to
+//!   [`MAX_EJECTION`], so that a replica gone or broken does not attract calls by failing them
+//!   fast (Envoy's outlier detection, in its simplest form);
 //! - a replica an earlier attempt of the same call went to ([`PreviousReplicas`]), so that the
 //!   edge's retry lands elsewhere;
 //!
@@ -42,8 +45,13 @@ use tokio::{sync::watch, time::Instant};
 use tonic::{Status, metadata::MetadataValue};
 use tower::{BoxError, Service, ServiceExt};
 
-/// How long a replica whose connection failed is left out of the choice.
+/// How long a failing replica is first left out of the choice.
 pub const EJECTION: Duration = Duration::from_secs(1);
+/// The longest an ejection lasts, however often the replica failed.
+pub const MAX_EJECTION: Duration = Duration::from_secs(30);
+/// Failures in a row, each a call that failed or was answered `UNAVAILABLE`, that eject a
+/// replica. A refused connection ejects it at once.
+pub const FAILURES_TO_EJECT: u32 = 5;
 
 /// A `Clone` service that sends each call to one replica of a dependency (see the module).
 pub struct Balance<S> {
@@ -75,16 +83,44 @@ struct Replica<S> {
     address: SocketAddr,
     channel: S,
     in_flight: AtomicUsize,
-    ejected_until: Mutex<Option<Instant>>,
+    health: Mutex<Health>,
+}
+
+/// A replica's recent record, for ejecting one that fails while others answer.
+#[derive(Default)]
+struct Health {
+    /// Calls failed since the last that did not.
+    failures: u32,
+    /// Ejections since the last call that did not fail.
+    ejections: u32,
+    ejected_until: Option<Instant>,
 }
 
 impl<S> Replica<S> {
-    fn ejected(&self, now: Instant) -> bool {
-        self.ejected_until.lock().unwrap_or_else(PoisonError::into_inner).is_some_and(|until| now < until)
+    fn health(&self) -> std::sync::MutexGuard<'_, Health> {
+        self.health.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn eject(&self, now: Instant) {
-        *self.ejected_until.lock().unwrap_or_else(PoisonError::into_inner) = Some(now + EJECTION);
+    fn ejected(&self, now: Instant) -> bool {
+        self.health().ejected_until.is_some_and(|until| now < until)
+    }
+
+    fn succeeded(&self) {
+        let mut health = self.health();
+        (health.failures, health.ejections) = (0, 0);
+    }
+
+    /// Counts a failure; ejects the replica at once for a refused connection, else after
+    /// [`FAILURES_TO_EJECT`] in a row; each ejection in a row twice as long, up to
+    /// [`MAX_EJECTION`].
+    fn failed(&self, refused: bool, now: Instant) {
+        let mut health = self.health();
+        health.failures += 1;
+        if refused || health.failures >= FAILURES_TO_EJECT {
+            let length = EJECTION.saturating_mul(1 << health.ejections.min(16)).min(MAX_EJECTION);
+            health.ejections += 1;
+            health.ejected_until = Some(now + length);
+        }
     }
 }
 
@@ -150,7 +186,7 @@ impl<S: Send + Sync + 'static> Balance<S> {
 
 impl<S> Replica<S> {
     fn new(address: SocketAddr, connect: &impl Fn(SocketAddr) -> S) -> Self {
-        Self { address, channel: connect(address), in_flight: AtomicUsize::new(0), ejected_until: Mutex::new(None) }
+        Self { address, channel: connect(address), in_flight: AtomicUsize::new(0), health: Mutex::default() }
     }
 }
 
@@ -232,12 +268,29 @@ where
             let in_flight = InFlight::start(replica.clone());
             let answer = replica.channel.clone().oneshot(request).await.map_err(Into::into);
             drop(in_flight);
-            answer.map_err(|error| {
-                replica.eject(Instant::now());
-                if refused(&*error) { not_sent(service, &format!("{} refused the connection", replica.address)) } else { error }
-            })
+            match answer {
+                Ok(response) => {
+                    if unavailable(&response) {
+                        replica.failed(false, Instant::now())
+                    } else {
+                        replica.succeeded()
+                    }
+                    Ok(response)
+                }
+                Err(error) => {
+                    let refused = refused(&*error);
+                    replica.failed(refused, Instant::now());
+                    Err(if refused { not_sent(service, &format!("{} refused the connection", replica.address)) } else { error })
+                }
+            }
         })
     }
+}
+
+/// Whether a call was answered `UNAVAILABLE` in its headers (as unary failures are: the status
+/// of a streamed answer comes in trailers, which the balancer does not wait for).
+fn unavailable<B>(response: &Response<B>) -> bool {
+    response.headers().get("grpc-status").is_some_and(|code| code.as_bytes() == b"14")
 }
 
 /// Whether the connection was refused: the call never left this process.

@@ -9,13 +9,14 @@ use tokio::sync::Semaphore;
 
 use super::*;
 
-/// A replica's channel: records the calls it gets; refuses the connection while `down`; answers
-/// only once `gate` lets it.
+/// A replica's channel: records the calls it gets; refuses the connection while `down`, answers
+/// `UNAVAILABLE` while `unavailable`; answers only once `gate` lets it.
 #[derive(Clone)]
 struct Fake {
     address: SocketAddr,
     calls: Arc<Mutex<Vec<SocketAddr>>>,
     down: Arc<AtomicBool>,
+    unavailable: Arc<AtomicBool>,
     gate: Arc<Semaphore>,
 }
 
@@ -36,7 +37,11 @@ impl Service<Request<()>> for Fake {
             }
             fake.calls.lock().unwrap().push(fake.address);
             let _answer = fake.gate.acquire().await.expect("the gate stays open");
-            Ok(Response::new(()))
+            let mut response = Response::new(());
+            if fake.unavailable.load(Ordering::Relaxed) {
+                response.headers_mut().insert("grpc-status", http::HeaderValue::from_static("14"));
+            }
+            Ok(response)
         })
     }
 }
@@ -45,21 +50,30 @@ impl Service<Request<()>> for Fake {
 struct Replicas {
     calls: Arc<Mutex<Vec<SocketAddr>>>,
     down: Arc<Mutex<BTreeMap<SocketAddr, Arc<AtomicBool>>>>,
+    unavailable: Arc<Mutex<BTreeMap<SocketAddr, Arc<AtomicBool>>>>,
     gate: Arc<Semaphore>,
     connected: Arc<AtomicUsize>,
 }
 
 impl Replicas {
     fn new() -> Self {
-        Self { calls: Arc::default(), down: Arc::default(), gate: Arc::new(Semaphore::new(Semaphore::MAX_PERMITS)), connected: Arc::default() }
+        Self {
+            calls: Arc::default(),
+            down: Arc::default(),
+            unavailable: Arc::default(),
+            gate: Arc::new(Semaphore::new(Semaphore::MAX_PERMITS)),
+            connected: Arc::default(),
+        }
     }
 
     fn connect(&self) -> impl Fn(SocketAddr) -> Fake + Send + 'static {
-        let (calls, down, gate, connected) = (self.calls.clone(), self.down.clone(), self.gate.clone(), self.connected.clone());
+        let (calls, down, unavailable, gate, connected) =
+            (self.calls.clone(), self.down.clone(), self.unavailable.clone(), self.gate.clone(), self.connected.clone());
         move |address| {
             connected.fetch_add(1, Ordering::Relaxed);
             let down = down.lock().unwrap().entry(address).or_default().clone();
-            Fake { address, calls: calls.clone(), down, gate: gate.clone() }
+            let unavailable = unavailable.lock().unwrap().entry(address).or_default().clone();
+            Fake { address, calls: calls.clone(), down, unavailable, gate: gate.clone() }
         }
     }
 
@@ -71,6 +85,10 @@ impl Replicas {
 
     fn set_down(&self, address: SocketAddr, down: bool) {
         self.down.lock().unwrap().entry(address).or_default().store(down, Ordering::Relaxed);
+    }
+
+    fn set_unavailable(&self, address: SocketAddr, unavailable: bool) {
+        self.unavailable.lock().unwrap().entry(address).or_default().store(unavailable, Ordering::Relaxed);
     }
 
     /// How many calls each replica got, and forgets them.
@@ -227,4 +245,35 @@ async fn an_address_literal_is_one_replica_at_once() {
     let balance = Balance::resolving("payment", "[::1]", 50053, Duration::from_secs(5), replicas.connect());
     call(&balance, None).await.expect("answered");
     assert_eq!(replicas.take_counts(), BTreeMap::from([("[::1]:50053".parse().unwrap(), 1)]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_that_answers_unavailable_in_a_row_is_left_out_longer_each_time_until_it_answers() {
+    let replicas = Replicas::new();
+    let balance = replicas.balance(&[replica(1), replica(2)]);
+    replicas.set_unavailable(replica(1), true);
+    // Until the first ejection, replica 1 gets its share of the calls.
+    let mut calls_to_first = 0;
+    while calls_to_first < FAILURES_TO_EJECT {
+        call(&balance, None).await.expect("an answer, UNAVAILABLE or not");
+        calls_to_first = replicas.take_counts().get(&replica(1)).copied().unwrap_or(0) as u32 + calls_to_first;
+    }
+    for ejection in [EJECTION, EJECTION * 2, EJECTION * 4] {
+        for _ in 0..20 {
+            call(&balance, None).await.expect("answered");
+        }
+        assert_eq!(replicas.take_counts(), BTreeMap::from([(replica(2), 20)]), "left out for {ejection:?}");
+        tokio::time::advance(ejection).await;
+        // Back in the choice: its next failure ejects it again, for twice as long.
+        while !replicas.take_counts().contains_key(&replica(1)) {
+            call(&balance, None).await.expect("answered");
+        }
+    }
+    // A success ends the run of failures and of ejections.
+    replicas.set_unavailable(replica(1), false);
+    tokio::time::advance(EJECTION * 8).await;
+    for _ in 0..200 {
+        call(&balance, None).await.expect("answered");
+    }
+    assert_eq!(replicas.take_counts().len(), 2, "answering again, it gets calls again");
 }

@@ -24,7 +24,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let tls = rpc::tls::ServiceTls::load(bank_mock::HOP, &settings.tls)?;
         return Ok(rpc::health::check_as(settings.listen, bank_mock::HOP, &tls, std::time::Duration::from_millis(timeout_ms)).await?);
     }
-    let telemetry = telemetry::init(bank_mock::SERVICE, &telemetry::TelemetrySettings::from_env())?;
+    let telemetry = telemetry::init(bank_mock::SERVICE, &telemetry::TelemetrySettings::from_env()?)?;
     let token_generated = settings.admin_token.is_none();
     let app = bank_mock::Application::build(settings).await?;
     tracing::info!(grpc = %app.grpc_addr(), admin = %app.admin_addr(), "bank-mock listening");

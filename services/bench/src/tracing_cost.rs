@@ -50,7 +50,7 @@ pub async fn measure(profile: &Profile) -> Result<Coverage<TracingCost>, BenchEr
     let telemetry = telemetry::init_hosting(
         crate::SERVICE,
         &stack::SERVICES,
-        &telemetry::TelemetrySettings { otlp_endpoint: Some(receiver.endpoint()), ..telemetry::TelemetrySettings::default() },
+        &telemetry::TelemetrySettings { traces: Some(telemetry::Otlp::grpc(receiver.endpoint())), ..telemetry::TelemetrySettings::default() },
     )?;
     if !telemetry.exporting() {
         return Ok(Coverage::NotMeasured(NotMeasured {

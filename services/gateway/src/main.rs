@@ -46,7 +46,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         None => {}
     }
-    let telemetry = telemetry::init(gateway::SERVICE, &telemetry::TelemetrySettings::from_env())?;
+    let telemetry = telemetry::init(gateway::SERVICE, &telemetry::TelemetrySettings::from_env()?)?;
     let app = gateway::Application::build(settings).await?;
     tracing::info!(http = %app.http_addr(), grpc = %app.grpc_addr(), "gateway listening");
     let served = app.run_until_stopped(rpc::shutdown_signal()).await;

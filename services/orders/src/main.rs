@@ -24,7 +24,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let tls = rpc::tls::ServiceTls::load(orders::HOP, &settings.tls)?;
         return Ok(rpc::health::check_as(settings.listen, orders::HOP, &tls, std::time::Duration::from_millis(timeout_ms)).await?);
     }
-    let telemetry = telemetry::init(orders::SERVICE, &telemetry::TelemetrySettings::from_env())?;
+    let telemetry = telemetry::init(orders::SERVICE, &telemetry::TelemetrySettings::from_env()?)?;
     let app = orders::Application::build(settings).await?;
     tracing::info!(grpc = %app.grpc_addr(), "orders listening");
     let served = app.run_until_stopped(rpc::shutdown_signal()).await;

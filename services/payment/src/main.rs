@@ -24,7 +24,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let tls = rpc::tls::ServiceTls::load(payment::HOP, &settings.tls)?;
         return Ok(rpc::health::check_as(settings.listen, payment::HOP, &tls, std::time::Duration::from_millis(timeout_ms)).await?);
     }
-    let telemetry = telemetry::init(payment::SERVICE, &telemetry::TelemetrySettings::from_env())?;
+    let telemetry = telemetry::init(payment::SERVICE, &telemetry::TelemetrySettings::from_env()?)?;
     let app = payment::Application::build(settings).await?;
     tracing::info!(grpc = %app.grpc_addr(), "payment listening");
     let served = app.run_until_stopped(rpc::shutdown_signal()).await;

@@ -94,7 +94,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
 async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Settings first: a mistake in them is reported before anything is made.
     let chain_settings: ChainSettings = settings::load("STACK", settings)?;
-    let telemetry = telemetry::init_hosting(stack::SERVICE, &stack::SERVICES, &telemetry::TelemetrySettings::from_env())?;
+    let telemetry = telemetry::init_hosting(stack::SERVICE, &stack::SERVICES, &telemetry::TelemetrySettings::from_env()?)?;
     let temporary = match &data_dir {
         Some(_) => None,
         None => Some(tempfile::tempdir()?),

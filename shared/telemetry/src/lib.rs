@@ -1,17 +1,19 @@
 #![doc = include_str!("../README.md")]
 
 pub mod attr;
+mod export;
 mod message;
 pub mod metrics;
 mod service;
 pub mod trace;
 
+pub use export::{Otlp, OtlpProtocol};
 pub use service::Service;
 
 use std::io::IsTerminal;
 
+use export::Signal;
 use opentelemetry::{KeyValue, trace::TracerProvider as _};
-use opentelemetry_otlp::{SpanExporter, WithExportConfig};
 use opentelemetry_sdk::{
     Resource,
     metrics::SdkMeterProvider,
@@ -34,30 +36,29 @@ use tracing_subscriber::{
 /// [`TelemetrySettings::from_env`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TelemetrySettings {
-    /// OTLP/gRPC endpoint of the traces, e.g. `http://127.0.0.1:4317`; `None`: no export.
-    pub otlp_endpoint: Option<String>,
-    /// OTLP/gRPC endpoint the metrics are pushed to; `None`: only `/metrics` serves them.
-    pub otlp_metrics_endpoint: Option<String>,
+    /// Where spans are exported; `None`: no export.
+    pub traces: Option<Otlp>,
+    /// Where metrics are pushed; `None`: only `/metrics` serves them.
+    pub metrics: Option<Otlp>,
     /// The `service.name` of exported spans and metrics.
     pub service_name: Option<String>,
 }
 
 impl TelemetrySettings {
-    /// Traces: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`. Metrics:
-    /// `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`, unless
-    /// `OTEL_METRICS_EXPORTER` names another exporter than `otlp` (`none`: a collector that keeps
+    /// Each signal's export as [`Otlp::from_env`] reads it (`OTEL_EXPORTER_OTLP_ENDPOINT`,
+    /// `_PROTOCOL` and `_CERTIFICATE`, each also per signal); metrics only while
+    /// `OTEL_METRICS_EXPORTER` names no other exporter than `otlp` (`none`: a collector that keeps
     /// traces only, such as Jaeger). `OTEL_SERVICE_NAME`; `OTEL_SDK_DISABLED=true` turns all
     /// export off.
-    pub fn from_env() -> Self {
+    pub fn from_env() -> Result<Self, TelemetryError> {
         let read = |name: &str| std::env::var(name).ok().filter(|value| !value.trim().is_empty());
         let disabled = read("OTEL_SDK_DISABLED").is_some_and(|value| value.eq_ignore_ascii_case("true"));
         let push_metrics = read("OTEL_METRICS_EXPORTER").is_none_or(|exporter| exporter.eq_ignore_ascii_case("otlp"));
-        let endpoint = |signal: &str| read(signal).or_else(|| read("OTEL_EXPORTER_OTLP_ENDPOINT")).filter(|_| !disabled);
-        Self {
-            otlp_endpoint: endpoint("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
-            otlp_metrics_endpoint: endpoint("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT").filter(|_| push_metrics),
+        Ok(Self {
+            traces: Otlp::from_env(Signal::Traces, &read)?.filter(|_| !disabled),
+            metrics: Otlp::from_env(Signal::Metrics, &read)?.filter(|_| !disabled && push_metrics),
             service_name: read("OTEL_SERVICE_NAME"),
-        }
+        })
     }
 }
 
@@ -83,7 +84,7 @@ impl std::fmt::Debug for TraceSwitch {
 
 #[derive(Debug, thiserror::Error)]
 #[error("OTLP exporter: {0}")]
-pub struct TelemetryError(String);
+pub struct TelemetryError(pub(crate) String);
 
 /// The log filter when `RUST_LOG` is not set.
 const DEFAULT_LOG_FILTER: &str = "info,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn";
@@ -106,14 +107,13 @@ pub fn init_hosting(process: Service, services: &[Service], settings: &Telemetry
     // Colours only for a person at a terminal: logs piped to a file or a collector stay plain text.
     let logs = tracing_subscriber::fmt::layer().with_target(false).with_ansi(std::io::stdout().is_terminal()).with_filter(filter);
     let process_resource = service_resource(process, settings.service_name.as_deref().unwrap_or(process.name));
-    let endpoint = settings.otlp_endpoint.as_deref();
     let mut traces = Vec::new();
     let mut tracers = None;
-    if let Some(endpoint) = endpoint {
-        let process_provider = trace_provider(endpoint, process_resource.clone())?;
+    if let Some(otlp) = &settings.traces {
+        let process_provider = trace_provider(otlp, process_resource.clone())?;
         let mut hosted = Vec::with_capacity(services.len());
         for service in services {
-            let provider = trace_provider(endpoint, service_resource(*service, service.name))?;
+            let provider = trace_provider(otlp, service_resource(*service, service.name))?;
             hosted.push((service.name, provider.tracer(TRACER)));
             traces.push(provider);
         }
@@ -133,8 +133,8 @@ pub fn init_hosting(process: Service, services: &[Service], settings: &Telemetry
     if !traces.is_empty() {
         opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     }
-    let meters = metrics::install(process_resource, settings.otlp_metrics_endpoint.as_deref())?;
-    let exporting = endpoint.is_some() || settings.otlp_metrics_endpoint.is_some();
+    let meters = metrics::install(process_resource, settings.metrics.as_ref())?;
+    let exporting = settings.traces.is_some() || settings.metrics.is_some();
     Ok(Telemetry { traces, meters: Some(meters), exporting, trace_switch })
 }
 
@@ -164,9 +164,8 @@ pub const SERVICE_NAMESPACE: &str = "chain";
 /// The `deployment.environment.name` of a process not told otherwise.
 pub const DEFAULT_ENVIRONMENT: &str = "dev";
 
-fn trace_provider(endpoint: &str, resource: Resource) -> Result<SdkTracerProvider, TelemetryError> {
-    let exporter = SpanExporter::builder().with_tonic().with_endpoint(endpoint).build().map_err(|error| TelemetryError(error.to_string()))?;
-    Ok(SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build())
+fn trace_provider(otlp: &Otlp, resource: Resource) -> Result<SdkTracerProvider, TelemetryError> {
+    Ok(SdkTracerProvider::builder().with_batch_exporter(otlp.span_exporter()?).with_resource(resource).build())
 }
 
 /// Switches the transport crates' own spans and events below WARN off for every layer (not just

@@ -24,13 +24,12 @@ pub use requests::{RequestMetrics, RequestMetricsLayer};
 
 use std::sync::OnceLock;
 
-use opentelemetry_otlp::{MetricExporter, WithExportConfig};
 use opentelemetry_sdk::{
     Resource,
     metrics::{PeriodicReader, SdkMeterProvider},
 };
 
-use crate::TelemetryError;
+use crate::{Otlp, TelemetryError};
 
 /// Names of the chain's instruments, in one place so that dashboards and tests agree.
 pub mod name {
@@ -115,9 +114,9 @@ pub fn counter(name: &'static str, description: &'static str) -> Counter<u64> {
     meter().u64_counter(name).with_description(description).build()
 }
 
-/// Installs the global meter provider: Prometheus always, OTLP/gRPC pushed every
-/// `OTEL_METRIC_EXPORT_INTERVAL` ms (default 60 s) when `otlp_endpoint` is given.
-pub(crate) fn install(resource: Resource, otlp_endpoint: Option<&str>) -> Result<SdkMeterProvider, TelemetryError> {
+/// Installs the global meter provider: Prometheus always, OTLP pushed every
+/// `OTEL_METRIC_EXPORT_INTERVAL` ms (default 60 s) when `otlp` is given.
+pub(crate) fn install(resource: Resource, otlp: Option<&Otlp>) -> Result<SdkMeterProvider, TelemetryError> {
     let registry = REGISTRY.get_or_init(prometheus::Registry::new).clone();
     let prometheus = opentelemetry_prometheus::exporter()
         .with_registry(registry)
@@ -125,9 +124,8 @@ pub(crate) fn install(resource: Resource, otlp_endpoint: Option<&str>) -> Result
         .build()
         .map_err(|error| TelemetryError(error.to_string()))?;
     let mut provider = SdkMeterProvider::builder().with_resource(resource).with_reader(prometheus);
-    if let Some(endpoint) = otlp_endpoint {
-        let exporter = MetricExporter::builder().with_tonic().with_endpoint(endpoint).build().map_err(|error| TelemetryError(error.to_string()))?;
-        provider = provider.with_reader(PeriodicReader::builder(exporter).build());
+    if let Some(otlp) = otlp {
+        provider = provider.with_reader(PeriodicReader::builder(otlp.metric_exporter()?).build());
     }
     let provider = provider.build();
     opentelemetry::global::set_meter_provider(provider.clone());

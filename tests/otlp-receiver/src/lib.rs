@@ -1,13 +1,21 @@
-//! A real OTLP/gRPC receiver of traces and metrics, keeping what it is sent, so that tests see the
+//! A real OTLP receiver of traces and metrics, keeping what it is sent, so that tests see the
 //! spans and metrics the services export exactly as a collector would: in-process on a free port
-//! for the end-to-end tests, and as its own program (`otlp-receiver`) in the compose test stack,
-//! where no collector image can be had.
+//! for the end-to-end tests (OTLP/gRPC, in plain text or over TLS, or OTLP/HTTP with protobuf
+//! bodies), and as its own program (`otlp-receiver`) in the compose test stack, where no collector
+//! image can be had.
 
 use std::{
     net::SocketAddr,
     sync::{Arc, Mutex},
 };
 
+use axum::{
+    Router,
+    body::Bytes,
+    extract::State,
+    http::{StatusCode, header},
+    routing::post,
+};
 use opentelemetry_proto::tonic::{
     collector::{
         metrics::v1::{
@@ -24,8 +32,12 @@ use opentelemetry_proto::tonic::{
     resource::v1::Resource,
     trace::v1::Span,
 };
+use prost::Message;
 use tokio::net::TcpListener;
-use tonic::{Request, Response, Status};
+use tonic::{
+    Request, Response, Status,
+    transport::{Identity, ServerTlsConfig},
+};
 
 /// A span with the resource it came with: the service that exported it.
 pub type ExportedSpan = (Arc<Resource>, Span);
@@ -45,10 +57,9 @@ struct Collector {
     echo: bool,
 }
 
-#[tonic::async_trait]
-impl TraceService for Collector {
-    async fn export(&self, request: Request<ExportTraceServiceRequest>) -> Result<Response<ExportTraceServiceResponse>, Status> {
-        for exported in request.into_inner().resource_spans {
+impl Collector {
+    fn keep_spans(&self, request: ExportTraceServiceRequest) {
+        for exported in request.resource_spans {
             let resource = Arc::new(exported.resource.unwrap_or_default());
             let spans: Vec<Span> = exported.scope_spans.into_iter().flat_map(|s| s.spans).collect();
             if self.echo {
@@ -59,6 +70,18 @@ impl TraceService for Collector {
             }
             self.spans.lock().expect("spans lock").extend(spans.into_iter().map(|span| (resource.clone(), span)));
         }
+    }
+
+    fn keep_metrics(&self, request: ExportMetricsServiceRequest) {
+        let metrics = request.resource_metrics.into_iter().flat_map(|r| r.scope_metrics).flat_map(|s| s.metrics);
+        self.metrics.lock().expect("metrics lock").extend(metrics);
+    }
+}
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(&self, request: Request<ExportTraceServiceRequest>) -> Result<Response<ExportTraceServiceResponse>, Status> {
+        self.keep_spans(request.into_inner());
         Ok(Response::new(ExportTraceServiceResponse { partial_success: None }))
     }
 }
@@ -66,9 +89,20 @@ impl TraceService for Collector {
 #[tonic::async_trait]
 impl MetricsService for Collector {
     async fn export(&self, request: Request<ExportMetricsServiceRequest>) -> Result<Response<ExportMetricsServiceResponse>, Status> {
-        let metrics = request.into_inner().resource_metrics.into_iter().flat_map(|r| r.scope_metrics).flat_map(|s| s.metrics);
-        self.metrics.lock().expect("metrics lock").extend(metrics);
+        self.keep_metrics(request.into_inner());
         Ok(Response::new(ExportMetricsServiceResponse { partial_success: None }))
+    }
+}
+
+/// An OTLP/HTTP export: the body decoded as `M`, kept by `keep`; 400 for a body that is not one.
+fn http_export<M: Message + Default>(body: &[u8], keep: impl FnOnce(M)) -> (StatusCode, [(header::HeaderName, &'static str); 1]) {
+    let content_type = [(header::CONTENT_TYPE, "application/x-protobuf")];
+    match M::decode(body) {
+        Ok(message) => {
+            keep(message);
+            (StatusCode::OK, content_type)
+        }
+        Err(_) => (StatusCode::BAD_REQUEST, content_type),
     }
 }
 
@@ -93,8 +127,51 @@ impl OtlpReceiver {
         Ok(Self { addr, received })
     }
 
+    /// A receiver on a free loopback port speaking OTLP/gRPC over TLS, with the certificate and
+    /// key in `cert_pem` and `key_pem`.
+    pub async fn start_tls(cert_pem: &[u8], key_pem: &[u8]) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free loopback port");
+        let addr = listener.local_addr().expect("bound");
+        let received = Collector::default();
+        let tls = ServerTlsConfig::new().identity(Identity::from_pem(cert_pem, key_pem));
+        let mut server = tonic::transport::Server::builder().tls_config(tls).expect("a TLS configuration");
+        tokio::spawn(
+            server
+                .add_service(TraceServiceServer::new(received.clone()))
+                .add_service(MetricsServiceServer::new(received.clone()))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        Self { addr, received }
+    }
+
+    /// A receiver on a free loopback port speaking OTLP/HTTP with protobuf bodies
+    /// (`POST /v1/traces`, `POST /v1/metrics`).
+    pub async fn start_http() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free loopback port");
+        let addr = listener.local_addr().expect("bound");
+        let received = Collector::default();
+        let app = Router::new()
+            .route(
+                "/v1/traces",
+                post(|State(collector): State<Collector>, body: Bytes| async move { http_export(&body, |request| collector.keep_spans(request)) }),
+            )
+            .route(
+                "/v1/metrics",
+                post(|State(collector): State<Collector>, body: Bytes| async move { http_export(&body, |request| collector.keep_metrics(request)) }),
+            )
+            .with_state(received.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { addr, received }
+    }
+
+    /// Its address, as `http://127.0.0.1:<port>`.
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
     }
 
     /// The spans received so far of the trace `trace_id` (32 hex digits).

@@ -11,7 +11,7 @@ use std::{
 };
 
 use e2e::{TestChain, order_body};
-use telemetry::TelemetrySettings;
+use telemetry::{Otlp, TelemetrySettings};
 use tokio::net::TcpListener;
 
 /// A collector that accepts each connection and closes it at once: every export fails. Returns
@@ -33,7 +33,7 @@ async fn failing_collector() -> (String, Arc<AtomicUsize>) {
 #[tokio::test]
 async fn with_the_collector_failing_every_export_the_chain_keeps_serving() {
     let (endpoint, connections) = failing_collector().await;
-    let settings = TelemetrySettings { otlp_endpoint: Some(endpoint), service_name: None, ..TelemetrySettings::default() };
+    let settings = TelemetrySettings { traces: Some(Otlp::grpc(endpoint)), ..TelemetrySettings::default() };
     let exporter = e2e::init_telemetry(&settings);
     assert!(exporter.exporting());
     assert!(

@@ -22,6 +22,7 @@ mod kubernetes;
 mod metrics;
 mod mutual_tls;
 mod openapi;
+mod otlp_transports;
 mod probes;
 mod python_grpc;
 mod rate_limit;

@@ -9,7 +9,7 @@ use e2e::{
     otlp::{OtlpReceiver, number_attribute, resource_text, text_attribute},
 };
 use opentelemetry_proto::tonic::trace::v1::{Span, span::SpanKind, status::StatusCode};
-use telemetry::{TelemetrySettings, attr};
+use telemetry::{Otlp, TelemetrySettings, attr};
 
 fn by_id<'a>(spans: &'a [Span], id: &[u8]) -> Option<&'a Span> {
     spans.iter().find(|span| span.span_id == id)
@@ -38,8 +38,8 @@ fn exported() -> &'static (OtlpReceiver, telemetry::Telemetry) {
             runtime.block_on(async {
                 let receiver = OtlpReceiver::start().await;
                 let settings = TelemetrySettings {
-                    otlp_endpoint: Some(receiver.endpoint()),
-                    otlp_metrics_endpoint: Some(receiver.endpoint()),
+                    traces: Some(Otlp::grpc(receiver.endpoint())),
+                    metrics: Some(Otlp::grpc(receiver.endpoint())),
                     service_name: Some("chain-under-test".into()),
                 };
                 let telemetry = e2e::init_telemetry(&settings);

@@ -3,7 +3,7 @@
 //! process of its own, as the runner gives every test.)
 
 use e2e::{BACKGROUND, TestChain, eventually, order_body, otlp::OtlpReceiver};
-use telemetry::TelemetrySettings;
+use telemetry::{Otlp, TelemetrySettings};
 
 /// The trace id an answer names in its `traceparent`, if it has one.
 fn trace_id(response: &reqwest::Response) -> Option<String> {
@@ -14,7 +14,7 @@ fn trace_id(response: &reqwest::Response) -> Option<String> {
 #[tokio::test]
 async fn tracing_can_be_switched_off_and_on_again() {
     let receiver = OtlpReceiver::start().await;
-    let settings = TelemetrySettings { otlp_endpoint: Some(receiver.endpoint()), service_name: None, ..TelemetrySettings::default() };
+    let settings = TelemetrySettings { traces: Some(Otlp::grpc(receiver.endpoint())), ..TelemetrySettings::default() };
     let telemetry = e2e::init_telemetry(&settings);
     let test = TestChain::start().await;
     let exported = |trace_id: String| {

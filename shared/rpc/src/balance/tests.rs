@@ -256,7 +256,7 @@ async fn a_replica_that_answers_unavailable_in_a_row_is_left_out_longer_each_tim
     let mut calls_to_first = 0;
     while calls_to_first < FAILURES_TO_EJECT {
         call(&balance, None).await.expect("an answer, UNAVAILABLE or not");
-        calls_to_first = replicas.take_counts().get(&replica(1)).copied().unwrap_or(0) as u32 + calls_to_first;
+        calls_to_first += replicas.take_counts().get(&replica(1)).copied().unwrap_or(0) as u32;
     }
     for ejection in [EJECTION, EJECTION * 2, EJECTION * 4] {
         for _ in 0..20 {

@@ -110,13 +110,13 @@ impl<S> Replica<S> {
         (health.failures, health.ejections) = (0, 0);
     }
 
-    /// Counts a failure; ejects the replica at once for a refused connection, else after
+    /// Counts a failure; ejects the replica at once for a call it did not take, else after
     /// [`FAILURES_TO_EJECT`] in a row; each ejection in a row twice as long, up to
     /// [`MAX_EJECTION`].
-    fn failed(&self, refused: bool, now: Instant) {
+    fn failed(&self, not_taken: bool, now: Instant) {
         let mut health = self.health();
         health.failures += 1;
-        if refused || health.failures >= FAILURES_TO_EJECT {
+        if not_taken || health.failures >= FAILURES_TO_EJECT {
             let length = EJECTION.saturating_mul(1 << health.ejections.min(16)).min(MAX_EJECTION);
             health.ejections += 1;
             health.ejected_until = Some(now + length);
@@ -278,9 +278,9 @@ where
                     Ok(response)
                 }
                 Err(error) => {
-                    let refused = refused(&*error);
-                    replica.failed(refused, Instant::now());
-                    Err(if refused { not_sent(service, &format!("{} refused the connection", replica.address)) } else { error })
+                    let never_sent = never_sent(&*error);
+                    replica.failed(never_sent, Instant::now());
+                    Err(if never_sent { not_sent(service, &format!("{} did not take the call: {error}", replica.address)) } else { error })
                 }
             }
         })
@@ -293,14 +293,23 @@ fn unavailable<B>(response: &Response<B>) -> bool {
     response.headers().get("grpc-status").is_some_and(|code| code.as_bytes() == b"14")
 }
 
-/// Whether the connection was refused: the call never left this process.
-fn refused(error: &(dyn std::error::Error + 'static)) -> bool {
+/// Whether the call never reached the replica: the connection was refused, the connection closed
+/// before the call was written (hyper's "canceled"), or the server refused the stream unprocessed
+/// (HTTP/2 `REFUSED_STREAM`, as a server that stops sends for streams past its GOAWAY).
+fn never_sent(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut source = Some(error);
     while let Some(error) = source {
-        if error.downcast_ref::<io::Error>().is_some_and(|error| error.kind() == io::ErrorKind::ConnectionRefused) {
+        let refused = error.downcast_ref::<io::Error>().is_some_and(|error| error.kind() == io::ErrorKind::ConnectionRefused)
+            || error.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_canceled)
+            || error.downcast_ref::<h2::Error>().is_some_and(|error| error.reason() == Some(h2::Reason::REFUSED_STREAM));
+        if refused {
             return true;
         }
-        source = error.source();
+        // An io::Error's source skips the error it wraps: look at that one first.
+        source = match error.downcast_ref::<io::Error>().and_then(io::Error::get_ref) {
+            Some(wrapped) => Some(wrapped),
+            None => error.source(),
+        };
     }
     false
 }

@@ -2,6 +2,7 @@
 
 pub mod attr;
 mod export;
+mod json_logs;
 mod message;
 pub mod metrics;
 mod service;
@@ -13,6 +14,7 @@ pub use service::Service;
 use std::io::IsTerminal;
 
 use export::Signal;
+use json_logs::JsonLogs;
 use opentelemetry::{KeyValue, trace::TracerProvider as _};
 use opentelemetry_sdk::{
     Resource,
@@ -42,6 +44,18 @@ pub struct TelemetrySettings {
     pub metrics: Option<Otlp>,
     /// The `service.name` of exported spans and metrics.
     pub service_name: Option<String>,
+    /// How log lines are written (`LOG_FORMAT`).
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// `text`: a line a person reads.
+    #[default]
+    Text,
+    /// `json`: a JSON object per line, with the `trace_id` and `span_id` of its span.
+    Json,
 }
 
 impl TelemetrySettings {
@@ -49,7 +63,7 @@ impl TelemetrySettings {
     /// `_PROTOCOL` and `_CERTIFICATE`, each also per signal); metrics only while
     /// `OTEL_METRICS_EXPORTER` names no other exporter than `otlp` (`none`: a collector that keeps
     /// traces only, such as Jaeger). `OTEL_SERVICE_NAME`; `OTEL_SDK_DISABLED=true` turns all
-    /// export off.
+    /// export off. `LOG_FORMAT`: `text` (the default) or `json`.
     pub fn from_env() -> Result<Self, TelemetryError> {
         let read = |name: &str| std::env::var(name).ok().filter(|value| !value.trim().is_empty());
         let disabled = read("OTEL_SDK_DISABLED").is_some_and(|value| value.eq_ignore_ascii_case("true"));
@@ -58,6 +72,11 @@ impl TelemetrySettings {
             traces: Otlp::from_env(Signal::Traces, &read)?.filter(|_| !disabled),
             metrics: Otlp::from_env(Signal::Metrics, &read)?.filter(|_| !disabled && push_metrics),
             service_name: read("OTEL_SERVICE_NAME"),
+            log_format: match read("LOG_FORMAT").as_deref() {
+                None | Some("text") => LogFormat::Text,
+                Some("json") => LogFormat::Json,
+                Some(other) => return Err(TelemetryError(format!("LOG_FORMAT {other:?}: must be text or json"))),
+            },
         })
     }
 }
@@ -83,7 +102,7 @@ impl std::fmt::Debug for TraceSwitch {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("OTLP exporter: {0}")]
+#[error("telemetry: {0}")]
 pub struct TelemetryError(pub(crate) String);
 
 /// The log filter when `RUST_LOG` is not set.
@@ -104,8 +123,14 @@ pub fn init_hosting(process: Service, services: &[Service], settings: &Telemetry
     // OpenTelemetry's own INFO lines (a provider set, an exporter built) say nothing a user acts on,
     // and would be the first lines a service prints.
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
-    // Colours only for a person at a terminal: logs piped to a file or a collector stay plain text.
-    let logs = tracing_subscriber::fmt::layer().with_target(false).with_ansi(std::io::stdout().is_terminal()).with_filter(filter);
+    let json = JsonLogs::default();
+    let (text_logs, json_logs) = match settings.log_format {
+        // Colours only for a person at a terminal: logs piped to a file or a collector stay plain.
+        LogFormat::Text => {
+            (Some(tracing_subscriber::fmt::layer().with_target(false).with_ansi(std::io::stdout().is_terminal()).with_filter(filter)), None)
+        }
+        LogFormat::Json => (None, Some(tracing_subscriber::fmt::layer().event_format(json.clone()).with_filter(filter))),
+    };
     let process_resource = service_resource(process, settings.service_name.as_deref().unwrap_or(process.name));
     let mut traces = Vec::new();
     let mut tracers = None;
@@ -122,9 +147,10 @@ pub fn init_hosting(process: Service, services: &[Service], settings: &Telemetry
     }
     let (switch, switch_handle) = reload::Layer::new(LevelFilter::TRACE);
     let spans = tracers.map(|tracers| tracing_opentelemetry::layer().with_tracer(tracers).with_filter(switch));
-    if tracing_subscriber::registry().with(quiet_transports()).with(logs).with(spans).try_init().is_err() {
+    if tracing_subscriber::registry().with(quiet_transports()).with(text_logs).with(json_logs).with(spans).try_init().is_err() {
         return Ok(Telemetry { traces: Vec::new(), meters: None, exporting: false, trace_switch: None });
     }
+    tracing::dispatcher::get_default(|installed| json.dispatch.set(installed.downgrade())).ok();
     let trace_switch = (!traces.is_empty()).then(|| {
         TraceSwitch(Box::new(move |on: bool| {
             let _ = switch_handle.reload(if on { LevelFilter::TRACE } else { LevelFilter::OFF });

@@ -41,6 +41,7 @@ fn exported() -> &'static (OtlpReceiver, telemetry::Telemetry) {
                     traces: Some(Otlp::grpc(receiver.endpoint())),
                     metrics: Some(Otlp::grpc(receiver.endpoint())),
                     service_name: Some("chain-under-test".into()),
+                    ..TelemetrySettings::default()
                 };
                 let telemetry = e2e::init_telemetry(&settings);
                 (receiver, telemetry)

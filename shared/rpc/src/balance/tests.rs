@@ -178,7 +178,7 @@ async fn a_refused_connection_is_not_sent_and_its_replica_left_out_for_a_while()
     };
     let status = refusal.downcast::<Status>().expect("a status");
     assert_eq!(status.code(), tonic::Code::Unavailable);
-    assert!(status.message().contains("10.0.0.1:50053 refused the connection"), "{status:?}");
+    assert!(status.message().starts_with("payment: 10.0.0.1:50053 did not take the call"), "{status:?}");
     assert!(status.metadata().contains_key(wire::NOT_EXECUTED), "marked as never sent");
     replicas.take_counts();
 
@@ -276,4 +276,14 @@ async fn a_replica_that_answers_unavailable_in_a_row_is_left_out_longer_each_tim
         call(&balance, None).await.expect("answered");
     }
     assert_eq!(replicas.take_counts().len(), 2, "answering again, it gets calls again");
+}
+
+#[test]
+fn a_call_never_sent_is_told_from_one_that_may_have_been() {
+    let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
+    assert!(never_sent(&refused));
+    assert!(never_sent(&io::Error::other(h2::Error::from(h2::Reason::REFUSED_STREAM))), "found in the source chain");
+    for maybe_sent in [io::Error::from(io::ErrorKind::ConnectionReset), io::Error::other(h2::Error::from(h2::Reason::CANCEL))] {
+        assert!(!never_sent(&maybe_sent), "{maybe_sent}");
+    }
 }

@@ -293,15 +293,19 @@ fn unavailable<B>(response: &Response<B>) -> bool {
     response.headers().get("grpc-status").is_some_and(|code| code.as_bytes() == b"14")
 }
 
-/// Whether the call never reached the replica: the connection was refused, the connection closed
-/// before the call was written (hyper's "canceled"), or the server refused the stream unprocessed
-/// (HTTP/2 `REFUSED_STREAM`, as a server that stops sends for streams past its GOAWAY).
+/// Whether the call never reached the replica: the connection was refused; it was closed before
+/// the call was written (hyper's "canceled", or "closed" when the call found it so); or the server
+/// left the stream unprocessed (HTTP/2 `REFUSED_STREAM`, or a graceful GOAWAY whose last stream
+/// came before it, as a server that drains sends).
 fn never_sent(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut source = Some(error);
     while let Some(error) = source {
         let refused = error.downcast_ref::<io::Error>().is_some_and(|error| error.kind() == io::ErrorKind::ConnectionRefused)
-            || error.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_canceled)
-            || error.downcast_ref::<h2::Error>().is_some_and(|error| error.reason() == Some(h2::Reason::REFUSED_STREAM));
+            || error.downcast_ref::<hyper::Error>().is_some_and(|error| error.is_canceled() || error.is_closed())
+            || error.downcast_ref::<h2::Error>().is_some_and(|error| {
+                error.reason() == Some(h2::Reason::REFUSED_STREAM)
+                    || (error.is_go_away() && error.is_remote() && error.reason() == Some(h2::Reason::NO_ERROR))
+            });
         if refused {
             return true;
         }

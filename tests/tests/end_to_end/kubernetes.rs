@@ -96,8 +96,9 @@ fn both_overlays_render_validate_and_pass_checkov() {
     }
 }
 
-/// The optional components render on top of an overlay, and cert-manager's Certificates make
-/// exactly the Secrets the pods mount, each naming its service as the others check it.
+/// The optional components render on top of an overlay: cert-manager's Certificates make exactly
+/// the Secrets the pods mount, each naming its service as the others check it, and the
+/// collector's component points the services' spans at itself.
 #[test]
 fn the_components_render_and_issue_the_secrets_the_pods_mount() {
     let scratch = tempfile::tempdir().unwrap();
@@ -106,10 +107,12 @@ fn the_components_render_and_issue_the_secrets_the_pods_mount() {
     let kubernetes = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes").canonicalize().unwrap();
     let relative = |path: &str| format!("{up}{}", kubernetes.join(path).strip_prefix("/").unwrap().display());
     let kustomization = format!(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [{}]\ncomponents: [{}, {}]\n",
+        // The namespace, as the overlay a user adds components to gives it to them too.
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: chain-dev\nresources: [{}]\ncomponents: [{}, {}, {}]\n",
         relative("overlays/dev"),
         relative("components/cert-manager"),
         relative("components/pod-monitor"),
+        relative("components/otel-collector"),
     );
     std::fs::write(scratch.path().join("kustomization.yaml"), kustomization).unwrap();
     let Some(rendered) = run("kubectl", &["kustomize", "--load-restrictor", "LoadRestrictionsNone", scratch.path().to_str().unwrap()]) else {
@@ -118,9 +121,22 @@ fn the_components_render_and_issue_the_secrets_the_pods_mount() {
     succeeded("kubectl kustomize", &rendered);
     let text = String::from_utf8(rendered.stdout).unwrap();
     assert!(text.contains("kind: PodMonitor"), "{text}");
+    // The collector in the chain's namespace: the services' endpoint and their egress point at it.
+    assert!(text.contains("OTEL_EXPORTER_OTLP_ENDPOINT: http://otel-collector:4317"), "{text}");
+    assert!(!text.contains("observability"), "nothing left pointing at another namespace's collector");
+    assert!(text.matches("name: otel-collector\n").count() >= 3, "its ConfigMap, Deployment and Service: {text}");
     for service in rpc::dev_certs::SERVICES {
         let secret = format!("secretName: {service}-tls");
         assert_eq!(text.matches(&secret).count(), 2, "{service}: mounted by its pods and issued by its Certificate");
         assert!(text.contains(&format!("- {}", rpc::tls::dns_name(service))), "{service}'s Certificate names {}", rpc::tls::dns_name(service));
     }
+    // The components' own resources hold to the same rules as the chain's (their custom kinds
+    // have no schema kubernetes-validate knows; checkov reads them all).
+    let file = scratch.path().join("with-components.yaml");
+    std::fs::write(&file, &text).unwrap();
+    let Some(checked) = run("checkov", &["-f", file.to_str().unwrap(), "--framework", "kubernetes", "--compact", "--quiet", "--skip-download"])
+    else {
+        return;
+    };
+    succeeded("checkov", &checked);
 }

@@ -22,6 +22,9 @@
 //! - within a budget ([`RetryBudget`], ours: tower's `TpsBudget` allows more than it says): over
 //!   a 10 s sliding window retries are at most 10 % of requests, plus a floor of 2 retries per
 //!   second for quiet times;
+//! - to another replica than the attempts before it, where the dependency has another: every
+//!   attempt carries the replicas its call has tried ([`PreviousReplicas`]), which the balancer
+//!   under the client skips;
 //! - while gRPC's retry throttling allows ([`RetryThrottle`]): an attempt failing the way a
 //!   retry could fix takes one of 20 tokens, a success gives one back, and with half or fewer
 //!   left nothing is retried. A budget measured against requests never reaches zero in an outage

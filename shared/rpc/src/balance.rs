@@ -279,6 +279,7 @@ where
                 }
                 Err(error) => {
                     let never_sent = never_sent(&*error);
+                    tracing::debug!(service, replica = %replica.address, never_sent, ?error, "call failed");
                     replica.failed(never_sent, Instant::now());
                     Err(if never_sent { not_sent(service, &format!("{} did not take the call: {error}", replica.address)) } else { error })
                 }

@@ -294,20 +294,25 @@ fn unavailable<B>(response: &Response<B>) -> bool {
     response.headers().get("grpc-status").is_some_and(|code| code.as_bytes() == b"14")
 }
 
-/// Whether the call never reached the replica: the connection was refused; it was closed before
+/// Whether the call never reached the replica: the connection was refused or not made in time;
+/// it was closed before
 /// the call was written (hyper's "canceled", or "closed" when the call found it so); or the server
 /// left the stream unprocessed (HTTP/2 `REFUSED_STREAM`, or a graceful GOAWAY whose last stream
 /// came before it, as a server that drains sends).
 fn never_sent(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut source = Some(error);
     while let Some(error) = source {
-        let refused = error.downcast_ref::<io::Error>().is_some_and(|error| error.kind() == io::ErrorKind::ConnectionRefused)
-            || error.downcast_ref::<hyper::Error>().is_some_and(|error| error.is_canceled() || error.is_closed())
+        let not_taken = error.downcast_ref::<io::Error>().is_some_and(|error| {
+            error.kind() == io::ErrorKind::ConnectionRefused
+                // The channel's connect timeout (tonic's, tokio's `Elapsed`): a replica gone
+                // without a word, its address not answering at all.
+                || (error.kind() == io::ErrorKind::TimedOut && error.get_ref().is_some_and(|inner| inner.is::<tokio::time::error::Elapsed>()))
+        }) || error.downcast_ref::<hyper::Error>().is_some_and(|error| error.is_canceled() || error.is_closed())
             || error.downcast_ref::<h2::Error>().is_some_and(|error| {
                 error.reason() == Some(h2::Reason::REFUSED_STREAM)
                     || (error.is_go_away() && error.is_remote() && error.reason() == Some(h2::Reason::NO_ERROR))
             });
-        if refused {
+        if not_taken {
             return true;
         }
         // An io::Error's source skips the error it wraps: look at that one first.

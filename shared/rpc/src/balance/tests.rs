@@ -278,10 +278,13 @@ async fn a_replica_that_answers_unavailable_in_a_row_is_left_out_longer_each_tim
     assert_eq!(replicas.take_counts().len(), 2, "answering again, it gets calls again");
 }
 
-#[test]
-fn a_call_never_sent_is_told_from_one_that_may_have_been() {
+#[tokio::test]
+async fn a_call_never_sent_is_told_from_one_that_may_have_been() {
     let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
     assert!(never_sent(&refused));
+    let elapsed = tokio::time::timeout(Duration::ZERO, std::future::pending::<()>()).await.expect_err("no time at all");
+    assert!(never_sent(&io::Error::new(io::ErrorKind::TimedOut, elapsed)), "the connect timeout");
+    assert!(!never_sent(&io::Error::from(io::ErrorKind::TimedOut)), "a socket's own timeout may come after the call was written");
     assert!(never_sent(&io::Error::other(h2::Error::from(h2::Reason::REFUSED_STREAM))), "found in the source chain");
     for maybe_sent in [io::Error::from(io::ErrorKind::ConnectionReset), io::Error::other(h2::Error::from(h2::Reason::CANCEL))] {
         assert!(!never_sent(&maybe_sent), "{maybe_sent}");

@@ -1,26 +1,30 @@
-//! Two replicas of the gateway, orders, payment and the webhook sender against one PostgreSQL:
-//! `deploy/compose.replicas.yaml`, the users' overlay, on the compose test's images. The overlay
-//! sets `deploy.replicas` (what `--scale` does, kept in the file beside the gateway's share of the
-//! quotas); Compose numbers the replicas, publishes each gateway on a host port of its own and
-//! lists each replica's container, so the test reaches and kills each one by itself.
+//! Two gateways, three replicas of orders and of payment, two webhook senders against one
+//! PostgreSQL: `deploy/compose.replicas.yaml`, the users' overlay, with the test's
+//! `tests/compose/replicas.yaml`, on the compose test's images. The overlays set `deploy.replicas`
+//! (what `--scale` does, kept in the file beside the gateway's share of the quotas); Compose
+//! numbers the replicas, publishes each gateway on a host port of its own and lists each
+//! replica's container, so the test reaches, counts and stops each one by itself.
 //!
-//! A hop reaches the replicas of the next by the service's name; its channel keeps a connection
-//! to one of them and fails over to another when it goes (deploy/README.md, "Replicas"). The test
-//! checks that claim in the containers' TCP tables (`/proc/<pid>/net/tcp` of their network
-//! namespaces, read from the host): before the kill, the victims are replicas in use; after it,
-//! the survivors are connected to survivors only.
+//! A hop reaches the replicas of the next by the service's name and spreads its calls over all of
+//! them (shared/rpc's README, "Balancing"). Each replica's share is read from its own metrics
+//! (`/metrics` on its operations port, from the host), and the connections from the containers'
+//! TCP tables (`/proc/<pid>/net/tcp` of their network namespaces).
 //!
 //! Checked: the same idempotency key through both gateways, one after the other and 50 at once,
 //! makes one order and one bank charge; every webhook event reaches each of two endpoints once
-//! with both senders running; and killing one replica of each service under a bounded load loses
-//! no order a client was told of and charges none twice.
+//! with both senders running; under a steady load each orders replica serves at least a fifth of
+//! the creates; a replica started under load serves creates within 30 s; replicas stopped under
+//! load, or one that fails every create, lose no create (the edge retries on another replica what
+//! it can, and what fails says to repeat it with its key, which completes it once); and killing
+//! one replica of each service under a bounded load loses no order a client was told of and
+//! charges none twice.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
     sync::{
         Arc,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -32,9 +36,12 @@ use reqwest::StatusCode;
 use super::{ADMIN_TOKEN, Stack, build_images, compose_files, compose_program, docker_inspect, run, say};
 
 /// Every service with a health check, each with the replicas the overlay gives it.
-const SERVICES: [(&str, usize); 6] = [("postgres", 1), ("gateway", 2), ("orders", 2), ("payment", 2), ("bank-mock", 1), ("webhook-sender", 2)];
+const SERVICES: [(&str, usize); 6] = [("postgres", 1), ("gateway", 2), ("orders", 3), ("payment", 3), ("bank-mock", 1), ("webhook-sender", 2)];
 const ORDERS_PORT: u16 = 50052;
 const PAYMENT_PORT: u16 = 50053;
+/// The operations ports (plain HTTP `/metrics`) of orders and payment.
+const ORDERS_OPS_PORT: u16 = 9465;
+const PAYMENT_OPS_PORT: u16 = 9466;
 /// The load of the kill: orders, clients sending them at once, and the attempts of each.
 const LOAD_ORDERS: usize = 120;
 const LOAD_CLIENTS: usize = 8;
@@ -65,6 +72,9 @@ async fn two_replicas_of_each_service_keep_every_order_once() {
     one_key_through_both_gateways_one_after_the_other(&stack, &client).await;
     one_key_fifty_times_at_once_through_both_gateways(&stack, &client).await;
     every_event_reaches_each_endpoint_once_with_two_senders(&stack, &client).await;
+    a_steady_load_spreads_over_every_replica(&stack, &client).await;
+    replicas_started_and_stopped_under_load_lose_no_create(&stack, &client).await;
+    a_replica_failing_every_create_costs_no_create(&stack, &client).await;
     killing_a_replica_of_each_service_loses_no_order_and_charges_none_twice(&stack, &client).await;
 }
 
@@ -76,6 +86,7 @@ async fn eventually_healthy(stack: &Stack) {
 }
 
 /// The test's client of the two gateways and of the bank's admin API.
+#[derive(Clone)]
 struct Client {
     http: reqwest::Client,
     /// Each gateway's published HTTP port, by replica.
@@ -308,6 +319,200 @@ async fn every_event_reaches_each_endpoint_once_with_two_senders(stack: &Stack, 
     say(&format!("replicas stack: {EVENTS} events × 2 endpoints, each processed once, one attempt each; deliveries by sender: {delivered_by:?}"));
 }
 
+/// Calls of `method` that `container` has served, read from its metrics on `ops_port`.
+async fn served(http: &reqwest::Client, container: &str, ops_port: u16, method: &str) -> u64 {
+    let metrics = http
+        .get(format!("http://{}:{ops_port}/metrics", address(container)))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .unwrap_or_else(|error| panic!("the metrics of {container}: {error}"));
+    let text = metrics.text().await.expect("metrics as text");
+    let label = format!("rpc_method=\"{method}\"");
+    text.lines()
+        .filter(|line| line.starts_with("rpc_server_call_duration") && line.contains("_count{") && line.contains(&label))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Calls of `method` each of `containers` has served.
+async fn served_by(http: &reqwest::Client, containers: &[String], ops_port: u16, method: &str) -> Vec<u64> {
+    join_all(containers.iter().map(|container| served(http, container, ops_port, method))).await
+}
+
+/// What each of `containers` served between two readings.
+fn between(before: &[u64], after: &[u64]) -> Vec<u64> {
+    after.iter().zip(before.iter().chain(std::iter::repeat(&0))).map(|(after, before)| after - before).collect()
+}
+
+/// A create that did not get its 201: its key, and what it got instead.
+struct Failed {
+    key: String,
+    answer: String,
+    /// Whether the client may repeat it with the same key: a 5xx, a 409 or a 429 (each says so),
+    /// or no answer at all.
+    repeatable: bool,
+}
+
+impl std::fmt::Debug for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.key, self.answer)
+    }
+}
+
+/// The creates numbered `orders` of `customer` from `clients` clients at once, through both
+/// gateways in turn, each sent once: those that did not get their 201.
+async fn single_attempts(client: &Client, customer: &str, orders: impl Iterator<Item = usize>, clients: usize) -> Vec<Failed> {
+    stream::iter(orders)
+        .map(|order| async move {
+            let key = format!("{customer}-{order}");
+            match client.create(order % 2, &key, customer).await {
+                Ok(answer) if answer.status == 201 => None,
+                Ok(answer) => Some(Failed {
+                    repeatable: answer.status.is_server_error() || [409, 429].contains(&answer.status.as_u16()),
+                    answer: format!("{} {}", answer.status, String::from_utf8_lossy(&answer.body)),
+                    key,
+                }),
+                Err(error) => Some(Failed { key, answer: error.to_string(), repeatable: true }),
+            }
+        })
+        .buffer_unordered(clients)
+        .filter_map(std::future::ready)
+        .collect()
+        .await
+}
+
+/// e. 300 creates from 6 clients, each sent once: every one a 201, and each orders replica
+/// serving at least a fifth of them (an even share is a third).
+async fn a_steady_load_spreads_over_every_replica(stack: &Stack, client: &Client) {
+    const CREATES: usize = 300;
+    let [orders, payments] = ["orders", "payment"].map(|service| stack.containers(service));
+    let before =
+        (served_by(&client.http, &orders, ORDERS_OPS_PORT, "CreateOrder").await, served_by(&client.http, &payments, PAYMENT_OPS_PORT, "Pay").await);
+    let failed = single_attempts(client, "replicas-spread", 0..CREATES, 6).await;
+    assert!(failed.is_empty(), "every create succeeds at its first request: {failed:?}");
+    let creates = between(&before.0, &served_by(&client.http, &orders, ORDERS_OPS_PORT, "CreateOrder").await);
+    let payments = between(&before.1, &served_by(&client.http, &payments, PAYMENT_OPS_PORT, "Pay").await);
+    assert_eq!(creates.iter().sum::<u64>(), CREATES as u64, "each create served once: {creates:?}");
+    assert!(creates.iter().all(|&served| served * 5 >= CREATES as u64), "each orders replica serves at least a fifth: {creates:?}");
+    assert_eq!(stack.orders_of("replicas-spread"), format!("{CREATES}|{CREATES}"), "one order per key, each paid");
+    say(&format!(
+        "replicas stack: {CREATES} creates through 2 gateways: served by the orders replicas {creates:?}, payments by the payment replicas {payments:?}"
+    ));
+}
+
+/// A bounded load of single requests from 4 clients, running until `stop` is set: each create's
+/// key is `<customer>-<n>`. Ends with how many were sent and those that failed.
+struct Load {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<Vec<Failed>>,
+}
+
+impl Load {
+    /// The most creates a load sends, whatever happens.
+    const MOST_CREATES: usize = 30_000;
+
+    fn start(client: &Client, customer: &'static str) -> Self {
+        let (stop, sent) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
+        let task = tokio::spawn({
+            let (client, stop, sent) = (client.clone(), stop.clone(), sent.clone());
+            async move {
+                let orders = (0..Self::MOST_CREATES).take_while(move |_| !stop.load(Ordering::Relaxed)).inspect(move |_| {
+                    sent.fetch_add(1, Ordering::Relaxed);
+                });
+                single_attempts(&client, customer, orders, 4).await
+            }
+        });
+        Self { stop, sent, task }
+    }
+
+    async fn finish(self) -> (usize, Vec<Failed>) {
+        self.stop.store(true, Ordering::Relaxed);
+        let failed = tokio::time::timeout(Duration::from_secs(60), self.task).await.expect("the load ends in time").expect("the load ran");
+        (self.sent.load(Ordering::Relaxed), failed)
+    }
+}
+
+/// Each of `failed` repeated with its key, as its answer says, until its 201.
+async fn repeat_until_created(client: &Client, customer: &str, failed: &[Failed]) {
+    assert!(failed.iter().all(|failed| failed.repeatable), "every failure may be repeated with its key: {failed:?}");
+    for failure in failed {
+        let mut completed = false;
+        for _ in 0..LOAD_ATTEMPTS {
+            if matches!(client.create(1, &failure.key, customer).await, Ok(answer) if answer.status == 201) {
+                completed = true;
+                break;
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+        assert!(completed, "{failure:?}: no 201 in {LOAD_ATTEMPTS} repeats");
+    }
+}
+
+/// f. Under a load of single requests: a fourth orders replica started serves creates within
+/// 30 s; then one orders and one payment replica stopped (SIGTERM: they drain) lose no create:
+/// what fails says to repeat it with its key, and the repeat completes it, once.
+async fn replicas_started_and_stopped_under_load_lose_no_create(stack: &Stack, client: &Client) {
+    let first_orders = stack.containers("orders");
+    let load = Load::start(client, "replicas-churn");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let started = Instant::now();
+    run(stack.compose().args(["up", "--detach", "--no-build", "--no-recreate", "--scale", "orders=4", "orders"]));
+    let newcomer = stack.containers("orders").into_iter().find(|replica| !first_orders.contains(replica)).expect("a fourth orders replica");
+    e2e::eventually(Duration::from_secs(30), "the new orders replica serves creates", || async {
+        served(&client.http, &newcomer, ORDERS_OPS_PORT, "CreateOrder").await > 0
+    })
+    .await;
+    let serving_after = started.elapsed();
+    let (orders_stopped, payment_stopped) = (first_orders[0].clone(), stack.containers("payment")[0].clone());
+    run(std::process::Command::new("docker").args(["stop", &orders_stopped, &payment_stopped]));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (creates, failed) = load.finish().await;
+    run(std::process::Command::new("docker").args(["rm", &orders_stopped, &payment_stopped]));
+    repeat_until_created(client, "replicas-churn", &failed).await;
+    assert_eq!(stack.orders_of("replicas-churn"), format!("{creates}|{creates}"), "one order per key, each paid");
+    let logs = String::from_utf8_lossy(&run(stack.compose().args(["logs", "--no-color", "orders"])).stdout).into_owned();
+    let causes: Vec<&str> = logs.lines().filter(|line| line.contains("call failed")).take(3).collect();
+    say(&format!("replicas stack: orders' failed calls to payment while replicas stopped, a sample: {causes:#?}"));
+    say(&format!(
+        "replicas stack: a fourth orders replica served creates {:.1} s after it was started; one orders and one payment replica stopped under load: {creates} creates, {} failed at their first request, each completed by a repeat with its key: {:?}",
+        serving_after.as_secs_f64(),
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    ));
+}
+
+/// g. Under a load of single requests, one more replica joins under the name `orders` that fails
+/// every create: the creates it failed are retried by the edge on the other replicas (its
+/// failures outnumber the creates that failed), and what still fails is completed by a repeat.
+async fn a_replica_failing_every_create_costs_no_create(stack: &Stack, client: &Client) {
+    let load = Load::start(client, "replicas-broken");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    run(stack.compose().args(["--profile", "faults", "up", "--detach", "--no-build", "broken-orders"]));
+    let broken = stack.container("broken-orders");
+    // The gateways find it at their next resolution (every 5 s), once it is healthy.
+    e2e::eventually(Duration::from_secs(60), "the broken replica tried", || async {
+        served(&client.http, &broken, ORDERS_OPS_PORT, "CreateOrder").await > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let (creates, failed) = load.finish().await;
+    let tried = served(&client.http, &broken, ORDERS_OPS_PORT, "CreateOrder").await;
+    run(stack.compose().args(["--profile", "faults", "rm", "--stop", "--force", "broken-orders"]));
+    repeat_until_created(client, "replicas-broken", &failed).await;
+    assert!(
+        (failed.len() as u64) < tried,
+        "the edge retried on the others what the broken replica failed: {} creates failed, {tried} calls to it: {failed:?}",
+        failed.len()
+    );
+    assert_eq!(stack.orders_of("replicas-broken"), format!("{creates}|{creates}"), "one order per key, each paid");
+    say(&format!(
+        "replicas stack: {creates} creates while a replica failing every create joined: it was tried {tried} times (ejected in between), {} creates failed at their first request",
+        failed.len()
+    ));
+}
+
 /// d. 120 orders from 8 clients, each order's key repeated on failure through the other gateway;
 /// a third of the way, one replica of the gateway, orders, payment and the sender killed
 /// (SIGKILL), the orders and payment replicas chosen among those in use. Then: every key got its
@@ -324,7 +529,6 @@ async fn killing_a_replica_of_each_service_loses_no_order_and_charges_none_twice
         .into_iter()
         .find_map(|replica| connected(replica, PAYMENT_PORT, &payments).into_iter().next())
         .unwrap_or_else(|| payments[0].clone());
-    let payment_survivor = payments.iter().find(|replica| **replica != payment_victim).expect("two payment replicas").clone();
     let before = client.bank().await;
     let client = Arc::new(Client { http: client.http.clone(), gateways: client.gateways, admin_port: client.admin_port });
     let created = Arc::new(AtomicUsize::new(0));
@@ -367,10 +571,14 @@ async fn killing_a_replica_of_each_service_loses_no_order_and_charges_none_twice
     let answers = tokio::time::timeout(Duration::from_secs(240), load).await.expect("the load ends in time").expect("every order gets its 201");
     let most_attempts = answers.iter().map(|(_, _, attempt)| attempt + 1).max().unwrap_or(0);
 
-    // The survivors reach the survivors: the name resolved again when the connection closed.
+    // The survivors reach the survivors only: the name resolved again dropped the victims.
+    let surviving = |replicas: &[String], victim: &str| -> BTreeSet<Ipv4Addr> {
+        replicas.iter().filter(|replica| *replica != victim).map(|replica| address(replica)).collect()
+    };
+    let (orders_alive, payments_alive) = (surviving(&orders, &orders_victim), surviving(&payments, &payment_victim));
     e2e::eventually(Duration::from_secs(30), "the surviving hops connected to the surviving replicas only", || async {
-        peers(&gateways[1], ORDERS_PORT) == BTreeSet::from([address(&orders_survivor)])
-            && peers(&orders_survivor, PAYMENT_PORT) == BTreeSet::from([address(&payment_survivor)])
+        let (to_orders, to_payment) = (peers(&gateways[1], ORDERS_PORT), peers(&orders_survivor, PAYMENT_PORT));
+        !to_orders.is_empty() && to_orders.is_subset(&orders_alive) && !to_payment.is_empty() && to_payment.is_subset(&payments_alive)
     })
     .await;
 

@@ -193,6 +193,11 @@ impl<S> Replica<S> {
 /// Of `replicas`, the one a call goes to: two drawn at random among the best-placed (neither
 /// ejected nor tried by this call; else not ejected; else any), the less busy of the two.
 fn pick<'a, S>(replicas: &'a [Arc<Replica<S>>], tried: Option<&PreviousReplicas>, now: Instant) -> Option<&'a Arc<Replica<S>>> {
+    // One replica (an address literal, a single pod): it is the choice whatever its record, so
+    // none of the records is read.
+    if let [only] = replicas {
+        return Some(only);
+    }
     let eligible = |tier: usize, replica: &Arc<Replica<S>>| match tier {
         0 => !replica.ejected(now) && !tried.is_some_and(|tried| tried.contains(replica.address)),
         1 => !replica.ejected(now),
@@ -295,8 +300,8 @@ fn unavailable<B>(response: &Response<B>) -> bool {
 }
 
 /// Whether the call never reached the replica: the connection was refused or not made in time;
-/// it was closed before
-/// the call was written (hyper's "canceled", or "closed" when the call found it so); or the server
+/// it was closed before the call was written (hyper's "canceled", or "closed" when the call found
+/// it so); or the server
 /// left the stream unprocessed (HTTP/2 `REFUSED_STREAM`, or a graceful GOAWAY whose last stream
 /// came before it, as a server that drains sends).
 fn never_sent(error: &(dyn std::error::Error + 'static)) -> bool {

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+pub mod adaptive;
 pub mod amplification;
 pub mod bare;
 pub mod chains;
@@ -99,6 +100,7 @@ pub struct Report {
     pub idempotency: idempotency::Idempotency,
     pub tracing: Coverage<tracing_cost::TracingCost>,
     pub statements: statements::Statements,
+    pub adaptive_guards: adaptive::AdaptiveGuards,
 }
 
 /// The repository this crate was built from: where BENCHMARKS.md belongs.
@@ -130,6 +132,8 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     let amplification = amplification::measure(profile).await?;
     eprintln!("4. Fail-fast");
     let fail_fast = fail_fast::measure(profile).await?;
+    eprintln!("9. Guards that learn");
+    let adaptive_guards = adaptive::measure(profile).await?;
     eprintln!("6. Idempotency");
     let idempotency = idempotency::measure(profile, postgres.as_ref()).await?;
     eprintln!("8. Queries and statements per create");
@@ -151,6 +155,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
         idempotency,
         tracing,
         statements,
+        adaptive_guards,
     })
 }
 

@@ -17,6 +17,7 @@ pub struct Profile {
     pub precision: PrecisionProfile,
     pub amplification: AmplificationProfile,
     pub fail_fast: FailFastProfile,
+    pub ramp: RampProfile,
     pub memory: MemoryProfile,
     pub idempotency: IdempotencyProfile,
     pub tracing: TracingProfile,
@@ -104,6 +105,18 @@ pub struct FailFastProfile {
     pub slow_bank: Duration,
 }
 
+/// 9. Guards that learn: the bank's latency ramping under steady load.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RampProfile {
+    /// The bank's mean latency at the start and at the end of the run (ms).
+    pub from_ms: f64,
+    pub to_ms: f64,
+    pub per_second: f64,
+    pub duration: Duration,
+    /// The clients' deadline.
+    pub deadline: Duration,
+}
+
 /// 5. Memory with a hanging bank.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MemoryProfile {
@@ -160,6 +173,7 @@ impl Profile {
                 settle: ms(2_000),
             },
             fail_fast: FailFastProfile { requests: 200, per_second: 100.0, slow_bank: ms(1_000) },
+            ramp: RampProfile { from_ms: 20.0, to_ms: 600.0, per_second: 60.0, duration: ms(20_000), deadline: ms(500) },
             memory: MemoryProfile { clients: 1_000, per_second: 2_000.0, deadline: ms(2_000) },
             idempotency: IdempotencyProfile {
                 requests: 500,
@@ -201,6 +215,7 @@ impl Profile {
                 settle: ms(300),
             },
             fail_fast: FailFastProfile { requests: 40, per_second: 200.0, slow_bank: ms(300) },
+            ramp: RampProfile { from_ms: 5.0, to_ms: 150.0, per_second: 50.0, duration: ms(600), deadline: ms(150) },
             memory: MemoryProfile { clients: 50, per_second: 500.0, deadline: ms(200) },
             idempotency: IdempotencyProfile {
                 requests: 10,

@@ -77,6 +77,7 @@ impl Display for Report {
         self.idempotency(&mut text)?;
         self.tracing(&mut text)?;
         self.statements(&mut text)?;
+        self.adaptive_guards(&mut text)?;
         f.write_str(&text)
     }
 }
@@ -466,6 +467,49 @@ impl Report {
             }
         }
         Ok(())
+    }
+
+    fn adaptive_guards(&self, out: &mut String) -> fmt::Result {
+        let p = &self.profile.ramp;
+        writeln!(out, "\n## 9. Guards that learn: the bank slowing from {} to {}\n", ms(p.from_ms), ms(p.to_ms))?;
+        writeln!(
+            out,
+            "Over gRPC, {} for {}, each create allowing {}, while the bank's mean latency climbs \
+             evenly from {} to {} (spread a tenth of the mean); a fresh chain per variant, breakers \
+             off in all. Goodput: creates that succeeded, per second. Past the deadline: bank calls \
+             whose caller had given up before the bank answered, work nobody read.\n",
+            rate(p.per_second),
+            seconds(p.duration),
+            ms(p.deadline.as_secs_f64() * 1e3),
+            ms(p.from_ms),
+            ms(p.to_ms)
+        )?;
+        let table = |out: &mut String, title: &str, runs: &[crate::adaptive::RampRun]| -> fmt::Result {
+            writeln!(out, "{title}\n")?;
+            writeln!(
+                out,
+                "| Variant | Setup | Goodput | Success | p50 | p99 | max | Bank calls | Past the deadline | Failed fast | Bulkhead full |"
+            )?;
+            writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+            for r in runs {
+                writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    r.variant,
+                    r.setup,
+                    rate(r.successes_per_second),
+                    percent(r.success_rate),
+                    cells(r.latency_ms),
+                    r.bank_calls,
+                    r.bank_calls_past_deadline,
+                    r.failed_fast,
+                    r.bulkhead_full
+                )?;
+            }
+            writeln!(out)
+        };
+        table(out, "**Fail fast**: fixed minimums against the observed latency as well.", &self.adaptive_guards.fail_fast)?;
+        table(out, "**Concurrency toward the bank**: no limit, the fixed bulkhead, the adaptive limit.", &self.adaptive_guards.concurrency)
     }
 
     fn statements(&self, out: &mut String) -> fmt::Result {

@@ -2,6 +2,7 @@
 
 mod budget;
 pub mod client;
+mod estimate;
 pub mod grpc_timeout;
 mod hop;
 pub mod ledger;
@@ -9,6 +10,7 @@ pub mod server;
 mod slice;
 
 pub use budget::{Forward, ForwardPolicy, InboundPolicy, TooLittleBudget};
+pub use estimate::{EstimateSettings, EstimateSnapshot, LatencyEstimate, SlowerThanSlice};
 pub use hop::{Hop, HopStats, HopStatsSnapshot};
 pub use slice::{SLICE_HEADER, Slice};
 

@@ -16,7 +16,7 @@ use std::{
 };
 
 use deadline::{
-    Deadline, Forward, ForwardPolicy, Hop, HopStats, HopStatsSnapshot, InboundPolicy, LEDGER_HEADER, Slice,
+    Deadline, EstimateSettings, Forward, ForwardPolicy, Hop, HopStats, HopStatsSnapshot, InboundPolicy, LEDGER_HEADER, LatencyEstimate, Slice,
     client::{ForwardDeadline, ForwardDeadlineLayer},
     grpc_timeout,
     ledger::{self, Entry},
@@ -224,6 +224,55 @@ async fn client_fails_fast_below_the_minimum_without_calling() {
     assert!(status.message().contains("for payment"), "{status:?}");
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     assert_eq!(hop.stats().snapshot(), HopStatsSnapshot { failed_fast: 1, ..Default::default() });
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_fails_fast_below_what_the_dependency_has_been_taking() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let slow_payment = {
+        let calls = Arc::clone(&calls);
+        service_fn(move |_: Request<String>| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async {
+                sleep(ms(400)).await;
+                ok_response()
+            }
+        })
+    };
+    let settings = EstimateSettings { window_ms: 1_000, min_samples: 10, probe_interval_ms: 1_000, ..EstimateSettings::default() };
+    let estimate = Arc::new(LatencyEstimate::new(settings));
+    let service = ForwardDeadlineLayer::new("payment", TO_PAYMENT).with_estimate(estimate.clone()).layer(slow_payment);
+
+    // A window of answers that took 400 ms each, made with ample budget.
+    let warm_up = (0..10).map(|_| Hop::scope(orders_hop(ms(2_000)), service.clone().oneshot(grpc_request(None))));
+    for answer in futures::future::join_all(warm_up).await {
+        assert_eq!(answer.unwrap().body(), "ok");
+    }
+    advance(ms(1_000)).await;
+
+    // 300 ms left, 60 ms kept: 240 ms is below the 400 ms payment has been taking. The first such
+    // call is the window's probe; the next is not made.
+    let hop = orders_hop(ms(300));
+    let probe = Hop::scope(hop.clone(), service.clone().oneshot(grpc_request(None))).await.unwrap();
+    assert_eq!(status_of(&probe).code(), Code::DeadlineExceeded, "the probe ran out of its 240 ms");
+    assert_eq!(calls.load(Ordering::SeqCst), 11);
+
+    let hop = orders_hop(ms(300));
+    let refused = Hop::scope(hop.clone(), service.clone().oneshot(grpc_request(None))).await.unwrap();
+    let status = status_of(&refused);
+    assert_eq!(status.code(), Code::DeadlineExceeded);
+    for needle in ["orders: payment has needed 40", "p90 of its recent answers", "only 240.0 ms are left", "not calling"] {
+        assert!(status.message().contains(needle), "{needle:?} in {status:?}");
+    }
+    assert_eq!(refused.headers()[deadline::FAILED_FAST_HEADER], "orders", "the edge does not retry it");
+    assert_eq!(calls.load(Ordering::SeqCst), 11, "payment was not called");
+    assert_eq!(hop.stats().snapshot().failed_fast, 1);
+
+    // A call with more than the estimate is made.
+    let ample = Hop::scope(orders_hop(ms(1_000)), service.clone().oneshot(grpc_request(None))).await.unwrap();
+    assert_eq!(ample.body(), "ok");
+    let snapshot = estimate.snapshot(Instant::now());
+    assert_eq!((snapshot.refused, snapshot.probes, snapshot.samples), (1, 1, 10));
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,10 +1,10 @@
 use std::{sync::Arc, time::Duration};
 
-use deadline::{ForwardPolicy, client::ForwardDeadlineLayer};
+use deadline::{EstimateSettings, ForwardPolicy, LatencyEstimate, client::ForwardDeadlineLayer};
 use http::{Request, Response};
 use resilience::{
     breaker::{Breaker, BreakerLayer, BreakerSettings},
-    bulkhead::{Bulkhead, BulkheadLayer},
+    bulkhead::{AdaptiveSettings, Bulkhead, BulkheadLayer},
     rate_limit::{QuotaSettings, SelfLimitLayer},
 };
 use serde::{Deserialize, Serialize};
@@ -41,10 +41,14 @@ pub struct Dependency {
     pub idle_timeout_ms: u64,
     /// How the operation deadline is shared with this dependency.
     pub deadline: ForwardPolicy,
+    /// What this dependency has been taking, and whether a call with less is made.
+    pub latency_estimate: EstimateSettings,
     /// The circuit breaker in front of this dependency.
     pub breaker: BreakerSettings,
     /// The bulkhead: calls in flight to this dependency at most; the next is rejected at once.
     pub max_concurrent: u32,
+    /// The bulkhead's adaptive mode: a limit below `max_concurrent` that follows the latency.
+    pub adaptive_limit: AdaptiveSettings,
     /// The dependency's known quota, kept by refusing the excess locally (rate 0: none).
     pub quota: QuotaSettings,
 }
@@ -58,8 +62,10 @@ impl Default for Dependency {
             connect_timeout_ms: 250,
             idle_timeout_ms: 5_000,
             deadline: ForwardPolicy::default(),
+            latency_estimate: EstimateSettings::default(),
             breaker: BreakerSettings::default(),
             max_concurrent: 100,
+            adaptive_limit: AdaptiveSettings::default(),
             quota: QuotaSettings::default(),
         }
     }
@@ -117,6 +123,7 @@ pub struct Connection {
     pub client: Client,
     pub breaker: Arc<Breaker>,
     pub bulkhead: Arc<Bulkhead>,
+    pub estimate: Arc<LatencyEstimate>,
 }
 
 /// Builds `hop`'s client for `dependency`, named `name` in ledgers, errors and metrics, with the
@@ -144,7 +151,8 @@ pub fn connect(
         }
     });
     let breaker = Breaker::new(hop, name, dependency.breaker);
-    let bulkhead = Bulkhead::new(hop, name, dependency.max_concurrent.max(1));
+    let bulkhead = Bulkhead::new(hop, name, dependency.max_concurrent, dependency.adaptive_limit);
+    let estimate = Arc::new(LatencyEstimate::new(dependency.latency_estimate));
     let traced = trace.layer(timed.layer(channel));
     let client = match outbound {
         // The bulkhead and the self-limit answer before the breaker, so that their refusals never
@@ -156,10 +164,10 @@ pub fn connect(
                 .layer(BulkheadLayer::new(bulkhead.clone()))
                 .layer(SelfLimitLayer::new(hop, name, dependency.quota))
                 .layer(BreakerLayer::new(breaker.clone()))
-                .layer(ForwardDeadlineLayer::new(name, dependency.deadline))
+                .layer(ForwardDeadlineLayer::new(name, dependency.deadline).with_estimate(estimate.clone()))
                 .service(traced),
         ),
         Outbound::Layers(layers) => layers.layer(traced),
     };
-    Ok(Connection { client, breaker, bulkhead })
+    Ok(Connection { client, breaker, bulkhead, estimate })
 }

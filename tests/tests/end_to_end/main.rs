@@ -7,6 +7,7 @@
 //! logging, metrics and the trace exporter are installed once per process, and the telemetry,
 //! metrics and tracing-switch tests each install their own.
 
+mod adaptive_guards;
 mod bad_input;
 mod chain;
 mod collector_unreachable;

@@ -4,6 +4,7 @@ use std::{
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
+    time::Duration,
 };
 
 use http::{HeaderValue, Response};
@@ -12,7 +13,7 @@ use tokio::time::{Instant, Sleep, sleep_until};
 use tonic::{Code, Status, TimeoutExpired};
 use tower::BoxError;
 
-use crate::{Hop, LEDGER_HEADER, SLICE_HEADER, Slice, millis};
+use crate::{Hop, LEDGER_HEADER, LatencyEstimate, SLICE_HEADER, Slice, millis};
 
 const GRPC_STATUS: &str = "grpc-status";
 
@@ -31,6 +32,8 @@ pin_project! {
             hop: Arc<Hop>,
             dependency: &'static str,
             slice: Slice,
+            sent_at: Instant,
+            estimate: Option<Arc<LatencyEstimate>>,
         },
     }
 }
@@ -44,8 +47,17 @@ impl<F, B> ResponseFuture<F, B> {
         Self::Untracked { inner }
     }
 
-    pub(super) fn forwarded(inner: F, hop: Arc<Hop>, dependency: &'static str, slice: Slice, gives_up_at: Instant) -> Self {
-        Self::Forwarded { inner, expiry: sleep_until(gives_up_at), hop, dependency, slice }
+    /// A call sent at `sent_at` whose caller gives up at `gives_up_at`; its answer's time goes
+    /// into `estimate`.
+    pub(super) fn forwarded(
+        inner: F,
+        hop: Arc<Hop>,
+        dependency: &'static str,
+        slice: Slice,
+        (sent_at, gives_up_at): (Instant, Instant),
+        estimate: Option<Arc<LatencyEstimate>>,
+    ) -> Self {
+        Self::Forwarded { inner, expiry: sleep_until(gives_up_at), hop, dependency, slice, sent_at, estimate }
     }
 }
 
@@ -61,8 +73,16 @@ where
         match self.project() {
             Projection::AnsweredHere { response } => Poll::Ready(Ok(response.take().expect("polled after completion"))),
             Projection::Untracked { inner } => inner.poll(cx).map_err(Into::into),
-            Projection::Forwarded { inner, expiry, hop, dependency, slice } => {
+            Projection::Forwarded { inner, expiry, hop, dependency, slice, sent_at, estimate } => {
+                // An answer's time, or for a call that ran out, its slice: it took at least that.
+                let estimate = estimate.as_deref();
+                let record = |took: Duration| {
+                    if let Some(estimate) = estimate {
+                        estimate.record(Instant::now(), took);
+                    }
+                };
                 let out_of_time = |hop: &Hop| {
+                    record(slice.given);
                     let mut response = Status::deadline_exceeded(format!(
                         "{}: {dependency} did not answer within the {} ms it was given",
                         hop.name(),
@@ -83,6 +103,9 @@ where
                         }
                         if has_code(&response, Code::DeadlineExceeded) {
                             response.headers_mut().insert(SLICE_HEADER, slice.header_value());
+                            record(slice.given);
+                        } else if !response.headers().contains_key(GRPC_STATUS) || has_code(&response, Code::Ok) {
+                            record(sent_at.elapsed());
                         }
                         Poll::Ready(Ok(response))
                     }

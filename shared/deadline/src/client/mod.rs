@@ -3,8 +3,9 @@
 //! The layer sits above the channel, inside the handler's task, so it finds the current [`Hop`]
 //! itself: handlers never pass deadlines around. It
 //! - plans the slice with the dependency's [`ForwardPolicy`] and fails fast with DEADLINE_EXCEEDED,
-//!   without calling, when the slice is below the dependency's minimum (marked with
-//!   [`FAILED_FAST_HEADER`](crate::FAILED_FAST_HEADER) so that nobody retries it);
+//!   without calling, when the slice is below the dependency's minimum, or below what it has
+//!   been taking ([`LatencyEstimate`], when given one); marked with
+//!   [`FAILED_FAST_HEADER`](crate::FAILED_FAST_HEADER) so that nobody retries it;
 //! - sends the slice as `grpc-timeout` (or a shorter one the caller set on the request, which is
 //!   kept) and stops waiting when it runs out, answering DEADLINE_EXCEEDED (tonic's channel starts
 //!   its own timer from the same header and would answer CANCELLED; that error is relabelled
@@ -35,27 +36,38 @@ mod layer;
 pub use future::ResponseFuture;
 pub use layer::ForwardDeadlineLayer;
 
-use std::task::{Context, Poll};
+use std::{
+    sync::Arc,
+    task::{Context, Poll},
+};
 
 use http::{HeaderValue, Request, Response};
 use tokio::time::Instant;
 use tonic::{Status, metadata::MetadataValue};
 use tower::{BoxError, Service};
 
-use crate::{FAILED_FAST_HEADER, Forward, ForwardPolicy, Hop, PREVIOUS_ATTEMPTS_HEADER, Slice, grpc_timeout, hop::Outcome};
+use crate::{
+    FAILED_FAST_HEADER, Forward, ForwardPolicy, Hop, LatencyEstimate, PREVIOUS_ATTEMPTS_HEADER, Slice, SlowerThanSlice, grpc_timeout, hop::Outcome,
+    millis,
+};
 
 /// Forwards the deadline to `dependency`; see the module docs.
 #[derive(Debug, Clone)]
 pub struct ForwardDeadline<S> {
-    inner: S,
-    dependency: &'static str,
-    policy: ForwardPolicy,
+    pub(super) inner: S,
+    pub(super) dependency: &'static str,
+    pub(super) policy: ForwardPolicy,
+    pub(super) estimate: Option<Arc<LatencyEstimate>>,
 }
 
-impl<S> ForwardDeadline<S> {
-    pub fn new(inner: S, dependency: &'static str, policy: ForwardPolicy) -> Self {
-        Self { inner, dependency, policy }
-    }
+/// A DEADLINE_EXCEEDED answered by `hop` without calling `dependency`, which nobody retries.
+fn failed_fast<B: Default>(hop: &Hop, dependency: &'static str, reason: String) -> http::Response<B> {
+    hop.stats().count(hop.name(), Outcome::FailedFast);
+    tracing::debug!(%reason, "failing fast");
+    let mut status = Status::deadline_exceeded(reason);
+    status.metadata_mut().insert(FAILED_FAST_HEADER, MetadataValue::from_static(hop.name()));
+    status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static(dependency));
+    status.into_http()
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for ForwardDeadline<S>
@@ -90,19 +102,24 @@ where
         let remaining = hop.deadline().remaining_at(now);
         let forward = match self.policy.plan_for(hop.name(), self.dependency, remaining) {
             Ok(forward) => forward,
-            Err(too_little) => {
-                hop.stats().count(hop.name(), Outcome::FailedFast);
-                tracing::debug!(%too_little, "failing fast");
-                let mut status = Status::deadline_exceeded(too_little.to_string());
-                status.metadata_mut().insert(FAILED_FAST_HEADER, MetadataValue::from_static(hop.name()));
-                status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static(self.dependency));
-                return ResponseFuture::answered_here(status.into_http());
-            }
+            Err(too_little) => return ResponseFuture::answered_here(failed_fast(&hop, self.dependency, too_little.to_string())),
         };
         let headers = request.headers_mut();
         // A timeout the caller set on the request (`Request::set_timeout`) is kept when shorter.
         let set_by_caller = headers.get(grpc_timeout::HEADER).and_then(|value| grpc_timeout::parse(value.to_str().ok()?).ok());
         let forwarded = set_by_caller.map_or(forward.forwarded, |timeout| timeout.min(forward.forwarded));
+        if let Some(estimate) = &self.estimate
+            && let Err(needed) = estimate.admit(now, forwarded)
+        {
+            let slower = SlowerThanSlice {
+                hop: hop.name().to_owned(),
+                dependency: self.dependency.to_owned(),
+                estimate: millis(needed),
+                percentile: estimate.settings().quantile * 100.0,
+                available: millis(forwarded),
+            };
+            return ResponseFuture::answered_here(failed_fast(&hop, self.dependency, slower.to_string()));
+        }
         hop.record_forward(now, Forward { forwarded, ..forward });
         let slice = Slice::new(forwarded, forwarded < remaining.saturating_sub(forward.reserved));
         let timeout = HeaderValue::try_from(grpc_timeout::format(forwarded)).expect("grpc-timeout values are ASCII");
@@ -110,6 +127,6 @@ where
         if hop.previous_attempts() > 0 && !headers.contains_key(PREVIOUS_ATTEMPTS_HEADER) {
             headers.insert(PREVIOUS_ATTEMPTS_HEADER, HeaderValue::from(hop.previous_attempts()));
         }
-        ResponseFuture::forwarded(self.inner.call(request), hop, self.dependency, slice, now + forwarded)
+        ResponseFuture::forwarded(self.inner.call(request), hop, self.dependency, slice, (now, now + forwarded), self.estimate.clone())
     }
 }

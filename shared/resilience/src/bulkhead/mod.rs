@@ -1,21 +1,26 @@
-//! A bulkhead per recipient: at most `max_concurrent` calls in flight to one dependency.
+//! A bulkhead per recipient: at most `limit` calls in flight to one dependency.
 //!
 //! Why reject instead of queueing? A call that waits behind slow ones holds its caller's time and
 //! memory while its deadline runs out; under a slow dependency the queue grows until everything
 //! behind it is slow too. Rejecting the call above the limit at once keeps the capacity of the
 //! rest of the service (other dependencies, reads) untouched and tells the caller immediately.
-//! tower's `ConcurrencyLimit` waits instead, so a semaphore's `try_acquire` is used here.
+//! tower's `ConcurrencyLimit` waits instead, so the count is kept here.
+//!
+//! The limit is fixed (`max_concurrent`) or, in the [`adaptive`] mode, follows the dependency's
+//! latency against its no-load latency between a floor and that fixed limit.
 
+pub mod adaptive;
 mod layer;
 
+pub use adaptive::{AdaptiveSettings, Sample};
 pub use layer::BulkheadLayer;
 
 use std::{
     future::Future,
     pin::Pin,
     sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+        atomic::{AtomicU32, AtomicU64, Ordering},
     },
     task::{Context, Poll},
 };
@@ -26,9 +31,11 @@ use telemetry::{
     attr,
     metrics::{self, Counter, KeyValue},
 };
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::{Status, metadata::MetadataValue};
+use tokio::time::Instant;
+use tonic::{Code, Status, metadata::MetadataValue};
 use tower::{BoxError, Service};
+
+use adaptive::Vegas;
 
 /// Metadata marking an answer given by a full bulkhead; its value names the dependency.
 pub use wire::BULKHEAD_FULL as BULKHEAD_FULL_HEADER;
@@ -50,12 +57,14 @@ impl From<BulkheadFull> for Status {
     }
 }
 
-/// The permits of one dependency, shared by every clone of its service.
+/// The calls in flight to one dependency and their limit, shared by every clone of its service.
 #[derive(Debug)]
 pub struct Bulkhead {
     dependency: &'static str,
-    limit: u32,
-    permits: Arc<Semaphore>,
+    in_flight: AtomicU32,
+    limit: AtomicU32,
+    /// The adaptive mode's state; `None` keeps the limit fixed.
+    adaptive: Option<Mutex<Vegas>>,
     rejected: AtomicU64,
     rejections: Counter<u64>,
     /// The calling hop and the dependency, labelling the rejections.
@@ -65,18 +74,25 @@ pub struct Bulkhead {
 /// A copy of a bulkhead's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct BulkheadStats {
+    /// The limit in force (the adaptive limit's latest value).
     pub limit: u32,
     pub in_flight: u32,
     pub rejected: u64,
+    /// Whether the limit adapts, and to what no-load latency (µs) it compares the answers.
+    pub adaptive: bool,
+    pub rtt_noload_us: Option<u64>,
 }
 
 impl Bulkhead {
-    /// The bulkhead of `hop`'s calls to `dependency`.
-    pub fn new(hop: &'static str, dependency: &'static str, limit: u32) -> Arc<Self> {
+    /// The bulkhead of `hop`'s calls to `dependency`, `limit` calls at most: fixed, or adapting
+    /// below it when `adaptive` is enabled.
+    pub fn new(hop: &'static str, dependency: &'static str, limit: u32, adaptive: AdaptiveSettings) -> Arc<Self> {
+        let limit = limit.max(1);
         Arc::new(Self {
             dependency,
-            limit,
-            permits: Arc::new(Semaphore::new(limit as usize)),
+            in_flight: AtomicU32::new(0),
+            limit: AtomicU32::new(limit),
+            adaptive: adaptive.enabled.then(|| Mutex::new(Vegas::new(adaptive, limit))),
             rejected: AtomicU64::new(0),
             rejections: metrics::counter(metrics::name::BULKHEAD_REJECTIONS, "Calls a full bulkhead refused"),
             labels: [KeyValue::new(attr::HOP, hop), KeyValue::new(attr::PEER, dependency)],
@@ -85,10 +101,44 @@ impl Bulkhead {
 
     pub fn stats(&self) -> BulkheadStats {
         BulkheadStats {
-            limit: self.limit,
-            in_flight: self.limit - self.permits.available_permits() as u32,
+            limit: self.limit.load(Ordering::Relaxed),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
             rejected: self.rejected.load(Ordering::Relaxed),
+            adaptive: self.adaptive.is_some(),
+            rtt_noload_us: self.adaptive.as_ref().and_then(|adaptive| {
+                let noload = adaptive.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).rtt_noload()?;
+                u64::try_from(noload.as_micros()).ok()
+            }),
         }
+    }
+
+    /// A place for one call, if one is free: the count of calls in flight, after this one.
+    fn try_admit(&self) -> Option<u32> {
+        let limit = self.limit.load(Ordering::Relaxed);
+        self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1)).ok().map(|n| n + 1)
+    }
+
+    /// Teaches the adaptive limit one answer.
+    fn learn(&self, sample: Sample) {
+        if let Some(adaptive) = &self.adaptive {
+            // The state holds numbers only; a panic elsewhere cannot leave it inconsistent.
+            let limit = adaptive.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).on_sample(Instant::now(), sample);
+            self.limit.store(limit, Ordering::Relaxed);
+        }
+    }
+}
+
+/// One call's place in the bulkhead, given back when the call ends.
+#[derive(Debug)]
+pub struct Place {
+    bulkhead: Arc<Bulkhead>,
+    admitted_at: Instant,
+    in_flight: u32,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.bulkhead.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -106,11 +156,11 @@ impl<S> BulkheadService<S> {
 }
 
 pin_project! {
-    /// Response future of [`BulkheadService`]: holds the permit until the call ends.
+    /// Response future of [`BulkheadService`]: holds the call's place until it ends.
     #[project = Projection]
     pub enum ResponseFuture<F, B> {
         Rejected { response: Option<Response<B>> },
-        Admitted { #[pin] inner: F, permit: OwnedSemaphorePermit },
+        Admitted { #[pin] inner: F, place: Place },
     }
 }
 
@@ -129,17 +179,31 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        match self.bulkhead.permits.clone().try_acquire_owned() {
-            Ok(permit) => ResponseFuture::Admitted { inner: self.inner.call(request), permit },
-            Err(_) => {
+        match self.bulkhead.try_admit() {
+            Some(in_flight) => {
+                let place = Place { bulkhead: self.bulkhead.clone(), admitted_at: Instant::now(), in_flight };
+                ResponseFuture::Admitted { inner: self.inner.call(request), place }
+            }
+            None => {
                 self.bulkhead.rejected.fetch_add(1, Ordering::Relaxed);
                 self.bulkhead.rejections.add(1, &self.bulkhead.labels);
-                let full = BulkheadFull { dependency: self.bulkhead.dependency, limit: self.bulkhead.limit };
+                let full = BulkheadFull { dependency: self.bulkhead.dependency, limit: self.bulkhead.limit.load(Ordering::Relaxed) };
                 tracing::debug!(peer = full.dependency, bulkhead.limit = i64::from(full.limit), "bulkhead rejected a call");
                 ResponseFuture::Rejected { response: Some(Status::from(full).into_http()) }
             }
         }
     }
+}
+
+/// What an answer tells the adaptive limit, if anything: nothing when the call was never made
+/// (a guard below answered it), a drop when it ran out of time or was refused for load.
+fn sample_of<B>(response: &Response<B>, place: &Place) -> Option<Sample> {
+    if response.headers().contains_key(wire::NOT_EXECUTED) {
+        return None;
+    }
+    let code = response.headers().get("grpc-status").and_then(|code| code.to_str().ok()?.parse::<i32>().ok()).map(Code::from_i32);
+    let dropped = matches!(code, Some(Code::DeadlineExceeded | Code::ResourceExhausted));
+    Some(Sample { rtt: place.admitted_at.elapsed(), in_flight: place.in_flight, dropped })
 }
 
 impl<F, B, E> Future for ResponseFuture<F, B>
@@ -152,7 +216,15 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
             Projection::Rejected { response } => Poll::Ready(Ok(response.take().expect("polled after completion"))),
-            Projection::Admitted { inner, .. } => inner.poll(cx).map_err(Into::into),
+            Projection::Admitted { inner, place } => {
+                let answer = std::task::ready!(inner.poll(cx)).map_err(Into::into);
+                if let Ok(response) = &answer
+                    && let Some(sample) = sample_of(response, place)
+                {
+                    place.bulkhead.learn(sample);
+                }
+                Poll::Ready(answer)
+            }
         }
     }
 }
@@ -172,7 +244,7 @@ mod tests {
                 Ok::<_, BoxError>(Response::new("done".to_owned()))
             }
         });
-        let bulkhead = Bulkhead::new("payment", "bank-mock", 2);
+        let bulkhead = Bulkhead::new("payment", "bank-mock", 2, AdaptiveSettings::default());
         let service = BulkheadService::new(slow, bulkhead.clone());
         // Two calls that take both permits and wait: polled once, so that they are in flight.
         let mut first = Box::pin(service.clone().oneshot(Request::new(String::new())));
@@ -186,7 +258,7 @@ mod tests {
         let rejected = futures::FutureExt::now_or_never(service.clone().oneshot(Request::new(String::new()))).expect("rejected at once").unwrap();
         assert_eq!(rejected.headers()["grpc-status"], "14");
         assert_eq!(rejected.headers()[BULKHEAD_FULL_HEADER], "bank-mock");
-        assert_eq!(bulkhead.stats(), BulkheadStats { limit: 2, in_flight: 2, rejected: 1 });
+        assert_eq!(bulkhead.stats(), BulkheadStats { limit: 2, in_flight: 2, rejected: 1, adaptive: false, rtt_noload_us: None });
 
         release.send(true).unwrap();
         let (first, second) =
@@ -194,5 +266,57 @@ mod tests {
         first.unwrap();
         second.unwrap();
         assert_eq!(bulkhead.stats().in_flight, 0, "permits return when calls end");
+    }
+
+    /// Sends waves of `limit`-many concurrent calls to a dependency answering after `latency`;
+    /// returns the limit after `waves` waves.
+    async fn waves(
+        service: &BulkheadService<impl Service<Request<String>, Response = Response<String>, Error = BoxError> + Clone>,
+        bulkhead: &Bulkhead,
+        waves: usize,
+    ) -> u32 {
+        for _ in 0..waves {
+            let calls = (0..bulkhead.stats().limit).map(|_| service.clone().oneshot(Request::new(String::new())));
+            for answer in futures::future::join_all(calls).await {
+                answer.unwrap();
+            }
+        }
+        bulkhead.stats().limit
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_adaptive_limit_shrinks_under_a_slow_dependency_and_recovers_with_it() {
+        let latency_ms = Arc::new(AtomicU64::new(20));
+        let dependency = {
+            let latency_ms = latency_ms.clone();
+            service_fn(move |_: Request<String>| {
+                let latency = std::time::Duration::from_millis(latency_ms.load(Ordering::Relaxed));
+                async move {
+                    tokio::time::sleep(latency).await;
+                    Ok::<_, BoxError>(Response::new("done".to_owned()))
+                }
+            })
+        };
+        let adaptive = AdaptiveSettings { enabled: true, min_limit: 2, remeasure_ms: 60_000 };
+        let bulkhead = Bulkhead::new("payment", "bank-mock", 20, adaptive);
+        let service = BulkheadService::new(dependency, bulkhead.clone());
+
+        assert_eq!(waves(&service, &bulkhead, 5).await, 20, "at its usual latency the dependency keeps the whole limit");
+        latency_ms.store(600, Ordering::Relaxed);
+        let shrunk = waves(&service, &bulkhead, 10).await;
+        assert!(shrunk <= 6, "the limit shrank to {shrunk}");
+
+        // Calls beyond the shrunk limit are refused at once, as by the fixed one.
+        let mut held: Vec<_> = (0..shrunk).map(|_| Box::pin(service.clone().oneshot(Request::new(String::new())))).collect();
+        for call in &mut held {
+            assert!(futures::FutureExt::now_or_never(call.as_mut()).is_none());
+        }
+        let refused = futures::FutureExt::now_or_never(service.clone().oneshot(Request::new(String::new()))).expect("at once").unwrap();
+        assert_eq!(refused.headers()[BULKHEAD_FULL_HEADER], "bank-mock");
+        futures::future::join_all(held).await;
+
+        latency_ms.store(20, Ordering::Relaxed);
+        assert_eq!(waves(&service, &bulkhead, 10).await, 20, "recovered with the dependency");
+        assert!(bulkhead.stats().rtt_noload_us.is_some());
     }
 }

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod adaptive;
+pub mod admission;
 pub mod amplification;
 pub mod bare;
 pub mod chains;
@@ -101,6 +102,7 @@ pub struct Report {
     pub tracing: Coverage<tracing_cost::TracingCost>,
     pub statements: statements::Statements,
     pub adaptive_guards: adaptive::AdaptiveGuards,
+    pub edge_overload: admission::EdgeOverload,
 }
 
 /// The repository this crate was built from: where BENCHMARKS.md belongs.
@@ -134,6 +136,8 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     let fail_fast = fail_fast::measure(profile).await?;
     eprintln!("9. Guards that learn");
     let adaptive_guards = adaptive::measure(profile).await?;
+    eprintln!("10. The edge under overload");
+    let edge_overload = admission::measure(profile).await?;
     eprintln!("6. Idempotency");
     let idempotency = idempotency::measure(profile, postgres.as_ref()).await?;
     eprintln!("8. Queries and statements per create");
@@ -156,6 +160,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
         tracing,
         statements,
         adaptive_guards,
+        edge_overload,
     })
 }
 

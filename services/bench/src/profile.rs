@@ -18,6 +18,7 @@ pub struct Profile {
     pub amplification: AmplificationProfile,
     pub fail_fast: FailFastProfile,
     pub ramp: RampProfile,
+    pub overload: OverloadProfile,
     pub memory: MemoryProfile,
     pub idempotency: IdempotencyProfile,
     pub tracing: TracingProfile,
@@ -117,6 +118,19 @@ pub struct RampProfile {
     pub deadline: Duration,
 }
 
+/// 10. The edge under overload.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OverloadProfile {
+    pub bank_latency_ms: f64,
+    /// The closed-loop probe of the chain's capacity.
+    pub probe_clients: usize,
+    pub probe_time: Duration,
+    /// Offered load, as a multiple of that capacity.
+    pub overload: f64,
+    pub duration: Duration,
+    pub deadline: Duration,
+}
+
 /// 5. Memory with a hanging bank.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MemoryProfile {
@@ -173,7 +187,15 @@ impl Profile {
                 settle: ms(2_000),
             },
             fail_fast: FailFastProfile { requests: 200, per_second: 100.0, slow_bank: ms(1_000) },
-            ramp: RampProfile { from_ms: 20.0, to_ms: 600.0, per_second: 60.0, duration: ms(20_000), deadline: ms(500) },
+            ramp: RampProfile { from_ms: 20.0, to_ms: 600.0, per_second: 120.0, duration: ms(20_000), deadline: ms(500) },
+            overload: OverloadProfile {
+                bank_latency_ms: 20.0,
+                probe_clients: 64,
+                probe_time: ms(3_000),
+                overload: 2.0,
+                duration: ms(10_000),
+                deadline: ms(500),
+            },
             memory: MemoryProfile { clients: 1_000, per_second: 2_000.0, deadline: ms(2_000) },
             idempotency: IdempotencyProfile {
                 requests: 500,
@@ -216,6 +238,14 @@ impl Profile {
             },
             fail_fast: FailFastProfile { requests: 40, per_second: 200.0, slow_bank: ms(300) },
             ramp: RampProfile { from_ms: 5.0, to_ms: 150.0, per_second: 50.0, duration: ms(600), deadline: ms(150) },
+            overload: OverloadProfile {
+                bank_latency_ms: 5.0,
+                probe_clients: 4,
+                probe_time: ms(300),
+                overload: 2.0,
+                duration: ms(400),
+                deadline: ms(300),
+            },
             memory: MemoryProfile { clients: 50, per_second: 500.0, deadline: ms(200) },
             idempotency: IdempotencyProfile {
                 requests: 10,

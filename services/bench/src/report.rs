@@ -78,6 +78,7 @@ impl Display for Report {
         self.tracing(&mut text)?;
         self.statements(&mut text)?;
         self.adaptive_guards(&mut text)?;
+        self.edge_overload(&mut text)?;
         f.write_str(&text)
     }
 }
@@ -510,6 +511,42 @@ impl Report {
         };
         table(out, "**Fail fast**: fixed minimums against the observed latency as well.", &self.adaptive_guards.fail_fast)?;
         table(out, "**Concurrency toward the bank**: no limit, the fixed bulkhead, the adaptive limit.", &self.adaptive_guards.concurrency)
+    }
+
+    fn edge_overload(&self, out: &mut String) -> fmt::Result {
+        let (p, o) = (&self.profile.overload, &self.edge_overload);
+        writeln!(out, "\n## 10. The edge under overload: {}× what the chain serves\n", p.overload)?;
+        writeln!(
+            out,
+            "Over gRPC, a bank answering in {} (spread a tenth of it). The chain's capacity, {} successes \
+             a second, was measured first with {} closed-loop clients for {}; each intake then got {} \
+             for {}, open loop, on a fresh chain, each create allowing {}. Admitted: not refused or shed \
+             by the gateway. In time: admitted and answered with success within the deadline.\n",
+            ms(p.bank_latency_ms),
+            rate(o.capacity_per_second),
+            p.probe_clients,
+            seconds(p.probe_time),
+            rate(o.offered_per_second),
+            seconds(p.duration),
+            ms(p.deadline.as_secs_f64() * 1e3)
+        )?;
+        writeln!(out, "| Intake | Setup | Goodput | Admitted | In time | p50 | p99 | max | Refused or shed | Outcomes |")?;
+        writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---|")?;
+        for r in &o.runs {
+            writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.intake,
+                r.setup,
+                rate(r.successes_per_second),
+                r.admitted,
+                percent(r.admitted_in_time),
+                cells(r.admitted_latency_ms),
+                r.refused,
+                outcomes(&r.measurement)
+            )?;
+        }
+        Ok(())
     }
 
     fn statements(&self, out: &mut String) -> fmt::Result {

@@ -24,6 +24,7 @@ use proto::{
 use resilience::{
     breaker::Breaker,
     load_shed::{Intake, LoadShedLayer},
+    queue::{Queue, QueueLayer},
     retry::RetryPolicy,
 };
 use rpc::{GrpcServer, ServerError, ops::OpsServer};
@@ -75,20 +76,21 @@ impl Application {
             popular: Arc::new(settings.popular_skus.clone()),
         };
         let api = api::Api::new(orders.client, settings.clients, &retry, sources, settings.order_cache_capacity);
-        let grpc = GrpcServer::bind(
-            HOP,
-            rpc::Role::Edge,
-            settings.grpc_listen,
-            settings.deadline,
-            GatewayServer::new(grpc::GatewayService::new(api.clone())),
-        )
-        .await?
-        .layer(rate_limit::RateLimitLayer::new(limits.clone()))
-        .connection_limits(settings.connections);
+        // One queue for both faces: their requests share the gateway's workers.
+        let queue = settings.queue.enabled.then(|| Queue::new(HOP, settings.queue));
+        let mut services = rpc::Services::new(GatewayServer::new(grpc::GatewayService::new(api.clone())));
+        if let Some(queue) = &queue {
+            services = services.queued(queue.clone());
+        }
+        let grpc = GrpcServer::bind_all(HOP, rpc::Role::Edge, settings.grpc_listen, settings.deadline, services)
+            .await?
+            .layer(rate_limit::RateLimitLayer::new(limits.clone()))
+            .connection_limits(settings.connections);
         let http_stats = HopStats::new();
         let creates =
             Intake::with_caller_share("gateway (order creation)", settings.max_in_flight_creates, settings.max_in_flight_creates_per_client);
         let http_router = rest::router(api, creates)
+            .layer(tower::util::option_layer(queue.map(QueueLayer::new)))
             .layer(DeadlineLayer::new(HOP, rest::HttpDeadline { policy: settings.deadline }, http_stats.clone()).at_edge())
             .layer(LoadShedLayer::new(Intake::new(HOP, settings.deadline.max_in_flight)))
             .layer(telemetry::trace::ServerTraceLayer::new(HOP))

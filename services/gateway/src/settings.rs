@@ -1,7 +1,7 @@
 use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
-use resilience::{breaker::BreakerSettings, rate_limit::QuotaSettings, retry::RetrySettings};
+use resilience::{breaker::BreakerSettings, queue::QueueSettings, rate_limit::QuotaSettings, retry::RetrySettings};
 use rpc::{Dependency, connections::ConnectionLimits, ops::OpsSettings, tls::TlsSettings};
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +20,8 @@ pub struct Settings {
     /// The operation deadline: the default budget and the longest a client may ask for
     /// (`X-Request-Timeout-Ms` or `grpc-timeout`).
     pub deadline: InboundPolicy,
+    /// The queue in front of both faces' handlers: admission by queueing time (off: by count).
+    pub queue: QueueSettings,
     /// Orders: what is left of the deadline minus a small reserve for the gateway's own reply.
     pub orders: Dependency,
     /// Payment, read for order summaries (at most 300 ms of the deadline).
@@ -107,6 +109,7 @@ impl Default for Settings {
             bank: summary_source("http://127.0.0.1:50054", "bank-mock", 300),
             recommendations: summary_source("http://127.0.0.1:50052", "orders", 200),
             popular_skus: vec!["sku-1".into(), "sku-7".into(), "sku-42".into()],
+            queue: QueueSettings::default(),
             max_in_flight_creates: 500,
             max_in_flight_creates_per_client: 250,
             order_cache_capacity: 10_000,

@@ -3,6 +3,7 @@
 pub mod breaker;
 pub mod bulkhead;
 pub mod load_shed;
+pub mod queue;
 pub mod rate_limit;
 pub mod retry;
 pub mod shares;

@@ -134,23 +134,23 @@ pin_project! {
 /// not the server's load), RESOURCE_EXHAUSTED with a pushback over gRPC.
 fn share_refusal<B: Default + From<String>>(grpc: bool, intake: &Intake, share: usize) -> Response<B> {
     let detail = format!("{}: {share} requests of this client already in progress; retry when one has finished", intake.name);
-    refused(grpc, intake, detail, StatusCode::TOO_MANY_REQUESTS, "Too many requests in progress")
+    refused(grpc, intake.name, detail, StatusCode::TOO_MANY_REQUESTS, "Too many requests in progress")
 }
 
 /// The refusal of a request beyond the intake's limit: 503 over HTTP.
 fn refusal<B: Default + From<String>>(grpc: bool, intake: &Intake) -> Response<B> {
     let detail = format!("{}: {} requests already in progress; retry shortly", intake.name, intake.limit);
-    refused(grpc, intake, detail, StatusCode::SERVICE_UNAVAILABLE, "Overloaded")
+    refused(grpc, intake.name, detail, StatusCode::SERVICE_UNAVAILABLE, "Overloaded")
 }
 
 /// A refusal as problem+json with `Retry-After: 1` over HTTP, or RESOURCE_EXHAUSTED with a
-/// random pushback over gRPC, marked as not executed by the intake's service.
-fn refused<B: Default + From<String>>(grpc: bool, intake: &Intake, detail: String, http_status: StatusCode, title: &str) -> Response<B> {
+/// random pushback over gRPC, marked as not executed by the server named `by`.
+pub(crate) fn refused<B: Default + From<String>>(grpc: bool, by: &'static str, detail: String, http_status: StatusCode, title: &str) -> Response<B> {
     if grpc {
         let mut status = Status::resource_exhausted(detail);
         // A generator seeded anew for each refusal, so that refusals do not share one sequence.
         status.metadata_mut().insert(PUSHBACK_HEADER, MetadataValue::from(pushback_ms(&mut HasherRng::default())));
-        status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static(intake.name));
+        status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static(by));
         return status.into_http();
     }
     let body = serde_json::json!({"type": "about:blank", "title": title, "status": http_status.as_u16(), "detail": detail});
@@ -159,6 +159,11 @@ fn refused<B: Default + From<String>>(grpc: bool, intake: &Intake, detail: Strin
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
     response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
     response
+}
+
+/// Whether `request` is a gRPC call, to be answered in gRPC's terms.
+pub(crate) fn is_grpc<B>(request: &Request<B>) -> bool {
+    request.headers().get(header::CONTENT_TYPE).is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for LoadShed<S>
@@ -175,7 +180,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let grpc = request.headers().get(header::CONTENT_TYPE).is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
+        let grpc = is_grpc(&request);
         // The caller's share first: a caller at its share is refused without taking a place
         // from the others.
         let place = match (&self.intake.per_caller, request.extensions().get::<Caller>()) {

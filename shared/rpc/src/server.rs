@@ -4,7 +4,10 @@ use deadline::{
     HopStats, InboundPolicy,
     server::{DeadlineLayer, Grpc},
 };
-use resilience::load_shed::{Intake, LoadShedLayer};
+use resilience::{
+    load_shed::{Intake, LoadShedLayer},
+    queue::{Queue, QueueLayer},
+};
 use telemetry::{metrics::RequestMetricsLayer, trace::ServerTraceLayer};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio_util::sync::CancellationToken;
@@ -159,11 +162,18 @@ impl<S> GrpcService for S where
 pub struct Services {
     routes: Routes,
     names: Vec<&'static str>,
+    queue: Option<Arc<Queue>>,
 }
 
 impl Services {
     pub fn new<S: GrpcService>(service: S) -> Self {
-        Self { routes: Routes::new(service), names: vec![S::NAME] }
+        Self { routes: Routes::new(service), names: vec![S::NAME], queue: None }
+    }
+
+    /// Runs the services' requests on `queue`'s workers, inside the deadline (a request's wait
+    /// is spent from its budget, and one whose deadline passes while waiting leaves the queue).
+    pub fn queued(self, queue: Arc<Queue>) -> Self {
+        Self { queue: Some(queue), ..self }
     }
 
     /// Serves `service` too, on the same port.
@@ -212,6 +222,7 @@ impl GrpcServer {
             .prepare()
             .into_axum_router()
             .layer(axum::middleware::map_response(crate::decode::undecodable_is_invalid_argument))
+            .layer(tower::util::option_layer(services.queue.map(QueueLayer::new)))
             .layer(match &role {
                 Role::Edge => DeadlineLayer::new(hop, Grpc::new(inbound), stats.clone()).at_edge(),
                 Role::Inner { .. } => DeadlineLayer::new(hop, Grpc::new(inbound), stats.clone()),

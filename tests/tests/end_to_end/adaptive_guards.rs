@@ -94,3 +94,36 @@ async fn the_adaptive_limit_shrinks_under_a_slow_bank_and_recovers() {
     let recovered = limit();
     assert!(recovered >= 8, "and grew back when the bank recovered: {recovered}");
 }
+
+#[tokio::test]
+async fn under_overload_the_edge_queue_sheds_by_waiting_time_and_what_it_admits_meets_its_deadline() {
+    let test = TestChain::start_with(|s| {
+        s.gateway.queue = resilience::queue::QueueSettings { enabled: true, workers: 4, ..Default::default() };
+        s.gateway.retry.max_attempts = 1;
+    })
+    .await;
+    test.set_faults(fast_bank(|f| f.latency_ms = Latency { mean: 100.0, stddev: 0.0 }));
+
+    // Four workers and a 100 ms bank serve about 40 creates a second; 80 arrive within 400 ms.
+    let creates = (0..80).map(|n| {
+        let test = &test;
+        async move {
+            tokio::time::sleep(Duration::from_millis(5 * n)).await;
+            let sent = std::time::Instant::now();
+            let response = test.post_order(&format!("overload-{n}"), &order_body()).header("x-request-timeout-ms", "1000").send().await.unwrap();
+            let status = response.status().as_u16();
+            let detail = if status == 503 { response.json::<serde_json::Value>().await.unwrap()["detail"].to_string() } else { String::new() };
+            (status, sent.elapsed(), detail)
+        }
+    });
+    let answers = futures::future::join_all(creates).await;
+    let created = answers.iter().filter(|(status, ..)| *status == 201).count();
+    let shed: Vec<_> = answers.iter().filter(|(status, ..)| *status == 503).collect();
+    assert!(created >= 4, "the queue serves what its workers can: {answers:?}");
+    assert!(!shed.is_empty(), "a standing queue sheds: {answers:?}");
+    for (_, _, detail) in &shed {
+        assert!(detail.contains("standing queue") || detail.contains("already waiting"), "{detail}");
+    }
+    assert_eq!(created + shed.len(), 80, "nothing ran out of its deadline: {answers:?}");
+    assert_eq!(test.chain.bank().stats().calls as usize, created, "a shed create was never executed");
+}

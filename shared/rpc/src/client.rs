@@ -123,7 +123,6 @@ pub struct Connection {
     pub client: Client,
     pub breaker: Arc<Breaker>,
     pub bulkhead: Arc<Bulkhead>,
-    pub estimate: Arc<LatencyEstimate>,
 }
 
 /// Builds `hop`'s client for `dependency`, named `name` in ledgers, errors and metrics, with the
@@ -152,7 +151,6 @@ pub fn connect(
     });
     let breaker = Breaker::new(hop, name, dependency.breaker);
     let bulkhead = Bulkhead::new(hop, name, dependency.max_concurrent, dependency.adaptive_limit);
-    let estimate = Arc::new(LatencyEstimate::new(dependency.latency_estimate));
     let traced = trace.layer(timed.layer(channel));
     let client = match outbound {
         // The bulkhead and the self-limit answer before the breaker, so that their refusals never
@@ -164,10 +162,12 @@ pub fn connect(
                 .layer(BulkheadLayer::new(bulkhead.clone()))
                 .layer(SelfLimitLayer::new(hop, name, dependency.quota))
                 .layer(BreakerLayer::new(breaker.clone()))
-                .layer(ForwardDeadlineLayer::new(name, dependency.deadline).with_estimate(estimate.clone()))
+                .layer(
+                    ForwardDeadlineLayer::new(name, dependency.deadline).with_estimate(Arc::new(LatencyEstimate::new(dependency.latency_estimate))),
+                )
                 .service(traced),
         ),
         Outbound::Layers(layers) => layers.layer(traced),
     };
-    Ok(Connection { client, breaker, bulkhead, estimate })
+    Ok(Connection { client, breaker, bulkhead })
 }

@@ -42,7 +42,7 @@ impl Default for AdaptiveSettings {
 
 /// What one call told the limit.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Sample {
+pub(super) struct Sample {
     /// From the call's admission to its answer.
     pub rtt: Duration,
     /// Calls in flight when it was admitted, itself included.
@@ -69,10 +69,6 @@ impl Vegas {
 
     pub(super) fn limit(&self) -> u32 {
         self.limit as u32
-    }
-
-    pub(super) fn rtt_noload(&self) -> Option<Duration> {
-        self.rtt_noload
     }
 
     /// Takes in one answer, given at `now`, and returns the new limit.
@@ -167,14 +163,14 @@ mod tests {
     async fn the_no_load_latency_is_measured_afresh_now_and_then() {
         let mut vegas = Vegas::new(AdaptiveSettings { enabled: true, min_limit: 2, remeasure_ms: 60_000 }, 10);
         answers(&mut vegas, 3, MS(20));
-        assert_eq!(vegas.rtt_noload(), Some(MS(20)));
+        assert_eq!(vegas.rtt_noload, Some(MS(20)));
         // A slow spell shrinks the limit for as long as it lasts within the minute.
         tokio::time::advance(Duration::from_secs(30)).await;
         assert!(answers(&mut vegas, 40, MS(200)) <= 6);
-        assert_eq!(vegas.rtt_noload(), Some(MS(20)));
+        assert_eq!(vegas.rtt_noload, Some(MS(20)));
         // Slower for good: a minute on, it is the new normal, with no queue.
         tokio::time::advance(Duration::from_secs(30)).await;
         assert_eq!(answers(&mut vegas, 40, MS(200)), 10);
-        assert_eq!(vegas.rtt_noload(), Some(MS(200)));
+        assert_eq!(vegas.rtt_noload, Some(MS(200)));
     }
 }

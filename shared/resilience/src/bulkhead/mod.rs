@@ -12,7 +12,7 @@
 pub mod adaptive;
 mod layer;
 
-pub use adaptive::{AdaptiveSettings, Sample};
+pub use adaptive::AdaptiveSettings;
 pub use layer::BulkheadLayer;
 
 use std::{
@@ -35,7 +35,7 @@ use tokio::time::Instant;
 use tonic::{Code, Status, metadata::MetadataValue};
 use tower::{BoxError, Service};
 
-use adaptive::Vegas;
+use adaptive::{Sample, Vegas};
 
 /// Metadata marking an answer given by a full bulkhead; its value names the dependency.
 pub use wire::BULKHEAD_FULL as BULKHEAD_FULL_HEADER;
@@ -78,9 +78,6 @@ pub struct BulkheadStats {
     pub limit: u32,
     pub in_flight: u32,
     pub rejected: u64,
-    /// Whether the limit adapts, and to what no-load latency (µs) it compares the answers.
-    pub adaptive: bool,
-    pub rtt_noload_us: Option<u64>,
 }
 
 impl Bulkhead {
@@ -104,11 +101,6 @@ impl Bulkhead {
             limit: self.limit.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
             rejected: self.rejected.load(Ordering::Relaxed),
-            adaptive: self.adaptive.is_some(),
-            rtt_noload_us: self.adaptive.as_ref().and_then(|adaptive| {
-                let noload = adaptive.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).rtt_noload()?;
-                u64::try_from(noload.as_micros()).ok()
-            }),
         }
     }
 
@@ -118,9 +110,11 @@ impl Bulkhead {
         self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1)).ok().map(|n| n + 1)
     }
 
-    /// Teaches the adaptive limit one answer.
-    fn learn(&self, sample: Sample) {
-        if let Some(adaptive) = &self.adaptive {
+    /// Teaches the adaptive limit, if there is one, what `response` tells of the dependency.
+    fn learn<B>(&self, response: &Response<B>, place: &Place) {
+        if let Some(adaptive) = &self.adaptive
+            && let Some(sample) = sample_of(response, place)
+        {
             // The state holds numbers only; a panic elsewhere cannot leave it inconsistent.
             let limit = adaptive.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).on_sample(Instant::now(), sample);
             self.limit.store(limit, Ordering::Relaxed);
@@ -218,10 +212,8 @@ where
             Projection::Rejected { response } => Poll::Ready(Ok(response.take().expect("polled after completion"))),
             Projection::Admitted { inner, place } => {
                 let answer = std::task::ready!(inner.poll(cx)).map_err(Into::into);
-                if let Ok(response) = &answer
-                    && let Some(sample) = sample_of(response, place)
-                {
-                    place.bulkhead.learn(sample);
+                if let Ok(response) = &answer {
+                    place.bulkhead.learn(response, place);
                 }
                 Poll::Ready(answer)
             }
@@ -258,7 +250,7 @@ mod tests {
         let rejected = futures::FutureExt::now_or_never(service.clone().oneshot(Request::new(String::new()))).expect("rejected at once").unwrap();
         assert_eq!(rejected.headers()["grpc-status"], "14");
         assert_eq!(rejected.headers()[BULKHEAD_FULL_HEADER], "bank-mock");
-        assert_eq!(bulkhead.stats(), BulkheadStats { limit: 2, in_flight: 2, rejected: 1, adaptive: false, rtt_noload_us: None });
+        assert_eq!(bulkhead.stats(), BulkheadStats { limit: 2, in_flight: 2, rejected: 1 });
 
         release.send(true).unwrap();
         let (first, second) =
@@ -317,6 +309,5 @@ mod tests {
 
         latency_ms.store(20, Ordering::Relaxed);
         assert_eq!(waves(&service, &bulkhead, 10).await, 20, "recovered with the dependency");
-        assert!(bulkhead.stats().rtt_noload_us.is_some());
     }
 }

@@ -16,7 +16,7 @@ use std::{net::SocketAddr, sync::Arc};
 
 use deadline::HopStats;
 use proto::bank::v1::bank_server::BankServer;
-use rpc::{GrpcServer, ServerError, ops::OpsServer};
+use rpc::{GrpcServer, ServerError, guards::Guards, ops::OpsServer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -45,7 +45,7 @@ impl Application {
         let grpc = GrpcServer::bind(HOP, rpc::Role::Inner { tls, callers: callers::policy() }, settings.listen, settings.deadline, service)
             .await?
             .connection_limits(settings.connections);
-        let ops = OpsServer::bind(&settings.ops).await?;
+        let ops = OpsServer::bind(&settings.ops, Guards::new(HOP).face("grpc", grpc.stats())).await?;
         let admin = rpc::bind(settings.admin_listen).await?;
         let admin_token = settings.admin_token.unwrap_or_else(random_token).into();
         Ok(Self { grpc, ops, admin, admin_token, state, connections: settings.connections })

@@ -27,7 +27,7 @@ use resilience::{
     queue::{Queue, QueueLayer},
     retry::RetryPolicy,
 };
-use rpc::{GrpcServer, ServerError, ops::OpsServer};
+use rpc::{GrpcServer, ServerError, guards::Guards, ops::OpsServer};
 use telemetry::metrics::RequestMetricsLayer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -59,20 +59,24 @@ impl Application {
     /// channels to orders, payment and the bank (see [`rpc::Outbound`]).
     pub async fn build_with(settings: Settings, outbound: rpc::Outbound) -> Result<Self, ServerError> {
         let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?.watched();
-        let orders =
-            rpc::connect(HOP, "orders", &settings.orders, &tls, &outbound).map_err(|error| ServerError::Settings(format!("orders: {error}")))?;
-        let orders_breaker = orders.breaker.clone();
+        let connect = |name: &'static str, dependency: &rpc::Dependency| {
+            rpc::connect(HOP, name, dependency, &tls, &outbound).map_err(|error| ServerError::Settings(format!("{name}: {error}")))
+        };
+        let (orders, payment, bank) =
+            (connect("orders", &settings.orders)?, connect("payment", &settings.payment)?, connect("bank-mock", &settings.bank)?);
+        let recommendations = connect("recommendations", &settings.recommendations)?;
+        let orders_breaker = orders.guards.breaker.clone();
         let retry = RetryPolicy::new(&settings.retry, settings.orders.deadline).map_err(|error| ServerError::Settings(error.to_string()))?;
         let limits = rate_limit::ClientLimits::new(&settings.clients, settings.unknown_key_quota, settings.replicas);
-        let source = |name: &'static str, dependency: &rpc::Dependency| {
-            rpc::connect(HOP, name, dependency, &tls, &outbound)
-                .map(|connection| connection.client)
-                .map_err(|error| ServerError::Settings(format!("{name}: {error}")))
-        };
+        let guards = Guards::new(HOP)
+            .dependency(orders.guards.retried_under(retry.clone()))
+            .dependency(payment.guards)
+            .dependency(bank.guards)
+            .dependency(recommendations.guards);
         let sources = api::SummarySources {
-            payment: PaymentServiceClient::new(source("payment", &settings.payment)?),
-            bank: BankClient::new(source("bank-mock", &settings.bank)?),
-            recommendations: OrdersClient::new(source("recommendations", &settings.recommendations)?),
+            payment: PaymentServiceClient::new(payment.client),
+            bank: BankClient::new(bank.client),
+            recommendations: OrdersClient::new(recommendations.client),
             popular: Arc::new(settings.popular_skus.clone()),
         };
         let api = api::Api::new(orders.client, settings.clients, &retry, sources, settings.order_cache_capacity);
@@ -90,7 +94,7 @@ impl Application {
         let creates =
             Intake::with_caller_share("gateway (order creation)", settings.max_in_flight_creates, settings.max_in_flight_creates_per_client);
         let http_router = rest::router(api, creates)
-            .layer(tower::util::option_layer(queue.map(QueueLayer::new)))
+            .layer(tower::util::option_layer(queue.clone().map(QueueLayer::new)))
             .layer(DeadlineLayer::new(HOP, rest::HttpDeadline { policy: settings.deadline }, http_stats.clone()).at_edge())
             .layer(LoadShedLayer::new(Intake::new(HOP, settings.deadline.max_in_flight)))
             .layer(telemetry::trace::ServerTraceLayer::new(HOP))
@@ -99,7 +103,8 @@ impl Application {
             .layer(RequestMetricsLayer::new(HOP, []))
             .layer(axum::middleware::from_fn(rest::problems::problem_answers));
         let http = rpc::bind(settings.http_listen).await?;
-        let ops = OpsServer::bind(&settings.ops).await?;
+        let guards = guards.face("grpc", grpc.stats()).face("http", http_stats.clone()).queue(queue);
+        let ops = OpsServer::bind(&settings.ops, guards).await?;
         Ok(Self { grpc, http, http_router, ops, http_stats, retry, orders_breaker, limits, connections: settings.connections })
     }
 

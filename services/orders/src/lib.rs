@@ -34,6 +34,7 @@ use proto::{
 use resilience::breaker::Breaker;
 use rpc::{
     Client, GrpcServer, ServerError,
+    guards::Guards,
     metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
     ops::OpsServer,
 };
@@ -82,7 +83,8 @@ impl Application {
         let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?.watched();
         let payment =
             rpc::connect(HOP, "payment", &settings.payment, &tls, &outbound).map_err(|error| ServerError::Settings(format!("payment: {error}")))?;
-        let payment_breaker = payment.breaker.clone();
+        let payment_breaker = payment.guards.breaker.clone();
+        let guards = Guards::new(HOP).dependency(payment.guards);
         if settings.webhooks.secret_keys.is_empty() {
             return Err(ServerError::Settings(format!("webhooks.secret_keys: {}", outbox::SecretKeys::REQUIRED)));
         }
@@ -104,7 +106,7 @@ impl Application {
             .await?
             .connection_limits(settings.connections);
         let completer = completer::Completer::new(service, settings.completer, grpc.stats());
-        let ops = OpsServer::bind(&settings.ops).await?;
+        let ops = OpsServer::bind(&settings.ops, guards.face("grpc", grpc.stats())).await?;
         Ok(Self { grpc, ops, keys, completer, payment_breaker })
     }
 

@@ -27,6 +27,7 @@ use proto::{
 use resilience::{breaker::Breaker, bulkhead::Bulkhead};
 use rpc::{
     Client, GrpcServer, ServerError,
+    guards::Guards,
     metadata::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
     ops::OpsServer,
 };
@@ -77,7 +78,8 @@ impl Application {
         let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?.watched();
         let bank =
             rpc::connect(HOP, "bank-mock", &settings.bank, &tls, &outbound).map_err(|error| ServerError::Settings(format!("bank: {error}")))?;
-        let (breaker, bulkhead) = (bank.breaker.clone(), bank.bulkhead.clone());
+        let (breaker, bulkhead) = (bank.guards.breaker.clone(), bank.guards.bulkhead.clone());
+        let guards = Guards::new(HOP).dependency(bank.guards);
         let keys = KeyStore::new(database, settings.idempotency);
         let service =
             Payments { keys: keys.clone(), bank: BankClient::new(bank.client), default_lease: Duration::from_millis(settings.deadline.max_ms) };
@@ -90,7 +92,7 @@ impl Application {
         )
         .await?
         .connection_limits(settings.connections);
-        let ops = OpsServer::bind(&settings.ops).await?;
+        let ops = OpsServer::bind(&settings.ops, guards.face("grpc", grpc.stats())).await?;
         Ok(Self { grpc, ops, keys, breaker, bulkhead })
     }
 

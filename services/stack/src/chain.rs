@@ -210,8 +210,8 @@ pub const GATEWAY_GRPC: Listener =
 /// The gateway's operations port. In one process every operations port shows every hop's series.
 pub const GATEWAY_OPS: Listener = Listener {
     key: "gateway.ops.listen",
-    label: "metrics",
-    shown: "http://{addr}/metrics  (every hop's series)",
+    label: "gateway ops",
+    shown: "http://{addr}/guards  (/metrics: every hop's series)",
     setting: |s| &mut s.gateway.ops.listen,
     callers: &[],
 };
@@ -251,7 +251,7 @@ pub const BANK_ADMIN: Listener = Listener {
 pub const BANK_OPS: Listener =
     Listener { key: "bank.ops.listen", label: "bank-mock ops", shown: OPS_SHOWN, setting: |s| &mut s.bank.ops.listen, callers: &[] };
 /// How an operations port other than the gateway's is shown.
-const OPS_SHOWN: &str = "http://{addr}  (/metrics, /livez, /readyz)";
+const OPS_SHOWN: &str = "http://{addr}/guards  (and /metrics, /livez, /readyz)";
 /// The webhook sender's health and metrics.
 pub const WEBHOOK_SENDER_HEALTH: Listener = Listener {
     key: "webhook_sender.listen",

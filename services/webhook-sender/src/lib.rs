@@ -21,7 +21,7 @@ use std::{net::SocketAddr, num::NonZeroU32, sync::Arc, time::Duration};
 use governor::{Quota, RateLimiter};
 use idempotency::{Clock, SystemClock};
 use outbox::{Deliveries, DisableRule};
-use rpc::ops::Drain;
+use rpc::{guards::Guards, ops::Drain};
 use storage::Database;
 use tokio::net::TcpListener;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
@@ -118,7 +118,7 @@ impl<R: Resolve + Send + Sync + 'static> Application<R> {
             .add_service(reflection_v1alpha)
             .prepare()
             .into_axum_router()
-            .merge(rpc::ops::router(Drain::new(shutdown.clone(), Duration::ZERO)));
+            .merge(rpc::ops::router(Drain::new(shutdown.clone(), Duration::ZERO), Guards::new(SERVICE.name)));
         let serving = rpc::serve_http(self.listener, routes, shutdown.clone().cancelled_owned());
         let tasks = self.sender.tasks.clone();
         // Waited for with the deliveries, at shutdown.

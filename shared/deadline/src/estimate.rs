@@ -74,6 +74,8 @@ pub struct SlowerThanSlice {
 /// A copy of an estimate's state.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct EstimateSnapshot {
+    /// Whether a call given less than the estimate is refused.
+    pub fail_fast: bool,
     /// The estimate in force (after `max_ms`), if warmed up.
     pub estimate_ms: Option<f64>,
     pub quantile: f64,
@@ -151,6 +153,7 @@ impl LatencyEstimate {
     pub fn snapshot(&self, now: Instant) -> EstimateSnapshot {
         let window = self.lock(now);
         EstimateSnapshot {
+            fail_fast: self.settings.fail_fast,
             estimate_ms: window.estimate.map(|estimate| millis(estimate.min(Duration::from_millis(self.settings.max_ms)))),
             quantile: self.settings.quantile,
             samples: window.read.len(),

@@ -4,11 +4,12 @@
 //! so the client layer of any outgoing call made by that handler finds the deadline without the
 //! handler passing it along, and records what it forwarded.
 
+use std::collections::VecDeque;
 use std::sync::{
     Arc, Mutex,
     atomic::{AtomicU64, Ordering},
 };
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use telemetry::{
     attr,
@@ -16,7 +17,13 @@ use telemetry::{
 };
 use tokio::{task::futures::TaskLocalFuture, time::Instant};
 
-use crate::{Deadline, Forward, ledger::Entry};
+use crate::{
+    Deadline, Forward,
+    ledger::{self, Entry},
+};
+
+/// How many answers a hop keeps with their ledgers, for its live view.
+const RECENT_ANSWERS: usize = 20;
 
 tokio::task_local! {
     static CURRENT: Arc<Hop>;
@@ -148,6 +155,19 @@ pub struct HopStats {
     failed_fast: AtomicU64,
     outcomes: Counter<u64>,
     slack: Histogram<f64>,
+    /// The last answers' ledgers, oldest first.
+    recent: Mutex<VecDeque<(SystemTime, &'static str, String)>>,
+}
+
+/// One of the hop's last answers, with its ledger.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RecentAnswer {
+    /// When the hop answered, in milliseconds since the Unix epoch.
+    pub at_unix_ms: u64,
+    /// `in_time`, `finished_late` or `expired`.
+    pub outcome: &'static str,
+    /// This hop's slice, then every slice below it.
+    pub ledger: Vec<Entry>,
 }
 
 /// A copy of [`HopStats`] at one moment.
@@ -175,7 +195,34 @@ impl HopStats {
             failed_fast: AtomicU64::new(0),
             outcomes: metrics::counter(metrics::name::DEADLINE_OUTCOMES, "Requests that ran into their deadline"),
             slack: metrics::millisecond_histogram(metrics::name::DEADLINE_SLACK, "Budget left when the hop answered"),
+            recent: Mutex::new(VecDeque::with_capacity(RECENT_ANSWERS)),
         })
+    }
+
+    /// The last answers (20 at most), newest first.
+    pub fn recent_answers(&self) -> Vec<RecentAnswer> {
+        let recent = self.recent.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        recent
+            .iter()
+            .rev()
+            .map(|(at, outcome, ledger)| RecentAnswer {
+                at_unix_ms: at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64),
+                outcome,
+                // Written by this crate: it parses.
+                ledger: ledger::parse(ledger).unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    /// Keeps an answer's ledger among the recent ones.
+    pub(crate) fn remember(&self, outcome: &'static str, ledger: &str) {
+        let answer = (SystemTime::now(), outcome, ledger.to_owned());
+        // Plain values only: a panic elsewhere cannot leave the ring half-written.
+        let mut recent = self.recent.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if recent.len() == RECENT_ANSWERS {
+            recent.pop_front();
+        }
+        recent.push_back(answer);
     }
 
     pub fn snapshot(&self) -> HopStatsSnapshot {

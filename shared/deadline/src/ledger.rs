@@ -53,6 +53,21 @@ impl fmt::Display for Entry {
     }
 }
 
+/// In JSON, the durations as milliseconds: `{"hop": "orders", "received_ms": 1979.5, …}`.
+impl serde::Serialize for Entry {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut entry = serializer.serialize_struct("Entry", 6)?;
+        entry.serialize_field("hop", &self.hop)?;
+        entry.serialize_field("received_ms", &millis(self.received))?;
+        entry.serialize_field("spent_ms", &millis(self.spent))?;
+        entry.serialize_field("reserved_ms", &millis(self.reserved))?;
+        entry.serialize_field("forwarded_ms", &millis(self.forwarded))?;
+        entry.serialize_field("left_ms", &millis(self.left))?;
+        entry.end()
+    }
+}
+
 /// A ledger entry that could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("malformed deadline ledger entry {0:?}")]

@@ -126,6 +126,9 @@ async fn server_answers_deadline_exceeded_exactly_when_grpc_timeout_runs_out() {
     assert_eq!(entries[0].hop, "orders");
     assert_eq!(entries[0].received, ms(100));
     assert_eq!(stats.snapshot(), HopStatsSnapshot { requests: 1, expired: 1, finished_late: 0, ..Default::default() });
+    let recent = stats.recent_answers();
+    assert_eq!((recent.len(), recent[0].outcome), (1, "expired"));
+    assert_eq!(recent[0].ledger, entries, "the hop keeps the ledger it sent");
 }
 
 #[tokio::test(start_paused = true)]
@@ -149,6 +152,18 @@ async fn server_runs_the_handler_as_the_current_hop_and_returns_its_ledger() {
     assert_eq!(entries.len(), 1, "{entries:?}");
     assert_eq!((entries[0].hop.as_str(), entries[0].received), ("orders", ms(500)));
     assert_eq!(stats.snapshot(), HopStatsSnapshot { requests: 1, ..Default::default() });
+    assert_eq!(stats.recent_answers().iter().map(|answer| (answer.outcome, answer.ledger.clone())).collect::<Vec<_>>(), [("in_time", entries)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn server_keeps_the_last_twenty_ledgers_newest_first() {
+    let stats = HopStats::new();
+    for budget in 1..=25 {
+        let service = serve(InboundPolicy::default(), &stats, service_fn(|_: Request<String>| async { ok_response() }));
+        service.oneshot(grpc_request(Some(&format!("{budget}0m")))).await.unwrap();
+    }
+    let received: Vec<Duration> = stats.recent_answers().iter().map(|answer| answer.ledger[0].received).collect();
+    assert_eq!(received, (6..=25).rev().map(|budget| ms(budget * 10)).collect::<Vec<_>>());
 }
 
 #[tokio::test(start_paused = true)]

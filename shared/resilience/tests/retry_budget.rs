@@ -180,6 +180,25 @@ async fn the_floor_is_a_rate_not_a_reserve() {
     assert_eq!(at_once(&ours), 2);
 }
 
+#[tokio::test(start_paused = true)]
+async fn the_balance_says_how_many_retries_would_be_allowed() {
+    // 25 requests at 10 %: 3 from the share (2.5, the third starting below the share), 2 from
+    // the floor; then a tenth of a second saves no new floor retry (one costs half a second).
+    let budget = RetryBudget::new(Duration::from_secs(10), 2, 0.1);
+    for _ in 0..25 {
+        budget.deposit();
+    }
+    for allowed in (1..=5).rev() {
+        assert_eq!(budget.available(), allowed);
+        assert!(budget.withdraw());
+    }
+    advance(Duration::from_millis(100)).await;
+    assert_eq!(budget.available(), 0);
+    assert!(!budget.withdraw());
+    advance(Duration::from_millis(400)).await;
+    assert_eq!(budget.available(), 1, "half a second pays one retry of the floor");
+}
+
 /// The throttle as the default settings make it.
 fn default_throttle() -> RetryThrottle {
     let settings = RetrySettings::default();

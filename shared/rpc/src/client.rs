@@ -19,7 +19,7 @@ use tower::{
     util::{BoxCloneSyncService, BoxCloneSyncServiceLayer},
 };
 
-use crate::{balance::Balance, tls::ServiceTls};
+use crate::{balance::Balance, guards::DependencyGuards, tls::ServiceTls};
 
 /// How to reach one dependency, and how much of the deadline to give it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -118,11 +118,10 @@ fn endpoint_to(address: &str, dependency: &Dependency) -> Result<Endpoint, tonic
         .keep_alive_while_idle(true))
 }
 
-/// A client and the guards in front of it, whose state the service can report.
+/// A client and the guards in front of it, whose state the service shows.
 pub struct Connection {
     pub client: Client,
-    pub breaker: Arc<Breaker>,
-    pub bulkhead: Arc<Bulkhead>,
+    pub guards: DependencyGuards,
 }
 
 /// Builds `hop`'s client for `dependency`, named `name` in ledgers, errors and metrics, with the
@@ -151,6 +150,7 @@ pub fn connect(
     });
     let breaker = Breaker::new(hop, name, dependency.breaker);
     let bulkhead = Bulkhead::new(hop, name, dependency.max_concurrent, dependency.adaptive_limit);
+    let latency_estimate = Arc::new(LatencyEstimate::new(dependency.latency_estimate));
     let traced = trace.layer(timed.layer(channel));
     let client = match outbound {
         // The bulkhead and the self-limit answer before the breaker, so that their refusals never
@@ -162,12 +162,10 @@ pub fn connect(
                 .layer(BulkheadLayer::new(bulkhead.clone()))
                 .layer(SelfLimitLayer::new(hop, name, dependency.quota))
                 .layer(BreakerLayer::new(breaker.clone()))
-                .layer(
-                    ForwardDeadlineLayer::new(name, dependency.deadline).with_estimate(Arc::new(LatencyEstimate::new(dependency.latency_estimate))),
-                )
+                .layer(ForwardDeadlineLayer::new(name, dependency.deadline).with_estimate(latency_estimate.clone()))
                 .service(traced),
         ),
         Outbound::Layers(layers) => layers.layer(traced),
     };
-    Ok(Connection { client, breaker, bulkhead })
+    Ok(Connection { client, guards: DependencyGuards { name, breaker, bulkhead, latency_estimate, retry: None } })
 }

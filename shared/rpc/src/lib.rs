@@ -7,6 +7,7 @@ pub mod connections;
 mod decode;
 pub mod dev_certs;
 mod dial;
+pub mod guards;
 pub mod health;
 pub mod listener;
 pub mod ops;

@@ -20,6 +20,7 @@ mod guards;
 mod hardening;
 mod idempotency_keys;
 mod kubernetes;
+mod live_view;
 mod metrics;
 mod mutual_tls;
 mod openapi;

@@ -84,12 +84,15 @@ where
         let result = match inner.poll(cx) {
             Poll::Ready(result) => {
                 let now = Instant::now();
-                if hop.deadline().is_expired_at(now) {
+                let late = hop.deadline().is_expired_at(now);
+                if late {
                     hop.stats().count(hop.name(), Outcome::FinishedLate);
                 }
                 record_slice(hop, now);
                 result.map(|mut response| {
-                    protocol.attach_ledger(hop.ledger_at(now), &mut response);
+                    let ledger = hop.ledger_at(now);
+                    hop.stats().remember(if late { "finished_late" } else { "in_time" }, &ledger);
+                    protocol.attach_ledger(ledger, &mut response);
                     response
                 })
             }
@@ -102,7 +105,9 @@ where
                 let now = Instant::now();
                 record_slice(hop, now);
                 let mut response = protocol.expired(hop);
-                protocol.attach_ledger(hop.ledger_at(now), &mut response);
+                let ledger = hop.ledger_at(now);
+                hop.stats().remember("expired", &ledger);
+                protocol.attach_ledger(ledger, &mut response);
                 Ok(response)
             }
         };

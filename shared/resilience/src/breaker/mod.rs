@@ -163,9 +163,18 @@ impl Counters {
 }
 
 /// A copy of a breaker's state and counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct BreakerStats {
+    /// A disabled breaker admits every call and records nothing.
+    pub enabled: bool,
     pub position: Position,
+    /// While closed: the outcomes in the window, and the shares of failures and of slow calls
+    /// (it opens at `failure_rate` or `slow_call_rate` once `min_calls` are in).
+    pub calls_in_window: u32,
+    pub failure_rate: f64,
+    pub slow_call_rate: f64,
+    /// While open: how long until probes go through (it closes when they succeed).
+    pub probes_in_ms: Option<u64>,
     /// Calls answered at once because the breaker was open (or its probes were out).
     pub rejected: u64,
     /// Calls judged against the dependency: failed, or answered too slowly.
@@ -212,8 +221,15 @@ impl Breaker {
 
     pub fn stats(&self) -> BreakerStats {
         let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let machine = self.lock();
+        let standing = machine.standing(Instant::now());
         BreakerStats {
-            position: self.lock().position(),
+            enabled: self.enabled,
+            position: machine.position(),
+            calls_in_window: standing.calls,
+            failure_rate: standing.failure_rate,
+            slow_call_rate: standing.slow_call_rate,
+            probes_in_ms: standing.probes_in.map(|left| left.as_millis().try_into().unwrap_or(u64::MAX)),
             rejected: read(&self.counters.rejected),
             judged_against: read(&self.counters.judged_against),
             opened: read(&self.counters.opened),

@@ -71,6 +71,17 @@ enum State {
     },
 }
 
+/// A breaker's state at one moment, as its live view shows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Standing {
+    /// Outcomes in the window (closed only) and the shares of failures and of slow calls.
+    pub calls: u32,
+    pub failure_rate: f64,
+    pub slow_call_rate: f64,
+    /// While open: how long until probes go through.
+    pub probes_in: Option<Duration>,
+}
+
 /// An admitted call: the state it was admitted in, so that its outcome is recorded only there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Admission {
@@ -104,6 +115,22 @@ impl<R: Rng> Machine<R> {
             State::Closed { .. } => Position::Closed,
             State::Open { .. } => Position::Open,
             State::HalfOpen { .. } => Position::HalfOpen,
+        }
+    }
+
+    /// The window's make-up at `now` while closed, or the time left open.
+    pub fn standing(&self, now: Instant) -> Standing {
+        match &self.state {
+            State::Closed { window } => {
+                let max_age = Duration::from_millis(self.settings.window_ms);
+                let recent: Vec<Outcome> = window.iter().filter(|(at, _)| now.duration_since(*at) <= max_age).map(|(_, outcome)| *outcome).collect();
+                let share = |kind: Outcome| {
+                    if recent.is_empty() { 0.0 } else { recent.iter().filter(|outcome| **outcome == kind).count() as f64 / recent.len() as f64 }
+                };
+                Standing { calls: recent.len() as u32, failure_rate: share(Outcome::Failure), slow_call_rate: share(Outcome::Slow), probes_in: None }
+            }
+            State::Open { until } => Standing { probes_in: Some(until.saturating_duration_since(now)), ..Standing::default() },
+            State::HalfOpen { .. } => Standing::default(),
         }
     }
 
@@ -243,6 +270,24 @@ mod tests {
         while machine.position() == Position::Closed {
             call(machine, Outcome::Failure, now);
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn its_standing_shows_the_window_while_closed_and_the_wait_while_open() {
+        let mut machine = machine(settings());
+        let start = Instant::now();
+        call(&mut machine, Outcome::Slow, start);
+        call(&mut machine, Outcome::Failure, start + Duration::from_secs(20));
+        for _ in 0..2 {
+            call(&mut machine, Outcome::Success, start + Duration::from_secs(20));
+        }
+        let now = start + Duration::from_secs(31);
+        let standing = Standing { calls: 3, failure_rate: 1.0 / 3.0, slow_call_rate: 0.0, probes_in: None };
+        assert_eq!(machine.standing(now), standing, "the slow call has left the 30 s window");
+
+        open(&mut machine, now);
+        let later = now + Duration::from_millis(1_500);
+        assert_eq!(machine.standing(later), Standing { probes_in: Some(Duration::from_millis(3_500)), ..Standing::default() });
     }
 
     #[tokio::test(start_paused = true)]

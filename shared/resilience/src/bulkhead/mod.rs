@@ -63,6 +63,8 @@ pub struct Bulkhead {
     dependency: &'static str,
     in_flight: AtomicU32,
     limit: AtomicU32,
+    /// The configured limit: the fixed limit, or the adaptive limit's ceiling.
+    max_concurrent: u32,
     /// The adaptive mode's state; `None` keeps the limit fixed.
     adaptive: Option<Mutex<Vegas>>,
     rejected: AtomicU64,
@@ -74,8 +76,12 @@ pub struct Bulkhead {
 /// A copy of a bulkhead's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct BulkheadStats {
+    /// Whether the limit follows the dependency's latency.
+    pub adaptive: bool,
     /// The limit in force (the adaptive limit's latest value).
     pub limit: u32,
+    /// The configured limit: the fixed one, or the adaptive limit's ceiling.
+    pub max_concurrent: u32,
     pub in_flight: u32,
     pub rejected: u64,
 }
@@ -89,6 +95,7 @@ impl Bulkhead {
             dependency,
             in_flight: AtomicU32::new(0),
             limit: AtomicU32::new(limit),
+            max_concurrent: limit,
             adaptive: adaptive.enabled.then(|| Mutex::new(Vegas::new(adaptive, limit))),
             rejected: AtomicU64::new(0),
             rejections: metrics::counter(metrics::name::BULKHEAD_REJECTIONS, "Calls a full bulkhead refused"),
@@ -98,7 +105,9 @@ impl Bulkhead {
 
     pub fn stats(&self) -> BulkheadStats {
         BulkheadStats {
+            adaptive: self.adaptive.is_some(),
             limit: self.limit.load(Ordering::Relaxed),
+            max_concurrent: self.max_concurrent,
             in_flight: self.in_flight.load(Ordering::Relaxed),
             rejected: self.rejected.load(Ordering::Relaxed),
         }
@@ -250,7 +259,7 @@ mod tests {
         let rejected = futures::FutureExt::now_or_never(service.clone().oneshot(Request::new(String::new()))).expect("rejected at once").unwrap();
         assert_eq!(rejected.headers()["grpc-status"], "14");
         assert_eq!(rejected.headers()[BULKHEAD_FULL_HEADER], "bank-mock");
-        assert_eq!(bulkhead.stats(), BulkheadStats { limit: 2, in_flight: 2, rejected: 1 });
+        assert_eq!(bulkhead.stats(), BulkheadStats { adaptive: false, limit: 2, max_concurrent: 2, in_flight: 2, rejected: 1 });
 
         release.send(true).unwrap();
         let (first, second) =

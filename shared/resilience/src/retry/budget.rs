@@ -103,6 +103,20 @@ impl RetryBudget {
         }
     }
 
+    /// How many retries the budget would allow now, one after another: what the floor has saved
+    /// and what is left of the share.
+    pub fn available(&self) -> u64 {
+        let (state, now) = self.state_now();
+        let from_floor = state.floor.as_ref().map_or(0, |floor| {
+            let saved = (floor.saved + now.saturating_duration_since(floor.updated)).min(floor.most);
+            (saved.as_nanos() / floor.cost.as_nanos()) as u64
+        });
+        let (requests, retries) = state.slots.iter().fold((0, 0), |(requests, retries), slot| (requests + slot.requests, retries + slot.retries));
+        // `withdraw` allows a retry while retries × PARTS < share × requests.
+        let from_share = (self.share * requests).div_ceil(PARTS).saturating_sub(retries);
+        from_floor + from_share
+    }
+
     /// The state with every slot that ended by now cleared.
     fn state_now(&self) -> (MutexGuard<'_, State>, Instant) {
         // Nothing under the lock can panic halfway through an update: a poisoned lock is still whole.

@@ -220,6 +220,15 @@ impl RetryPolicy {
         self.shared.stats.snapshot()
     }
 
+    /// What the budget and the throttle would allow now.
+    pub fn balance(&self) -> RetryBalance {
+        let throttle = self.shared.throttle.as_ref().map(|throttle| {
+            let (tokens, max_tokens) = throttle.tokens();
+            ThrottleBalance { tokens, max_tokens, allows_retry: throttle.allows_retry() }
+        });
+        RetryBalance { budget_available: self.shared.budget.available(), throttle }
+    }
+
     fn stop(&self, reason: StopReason, attempts: u32) {
         self.shared.stats.stop(reason);
         // Signed numbers: exported as numbers (unsigned ones are exported as text).
@@ -306,6 +315,24 @@ fn takes_a_token(status: &Status) -> bool {
     let expired_uncapped =
         status.code() == Code::DeadlineExceeded && !Slice::from_headers(status.metadata().as_ref()).is_some_and(|slice| slice.capped);
     !status.metadata().contains_key(FAILED_FAST_HEADER) && !expired_uncapped && is_retryable(status.code(), named_wait)
+}
+
+/// What a retry policy would allow at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RetryBalance {
+    /// Retries the budget would allow now, one after another (floor and share together).
+    pub budget_available: u64,
+    /// The throttle's tokens, when it is on.
+    pub throttle: Option<ThrottleBalance>,
+}
+
+/// A retry throttle's tokens at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ThrottleBalance {
+    pub tokens: f64,
+    pub max_tokens: f64,
+    /// More than half of the tokens are left.
+    pub allows_retry: bool,
 }
 
 /// Full-size jitter (factor 1): wait = base·2^(n−1) + random(0, same), capped at `max`.

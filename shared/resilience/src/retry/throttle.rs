@@ -52,6 +52,12 @@ impl RetryThrottle {
         let _ = self.tokens.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tokens| Some((tokens + self.token_ratio).min(self.max_tokens)));
     }
 
+    /// The tokens left, and the most there can be.
+    pub fn tokens(&self) -> (f64, f64) {
+        let tokens = |thousandths: u32| f64::from(thousandths) / f64::from(TOKEN);
+        (tokens(self.tokens.load(Ordering::Relaxed)), tokens(self.max_tokens))
+    }
+
     /// Whether a retry may be made: more than half of the tokens are left.
     pub fn allows_retry(&self) -> bool {
         self.tokens.load(Ordering::Relaxed) > self.max_tokens / 2

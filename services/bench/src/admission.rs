@@ -5,7 +5,8 @@
 //! The chain's capacity is measured first (closed loop, as in comparison 1, with the bank's
 //! latency of this comparison); each variant then gets twice that, open loop, on a fresh chain.
 //! A request is admitted when the gateway did not refuse or shed it; the question is whether
-//! what it admits still meets its deadline.
+//! what it admits still meets its deadline. The guards below the edge (bulkheads, breakers,
+//! quotas, retries) are out of the way, so that the edge's intake alone decides.
 
 use bank_mock::Latency;
 use serde::Serialize;
@@ -48,6 +49,7 @@ const REFUSED: &str = "ResourceExhausted";
 
 fn with_bank(settings: &mut ChainSettings, latency_ms: f64) {
     chains::with_instant_bank(settings);
+    stack::scenario::without_guards(settings);
     settings.bank.faults.latency_ms = Latency { mean: latency_ms, stddev: latency_ms / 10.0 };
 }
 

@@ -9,6 +9,8 @@
 //! of any durable chain: "every layer ÷ minimal writes" is the price of the reliability
 //! bookkeeping alone. The chain with plain-text hops differs from every layer only in mutual TLS
 //! between the hops (the bare chains are plain text too): the price of the hops' identities.
+//! The chain with adaptive guards turns on the guards that are off by default (the adaptive limit
+//! toward the bank, the gateway's queue): what they would cost, or take, where nothing is slow.
 //!
 //! For each chain: a closed-loop probe finds its ceiling, then open-loop rates from the ceiling
 //! down, 10 % of it at a time, find the highest rate it sustains; last, every chain gets the same
@@ -35,6 +37,8 @@ pub const EVERY_LAYER: &str = "every layer";
 pub const GUARDS_IDLE: &str = "guards idle";
 /// The chain as configured, with plain-text gRPC between its hops instead of mutual TLS.
 pub const PLAIN_TEXT: &str = "every layer, plain text";
+/// The chain as configured, with the adaptive limit toward the bank and the gateway's queue on.
+pub const ADAPTIVE: &str = "every layer, adaptive guards";
 /// The label of the baseline.
 pub const BARE: &str = "bare tonic";
 /// The label of the floor of a durable chain.
@@ -73,7 +77,7 @@ pub struct Step {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Ratio {
     pub chain: &'static str,
-    /// [`BARE`], [`MINIMAL_WRITES`] or [`PLAIN_TEXT`].
+    /// [`BARE`], [`MINIMAL_WRITES`], [`PLAIN_TEXT`] or [`EVERY_LAYER`].
     pub baseline: &'static str,
     pub max_sustained_throughput: Option<f64>,
     pub p50: Option<f64>,
@@ -98,7 +102,7 @@ enum Subject {
     MinimalWrites,
 }
 
-const SUBJECTS: [Subject; 5] = [
+const SUBJECTS: [Subject; 6] = [
     Subject::Layered {
         label: EVERY_LAYER,
         about: "the chain as configured: deadline, retries under the budget, breakers, bulkheads, rate limit, intake limits; orders and keys in SQLite",
@@ -118,6 +122,15 @@ const SUBJECTS: [Subject; 5] = [
         change: |settings| {
             chains::with_instant_bank(settings);
             settings.plaintext = true;
+        },
+    },
+    Subject::Layered {
+        label: ADAPTIVE,
+        about: "the chain as configured, with payment's limit toward the bank adapting to its latency and the gateway admitting by queueing time",
+        change: |settings| {
+            chains::with_instant_bank(settings);
+            settings.payment.bank.adaptive_limit.enabled = true;
+            settings.gateway.queue.enabled = true;
         },
     },
     Subject::Bare,
@@ -170,8 +183,9 @@ pub async fn measure(profile: &Profile) -> Result<Overhead, BenchError> {
     };
     let mut ratios: Vec<Ratio> =
         [BARE, MINIMAL_WRITES].into_iter().flat_map(|baseline| layered().map(move |chain| ratio(chain, measured(baseline)))).collect();
-    // Mutual TLS against plain text, everything else equal.
+    // Mutual TLS against plain text, and the adaptive guards against the fixed, everything else equal.
     ratios.push(ratio(measured(EVERY_LAYER), measured(PLAIN_TEXT)));
+    ratios.push(ratio(measured(ADAPTIVE), measured(EVERY_LAYER)));
     Ok(Overhead {
         sustained_when: format!(
             "p99 from the due time within {} ms, at least {} % successes, none dropped",

@@ -23,11 +23,11 @@ async fn the_smoke_profile_makes_every_comparison_and_writes_them() {
     }
     assert_eq!(json["profile"]["name"], "smoke");
     let chains: Vec<&str> = json["overhead"]["chains"].as_array().unwrap().iter().map(|c| c["chain"].as_str().unwrap()).collect();
-    assert_eq!(chains, ["every layer", "guards idle", "every layer, plain text", "bare tonic", "minimal writes"]);
+    assert_eq!(chains, ["every layer", "guards idle", "every layer, plain text", "every layer, adaptive guards", "bare tonic", "minimal writes"]);
     assert_eq!(
         json["overhead"]["ratios"].as_array().unwrap().len(),
-        7,
-        "each layered chain against each baseline, and mutual TLS against plain text"
+        10,
+        "each layered chain against each baseline, mutual TLS against plain text, adaptive guards against fixed"
     );
     let tracing = &json["tracing"]["measured"];
     assert!(tracing["spans_received"].as_u64().is_some_and(|spans| spans > 0), "the traced rounds exported: {tracing}");

@@ -3,8 +3,7 @@
 //! payment and the bank, with lost payment requests and replies, crashed tasks, leases running
 //! out under running tasks, and the clock passing the key's TTL. Every step is one statement or
 //! one transaction of the store (PostgreSQL's interleavings, which include SQLite's), named as
-//! in `src/store.rs` and orders' `create`; the README's section "The protocol checked, not
-//! reviewed" maps them one to one.
+//! in `src/store.rs` and orders' `create` (the README's "Tests" lists the properties).
 
 use std::{collections::BTreeSet, time::Instant};
 

@@ -20,8 +20,6 @@ use crate::{
     faults::{Faults, PatchError},
 };
 
-pub use wire::ADMIN_TOKEN as TOKEN_HEADER;
-
 #[derive(Clone)]
 struct Admin {
     bank: Arc<BankState>,
@@ -48,7 +46,7 @@ pub fn router(bank: Arc<BankState>, hop: Arc<HopStats>, token: Arc<str>) -> Rout
 }
 
 async fn require_token(State(admin): State<Admin>, request: Request, next: Next) -> Result<Response, AdminError> {
-    let presented = request.headers().get(TOKEN_HEADER).map(|value| value.as_bytes());
+    let presented = request.headers().get(wire::ADMIN_TOKEN).map(|value| value.as_bytes());
     if presented.is_some_and(|token| constant_time_eq(token, admin.token.as_bytes())) {
         Ok(next.run(request).await)
     } else {

@@ -243,7 +243,7 @@ impl Bank for BankService {
         self.state.count(|stats| &mut stats.calls);
         let key = request
             .metadata()
-            .get(rpc::metadata::IDEMPOTENCY_KEY)
+            .get(wire::IDEMPOTENCY_KEY)
             .and_then(|value| value.to_str().ok())
             .map(str::to_owned)
             .ok_or_else(|| ChargeError::MissingKey("absent or not ASCII".into()))?;

@@ -37,7 +37,7 @@ pub struct Faults {
     pub hang: bool,
     /// Share of calls answered RESOURCE_EXHAUSTED ("slow down"), with `pushback_ms`.
     pub resource_exhausted_rate: f64,
-    /// The wait the bank asks for in `grpc-retry-pushback-ms`, up to [`MAX_PUSHBACK_MS`]; -1
+    /// The wait the bank asks for in `grpc-retry-pushback-ms`, up to `MAX_PUSHBACK_MS`; -1
     /// asks the caller not to retry at all.
     pub pushback_ms: i64,
     /// Share of calls that charge and then lose the reply (the caller sees UNAVAILABLE). A repeat

@@ -7,7 +7,6 @@ mod error;
 mod faults;
 mod settings;
 
-pub use admin::TOKEN_HEADER;
 pub use bank::{BankState, BankStats};
 pub use faults::{Faults, Latency};
 pub use settings::Settings;

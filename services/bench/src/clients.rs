@@ -5,12 +5,11 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use proto::{common::v1::Order, gateway::v1::gateway_client::GatewayClient};
-use resilience::{breaker::CIRCUIT_OPEN_HEADER, bulkhead::BULKHEAD_FULL_HEADER};
-use rpc::metadata::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use tonic::{
     Code, Request, Response, Status,
     transport::{Channel, Endpoint},
 };
+use wire::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
 use crate::{BenchError, load::Outcome};
 
@@ -70,8 +69,8 @@ fn grpc_outcome(result: Result<Response<Order>, Status>) -> Outcome {
     match result {
         Ok(response) if response.metadata().contains_key(IDEMPOTENT_REPLAYED) => Outcome::success(OK_REPLAYED),
         Ok(_) => Outcome::success("OK"),
-        Err(status) if status.metadata().contains_key(CIRCUIT_OPEN_HEADER) => Outcome::failure(CIRCUIT_OPEN),
-        Err(status) if status.metadata().contains_key(BULKHEAD_FULL_HEADER) => Outcome::failure(BULKHEAD_FULL),
+        Err(status) if status.metadata().contains_key(wire::CIRCUIT_OPEN) => Outcome::failure(CIRCUIT_OPEN),
+        Err(status) if status.metadata().contains_key(wire::BULKHEAD_FULL) => Outcome::failure(BULKHEAD_FULL),
         // tonic's own timer for `grpc-timeout` ends the call this way on the client's side.
         Err(status) if status.code() == Code::Cancelled && status.message() == tonic::TimeoutExpired(()).to_string() => {
             Outcome::failure(CLIENT_DEADLINE)
@@ -128,7 +127,7 @@ impl HttpOrders {
         if let Some(deadline) = self.deadline {
             request = request.timeout(deadline);
             if self.tell_deadline {
-                request = request.header(gateway::TIMEOUT_HEADER, deadline.as_millis().to_string());
+                request = request.header(wire::REQUEST_TIMEOUT_MS, deadline.as_millis().to_string());
             }
         }
         async move {
@@ -165,9 +164,9 @@ mod tests {
     #[test]
     fn grpc_answers_are_classed_by_the_guard_that_gave_them() {
         let mut open = Status::unavailable("bank-mock: circuit open");
-        open.metadata_mut().insert(CIRCUIT_OPEN_HEADER, MetadataValue::from_static("bank-mock"));
+        open.metadata_mut().insert(wire::CIRCUIT_OPEN, MetadataValue::from_static("bank-mock"));
         let mut full = Status::unavailable("bank-mock: bulkhead full");
-        full.metadata_mut().insert(BULKHEAD_FULL_HEADER, MetadataValue::from_static("bank-mock"));
+        full.metadata_mut().insert(wire::BULKHEAD_FULL, MetadataValue::from_static("bank-mock"));
         assert_eq!(grpc_outcome(Err(open)), Outcome::failure(CIRCUIT_OPEN));
         assert_eq!(grpc_outcome(Err(full)), Outcome::failure(BULKHEAD_FULL));
         assert_eq!(grpc_outcome(Err(Status::cancelled("Timeout expired"))), Outcome::failure(CLIENT_DEADLINE));

@@ -164,7 +164,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     })
 }
 
-/// The files [`write`] made.
+/// The files [`write()`] made.
 #[derive(Debug, Clone)]
 pub struct Written {
     pub markdown: PathBuf,

@@ -9,17 +9,12 @@ use proto::{
     outcome::FailedCreate,
     payment::v1::{GetPaymentRequest, payment_service_client::PaymentServiceClient},
 };
-use resilience::{
-    PREVIOUS_ATTEMPTS_HEADER,
-    retry::{Call, RetryPolicy},
-};
-use rpc::{
-    Client,
-    metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
-};
+use resilience::retry::{Call, RetryPolicy};
+use rpc::Client;
 use telemetry::metrics::{self, Counter, KeyValue};
 use tonic::{Code, Request, Status, metadata::MetadataMap};
 use tower::ServiceExt;
+use wire::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
 use crate::{
     edge::{ClientId, Operation, metadata_value, operation},
@@ -238,7 +233,7 @@ fn failed_create(status: Status) -> Status {
     if clients_mistake || FailedCreate::of(&status).is_some() {
         return relayed;
     }
-    let one_attempt = !status.metadata().contains_key(PREVIOUS_ATTEMPTS_HEADER);
+    let one_attempt = !status.metadata().contains_key(wire::PREVIOUS_ATTEMPTS);
     let failed = if one_attempt && rpc::not_executed(&status) { FailedCreate::Refused } else { FailedCreate::Unknown };
     failed.on(relayed, crate::HOP)
 }
@@ -256,7 +251,7 @@ mod tests {
     #[test]
     fn a_failed_create_says_what_it_left_behind() {
         let after_retries = |mut status: Status| {
-            status.metadata_mut().insert(PREVIOUS_ATTEMPTS_HEADER, "1".parse().unwrap());
+            status.metadata_mut().insert(wire::PREVIOUS_ATTEMPTS, "1".parse().unwrap());
             status
         };
         let pending = FailedCreate::Pending { order_id: "ord_1".into() };
@@ -270,7 +265,7 @@ mod tests {
         for (case, status, expected) in cases {
             let failed = failed_create(status);
             assert_eq!(FailedCreate::of(&failed), expected, "{case}");
-            assert_eq!(failed.metadata().get(resilience::breaker::RELAYED_HEADER).unwrap(), "true", "{case}: relayed");
+            assert_eq!(failed.metadata().get(wire::RELAYED).unwrap(), "true", "{case}: relayed");
         }
     }
 }

@@ -35,9 +35,6 @@ where
     BoxCloneSyncService::new(RetryLayer::new(retry.for_operation()).layer(attempt))
 }
 
-/// Marks an answer made from a fallback: which one, and since when its data is current.
-pub use wire::FALLBACK as FALLBACK_HEADER;
-
 pub fn metadata_value(value: &str) -> Result<tonic::metadata::AsciiMetadataValue, GatewayError> {
     value.parse().map_err(|_| GatewayError::field("Idempotency-Key", "must be visible ASCII characters"))
 }

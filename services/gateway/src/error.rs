@@ -5,13 +5,9 @@
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use proto::outcome::FailedCreate;
-use resilience::retry::{PUSHBACK_HEADER, RETRIES_SPENT_HEADER};
 use serde::Serialize;
 use tonic::{Code, Status, metadata::MetadataValue};
 use tonic_types::StatusExt;
-
-/// Marks an HTTP answer replayed from an idempotency key's stored response.
-pub use wire::IDEMPOTENT_REPLAYED as REPLAYED_HEADER;
 
 /// Why an operation failed at or below the gateway.
 #[derive(Debug, thiserror::Error)]
@@ -178,7 +174,7 @@ impl IntoResponse for GatewayError {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         if replayed {
-            response.headers_mut().insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+            response.headers_mut().insert(wire::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
         }
         if let Some(seconds) = retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
@@ -189,7 +185,7 @@ impl IntoResponse for GatewayError {
 
 /// A pushback from below, in whole seconds rounded up, for `Retry-After`.
 fn pushback_seconds(status: &Status) -> Option<u64> {
-    let millis: u64 = status.metadata().get(rpc::metadata::PUSHBACK)?.to_str().ok()?.parse().ok()?;
+    let millis: u64 = status.metadata().get(wire::RETRY_PUSHBACK_MS)?.to_str().ok()?.parse().ok()?;
     Some(millis.div_ceil(1_000).max(1))
 }
 
@@ -199,8 +195,8 @@ impl From<GatewayError> for Status {
             GatewayError::Upstream(mut status) => {
                 // The gateway retried as far as its budget, attempts or an open breaker allowed:
                 // a client retrying on top would only multiply that, so it is told not to.
-                if status.metadata_mut().remove(RETRIES_SPENT_HEADER).is_some() {
-                    status.metadata_mut().insert(PUSHBACK_HEADER, MetadataValue::from_static("-1"));
+                if status.metadata_mut().remove(wire::RETRIES_SPENT).is_some() {
+                    status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, MetadataValue::from_static("-1"));
                 }
                 status
             }

@@ -4,8 +4,8 @@ use proto::{
     common::v1::{CreateOrderRequest, GetOrderRequest, Order},
     gateway::v1::gateway_server::Gateway,
 };
-use rpc::metadata::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use tonic::{Request, Response, Status};
+use wire::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
 use crate::{api::Api, error::GatewayError};
 
@@ -45,7 +45,7 @@ impl Gateway for GatewayService {
         let mut response = Response::new(read.order);
         if let Some(since) = read.stale_since {
             let as_of = humantime::format_rfc3339_millis(since).to_string();
-            response.metadata_mut().insert(crate::edge::FALLBACK_HEADER, format!("stale-copy; as-of={as_of}").parse().expect("ascii"));
+            response.metadata_mut().insert(wire::FALLBACK, format!("stale-copy; as-of={as_of}").parse().expect("ascii"));
         }
         Ok(response)
     }

@@ -11,7 +11,6 @@ mod settings;
 mod webhooks;
 
 pub use rate_limit::ClientLimits;
-pub use rest::TIMEOUT_HEADER;
 pub use settings::{ApiClient, Settings};
 
 use std::{net::SocketAddr, sync::Arc};

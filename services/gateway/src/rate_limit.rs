@@ -24,7 +24,7 @@ use pin_project_lite::pin_project;
 use resilience::{
     load_shed::Caller,
     rate_limit::{Decision, Limiter, QuotaSettings},
-    retry::{PUSHBACK_HEADER, wait_millis},
+    retry::wait_millis,
 };
 use telemetry::metrics::{Counter, KeyValue};
 use tonic::{Status, metadata::MetadataValue};
@@ -193,7 +193,7 @@ where
                 let mut response = if is_grpc(request.headers()) {
                     let mut status = Status::resource_exhausted(format!("gateway: {detail}"));
                     let wait = MetadataValue::from(wait_millis(retry_after).max(1));
-                    status.metadata_mut().insert(PUSHBACK_HEADER, wait);
+                    status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, wait);
                     status.into_http()
                 } else {
                     let mut response: Response<ResBody> = Problem::new(StatusCode::TOO_MANY_REQUESTS, "Too many requests", detail).into_http();

@@ -11,12 +11,10 @@ use proto::orders::v1::{
     RotateSecretRequest, UpdateEndpointRequest, webhooks_client::WebhooksClient,
 };
 use resilience::retry::{Call, RetryPolicy};
-use rpc::{
-    Client,
-    metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
-};
+use rpc::Client;
 use tonic::{Request, Response, Status, metadata::MetadataMap};
 use tower::ServiceExt;
+use wire::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
 use crate::{
     edge::{ClientId, Operation, metadata_value, operation},

@@ -32,15 +32,11 @@ use proto::{
     payment::v1::{PayRequest, payment_service_client::PaymentServiceClient},
 };
 use resilience::breaker::Breaker;
-use rpc::{
-    Client, GrpcServer, ServerError,
-    guards::Guards,
-    metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
-    ops::OpsServer,
-};
+use rpc::{Client, GrpcServer, ServerError, guards::Guards, ops::OpsServer};
 use storage::Database;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status, metadata::MetadataMap};
+use wire::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
 /// The hop name in ledgers and errors.
 pub const HOP: &str = "orders";

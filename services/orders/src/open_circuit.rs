@@ -52,9 +52,6 @@ impl OpenCircuit {
 mod tests {
     use std::time::Duration;
 
-    use resilience::breaker::CIRCUIT_OPEN_HEADER;
-    use rpc::PUSHBACK_HEADER;
-
     use super::*;
 
     fn open_for(ms: u64) -> Result<(), Status> {
@@ -62,7 +59,7 @@ mod tests {
     }
 
     fn pushback_ms(status: &Status) -> u64 {
-        status.metadata().get(PUSHBACK_HEADER).unwrap().to_str().unwrap().parse().unwrap()
+        status.metadata().get(wire::RETRY_PUSHBACK_MS).unwrap().to_str().unwrap().parse().unwrap()
     }
 
     #[tokio::test(start_paused = true)]
@@ -73,7 +70,7 @@ mod tests {
         tokio::time::advance(Duration::from_millis(500)).await;
         let refusal = circuit.refusal().expect("within the wait");
         assert_eq!((refusal.code(), pushback_ms(&refusal)), (tonic::Code::Unavailable, 1_500), "the wait that is left");
-        assert_eq!(refusal.metadata().get(CIRCUIT_OPEN_HEADER).unwrap(), "bank-mock");
+        assert_eq!(refusal.metadata().get(wire::CIRCUIT_OPEN).unwrap(), "bank-mock");
         assert!(refusal.message().starts_with("bank-mock: circuit open"), "{}", refusal.message());
         tokio::time::advance(Duration::from_millis(1_500)).await;
         assert!(circuit.refusal().is_none(), "the breaker may probe now: payment decides");

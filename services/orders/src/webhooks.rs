@@ -21,10 +21,10 @@ use proto::orders::v1::{
     ListDeliveriesResponse, ListEndpointsRequest, ListEndpointsResponse, ListEventTypesRequest, ListEventTypesResponse, PingResponse,
     RedeliverRangeRequest, RedeliverRequest, RedeliverResponse, RotateSecretRequest, UpdateEndpointRequest, webhooks_server::Webhooks,
 };
-use rpc::metadata::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use storage::Tx;
 use tonic::{Code, Request, Response, Status};
 use webhooks::ssrf;
+use wire::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
 use crate::{error::OrdersError, required, settings::WebhookSettings};
 

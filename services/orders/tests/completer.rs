@@ -24,7 +24,6 @@ use proto::{
 use rpc::{
     GrpcServer, Role,
     authorize::Policy,
-    metadata::{CLIENT_ID, IDEMPOTENCY_KEY},
     ops::{Drain, OpsSettings},
     tls::{ServiceTls, TlsSettings},
 };
@@ -32,6 +31,7 @@ use storage::{Database, SqliteSettings};
 use test_support::{ScratchDatabase, eventually};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, transport::Channel};
+use wire::{CLIENT_ID, IDEMPOTENCY_KEY};
 
 /// The amount of every poison create: payment fails it whatever happens.
 const POISON_MINOR: i64 = 666;

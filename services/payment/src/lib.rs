@@ -25,15 +25,11 @@ use proto::{
     },
 };
 use resilience::{breaker::Breaker, bulkhead::Bulkhead};
-use rpc::{
-    Client, GrpcServer, ServerError,
-    guards::Guards,
-    metadata::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED},
-    ops::OpsServer,
-};
+use rpc::{Client, GrpcServer, ServerError, guards::Guards, ops::OpsServer};
 use storage::{Database, Statement};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status};
+use wire::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
 /// The hop name in ledgers and errors.
 pub const HOP: &str = "payment";

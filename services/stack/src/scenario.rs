@@ -514,7 +514,7 @@ impl Sender {
             // The client gives up after its deadline, as a real one would, and asks for it.
             request = request.timeout(Duration::from_millis(ms));
             if self.tell_deadline {
-                request = request.header(gateway::TIMEOUT_HEADER, ms);
+                request = request.header(wire::REQUEST_TIMEOUT_MS, ms);
             }
         }
         let sent = Instant::now();
@@ -526,7 +526,7 @@ impl Sender {
                 let status = response.status();
                 let fallback = response.headers().contains_key(wire::FALLBACK);
                 let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
-                let sample = (header(deadline::LEDGER_HEADER), header("server-timing"));
+                let sample = (header(wire::DEADLINE_LEDGER), header("server-timing"));
                 // What a failed create left behind, as its problem says.
                 let unsettled = if !self.get && (status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS) {
                     let problem: Option<serde_json::Value> = response.json().await.ok();

@@ -7,9 +7,6 @@
 
 use std::time::Duration;
 
-/// The metadata key, lower-case as HTTP/2 requires.
-pub use wire::GRPC_TIMEOUT as HEADER;
-
 const MAX_DIGITS: usize = 8;
 const MAX_VALUE: u64 = 99_999_999;
 

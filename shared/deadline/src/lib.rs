@@ -12,23 +12,10 @@ mod slice;
 pub use budget::{Forward, ForwardPolicy, InboundPolicy, TooLittleBudget};
 pub use estimate::{EstimateSettings, EstimateSnapshot, LatencyEstimate, SlowerThanSlice};
 pub use hop::{Hop, HopStats, HopStatsSnapshot, RecentAnswer};
-pub use slice::{SLICE_HEADER, Slice};
+pub use slice::Slice;
 
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// The metadata key that carries the ledger back up the chain.
-pub use wire::DEADLINE_LEDGER as LEDGER_HEADER;
-
-/// Metadata on a DEADLINE_EXCEEDED that a hop answered without calling its dependency because too
-/// little budget was left. Its value names that hop. A retry would get even less, so the edge does
-/// not retry such a failure.
-pub use wire::DEADLINE_FAILED_FAST as FAILED_FAST_HEADER;
-
-/// Metadata carrying the number of earlier attempts of the edge operation a call belongs to. The
-/// gateway sets it on each retry; every hop passes it on with the deadline, so the bank can tell
-/// first attempts from retries (gRPC's retry design, A6, names this header).
-pub use wire::PREVIOUS_ATTEMPTS as PREVIOUS_ATTEMPTS_HEADER;
 
 /// A point in time after which nobody will read the answer, plus the budget it was made from.
 ///

@@ -12,14 +12,9 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue};
 
-/// Metadata on a DEADLINE_EXCEEDED that came back from a call the client layer forwarded a slice
-/// to: `<ms>` (rounded up), and `; capped` when the slice was less than what the hop had left
-/// after its reserve (the dependency's cap, or a shorter timeout the caller set).
-pub use wire::DEADLINE_SLICE as SLICE_HEADER;
-
 const CAPPED: &str = "; capped";
 
-/// The slice a call was given, as [`SLICE_HEADER`] carries it.
+/// The slice a call was given, as [`wire::DEADLINE_SLICE`] carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slice {
     /// The slice, whole milliseconds rounded up.
@@ -35,7 +30,7 @@ impl Slice {
 
     /// The slice named in `headers` (a status's metadata, or a response's headers), if any.
     pub fn from_headers(headers: &HeaderMap) -> Option<Self> {
-        let text = headers.get(SLICE_HEADER)?.to_str().ok()?;
+        let text = headers.get(wire::DEADLINE_SLICE)?.to_str().ok()?;
         let (millis, capped) = match text.strip_suffix(CAPPED) {
             Some(millis) => (millis, true),
             None => (text, false),
@@ -58,13 +53,13 @@ mod tests {
     fn a_slice_round_trips_rounded_up_to_the_millisecond() {
         for slice in [Slice::new(Duration::from_micros(1_477_001), false), Slice::new(Duration::from_millis(1_500), true)] {
             let mut headers = HeaderMap::new();
-            headers.insert(SLICE_HEADER, slice.header_value());
+            headers.insert(wire::DEADLINE_SLICE, slice.header_value());
             assert_eq!(Slice::from_headers(&headers), Some(slice));
         }
         assert_eq!(Slice::new(Duration::from_micros(1_477_001), false).given, Duration::from_millis(1_478));
         assert_eq!(Slice::from_headers(&HeaderMap::new()), None);
         let mut garbled = HeaderMap::new();
-        garbled.insert(SLICE_HEADER, HeaderValue::from_static("soon"));
+        garbled.insert(wire::DEADLINE_SLICE, HeaderValue::from_static("soon"));
         assert_eq!(Slice::from_headers(&garbled), None);
     }
 }

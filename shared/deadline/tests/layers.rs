@@ -16,7 +16,7 @@ use std::{
 };
 
 use deadline::{
-    Deadline, EstimateSettings, Forward, ForwardPolicy, Hop, HopStats, HopStatsSnapshot, InboundPolicy, LEDGER_HEADER, LatencyEstimate, Slice,
+    Deadline, EstimateSettings, Forward, ForwardPolicy, Hop, HopStats, HopStatsSnapshot, InboundPolicy, LatencyEstimate, Slice,
     client::{ForwardDeadline, ForwardDeadlineLayer},
     grpc_timeout,
     ledger::{self, Entry},
@@ -55,7 +55,7 @@ async fn expect_answer_after<F: Future>(mut call: Pin<Box<F>>, after: Duration) 
 fn grpc_request(timeout: Option<&str>) -> Request<String> {
     let mut request = Request::new("request".to_owned());
     if let Some(timeout) = timeout {
-        request.headers_mut().insert(grpc_timeout::HEADER, timeout.parse().unwrap());
+        request.headers_mut().insert(wire::GRPC_TIMEOUT, timeout.parse().unwrap());
     }
     request
 }
@@ -66,7 +66,7 @@ fn status_of<B>(response: &Response<B>) -> Status {
 }
 
 fn ledger_of<B>(response: &Response<B>) -> Vec<Entry> {
-    let header = response.headers().get(LEDGER_HEADER).expect("an x-deadline-ledger header");
+    let header = response.headers().get(wire::DEADLINE_LEDGER).expect("an x-deadline-ledger header");
     ledger::parse(header.to_str().unwrap()).unwrap()
 }
 
@@ -219,7 +219,7 @@ async fn client_forwards_remaining_budget_less_reserve_as_grpc_timeout() {
     let hop = orders_hop(ms(2_000));
     let response = Hop::scope(hop, to_payment(service_fn(mirror)).oneshot(grpc_request(None))).await.unwrap();
 
-    let sent = response.headers().get(grpc_timeout::HEADER).expect("a grpc-timeout header").to_str().unwrap();
+    let sent = response.headers().get(wire::GRPC_TIMEOUT).expect("a grpc-timeout header").to_str().unwrap();
     assert_eq!(sent, grpc_timeout::format(ms(1_800)));
     assert_eq!(grpc_timeout::parse(sent), Ok(ms(1_800)));
 }
@@ -279,7 +279,7 @@ async fn client_fails_fast_below_what_the_dependency_has_been_taking() {
     for needle in ["orders: payment has needed 40", "p90 of its recent answers", "only 240.0 ms are left", "not calling"] {
         assert!(status.message().contains(needle), "{needle:?} in {status:?}");
     }
-    assert_eq!(refused.headers()[deadline::FAILED_FAST_HEADER], "orders", "the edge does not retry it");
+    assert_eq!(refused.headers()[wire::DEADLINE_FAILED_FAST], "orders", "the edge does not retry it");
     assert_eq!(calls.load(Ordering::SeqCst), 11, "payment was not called");
     assert_eq!(hop.stats().snapshot().failed_fast, 1);
 
@@ -338,12 +338,12 @@ async fn client_names_the_slice_on_every_deadline_exceeded_and_whether_it_was_ca
 async fn client_keeps_a_shorter_timeout_the_caller_set() {
     let hop = orders_hop(ms(2_000));
     let response = Hop::scope(hop.clone(), to_payment(service_fn(mirror)).oneshot(grpc_request(Some("300m")))).await.unwrap();
-    assert_eq!(response.headers()[grpc_timeout::HEADER].to_str().unwrap(), grpc_timeout::format(ms(300)));
+    assert_eq!(response.headers()[wire::GRPC_TIMEOUT].to_str().unwrap(), grpc_timeout::format(ms(300)));
     assert_eq!(hop.entry_at(Instant::now()).forwarded, ms(300), "the ledger shows what was sent");
 
     // A longer one gives way to the hop's slice.
     let response = Hop::scope(orders_hop(ms(2_000)), to_payment(service_fn(mirror)).oneshot(grpc_request(Some("5S")))).await.unwrap();
-    assert_eq!(response.headers()[grpc_timeout::HEADER].to_str().unwrap(), grpc_timeout::format(ms(1_800)));
+    assert_eq!(response.headers()[wire::GRPC_TIMEOUT].to_str().unwrap(), grpc_timeout::format(ms(1_800)));
 
     let never_answers = service_fn(|_: Request<String>| std::future::pending::<Result<Response<String>, Infallible>>());
     Hop::scope(orders_hop(ms(2_000)), async {
@@ -506,6 +506,6 @@ async fn a_spawned_task_that_carries_the_hop_forwards_its_deadline() {
     };
     let response = Hop::scope(orders_hop(ms(2_000)), handler).await.unwrap();
 
-    let sent = response.headers().get(grpc_timeout::HEADER).expect("a grpc-timeout header").to_str().unwrap();
+    let sent = response.headers().get(wire::GRPC_TIMEOUT).expect("a grpc-timeout header").to_str().unwrap();
     assert_eq!(grpc_timeout::parse(sent), Ok(ms(1_800)), "2000 ms less orders' 200 ms reserve");
 }

@@ -13,7 +13,7 @@ use std::{
 use criterion::{Criterion, criterion_group, criterion_main};
 use deadline::{Deadline, ForwardPolicy, Hop, HopStats};
 use resilience::{
-    breaker::{Breaker, BreakerService, BreakerSettings, CIRCUIT_OPEN_HEADER},
+    breaker::{Breaker, BreakerService, BreakerSettings},
     retry::{Call, RetryPolicy, RetrySettings},
 };
 use tonic::{Status, metadata::MetadataMap};
@@ -88,7 +88,7 @@ fn breaker(c: &mut Criterion) {
         at_once(open.call(http::Request::new(()))).expect("failures are answers");
     }
     let refused = at_once(open.call(http::Request::new(()))).expect("a refusal is an answer");
-    assert!(refused.headers().contains_key(CIRCUIT_OPEN_HEADER), "the breaker is open");
+    assert!(refused.headers().contains_key(wire::CIRCUIT_OPEN), "the breaker is open");
     group.bench_function("open: refuse a call at once", |b| b.iter(|| at_once(open.call(black_box(http::Request::new(()))))));
     group.finish();
 }

@@ -7,5 +7,3 @@ pub mod queue;
 pub mod rate_limit;
 pub mod retry;
 pub mod shares;
-
-pub use deadline::PREVIOUS_ATTEMPTS_HEADER;

@@ -37,8 +37,6 @@ use tower::{
     util::rng::{HasherRng, Rng},
 };
 
-use crate::retry::PUSHBACK_HEADER;
-
 /// The shortest wait a refused gRPC caller is asked for.
 pub const PUSHBACK: Duration = Duration::from_millis(100);
 
@@ -149,7 +147,7 @@ pub(crate) fn refused<B: Default + From<String>>(grpc: bool, by: &'static str, d
     if grpc {
         let mut status = Status::resource_exhausted(detail);
         // A generator seeded anew for each refusal, so that refusals do not share one sequence.
-        status.metadata_mut().insert(PUSHBACK_HEADER, MetadataValue::from(pushback_ms(&mut HasherRng::default())));
+        status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, MetadataValue::from(pushback_ms(&mut HasherRng::default())));
         status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static(by));
         return status.into_http();
     }
@@ -251,7 +249,7 @@ mod tests {
             request.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
             let refused = service.call(request).await.unwrap();
             assert_eq!(refused.headers()["grpc-status"], "8");
-            pushbacks.push(refused.headers()[PUSHBACK_HEADER].to_str().unwrap().parse::<u64>().unwrap());
+            pushbacks.push(refused.headers()[wire::RETRY_PUSHBACK_MS].to_str().unwrap().parse::<u64>().unwrap());
         }
         assert!(pushbacks.iter().all(|ms| (100..200).contains(ms)), "{pushbacks:?}");
         let (shortest, longest) = (pushbacks.iter().min().unwrap(), pushbacks.iter().max().unwrap());

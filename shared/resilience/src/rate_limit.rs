@@ -30,8 +30,6 @@ use telemetry::{
 use tonic::{Status, metadata::MetadataValue};
 use tower::{Layer, Service};
 
-use crate::retry::PUSHBACK_HEADER;
-
 /// A quota: a sustained rate and the burst allowed above it (a rate of 0: no limit).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -112,7 +110,7 @@ impl From<OverOwnQuota> for Status {
     fn from(over: OverOwnQuota) -> Self {
         let wait_ms = crate::retry::wait_millis(over.retry_after).max(1);
         let mut status = Status::resource_exhausted(over.to_string());
-        status.metadata_mut().insert(PUSHBACK_HEADER, MetadataValue::from(wait_ms));
+        status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, MetadataValue::from(wait_ms));
         status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static(over.dependency));
         status
     }

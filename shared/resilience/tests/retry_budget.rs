@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use deadline::{FAILED_FAST_HEADER, ForwardPolicy, SLICE_HEADER};
+use deadline::ForwardPolicy;
 use resilience::retry::{Call, InvalidRetrySettings, RetryBudget, RetryPolicy, RetrySettings, RetryStatsSnapshot, RetryThrottle};
 use tokio::time::advance;
 use tonic::{Status, metadata::MetadataMap};
@@ -299,10 +299,10 @@ async fn at_200_per_second_an_outage_stops_retries_and_recovery_restores_them() 
 async fn only_failures_a_retry_could_fix_take_tokens() {
     let policy = retry_policy(RetrySettings::default());
     let mut failed_fast = Status::deadline_exceeded("gateway: too little budget to call orders");
-    failed_fast.metadata_mut().insert(FAILED_FAST_HEADER, "gateway".parse().unwrap());
+    failed_fast.metadata_mut().insert(wire::DEADLINE_FAILED_FAST, "gateway".parse().unwrap());
     // An expiry of all the time there was: the client chose that deadline.
     let mut expired = Status::deadline_exceeded("gateway: orders did not answer within the 80 ms it was given");
-    expired.metadata_mut().insert(SLICE_HEADER, "80".parse().unwrap());
+    expired.metadata_mut().insert(wire::DEADLINE_SLICE, "80".parse().unwrap());
     // Answers that say nothing against the dependency: a NOT_FOUND is an answer, a hop that
     // failed fast for lack of deadline never called it, and a client's short deadline is its own.
     // Fifty of each would close the throttle if they took tokens.

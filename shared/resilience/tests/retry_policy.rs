@@ -11,11 +11,8 @@ use std::{
     time::Duration,
 };
 
-use deadline::{Deadline, ForwardPolicy, Hop, HopStats, SLICE_HEADER, Slice};
-use resilience::{
-    PREVIOUS_ATTEMPTS_HEADER,
-    retry::{Call, PUSHBACK_HEADER, PreviousReplicas, RETRIES_SPENT_HEADER, RetryPolicy, RetrySettings, RetryStatsSnapshot},
-};
+use deadline::{Deadline, ForwardPolicy, Hop, HopStats, Slice};
+use resilience::retry::{Call, PreviousReplicas, RetryPolicy, RetrySettings, RetryStatsSnapshot};
 use tokio::time::{Instant, Sleep, sleep};
 use tonic::{Code, Status, metadata::MetadataMap};
 use tower::{
@@ -43,7 +40,7 @@ fn unavailable() -> Status {
 }
 
 fn with_pushback(mut status: Status, millis: &str) -> Status {
-    status.metadata_mut().insert(PUSHBACK_HEADER, millis.parse().unwrap());
+    status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, millis.parse().unwrap());
     status
 }
 
@@ -92,7 +89,7 @@ impl Bank {
                 let started = Instant::now();
                 let previous_attempts = call.previous_attempts;
                 let request = call.into_request();
-                let header = request.metadata().get(PREVIOUS_ATTEMPTS_HEADER).map(|value| value.to_str().unwrap().to_owned());
+                let header = request.metadata().get(wire::PREVIOUS_ATTEMPTS).map(|value| value.to_str().unwrap().to_owned());
                 if !bank.takes.is_zero() {
                     sleep(bank.takes).await;
                 }
@@ -243,7 +240,7 @@ async fn pushback_beyond_the_deadline_returns_the_error_at_once() {
     let status = run.result.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
     // The caller gets the server's own answer, pushback included, to pass on or obey.
-    assert_eq!(status.metadata().get(PUSHBACK_HEADER).unwrap().to_str().unwrap(), "5000");
+    assert_eq!(status.metadata().get(wire::RETRY_PUSHBACK_MS).unwrap().to_str().unwrap(), "5000");
     assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 1, stopped_pushback: 1, ..Default::default() });
 }
 
@@ -343,7 +340,7 @@ async fn a_retry_must_leave_the_hop_its_reserve_and_the_dependency_its_minimum()
 fn expired(slice: Option<Slice>) -> Status {
     let mut status = Status::deadline_exceeded("orders did not answer in time");
     if let Some(slice) = slice {
-        status.metadata_mut().insert(SLICE_HEADER, slice.header_value().to_str().unwrap().parse().unwrap());
+        status.metadata_mut().insert(wire::DEADLINE_SLICE, slice.header_value().to_str().unwrap().parse().unwrap());
     }
     status
 }
@@ -372,11 +369,11 @@ async fn a_failure_the_edge_stopped_retrying_for_its_limits_is_marked_for_its_cl
     let policy = retry_policy(RetrySettings { max_attempts: 2, ..Default::default() });
     let bank = Bank::new([Err(unavailable()), Err(unavailable())]);
     let failure = operation(&policy, &bank, ms(2_000)).await.result.unwrap_err();
-    assert_eq!(failure.metadata().get(RETRIES_SPENT_HEADER).unwrap(), "attempts");
+    assert_eq!(failure.metadata().get(wire::RETRIES_SPENT).unwrap(), "attempts");
     // A failure no retry could fix is not marked: the client may well send a corrected request.
     let bank = Bank::new([Err(Status::invalid_argument("bad amount"))]);
     let failure = operation(&policy, &bank, ms(2_000)).await.result.unwrap_err();
-    assert!(failure.metadata().get(RETRIES_SPENT_HEADER).is_none());
+    assert!(failure.metadata().get(wire::RETRIES_SPENT).is_none());
 }
 
 #[tokio::test(start_paused = true)]
@@ -384,11 +381,11 @@ async fn a_failure_after_retries_says_how_many_attempts_came_before_it() {
     let policy = retry_policy(RetrySettings::default());
     let bank = Bank::new([Err(unavailable()), Err(unavailable()), Err(unavailable())]);
     let failure = operation(&policy, &bank, ms(10_000)).await.result.unwrap_err();
-    assert_eq!(failure.metadata().get(PREVIOUS_ATTEMPTS_HEADER).unwrap(), "2");
+    assert_eq!(failure.metadata().get(wire::PREVIOUS_ATTEMPTS).unwrap(), "2");
     // The only attempt's failure says nothing: there was none before it.
     let bank = Bank::new([Err(Status::invalid_argument("bad amount"))]);
     let failure = operation(&policy, &bank, ms(2_000)).await.result.unwrap_err();
-    assert!(failure.metadata().get(PREVIOUS_ATTEMPTS_HEADER).is_none());
+    assert!(failure.metadata().get(wire::PREVIOUS_ATTEMPTS).is_none());
 }
 
 #[tokio::test(start_paused = true)]
@@ -484,12 +481,12 @@ fn into_request_numbers_only_retries() {
     assert_eq!(*request.get_ref(), "pay");
     assert_eq!(request.metadata().get("idempotency-key").unwrap().to_str().unwrap(), "op-1");
     // A first attempt carries no header at all (not "0").
-    assert!(request.metadata().get(PREVIOUS_ATTEMPTS_HEADER).is_none());
+    assert!(request.metadata().get(wire::PREVIOUS_ATTEMPTS).is_none());
 
     let request = Call { previous_attempts: 2, ..first }.into_request();
     assert_eq!(*request.get_ref(), "pay");
     assert_eq!(request.metadata().get("idempotency-key").unwrap().to_str().unwrap(), "op-1");
-    assert_eq!(request.metadata().get(PREVIOUS_ATTEMPTS_HEADER).unwrap().to_str().unwrap(), "2");
+    assert_eq!(request.metadata().get(wire::PREVIOUS_ATTEMPTS).unwrap().to_str().unwrap(), "2");
 }
 
 #[test]

@@ -4,13 +4,7 @@ use tonic::{
     metadata::{MetadataMap, MetadataValue},
 };
 
-use deadline::FAILED_FAST_HEADER;
-pub use resilience::retry::PUSHBACK_HEADER;
-use resilience::retry::{Pushback, RETRIES_SPENT_HEADER, pushback};
-use resilience::{
-    breaker::{CIRCUIT_OPEN_HEADER, RELAYED_HEADER},
-    bulkhead::BULKHEAD_FULL_HEADER,
-};
+use resilience::retry::{Pushback, pushback};
 
 /// The most of a failure's message a hop passes up, in bytes.
 pub const MAX_RELAYED_MESSAGE: usize = 1_024;
@@ -30,21 +24,21 @@ pub const MAX_RELAYED_DETAILS: usize = 2_048;
 /// instead of the failure, which its breaker would count against the hop that relayed it.
 pub fn relay(status: &Status) -> Status {
     let mut metadata = MetadataMap::new();
-    for key in [FAILED_FAST_HEADER, CIRCUIT_OPEN_HEADER, BULKHEAD_FULL_HEADER, wire::NOT_EXECUTED, RETRIES_SPENT_HEADER] {
+    for key in [wire::DEADLINE_FAILED_FAST, wire::CIRCUIT_OPEN, wire::BULKHEAD_FULL, wire::NOT_EXECUTED, wire::RETRIES_SPENT] {
         if let Some(value) = status.metadata().get(key) {
             metadata.insert(key, value.clone());
         }
     }
     // The pushback as read, not as written: at most MAX_PUSHBACK, and anything negative or
     // unreadable as -1 ("do not retry"), so that no hop passes on a wait nobody could keep.
-    if status.metadata().contains_key(PUSHBACK_HEADER) {
+    if status.metadata().contains_key(wire::RETRY_PUSHBACK_MS) {
         let value = match pushback(status) {
             Pushback::Wait(wait) => MetadataValue::from(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
             Pushback::None | Pushback::DoNotRetry => MetadataValue::from_static("-1"),
         };
-        metadata.insert(PUSHBACK_HEADER, value);
+        metadata.insert(wire::RETRY_PUSHBACK_MS, value);
     }
-    metadata.insert(RELAYED_HEADER, MetadataValue::from_static("true"));
+    metadata.insert(wire::RELAYED, MetadataValue::from_static("true"));
     // The details (e.g. a google.rpc.RetryInfo) travel too, unless they are oversized.
     let details = if status.details().len() <= MAX_RELAYED_DETAILS { status.details().to_vec() } else { Vec::new() };
     Status::with_details_and_metadata(status.code(), bounded(status.message()), details.into(), metadata)
@@ -90,23 +84,23 @@ mod tests {
     #[test]
     fn relay_keeps_code_message_and_the_marks_the_edge_needs() {
         let mut status = Status::resource_exhausted("bank-mock: slow down");
-        status.metadata_mut().insert(PUSHBACK_HEADER, "300".parse().unwrap());
+        status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, "300".parse().unwrap());
         status.metadata_mut().insert("x-deadline-ledger", "bank-mock;received=1".parse().unwrap());
-        status.metadata_mut().insert(FAILED_FAST_HEADER, "payment".parse().unwrap());
-        status.metadata_mut().insert(CIRCUIT_OPEN_HEADER, "bank-mock".parse().unwrap());
-        status.metadata_mut().insert(BULKHEAD_FULL_HEADER, "bank-mock".parse().unwrap());
-        status.metadata_mut().insert(RETRIES_SPENT_HEADER, "budget".parse().unwrap());
+        status.metadata_mut().insert(wire::DEADLINE_FAILED_FAST, "payment".parse().unwrap());
+        status.metadata_mut().insert(wire::CIRCUIT_OPEN, "bank-mock".parse().unwrap());
+        status.metadata_mut().insert(wire::BULKHEAD_FULL, "bank-mock".parse().unwrap());
+        status.metadata_mut().insert(wire::RETRIES_SPENT, "budget".parse().unwrap());
         status.metadata_mut().insert(wire::NOT_EXECUTED, "bank-mock".parse().unwrap());
         let relayed = relay(&status);
         assert_eq!(relayed.code(), Code::ResourceExhausted);
         assert_eq!(relayed.message(), "bank-mock: slow down");
-        assert_eq!(relayed.metadata().get(PUSHBACK_HEADER).unwrap(), "300");
-        assert_eq!(relayed.metadata().get(FAILED_FAST_HEADER).unwrap(), "payment");
-        assert_eq!(relayed.metadata().get(CIRCUIT_OPEN_HEADER).unwrap(), "bank-mock");
-        assert_eq!(relayed.metadata().get(BULKHEAD_FULL_HEADER).unwrap(), "bank-mock");
-        assert_eq!(relayed.metadata().get(RETRIES_SPENT_HEADER).unwrap(), "budget");
+        assert_eq!(relayed.metadata().get(wire::RETRY_PUSHBACK_MS).unwrap(), "300");
+        assert_eq!(relayed.metadata().get(wire::DEADLINE_FAILED_FAST).unwrap(), "payment");
+        assert_eq!(relayed.metadata().get(wire::CIRCUIT_OPEN).unwrap(), "bank-mock");
+        assert_eq!(relayed.metadata().get(wire::BULKHEAD_FULL).unwrap(), "bank-mock");
+        assert_eq!(relayed.metadata().get(wire::RETRIES_SPENT).unwrap(), "budget");
         assert!(not_executed(&relayed), "callers above know that nothing happened below");
-        assert_eq!(relayed.metadata().get(RELAYED_HEADER).unwrap(), "true", "breakers above do not blame the relaying hop");
+        assert_eq!(relayed.metadata().get(wire::RELAYED).unwrap(), "true", "breakers above do not blame the relaying hop");
         assert!(relayed.metadata().get("x-deadline-ledger").is_none());
     }
 
@@ -126,8 +120,8 @@ mod tests {
     fn a_relayed_pushback_is_bounded() {
         for (sent, relayed) in [("300", "300"), (i64::MAX.to_string().as_str(), "3600000"), ("-5", "-1"), ("soon", "-1")] {
             let mut status = Status::resource_exhausted("bank-mock: slow down");
-            status.metadata_mut().insert(PUSHBACK_HEADER, sent.parse().unwrap());
-            assert_eq!(relay(&status).metadata().get(PUSHBACK_HEADER).unwrap(), relayed, "{sent}");
+            status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, sent.parse().unwrap());
+            assert_eq!(relay(&status).metadata().get(wire::RETRY_PUSHBACK_MS).unwrap(), relayed, "{sent}");
         }
     }
 

@@ -8,22 +8,27 @@ pub const GRPC_TIMEOUT: &str = "grpc-timeout";
 pub const REQUEST_TIMEOUT_MS: &str = "x-request-timeout-ms";
 /// Each hop's slice of the deadline, travelling back up with the answer.
 pub const DEADLINE_LEDGER: &str = "x-deadline-ledger";
-/// The slice a call was given, on its DEADLINE_EXCEEDED.
+/// The slice a call was given, on its DEADLINE_EXCEEDED: `<ms>` (rounded up), and `; capped` when
+/// it was less than what the hop had left after its reserve (so that a retry may get it again).
 pub const DEADLINE_SLICE: &str = "x-deadline-slice";
-/// On a DEADLINE_EXCEEDED answered without calling: the hop that failed fast.
+/// On a DEADLINE_EXCEEDED answered without calling: the hop that failed fast. A retry would get
+/// even less, so the edge does not retry it.
 pub const DEADLINE_FAILED_FAST: &str = "x-deadline-failed-fast";
-/// How many earlier attempts of the edge operation a call belongs to (gRPC's retry design, A6).
+/// How many earlier attempts of the edge operation a call belongs to (gRPC's retry design, A6):
+/// set by the gateway on each retry and passed on by every hop, so the bank tells retries apart.
 pub const PREVIOUS_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
 
 // The guards.
 
 /// How long to wait before trying again, in ms (gRPC's retry design, A6); negative: do not.
 pub const RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
-/// Retries the gateway spent on an operation.
+/// On a failure after which the edge stopped retrying (budget, attempts, an open breaker): why.
+/// The edge tells its own clients not to retry it: they would multiply what it already limited.
 pub const RETRIES_SPENT: &str = "x-retries-spent";
 /// On an answer refused by an open circuit breaker: the dependency.
 pub const CIRCUIT_OPEN: &str = "x-circuit-open";
-/// On an error passed up from a hop below, unchanged.
+/// On an error passed up from a hop below, unchanged. A breaker judges only its dependency's own
+/// failures: orders is not broken because the bank is down.
 pub const RELAYED: &str = "x-relayed";
 /// On an answer refused by a full bulkhead: the dependency.
 pub const BULKHEAD_FULL: &str = "x-bulkhead-full";

@@ -1,6 +1,6 @@
 //! The chain end to end: a paid order with its four-hop ledger, and the services' common surface.
 
-use deadline::{LEDGER_HEADER, ledger};
+use deadline::ledger;
 use e2e::{TestChain, order_body};
 use stack::chain::{BANK_ADMIN, BANK_GRPC, GATEWAY_GRPC, ORDERS_GRPC, PAYMENT_GRPC};
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
@@ -15,7 +15,7 @@ async fn a_healthy_post_is_paid_and_carries_a_four_hop_ledger() {
     let response = test.post_order("chain-1", &order_body()).send().await.unwrap();
     assert_eq!(response.status(), 201);
 
-    let ledger_text = response.headers()[LEDGER_HEADER].to_str().unwrap().to_owned();
+    let ledger_text = response.headers()[wire::DEADLINE_LEDGER].to_str().unwrap().to_owned();
     let entries = ledger::parse(&ledger_text).unwrap();
     let hops: Vec<&str> = entries.iter().map(|e| e.hop.as_str()).collect();
     assert_eq!(hops, ["gateway", "orders", "payment", "bank-mock"], "{ledger_text}");
@@ -37,7 +37,7 @@ async fn a_healthy_post_is_paid_and_carries_a_four_hop_ledger() {
     let id = order["order_id"].as_str().unwrap();
     let fetched = test.http.get(test.url(&format!("/v1/orders/{id}"))).bearer_auth(e2e::API_KEY).send().await.unwrap();
     assert_eq!(fetched.status(), 200);
-    assert!(fetched.headers().contains_key(LEDGER_HEADER));
+    assert!(fetched.headers().contains_key(wire::DEADLINE_LEDGER));
     assert_eq!(fetched.json::<serde_json::Value>().await.unwrap(), order);
 
     let stranger = test.http.get(test.url(&format!("/v1/orders/{id}"))).bearer_auth("demo-key-2").send().await.unwrap();

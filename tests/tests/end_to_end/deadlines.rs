@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use bank_mock::Faults;
-use deadline::{LEDGER_HEADER, ledger};
+use deadline::ledger;
 use e2e::{BACKGROUND, TestChain, eventually, grpc_request, order_body, order_message};
 use stack::chain::{BANK_GRPC, GATEWAY_HTTP, ORDERS_GRPC, PAYMENT_GRPC};
 use tonic::Code;
@@ -24,7 +24,7 @@ async fn with_the_bank_hanging_http_gets_504_by_the_deadline_and_no_hop_works_pa
     assert_eq!(response.status(), 504);
     assert!(elapsed < Duration::from_millis(500) + SLACK, "answered after {elapsed:?}");
     assert_eq!(response.headers()["content-type"], "application/problem+json");
-    let entries = ledger::parse(response.headers()[LEDGER_HEADER].to_str().unwrap()).unwrap();
+    let entries = ledger::parse(response.headers()[wire::DEADLINE_LEDGER].to_str().unwrap()).unwrap();
     assert_eq!(entries[0].received, Duration::from_millis(500), "the client's shorter deadline is used");
 
     // Once the bank's hanging work has been stopped (its deadline ended it, or its caller went
@@ -74,7 +74,7 @@ async fn over_grpc_the_client_sees_deadline_exceeded_whichever_hop_runs_out() {
             let status = gateway.create_order(request).await.unwrap_err();
             assert_eq!(status.code(), Code::DeadlineExceeded, "{name}, {timeout_ms} ms: {status:?}");
             assert!(started.elapsed() < Duration::from_millis(timeout_ms) + SLACK, "{name}: {:?}", started.elapsed());
-            assert!(status.metadata().get(LEDGER_HEADER).is_some(), "{name}: the error carries the ledger");
+            assert!(status.metadata().get(wire::DEADLINE_LEDGER).is_some(), "{name}: the error carries the ledger");
         }
     }
 }

@@ -20,7 +20,7 @@ use axum::{
     http::{HeaderMap, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
 };
-use deadline::{Hop, InboundPolicy, LEDGER_HEADER, ledger, server::Protocol};
+use deadline::{Hop, InboundPolicy, ledger, server::Protocol};
 use proto::{
     common::v1::{CreateOrderRequest, LineItem},
     json::{OrderJson, PaymentJson},
@@ -32,12 +32,8 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::{
     api::{Api, Rate, Read},
-    edge::FALLBACK_HEADER,
-    error::{GatewayError, Problem, REPLAYED_HEADER},
+    error::{GatewayError, Problem},
 };
-
-/// Header in which an HTTP client may shorten the operation deadline.
-pub use wire::REQUEST_TIMEOUT_MS as TIMEOUT_HEADER;
 
 pub fn router(api: Api, creates: Arc<Intake>) -> Router {
     let (router, _) = order_creation().route_layer(LoadShedLayer::new(creates)).merge(routes()).split_for_parts();
@@ -220,7 +216,7 @@ async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -
     let created = api.create_order(&client, key, order.into_request()?).await?;
     let mut response = (StatusCode::CREATED, Json(OrderJson::from(created.order))).into_response();
     if created.replayed {
-        response.headers_mut().insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+        response.headers_mut().insert(wire::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
     Ok(response)
 }
@@ -242,7 +238,7 @@ async fn get_order(State(api): State<Api>, headers: HeaderMap, Path(OrderPath { 
     let fallback = read.stale_since.map(|since| format!("stale-copy; as-of={}", rfc3339(since)));
     let mut response = Json(ReadJson::from(read)).into_response();
     if let Some(fallback) = fallback.and_then(|value| HeaderValue::try_from(value).ok()) {
-        response.headers_mut().insert(FALLBACK_HEADER, fallback);
+        response.headers_mut().insert(wire::FALLBACK, fallback);
     }
     Ok(response)
 }
@@ -306,7 +302,7 @@ async fn get_summary(State(api): State<Api>, headers: HeaderMap, Path(OrderPath 
     };
     let mut response = Json(summary).into_response();
     if let Some(fallback) = (!fallbacks.is_empty()).then(|| fallbacks.join(", ")).and_then(|v| HeaderValue::try_from(v).ok()) {
-        response.headers_mut().insert(FALLBACK_HEADER, fallback);
+        response.headers_mut().insert(wire::FALLBACK, fallback);
     }
     Ok(response)
 }
@@ -326,7 +322,7 @@ pub struct HttpDeadline {
 
 impl Protocol for HttpDeadline {
     fn requested_budget<B: Default + From<String>>(&self, headers: &HeaderMap) -> Result<Option<Duration>, http::Response<B>> {
-        let Some(value) = headers.get(TIMEOUT_HEADER) else {
+        let Some(value) = headers.get(wire::REQUEST_TIMEOUT_MS) else {
             return Ok(None);
         };
         match value.to_str().ok().and_then(requested_timeout) {
@@ -364,7 +360,7 @@ impl Protocol for HttpDeadline {
             headers.insert("server-timing", timing);
         }
         if let Ok(value) = HeaderValue::try_from(ledger_text) {
-            headers.insert(LEDGER_HEADER, value);
+            headers.insert(wire::DEADLINE_LEDGER, value);
         }
     }
 }

@@ -18,7 +18,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use super::extract::{IdempotencyKey, authenticate, idempotency_key, json_body, required};
 use crate::{
     api::Api,
-    error::{GatewayError, Problem, REPLAYED_HEADER},
+    error::{GatewayError, Problem},
     webhooks::Keyed,
 };
 
@@ -281,7 +281,7 @@ fn secret_response(status: StatusCode, keyed: Keyed) -> Response {
     };
     let mut response = (status, Json(body)).into_response();
     if keyed.replayed {
-        response.headers_mut().insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+        response.headers_mut().insert(wire::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
     response
 }

@@ -25,8 +25,6 @@ use serde::{Deserialize, Serialize};
 use tonic::{Code, Status, body::Body};
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt, util::BoxCloneSyncServiceLayer};
 
-use deadline::PREVIOUS_ATTEMPTS_HEADER;
-
 /// Whether the chain is built the naive way, and how its clients retry.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -110,8 +108,8 @@ where
                     .body(Body::new(Full::new(body.clone())))?;
                 *request.headers_mut() = parts.headers.clone();
                 // No deadline travels: each hop applies its own fixed timeout.
-                request.headers_mut().remove(deadline::grpc_timeout::HEADER);
-                request.headers_mut().insert(PREVIOUS_ATTEMPTS_HEADER, HeaderValue::from(attempt));
+                request.headers_mut().remove(wire::GRPC_TIMEOUT);
+                request.headers_mut().insert(wire::PREVIOUS_ATTEMPTS, HeaderValue::from(attempt));
                 let service = if attempt == 0 { &mut inner } else { inner.ready().await.map_err(Into::into)? };
                 last = match tokio::time::timeout(timeout, service.call(request)).await {
                     Ok(Ok(response)) if !is_transient_failure(&response) => return Ok(response),

@@ -13,7 +13,7 @@ use tokio::time::{Instant, Sleep, sleep_until};
 use tonic::{Code, Status, TimeoutExpired};
 use tower::BoxError;
 
-use crate::{Hop, LEDGER_HEADER, LatencyEstimate, SLICE_HEADER, Slice, millis};
+use crate::{Hop, LatencyEstimate, Slice, millis};
 
 const GRPC_STATUS: &str = "grpc-status";
 
@@ -89,12 +89,12 @@ where
                         millis(slice.given),
                     ))
                     .into_http();
-                    response.headers_mut().insert(SLICE_HEADER, slice.header_value());
+                    response.headers_mut().insert(wire::DEADLINE_SLICE, slice.header_value());
                     response
                 };
                 match inner.poll(cx) {
                     Poll::Ready(Ok(mut response)) => {
-                        if let Some(ledger) = response.headers().get(LEDGER_HEADER).and_then(|v| v.to_str().ok()) {
+                        if let Some(ledger) = response.headers().get(wire::DEADLINE_LEDGER).and_then(|v| v.to_str().ok()) {
                             hop.record_downstream(ledger.to_owned());
                         }
                         // Read the clock: a timer not yet polled or fired does not report elapsed.
@@ -102,7 +102,7 @@ where
                             relabel_cancelled_as_deadline(&mut response);
                         }
                         if has_code(&response, Code::DeadlineExceeded) {
-                            response.headers_mut().insert(SLICE_HEADER, slice.header_value());
+                            response.headers_mut().insert(wire::DEADLINE_SLICE, slice.header_value());
                             record(slice.given);
                         } else if !response.headers().contains_key(GRPC_STATUS) || has_code(&response, Code::Ok) {
                             record(sent_at.elapsed());

@@ -5,12 +5,12 @@
 //! - plans the slice with the dependency's [`ForwardPolicy`] and fails fast with DEADLINE_EXCEEDED,
 //!   without calling, when the slice is below the dependency's minimum, or below what it has
 //!   been taking ([`LatencyEstimate`], when given one); marked with
-//!   [`FAILED_FAST_HEADER`](crate::FAILED_FAST_HEADER) so that nobody retries it;
+//!   [`wire::DEADLINE_FAILED_FAST`] so that nobody retries it;
 //! - sends the slice as `grpc-timeout` (or a shorter one the caller set on the request, which is
 //!   kept) and stops waiting when it runs out, answering DEADLINE_EXCEEDED (tonic's channel starts
 //!   its own timer from the same header and would answer CANCELLED; that error is relabelled
 //!   too). The dependency, whose clock started later, sees the caller leave and drops its work;
-//! - names the slice on every DEADLINE_EXCEEDED of a forwarded call ([`crate::SLICE_HEADER`]),
+//! - names the slice on every DEADLINE_EXCEEDED of a forwarded call ([`wire::DEADLINE_SLICE`]),
 //!   so that breakers and the edge's retries judge the expiry by it;
 //! - keeps the ledger the dependency returns, so this hop can pass it up;
 //! - passes on the edge operation's attempt number (`grpc-previous-rpc-attempts`).
@@ -46,10 +46,7 @@ use tokio::time::Instant;
 use tonic::{Status, metadata::MetadataValue};
 use tower::{BoxError, Service};
 
-use crate::{
-    FAILED_FAST_HEADER, Forward, ForwardPolicy, Hop, LatencyEstimate, PREVIOUS_ATTEMPTS_HEADER, Slice, SlowerThanSlice, grpc_timeout, hop::Outcome,
-    millis,
-};
+use crate::{Forward, ForwardPolicy, Hop, LatencyEstimate, Slice, SlowerThanSlice, grpc_timeout, hop::Outcome, millis};
 
 /// Forwards the deadline to `dependency`; see the module docs.
 #[derive(Debug, Clone)]
@@ -65,7 +62,7 @@ fn failed_fast<B: Default>(hop: &Hop, dependency: &'static str, reason: String) 
     hop.stats().count(hop.name(), Outcome::FailedFast);
     tracing::debug!(%reason, "failing fast");
     let mut status = Status::deadline_exceeded(reason);
-    status.metadata_mut().insert(FAILED_FAST_HEADER, MetadataValue::from_static(hop.name()));
+    status.metadata_mut().insert(wire::DEADLINE_FAILED_FAST, MetadataValue::from_static(hop.name()));
     status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static(dependency));
     status.into_http()
 }
@@ -86,7 +83,7 @@ where
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let Some(hop) = Hop::current() else {
-            if request.headers().contains_key(grpc_timeout::HEADER) {
+            if request.headers().contains_key(wire::GRPC_TIMEOUT) {
                 return ResponseFuture::untracked(self.inner.call(request));
             }
             let method = request.uri().path();
@@ -106,7 +103,7 @@ where
         };
         let headers = request.headers_mut();
         // A timeout the caller set on the request (`Request::set_timeout`) is kept when shorter.
-        let set_by_caller = headers.get(grpc_timeout::HEADER).and_then(|value| grpc_timeout::parse(value.to_str().ok()?).ok());
+        let set_by_caller = headers.get(wire::GRPC_TIMEOUT).and_then(|value| grpc_timeout::parse(value.to_str().ok()?).ok());
         let forwarded = set_by_caller.map_or(forward.forwarded, |timeout| timeout.min(forward.forwarded));
         if let Some(estimate) = &self.estimate
             && let Err(needed) = estimate.admit(now, forwarded)
@@ -123,9 +120,9 @@ where
         hop.record_forward(now, Forward { forwarded, ..forward });
         let slice = Slice::new(forwarded, forwarded < remaining.saturating_sub(forward.reserved));
         let timeout = HeaderValue::try_from(grpc_timeout::format(forwarded)).expect("grpc-timeout values are ASCII");
-        headers.insert(grpc_timeout::HEADER, timeout);
-        if hop.previous_attempts() > 0 && !headers.contains_key(PREVIOUS_ATTEMPTS_HEADER) {
-            headers.insert(PREVIOUS_ATTEMPTS_HEADER, HeaderValue::from(hop.previous_attempts()));
+        headers.insert(wire::GRPC_TIMEOUT, timeout);
+        if hop.previous_attempts() > 0 && !headers.contains_key(wire::PREVIOUS_ATTEMPTS) {
+            headers.insert(wire::PREVIOUS_ATTEMPTS, HeaderValue::from(hop.previous_attempts()));
         }
         ResponseFuture::forwarded(self.inner.call(request), hop, self.dependency, slice, (now, now + forwarded), self.estimate.clone())
     }

@@ -4,7 +4,7 @@ use http::{HeaderMap, HeaderValue, Response};
 use tonic::Status;
 
 use super::Protocol;
-use crate::{Hop, InboundPolicy, LEDGER_HEADER, grpc_timeout, millis};
+use crate::{Hop, InboundPolicy, grpc_timeout, millis};
 
 /// gRPC: the budget comes from `grpc-timeout`; the ledger goes into response metadata.
 #[derive(Debug, Clone, Copy, Default)]
@@ -20,7 +20,7 @@ impl Grpc {
 
 impl Protocol for Grpc {
     fn requested_budget<B: Default + From<String>>(&self, headers: &HeaderMap) -> Result<Option<Duration>, Response<B>> {
-        let Some(value) = headers.get(grpc_timeout::HEADER) else {
+        let Some(value) = headers.get(wire::GRPC_TIMEOUT) else {
             return Ok(None);
         };
         let text = value.to_str().map_err(|_| Status::invalid_argument("grpc-timeout is not ASCII text").into_http())?;
@@ -44,7 +44,7 @@ impl Protocol for Grpc {
 
     fn attach_ledger<B>(&self, ledger: String, response: &mut Response<B>) {
         if let Ok(value) = HeaderValue::try_from(ledger) {
-            response.headers_mut().insert(LEDGER_HEADER, value);
+            response.headers_mut().insert(wire::DEADLINE_LEDGER, value);
         }
     }
 }

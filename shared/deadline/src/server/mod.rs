@@ -19,7 +19,7 @@ use http::{HeaderMap, Request, Response};
 use tokio::time::Instant;
 use tower::Service;
 
-use crate::{Deadline, Hop, HopStats, PREVIOUS_ATTEMPTS_HEADER};
+use crate::{Deadline, Hop, HopStats};
 
 /// What differs between the protocols a hop can be served over (gRPC, HTTP/JSON).
 pub trait Protocol: Clone + Send + Sync + 'static {
@@ -83,7 +83,7 @@ where
         let deadline = Deadline::after(received_at, self.protocol.grant(requested));
         let previous_attempts = request
             .headers()
-            .get(PREVIOUS_ATTEMPTS_HEADER)
+            .get(wire::PREVIOUS_ATTEMPTS)
             .filter(|_| !self.at_edge)
             .and_then(|value| value.to_str().ok())
             .and_then(|text| text.parse().ok())

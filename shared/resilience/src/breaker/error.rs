@@ -2,8 +2,7 @@ use std::{borrow::Cow, time::Duration};
 
 use tonic::{Status, metadata::MetadataValue};
 
-use super::CIRCUIT_OPEN_HEADER;
-use crate::retry::{PUSHBACK_HEADER, Pushback, pushback};
+use crate::retry::{Pushback, pushback};
 
 /// The breaker is open: the call was not made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -22,10 +21,10 @@ impl CircuitOpen {
     }
 
     /// What an open breaker's answer says, read back from the status a dependency sent: `None`
-    /// unless it is marked with [`CIRCUIT_OPEN_HEADER`] and names a wait (a breaker whose probes
+    /// unless it is marked with [`wire::CIRCUIT_OPEN`] and names a wait (a breaker whose probes
     /// are out names none: it may let the next call through).
     pub fn from_status(status: &Status) -> Option<Self> {
-        let dependency = status.metadata().get(CIRCUIT_OPEN_HEADER)?.to_str().ok()?;
+        let dependency = status.metadata().get(wire::CIRCUIT_OPEN)?.to_str().ok()?;
         match pushback(status) {
             Pushback::Wait(retry_in) if !retry_in.is_zero() => Some(Self { dependency: dependency.to_owned().into(), retry_in }),
             _ => None,
@@ -39,10 +38,10 @@ impl From<CircuitOpen> for Status {
         let metadata = status.metadata_mut();
         // A name read back by `from_status` was a valid value already; a static one is ours.
         if let Ok(dependency) = MetadataValue::try_from(open.dependency.as_ref()) {
-            metadata.insert(CIRCUIT_OPEN_HEADER, dependency.clone());
+            metadata.insert(wire::CIRCUIT_OPEN, dependency.clone());
             metadata.insert(wire::NOT_EXECUTED, dependency);
         }
-        metadata.insert(PUSHBACK_HEADER, MetadataValue::from(open.retry_in_ms()));
+        metadata.insert(wire::RETRY_PUSHBACK_MS, MetadataValue::from(open.retry_in_ms()));
         status
     }
 }
@@ -54,10 +53,10 @@ mod tests {
     #[test]
     fn the_wait_named_is_rounded_up_to_the_millisecond() {
         let status = Status::from(CircuitOpen { dependency: "bank-mock".into(), retry_in: Duration::from_micros(4_321_001) });
-        assert_eq!(status.metadata().get(PUSHBACK_HEADER).unwrap(), "4322");
+        assert_eq!(status.metadata().get(wire::RETRY_PUSHBACK_MS).unwrap(), "4322");
         assert!(status.message().ends_with("(next try in 4322 ms)"), "{}", status.message());
         let exact = Status::from(CircuitOpen { dependency: "bank-mock".into(), retry_in: Duration::from_millis(5) });
-        assert_eq!(exact.metadata().get(PUSHBACK_HEADER).unwrap(), "5");
+        assert_eq!(exact.metadata().get(wire::RETRY_PUSHBACK_MS).unwrap(), "5");
     }
 
     #[test]
@@ -67,7 +66,7 @@ mod tests {
         let probes_out = Status::from(CircuitOpen { dependency: "bank-mock".into(), retry_in: Duration::ZERO });
         assert_eq!(CircuitOpen::from_status(&probes_out), None, "probes are out: the next call may go through");
         let mut unmarked = Status::unavailable("bank-mock: down");
-        unmarked.metadata_mut().insert(PUSHBACK_HEADER, MetadataValue::from(1_500));
+        unmarked.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, MetadataValue::from(1_500));
         assert_eq!(CircuitOpen::from_status(&unmarked), None, "a plain failure with a pushback is no open circuit");
     }
 }

@@ -6,14 +6,14 @@ use std::{
     time::Duration,
 };
 
-use deadline::{FAILED_FAST_HEADER, Slice};
+use deadline::Slice;
 use http::Response;
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tonic::Code;
 use tower::BoxError;
 
-use super::{Breaker, Outcome, RELAYED_HEADER, state::Admission};
+use super::{Breaker, Outcome, state::Admission};
 
 pin_project! {
     /// Response future of [`super::BreakerService`]: records the call's outcome when it ends.
@@ -80,12 +80,12 @@ impl Thresholds {
             .and_then(|text| text.parse::<i32>().ok())
             .map_or(Code::Ok, Code::from_i32);
         let slow = elapsed > self.slow_call;
-        if code != Code::Ok && headers.contains_key(RELAYED_HEADER) {
+        if code != Code::Ok && headers.contains_key(wire::RELAYED) {
             return Outcome::Ignored;
         }
         match code {
             Code::ResourceExhausted => Outcome::Ignored,
-            Code::DeadlineExceeded if headers.contains_key(FAILED_FAST_HEADER) => Outcome::Ignored,
+            Code::DeadlineExceeded if headers.contains_key(wire::DEADLINE_FAILED_FAST) => Outcome::Ignored,
             Code::DeadlineExceeded => match Slice::from_headers(headers) {
                 // The caller's budget ran out before the dependency had a fair chance.
                 Some(slice) if slice.given < self.min_judged_slice => {
@@ -132,7 +132,6 @@ where
 mod tests {
     use super::*;
     use crate::breaker::{BreakerService, BreakerSettings, Position};
-    use deadline::SLICE_HEADER;
     use http::{HeaderValue, Request};
     use tonic::Status;
     use tower::{Service, service_fn};
@@ -159,33 +158,39 @@ mod tests {
             ("UNAVAILABLE", THRESHOLDS, answer(Status::unavailable("down"), &[]), quick, Outcome::Failure),
             ("INTERNAL", THRESHOLDS, answer(Status::internal("broken"), &[]), quick, Outcome::Failure),
             ("no answer at all", THRESHOLDS, Err("connection refused".into()), quick, Outcome::Failure),
-            ("DEADLINE_EXCEEDED after an adequate slice", THRESHOLDS, answer(expired(), &[(SLICE_HEADER, "1478")]), long, Outcome::Failure),
+            ("DEADLINE_EXCEEDED after an adequate slice", THRESHOLDS, answer(expired(), &[(wire::DEADLINE_SLICE, "1478")]), long, Outcome::Failure),
             (
                 "DEADLINE_EXCEEDED after exactly the threshold",
                 THRESHOLDS,
-                answer(expired(), &[(SLICE_HEADER, "1000; capped")]),
+                answer(expired(), &[(wire::DEADLINE_SLICE, "1000; capped")]),
                 long,
                 Outcome::Failure,
             ),
-            ("DEADLINE_EXCEEDED after a short slice", THRESHOLDS, answer(expired(), &[(SLICE_HEADER, "51")]), quick, Outcome::Ignored),
-            ("DEADLINE_EXCEEDED after a capped short slice", THRESHOLDS, answer(expired(), &[(SLICE_HEADER, "51; capped")]), quick, Outcome::Ignored),
+            ("DEADLINE_EXCEEDED after a short slice", THRESHOLDS, answer(expired(), &[(wire::DEADLINE_SLICE, "51")]), quick, Outcome::Ignored),
+            (
+                "DEADLINE_EXCEEDED after a capped short slice",
+                THRESHOLDS,
+                answer(expired(), &[(wire::DEADLINE_SLICE, "51; capped")]),
+                quick,
+                Outcome::Ignored,
+            ),
             (
                 "DEADLINE_EXCEEDED after a short slice that outlasted the slow-call threshold",
                 Thresholds { slow_call: Duration::from_millis(200), min_judged_slice: Duration::from_millis(1_000) },
-                answer(expired(), &[(SLICE_HEADER, "600")]),
+                answer(expired(), &[(wire::DEADLINE_SLICE, "600")]),
                 Duration::from_millis(600),
                 Outcome::Slow,
             ),
             ("DEADLINE_EXCEEDED with no slice named", THRESHOLDS, answer(expired(), &[]), quick, Outcome::Failure),
-            ("a relayed failure", THRESHOLDS, answer(Status::unavailable("bank-mock: down"), &[(RELAYED_HEADER, "true")]), quick, Outcome::Ignored),
+            ("a relayed failure", THRESHOLDS, answer(Status::unavailable("bank-mock: down"), &[(wire::RELAYED, "true")]), quick, Outcome::Ignored),
             (
                 "a relayed DEADLINE_EXCEEDED",
                 THRESHOLDS,
-                answer(expired(), &[(RELAYED_HEADER, "true"), (SLICE_HEADER, "1478")]),
+                answer(expired(), &[(wire::RELAYED, "true"), (wire::DEADLINE_SLICE, "1478")]),
                 long,
                 Outcome::Ignored,
             ),
-            ("a fail-fast for lack of budget", THRESHOLDS, answer(expired(), &[(FAILED_FAST_HEADER, "payment")]), quick, Outcome::Ignored),
+            ("a fail-fast for lack of budget", THRESHOLDS, answer(expired(), &[(wire::DEADLINE_FAILED_FAST, "payment")]), quick, Outcome::Ignored),
             ("RESOURCE_EXHAUSTED", THRESHOLDS, answer(Status::resource_exhausted("slow down"), &[]), quick, Outcome::Ignored),
             ("a slow RESOURCE_EXHAUSTED", THRESHOLDS, answer(Status::resource_exhausted("slow down"), &[]), long, Outcome::Ignored),
         ];

@@ -9,13 +9,13 @@
 //! slower than `slow_call_ms` are slow. RESOURCE_EXHAUSTED never counts (the neighbour is alive
 //! and asks us to slow down), nor does a DEADLINE_EXCEEDED that a hop answered without calling
 //! (our own short budget), nor a failure the dependency relayed from further down (marked with
-//! [`RELAYED_HEADER`]), nor a call our caller abandoned.
+//! [`wire::RELAYED`]), nor a call our caller abandoned.
 //!
 //! Why a DEADLINE_EXCEEDED counts only after an adequate slice: the client chooses the deadline,
 //! and the breaker is shared by every client. One client sending 100 ms deadlines gives the bank
 //! ~50 ms, and a breaker that blamed the bank for those expiries would open for everyone. So an
 //! expiry is a failure only when the slice the call was given, as the deadline layer names it
-//! ([`deadline::SLICE_HEADER`]), was at least `min_judged_slice_ms`; after a shorter slice it is
+//! ([`wire::DEADLINE_SLICE`]), was at least `min_judged_slice_ms`; after a shorter slice it is
 //! ignored, or slow if the call still outlasted `slow_call_ms`. An expiry with no slice named
 //! counts as a failure. The threshold is a setting of its own, not `slow_call_ms`: the breakers
 //! above payment set that to 60 s so that the bank's slowness does not open them, yet a hung
@@ -36,7 +36,7 @@
 //! opened and closed again would otherwise be judged in a window it was never part of, and a
 //! probe of an earlier half-open would free a place, or count a success, in the current one.
 //!
-//! An open breaker answers UNAVAILABLE marked with [`CIRCUIT_OPEN_HEADER`] and the time until it
+//! An open breaker answers UNAVAILABLE marked with [`wire::CIRCUIT_OPEN`] and the time until it
 //! half-opens (rounded up to the millisecond) as `grpc-retry-pushback-ms`, so the edge neither
 //! retries through it nor hides when trying again makes sense. No tower breaker exists upstream,
 //! so this one is written here.
@@ -71,13 +71,6 @@ use telemetry::{
 use tokio::time::Instant;
 use tonic::Status;
 use tower::{BoxError, Service, util::rng::HasherRng};
-
-/// Metadata marking an answer given by an open breaker; its value names the dependency.
-pub use wire::CIRCUIT_OPEN as CIRCUIT_OPEN_HEADER;
-
-/// Metadata marking a failure a hop passed up from its own dependency. A breaker judges only its
-/// dependency's own failures: orders is not broken because the bank is down.
-pub use wire::RELAYED as RELAYED_HEADER;
 
 /// Thresholds of one breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -352,8 +345,8 @@ mod tests {
             panic!("an open breaker answers on the first poll");
         };
         assert_eq!(response.headers()["grpc-status"], "14");
-        assert_eq!(response.headers()[CIRCUIT_OPEN_HEADER], "bank-mock");
-        assert!(response.headers().contains_key(crate::retry::PUSHBACK_HEADER));
+        assert_eq!(response.headers()[wire::CIRCUIT_OPEN], "bank-mock");
+        assert!(response.headers().contains_key(wire::RETRY_PUSHBACK_MS));
         assert_eq!(calls.load(Ordering::Relaxed), 2, "the inner service was not called");
     }
 
@@ -369,14 +362,14 @@ mod tests {
         let mut service = BreakerService::new(failing, Breaker::new("payment", "bank-mock", settings));
         service.call(Request::new(String::new())).await.unwrap();
         let refused = service.call(Request::new(String::new())).await.unwrap();
-        let pushback: u64 = refused.headers()[crate::retry::PUSHBACK_HEADER].to_str().unwrap().parse().unwrap();
+        let pushback: u64 = refused.headers()[wire::RETRY_PUSHBACK_MS].to_str().unwrap().parse().unwrap();
         assert!((800..=1_200).contains(&pushback), "open_ms 1000 ± 20 %: {pushback}");
 
         // A millisecond short of the pushback it is still open (the wait was rounded up, not down)...
         tokio::time::advance(Duration::from_millis(pushback - 1)).await;
         let early = service.call(Request::new(String::new())).await.unwrap();
-        assert!(early.headers().contains_key(CIRCUIT_OPEN_HEADER));
-        assert_eq!(early.headers()[crate::retry::PUSHBACK_HEADER], "1");
+        assert!(early.headers().contains_key(wire::CIRCUIT_OPEN));
+        assert_eq!(early.headers()[wire::RETRY_PUSHBACK_MS], "1");
         // ...and once it has passed, the next call is a probe.
         tokio::time::advance(Duration::from_millis(1)).await;
         service.call(Request::new(String::new())).await.unwrap();

@@ -37,9 +37,6 @@ use tower::{BoxError, Service};
 
 use adaptive::{Sample, Vegas};
 
-/// Metadata marking an answer given by a full bulkhead; its value names the dependency.
-pub use wire::BULKHEAD_FULL as BULKHEAD_FULL_HEADER;
-
 /// The limit was reached: the call was not made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{dependency}: {limit} calls already in flight (bulkhead full); not calling")]
@@ -51,7 +48,7 @@ pub struct BulkheadFull {
 impl From<BulkheadFull> for Status {
     fn from(full: BulkheadFull) -> Self {
         let mut status = Status::unavailable(full.to_string());
-        status.metadata_mut().insert(BULKHEAD_FULL_HEADER, MetadataValue::from_static(full.dependency));
+        status.metadata_mut().insert(wire::BULKHEAD_FULL, MetadataValue::from_static(full.dependency));
         status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static(full.dependency));
         status
     }
@@ -258,7 +255,7 @@ mod tests {
         // The third is answered on its first poll: rejected, never queued.
         let rejected = futures::FutureExt::now_or_never(service.clone().oneshot(Request::new(String::new()))).expect("rejected at once").unwrap();
         assert_eq!(rejected.headers()["grpc-status"], "14");
-        assert_eq!(rejected.headers()[BULKHEAD_FULL_HEADER], "bank-mock");
+        assert_eq!(rejected.headers()[wire::BULKHEAD_FULL], "bank-mock");
         assert_eq!(bulkhead.stats(), BulkheadStats { adaptive: false, limit: 2, max_concurrent: 2, in_flight: 2, rejected: 1 });
 
         release.send(true).unwrap();
@@ -313,7 +310,7 @@ mod tests {
             assert!(futures::FutureExt::now_or_never(call.as_mut()).is_none());
         }
         let refused = futures::FutureExt::now_or_never(service.clone().oneshot(Request::new(String::new()))).expect("at once").unwrap();
-        assert_eq!(refused.headers()[BULKHEAD_FULL_HEADER], "bank-mock");
+        assert_eq!(refused.headers()[wire::BULKHEAD_FULL], "bank-mock");
         futures::future::join_all(held).await;
 
         latency_ms.store(20, Ordering::Relaxed);

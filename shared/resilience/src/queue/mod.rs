@@ -1,5 +1,5 @@
 //! Admission by queueing time: `workers` requests run at once, the rest wait their turn, and a
-//! queue that stands (CoDel's test, see [`codel`]) sheds the requests that waited longest.
+//! queue that stands (CoDel's test, see `codel.rs`) sheds the requests that waited longest.
 //!
 //! Why not only a count? An intake that admits by count keeps every admitted request, however
 //! long it has waited and however little of its deadline is left. Under overload all of them

@@ -5,8 +5,6 @@ use std::{
 
 use tonic::{Request, metadata::MetadataMap};
 
-use crate::PREVIOUS_ATTEMPTS_HEADER;
-
 /// One gRPC call that can be sent again: the message and metadata kept apart, because a
 /// `tonic::Request` (and the HTTP request under it) cannot be cloned.
 #[derive(Debug, Clone)]
@@ -29,7 +27,7 @@ impl<M> Call<M> {
     pub fn into_request(self) -> Request<M> {
         let mut metadata = self.metadata;
         if self.previous_attempts > 0 {
-            metadata.insert(PREVIOUS_ATTEMPTS_HEADER, self.previous_attempts.into());
+            metadata.insert(wire::PREVIOUS_ATTEMPTS, self.previous_attempts.into());
         }
         let mut request = Request::from_parts(metadata, Default::default(), self.message);
         request.extensions_mut().insert(self.previous_replicas);

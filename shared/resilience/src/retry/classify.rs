@@ -30,7 +30,7 @@ pub const MAX_PUSHBACK: Duration = Duration::from_secs(60 * 60);
 /// Reads `grpc-retry-pushback-ms`, or failing that a `google.rpc.RetryInfo` detail; a wait is at
 /// most [`MAX_PUSHBACK`].
 pub fn pushback(status: &Status) -> Pushback {
-    if let Some(value) = status.metadata().get(crate::retry::PUSHBACK_HEADER) {
+    if let Some(value) = status.metadata().get(wire::RETRY_PUSHBACK_MS) {
         return match value.to_str().ok().and_then(|text| text.trim().parse::<i64>().ok()) {
             Some(millis) if millis >= 0 => Pushback::Wait(Duration::from_millis(millis.unsigned_abs()).min(MAX_PUSHBACK)),
             _ => Pushback::DoNotRetry,
@@ -50,7 +50,7 @@ mod tests {
 
     fn with_pushback(value: &str) -> Status {
         let mut status = Status::resource_exhausted("slow down");
-        status.metadata_mut().insert(crate::retry::PUSHBACK_HEADER, value.parse().unwrap());
+        status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, value.parse().unwrap());
         status
     }
 

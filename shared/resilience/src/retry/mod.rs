@@ -33,7 +33,7 @@
 //!   attempts fail (30 % of bank calls failing, say).
 //!
 //! Every operation ends with a [`StopReason`], logged and counted. When the edge stops for its
-//! budget, its attempts or an open breaker, the failure is marked ([`RETRIES_SPENT_HEADER`]) so
+//! budget, its attempts or an open breaker, the failure is marked ([`wire::RETRIES_SPENT`]) so
 //! that the edge's gRPC face tells its own clients not to retry what it already retried as far as
 //! it should. A failure after retries also carries `grpc-previous-rpc-attempts`, as A6 exposes
 //! it to the application: the caller learns that attempts were made whose answers it never sees
@@ -55,9 +55,8 @@ pub use throttle::RetryThrottle;
 use std::{sync::Arc, time::Duration};
 
 use attempt_time::AttemptTime;
-use deadline::{FAILED_FAST_HEADER, ForwardPolicy, Hop, Slice};
+use deadline::{ForwardPolicy, Hop, Slice};
 
-use crate::breaker::CIRCUIT_OPEN_HEADER;
 use serde::{Deserialize, Serialize};
 use tokio::time::{Instant, Sleep, sleep};
 use tonic::{Code, Status, metadata::MetadataValue};
@@ -67,14 +66,6 @@ use tower::retry::{
     budget::Budget,
 };
 use tower::util::rng::HasherRng;
-
-/// Metadata in which a server names the wait before a retry (gRPC retry design, A6).
-pub use wire::RETRY_PUSHBACK_MS as PUSHBACK_HEADER;
-
-/// Metadata on a failure after which the edge stopped retrying for its budget, its attempts or an
-/// open breaker; its value is the [`StopReason`]. The edge's face answers its own clients "do
-/// not retry" for such a failure: they would only multiply what the edge has already limited.
-pub use wire::RETRIES_SPENT as RETRIES_SPENT_HEADER;
 
 /// A wait as whole milliseconds, rounded up: a client told to come back after a truncated wait
 /// comes back early and is refused again.
@@ -241,11 +232,11 @@ impl RetryPolicy {
 
     /// The wait before the next attempt, or why there is none.
     fn next_wait(&mut self, status: &Status, previous_attempts: u32) -> Result<Sleep, StopReason> {
-        if status.metadata().contains_key(FAILED_FAST_HEADER) {
+        if status.metadata().contains_key(wire::DEADLINE_FAILED_FAST) {
             // A hop had too little budget to call on; a retry would have less.
             return Err(StopReason::Deadline);
         }
-        if status.metadata().contains_key(CIRCUIT_OPEN_HEADER) {
+        if status.metadata().contains_key(wire::CIRCUIT_OPEN) {
             // Never retry through an open breaker.
             return Err(StopReason::Breaker);
         }
@@ -314,7 +305,7 @@ fn takes_a_token(status: &Status) -> bool {
     };
     let expired_uncapped =
         status.code() == Code::DeadlineExceeded && !Slice::from_headers(status.metadata().as_ref()).is_some_and(|slice| slice.capped);
-    !status.metadata().contains_key(FAILED_FAST_HEADER) && !expired_uncapped && is_retryable(status.code(), named_wait)
+    !status.metadata().contains_key(wire::DEADLINE_FAILED_FAST) && !expired_uncapped && is_retryable(status.code(), named_wait)
 }
 
 /// What a retry policy would allow at one moment.
@@ -380,12 +371,12 @@ impl<M: Clone, R> Policy<Call<M>, R, Status> for RetryPolicy {
             }
             Err(reason) => {
                 if matches!(reason, StopReason::Budget | StopReason::Attempts | StopReason::Breaker) {
-                    status.metadata_mut().insert(RETRIES_SPENT_HEADER, MetadataValue::from_static(reason.as_str()));
+                    status.metadata_mut().insert(wire::RETRIES_SPENT, MetadataValue::from_static(reason.as_str()));
                 }
                 // The attempts before this failure, as A6 exposes them to the application: what
                 // they did is not in this answer, and a caller may need to know they were made.
                 if call.previous_attempts > 0 {
-                    status.metadata_mut().insert(crate::PREVIOUS_ATTEMPTS_HEADER, MetadataValue::from(call.previous_attempts));
+                    status.metadata_mut().insert(wire::PREVIOUS_ATTEMPTS, MetadataValue::from(call.previous_attempts));
                 }
                 self.stop(reason, attempts);
                 None

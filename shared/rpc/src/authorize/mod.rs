@@ -41,7 +41,8 @@ use http::{StatusCode, header};
 use telemetry::metrics::{Counter, KeyValue};
 use tokio::time::Instant;
 
-use crate::{listener::Peer, metadata::CLIENT_ID};
+use crate::listener::Peer;
+use wire::CLIENT_ID;
 
 /// The shortest time between two log lines about refused calls.
 pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);

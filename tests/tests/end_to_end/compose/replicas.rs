@@ -121,7 +121,7 @@ impl Client {
     async fn bank(&self) -> BankStats {
         self.http
             .get(format!("http://127.0.0.1:{}/admin/stats", self.admin_port))
-            .header(bank_mock::TOKEN_HEADER, ADMIN_TOKEN)
+            .header(wire::ADMIN_TOKEN, ADMIN_TOKEN)
             .send()
             .await
             .expect("the bank's admin API answers")

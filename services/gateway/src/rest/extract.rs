@@ -1,6 +1,15 @@
 //! Reading an HTTP request: the client its API key names, its idempotency key, its JSON body.
+//!
+//! Each is an extractor, so a handler names what it needs in its arguments and axum checks them
+//! in their order there: the API key (`401`), the idempotency key (`400`), then the body (`415`,
+//! `400`), before the handler runs.
 
-use axum::http::HeaderMap;
+use axum::{
+    body::Bytes,
+    extract::{FromRequest, FromRequestParts, Request},
+    http::{HeaderMap, request::Parts},
+    response::{IntoResponse, Response},
+};
 use serde::de::DeserializeOwned;
 use utoipa::IntoParams;
 
@@ -17,25 +26,45 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 }
 
 /// The client named by the request's API key.
-pub fn authenticate(api: &Api, headers: &HeaderMap) -> Result<ClientId, GatewayError> {
-    api.authenticate(header(headers, "authorization"))
+impl FromRequestParts<Api> for ClientId {
+    type Rejection = GatewayError;
+
+    async fn from_request_parts(parts: &mut Parts, api: &Api) -> Result<Self, GatewayError> {
+        api.authenticate(header(&parts.headers, "authorization"))
+    }
 }
 
 /// The `Idempotency-Key` header of a write that needs one (checked below the faces, by
 /// `proto::validate::idempotency_key`).
 #[derive(IntoParams)]
 #[into_params(names("Idempotency-Key"), parameter_in = Header)]
-pub struct IdempotencyKey<'a>(
+pub struct IdempotencyKey(
     /// 1 to 255 visible ASCII characters, scoped to the client: repeats of one request carry the same key.
     #[param(min_length = 1, max_length = 255, pattern = r"^[\x21-\x7E]+$")]
-    pub &'a str,
+    pub String,
 );
 
-/// The `Idempotency-Key` header of a write that needs one.
-pub fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey<'_>, GatewayError> {
-    header(headers, wire::IDEMPOTENCY_KEY)
-        .map(IdempotencyKey)
-        .ok_or_else(|| GatewayError::field("Idempotency-Key", "header is required (1 to 255 characters)"))
+impl<S: Sync> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = GatewayError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, GatewayError> {
+        header(&parts.headers, wire::IDEMPOTENCY_KEY)
+            .map(|key| IdempotencyKey(key.to_owned()))
+            .ok_or_else(|| GatewayError::field("Idempotency-Key", "header is required (1 to 255 characters)"))
+    }
+}
+
+/// A JSON body, read as [`json_body`] reads it, within the router's body limit.
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
+        let headers = request.headers().clone();
+        let body = Bytes::from_request(request, state).await.map_err(IntoResponse::into_response)?;
+        json_body(&headers, &body).map(JsonBody).map_err(IntoResponse::into_response)
+    }
 }
 
 /// A JSON body sent as `application/json`, a fault in it reported with the path of the field at

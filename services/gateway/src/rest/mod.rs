@@ -6,7 +6,8 @@ pub mod openapi;
 pub mod problems;
 mod webhooks;
 
-use extract::{IdempotencyKey, authenticate, idempotency_key, json_body, required};
+use crate::edge::ClientId;
+use extract::{IdempotencyKey, JsonBody, required};
 
 use std::{
     sync::Arc,
@@ -15,7 +16,6 @@ use std::{
 
 use axum::{
     Json, Router,
-    body::Bytes,
     extract::{Path, State},
     http::{HeaderMap, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
@@ -209,11 +209,13 @@ struct Unavailable {
             headers(("Idempotent-Replayed" = String, description = "`true` on a repeat's stored answer."))),
     ),
 )]
-async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
-    let client = authenticate(&api, &headers)?;
-    let IdempotencyKey(key) = idempotency_key(&headers)?;
-    let order: NewOrder = json_body(&headers, &body)?;
-    let created = api.create_order(&client, key, order.into_request()?).await?;
+async fn create_order(
+    State(api): State<Api>,
+    client: ClientId,
+    IdempotencyKey(key): IdempotencyKey,
+    JsonBody(order): JsonBody<NewOrder>,
+) -> Result<Response, GatewayError> {
+    let created = api.create_order(&client, &key, order.into_request()?).await?;
     let mut response = (StatusCode::CREATED, Json(OrderJson::from(created.order))).into_response();
     if created.replayed {
         response.headers_mut().insert(wire::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
@@ -232,8 +234,7 @@ async fn create_order(State(api): State<Api>, headers: HeaderMap, body: Bytes) -
         (status = 404, description = "No such order for this client.", body = Problem, content_type = "application/problem+json"),
     ),
 )]
-async fn get_order(State(api): State<Api>, headers: HeaderMap, Path(OrderPath { order_id }): Path<OrderPath>) -> Result<Response, GatewayError> {
-    let client = authenticate(&api, &headers)?;
+async fn get_order(State(api): State<Api>, client: ClientId, Path(OrderPath { order_id }): Path<OrderPath>) -> Result<Response, GatewayError> {
     let read = api.get_order(&client, order_id).await?;
     let fallback = read.stale_since.map(|since| format!("stale-copy; as-of={}", rfc3339(since)));
     let mut response = Json(ReadJson::from(read)).into_response();
@@ -255,8 +256,7 @@ async fn get_order(State(api): State<Api>, headers: HeaderMap, Path(OrderPath { 
         (status = 404, description = "No such order for this client.", body = Problem, content_type = "application/problem+json"),
     ),
 )]
-async fn get_summary(State(api): State<Api>, headers: HeaderMap, Path(OrderPath { order_id }): Path<OrderPath>) -> Result<Response, GatewayError> {
-    let client = authenticate(&api, &headers)?;
+async fn get_summary(State(api): State<Api>, client: ClientId, Path(OrderPath { order_id }): Path<OrderPath>) -> Result<Response, GatewayError> {
     // Without the order there is nothing to show: the honest error, with Retry-After when known.
     let read = api.get_order(&client, order_id).await?;
     let (payment, rate, recommended) =

@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::extract::{IdempotencyKey, authenticate, idempotency_key, json_body, required};
+use super::extract::{IdempotencyKey, JsonBody, json_body, required};
+use crate::edge::ClientId;
 use crate::{
     api::Api,
     error::{GatewayError, Problem},
@@ -298,18 +299,20 @@ fn secret_response(status: StatusCode, keyed: Keyed) -> Response {
             body = SecretJson, headers(("Idempotent-Replayed" = String, description = "`true` on a repeat's stored answer."))),
     ),
 )]
-async fn create_endpoint(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
-    let client = authenticate(&api, &headers)?;
-    let IdempotencyKey(key) = idempotency_key(&headers)?;
-    let request = json_body::<NewEndpoint>(&headers, &body)?.into_request()?;
-    let created = api.webhooks().create_endpoint(&client, key, request).await?;
+async fn create_endpoint(
+    State(api): State<Api>,
+    client: ClientId,
+    IdempotencyKey(key): IdempotencyKey,
+    JsonBody(endpoint): JsonBody<NewEndpoint>,
+) -> Result<Response, GatewayError> {
+    let request = endpoint.into_request()?;
+    let created = api.webhooks().create_endpoint(&client, &key, request).await?;
     Ok(secret_response(StatusCode::CREATED, created))
 }
 
 /// The client's endpoints.
 #[utoipa::path(get, path = "/v1/webhooks/endpoints", tag = "webhooks", responses((status = 200, description = "Every endpoint of the client.", body = EndpointsJson)))]
-async fn list_endpoints(State(api): State<Api>, headers: HeaderMap) -> Result<Response, GatewayError> {
-    let client = authenticate(&api, &headers)?;
+async fn list_endpoints(State(api): State<Api>, client: ClientId) -> Result<Response, GatewayError> {
     let endpoints = api.webhooks().endpoints(&client).await?.endpoints.into_iter().map(EndpointJson::from).collect();
     Ok(Json(EndpointsJson { endpoints }).into_response())
 }
@@ -324,10 +327,9 @@ async fn list_endpoints(State(api): State<Api>, headers: HeaderMap) -> Result<Re
 )]
 async fn get_endpoint(
     State(api): State<Api>,
-    headers: HeaderMap,
+    client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
 ) -> Result<Response, GatewayError> {
-    let client = authenticate(&api, &headers)?;
     let endpoint = api.webhooks().endpoint(&client, endpoint_id).await?;
     Ok(Json(EndpointJson::from(endpoint)).into_response())
 }
@@ -342,10 +344,9 @@ async fn get_endpoint(
 )]
 async fn delete_endpoint(
     State(api): State<Api>,
-    headers: HeaderMap,
+    client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
 ) -> Result<StatusCode, GatewayError> {
-    let client = authenticate(&api, &headers)?;
     api.webhooks().delete_endpoint(&client, endpoint_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -365,17 +366,17 @@ async fn delete_endpoint(
 )]
 async fn rotate_secret(
     State(api): State<Api>,
+    client: ClientId,
+    IdempotencyKey(key): IdempotencyKey,
     headers: HeaderMap,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
     body: Bytes,
 ) -> Result<Response, GatewayError> {
-    let client = authenticate(&api, &headers)?;
-    let IdempotencyKey(key) = idempotency_key(&headers)?;
     // No body, or `null`, asks for the defaults.
     let rotation: Option<Rotation> = if body.is_empty() { None } else { json_body(&headers, &body)? };
     let rotation = rotation.unwrap_or_default();
     let overlap_ms = positive(rotation.overlap_ms, "overlap_ms")?;
-    let rotated = api.webhooks().rotate_secret(&client, key, RotateSecretRequest { endpoint_id, overlap_ms }).await?;
+    let rotated = api.webhooks().rotate_secret(&client, &key, RotateSecretRequest { endpoint_id, overlap_ms }).await?;
     Ok(secret_response(StatusCode::OK, rotated))
 }
 
@@ -389,10 +390,9 @@ async fn rotate_secret(
 )]
 async fn disable_endpoint(
     State(api): State<Api>,
-    headers: HeaderMap,
+    client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
 ) -> Result<Response, GatewayError> {
-    let client = authenticate(&api, &headers)?;
     Ok(Json(EndpointJson::from(api.webhooks().set_enabled(&client, endpoint_id, false).await?)).into_response())
 }
 
@@ -406,10 +406,9 @@ async fn disable_endpoint(
 )]
 async fn enable_endpoint(
     State(api): State<Api>,
-    headers: HeaderMap,
+    client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
 ) -> Result<Response, GatewayError> {
-    let client = authenticate(&api, &headers)?;
     Ok(Json(EndpointJson::from(api.webhooks().set_enabled(&client, endpoint_id, true).await?)).into_response())
 }
 
@@ -423,11 +422,10 @@ async fn enable_endpoint(
 )]
 async fn list_deliveries(
     State(api): State<Api>,
-    headers: HeaderMap,
+    client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
     query: Result<Query<DeliveriesQuery>, QueryRejection>,
 ) -> Result<Response, GatewayError> {
-    let client = authenticate(&api, &headers)?;
     let Query(query) = query.map_err(|rejection| GatewayError::field("limit", rejection.body_text()))?;
     let request = ListDeliveriesRequest {
         endpoint_id,
@@ -454,10 +452,9 @@ async fn list_deliveries(
 )]
 async fn redeliver(
     State(api): State<Api>,
-    headers: HeaderMap,
+    client: ClientId,
     Path(EventPath { endpoint_id, event_id }): Path<EventPath>,
 ) -> Result<Response, GatewayError> {
-    let client = authenticate(&api, &headers)?;
     let queued = api.webhooks().redeliver(&client, RedeliverRequest { endpoint_id, event_id }).await?.queued;
     Ok((StatusCode::ACCEPTED, Json(QueuedJson { queued })).into_response())
 }
@@ -477,12 +474,10 @@ async fn redeliver(
 )]
 async fn redeliver_range(
     State(api): State<Api>,
-    headers: HeaderMap,
+    client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
-    body: Bytes,
+    JsonBody(range): JsonBody<Range>,
 ) -> Result<Response, GatewayError> {
-    let client = authenticate(&api, &headers)?;
-    let range: Range = json_body(&headers, &body)?;
     let request = RedeliverRangeRequest {
         endpoint_id,
         from: required(range.from, "from")?,
@@ -565,12 +560,10 @@ impl From<EventType> for EventTypeJson {
 )]
 async fn update_endpoint(
     State(api): State<Api>,
-    headers: HeaderMap,
+    client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
-    body: Bytes,
+    JsonBody(changes): JsonBody<EndpointChanges>,
 ) -> Result<Response, GatewayError> {
-    let client = authenticate(&api, &headers)?;
-    let changes: EndpointChanges = json_body(&headers, &body)?;
     let request = UpdateEndpointRequest {
         endpoint_id,
         url: changes.url,
@@ -594,18 +587,16 @@ async fn update_endpoint(
 )]
 async fn ping_endpoint(
     State(api): State<Api>,
-    headers: HeaderMap,
+    client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
 ) -> Result<Response, GatewayError> {
-    let client = authenticate(&api, &headers)?;
     let event_id = api.webhooks().ping(&client, endpoint_id).await?.event_id;
     Ok((StatusCode::ACCEPTED, Json(PingJson { event_id })).into_response())
 }
 
 /// The event types the system sends, with the version of each one's data.
 #[utoipa::path(get, path = "/v1/webhooks/event-types", tag = "webhooks", responses((status = 200, description = "Every event type.", body = EventTypesJson)))]
-async fn list_event_types(State(api): State<Api>, headers: HeaderMap) -> Result<Response, GatewayError> {
-    let client = authenticate(&api, &headers)?;
+async fn list_event_types(State(api): State<Api>, client: ClientId) -> Result<Response, GatewayError> {
     let event_types = api.webhooks().event_types(&client).await?.event_types.into_iter().map(EventTypeJson::from).collect();
     Ok(Json(EventTypesJson { event_types }).into_response())
 }

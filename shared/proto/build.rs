@@ -20,11 +20,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
 
     let files: Vec<PathBuf> = PROTOS.iter().map(|p| proto_root.join(p)).collect();
-    tonic_prost_build::configure().file_descriptor_set_path(out_dir.join("descriptor.bin")).compile_with_config(
-        config,
-        &files,
-        std::slice::from_ref(&proto_root),
-    )?;
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(out_dir.join("descriptor.bin"))
+        .compile_with_config(config, &files, std::slice::from_ref(&proto_root))?;
 
     println!("cargo:rerun-if-changed={}", proto_root.display());
     Ok(())

@@ -27,7 +27,10 @@ pub const API_KEY: &str = "demo-key-1";
 
 /// The test process in telemetry. The tests that export traces install it as `stack up` does,
 /// hosting the chain's services ([`init_telemetry`]).
-pub const SERVICE: telemetry::Service = telemetry::Service { name: "tests", version: env!("CARGO_PKG_VERSION") };
+pub const SERVICE: telemetry::Service = telemetry::Service {
+    name: "tests",
+    version: env!("CARGO_PKG_VERSION"),
+};
 
 /// Installs telemetry as `stack up` does: each service of the chain exports under its own name.
 pub fn init_telemetry(settings: &TelemetrySettings) -> Telemetry {
@@ -61,7 +64,9 @@ impl Backend {
     /// SQLite, and PostgreSQL when `TEST_POSTGRES_URL` is set. Without it the test fails in CI
     /// and elsewhere says loudly that its PostgreSQL half did not run.
     pub fn all() -> Vec<Backend> {
-        std::iter::once(Backend::Sqlite).chain(test_support::postgres_admin_url().map(Backend::Postgres)).collect()
+        std::iter::once(Backend::Sqlite)
+            .chain(test_support::postgres_admin_url().map(Backend::Postgres))
+            .collect()
     }
 
     pub fn name(&self) -> &'static str {
@@ -74,9 +79,14 @@ impl Backend {
     /// Points orders and payment at fresh databases of this backend; returns those that must be
     /// dropped after the test.
     async fn configure(&self, settings: &mut ChainSettings) -> Vec<ScratchDatabase> {
-        let Backend::Postgres(admin_url) = self else { return Vec::new() };
+        let Backend::Postgres(admin_url) = self else {
+            return Vec::new();
+        };
         let mut databases = Vec::new();
-        for url in [&mut settings.orders.database_url, &mut settings.payment.database_url] {
+        for url in [
+            &mut settings.orders.database_url,
+            &mut settings.payment.database_url,
+        ] {
             let database = ScratchDatabase::create(admin_url, "chain").await;
             database.url().clone_into(url);
             databases.push(database);
@@ -100,14 +110,23 @@ impl TestChain {
     pub async fn start_on(backend: &Backend, customize: impl FnOnce(&mut ChainSettings)) -> Self {
         // The chain's logs go to the test's output, which the runner prints when the test fails.
         // A test that installed telemetry of its own keeps it: this one is then inert.
-        let logs = telemetry::init(SERVICE, &TelemetrySettings::default()).expect("logging without an exporter");
+        let logs = telemetry::init(SERVICE, &TelemetrySettings::default())
+            .expect("logging without an exporter");
         let data = tempfile::tempdir().expect("temporary directory");
-        let mut settings = ChainSettings::default().ephemeral().with_data_dir(data.path());
+        let mut settings = ChainSettings::default()
+            .ephemeral()
+            .with_data_dir(data.path());
         let databases = backend.configure(&mut settings).await;
         settings.bank.faults = fast_bank(|_| {});
         customize(&mut settings);
         let chain = Chain::start(settings).await.expect("chain starts");
-        Self { chain, http: reqwest::Client::new(), _databases: databases, _data: data, _logs: logs }
+        Self {
+            chain,
+            http: reqwest::Client::new(),
+            _databases: databases,
+            _data: data,
+            _logs: logs,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -120,8 +139,18 @@ impl TestChain {
     }
 
     /// `POST path` as the client of `api_key`, with an idempotency key and a JSON body.
-    pub fn post_as(&self, api_key: &str, path: &str, idempotency_key: &str, body: &Value) -> reqwest::RequestBuilder {
-        self.http.post(self.url(path)).bearer_auth(api_key).header("idempotency-key", idempotency_key).json(body)
+    pub fn post_as(
+        &self,
+        api_key: &str,
+        path: &str,
+        idempotency_key: &str,
+        body: &Value,
+    ) -> reqwest::RequestBuilder {
+        self.http
+            .post(self.url(path))
+            .bearer_auth(api_key)
+            .header("idempotency-key", idempotency_key)
+            .json(body)
     }
 
     /// `GET path` as the demo client.
@@ -142,59 +171,102 @@ impl TestChain {
     /// service migrated it. On SQLite this process's writer of the file is the service's own,
     /// shared.
     pub async fn database(&self, hop: &str) -> storage::Database {
-        let url = self.chain.database_url(hop).expect("the service keeps a database");
-        storage::Database::open(url, storage::SqliteSettings::default(), |_| Vec::new()).await.expect("the chain's database")
+        let url = self
+            .chain
+            .database_url(hop)
+            .expect("the service keeps a database");
+        storage::Database::open(url, storage::SqliteSettings::default(), |_| Vec::new())
+            .await
+            .expect("the chain's database")
     }
 
     /// Rows in one of the chain's tables (`orders` in the orders database, `payments` in payment's).
     pub async fn count_rows(&self, table: &str) -> i64 {
-        let hop = if table == "payments" { payment::HOP } else { orders::HOP };
-        self.database(hop).await.fetch_one(&format!("SELECT COUNT(*) FROM {table}"), &[]).await.expect("count rows")
+        let hop = if table == "payments" {
+            payment::HOP
+        } else {
+            orders::HOP
+        };
+        self.database(hop)
+            .await
+            .fetch_one(&format!("SELECT COUNT(*) FROM {table}"), &[])
+            .await
+            .expect("count rows")
     }
 
     /// The Prometheus text a service serves on `/metrics` at `address`, an operations port: plain
     /// HTTP, no certificate.
     pub async fn scrape(&self, address: SocketAddr) -> String {
-        let response = self.http.get(format!("http://{address}/metrics")).send().await.expect("/metrics answers");
+        let response = self
+            .http
+            .get(format!("http://{address}/metrics"))
+            .send()
+            .await
+            .expect("/metrics answers");
         assert_eq!(response.status(), 200);
-        assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
+        assert!(
+            response.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/plain")
+        );
         response.text().await.unwrap()
     }
 
     /// The chain's development certificates.
     pub fn certs(&self) -> &DevCerts {
-        self.chain.dev_certs().expect("the test chain runs with its development CA")
+        self.chain
+            .dev_certs()
+            .expect("the test chain runs with its development CA")
     }
 
     /// An HTTPS client that presents the operator's certificate and trusts the chain's CA only.
     pub fn operator_http(&self) -> reqwest::ClientBuilder {
         let certs = self.certs();
-        let read = |path: std::path::PathBuf| std::fs::read(path).expect("a development certificate file");
+        let read =
+            |path: std::path::PathBuf| std::fs::read(path).expect("a development certificate file");
         let mut identity = read(certs.cert(rpc::dev_certs::OPERATOR));
         identity.extend(read(certs.key(rpc::dev_certs::OPERATOR)));
         reqwest::Client::builder()
             .use_rustls_tls()
             .tls_built_in_root_certs(false)
-            .add_root_certificate(reqwest::Certificate::from_pem(&read(certs.ca())).expect("the CA"))
-            .identity(reqwest::Identity::from_pem(&identity).expect("the operator's certificate and key"))
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(&read(certs.ca())).expect("the CA"),
+            )
+            .identity(
+                reqwest::Identity::from_pem(&identity).expect("the operator's certificate and key"),
+            )
     }
 
     /// A channel to the inner `service` at `address`, presenting the certificate of `caller`
     /// (a service of the chain, or `operator`) as that service's own calls do.
     pub async fn channel_as(&self, caller: &str, service: &str, address: SocketAddr) -> Channel {
-        let tls = ServiceTls::load(caller, &self.certs().settings(caller)).expect("the caller's certificate");
-        rpc::channel(&rpc::endpoint(&address.to_string()).expect("an endpoint"), service, &tls)
+        let tls = ServiceTls::load(caller, &self.certs().settings(caller))
+            .expect("the caller's certificate");
+        rpc::channel(
+            &rpc::endpoint(&address.to_string()).expect("an endpoint"),
+            service,
+            &tls,
+        )
     }
 
     pub async fn grpc_gateway(&self) -> GatewayClient<Channel> {
         let endpoint = format!("http://{}", self.chain.address(&GATEWAY_GRPC));
-        GatewayClient::connect(endpoint).await.expect("gateway gRPC connects")
+        GatewayClient::connect(endpoint)
+            .await
+            .expect("gateway gRPC connects")
     }
 }
 
 /// A bank that answers in 1 ms, changed by `change`.
 pub fn fast_bank(change: impl FnOnce(&mut Faults)) -> Faults {
-    let mut faults = Faults { latency_ms: Latency { mean: 1.0, stddev: 0.0 }, ..Faults::default() };
+    let mut faults = Faults {
+        latency_ms: Latency {
+            mean: 1.0,
+            stddev: 0.0,
+        },
+        ..Faults::default()
+    };
     change(&mut faults);
     faults
 }
@@ -215,8 +287,13 @@ pub use stack::scenario::order_json as order_body;
 /// A gRPC request to the gateway with the demo key and an idempotency key.
 pub fn grpc_request<T>(message: T, key: &str) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert("authorization", format!("Bearer {API_KEY}").parse().expect("ascii"));
-    request.metadata_mut().insert("idempotency-key", key.parse().expect("ascii"));
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {API_KEY}").parse().expect("ascii"),
+    );
+    request
+        .metadata_mut()
+        .insert("idempotency-key", key.parse().expect("ascii"));
     request
 }
 
@@ -225,7 +302,10 @@ pub use stack::scenario::order_message;
 
 /// The chain on `backend` after `customize`, with its sender and orders allowing plain http to a
 /// receiver on loopback (serve it with [`subscribe`]).
-pub async fn chain_with_receiver(backend: &Backend, customize: impl FnOnce(&mut ChainSettings)) -> (TestChain, TcpListener) {
+pub async fn chain_with_receiver(
+    backend: &Backend,
+    customize: impl FnOnce(&mut ChainSettings),
+) -> (TestChain, TcpListener) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let receiver = listener.local_addr().unwrap().to_string();
     let test = TestChain::start_on(backend, |settings| {
@@ -240,7 +320,10 @@ pub async fn chain_with_receiver(backend: &Backend, customize: impl FnOnce(&mut 
 /// Creates an endpoint of the demo client for `listener`, subscribed to the orders' outcomes,
 /// and serves the example receiver there with its secret; returns the endpoint's id and what the
 /// receiver has processed.
-pub async fn subscribe(test: &TestChain, listener: TcpListener) -> (String, Arc<Mutex<Vec<Delivery>>>) {
+pub async fn subscribe(
+    test: &TestChain,
+    listener: TcpListener,
+) -> (String, Arc<Mutex<Vec<Delivery>>>) {
     let url = format!("http://{}{PATH}", listener.local_addr().unwrap());
     let body = json!({"url": url, "event_types": ["order.paid", "order.payment_declined"]});
     let created = test
@@ -257,15 +340,40 @@ pub async fn subscribe(test: &TestChain, listener: TcpListener) -> (String, Arc<
     let secret: Secret = created["secret"].as_str().unwrap().parse().unwrap();
     let processed = Arc::new(Mutex::new(Vec::new()));
     let sink = processed.clone();
-    let receiver = Arc::new(Receiver::new(Verifier::new(secret), 3_600, move |delivery| sink.lock().unwrap().push(delivery)));
+    let receiver = Arc::new(Receiver::new(
+        Verifier::new(secret),
+        3_600,
+        move |delivery| sink.lock().unwrap().push(delivery),
+    ));
     tokio::spawn(async move { axum::serve(listener, receiver.router()).await });
-    (created["endpoint"]["endpoint_id"].as_str().unwrap().to_owned(), processed)
+    (
+        created["endpoint"]["endpoint_id"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+        processed,
+    )
 }
 
 /// The events processed (webhook-id and body), once `count` have been; fails after [`BACKGROUND`].
 pub async fn events(processed: &Mutex<Vec<Delivery>>, count: usize) -> Vec<(String, Value)> {
-    eventually(BACKGROUND, &format!("{count} events processed by the receiver"), || async { processed.lock().unwrap().len() >= count }).await;
-    processed.lock().unwrap().iter().map(|delivery| (delivery.id.clone(), serde_json::from_slice(&delivery.body).unwrap())).collect()
+    eventually(
+        BACKGROUND,
+        &format!("{count} events processed by the receiver"),
+        || async { processed.lock().unwrap().len() >= count },
+    )
+    .await;
+    processed
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|delivery| {
+            (
+                delivery.id.clone(),
+                serde_json::from_slice(&delivery.body).unwrap(),
+            )
+        })
+        .collect()
 }
 
 /// The sum of the samples of `metric` in Prometheus `text` whose labels include every one of
@@ -276,7 +384,11 @@ pub fn sample(text: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
         .filter_map(|line| {
             let (series, value) = line.rsplit_once(' ')?;
             let (name, rest) = series.split_once('{').unwrap_or((series, ""));
-            (name == metric && labels.iter().all(|(key, value)| rest.contains(&format!("{key}=\"{value}\"")))).then(|| value.parse::<f64>().ok())?
+            (name == metric
+                && labels
+                    .iter()
+                    .all(|(key, value)| rest.contains(&format!("{key}=\"{value}\""))))
+            .then(|| value.parse::<f64>().ok())?
         })
         .sum()
 }
@@ -284,7 +396,11 @@ pub fn sample(text: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
 /// Asserts that `response` is a problem+json answer with `status`, and returns the problem.
 pub async fn problem(response: reqwest::Response, status: u16) -> Value {
     assert_eq!(response.status(), status, "{response:?}");
-    assert_eq!(response.headers()["content-type"], "application/problem+json", "{response:?}");
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json",
+        "{response:?}"
+    );
     let problem: Value = response.json().await.expect("a JSON problem");
     assert_eq!(problem["status"], status, "{problem}");
     problem

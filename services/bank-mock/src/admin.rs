@@ -45,8 +45,15 @@ pub fn router(bank: Arc<BankState>, hop: Arc<HopStats>, token: Arc<str>) -> Rout
         .with_state(admin)
 }
 
-async fn require_token(State(admin): State<Admin>, request: Request, next: Next) -> Result<Response, AdminError> {
-    let presented = request.headers().get(wire::ADMIN_TOKEN).map(|value| value.as_bytes());
+async fn require_token(
+    State(admin): State<Admin>,
+    request: Request,
+    next: Next,
+) -> Result<Response, AdminError> {
+    let presented = request
+        .headers()
+        .get(wire::ADMIN_TOKEN)
+        .map(|value| value.as_bytes());
     if presented.is_some_and(|token| constant_time_eq(token, admin.token.as_bytes())) {
         Ok(next.run(request).await)
     } else {
@@ -63,7 +70,10 @@ async fn get_faults(State(admin): State<Admin>) -> Json<Faults> {
     Json(admin.bank.faults())
 }
 
-async fn put_faults(State(admin): State<Admin>, body: axum::body::Bytes) -> Result<Json<Faults>, AdminError> {
+async fn put_faults(
+    State(admin): State<Admin>,
+    body: axum::body::Bytes,
+) -> Result<Json<Faults>, AdminError> {
     let faults = admin.bank.update_faults(|faults| {
         *faults = faults.patched(&body)?;
         Ok::<_, PatchError>(faults.clone())
@@ -73,7 +83,10 @@ async fn put_faults(State(admin): State<Admin>, body: axum::body::Bytes) -> Resu
 }
 
 async fn stats(State(admin): State<Admin>) -> Json<Stats> {
-    Json(Stats { bank: admin.bank.stats(), deadline: admin.hop.snapshot() })
+    Json(Stats {
+        bank: admin.bank.stats(),
+        deadline: admin.hop.snapshot(),
+    })
 }
 
 async fn reset(State(admin): State<Admin>) -> StatusCode {

@@ -6,7 +6,9 @@ use std::{
 };
 
 use deadline::{Deadline, Hop};
-use proto::bank::v1::{ChargeOutcome, ChargeReply, ChargeRequest, ExchangeRate, ExchangeRateRequest, bank_server::Bank};
+use proto::bank::v1::{
+    ChargeOutcome, ChargeReply, ChargeRequest, ExchangeRate, ExchangeRateRequest, bank_server::Bank,
+};
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
@@ -85,7 +87,10 @@ impl BankState {
     }
 
     pub fn stats(&self) -> BankStats {
-        BankStats { distinct_keys: lock(&self.keys_seen).len() as u64, ..*lock(&self.counters) }
+        BankStats {
+            distinct_keys: lock(&self.keys_seen).len() as u64,
+            ..*lock(&self.counters)
+        }
     }
 
     /// Adds one to the counter `counter` picks.
@@ -95,7 +100,12 @@ impl BankState {
 
     /// Commits a charge under `key` once; a repeat with the same request gets the stored reply.
     /// Returns whether this call committed it.
-    fn commit(&self, key: &str, request: &ChargeRequest, decline: bool) -> Result<(ChargeReply, bool), ChargeError> {
+    fn commit(
+        &self,
+        key: &str,
+        request: &ChargeRequest,
+        decline: bool,
+    ) -> Result<(ChargeReply, bool), ChargeError> {
         let mut ledger = lock(&self.ledger);
         if let Some(existing) = ledger.get(key) {
             if existing.request != *request {
@@ -106,10 +116,24 @@ impl BankState {
         }
         let reply = ChargeReply {
             charge_id: format!("ch_{}", uuid::Uuid::now_v7().simple()),
-            outcome: if decline { ChargeOutcome::Declined } else { ChargeOutcome::Approved } as i32,
-            decline_reason: if decline { "insufficient_funds".into() } else { String::new() },
+            outcome: if decline {
+                ChargeOutcome::Declined
+            } else {
+                ChargeOutcome::Approved
+            } as i32,
+            decline_reason: if decline {
+                "insufficient_funds".into()
+            } else {
+                String::new()
+            },
         };
-        ledger.insert(key.to_owned(), Charge { request: request.clone(), reply: reply.clone() });
+        ledger.insert(
+            key.to_owned(),
+            Charge {
+                request: request.clone(),
+                reply: reply.clone(),
+            },
+        );
         self.count(|stats| &mut stats.charges);
         if decline {
             self.count(|stats| &mut stats.declines);
@@ -119,7 +143,9 @@ impl BankState {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The gRPC `bank.v1.Bank` service.
@@ -149,7 +175,8 @@ impl BankService {
                 std::future::pending().await
             }
             Plan::ResourceExhausted { pushback_ms } => {
-                self.state.count(|stats| &mut stats.injected_resource_exhausted);
+                self.state
+                    .count(|stats| &mut stats.injected_resource_exhausted);
                 Err(ChargeError::ResourceExhausted { pushback_ms })
             }
             Plan::Unavailable => {
@@ -157,7 +184,10 @@ impl BankService {
                 self.state.count(|stats| &mut stats.injected_unavailable);
                 Err(ChargeError::Unavailable)
             }
-            Plan::Charge { decline, drop_reply } => {
+            Plan::Charge {
+                decline,
+                drop_reply,
+            } => {
                 answer_after(latency).await;
                 Ok((decline, drop_reply))
             }
@@ -173,7 +203,9 @@ impl BankService {
         }
         // On a task of its own, which the deadline layer cannot end by dropping this future.
         let (bank, key, request) = (self.clone(), key.to_owned(), request.clone());
-        tokio::spawn(async move { bank.run_charge(&key, &request, deadline, false).await }).await.map_err(|_| ChargeError::Unavailable)?
+        tokio::spawn(async move { bank.run_charge(&key, &request, deadline, false).await })
+            .await
+            .map_err(|_| ChargeError::Unavailable)?
     }
 
     /// Plays the faults and commits the charge; one that `honours_deadline` commits nothing once
@@ -186,7 +218,8 @@ impl BankService {
         honours_deadline: bool,
     ) -> Result<ChargeReply, ChargeError> {
         let (decline, drop_reply) = self.faults().await?;
-        let expired = || deadline.is_some_and(|deadline| deadline.is_expired_at(tokio::time::Instant::now()));
+        let expired =
+            || deadline.is_some_and(|deadline| deadline.is_expired_at(tokio::time::Instant::now()));
         // Nobody reads an answer after the caller's deadline: do not charge for it.
         if honours_deadline && expired() {
             return Err(ChargeError::DeadlinePassed);
@@ -199,7 +232,9 @@ impl BankService {
         if drop_reply && committed {
             self.state.count(|stats| &mut stats.dropped_replies);
             tracing::info!(charge_id = %reply.charge_id, "fault: dropping the reply of a committed charge");
-            return Err(ChargeError::ReplyLost { charge_id: reply.charge_id });
+            return Err(ChargeError::ReplyLost {
+                charge_id: reply.charge_id,
+            });
         }
         Ok(reply)
     }
@@ -229,17 +264,26 @@ async fn answer_after(latency: std::time::Duration) {
 
 fn validate(request: &ChargeRequest) -> Result<(), ChargeError> {
     if !(1..=proto::validate::MAX_AMOUNT_MINOR).contains(&request.amount_minor) {
-        return Err(ChargeError::InvalidRequest { field: "amount_minor", reason: "must be a positive amount within limits".into() });
+        return Err(ChargeError::InvalidRequest {
+            field: "amount_minor",
+            reason: "must be a positive amount within limits".into(),
+        });
     }
     if !proto::validate::CURRENCIES.contains(&request.currency.as_str()) {
-        return Err(ChargeError::InvalidRequest { field: "currency", reason: format!("{:?} is not settled here", request.currency) });
+        return Err(ChargeError::InvalidRequest {
+            field: "currency",
+            reason: format!("{:?} is not settled here", request.currency),
+        });
     }
     Ok(())
 }
 
 #[tonic::async_trait]
 impl Bank for BankService {
-    async fn charge(&self, request: Request<ChargeRequest>) -> Result<Response<ChargeReply>, Status> {
+    async fn charge(
+        &self,
+        request: Request<ChargeRequest>,
+    ) -> Result<Response<ChargeReply>, Status> {
         self.state.count(|stats| &mut stats.calls);
         let key = request
             .metadata()
@@ -247,7 +291,8 @@ impl Bank for BankService {
             .and_then(|value| value.to_str().ok())
             .map(str::to_owned)
             .ok_or_else(|| ChargeError::MissingKey("absent or not ASCII".into()))?;
-        proto::validate::idempotency_key(&key).map_err(|error| ChargeError::MissingKey(error.reason))?;
+        proto::validate::idempotency_key(&key)
+            .map_err(|error| ChargeError::MissingKey(error.reason))?;
         if Hop::current().is_some_and(|hop| hop.previous_attempts() > 0) {
             self.state.count(|stats| &mut stats.retried_calls);
         }
@@ -256,10 +301,17 @@ impl Bank for BankService {
         Ok(Response::new(reply))
     }
 
-    async fn get_exchange_rate(&self, request: Request<ExchangeRateRequest>) -> Result<Response<ExchangeRate>, Status> {
+    async fn get_exchange_rate(
+        &self,
+        request: Request<ExchangeRateRequest>,
+    ) -> Result<Response<ExchangeRate>, Status> {
         let currency = request.into_inner().currency;
         let Some((_, rate)) = USD_RATES.iter().find(|(code, _)| *code == currency) else {
-            return Err(ChargeError::InvalidRequest { field: "currency", reason: format!("{currency:?} is not quoted here") }.into());
+            return Err(ChargeError::InvalidRequest {
+                field: "currency",
+                reason: format!("{currency:?} is not quoted here"),
+            }
+            .into());
         };
         self.faults().await?;
         Ok(Response::new(ExchangeRate {

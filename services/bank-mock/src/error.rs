@@ -32,13 +32,19 @@ impl From<ChargeError> for Status {
     fn from(error: ChargeError) -> Self {
         let message = format!("{}: {error}", crate::HOP);
         match error {
-            ChargeError::MissingKey(_) | ChargeError::InvalidRequest { .. } => Status::invalid_argument(message),
+            ChargeError::MissingKey(_) | ChargeError::InvalidRequest { .. } => {
+                Status::invalid_argument(message)
+            }
             ChargeError::KeyReused(_) => Status::failed_precondition(message),
             ChargeError::DeadlinePassed => Status::deadline_exceeded(message),
-            ChargeError::Unavailable | ChargeError::ReplyLost { .. } => Status::unavailable(message),
+            ChargeError::Unavailable | ChargeError::ReplyLost { .. } => {
+                Status::unavailable(message)
+            }
             ChargeError::ResourceExhausted { pushback_ms } => {
                 let mut status = Status::resource_exhausted(message);
-                status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, MetadataValue::from(pushback_ms));
+                status
+                    .metadata_mut()
+                    .insert(wire::RETRY_PUSHBACK_MS, MetadataValue::from(pushback_ms));
                 status
             }
         }
@@ -58,8 +64,14 @@ impl IntoResponse for AdminError {
     fn into_response(self) -> Response {
         let (status, title, field) = match &self {
             AdminError::Unauthorized => (StatusCode::UNAUTHORIZED, "Unauthorized", None),
-            AdminError::Faults(PatchError::Invalid(fault)) => (StatusCode::BAD_REQUEST, "Invalid faults", Some(fault.field.to_owned())),
-            AdminError::Faults(PatchError::Malformed { field, .. }) => (StatusCode::BAD_REQUEST, "Invalid faults", field.clone()),
+            AdminError::Faults(PatchError::Invalid(fault)) => (
+                StatusCode::BAD_REQUEST,
+                "Invalid faults",
+                Some(fault.field.to_owned()),
+            ),
+            AdminError::Faults(PatchError::Malformed { field, .. }) => {
+                (StatusCode::BAD_REQUEST, "Invalid faults", field.clone())
+            }
         };
         let mut body = serde_json::json!({
             "type": "about:blank",
@@ -71,7 +83,10 @@ impl IntoResponse for AdminError {
             body["field"] = field.into();
         }
         let mut response = (status, Json(body)).into_response();
-        response.headers_mut().insert(axum::http::header::CONTENT_TYPE, axum::http::HeaderValue::from_static("application/problem+json"));
+        response.headers_mut().insert(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/problem+json"),
+        );
         response
     }
 }

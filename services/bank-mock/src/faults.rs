@@ -54,7 +54,10 @@ pub struct Faults {
 impl Faults {
     /// A healthy bank: 20 ± 5 ms per call and nothing else.
     pub const HEALTHY: Faults = Faults {
-        latency_ms: Latency { mean: 20.0, stddev: 5.0 },
+        latency_ms: Latency {
+            mean: 20.0,
+            stddev: 5.0,
+        },
         error_rate: 0.0,
         hang: false,
         resource_exhausted_rate: 0.0,
@@ -73,10 +76,22 @@ impl Faults {
         let latency = |value: f64| (0.0..=MAX_LATENCY_MS).contains(&value);
         let bounds = [
             ("latency_ms.mean", latency(self.latency_ms.mean), LATENCY),
-            ("latency_ms.stddev", latency(self.latency_ms.stddev), LATENCY),
+            (
+                "latency_ms.stddev",
+                latency(self.latency_ms.stddev),
+                LATENCY,
+            ),
             ("error_rate", rate(self.error_rate), RATE),
-            ("resource_exhausted_rate", rate(self.resource_exhausted_rate), RATE),
-            ("pushback_ms", (-1..=MAX_PUSHBACK_MS).contains(&self.pushback_ms), "must be from -1 (\"do not retry\") to 3600000 (an hour)"),
+            (
+                "resource_exhausted_rate",
+                rate(self.resource_exhausted_rate),
+                RATE,
+            ),
+            (
+                "pushback_ms",
+                (-1..=MAX_PUSHBACK_MS).contains(&self.pushback_ms),
+                "must be from -1 (\"do not retry\") to 3600000 (an hour)",
+            ),
             ("drop_reply_rate", rate(self.drop_reply_rate), RATE),
             ("decline_rate", rate(self.decline_rate), RATE),
         ];
@@ -92,12 +107,17 @@ impl Faults {
             return Plan::Hang;
         }
         if rng.random_bool(self.resource_exhausted_rate) {
-            return Plan::ResourceExhausted { pushback_ms: self.pushback_ms };
+            return Plan::ResourceExhausted {
+                pushback_ms: self.pushback_ms,
+            };
         }
         if rng.random_bool(self.error_rate) {
             return Plan::Unavailable;
         }
-        Plan::Charge { decline: rng.random_bool(self.decline_rate), drop_reply: rng.random_bool(self.drop_reply_rate) }
+        Plan::Charge {
+            decline: rng.random_bool(self.decline_rate),
+            drop_reply: rng.random_bool(self.drop_reply_rate),
+        }
     }
 
     /// Draws this call's latency.
@@ -111,9 +131,12 @@ impl Faults {
     /// replaces the current one (the whole of `latency_ms` included), a field left out or `null`
     /// keeps its value, and the result is checked as a whole.
     pub fn patched(&self, patch: &[u8]) -> Result<Faults, PatchError> {
-        let patch: Map<String, Value> = from_json(&mut serde_json::Deserializer::from_slice(patch))?;
+        let patch: Map<String, Value> =
+            from_json(&mut serde_json::Deserializer::from_slice(patch))?;
         let mut merged = serde_json::to_value(self).expect("faults serialize to JSON");
-        let fields = merged.as_object_mut().expect("faults serialize to a JSON object");
+        let fields = merged
+            .as_object_mut()
+            .expect("faults serialize to a JSON object");
         fields.extend(patch.into_iter().filter(|(_, value)| !value.is_null()));
         let next: Faults = from_json(merged)?;
         next.validate()?;
@@ -128,10 +151,15 @@ impl Default for Faults {
 }
 
 /// Deserializes, naming the value at fault by its path when there is one.
-fn from_json<'de, T: Deserialize<'de>>(json: impl serde::Deserializer<'de, Error = serde_json::Error>) -> Result<T, PatchError> {
+fn from_json<'de, T: Deserialize<'de>>(
+    json: impl serde::Deserializer<'de, Error = serde_json::Error>,
+) -> Result<T, PatchError> {
     serde_path_to_error::deserialize(json).map_err(|error| {
         let field = Some(error.path().to_string()).filter(|path| path != ".");
-        PatchError::Malformed { field, reason: error.into_inner().to_string() }
+        PatchError::Malformed {
+            field,
+            reason: error.into_inner().to_string(),
+        }
     })
 }
 
@@ -148,7 +176,10 @@ pub struct InvalidFault {
 pub enum PatchError {
     /// Not a faults document: not JSON, an unknown field, or a value not even of its type.
     #[error("malformed faults document: {reason}")]
-    Malformed { field: Option<String>, reason: String },
+    Malformed {
+        field: Option<String>,
+        reason: String,
+    },
     #[error(transparent)]
     Invalid(#[from] InvalidFault),
 }
@@ -176,48 +207,109 @@ mod tests {
 
     #[test]
     fn patches_change_only_what_they_name_and_reject_nonsense_whole() {
-        let faults = Faults::default().patched(br#"{"error_rate": 0.5, "hang": true, "decline_rate": null}"#).unwrap();
-        assert_eq!((faults.error_rate, faults.hang, faults.latency_ms.mean, faults.decline_rate), (0.5, true, 20.0, 0.0));
+        let faults = Faults::default()
+            .patched(br#"{"error_rate": 0.5, "hang": true, "decline_rate": null}"#)
+            .unwrap();
+        assert_eq!(
+            (
+                faults.error_rate,
+                faults.hang,
+                faults.latency_ms.mean,
+                faults.decline_rate
+            ),
+            (0.5, true, 20.0, 0.0)
+        );
 
-        let bad = faults.patched(br#"{"hang": false, "decline_rate": 1.5}"#).unwrap_err();
-        assert_eq!(bad.to_string(), "decline_rate: must be a number from 0 to 1");
+        let bad = faults
+            .patched(br#"{"hang": false, "decline_rate": 1.5}"#)
+            .unwrap_err();
+        assert_eq!(
+            bad.to_string(),
+            "decline_rate: must be a number from 0 to 1"
+        );
         for (patch, named) in [
             (&br#"{"eror_rate": 1}"#[..], Some("eror_rate")),
             (br#"{"hang": "yes"}"#, Some("hang")),
             (br#"{"latency_ms": {"mean": 1}}"#, Some("latency_ms")),
             (br#"[0.5]"#, None),
-            (br#"{"pushback_ms": 9223372036854775807}"#, Some("pushback_ms")),
-            (br#"{"pushback_ms": -9223372036854775808}"#, Some("pushback_ms")),
+            (
+                br#"{"pushback_ms": 9223372036854775807}"#,
+                Some("pushback_ms"),
+            ),
+            (
+                br#"{"pushback_ms": -9223372036854775808}"#,
+                Some("pushback_ms"),
+            ),
             (br#"{"pushback_ms": 1e30}"#, Some("pushback_ms")),
-            (br#"{"latency_ms": {"mean": 1e300, "stddev": 1}}"#, Some("latency_ms.mean")),
-            (br#"{"latency_ms": {"mean": 1, "stddev": -1}}"#, Some("latency_ms.stddev")),
+            (
+                br#"{"latency_ms": {"mean": 1e300, "stddev": 1}}"#,
+                Some("latency_ms.mean"),
+            ),
+            (
+                br#"{"latency_ms": {"mean": 1, "stddev": -1}}"#,
+                Some("latency_ms.stddev"),
+            ),
             (br#"{"error_rate": -0.1}"#, Some("error_rate")),
         ] {
             let error = faults.patched(patch).unwrap_err();
-            assert_eq!(field(error.clone()).as_deref(), named, "{}: {error}", String::from_utf8_lossy(patch));
+            assert_eq!(
+                field(error.clone()).as_deref(),
+                named,
+                "{}: {error}",
+                String::from_utf8_lossy(patch)
+            );
         }
-        assert_eq!(faults.patched(br#"{"pushback_ms": 3600000}"#).unwrap().pushback_ms, MAX_PUSHBACK_MS);
+        assert_eq!(
+            faults
+                .patched(br#"{"pushback_ms": 3600000}"#)
+                .unwrap()
+                .pushback_ms,
+            MAX_PUSHBACK_MS
+        );
     }
 
     #[test]
     fn latency_follows_the_distribution_and_is_never_negative() {
         let mut rng = StdRng::seed_from_u64(7);
-        let faults = Faults { latency_ms: Latency { mean: 20.0, stddev: 5.0 }, ..Faults::default() };
-        let draws: Vec<f64> = (0..10_000).map(|_| faults.latency(&mut rng).as_secs_f64() * 1e3).collect();
+        let faults = Faults {
+            latency_ms: Latency {
+                mean: 20.0,
+                stddev: 5.0,
+            },
+            ..Faults::default()
+        };
+        let draws: Vec<f64> = (0..10_000)
+            .map(|_| faults.latency(&mut rng).as_secs_f64() * 1e3)
+            .collect();
         let mean = draws.iter().sum::<f64>() / draws.len() as f64;
         assert!((19.5..20.5).contains(&mean), "mean {mean}");
         assert!(draws.iter().any(|d| *d < 15.0) && draws.iter().any(|d| *d > 25.0));
-        let wide = Faults { latency_ms: Latency { mean: 1.0, stddev: 50.0 }, ..Faults::default() };
+        let wide = Faults {
+            latency_ms: Latency {
+                mean: 1.0,
+                stddev: 50.0,
+            },
+            ..Faults::default()
+        };
         assert!((0..1_000).all(|_| wide.latency(&mut rng) >= Duration::ZERO));
     }
 
     #[test]
     fn rates_are_honoured() {
         let mut rng = StdRng::seed_from_u64(11);
-        let faults = Faults { error_rate: 0.3, ..Faults::default() };
-        let failures = (0..10_000).filter(|_| faults.plan(&mut rng) == Plan::Unavailable).count();
+        let faults = Faults {
+            error_rate: 0.3,
+            ..Faults::default()
+        };
+        let failures = (0..10_000)
+            .filter(|_| faults.plan(&mut rng) == Plan::Unavailable)
+            .count();
         assert!((2_700..3_300).contains(&failures), "{failures}");
-        let hanging = Faults { hang: true, error_rate: 1.0, ..Faults::default() };
+        let hanging = Faults {
+            hang: true,
+            error_rate: 1.0,
+            ..Faults::default()
+        };
         assert_eq!(hanging.plan(&mut rng), Plan::Hang);
     }
 }

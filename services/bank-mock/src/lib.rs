@@ -23,7 +23,10 @@ use tokio_util::sync::CancellationToken;
 pub const HOP: &str = "bank-mock";
 
 /// This service in telemetry: the `service.name` and `service.version` of its spans.
-pub const SERVICE: telemetry::Service = telemetry::Service { name: HOP, version: env!("CARGO_PKG_VERSION") };
+pub const SERVICE: telemetry::Service = telemetry::Service {
+    name: HOP,
+    version: env!("CARGO_PKG_VERSION"),
+};
 
 /// A bound bank-mock, ready to serve.
 pub struct Application {
@@ -37,17 +40,39 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
-        settings.faults.validate().map_err(|error| ServerError::Settings(format!("faults.{error}")))?;
+        settings
+            .faults
+            .validate()
+            .map_err(|error| ServerError::Settings(format!("faults.{error}")))?;
         let state = BankState::new(settings.faults);
         let service = BankServer::new(bank::BankService::new(state.clone()));
-        let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?.watched();
-        let grpc = GrpcServer::bind(HOP, rpc::Role::Inner { tls, callers: callers::policy() }, settings.listen, settings.deadline, service)
-            .await?
-            .connection_limits(settings.connections);
-        let ops = OpsServer::bind(&settings.ops, Guards::new(HOP).face("grpc", grpc.stats())).await?;
+        let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls)
+            .map_err(|error| ServerError::Settings(error.to_string()))?
+            .watched();
+        let grpc = GrpcServer::bind(
+            HOP,
+            rpc::Role::Inner {
+                tls,
+                callers: callers::policy(),
+            },
+            settings.listen,
+            settings.deadline,
+            service,
+        )
+        .await?
+        .connection_limits(settings.connections);
+        let ops =
+            OpsServer::bind(&settings.ops, Guards::new(HOP).face("grpc", grpc.stats())).await?;
         let admin = rpc::bind(settings.admin_listen).await?;
         let admin_token = settings.admin_token.unwrap_or_else(random_token).into();
-        Ok(Self { grpc, ops, admin, admin_token, state, connections: settings.connections })
+        Ok(Self {
+            grpc,
+            ops,
+            admin,
+            admin_token,
+            state,
+            connections: settings.connections,
+        })
     }
 
     pub fn grpc_addr(&self) -> SocketAddr {
@@ -55,7 +80,9 @@ impl Application {
     }
 
     pub fn admin_addr(&self) -> SocketAddr {
-        self.admin.local_addr().expect("a bound listener has an address")
+        self.admin
+            .local_addr()
+            .expect("a bound listener has an address")
     }
 
     /// Where metrics, liveness and readiness are served.
@@ -82,7 +109,8 @@ impl Application {
         let (grpc, admin_listener, connections) = (self.grpc, self.admin, self.connections);
         self.ops
             .serve_while(shutdown, |drain| async move {
-                let admin = rpc::serve_http_with(admin_listener, connections, admin, drain.closing());
+                let admin =
+                    rpc::serve_http_with(admin_listener, connections, admin, drain.closing());
                 tokio::try_join!(grpc.serve(drain), admin)?;
                 Ok(())
             })

@@ -58,9 +58,11 @@ struct Variant {
 }
 
 fn fail_fast_on_estimates(settings: &mut ChainSettings, on: bool) {
-    for estimate in
-        [&mut settings.gateway.orders.latency_estimate, &mut settings.orders.payment.latency_estimate, &mut settings.payment.bank.latency_estimate]
-    {
+    for estimate in [
+        &mut settings.gateway.orders.latency_estimate,
+        &mut settings.orders.payment.latency_estimate,
+        &mut settings.payment.bank.latency_estimate,
+    ] {
         estimate.fail_fast = on;
     }
 }
@@ -76,7 +78,11 @@ pub async fn measure(profile: &Profile) -> Result<AdaptiveGuards, BenchError> {
     );
     let estimate = defaults.payment.bank.latency_estimate;
     let fail_fast = [
-        Variant { name: "fixed minimums", setup: minimums.clone(), change: Box::new(|s| fail_fast_on_estimates(s, false)) },
+        Variant {
+            name: "fixed minimums",
+            setup: minimums.clone(),
+            change: Box::new(|s| fail_fast_on_estimates(s, false)),
+        },
         Variant {
             name: "observed latency",
             setup: format!(
@@ -104,7 +110,10 @@ pub async fn measure(profile: &Profile) -> Result<AdaptiveGuards, BenchError> {
         },
         Variant {
             name: "adaptive limit",
-            setup: format!("Vegas, between {} and {adaptive_ceiling} bank calls in flight", defaults.payment.bank.adaptive_limit.min_limit),
+            setup: format!(
+                "Vegas, between {} and {adaptive_ceiling} bank calls in flight",
+                defaults.payment.bank.adaptive_limit.min_limit
+            ),
             change: Box::new(move |s| {
                 fail_fast_on_estimates(s, false);
                 s.payment.bank.max_concurrent = adaptive_ceiling;
@@ -112,7 +121,10 @@ pub async fn measure(profile: &Profile) -> Result<AdaptiveGuards, BenchError> {
             }),
         },
     ];
-    let mut runs = AdaptiveGuards { fail_fast: Vec::new(), concurrency: Vec::new() };
+    let mut runs = AdaptiveGuards {
+        fail_fast: Vec::new(),
+        concurrency: Vec::new(),
+    };
     for variant in fail_fast {
         runs.fail_fast.push(ramp(profile, variant).await?);
     }
@@ -127,19 +139,42 @@ async fn ramp(profile: &Profile, variant: Variant) -> Result<RampRun, BenchError
     let p = &profile.ramp;
     let running = chains::start(&Backend::Sqlite, |chain| {
         stack::scenario::without_breakers(chain);
-        chain.bank.faults.latency_ms = Latency { mean: p.from_ms, stddev: p.from_ms / 10.0 };
+        chain.bank.faults.latency_ms = Latency {
+            mean: p.from_ms,
+            stddev: p.from_ms / 10.0,
+        };
         (variant.change)(chain);
     })
     .await?;
-    let orders = GrpcOrders::new(running.chain.address(&GATEWAY_GRPC), variant.name, Some(p.deadline))?;
-    let plan = Plan::rate(format!("ramp, {}", variant.name), p.per_second, p.duration, profile.bounds);
+    let orders = GrpcOrders::new(
+        running.chain.address(&GATEWAY_GRPC),
+        variant.name,
+        Some(p.deadline),
+    )?;
+    let plan = Plan::rate(
+        format!("ramp, {}", variant.name),
+        p.per_second,
+        p.duration,
+        profile.bounds,
+    );
     let stop = CancellationToken::new();
-    let ramping = tokio::spawn(raise_latency(running.chain.bank_state(), p.from_ms, p.to_ms, p.duration, stop.clone()));
+    let ramping = tokio::spawn(raise_latency(
+        running.chain.bank_state(),
+        p.from_ms,
+        p.to_ms,
+        p.duration,
+        stop.clone(),
+    ));
     let measurement = load::run(&plan, move |index| orders.create(index)).await;
     stop.cancel();
     let _ = ramping.await;
     let bank = running.chain.hop_stats()[&BANK_GRPC];
-    let failed_fast = running.chain.hop_stats().iter().map(|(_, hop)| hop.failed_fast).sum();
+    let failed_fast = running
+        .chain
+        .hop_stats()
+        .iter()
+        .map(|(_, hop)| hop.failed_fast)
+        .sum();
     let run = RampRun {
         variant: variant.name,
         setup: variant.setup,
@@ -158,7 +193,13 @@ async fn ramp(profile: &Profile, variant: Variant) -> Result<RampRun, BenchError
 
 /// Moves the bank's mean latency from `from_ms` to `to_ms` in even steps over `over` (a tenth of
 /// the mean as its spread), until `stop`.
-async fn raise_latency(bank: Arc<BankState>, from_ms: f64, to_ms: f64, over: Duration, stop: CancellationToken) {
+async fn raise_latency(
+    bank: Arc<BankState>,
+    from_ms: f64,
+    to_ms: f64,
+    over: Duration,
+    stop: CancellationToken,
+) {
     const STEPS: u32 = 40;
     for step in 1..=STEPS {
         tokio::select! {
@@ -166,6 +207,11 @@ async fn raise_latency(bank: Arc<BankState>, from_ms: f64, to_ms: f64, over: Dur
             () = tokio::time::sleep(over / STEPS) => {}
         }
         let mean = from_ms + (to_ms - from_ms) * f64::from(step) / f64::from(STEPS);
-        bank.update_faults(|faults| faults.latency_ms = Latency { mean, stddev: mean / 10.0 });
+        bank.update_faults(|faults| {
+            faults.latency_ms = Latency {
+                mean,
+                stddev: mean / 10.0,
+            }
+        });
     }
 }

@@ -50,24 +50,49 @@ const REFUSED: &str = "ResourceExhausted";
 fn with_bank(settings: &mut ChainSettings, latency_ms: f64) {
     chains::with_instant_bank(settings);
     stack::scenario::without_guards(settings);
-    settings.bank.faults.latency_ms = Latency { mean: latency_ms, stddev: latency_ms / 10.0 };
+    settings.bank.faults.latency_ms = Latency {
+        mean: latency_ms,
+        stddev: latency_ms / 10.0,
+    };
 }
 
 pub async fn measure(profile: &Profile) -> Result<EdgeOverload, BenchError> {
     let p = &profile.overload;
     let running = chains::start(&Backend::Sqlite, |s| with_bank(s, p.bank_latency_ms)).await?;
-    let orders = GrpcOrders::new(running.chain.address(&GATEWAY_GRPC), "capacity", Some(p.deadline))?;
-    let probe = Plan::clients("overload: capacity", p.probe_clients, 1_000_000, p.probe_time, profile.bounds);
-    let capacity = load::run(&probe, move |index| orders.create(index)).await.successes_per_second;
+    let orders = GrpcOrders::new(
+        running.chain.address(&GATEWAY_GRPC),
+        "capacity",
+        Some(p.deadline),
+    )?;
+    let probe = Plan::clients(
+        "overload: capacity",
+        p.probe_clients,
+        1_000_000,
+        p.probe_time,
+        profile.bounds,
+    );
+    let capacity = load::run(&probe, move |index| orders.create(index))
+        .await
+        .successes_per_second;
     running.stop().await?;
 
     let offered = capacity * p.overload;
     let queue = ChainSettings::default().gateway.queue;
     let variants: [(&'static str, String, bool); 2] = [
-        ("count only", format!("{} requests in progress at most, the rest refused", ChainSettings::default().gateway.deadline.max_in_flight), false),
+        (
+            "count only",
+            format!(
+                "{} requests in progress at most, the rest refused",
+                ChainSettings::default().gateway.deadline.max_in_flight
+            ),
+            false,
+        ),
         (
             "queueing time",
-            format!("{} workers; a queue whose luckiest request of {} ms waited over {} ms sheds", queue.workers, queue.interval_ms, queue.target_ms),
+            format!(
+                "{} workers; a queue whose luckiest request of {} ms waited over {} ms sheds",
+                queue.workers, queue.interval_ms, queue.target_ms
+            ),
             true,
         ),
     ];
@@ -78,8 +103,17 @@ pub async fn measure(profile: &Profile) -> Result<EdgeOverload, BenchError> {
             s.gateway.queue.enabled = queued;
         })
         .await?;
-        let orders = GrpcOrders::new(running.chain.address(&GATEWAY_GRPC), intake, Some(p.deadline))?;
-        let plan = Plan::rate(format!("overload, {intake}"), offered, p.duration, profile.bounds);
+        let orders = GrpcOrders::new(
+            running.chain.address(&GATEWAY_GRPC),
+            intake,
+            Some(p.deadline),
+        )?;
+        let plan = Plan::rate(
+            format!("overload, {intake}"),
+            offered,
+            p.duration,
+            profile.bounds,
+        );
         let measurement = load::run(&plan, move |index| orders.create(index)).await;
         running.stop().await?;
         let refused = measurement.count(REFUSED);
@@ -90,11 +124,19 @@ pub async fn measure(profile: &Profile) -> Result<EdgeOverload, BenchError> {
             setup,
             successes_per_second: measurement.successes_per_second,
             admitted,
-            admitted_in_time: if admitted == 0 { 0.0 } else { in_time as f64 / admitted as f64 },
+            admitted_in_time: if admitted == 0 {
+                0.0
+            } else {
+                in_time as f64 / admitted as f64
+            },
             admitted_latency_ms: measurement.latency("OK"),
             refused,
             measurement,
         });
     }
-    Ok(EdgeOverload { capacity_per_second: capacity, offered_per_second: offered, runs })
+    Ok(EdgeOverload {
+        capacity_per_second: capacity,
+        offered_per_second: offered,
+        runs,
+    })
 }

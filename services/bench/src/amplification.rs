@@ -68,11 +68,23 @@ pub async fn measure(profile: &Profile) -> Result<Amplification, BenchError> {
                 chain.bank.faults.latency_ms = latency;
             })
             .await?;
-            let orders = HttpOrders::new(running.chain.address(&GATEWAY_HTTP), label, Some(settings.client_deadline));
-            let orders = if naive { orders.deadline_untold() } else { orders };
+            let orders = HttpOrders::new(
+                running.chain.address(&GATEWAY_HTTP),
+                label,
+                Some(settings.client_deadline),
+            );
+            let orders = if naive {
+                orders.deadline_untold()
+            } else {
+                orders
+            };
             let requests = (settings.duration.as_secs_f64() * load.per_second).round() as usize;
             let plan = Plan::count(
-                format!("{label} chain, bank failing {:.0} %, {}/s", failure_rate * 100.0, load.per_second),
+                format!(
+                    "{label} chain, bank failing {:.0} %, {}/s",
+                    failure_rate * 100.0,
+                    load.per_second
+                ),
                 requests,
                 load.per_second,
                 profile.bounds,
@@ -99,5 +111,9 @@ pub async fn measure(profile: &Profile) -> Result<Amplification, BenchError> {
             running.stop().await?;
         }
     }
-    Ok(Amplification { client_deadline_ms: settings.client_deadline.as_secs_f64() * 1e3, bank_latency_ms: latency, runs })
+    Ok(Amplification {
+        client_deadline_ms: settings.client_deadline.as_secs_f64() * 1e3,
+        bank_latency_ms: latency,
+        runs,
+    })
 }

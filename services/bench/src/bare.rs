@@ -58,7 +58,9 @@ use crate::BenchError;
 
 /// The answer to the calls that the order path does not make.
 fn not_served() -> Status {
-    Status::unimplemented("the bare chain serves the order path only: gateway CreateOrder, orders CreateOrder, payment Pay, bank Charge")
+    Status::unimplemented(
+        "the bare chain serves the order path only: gateway CreateOrder, orders CreateOrder, payment Pay, bank Charge",
+    )
 }
 
 /// A unique id with a prefix, as long as the chain's (`ord_` and 32 hex digits).
@@ -75,8 +77,20 @@ impl MinimalWrites {
     async fn open(path: &Path) -> Result<Self, BenchError> {
         let floor = |error: storage::Error| BenchError::Floor(error.to_string());
         // The chain's SQLite settings, and no migrations: the one table is made here.
-        let database = Database::open(&format!("sqlite://{}", path.display()), SqliteSettings::default(), |_| Vec::new()).await.map_err(floor)?;
-        let create = database.write(async |tx| tx.execute("CREATE TABLE writes (id TEXT PRIMARY KEY, body BLOB NOT NULL)", &[]).await);
+        let database = Database::open(
+            &format!("sqlite://{}", path.display()),
+            SqliteSettings::default(),
+            |_| Vec::new(),
+        )
+        .await
+        .map_err(floor)?;
+        let create = database.write(async |tx| {
+            tx.execute(
+                "CREATE TABLE writes (id TEXT PRIMARY KEY, body BLOB NOT NULL)",
+                &[],
+            )
+            .await
+        });
         create.await.map_err(floor)?;
         Ok(Self(database))
     }
@@ -84,7 +98,13 @@ impl MinimalWrites {
     async fn write(&self, id: &str, message: &impl Message) -> Result<(), Status> {
         let (id, body) = (id.to_owned(), message.encode_to_vec());
         self.0
-            .write(async move |tx| tx.execute("INSERT INTO writes (id, body) VALUES ($1, $2)", &[&id, &body]).await)
+            .write(async move |tx| {
+                tx.execute(
+                    "INSERT INTO writes (id, body) VALUES ($1, $2)",
+                    &[&id, &body],
+                )
+                .await
+            })
             .await
             .map(drop)
             .map_err(|error: storage::Error| Status::internal(error.to_string()))
@@ -106,7 +126,10 @@ impl Bank for BareBank {
         }))
     }
 
-    async fn get_exchange_rate(&self, _: Request<ExchangeRateRequest>) -> Result<Response<ExchangeRate>, Status> {
+    async fn get_exchange_rate(
+        &self,
+        _: Request<ExchangeRateRequest>,
+    ) -> Result<Response<ExchangeRate>, Status> {
         Err(not_served())
     }
 }
@@ -121,12 +144,20 @@ struct BarePayment {
 impl PaymentService for BarePayment {
     async fn pay(&self, request: Request<PayRequest>) -> Result<Response<Payment>, Status> {
         let pay = request.into_inner();
-        let charge = ChargeRequest { reference: pay.order_id, amount_minor: pay.amount_minor, currency: pay.currency };
+        let charge = ChargeRequest {
+            reference: pay.order_id,
+            amount_minor: pay.amount_minor,
+            currency: pay.currency,
+        };
         let reply = self.bank.clone().charge(charge).await?.into_inner();
         let approved = reply.outcome() == ChargeOutcome::Approved;
         let payment = Payment {
             payment_id: next_id("pay", &self.payments),
-            status: if approved { PaymentStatus::Approved } else { PaymentStatus::Declined } as i32,
+            status: if approved {
+                PaymentStatus::Approved
+            } else {
+                PaymentStatus::Declined
+            } as i32,
             bank_charge_id: reply.charge_id,
             decline_reason: reply.decline_reason,
         };
@@ -136,7 +167,10 @@ impl PaymentService for BarePayment {
         Ok(Response::new(payment))
     }
 
-    async fn get_payment(&self, _: Request<GetPaymentRequest>) -> Result<Response<Payment>, Status> {
+    async fn get_payment(
+        &self,
+        _: Request<GetPaymentRequest>,
+    ) -> Result<Response<Payment>, Status> {
         Err(not_served())
     }
 }
@@ -149,7 +183,10 @@ struct BareOrders {
 
 #[tonic::async_trait]
 impl Orders for BareOrders {
-    async fn create_order(&self, request: Request<CreateOrderRequest>) -> Result<Response<Order>, Status> {
+    async fn create_order(
+        &self,
+        request: Request<CreateOrderRequest>,
+    ) -> Result<Response<Order>, Status> {
         let create = request.into_inner();
         let order_id = next_id("ord", &self.orders);
         let pay = PayRequest {
@@ -166,7 +203,11 @@ impl Orders for BareOrders {
             items: create.items,
             amount_minor: create.amount_minor,
             currency: create.currency,
-            status: if paid { OrderStatus::Paid } else { OrderStatus::PaymentDeclined } as i32,
+            status: if paid {
+                OrderStatus::Paid
+            } else {
+                OrderStatus::PaymentDeclined
+            } as i32,
             payment: Some(payment),
             created_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
         };
@@ -180,7 +221,10 @@ impl Orders for BareOrders {
         Err(not_served())
     }
 
-    async fn recommend(&self, _: Request<RecommendRequest>) -> Result<Response<Recommendations>, Status> {
+    async fn recommend(
+        &self,
+        _: Request<RecommendRequest>,
+    ) -> Result<Response<Recommendations>, Status> {
         Err(not_served())
     }
 }
@@ -191,8 +235,16 @@ struct BareGateway {
 
 #[tonic::async_trait]
 impl Gateway for BareGateway {
-    async fn create_order(&self, request: Request<CreateOrderRequest>) -> Result<Response<Order>, Status> {
-        let order = self.orders.clone().create_order(request.into_inner()).await?.into_inner();
+    async fn create_order(
+        &self,
+        request: Request<CreateOrderRequest>,
+    ) -> Result<Response<Order>, Status> {
+        let order = self
+            .orders
+            .clone()
+            .create_order(request.into_inner())
+            .await?
+            .into_inner();
         Ok(Response::new(order))
     }
 
@@ -218,22 +270,46 @@ impl BareChain {
     /// The same, with orders and payment each writing one row per request to a SQLite file of
     /// its own in `dir`.
     pub async fn with_minimal_writes(dir: &Path) -> Result<Self, BenchError> {
-        let writes = (MinimalWrites::open(&dir.join("orders.db")).await?, MinimalWrites::open(&dir.join("payment.db")).await?);
+        let writes = (
+            MinimalWrites::open(&dir.join("orders.db")).await?,
+            MinimalWrites::open(&dir.join("payment.db")).await?,
+        );
         Self::start_with(Some(writes)).await
     }
 
-    async fn start_with(writes: Option<(MinimalWrites, MinimalWrites)>) -> Result<Self, BenchError> {
+    async fn start_with(
+        writes: Option<(MinimalWrites, MinimalWrites)>,
+    ) -> Result<Self, BenchError> {
         let (orders_writes, payment_writes) = writes.unzip();
         let shutdown = CancellationToken::new();
         let mut servers = JoinSet::new();
-        let bank = serve(BankServer::new(BareBank::default()), &shutdown, &mut servers).await?;
-        let payment = BarePayment { bank: BankClient::new(channel(bank)?), payments: AtomicU64::new(0), writes: payment_writes };
+        let bank = serve(
+            BankServer::new(BareBank::default()),
+            &shutdown,
+            &mut servers,
+        )
+        .await?;
+        let payment = BarePayment {
+            bank: BankClient::new(channel(bank)?),
+            payments: AtomicU64::new(0),
+            writes: payment_writes,
+        };
         let payment = serve(PaymentServiceServer::new(payment), &shutdown, &mut servers).await?;
-        let orders = BareOrders { payment: PaymentServiceClient::new(channel(payment)?), orders: AtomicU64::new(0), writes: orders_writes };
+        let orders = BareOrders {
+            payment: PaymentServiceClient::new(channel(payment)?),
+            orders: AtomicU64::new(0),
+            writes: orders_writes,
+        };
         let orders = serve(OrdersServer::new(orders), &shutdown, &mut servers).await?;
-        let gateway = BareGateway { orders: OrdersClient::new(channel(orders)?) };
+        let gateway = BareGateway {
+            orders: OrdersClient::new(channel(orders)?),
+        };
         let gateway = serve(GatewayServer::new(gateway), &shutdown, &mut servers).await?;
-        Ok(Self { gateway, shutdown, servers })
+        Ok(Self {
+            gateway,
+            shutdown,
+            servers,
+        })
     }
 
     /// Stops the four servers and waits for them.
@@ -248,7 +324,9 @@ impl BareChain {
 
 /// A lazily connecting channel to `addr`, as the chain's hops make them (minus every layer).
 fn channel(addr: SocketAddr) -> Result<Channel, BenchError> {
-    Ok(Endpoint::try_from(format!("http://{addr}"))?.tcp_nodelay(true).connect_lazy())
+    Ok(Endpoint::try_from(format!("http://{addr}"))?
+        .tcp_nodelay(true)
+        .connect_lazy())
 }
 
 /// Serves `service` on 127.0.0.1 port 0 until `shutdown`, and returns where.
@@ -258,14 +336,25 @@ async fn serve<S>(
     servers: &mut JoinSet<Result<(), tonic::transport::Error>>,
 ) -> Result<SocketAddr, BenchError>
 where
-    S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible> + NamedService + Clone + Send + Sync + 'static,
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
+        + NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
     S::Future: Send + 'static,
 {
-    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.map_err(BenchError::Io)?;
+    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .map_err(BenchError::Io)?;
     let addr = listener.local_addr().map_err(BenchError::Io)?;
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let stop = shutdown.clone().cancelled_owned();
-    servers.spawn(Server::builder().add_service(service).serve_with_incoming_shutdown(incoming, stop));
+    servers.spawn(
+        Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, stop),
+    );
     Ok(addr)
 }
 
@@ -278,13 +367,22 @@ mod tests {
     async fn an_order_goes_through_the_four_bare_hops() {
         let chain = BareChain::start().await.unwrap();
         let mut gateway = GatewayClient::new(channel(chain.gateway).unwrap());
-        let order = gateway.create_order(stack::scenario::order_message()).await.unwrap().into_inner();
+        let order = gateway
+            .create_order(stack::scenario::order_message())
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(order.status(), OrderStatus::Paid);
         assert_eq!(order.order_id.len(), "ord_".len() + 32);
         let payment = order.payment.unwrap();
         assert_eq!(payment.status(), PaymentStatus::Approved);
         assert!(payment.bank_charge_id.starts_with("ch_"));
-        let unserved = gateway.get_order(GetOrderRequest { order_id: order.order_id }).await.unwrap_err();
+        let unserved = gateway
+            .get_order(GetOrderRequest {
+                order_id: order.order_id,
+            })
+            .await
+            .unwrap_err();
         assert_eq!(unserved.code(), tonic::Code::Unimplemented);
         chain.stop().await.unwrap();
     }

@@ -42,41 +42,74 @@ struct Scratch {
 /// the default settings' quota (2,000 calls a second) would otherwise be the ceiling of every
 /// measurement on a fast machine, the bank's number rather than the chain's.
 pub fn with_instant_bank(settings: &mut ChainSettings) {
-    settings.bank.faults = Faults { latency_ms: Latency { mean: 0.0, stddev: 0.0 }, ..Faults::HEALTHY };
-    settings.payment.bank.quota = QuotaSettings { per_second: u32::MAX / 2, burst: u32::MAX / 2 };
+    settings.bank.faults = Faults {
+        latency_ms: Latency {
+            mean: 0.0,
+            stddev: 0.0,
+        },
+        ..Faults::HEALTHY
+    };
+    settings.payment.bank.quota = QuotaSettings {
+        per_second: u32::MAX / 2,
+        burst: u32::MAX / 2,
+    };
 }
 
 /// Starts the chain on `backend` with the default settings after `change`.
-pub async fn start(backend: &Backend, change: impl FnOnce(&mut ChainSettings)) -> Result<Running, BenchError> {
+pub async fn start(
+    backend: &Backend,
+    change: impl FnOnce(&mut ChainSettings),
+) -> Result<Running, BenchError> {
     let data = tempfile::tempdir().map_err(BenchError::Io)?;
-    let mut settings = ChainSettings::default().ephemeral().with_data_dir(data.path());
+    let mut settings = ChainSettings::default()
+        .ephemeral()
+        .with_data_dir(data.path());
     let scratch = match backend {
         Backend::Sqlite => None,
         Backend::Postgres(admin_url) => Some(scratch_databases(admin_url, &mut settings).await?),
     };
     change(&mut settings);
     let chain = Chain::start(settings).await?;
-    Ok(Running { chain, _data: data, scratch })
+    Ok(Running {
+        chain,
+        _data: data,
+        scratch,
+    })
 }
 
 /// Creates a database for orders and one for payment, and points the settings at them.
-async fn scratch_databases(admin_url: &str, settings: &mut ChainSettings) -> Result<Scratch, BenchError> {
+async fn scratch_databases(
+    admin_url: &str,
+    settings: &mut ChainSettings,
+) -> Result<Scratch, BenchError> {
     let mut admin = PgConnection::connect(admin_url).await?;
-    let base = admin_url.rsplit_once('/').map_or(admin_url, |(base, _)| base);
+    let base = admin_url
+        .rsplit_once('/')
+        .map_or(admin_url, |(base, _)| base);
     let mut databases = Vec::new();
-    for url in [&mut settings.orders.database_url, &mut settings.payment.database_url] {
+    for url in [
+        &mut settings.orders.database_url,
+        &mut settings.payment.database_url,
+    ] {
         let name = format!("bench_{}", uuid::Uuid::now_v7().simple());
-        admin.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).await?;
+        admin
+            .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .await?;
         *url = format!("{base}/{name}");
         databases.push(name);
     }
-    Ok(Scratch { admin_url: admin_url.to_owned(), databases })
+    Ok(Scratch {
+        admin_url: admin_url.to_owned(),
+        databases,
+    })
 }
 
 /// The server version of the PostgreSQL at `url`, which also proves it is reachable.
 pub async fn postgres_version(url: &str) -> Result<String, BenchError> {
     let mut connection = PgConnection::connect(url).await?;
-    Ok(sqlx::query_scalar("SHOW server_version").fetch_one(&mut connection).await?)
+    Ok(sqlx::query_scalar("SHOW server_version")
+        .fetch_one(&mut connection)
+        .await?)
 }
 
 impl Running {
@@ -86,7 +119,11 @@ impl Running {
         if let Some(scratch) = self.scratch {
             let mut admin = PgConnection::connect(&scratch.admin_url).await?;
             for name in scratch.databases {
-                admin.execute(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))).await?;
+                admin
+                    .execute(sqlx::AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                    )))
+                    .await?;
             }
         }
         Ok(())
@@ -135,6 +172,9 @@ pub fn hops(stats: &ChainHopStats, face: Face) -> Vec<HopWork> {
     stats
         .iter()
         .filter(|(listener, _)| listener.key != other_face.key)
-        .map(|(listener, stats)| HopWork { hop: listener.hop(), stats: *stats })
+        .map(|(listener, stats)| HopWork {
+            hop: listener.hop(),
+            stats: *stats,
+        })
         .collect()
 }

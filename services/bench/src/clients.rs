@@ -27,7 +27,9 @@ pub const BULKHEAD_FULL: &str = "Unavailable: bulkhead full";
 
 /// `text` as part of an idempotency key: visible ASCII, no spaces.
 fn key_part(text: &str) -> String {
-    text.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect()
+    text.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect()
 }
 
 /// `CreateOrder` on a gateway's gRPC face (the chain's, or the bare chain's).
@@ -42,22 +44,41 @@ impl GrpcOrders {
     /// Request `i` carries the idempotency key `{keys}-{i}` (spaces and the like made `-`), and
     /// `deadline` as `grpc-timeout`
     /// (the client also gives up after it).
-    pub fn new(gateway: SocketAddr, keys: &str, deadline: Option<Duration>) -> Result<Self, BenchError> {
-        let channel = Endpoint::try_from(format!("http://{gateway}"))?.tcp_nodelay(true).connect_lazy();
-        Ok(Self { client: GatewayClient::new(channel), keys: key_part(keys).into(), deadline })
+    pub fn new(
+        gateway: SocketAddr,
+        keys: &str,
+        deadline: Option<Duration>,
+    ) -> Result<Self, BenchError> {
+        let channel = Endpoint::try_from(format!("http://{gateway}"))?
+            .tcp_nodelay(true)
+            .connect_lazy();
+        Ok(Self {
+            client: GatewayClient::new(channel),
+            keys: key_part(keys).into(),
+            deadline,
+        })
     }
 
     /// The same client (and connection), its keys further prefixed by `keys`.
     pub fn keyed(&self, keys: &str) -> Self {
-        Self { keys: format!("{}-{}", self.keys, key_part(keys)).into(), ..self.clone() }
+        Self {
+            keys: format!("{}-{}", self.keys, key_part(keys)).into(),
+            ..self.clone()
+        }
     }
 
     pub fn create(&self, index: usize) -> impl Future<Output = Outcome> + Send + use<> {
         let mut client = self.client.clone();
         let mut request = Request::new(stack::scenario::order_message());
         let metadata = request.metadata_mut();
-        metadata.insert("authorization", format!("Bearer {API_KEY}").parse().expect("ascii"));
-        metadata.insert(IDEMPOTENCY_KEY, format!("{}-{index}", self.keys).parse().expect("ascii"));
+        metadata.insert(
+            "authorization",
+            format!("Bearer {API_KEY}").parse().expect("ascii"),
+        );
+        metadata.insert(
+            IDEMPOTENCY_KEY,
+            format!("{}-{index}", self.keys).parse().expect("ascii"),
+        );
         if let Some(deadline) = self.deadline {
             request.set_timeout(deadline);
         }
@@ -67,12 +88,21 @@ impl GrpcOrders {
 
 fn grpc_outcome(result: Result<Response<Order>, Status>) -> Outcome {
     match result {
-        Ok(response) if response.metadata().contains_key(IDEMPOTENT_REPLAYED) => Outcome::success(OK_REPLAYED),
+        Ok(response) if response.metadata().contains_key(IDEMPOTENT_REPLAYED) => {
+            Outcome::success(OK_REPLAYED)
+        }
         Ok(_) => Outcome::success("OK"),
-        Err(status) if status.metadata().contains_key(wire::CIRCUIT_OPEN) => Outcome::failure(CIRCUIT_OPEN),
-        Err(status) if status.metadata().contains_key(wire::BULKHEAD_FULL) => Outcome::failure(BULKHEAD_FULL),
+        Err(status) if status.metadata().contains_key(wire::CIRCUIT_OPEN) => {
+            Outcome::failure(CIRCUIT_OPEN)
+        }
+        Err(status) if status.metadata().contains_key(wire::BULKHEAD_FULL) => {
+            Outcome::failure(BULKHEAD_FULL)
+        }
         // tonic's own timer for `grpc-timeout` ends the call this way on the client's side.
-        Err(status) if status.code() == Code::Cancelled && status.message() == tonic::TimeoutExpired(()).to_string() => {
+        Err(status)
+            if status.code() == Code::Cancelled
+                && status.message() == tonic::TimeoutExpired(()).to_string() =>
+        {
             Outcome::failure(CLIENT_DEADLINE)
         }
         Err(status) => Outcome::failure(format!("{:?}", status.code())),
@@ -96,7 +126,10 @@ impl HttpOrders {
     /// `deadline` as `X-Request-Timeout-Ms` (the client also gives up after it).
     pub fn new(gateway: SocketAddr, keys: &str, deadline: Option<Duration>) -> Self {
         Self {
-            client: reqwest::Client::builder().tcp_nodelay(true).build().expect("a client with no TLS to set up"),
+            client: reqwest::Client::builder()
+                .tcp_nodelay(true)
+                .build()
+                .expect("a client with no TLS to set up"),
             url: format!("http://{gateway}/v1/orders").into(),
             body: stack::scenario::order_json().to_string().into(),
             keys: key_part(keys).into(),
@@ -108,12 +141,18 @@ impl HttpOrders {
     /// The same client, giving up after its deadline without sending it, as the naive chain's
     /// clients do.
     pub fn deadline_untold(self) -> Self {
-        Self { tell_deadline: false, ..self }
+        Self {
+            tell_deadline: false,
+            ..self
+        }
     }
 
     /// The same client (and connections), its keys further prefixed by `keys`.
     pub fn keyed(&self, keys: &str) -> Self {
-        Self { keys: format!("{}-{}", self.keys, key_part(keys)).into(), ..self.clone() }
+        Self {
+            keys: format!("{}-{}", self.keys, key_part(keys)).into(),
+            ..self.clone()
+        }
     }
 
     pub fn create(&self, index: usize) -> impl Future<Output = Outcome> + Send + use<> {
@@ -127,7 +166,8 @@ impl HttpOrders {
         if let Some(deadline) = self.deadline {
             request = request.timeout(deadline);
             if self.tell_deadline {
-                request = request.header(wire::REQUEST_TIMEOUT_MS, deadline.as_millis().to_string());
+                request =
+                    request.header(wire::REQUEST_TIMEOUT_MS, deadline.as_millis().to_string());
             }
         }
         async move {
@@ -141,14 +181,27 @@ impl HttpOrders {
             if let Err(error) = response.bytes().await {
                 return http_failure(&error);
             }
-            let class = format!("{} {}{}", status.as_u16(), status.canonical_reason().unwrap_or(""), if replayed { ", replayed" } else { "" });
-            if status.is_success() { Outcome::success(class) } else { Outcome::failure(class) }
+            let class = format!(
+                "{} {}{}",
+                status.as_u16(),
+                status.canonical_reason().unwrap_or(""),
+                if replayed { ", replayed" } else { "" }
+            );
+            if status.is_success() {
+                Outcome::success(class)
+            } else {
+                Outcome::failure(class)
+            }
         }
     }
 }
 
 fn http_failure(error: &reqwest::Error) -> Outcome {
-    if error.is_timeout() { Outcome::failure(CLIENT_DEADLINE) } else { Outcome::failure("no answer: connection failed") }
+    if error.is_timeout() {
+        Outcome::failure(CLIENT_DEADLINE)
+    } else {
+        Outcome::failure("no answer: connection failed")
+    }
 }
 
 #[cfg(test)]
@@ -164,16 +217,29 @@ mod tests {
     #[test]
     fn grpc_answers_are_classed_by_the_guard_that_gave_them() {
         let mut open = Status::unavailable("bank-mock: circuit open");
-        open.metadata_mut().insert(wire::CIRCUIT_OPEN, MetadataValue::from_static("bank-mock"));
+        open.metadata_mut()
+            .insert(wire::CIRCUIT_OPEN, MetadataValue::from_static("bank-mock"));
         let mut full = Status::unavailable("bank-mock: bulkhead full");
-        full.metadata_mut().insert(wire::BULKHEAD_FULL, MetadataValue::from_static("bank-mock"));
+        full.metadata_mut()
+            .insert(wire::BULKHEAD_FULL, MetadataValue::from_static("bank-mock"));
         assert_eq!(grpc_outcome(Err(open)), Outcome::failure(CIRCUIT_OPEN));
         assert_eq!(grpc_outcome(Err(full)), Outcome::failure(BULKHEAD_FULL));
-        assert_eq!(grpc_outcome(Err(Status::cancelled("Timeout expired"))), Outcome::failure(CLIENT_DEADLINE));
-        assert_eq!(grpc_outcome(Err(Status::deadline_exceeded("payment"))), Outcome::failure("DeadlineExceeded"));
+        assert_eq!(
+            grpc_outcome(Err(Status::cancelled("Timeout expired"))),
+            Outcome::failure(CLIENT_DEADLINE)
+        );
+        assert_eq!(
+            grpc_outcome(Err(Status::deadline_exceeded("payment"))),
+            Outcome::failure("DeadlineExceeded")
+        );
         let mut replayed = Response::new(Order::default());
-        replayed.metadata_mut().insert(IDEMPOTENT_REPLAYED, MetadataValue::from_static("true"));
+        replayed
+            .metadata_mut()
+            .insert(IDEMPOTENT_REPLAYED, MetadataValue::from_static("true"));
         assert_eq!(grpc_outcome(Ok(replayed)), Outcome::success(OK_REPLAYED));
-        assert_eq!(grpc_outcome(Ok(Response::new(Order::default()))), Outcome::success("OK"));
+        assert_eq!(
+            grpc_outcome(Ok(Response::new(Order::default()))),
+            Outcome::success("OK")
+        );
     }
 }

@@ -72,10 +72,16 @@ pub async fn measure(profile: &Profile) -> Result<FailFast, BenchError> {
             guard: "full bulkhead, payment → bank",
             rejected_class: BULKHEAD_FULL,
             passed_class: "OK",
-            setup: format!("every bank call takes {slow_ms:.0} ms; {} may be in flight (breakers off)", defaults.max_concurrent),
+            setup: format!(
+                "every bank call takes {slow_ms:.0} ms; {} may be in flight (breakers off)",
+                defaults.max_concurrent
+            ),
             change: Box::new(move |chain| {
                 stack::scenario::without_breakers(chain);
-                chain.bank.faults.latency_ms = Latency { mean: slow_ms, stddev: 0.0 };
+                chain.bank.faults.latency_ms = Latency {
+                    mean: slow_ms,
+                    stddev: 0.0,
+                };
             }),
         },
     ];
@@ -87,7 +93,12 @@ pub async fn measure(profile: &Profile) -> Result<FailFast, BenchError> {
         })
         .await?;
         let orders = GrpcOrders::new(running.chain.address(&GATEWAY_GRPC), "fail-fast", None)?;
-        let plan = Plan::count(case.guard, settings.requests, settings.per_second, profile.bounds);
+        let plan = Plan::count(
+            case.guard,
+            settings.requests,
+            settings.per_second,
+            profile.bounds,
+        );
         let measurement = load::run(&plan, move |index| orders.create(index)).await;
         running.stop().await?;
         guards.push(GuardAnswers {

@@ -52,20 +52,43 @@ pub struct Postgres {
     pub version: String,
 }
 
-pub async fn measure(profile: &Profile, postgres: Option<&Postgres>) -> Result<Idempotency, BenchError> {
+pub async fn measure(
+    profile: &Profile,
+    postgres: Option<&Postgres>,
+) -> Result<Idempotency, BenchError> {
     let sqlite = measure_on(profile, &Backend::Sqlite, "SQLite", None, |_| {}).await?;
-    let sqlite_normal = measure_on(profile, &Backend::Sqlite, "SQLite, synchronous = NORMAL", None, |chain| {
-        chain.orders.sqlite.synchronous = Synchronous::Normal;
-        chain.payment.sqlite.synchronous = Synchronous::Normal;
-    })
+    let sqlite_normal = measure_on(
+        profile,
+        &Backend::Sqlite,
+        "SQLite, synchronous = NORMAL",
+        None,
+        |chain| {
+            chain.orders.sqlite.synchronous = Synchronous::Normal;
+            chain.payment.sqlite.synchronous = Synchronous::Normal;
+        },
+    )
     .await?;
     let postgres = match postgres {
         Some(postgres) => Coverage::Measured(
-            measure_on(profile, &Backend::Postgres(postgres.url.clone()), "PostgreSQL", Some(postgres.version.clone()), |_| {}).await?,
+            measure_on(
+                profile,
+                &Backend::Postgres(postgres.url.clone()),
+                "PostgreSQL",
+                Some(postgres.version.clone()),
+                |_| {},
+            )
+            .await?,
         ),
-        None => Coverage::NotMeasured(NotMeasured { reason: "not measured: no PostgreSQL (set TEST_POSTGRES_URL or pass --postgres-url)".into() }),
+        None => Coverage::NotMeasured(NotMeasured {
+            reason: "not measured: no PostgreSQL (set TEST_POSTGRES_URL or pass --postgres-url)"
+                .into(),
+        }),
     };
-    Ok(Idempotency { sqlite, sqlite_normal, postgres })
+    Ok(Idempotency {
+        sqlite,
+        sqlite_normal,
+        postgres,
+    })
 }
 
 async fn measure_on(
@@ -82,7 +105,14 @@ async fn measure_on(
     })
     .await?;
     let orders = HttpOrders::new(running.chain.address(&GATEWAY_HTTP), "idempotency", None);
-    let plan = |what: &str| Plan::count(format!("{name}: {what}"), settings.requests, settings.per_second, profile.bounds);
+    let plan = |what: &str| {
+        Plan::count(
+            format!("{name}: {what}"),
+            settings.requests,
+            settings.per_second,
+            profile.bounds,
+        )
+    };
     let first = {
         let orders = orders.clone();
         load::run(&plan("first executions"), move |index| orders.create(index)).await
@@ -103,5 +133,11 @@ async fn measure_on(
         load::run(&plan, move |index| orders.create(index)).await
     };
     running.stop().await?;
-    Ok(BackendIdempotency { backend: name, server_version, first, replay, throughput })
+    Ok(BackendIdempotency {
+        backend: name,
+        server_version,
+        first,
+        replay,
+        throughput,
+    })
 }

@@ -28,7 +28,10 @@ use serde::Serialize;
 pub use profile::Profile;
 
 /// The benchmark process in telemetry, hosting the chains it measures.
-pub const SERVICE: telemetry::Service = telemetry::Service { name: "bench", version: env!("CARGO_PKG_VERSION") };
+pub const SERVICE: telemetry::Service = telemetry::Service {
+    name: "bench",
+    version: env!("CARGO_PKG_VERSION"),
+};
 
 /// Why a run could not finish.
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +47,10 @@ pub enum BenchError {
     #[error("{0}")]
     Io(std::io::Error),
     #[error("writing {path}: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("the report does not serialize: {0}")]
     Json(#[from] serde_json::Error),
     #[error("telemetry: {0}")]
@@ -107,16 +113,24 @@ pub struct Report {
 
 /// The repository this crate was built from: where BENCHMARKS.md belongs.
 pub fn repository_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap_or_else(|_| PathBuf::from("."))
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap_or_else(|_| PathBuf::from("."))
 }
 
 /// Makes every comparison of `options.profile`, one after the other.
 pub async fn run(options: &Options) -> Result<Report, BenchError> {
     // A PostgreSQL that was named but cannot be reached is an error now, not a gap found later.
     let postgres = match &options.postgres_url {
-        Some(url) => Some(idempotency::Postgres { url: url.clone(), version: chains::postgres_version(url).await? }),
+        Some(url) => Some(idempotency::Postgres {
+            url: url.clone(),
+            version: chains::postgres_version(url).await?,
+        }),
         None => {
-            eprintln!("WARNING: no PostgreSQL (TEST_POSTGRES_URL or --postgres-url): its idempotency numbers will not be measured");
+            eprintln!(
+                "WARNING: no PostgreSQL (TEST_POSTGRES_URL or --postgres-url): its idempotency numbers will not be measured"
+            );
             None
         }
     };
@@ -141,7 +155,8 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     eprintln!("6. Idempotency");
     let idempotency = idempotency::measure(profile, postgres.as_ref()).await?;
     eprintln!("8. Queries and statements per create");
-    let statements = statements::measure(profile, postgres.as_ref(), &options.bench_executable).await?;
+    let statements =
+        statements::measure(profile, postgres.as_ref(), &options.bench_executable).await?;
     // Last: it installs telemetry for the rest of the process.
     eprintln!("7. Tracing cost");
     let tracing = tracing_cost::measure(profile).await?;
@@ -173,9 +188,20 @@ pub struct Written {
 
 /// Writes `report` into `dir` (made if missing) as `BENCHMARKS.md` and `BENCHMARKS.json`.
 pub fn write(report: &Report, dir: &Path) -> Result<Written, BenchError> {
-    std::fs::create_dir_all(dir).map_err(|source| BenchError::Write { path: dir.to_owned(), source })?;
-    let written = Written { markdown: dir.join("BENCHMARKS.md"), json: dir.join("BENCHMARKS.json") };
-    let save = |path: &Path, text: String| std::fs::write(path, text).map_err(|source| BenchError::Write { path: path.to_owned(), source });
+    std::fs::create_dir_all(dir).map_err(|source| BenchError::Write {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let written = Written {
+        markdown: dir.join("BENCHMARKS.md"),
+        json: dir.join("BENCHMARKS.json"),
+    };
+    let save = |path: &Path, text: String| {
+        std::fs::write(path, text).map_err(|source| BenchError::Write {
+            path: path.to_owned(),
+            source,
+        })
+    };
     save(&written.markdown, report.to_string())?;
     save(&written.json, serde_json::to_string_pretty(report)? + "\n")?;
     Ok(written)

@@ -65,20 +65,54 @@ pub struct Plan {
 
 impl Plan {
     /// `per_second` requests per second for `duration`.
-    pub fn rate(label: impl Into<String>, per_second: f64, duration: Duration, bounds: Bounds) -> Self {
+    pub fn rate(
+        label: impl Into<String>,
+        per_second: f64,
+        duration: Duration,
+        bounds: Bounds,
+    ) -> Self {
         let requests = (per_second * duration.as_secs_f64()).ceil().max(1.0) as usize;
-        Self { label: label.into(), arrival: Arrival::Rate { per_second }, requests, time_limit: duration, bounds }
+        Self {
+            label: label.into(),
+            arrival: Arrival::Rate { per_second },
+            requests,
+            time_limit: duration,
+            bounds,
+        }
     }
 
     /// `requests` requests at `per_second`: the last one is due after `requests / per_second`.
-    pub fn count(label: impl Into<String>, requests: usize, per_second: f64, bounds: Bounds) -> Self {
+    pub fn count(
+        label: impl Into<String>,
+        requests: usize,
+        per_second: f64,
+        bounds: Bounds,
+    ) -> Self {
         let time_limit = Duration::from_secs_f64(requests as f64 / per_second);
-        Self { label: label.into(), arrival: Arrival::Rate { per_second }, requests, time_limit, bounds }
+        Self {
+            label: label.into(),
+            arrival: Arrival::Rate { per_second },
+            requests,
+            time_limit,
+            bounds,
+        }
     }
 
     /// `clients` clients sending one request after the other, `requests` in all.
-    pub fn clients(label: impl Into<String>, clients: usize, requests: usize, time_limit: Duration, bounds: Bounds) -> Self {
-        Self { label: label.into(), arrival: Arrival::Clients { count: clients }, requests, time_limit, bounds }
+    pub fn clients(
+        label: impl Into<String>,
+        clients: usize,
+        requests: usize,
+        time_limit: Duration,
+        bounds: Bounds,
+    ) -> Self {
+        Self {
+            label: label.into(),
+            arrival: Arrival::Clients { count: clients },
+            requests,
+            time_limit,
+            bounds,
+        }
     }
 }
 
@@ -92,11 +126,17 @@ pub struct Outcome {
 
 impl Outcome {
     pub fn success(class: impl Into<String>) -> Self {
-        Self { class: class.into(), success: true }
+        Self {
+            class: class.into(),
+            success: true,
+        }
     }
 
     pub fn failure(class: impl Into<String>) -> Self {
-        Self { class: class.into(), success: false }
+        Self {
+            class: class.into(),
+            success: false,
+        }
     }
 }
 
@@ -193,7 +233,14 @@ struct Recorder {
 
 impl Recorder {
     fn class(&mut self, outcome: Outcome) -> &mut ClassRecord {
-        let record = self.classes.entry(outcome.class).or_insert_with(|| ClassRecord { success: outcome.success, count: 0, latency: histogram() });
+        let record = self
+            .classes
+            .entry(outcome.class)
+            .or_insert_with(|| ClassRecord {
+                success: outcome.success,
+                count: 0,
+                latency: histogram(),
+            });
         record.count += 1;
         record
     }
@@ -226,19 +273,31 @@ impl Shared {
             in_flight: AtomicUsize::new(0),
             dropped: AtomicUsize::new(0),
             last_answer: AtomicU64::new(0),
-            recorder: Mutex::new(Recorder { latency: histogram(), service: histogram(), send_lag: histogram(), classes: BTreeMap::new() }),
+            recorder: Mutex::new(Recorder {
+                latency: histogram(),
+                service: histogram(),
+                send_lag: histogram(),
+                classes: BTreeMap::new(),
+            }),
         }
     }
 
     fn recorder(&self) -> std::sync::MutexGuard<'_, Recorder> {
         // Histograms hold plain counts; a panic elsewhere cannot leave them half-written.
-        self.recorder.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.recorder
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Takes a place in flight for a request due now, or counts it dropped.
     fn admit(&self, max_in_flight: usize) -> bool {
         self.due.fetch_add(1, Ordering::Relaxed);
-        let admitted = self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max_in_flight).then_some(n + 1)).is_ok();
+        let admitted = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max_in_flight).then_some(n + 1)
+            })
+            .is_ok();
         if admitted {
             self.sent.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -261,7 +320,8 @@ impl Shared {
                 recorder.class(outcome).latency.saturating_record(latency);
                 drop(recorder);
                 self.answered.fetch_add(1, Ordering::Relaxed);
-                self.last_answer.fetch_max((now - self.started).as_nanos() as u64, Ordering::Relaxed);
+                self.last_answer
+                    .fetch_max((now - self.started).as_nanos() as u64, Ordering::Relaxed);
             }
             None => {
                 self.recorder().class(Outcome::failure(UNFINISHED));
@@ -272,16 +332,31 @@ impl Shared {
 
     fn measurement(&self, plan: &Plan) -> Measurement {
         let recorder = self.recorder();
-        let successes: usize = recorder.classes.values().filter(|class| class.success).map(|class| class.count).sum();
+        let successes: usize = recorder
+            .classes
+            .values()
+            .filter(|class| class.success)
+            .map(|class| class.count)
+            .sum();
         let due = self.due.load(Ordering::Relaxed);
         let elapsed = Duration::from_nanos(self.last_answer.load(Ordering::Relaxed)).as_secs_f64();
-        let per_second = |count: usize| if elapsed > 0.0 { count as f64 / elapsed } else { 0.0 };
+        let per_second = |count: usize| {
+            if elapsed > 0.0 {
+                count as f64 / elapsed
+            } else {
+                0.0
+            }
+        };
         Measurement {
             plan: plan.clone(),
             due,
             sent: self.sent.load(Ordering::Relaxed),
             successes,
-            success_rate: if due > 0 { successes as f64 / due as f64 } else { 0.0 },
+            success_rate: if due > 0 {
+                successes as f64 / due as f64
+            } else {
+                0.0
+            },
             elapsed_s: elapsed,
             answers_per_second: per_second(self.answered.load(Ordering::Relaxed)),
             successes_per_second: per_second(successes),
@@ -291,7 +366,16 @@ impl Shared {
             classes: recorder
                 .classes
                 .iter()
-                .map(|(name, class)| (name.clone(), Class { success: class.success, count: class.count, latency_ms: Latencies::of(&class.latency) }))
+                .map(|(name, class)| {
+                    (
+                        name.clone(),
+                        Class {
+                            success: class.success,
+                            count: class.count,
+                            latency_ms: Latencies::of(&class.latency),
+                        },
+                    )
+                })
                 .collect(),
         }
     }
@@ -311,11 +395,13 @@ where
     match plan.arrival {
         Arrival::Rate { per_second } => {
             let pacer = {
-                let (plan, shared, send, give_up) = (plan.clone(), shared.clone(), send.clone(), give_up.clone());
+                let (plan, shared, send, give_up) =
+                    (plan.clone(), shared.clone(), send.clone(), give_up.clone());
                 let runtime = tokio::runtime::Handle::current();
                 tokio::task::spawn_blocking(move || {
                     for index in 0..plan.requests {
-                        let due = shared.started + Duration::from_secs_f64(index as f64 / per_second);
+                        let due =
+                            shared.started + Duration::from_secs_f64(index as f64 / per_second);
                         if due - shared.started >= plan.time_limit {
                             break;
                         }
@@ -323,7 +409,12 @@ where
                             std::thread::sleep(wait);
                         }
                         if shared.admit(plan.bounds.max_in_flight) {
-                            runtime.spawn(request(shared.clone(), send(index), due, give_up.clone()));
+                            runtime.spawn(request(
+                                shared.clone(),
+                                send(index),
+                                due,
+                                give_up.clone(),
+                            ));
                         }
                     }
                 })
@@ -335,21 +426,34 @@ where
             let next = Arc::new(AtomicUsize::new(0));
             let mut clients = JoinSet::new();
             for _ in 0..count {
-                let (plan, shared, send, give_up, next) = (plan.clone(), shared.clone(), send.clone(), give_up.clone(), next.clone());
+                let (plan, shared, send, give_up, next) = (
+                    plan.clone(),
+                    shared.clone(),
+                    send.clone(),
+                    give_up.clone(),
+                    next.clone(),
+                );
                 clients.spawn(async move {
                     loop {
                         let index = next.fetch_add(1, Ordering::Relaxed);
-                        if index >= plan.requests || shared.started.elapsed() >= plan.time_limit || give_up.is_cancelled() {
+                        if index >= plan.requests
+                            || shared.started.elapsed() >= plan.time_limit
+                            || give_up.is_cancelled()
+                        {
                             break;
                         }
                         if shared.admit(plan.bounds.max_in_flight) {
-                            request(shared.clone(), send(index), Instant::now(), give_up.clone()).await;
+                            request(shared.clone(), send(index), Instant::now(), give_up.clone())
+                                .await;
                         }
                     }
                 });
             }
             let waiting = async { while clients.join_next().await.is_some() {} };
-            if tokio::time::timeout(plan.time_limit + plan.bounds.drain, waiting).await.is_err() {
+            if tokio::time::timeout(plan.time_limit + plan.bounds.drain, waiting)
+                .await
+                .is_err()
+            {
                 drain(&shared, Duration::ZERO, &give_up).await;
             }
         }
@@ -359,7 +463,12 @@ where
 }
 
 /// One request: sent now, due at `due`, abandoned when `give_up` is cancelled.
-async fn request(shared: Arc<Shared>, answer: impl Future<Output = Outcome>, due: Instant, give_up: CancellationToken) {
+async fn request(
+    shared: Arc<Shared>,
+    answer: impl Future<Output = Outcome>,
+    due: Instant,
+    give_up: CancellationToken,
+) {
     let sent = Instant::now();
     let outcome = tokio::select! {
         outcome = answer => Some(outcome),
@@ -403,12 +512,21 @@ async fn progress(plan: Plan, shared: Arc<Shared>) {
 mod tests {
     use super::*;
 
-    const BOUNDS: Bounds = Bounds { max_in_flight: 1_000, drain: Duration::from_secs(5) };
+    const BOUNDS: Bounds = Bounds {
+        max_in_flight: 1_000,
+        drain: Duration::from_secs(5),
+    };
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn requests_due_while_the_limit_is_in_flight_are_dropped_not_delayed() {
         // One request in flight at most, 100 per second, each answered after 30 ms.
-        let plan = Plan { bounds: Bounds { max_in_flight: 1, ..BOUNDS }, ..Plan::count("limit", 20, 100.0, BOUNDS) };
+        let plan = Plan {
+            bounds: Bounds {
+                max_in_flight: 1,
+                ..BOUNDS
+            },
+            ..Plan::count("limit", 20, 100.0, BOUNDS)
+        };
         let measured = run(&plan, |_| async {
             tokio::time::sleep(Duration::from_millis(30)).await;
             Outcome::success("OK")
@@ -417,7 +535,10 @@ mod tests {
         assert_eq!(measured.due, 20);
         assert_eq!(measured.sent + measured.count(DROPPED), 20);
         assert!(measured.count(DROPPED) > 0, "{measured:?}");
-        assert!(measured.latency(DROPPED).is_none(), "a dropped request has no latency");
+        assert!(
+            measured.latency(DROPPED).is_none(),
+            "a dropped request has no latency"
+        );
         assert!(measured.success_rate < 1.0, "dropped requests are failures");
     }
 
@@ -439,18 +560,39 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_open_loop_keeps_its_schedule_and_times_each_class_apart() {
         let plan = Plan::count("classes", 40, 400.0, BOUNDS);
-        let measured = run(&plan, |index| async move { if index % 4 == 0 { Outcome::failure("Unavailable") } else { Outcome::success("OK") } }).await;
-        assert_eq!((measured.sent, measured.count("OK"), measured.count("Unavailable")), (40, 30, 10));
+        let measured = run(&plan, |index| async move {
+            if index % 4 == 0 {
+                Outcome::failure("Unavailable")
+            } else {
+                Outcome::success("OK")
+            }
+        })
+        .await;
+        assert_eq!(
+            (
+                measured.sent,
+                measured.count("OK"),
+                measured.count("Unavailable")
+            ),
+            (40, 30, 10)
+        );
         assert_eq!(measured.successes, 30);
         assert!((measured.success_rate - 0.75).abs() < 1e-9);
         assert_eq!(measured.latency("OK").map(|l| l.count), Some(30));
         // Forty requests at 400 per second take about 0.1 s, not more.
-        assert!(measured.elapsed_s >= 0.09 && measured.elapsed_s < 2.0, "{}", measured.elapsed_s);
+        assert!(
+            measured.elapsed_s >= 0.09 && measured.elapsed_s < 2.0,
+            "{}",
+            measured.elapsed_s
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn answers_that_never_come_are_abandoned_when_the_drain_time_is_up() {
-        let bounds = Bounds { max_in_flight: 10, drain: Duration::from_millis(100) };
+        let bounds = Bounds {
+            max_in_flight: 10,
+            drain: Duration::from_millis(100),
+        };
         let plan = Plan::count("hang", 3, 100.0, bounds);
         let started = Instant::now();
         let measured = run(&plan, |_| std::future::pending()).await;
@@ -468,7 +610,10 @@ mod tests {
         let measured = run(&plan, move |_| {
             let (counting, highest) = (counting.clone(), highest.clone());
             async move {
-                highest.fetch_max(counting.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                highest.fetch_max(
+                    counting.fetch_add(1, Ordering::SeqCst) + 1,
+                    Ordering::SeqCst,
+                );
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 counting.fetch_sub(1, Ordering::SeqCst);
                 Outcome::success("OK")

@@ -36,16 +36,27 @@ impl Machine {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu_model = cpuinfo
             .lines()
-            .find_map(|line| line.strip_prefix("model name").and_then(|rest| rest.split_once(':')).map(|(_, model)| model.trim().to_owned()))
+            .find_map(|line| {
+                line.strip_prefix("model name")
+                    .and_then(|rest| rest.split_once(':'))
+                    .map(|(_, model)| model.trim().to_owned())
+            })
             .unwrap_or_else(|| "unknown (no model name in /proc/cpuinfo)".into());
-        let cores = cpuinfo.lines().filter(|line| line.starts_with("processor")).count();
+        let cores = cpuinfo
+            .lines()
+            .filter(|line| line.starts_with("processor"))
+            .count();
         Self {
             cpu_model,
             cores,
             available_parallelism: std::thread::available_parallelism().map_or(0, usize::from),
             commit: commit(repository),
             command,
-            build: if cfg!(debug_assertions) { "debug" } else { "release" },
+            build: if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            },
             date: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
             load_average_at_start: load_average(),
             kernel: read_trimmed("/proc/sys/kernel/osrelease"),
@@ -59,19 +70,33 @@ pub fn load_average() -> String {
 }
 
 fn read_trimmed(path: &str) -> String {
-    std::fs::read_to_string(path).map_or_else(|_| format!("unknown ({path} unreadable)"), |text| text.trim().to_owned())
+    std::fs::read_to_string(path).map_or_else(
+        |_| format!("unknown ({path} unreadable)"),
+        |text| text.trim().to_owned(),
+    )
 }
 
 fn git(repository: &Path, args: &[&str]) -> Option<String> {
-    let output = Command::new("git").arg("-C").arg(repository).args(args).output().ok()?;
-    output.status.success().then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    let output = Command::new("git")
+        .arg("-C")
+        .arg(repository)
+        .args(args)
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
 fn commit(repository: &Path) -> String {
     let Some(commit) = git(repository, &["rev-parse", "--short=12", "HEAD"]) else {
         return "unknown (not a git checkout, or no git)".into();
     };
-    match git(repository, &["status", "--porcelain", "--untracked-files=no"]) {
+    match git(
+        repository,
+        &["status", "--porcelain", "--untracked-files=no"],
+    ) {
         Some(changes) if !changes.is_empty() => format!("{commit} with uncommitted changes"),
         _ => commit,
     }
@@ -90,8 +115,20 @@ impl Memory {
     /// None where /proc/self/status is not there (not Linux).
     pub fn now() -> Option<Self> {
         let status = std::fs::read_to_string("/proc/self/status").ok()?;
-        let field = |name: &str| status.lines().find_map(|line| line.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok());
-        Some(Self { rss_kib: field("VmRSS:")?, peak_rss_kib: field("VmHWM:")? })
+        let field = |name: &str| {
+            status.lines().find_map(|line| {
+                line.strip_prefix(name)?
+                    .trim()
+                    .strip_suffix("kB")?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+        };
+        Some(Self {
+            rss_kib: field("VmRSS:")?,
+            peak_rss_kib: field("VmHWM:")?,
+        })
     }
 
     /// Sets the peak back to what is resident now (`5` into /proc/self/clear_refs), so that the
@@ -127,11 +164,17 @@ mod tests {
         let block = vec![1u8; 64 << 20];
         std::hint::black_box(&block);
         let during = Memory::now().unwrap();
-        assert!(during.peak_rss_kib >= before.rss_kib + (60 << 10), "{before:?} → {during:?}");
+        assert!(
+            during.peak_rss_kib >= before.rss_kib + (60 << 10),
+            "{before:?} → {during:?}"
+        );
         drop(block);
         if Memory::reset_peak() {
             let after = Memory::now().unwrap();
-            assert!(after.peak_rss_kib < during.peak_rss_kib, "{during:?} → {after:?}");
+            assert!(
+                after.peak_rss_kib < during.peak_rss_kib,
+                "{during:?} → {after:?}"
+            );
         }
     }
 }

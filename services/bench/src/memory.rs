@@ -62,7 +62,12 @@ fn room_for(clients: usize) -> impl FnOnce(&mut ChainSettings) {
         stack::scenario::without_guards(chain);
         let room = u32::try_from(clients).unwrap_or(u32::MAX).saturating_mul(2);
         chain.gateway.max_in_flight_creates = room;
-        for intake in [&mut chain.gateway.deadline, &mut chain.orders.deadline, &mut chain.payment.deadline, &mut chain.bank.deadline] {
+        for intake in [
+            &mut chain.gateway.deadline,
+            &mut chain.orders.deadline,
+            &mut chain.payment.deadline,
+            &mut chain.bank.deadline,
+        ] {
             intake.max_in_flight = intake.max_in_flight.max(room);
         }
     }
@@ -70,12 +75,23 @@ fn room_for(clients: usize) -> impl FnOnce(&mut ChainSettings) {
 
 pub async fn measure(profile: &Profile) -> Result<MemoryUnderHang, BenchError> {
     let settings = &profile.memory;
-    let section = |runs| MemoryUnderHang { clients: settings.clients, deadline_ms: settings.deadline.as_secs_f64() * 1e3, scope: SCOPE, runs };
+    let section = |runs| MemoryUnderHang {
+        clients: settings.clients,
+        deadline_ms: settings.deadline.as_secs_f64() * 1e3,
+        scope: SCOPE,
+        runs,
+    };
     if machine::Memory::now().is_none() {
-        return Ok(section(Coverage::NotMeasured(NotMeasured { reason: "not measured: /proc/self/status cannot be read here".into() })));
+        return Ok(section(Coverage::NotMeasured(NotMeasured {
+            reason: "not measured: /proc/self/status cannot be read here".into(),
+        })));
     }
     let variants = [
-        Variant { label: "as configured", about: "every guard and intake limit as configured", change: Box::new(|_| {}) },
+        Variant {
+            label: "as configured",
+            about: "every guard and intake limit as configured",
+            change: Box::new(|_| {}),
+        },
         Variant {
             label: "nothing refused",
             about: "guards out of the way and intake limits above the clients: no client is refused, each waits in the chain until its deadline",
@@ -83,14 +99,28 @@ pub async fn measure(profile: &Profile) -> Result<MemoryUnderHang, BenchError> {
         },
     ];
     let mut runs = Vec::new();
-    for Variant { label, about, change } in variants {
+    for Variant {
+        label,
+        about,
+        change,
+    } in variants
+    {
         let running = chains::start(&Backend::Sqlite, |chain| {
             change(chain);
             chain.bank.faults.hang = true;
         })
         .await?;
-        let orders = HttpOrders::new(running.chain.address(&GATEWAY_HTTP), "memory", Some(settings.deadline));
-        let plan = Plan::count(format!("memory, {label}"), settings.clients, settings.per_second, profile.bounds);
+        let orders = HttpOrders::new(
+            running.chain.address(&GATEWAY_HTTP),
+            "memory",
+            Some(settings.deadline),
+        );
+        let plan = Plan::count(
+            format!("memory, {label}"),
+            settings.clients,
+            settings.per_second,
+            profile.bounds,
+        );
         let peak_reset = machine::Memory::reset_peak();
         let before = machine::Memory::now().ok_or(BenchError::MemoryUnreadable)?;
         let measurement = load::run(&plan, move |index| orders.create(index)).await;

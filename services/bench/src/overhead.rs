@@ -97,7 +97,11 @@ pub struct Overhead {
 
 /// A chain under test: the real one with some settings, or the bare one, with or without writes.
 enum Subject {
-    Layered { label: &'static str, about: &'static str, change: fn(&mut ChainSettings) },
+    Layered {
+        label: &'static str,
+        about: &'static str,
+        change: fn(&mut ChainSettings),
+    },
     Bare,
     MinimalWrites,
 }
@@ -171,18 +175,34 @@ pub async fn measure(profile: &Profile) -> Result<Overhead, BenchError> {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,
     };
-    let p = |chain: &ChainOverhead, pick: fn(&load::Latencies) -> f64| chain.moderate.latency_ms.as_ref().map(pick);
-    let layered = || chains.iter().filter(|chain| ![BARE, MINIMAL_WRITES].contains(&chain.chain));
-    let measured = |label: &str| chains.iter().find(|chain| chain.chain == label).expect("every subject is measured");
+    let p = |chain: &ChainOverhead, pick: fn(&load::Latencies) -> f64| {
+        chain.moderate.latency_ms.as_ref().map(pick)
+    };
+    let layered = || {
+        chains
+            .iter()
+            .filter(|chain| ![BARE, MINIMAL_WRITES].contains(&chain.chain))
+    };
+    let measured = |label: &str| {
+        chains
+            .iter()
+            .find(|chain| chain.chain == label)
+            .expect("every subject is measured")
+    };
     let ratio = |chain: &ChainOverhead, base: &ChainOverhead| Ratio {
         chain: chain.chain,
         baseline: base.chain,
-        max_sustained_throughput: divide(chain.max_sustained_per_second, base.max_sustained_per_second),
+        max_sustained_throughput: divide(
+            chain.max_sustained_per_second,
+            base.max_sustained_per_second,
+        ),
         p50: divide(p(chain, |l| l.p50), p(base, |l| l.p50)),
         p99: divide(p(chain, |l| l.p99), p(base, |l| l.p99)),
     };
-    let mut ratios: Vec<Ratio> =
-        [BARE, MINIMAL_WRITES].into_iter().flat_map(|baseline| layered().map(move |chain| ratio(chain, measured(baseline)))).collect();
+    let mut ratios: Vec<Ratio> = [BARE, MINIMAL_WRITES]
+        .into_iter()
+        .flat_map(|baseline| layered().map(move |chain| ratio(chain, measured(baseline))))
+        .collect();
     // Mutual TLS against plain text, and the adaptive guards against the fixed, everything else equal.
     ratios.push(ratio(measured(EVERY_LAYER), measured(PLAIN_TEXT)));
     ratios.push(ratio(measured(ADAPTIVE), measured(EVERY_LAYER)));
@@ -198,22 +218,52 @@ pub async fn measure(profile: &Profile) -> Result<Overhead, BenchError> {
     })
 }
 
-async fn measure_chain(profile: &Profile, label: &'static str, about: &'static str, orders: &GrpcOrders) -> ChainOverhead {
+async fn measure_chain(
+    profile: &Profile,
+    label: &'static str,
+    about: &'static str,
+    orders: &GrpcOrders,
+) -> ChainOverhead {
     let settings = &profile.overhead;
-    let probe = Plan::clients(format!("{label}: ceiling"), settings.probe_clients, settings.probe_requests, settings.probe_time, profile.bounds);
+    let probe = Plan::clients(
+        format!("{label}: ceiling"),
+        settings.probe_clients,
+        settings.probe_requests,
+        settings.probe_time,
+        profile.bounds,
+    );
     let cpu_before = machine::process_cpu_time();
     let probe = run(&probe, orders, "probe").await;
     let cpu = machine::process_cpu_time() - cpu_before;
-    let cpu_us_per_request = (probe.successes > 0).then(|| cpu.as_secs_f64() * 1e6 / probe.successes as f64);
+    let cpu_us_per_request =
+        (probe.successes > 0).then(|| cpu.as_secs_f64() * 1e6 / probe.successes as f64);
     let ceiling = probe.successes_per_second;
     let (steps, max_sustained) = find_sustained(profile, label, orders, ceiling).await;
-    let moderate = Plan::rate(format!("{label}: moderate"), settings.moderate_per_second, settings.moderate_time, profile.bounds);
+    let moderate = Plan::rate(
+        format!("{label}: moderate"),
+        settings.moderate_per_second,
+        settings.moderate_time,
+        profile.bounds,
+    );
     let moderate = run(&moderate, orders, "moderate").await;
-    ChainOverhead { chain: label, about, ceiling_per_second: ceiling, cpu_us_per_request, max_sustained_per_second: max_sustained, steps, moderate }
+    ChainOverhead {
+        chain: label,
+        about,
+        ceiling_per_second: ceiling,
+        cpu_us_per_request,
+        max_sustained_per_second: max_sustained,
+        steps,
+        moderate,
+    }
 }
 
 /// Tries rates from `ceiling` down until one is sustained.
-async fn find_sustained(profile: &Profile, label: &str, orders: &GrpcOrders, ceiling: f64) -> (Vec<Step>, Option<f64>) {
+async fn find_sustained(
+    profile: &Profile,
+    label: &str,
+    orders: &GrpcOrders,
+    ceiling: f64,
+) -> (Vec<Step>, Option<f64>) {
     let settings = &profile.overhead;
     let mut steps = Vec::new();
     for step in 0..settings.steps {
@@ -221,7 +271,12 @@ async fn find_sustained(profile: &Profile, label: &str, orders: &GrpcOrders, cei
         if offered < 1.0 {
             break;
         }
-        let plan = Plan::rate(format!("{label}: {offered:.0}/s"), offered, settings.step_time, profile.bounds);
+        let plan = Plan::rate(
+            format!("{label}: {offered:.0}/s"),
+            offered,
+            settings.step_time,
+            profile.bounds,
+        );
         let measured = run(&plan, orders, &format!("step{step}")).await;
         let step = judge(settings, offered, &measured);
         steps.push(step);
@@ -260,10 +315,26 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn measured(success_rate: f64, dropped: usize, p99: f64) -> Measurement {
-        let latency = Latencies { count: 100, min: 1.0, mean: 2.0, p50: 2.0, p90: 3.0, p99, p999: p99, max: p99 };
+        let latency = Latencies {
+            count: 100,
+            min: 1.0,
+            mean: 2.0,
+            p50: 2.0,
+            p90: 3.0,
+            p99,
+            p999: p99,
+            max: p99,
+        };
         let mut classes = BTreeMap::new();
         if dropped > 0 {
-            classes.insert(DROPPED.to_owned(), Class { success: false, count: dropped, latency_ms: None });
+            classes.insert(
+                DROPPED.to_owned(),
+                Class {
+                    success: false,
+                    count: dropped,
+                    latency_ms: None,
+                },
+            );
         }
         let bounds = Profile::smoke().bounds;
         Measurement {
@@ -286,8 +357,17 @@ mod tests {
     fn a_rate_is_sustained_only_with_low_latency_few_failures_and_no_drops() {
         let settings = Profile::full().overhead;
         assert!(judge(&settings, 100.0, &measured(1.0, 0, 20.0)).sustained);
-        assert!(!judge(&settings, 100.0, &measured(1.0, 0, 250.0)).sustained, "p99 too high");
-        assert!(!judge(&settings, 100.0, &measured(0.9, 0, 20.0)).sustained, "too many failures");
-        assert!(!judge(&settings, 100.0, &measured(0.995, 1, 20.0)).sustained, "a request dropped");
+        assert!(
+            !judge(&settings, 100.0, &measured(1.0, 0, 250.0)).sustained,
+            "p99 too high"
+        );
+        assert!(
+            !judge(&settings, 100.0, &measured(0.9, 0, 20.0)).sustained,
+            "too many failures"
+        );
+        assert!(
+            !judge(&settings, 100.0, &measured(0.995, 1, 20.0)).sustained,
+            "a request dropped"
+        );
     }
 }

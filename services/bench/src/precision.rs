@@ -58,21 +58,37 @@ pub async fn measure(profile: &Profile) -> Result<DeadlinePrecision, BenchError>
             chain.bank.faults.hang = true;
         })
         .await?;
-        let plan = Plan::count(format!("deadline precision, {}", face.name()), settings.requests, settings.per_second, profile.bounds);
+        let plan = Plan::count(
+            format!("deadline precision, {}", face.name()),
+            settings.requests,
+            settings.per_second,
+            profile.bounds,
+        );
         let measurement = match face {
             Face::Grpc => {
-                let orders = GrpcOrders::new(running.chain.address(&GATEWAY_GRPC), "precision", Some(settings.deadline))?;
+                let orders = GrpcOrders::new(
+                    running.chain.address(&GATEWAY_GRPC),
+                    "precision",
+                    Some(settings.deadline),
+                )?;
                 load::run(&plan, move |index| orders.create(index)).await
             }
             Face::Http => {
-                let orders = HttpOrders::new(running.chain.address(&GATEWAY_HTTP), "precision", Some(settings.deadline));
+                let orders = HttpOrders::new(
+                    running.chain.address(&GATEWAY_HTTP),
+                    "precision",
+                    Some(settings.deadline),
+                );
                 load::run(&plan, move |index| orders.create(index)).await
             }
         };
         // Hops below may still be unwinding when the client has its answer.
         tokio::time::sleep(settings.settle).await;
         let deadline_ms = settings.deadline.as_secs_f64() * 1e3;
-        let unanswered = [CLIENT_DEADLINE, DROPPED, UNFINISHED].iter().map(|class| measurement.count(class)).sum::<usize>();
+        let unanswered = [CLIENT_DEADLINE, DROPPED, UNFINISHED]
+            .iter()
+            .map(|class| measurement.count(class))
+            .sum::<usize>();
         let bank = running.chain.bank().stats();
         faces.push(FacePrecision {
             face,
@@ -91,5 +107,8 @@ pub async fn measure(profile: &Profile) -> Result<DeadlinePrecision, BenchError>
         });
         running.stop().await?;
     }
-    Ok(DeadlinePrecision { deadline_ms: settings.deadline.as_secs_f64() * 1e3, faces })
+    Ok(DeadlinePrecision {
+        deadline_ms: settings.deadline.as_secs_f64() * 1e3,
+        faces,
+    })
 }

@@ -161,7 +161,10 @@ impl Profile {
     pub fn full() -> Self {
         Self {
             name: "full",
-            bounds: Bounds { max_in_flight: 2_000, drain: ms(10_000) },
+            bounds: Bounds {
+                max_in_flight: 2_000,
+                drain: ms(10_000),
+            },
             overhead: OverheadProfile {
                 probe_clients: 32,
                 probe_requests: 200_000,
@@ -173,21 +176,45 @@ impl Profile {
                 moderate_per_second: 200.0,
                 moderate_time: ms(10_000),
             },
-            precision: PrecisionProfile { deadline: ms(500), requests: 200, per_second: 50.0, settle: ms(1_000) },
+            precision: PrecisionProfile {
+                deadline: ms(500),
+                requests: 200,
+                per_second: 50.0,
+                settle: ms(1_000),
+            },
             amplification: AmplificationProfile {
                 // A minute-long outage at a moderate and a high rate, and partial failure.
                 loads: vec![
-                    AmplificationLoad { bank_failure_rate: 1.0, per_second: 40.0 },
-                    AmplificationLoad { bank_failure_rate: 1.0, per_second: 200.0 },
-                    AmplificationLoad { bank_failure_rate: 0.3, per_second: 40.0 },
+                    AmplificationLoad {
+                        bank_failure_rate: 1.0,
+                        per_second: 40.0,
+                    },
+                    AmplificationLoad {
+                        bank_failure_rate: 1.0,
+                        per_second: 200.0,
+                    },
+                    AmplificationLoad {
+                        bank_failure_rate: 0.3,
+                        per_second: 40.0,
+                    },
                 ],
                 duration: ms(60_000),
                 client_deadline: ms(1_000),
                 bank_latency_ms: (60.0, 10.0),
                 settle: ms(2_000),
             },
-            fail_fast: FailFastProfile { requests: 200, per_second: 100.0, slow_bank: ms(1_000) },
-            ramp: RampProfile { from_ms: 20.0, to_ms: 600.0, per_second: 120.0, duration: ms(20_000), deadline: ms(500) },
+            fail_fast: FailFastProfile {
+                requests: 200,
+                per_second: 100.0,
+                slow_bank: ms(1_000),
+            },
+            ramp: RampProfile {
+                from_ms: 20.0,
+                to_ms: 600.0,
+                per_second: 120.0,
+                duration: ms(20_000),
+                deadline: ms(500),
+            },
             overload: OverloadProfile {
                 bank_latency_ms: 20.0,
                 probe_clients: 64,
@@ -196,7 +223,11 @@ impl Profile {
                 duration: ms(10_000),
                 deadline: ms(500),
             },
-            memory: MemoryProfile { clients: 1_000, per_second: 2_000.0, deadline: ms(2_000) },
+            memory: MemoryProfile {
+                clients: 1_000,
+                per_second: 2_000.0,
+                deadline: ms(2_000),
+            },
             idempotency: IdempotencyProfile {
                 requests: 500,
                 per_second: 100.0,
@@ -204,8 +235,16 @@ impl Profile {
                 throughput_requests: 3_000,
                 throughput_time_limit: ms(30_000),
             },
-            tracing: TracingProfile { rounds: 4, requests_per_round: 1_000, round_time: ms(15_000) },
-            statements: StatementsProfile { requests: 500, clients: 16, time_limit: ms(30_000) },
+            tracing: TracingProfile {
+                rounds: 4,
+                requests_per_round: 1_000,
+                round_time: ms(15_000),
+            },
+            statements: StatementsProfile {
+                requests: 500,
+                clients: 16,
+                time_limit: ms(30_000),
+            },
         }
     }
 
@@ -213,7 +252,10 @@ impl Profile {
     pub fn smoke() -> Self {
         Self {
             name: "smoke",
-            bounds: Bounds { max_in_flight: 500, drain: ms(5_000) },
+            bounds: Bounds {
+                max_in_flight: 500,
+                drain: ms(5_000),
+            },
             overhead: OverheadProfile {
                 probe_clients: 4,
                 probe_requests: 2_000,
@@ -225,19 +267,40 @@ impl Profile {
                 moderate_per_second: 50.0,
                 moderate_time: ms(400),
             },
-            precision: PrecisionProfile { deadline: ms(150), requests: 6, per_second: 50.0, settle: ms(200) },
+            precision: PrecisionProfile {
+                deadline: ms(150),
+                requests: 6,
+                per_second: 50.0,
+                settle: ms(200),
+            },
             amplification: AmplificationProfile {
                 loads: vec![
-                    AmplificationLoad { bank_failure_rate: 1.0, per_second: 30.0 },
-                    AmplificationLoad { bank_failure_rate: 0.3, per_second: 30.0 },
+                    AmplificationLoad {
+                        bank_failure_rate: 1.0,
+                        per_second: 30.0,
+                    },
+                    AmplificationLoad {
+                        bank_failure_rate: 0.3,
+                        per_second: 30.0,
+                    },
                 ],
                 duration: ms(200),
                 client_deadline: ms(300),
                 bank_latency_ms: (5.0, 1.0),
                 settle: ms(300),
             },
-            fail_fast: FailFastProfile { requests: 40, per_second: 200.0, slow_bank: ms(300) },
-            ramp: RampProfile { from_ms: 5.0, to_ms: 150.0, per_second: 50.0, duration: ms(600), deadline: ms(150) },
+            fail_fast: FailFastProfile {
+                requests: 40,
+                per_second: 200.0,
+                slow_bank: ms(300),
+            },
+            ramp: RampProfile {
+                from_ms: 5.0,
+                to_ms: 150.0,
+                per_second: 50.0,
+                duration: ms(600),
+                deadline: ms(150),
+            },
             overload: OverloadProfile {
                 bank_latency_ms: 5.0,
                 probe_clients: 4,
@@ -246,7 +309,11 @@ impl Profile {
                 duration: ms(400),
                 deadline: ms(300),
             },
-            memory: MemoryProfile { clients: 50, per_second: 500.0, deadline: ms(200) },
+            memory: MemoryProfile {
+                clients: 50,
+                per_second: 500.0,
+                deadline: ms(200),
+            },
             idempotency: IdempotencyProfile {
                 requests: 10,
                 per_second: 50.0,
@@ -254,8 +321,16 @@ impl Profile {
                 throughput_requests: 20,
                 throughput_time_limit: ms(5_000),
             },
-            tracing: TracingProfile { rounds: 2, requests_per_round: 20, round_time: ms(3_000) },
-            statements: StatementsProfile { requests: 20, clients: 4, time_limit: ms(5_000) },
+            tracing: TracingProfile {
+                rounds: 2,
+                requests_per_round: 20,
+                round_time: ms(3_000),
+            },
+            statements: StatementsProfile {
+                requests: 20,
+                clients: 4,
+                time_limit: ms(5_000),
+            },
         }
     }
 }

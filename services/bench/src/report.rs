@@ -31,7 +31,11 @@ fn ms_or_none(value: Option<f64>) -> String {
 
 fn seconds(duration: Duration) -> String {
     let secs = duration.as_secs_f64();
-    if secs.fract() == 0.0 { format!("{secs:.0} s") } else { format!("{secs:.1} s") }
+    if secs.fract() == 0.0 {
+        format!("{secs:.0} s")
+    } else {
+        format!("{secs:.1} s")
+    }
 }
 
 fn rate(value: f64) -> String {
@@ -62,7 +66,11 @@ fn cells(latency: Option<Latencies>) -> String {
 fn outcomes(measurement: &Measurement) -> String {
     let mut classes: Vec<_> = measurement.classes.iter().collect();
     classes.sort_by(|a, b| b.1.count.cmp(&a.1.count).then(a.0.cmp(b.0)));
-    classes.iter().map(|(name, class)| format!("{name} × {}", class.count)).collect::<Vec<_>>().join(", ")
+    classes
+        .iter()
+        .map(|(name, class)| format!("{name} × {}", class.count))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl Display for Report {
@@ -97,17 +105,35 @@ impl Report {
         )?;
         writeln!(out, "| Machine | |\n|---|---|")?;
         writeln!(out, "| CPU | {} |", m.cpu_model)?;
-        writeln!(out, "| Cores | {} ({} available to the run) |", m.cores, m.available_parallelism)?;
+        writeln!(
+            out,
+            "| Cores | {} ({} available to the run) |",
+            m.cores, m.available_parallelism
+        )?;
         writeln!(out, "| Kernel | {} |", m.kernel)?;
         writeln!(out, "| Commit | {} |", m.commit)?;
         writeln!(out, "| Command | `{}` |", m.command)?;
         writeln!(out, "| Build | {} |", m.build)?;
         writeln!(out, "| Date | {} |", m.date)?;
-        writeln!(out, "| Load average at start | {} |", m.load_average_at_start)?;
-        writeln!(out, "| Load average at end | {} |", self.load_average_at_end)?;
+        writeln!(
+            out,
+            "| Load average at start | {} |",
+            m.load_average_at_start
+        )?;
+        writeln!(
+            out,
+            "| Load average at end | {} |",
+            self.load_average_at_end
+        )?;
         match &self.postgres_server {
-            Some(version) => writeln!(out, "| PostgreSQL | {version}, the server of `TEST_POSTGRES_URL` or `--postgres-url` |")?,
-            None => writeln!(out, "| PostgreSQL | none given (`TEST_POSTGRES_URL` or `--postgres-url`): not measured |")?,
+            Some(version) => writeln!(
+                out,
+                "| PostgreSQL | {version}, the server of `TEST_POSTGRES_URL` or `--postgres-url` |"
+            )?,
+            None => writeln!(
+                out,
+                "| PostgreSQL | none given (`TEST_POSTGRES_URL` or `--postgres-url`): not measured |"
+            )?,
         }
         writeln!(out, "| Profile | {} |", self.profile.name)?;
         writeln!(out, "| Wall time | {:.0} s |", self.wall_time_s)
@@ -117,7 +143,10 @@ impl Report {
         let o = &self.overhead;
         let p = &self.profile.overhead;
         let moderate = rate(o.moderate_per_second);
-        writeln!(out, "\n## 1. Overhead: every layer against bare tonic and against minimal writes\n")?;
+        writeln!(
+            out,
+            "\n## 1. Overhead: every layer against bare tonic and against minimal writes\n"
+        )?;
         writeln!(
             out,
             "`CreateOrder` over the gateway's gRPC face, through four hops to a bank that answers at once \
@@ -132,12 +161,17 @@ impl Report {
             p.steps,
             seconds(p.moderate_time)
         )?;
-        writeln!(out, "| Chain | Ceiling | Max sustained | p50 at {moderate} | p99 at {moderate} | max at {moderate} | Success at {moderate} |")?;
+        writeln!(
+            out,
+            "| Chain | Ceiling | Max sustained | p50 at {moderate} | p99 at {moderate} | max at {moderate} | Success at {moderate} |"
+        )?;
         writeln!(out, "|---|---:|---:|---:|---:|---:|---:|")?;
         for chain in &o.chains {
             let sustained = match (chain.max_sustained_per_second, chain.steps.last()) {
                 // Nothing above the ceiling is tried: the chain may sustain more.
-                (Some(sustained), _) if chain.steps.len() == 1 => format!("{} (the ceiling)", rate(sustained)),
+                (Some(sustained), _) if chain.steps.len() == 1 => {
+                    format!("{} (the ceiling)", rate(sustained))
+                }
                 (Some(sustained), _) => rate(sustained),
                 (None, Some(lowest)) => format!("below {}", rate(lowest.offered_per_second)),
                 (None, None) => NONE.to_owned(),
@@ -151,9 +185,20 @@ impl Report {
                 percent(chain.moderate.success_rate)
             )?;
         }
-        writeln!(out, "\n| Chain | Divided by | Max sustained throughput | p50 | p99 |\n|---|---|---:|---:|---:|")?;
+        writeln!(
+            out,
+            "\n| Chain | Divided by | Max sustained throughput | p50 | p99 |\n|---|---|---:|---:|---:|"
+        )?;
         for r in &o.ratios {
-            writeln!(out, "| {} | {} | {} | {} | {} |", r.chain, r.baseline, ratio(r.max_sustained_throughput), ratio(r.p50), ratio(r.p99))?;
+            writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                r.chain,
+                r.baseline,
+                ratio(r.max_sustained_throughput),
+                ratio(r.p50),
+                ratio(r.p99)
+            )?;
         }
         writeln!(out, "| tracing, sampled 100 % | tracing off | see 7 | | |")?;
         self.cpu_per_order(out)?;
@@ -161,13 +206,20 @@ impl Report {
         for chain in &o.chains {
             writeln!(out, "- **{}**: {}.", chain.chain, chain.about)?;
         }
-        writeln!(out, "\nRates tried (offered → successes per second, p99 from the due time):\n")?;
+        writeln!(
+            out,
+            "\nRates tried (offered → successes per second, p99 from the due time):\n"
+        )?;
         for chain in &o.chains {
             let steps: Vec<String> = chain
                 .steps
                 .iter()
                 .map(|s| {
-                    let verdict = if s.sustained { "sustained" } else { "not sustained" };
+                    let verdict = if s.sustained {
+                        "sustained"
+                    } else {
+                        "not sustained"
+                    };
                     format!(
                         "{} → {}, p99 {}, {} dropped: {verdict}",
                         rate(s.offered_per_second),
@@ -177,11 +229,25 @@ impl Report {
                     )
                 })
                 .collect();
-            writeln!(out, "- {}: {}", chain.chain, if steps.is_empty() { NONE.to_owned() } else { steps.join("; ") })?;
+            writeln!(
+                out,
+                "- {}: {}",
+                chain.chain,
+                if steps.is_empty() {
+                    NONE.to_owned()
+                } else {
+                    steps.join("; ")
+                }
+            )?;
         }
         for chain in &o.chains {
             if chain.moderate.successes < chain.moderate.due {
-                writeln!(out, "\n{} at {moderate}: {}.", chain.chain, outcomes(&chain.moderate))?;
+                writeln!(
+                    out,
+                    "\n{} at {moderate}: {}.",
+                    chain.chain,
+                    outcomes(&chain.moderate)
+                )?;
             }
         }
         Ok(())
@@ -190,16 +256,34 @@ impl Report {
     /// Where a create's CPU goes: each chain's CPU per request during its ceiling probe, less the
     /// chain below it, from the bare hops up to every layer.
     fn cpu_per_order(&self, out: &mut String) -> fmt::Result {
-        let cpu = |label: &str| self.overhead.chains.iter().find(|chain| chain.chain == label).and_then(|chain| chain.cpu_us_per_request);
+        let cpu = |label: &str| {
+            self.overhead
+                .chains
+                .iter()
+                .find(|chain| chain.chain == label)
+                .and_then(|chain| chain.cpu_us_per_request)
+        };
         let parts = [
-            ("the hops themselves: gRPC, four services, the load generator's client", None, BARE),
-            ("writing one row per request at orders and at payment", Some(BARE), MINIMAL_WRITES),
+            (
+                "the hops themselves: gRPC, four services, the load generator's client",
+                None,
+                BARE,
+            ),
+            (
+                "writing one row per request at orders and at payment",
+                Some(BARE),
+                MINIMAL_WRITES,
+            ),
             (
                 "the rest of the bookkeeping: keys, phases, recovery points, the outbox; deadline, ledger and intake layers",
                 Some(MINIMAL_WRITES),
                 GUARDS_IDLE,
             ),
-            ("the guards' decisions: retries under the budget, breakers, bulkheads, quotas", Some(GUARDS_IDLE), EVERY_LAYER),
+            (
+                "the guards' decisions: retries under the budget, breakers, bulkheads, quotas",
+                Some(GUARDS_IDLE),
+                EVERY_LAYER,
+            ),
         ];
         writeln!(
             out,
@@ -209,12 +293,24 @@ impl Report {
         for (part, below, chain) in parts {
             let value = match below {
                 None => cpu(chain),
-                Some(below) => cpu(chain).zip(cpu(below)).map(|(chain, below)| chain - below),
+                Some(below) => cpu(chain)
+                    .zip(cpu(below))
+                    .map(|(chain, below)| chain - below),
             };
-            writeln!(out, "| {part} | {} |", value.map_or_else(|| NONE.to_owned(), |us| format!("{us:.0} µs")))?;
+            writeln!(
+                out,
+                "| {part} | {} |",
+                value.map_or_else(|| NONE.to_owned(), |us| format!("{us:.0} µs"))
+            )?;
         }
-        writeln!(out, "| every layer, in all | {} |", cpu(EVERY_LAYER).map_or_else(|| NONE.to_owned(), |us| format!("{us:.0} µs")))?;
-        let tls = cpu(EVERY_LAYER).zip(cpu(PLAIN_TEXT)).map(|(tls, plain)| tls - plain);
+        writeln!(
+            out,
+            "| every layer, in all | {} |",
+            cpu(EVERY_LAYER).map_or_else(|| NONE.to_owned(), |us| format!("{us:.0} µs"))
+        )?;
+        let tls = cpu(EVERY_LAYER)
+            .zip(cpu(PLAIN_TEXT))
+            .map(|(tls, plain)| tls - plain);
         writeln!(
             out,
             "| of which mutual TLS between the hops (every layer less {PLAIN_TEXT}) | {} |",
@@ -225,7 +321,11 @@ impl Report {
     fn precision(&self, out: &mut String) -> fmt::Result {
         let d = &self.deadline_precision;
         let p = &self.profile.precision;
-        writeln!(out, "\n## 2. Deadline precision: the bank hanging, clients' deadline {}\n", ms(d.deadline_ms))?;
+        writeln!(
+            out,
+            "\n## 2. Deadline precision: the bank hanging, clients' deadline {}\n",
+            ms(d.deadline_ms)
+        )?;
         writeln!(
             out,
             "Every bank call hangs; {} requests at {} per face, each with a {} deadline (`grpc-timeout`, \
@@ -236,11 +336,20 @@ impl Report {
             rate(p.per_second),
             ms(d.deadline_ms)
         )?;
-        writeln!(out, "| Face | Answered by the chain | Client gave up first | Answer − deadline: min | p50 | p99 | max | Outcomes |")?;
+        writeln!(
+            out,
+            "| Face | Answered by the chain | Client gave up first | Answer − deadline: min | p50 | p99 | max | Outcomes |"
+        )?;
         writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---|")?;
         for face in &d.faces {
             let offsets = match face.offset_ms {
-                Some(o) => format!("{} | {} | {} | {}", ms(o.min), ms(o.p50), ms(o.p99), ms(o.max)),
+                Some(o) => format!(
+                    "{} | {} | {} | {}",
+                    ms(o.min),
+                    ms(o.p50),
+                    ms(o.p99),
+                    ms(o.max)
+                ),
                 None => format!("{NONE} | {NONE} | {NONE} | {NONE}"),
             };
             writeln!(
@@ -292,7 +401,10 @@ impl Report {
     fn amplification(&self, out: &mut String) -> fmt::Result {
         let a = &self.amplification;
         let p = &self.profile.amplification;
-        writeln!(out, "\n## 3. Amplification and waste: budgeted against naive\n")?;
+        writeln!(
+            out,
+            "\n## 3. Amplification and waste: budgeted against naive\n"
+        )?;
         writeln!(
             out,
             "Each run sends requests over HTTP for {} at the rate given, on a fresh chain; the bank takes {} ± {} \
@@ -330,7 +442,10 @@ impl Report {
 
     fn fail_fast(&self, out: &mut String) -> fmt::Result {
         let p = &self.profile.fail_fast;
-        writeln!(out, "\n## 4. Fail-fast: the answers of an open breaker and a full bulkhead\n")?;
+        writeln!(
+            out,
+            "\n## 4. Fail-fast: the answers of an open breaker and a full bulkhead\n"
+        )?;
         writeln!(
             out,
             "{} requests at {} over gRPC per guard, gateway retries off; latency end to end at the \
@@ -341,7 +456,10 @@ impl Report {
             p.requests,
             rate(p.per_second)
         )?;
-        writeln!(out, "| Guard | Setup | Refused at once | p50 | p99 | max | Reached the bank | p50 | p99 | max |")?;
+        writeln!(
+            out,
+            "| Guard | Setup | Refused at once | p50 | p99 | max | Reached the bank | p50 | p99 | max |"
+        )?;
         writeln!(out, "|---|---|---:|---:|---:|---:|---|---:|---:|---:|")?;
         for g in &self.fail_fast.guards {
             writeln!(
@@ -361,7 +479,11 @@ impl Report {
 
     fn memory(&self, out: &mut String) -> fmt::Result {
         let m = &self.memory;
-        writeln!(out, "\n## 5. Memory: the bank hanging, {} clients at once\n", m.clients)?;
+        writeln!(
+            out,
+            "\n## 5. Memory: the bank hanging, {} clients at once\n",
+            m.clients
+        )?;
         let runs = match &m.runs {
             Coverage::Measured(runs) => runs,
             Coverage::NotMeasured(not) => return writeln!(out, "**{}**", not.reason),
@@ -371,7 +493,9 @@ impl Report {
             "Peak resident memory (VmHWM) of {}. The clients arrive within {} over HTTP, each \
              allowing {}, and every bank call hangs.\n",
             m.scope,
-            seconds(Duration::from_secs_f64(m.clients as f64 / self.profile.memory.per_second)),
+            seconds(Duration::from_secs_f64(
+                m.clients as f64 / self.profile.memory.per_second
+            )),
             ms(m.deadline_ms)
         )?;
         writeln!(
@@ -379,7 +503,11 @@ impl Report {
             "| Chain | Resident before | Peak during the run | Peak above before | Held at the bank | Outcomes |\n|---|---:|---:|---:|---:|---|"
         )?;
         for run in runs {
-            let reset = if run.peak_reset { "" } else { " (peak not reset: it may be an earlier one)" };
+            let reset = if run.peak_reset {
+                ""
+            } else {
+                " (peak not reset: it may be an earlier one)"
+            };
             writeln!(
                 out,
                 "| {} | {} | {}{reset} | +{} | {} | {} |",
@@ -399,10 +527,15 @@ impl Report {
     }
 
     fn tracing(&self, out: &mut String) -> fmt::Result {
-        writeln!(out, "\n## 7. Tracing: every span made and exported, against tracing off\n")?;
+        writeln!(
+            out,
+            "\n## 7. Tracing: every span made and exported, against tracing off\n"
+        )?;
         let t = match &self.tracing {
             Coverage::Measured(t) => t,
-            Coverage::NotMeasured(not) => return writeln!(out, "**Not measured**: {}.", not.reason),
+            Coverage::NotMeasured(not) => {
+                return writeln!(out, "**Not measured**: {}.", not.reason);
+            }
         };
         writeln!(
             out,
@@ -413,15 +546,38 @@ impl Report {
              throughput over all rounds of a side. {} spans were received, the warm-up's included.\n",
             t.rounds, t.requests_per_round, t.spans_received
         )?;
-        writeln!(out, "| Tracing | p50 | p99 | Orders per second |\n|---|---:|---:|---:|")?;
-        writeln!(out, "| off | {} | {} | {} |", ms(t.untraced.p50_ms), ms(t.untraced.p99_ms), rate(t.untraced.per_second))?;
-        writeln!(out, "| sampled 100 % | {} | {} | {} |", ms(t.traced.p50_ms), ms(t.traced.p99_ms), rate(t.traced.per_second))?;
-        writeln!(out, "| on ÷ off | {} | | {} |", ratio(Some(t.p50_ratio)), ratio(Some(t.throughput_ratio)))
+        writeln!(
+            out,
+            "| Tracing | p50 | p99 | Orders per second |\n|---|---:|---:|---:|"
+        )?;
+        writeln!(
+            out,
+            "| off | {} | {} | {} |",
+            ms(t.untraced.p50_ms),
+            ms(t.untraced.p99_ms),
+            rate(t.untraced.per_second)
+        )?;
+        writeln!(
+            out,
+            "| sampled 100 % | {} | {} | {} |",
+            ms(t.traced.p50_ms),
+            ms(t.traced.p99_ms),
+            rate(t.traced.per_second)
+        )?;
+        writeln!(
+            out,
+            "| on ÷ off | {} | | {} |",
+            ratio(Some(t.p50_ratio)),
+            ratio(Some(t.throughput_ratio))
+        )
     }
 
     fn idempotency(&self, out: &mut String) -> fmt::Result {
         let p = &self.profile.idempotency;
-        writeln!(out, "\n## 6. Idempotency: first execution, replay, throughput\n")?;
+        writeln!(
+            out,
+            "\n## 6. Idempotency: first execution, replay, throughput\n"
+        )?;
         writeln!(
             out,
             "Over HTTP, a bank that answers at once: {} creates at {}, then the same {} again with \
@@ -432,7 +588,10 @@ impl Report {
             p.throughput_clients,
             p.throughput_requests
         )?;
-        writeln!(out, "| Backend | First execution p50 | p99 | max | Replay p50 | p99 | max | Replayed | Paid orders per second |")?;
+        writeln!(
+            out,
+            "| Backend | First execution p50 | p99 | max | Replay p50 | p99 | max | Replayed | Paid orders per second |"
+        )?;
         writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")?;
         let row = |out: &mut String, b: &BackendIdempotency| {
             let backend = match &b.server_version {
@@ -453,15 +612,23 @@ impl Report {
         row(out, &self.idempotency.sqlite_normal)?;
         match &self.idempotency.postgres {
             Coverage::Measured(postgres) => row(out, postgres)?,
-            Coverage::NotMeasured(not) => writeln!(out, "| PostgreSQL | **{}** | | | | | | | |", not.reason)?,
+            Coverage::NotMeasured(not) => {
+                writeln!(out, "| PostgreSQL | **{}** | | | | | | | |", not.reason)?
+            }
         }
-        let measured = [&self.idempotency.sqlite, &self.idempotency.sqlite_normal].into_iter().chain(match &self.idempotency.postgres {
-            Coverage::Measured(postgres) => Some(postgres),
-            Coverage::NotMeasured(_) => None,
-        });
+        let measured = [&self.idempotency.sqlite, &self.idempotency.sqlite_normal]
+            .into_iter()
+            .chain(match &self.idempotency.postgres {
+                Coverage::Measured(postgres) => Some(postgres),
+                Coverage::NotMeasured(_) => None,
+            });
         // Anything but a paid order or a replay is worth a line of its own.
         for b in measured {
-            for (what, measurement) in [("first executions", &b.first), ("replays", &b.replay), ("throughput", &b.throughput)] {
+            for (what, measurement) in [
+                ("first executions", &b.first),
+                ("replays", &b.replay),
+                ("throughput", &b.throughput),
+            ] {
                 if measurement.successes < measurement.due {
                     writeln!(out, "\n{} {what}: {}.", b.backend, outcomes(measurement))?;
                 }
@@ -472,7 +639,12 @@ impl Report {
 
     fn adaptive_guards(&self, out: &mut String) -> fmt::Result {
         let p = &self.profile.ramp;
-        writeln!(out, "\n## 9. Guards that learn: the bank slowing from {} to {}\n", ms(p.from_ms), ms(p.to_ms))?;
+        writeln!(
+            out,
+            "\n## 9. Guards that learn: the bank slowing from {} to {}\n",
+            ms(p.from_ms),
+            ms(p.to_ms)
+        )?;
         writeln!(
             out,
             "Over gRPC, {} for {}, each create allowing {}, while the bank's mean latency climbs \
@@ -485,13 +657,19 @@ impl Report {
             ms(p.from_ms),
             ms(p.to_ms)
         )?;
-        let table = |out: &mut String, title: &str, runs: &[crate::adaptive::RampRun]| -> fmt::Result {
+        let table = |out: &mut String,
+                     title: &str,
+                     runs: &[crate::adaptive::RampRun]|
+         -> fmt::Result {
             writeln!(out, "{title}\n")?;
             writeln!(
                 out,
                 "| Variant | Setup | Goodput | Success | p50 | p99 | max | Bank calls | Past the deadline | Failed fast | Bulkhead full |"
             )?;
-            writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+            writeln!(
+                out,
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            )?;
             for r in runs {
                 writeln!(
                     out,
@@ -509,13 +687,25 @@ impl Report {
             }
             writeln!(out)
         };
-        table(out, "**Fail fast**: fixed minimums against the observed latency as well.", &self.adaptive_guards.fail_fast)?;
-        table(out, "**Concurrency toward the bank**: no limit, the fixed bulkhead, the adaptive limit.", &self.adaptive_guards.concurrency)
+        table(
+            out,
+            "**Fail fast**: fixed minimums against the observed latency as well.",
+            &self.adaptive_guards.fail_fast,
+        )?;
+        table(
+            out,
+            "**Concurrency toward the bank**: no limit, the fixed bulkhead, the adaptive limit.",
+            &self.adaptive_guards.concurrency,
+        )
     }
 
     fn edge_overload(&self, out: &mut String) -> fmt::Result {
         let (p, o) = (&self.profile.overload, &self.edge_overload);
-        writeln!(out, "\n## 10. The edge under overload: {}× what the chain serves\n", p.overload)?;
+        writeln!(
+            out,
+            "\n## 10. The edge under overload: {}× what the chain serves\n",
+            p.overload
+        )?;
         writeln!(
             out,
             "Over gRPC, a bank answering in {} (spread a tenth of it). The chain's capacity, {} successes \
@@ -530,7 +720,10 @@ impl Report {
             seconds(p.duration),
             ms(p.deadline.as_secs_f64() * 1e3)
         )?;
-        writeln!(out, "| Intake | Setup | Goodput | Admitted | In time | p50 | p99 | max | Refused or shed | Outcomes |")?;
+        writeln!(
+            out,
+            "| Intake | Setup | Goodput | Admitted | In time | p50 | p99 | max | Refused or shed | Outcomes |"
+        )?;
         writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---|")?;
         for r in &o.runs {
             writeln!(
@@ -552,7 +745,10 @@ impl Report {
     fn statements(&self, out: &mut String) -> fmt::Result {
         let s = &self.statements;
         let p = &self.profile.statements;
-        writeln!(out, "\n## 8. Queries and statements per create: what a create asks of the databases\n")?;
+        writeln!(
+            out,
+            "\n## 8. Queries and statements per create: what a create asks of the databases\n"
+        )?;
         writeln!(
             out,
             "Over HTTP, a bank that answers at once, on a fresh chain per backend: {} creates one at a \
@@ -571,14 +767,36 @@ impl Report {
                 Coverage::NotMeasured(_) => None,
             })
             .collect();
-        let mut kinds: Vec<&str> = backends.iter().flat_map(|b| b.rounds.iter().flat_map(|r| r.per_request.keys().map(String::as_str))).collect();
+        let mut kinds: Vec<&str> = backends
+            .iter()
+            .flat_map(|b| {
+                b.rounds
+                    .iter()
+                    .flat_map(|r| r.per_request.keys().map(String::as_str))
+            })
+            .collect();
         kinds.sort_unstable();
         kinds.dedup();
-        writeln!(out, "| Backend | Round | Successes | Trips per success | Statements per success | {} |", kinds.join(" | "))?;
-        writeln!(out, "|---|---|---:|---:|---:|{}", "---:|".repeat(kinds.len()))?;
+        writeln!(
+            out,
+            "| Backend | Round | Successes | Trips per success | Statements per success | {} |",
+            kinds.join(" | ")
+        )?;
+        writeln!(
+            out,
+            "|---|---|---:|---:|---:|{}",
+            "---:|".repeat(kinds.len())
+        )?;
         for b in &backends {
             for r in &b.rounds {
-                let by_kind: Vec<String> = kinds.iter().map(|kind| r.per_request.get(*kind).map_or("".into(), |n| format!("{n:.2}"))).collect();
+                let by_kind: Vec<String> = kinds
+                    .iter()
+                    .map(|kind| {
+                        r.per_request
+                            .get(*kind)
+                            .map_or("".into(), |n| format!("{n:.2}"))
+                    })
+                    .collect();
                 writeln!(
                     out,
                     "| {} | {} | {} | {:.2} | {:.2} | {} |",

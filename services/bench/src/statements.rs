@@ -69,17 +69,35 @@ pub struct Statements {
 
 /// Counts each backend in a child process: `bench` is the path of this harness's executable,
 /// which counts when started with `--count-statements`.
-pub async fn measure(profile: &Profile, postgres: Option<&Postgres>, bench: &Path) -> Result<Statements, BenchError> {
+pub async fn measure(
+    profile: &Profile,
+    postgres: Option<&Postgres>,
+    bench: &Path,
+) -> Result<Statements, BenchError> {
     let smoke = profile.name == "smoke";
     let sqlite = in_child(bench, "sqlite", None, smoke).await?;
     let postgres = match postgres {
-        Some(postgres) => Coverage::Measured(in_child(bench, "postgres", Some(&postgres.url), smoke).await?),
-        None => Coverage::NotMeasured(NotMeasured { reason: "not measured: no PostgreSQL (set TEST_POSTGRES_URL or pass --postgres-url)".into() }),
+        Some(postgres) => {
+            Coverage::Measured(in_child(bench, "postgres", Some(&postgres.url), smoke).await?)
+        }
+        None => Coverage::NotMeasured(NotMeasured {
+            reason: "not measured: no PostgreSQL (set TEST_POSTGRES_URL or pass --postgres-url)"
+                .into(),
+        }),
     };
-    Ok(Statements { clients: profile.statements.clients, sqlite, postgres })
+    Ok(Statements {
+        clients: profile.statements.clients,
+        sqlite,
+        postgres,
+    })
 }
 
-async fn in_child(bench: &Path, backend: &str, postgres_url: Option<&str>, smoke: bool) -> Result<BackendStatements, BenchError> {
+async fn in_child(
+    bench: &Path,
+    backend: &str,
+    postgres_url: Option<&str>,
+    smoke: bool,
+) -> Result<BackendStatements, BenchError> {
     let mut command = std::process::Command::new(bench);
     command.args(["--count-statements", backend]);
     if let Some(url) = postgres_url {
@@ -90,9 +108,15 @@ async fn in_child(bench: &Path, backend: &str, postgres_url: Option<&str>, smoke
     }
     // Its progress lines go where the harness's own go; its result comes on stdout.
     command.stderr(std::process::Stdio::inherit());
-    let output = tokio::task::spawn_blocking(move || command.output()).await.expect("the child's wait does not panic").map_err(BenchError::Io)?;
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("the child's wait does not panic")
+        .map_err(BenchError::Io)?;
     if !output.status.success() {
-        return Err(BenchError::Child(format!("counting statements on {backend} ended with {} (its output is above)", output.status)));
+        return Err(BenchError::Child(format!(
+            "counting statements on {backend} ended with {} (its output is above)",
+            output.status
+        )));
     }
     Ok(serde_json::from_slice(&output.stdout)?)
 }
@@ -135,13 +159,25 @@ impl<S: tracing::Subscriber> Layer<S> for Counts {
         let mut query = Query::default();
         event.record(&mut query);
         // sqlx gives the whole SQL only when its summary (the first words) leaves some out.
-        let sql = query.statement.filter(|sql| !sql.trim().is_empty()).or(query.summary).unwrap_or_default();
+        let sql = query
+            .statement
+            .filter(|sql| !sql.trim().is_empty())
+            .or(query.summary)
+            .unwrap_or_default();
         if self.statements_are_trips {
             counted.trips += 1;
         }
         // The statements here hold no `;` of their own, so it separates them.
-        for statement in sql.split(';').map(str::trim).filter(|statement| !statement.is_empty()) {
-            let kind = statement.split_whitespace().next().unwrap_or("?").to_uppercase();
+        for statement in sql
+            .split(';')
+            .map(str::trim)
+            .filter(|statement| !statement.is_empty())
+        {
+            let kind = statement
+                .split_whitespace()
+                .next()
+                .unwrap_or("?")
+                .to_uppercase();
             *counted.statements.entry(kind).or_default() += 1;
         }
     }
@@ -177,16 +213,37 @@ impl tracing::field::Visit for Query {
 
 /// The child's side: counts the statements of a chain on `backend` in this process and returns
 /// them, for the parent to read as JSON. Installs this process's tracing subscriber.
-pub async fn count_in_this_process(profile: &Profile, backend: &Backend) -> Result<BackendStatements, BenchError> {
+pub async fn count_in_this_process(
+    profile: &Profile,
+    backend: &Backend,
+) -> Result<BackendStatements, BenchError> {
     let (counts, events) = match backend {
-        Backend::Sqlite => (Counts { counted: Arc::default(), statements_are_trips: false }, [WRITE, STATEMENT].as_slice()),
-        Backend::Postgres(_) => (Counts { counted: Arc::default(), statements_are_trips: true }, ["sqlx::query"].as_slice()),
+        Backend::Sqlite => (
+            Counts {
+                counted: Arc::default(),
+                statements_are_trips: false,
+            },
+            [WRITE, STATEMENT].as_slice(),
+        ),
+        Backend::Postgres(_) => (
+            Counts {
+                counted: Arc::default(),
+                statements_are_trips: true,
+            },
+            ["sqlx::query"].as_slice(),
+        ),
     };
-    let events = events.iter().fold(Targets::new(), |targets, target| targets.with_target(*target, tracing::Level::DEBUG));
+    let events = events.iter().fold(Targets::new(), |targets, target| {
+        targets.with_target(*target, tracing::Level::DEBUG)
+    });
     tracing_subscriber::registry()
         .with(counts.clone().with_filter(events))
         .try_init()
-        .map_err(|error| BenchError::Child(format!("a tracing subscriber was already installed: {error}")))?;
+        .map_err(|error| {
+            BenchError::Child(format!(
+                "a tracing subscriber was already installed: {error}"
+            ))
+        })?;
     let settings = &profile.statements;
     let running = chains::start(backend, chains::with_instant_bank).await?;
     let orders = HttpOrders::new(running.chain.address(&GATEWAY_HTTP), "statements", None);
@@ -194,8 +251,15 @@ pub async fn count_in_this_process(profile: &Profile, backend: &Backend) -> Resu
         Backend::Sqlite => "SQLite",
         Backend::Postgres(_) => "PostgreSQL",
     };
-    let plan =
-        |label: &str, clients: usize| Plan::clients(format!("{name}: {label}"), clients, settings.requests, settings.time_limit, profile.bounds);
+    let plan = |label: &str, clients: usize| {
+        Plan::clients(
+            format!("{name}: {label}"),
+            clients,
+            settings.requests,
+            settings.time_limit,
+            profile.bounds,
+        )
+    };
     // Connections, caches and prepared statements warm up first.
     let warm = orders.keyed("warm-up");
     load::run(&plan("warm-up", 1), move |index| warm.create(index)).await;
@@ -203,17 +267,31 @@ pub async fn count_in_this_process(profile: &Profile, backend: &Backend) -> Resu
 
     let mut rounds = Vec::new();
     let one = orders.keyed("one at a time");
-    for (label, clients, class) in [("creates, one at a time", 1, CREATED), ("replays, one at a time", 1, REPLAYED)] {
+    for (label, clients, class) in [
+        ("creates, one at a time", 1, CREATED),
+        ("replays, one at a time", 1, REPLAYED),
+    ] {
         let creates = one.clone();
         let measured = load::run(&plan(label, clients), move |index| creates.create(index)).await;
         rounds.push(round(label, clients, measured.count(class), counts.take()));
     }
     let many = orders.keyed("many at once");
     let label = "creates, many at once";
-    let measured = load::run(&plan(label, settings.clients), move |index| many.create(index)).await;
-    rounds.push(round(label, settings.clients, measured.count(CREATED), counts.take()));
+    let measured = load::run(&plan(label, settings.clients), move |index| {
+        many.create(index)
+    })
+    .await;
+    rounds.push(round(
+        label,
+        settings.clients,
+        measured.count(CREATED),
+        counts.take(),
+    ));
     running.stop().await?;
-    Ok(BackendStatements { backend: name.into(), rounds })
+    Ok(BackendStatements {
+        backend: name.into(),
+        rounds,
+    })
 }
 
 fn round(label: &str, clients: usize, successes: usize, counted: Counted) -> Round {
@@ -224,6 +302,10 @@ fn round(label: &str, clients: usize, successes: usize, counted: Counted) -> Rou
         successes,
         trips_per_request: per(counted.trips),
         total_per_request: per(counted.statements.values().sum()),
-        per_request: counted.statements.into_iter().map(|(kind, count)| (kind, per(count))).collect(),
+        per_request: counted
+            .statements
+            .into_iter()
+            .map(|(kind, count)| (kind, per(count)))
+            .collect(),
     }
 }

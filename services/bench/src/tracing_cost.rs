@@ -50,27 +50,52 @@ pub async fn measure(profile: &Profile) -> Result<Coverage<TracingCost>, BenchEr
     let telemetry = telemetry::init_hosting(
         crate::SERVICE,
         &stack::SERVICES,
-        &telemetry::TelemetrySettings { traces: Some(telemetry::Otlp::grpc(receiver.endpoint())), ..telemetry::TelemetrySettings::default() },
+        &telemetry::TelemetrySettings {
+            traces: Some(telemetry::Otlp::grpc(receiver.endpoint())),
+            ..telemetry::TelemetrySettings::default()
+        },
     )?;
     if !telemetry.exporting() {
         return Ok(Coverage::NotMeasured(NotMeasured {
-            reason: "telemetry was already installed in this process, so tracing could not be switched".into(),
+            reason:
+                "telemetry was already installed in this process, so tracing could not be switched"
+                    .into(),
         }));
     }
     let running = chains::start(&Backend::Sqlite, chains::with_instant_bank).await?;
     let orders = HttpOrders::new(running.chain.address(&GATEWAY_HTTP), "tracing", None);
     // A round that counts for neither side: connections, SQLite and caches warm up in it.
-    let warm_up = Plan::clients("tracing: warm-up", 1, settings.requests_per_round, settings.round_time, profile.bounds);
+    let warm_up = Plan::clients(
+        "tracing: warm-up",
+        1,
+        settings.requests_per_round,
+        settings.round_time,
+        profile.bounds,
+    );
     let warming = orders.keyed("tracing-warm-up");
     load::run(&warm_up, move |index| warming.create(index)).await;
     let (mut traced, mut untraced) = (Vec::new(), Vec::new());
     for round in 0..settings.rounds {
         // The order alternates too, so that neither side always follows the other.
-        let order = if round % 2 == 0 { [false, true] } else { [true, false] };
+        let order = if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
         for on in order {
             telemetry.set_tracing(on);
-            let label = format!("tracing {}: round {}", if on { "on" } else { "off" }, round + 1);
-            let plan = Plan::clients(label, 1, settings.requests_per_round, settings.round_time, profile.bounds);
+            let label = format!(
+                "tracing {}: round {}",
+                if on { "on" } else { "off" },
+                round + 1
+            );
+            let plan = Plan::clients(
+                label,
+                1,
+                settings.requests_per_round,
+                settings.round_time,
+                profile.bounds,
+            );
             let orders = orders.keyed(&format!("tracing-{on}-{round}"));
             let measured = load::run(&plan, move |index| orders.create(index)).await;
             if on {
@@ -101,11 +126,18 @@ pub async fn measure(profile: &Profile) -> Result<Coverage<TracingCost>, BenchEr
 
 fn side(rounds: &[Measurement]) -> Side {
     let median = |pick: fn(&Latencies) -> f64| {
-        let mut values: Vec<f64> = rounds.iter().filter_map(|round| round.latency_ms.as_ref().map(pick)).collect();
+        let mut values: Vec<f64> = rounds
+            .iter()
+            .filter_map(|round| round.latency_ms.as_ref().map(pick))
+            .collect();
         values.sort_by(f64::total_cmp);
         values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
     };
     let successes: usize = rounds.iter().map(|round| round.successes).sum();
     let elapsed: f64 = rounds.iter().map(|round| round.elapsed_s).sum();
-    Side { p50_ms: median(|l| l.p50), p99_ms: median(|l| l.p99), per_second: successes as f64 / elapsed }
+    Side {
+        p50_ms: median(|l| l.p50),
+        p99_ms: median(|l| l.p99),
+        per_second: successes as f64 / elapsed,
+    }
 }

@@ -80,8 +80,17 @@ struct Parts {
 impl Api {
     /// Reads and writes on orders, both idempotent (writes carry an idempotency key), so both
     /// are retried under the one `retry` policy (one budget for the dependency).
-    pub fn new(orders: Client, clients: Vec<ApiClient>, retry: &RetryPolicy, sources: SummarySources, cache_capacity: usize) -> Self {
-        let api_keys = clients.into_iter().map(|c| (c.api_key, c.client_id)).collect();
+    pub fn new(
+        orders: Client,
+        clients: Vec<ApiClient>,
+        retry: &RetryPolicy,
+        sources: SummarySources,
+        cache_capacity: usize,
+    ) -> Self {
+        let api_keys = clients
+            .into_iter()
+            .map(|c| (c.api_key, c.client_id))
+            .collect();
         let webhooks = WebhooksApi::new(orders.clone(), retry);
         let orders = OrdersClient::new(orders);
         let create = operation(retry, {
@@ -122,44 +131,87 @@ impl Api {
     }
 
     /// Creates and pays an order. A declined payment is an error carrying the order id.
-    pub async fn create_order(&self, client: &ClientId, key: &str, order: CreateOrderRequest) -> Result<Created, GatewayError> {
+    pub async fn create_order(
+        &self,
+        client: &ClientId,
+        key: &str,
+        order: CreateOrderRequest,
+    ) -> Result<Created, GatewayError> {
         proto::validate::idempotency_key(key)?;
         proto::validate::create_order(&order)?;
         let mut metadata = MetadataMap::new();
         metadata.insert(CLIENT_ID, metadata_value(&client.0)?);
         metadata.insert(IDEMPOTENCY_KEY, metadata_value(key)?);
-        let response = self.0.create.clone().oneshot(Call::new(order, metadata)).await.map_err(|s| GatewayError::Upstream(failed_create(s)))?;
-        let replayed = response.metadata().get(IDEMPOTENT_REPLAYED).is_some_and(|value| value == "true");
+        let response = self
+            .0
+            .create
+            .clone()
+            .oneshot(Call::new(order, metadata))
+            .await
+            .map_err(|s| GatewayError::Upstream(failed_create(s)))?;
+        let replayed = response
+            .metadata()
+            .get(IDEMPOTENT_REPLAYED)
+            .is_some_and(|value| value == "true");
         let order = response.into_inner();
         self.0.orders_seen.remember(&client.0, &order);
         if order.status() == OrderStatus::PaymentDeclined {
-            let reason = order.payment.as_ref().map(|p| p.decline_reason.clone()).unwrap_or_default();
-            return Err(GatewayError::PaymentDeclined { order_id: order.order_id, reason, replayed });
+            let reason = order
+                .payment
+                .as_ref()
+                .map(|p| p.decline_reason.clone())
+                .unwrap_or_default();
+            return Err(GatewayError::PaymentDeclined {
+                order_id: order.order_id,
+                reason,
+                replayed,
+            });
         }
         Ok(Created { order, replayed })
     }
 
     /// The order, or its last known copy when orders cannot answer.
-    pub async fn get_order(&self, client: &ClientId, order_id: String) -> Result<Read, GatewayError> {
+    pub async fn get_order(
+        &self,
+        client: &ClientId,
+        order_id: String,
+    ) -> Result<Read, GatewayError> {
         proto::validate::id("order_id", &order_id)?;
         let mut metadata = MetadataMap::new();
         metadata.insert(CLIENT_ID, metadata_value(&client.0)?);
-        let call = Call::new(GetOrderRequest { order_id: order_id.clone() }, metadata);
+        let call = Call::new(
+            GetOrderRequest {
+                order_id: order_id.clone(),
+            },
+            metadata,
+        );
         match self.0.get.clone().oneshot(call).await {
             Ok(response) => {
                 let order = response.into_inner();
                 self.0.orders_seen.remember(&client.0, &order);
-                Ok(Read { order, stale_since: None })
+                Ok(Read {
+                    order,
+                    stale_since: None,
+                })
             }
-            Err(status) if stands_in_for(status.code()) => match self.0.orders_seen.last_known(&client.0, &order_id) {
-                Some((order, since)) => {
-                    self.0.fallbacks.add(1, &[KeyValue::new("kind", "stale_copy")]);
-                    let age_ms = since.elapsed().map_or(0, |age| i64::try_from(age.as_millis()).unwrap_or(i64::MAX));
-                    tracing::info!(fallback.kind = "stale_copy", fallback.age_ms = age_ms, order_id, code = ?status.code(), "answering with the last known copy");
-                    Ok(Read { order, stale_since: Some(since) })
+            Err(status) if stands_in_for(status.code()) => {
+                match self.0.orders_seen.last_known(&client.0, &order_id) {
+                    Some((order, since)) => {
+                        self.0
+                            .fallbacks
+                            .add(1, &[KeyValue::new("kind", "stale_copy")]);
+                        let age_ms = since
+                            .elapsed()
+                            .map_or(0, |age| i64::try_from(age.as_millis()).unwrap_or(i64::MAX));
+                        tracing::info!(fallback.kind = "stale_copy", fallback.age_ms = age_ms, order_id, code = ?status.code(), "answering with the last known copy");
+                        Ok(Read {
+                            order,
+                            stale_since: Some(since),
+                        })
+                    }
+                    None => Err(GatewayError::Upstream(rpc::relay(&status))),
                 }
-                None => Err(GatewayError::Upstream(rpc::relay(&status))),
-            },
+            }
             Err(status) => Err(GatewayError::Upstream(rpc::relay(&status))),
         }
     }
@@ -169,7 +221,9 @@ impl Api {
         let Some(payment) = &order.payment else {
             return Err("the order has no payment yet".into());
         };
-        let request = Request::new(GetPaymentRequest { payment_id: payment.payment_id.clone() });
+        let request = Request::new(GetPaymentRequest {
+            payment_id: payment.payment_id.clone(),
+        });
         match self.0.sources.payment.clone().get_payment(request).await {
             Ok(response) => Ok(response.into_inner()),
             Err(status) => Err(status.message().to_owned()),
@@ -178,7 +232,9 @@ impl Api {
 
     /// The bank's rate for the order's currency, or its last known quote.
     pub async fn rate_part(&self, currency: &str) -> Part<Rate> {
-        let request = Request::new(ExchangeRateRequest { currency: currency.to_owned() });
+        let request = Request::new(ExchangeRateRequest {
+            currency: currency.to_owned(),
+        });
         match self.0.sources.bank.clone().get_exchange_rate(request).await {
             Ok(response) => {
                 let rate = response.into_inner();
@@ -187,8 +243,15 @@ impl Api {
             }
             Err(status) => match self.0.rates_seen.last_known(currency) {
                 Some(rate) => {
-                    self.0.fallbacks.add(1, &[KeyValue::new("kind", "stale_rate")]);
-                    tracing::info!(fallback.kind = "stale_rate", fallback.as_of = rate.as_of, currency, "answering with the last known rate");
+                    self.0
+                        .fallbacks
+                        .add(1, &[KeyValue::new("kind", "stale_rate")]);
+                    tracing::info!(
+                        fallback.kind = "stale_rate",
+                        fallback.as_of = rate.as_of,
+                        currency,
+                        "answering with the last known rate"
+                    );
                     Ok(Rate { rate, stale: true })
                 }
                 None => Err(status.message().to_owned()),
@@ -198,22 +261,48 @@ impl Api {
 
     /// Personal recommendations, degraded to the popular items when they cannot be had.
     pub async fn recommendations_part(&self, client: &ClientId, order: &Order) -> Recommended {
-        let mut request = Request::new(RecommendRequest { order_id: order.order_id.clone(), limit: 5 });
+        let mut request = Request::new(RecommendRequest {
+            order_id: order.order_id.clone(),
+            limit: 5,
+        });
         let personal = match metadata_value(&client.0) {
             Ok(value) => {
                 request.metadata_mut().insert(CLIENT_ID, value);
-                self.0.sources.recommendations.clone().recommend(request).await.map(|r| r.into_inner().skus)
+                self.0
+                    .sources
+                    .recommendations
+                    .clone()
+                    .recommend(request)
+                    .await
+                    .map(|r| r.into_inner().skus)
             }
             Err(error) => Err(Status::internal(error.to_string())),
         };
-        let popular = || self.0.sources.popular.iter().filter(|sku| !order.items.iter().any(|i| &&i.sku == sku)).cloned().collect();
+        let popular = || {
+            self.0
+                .sources
+                .popular
+                .iter()
+                .filter(|sku| !order.items.iter().any(|i| &&i.sku == sku))
+                .cloned()
+                .collect()
+        };
         match personal {
-            Ok(skus) if !skus.is_empty() => Recommended { skus, degraded: None },
-            Ok(_) => Recommended { skus: popular(), degraded: Some("no purchase history yet".into()) },
+            Ok(skus) if !skus.is_empty() => Recommended {
+                skus,
+                degraded: None,
+            },
+            Ok(_) => Recommended {
+                skus: popular(),
+                degraded: Some("no purchase history yet".into()),
+            },
             Err(status) => {
                 self.0.fallbacks.add(1, &[KeyValue::new("kind", "popular")]);
                 tracing::info!(fallback.kind = "popular", code = ?status.code(), "recommending popular items");
-                Recommended { skus: popular(), degraded: Some(status.message().to_owned()) }
+                Recommended {
+                    skus: popular(),
+                    degraded: Some(status.message().to_owned()),
+                }
             }
         }
     }
@@ -228,13 +317,22 @@ fn failed_create(status: Status) -> Status {
     let relayed = rpc::relay(&status);
     let clients_mistake = matches!(
         status.code(),
-        Code::InvalidArgument | Code::FailedPrecondition | Code::Aborted | Code::AlreadyExists | Code::Unauthenticated | Code::PermissionDenied
+        Code::InvalidArgument
+            | Code::FailedPrecondition
+            | Code::Aborted
+            | Code::AlreadyExists
+            | Code::Unauthenticated
+            | Code::PermissionDenied
     );
     if clients_mistake || FailedCreate::of(&status).is_some() {
         return relayed;
     }
     let one_attempt = !status.metadata().contains_key(wire::PREVIOUS_ATTEMPTS);
-    let failed = if one_attempt && rpc::not_executed(&status) { FailedCreate::Refused } else { FailedCreate::Unknown };
+    let failed = if one_attempt && rpc::not_executed(&status) {
+        FailedCreate::Refused
+    } else {
+        FailedCreate::Unknown
+    };
     failed.on(relayed, crate::HOP)
 }
 
@@ -244,28 +342,58 @@ mod tests {
 
     fn refused_here() -> Status {
         let mut status = Status::unavailable("orders: circuit open");
-        status.metadata_mut().insert(wire::NOT_EXECUTED, "orders".parse().unwrap());
+        status
+            .metadata_mut()
+            .insert(wire::NOT_EXECUTED, "orders".parse().unwrap());
         status
     }
 
     #[test]
     fn a_failed_create_says_what_it_left_behind() {
         let after_retries = |mut status: Status| {
-            status.metadata_mut().insert(wire::PREVIOUS_ATTEMPTS, "1".parse().unwrap());
+            status
+                .metadata_mut()
+                .insert(wire::PREVIOUS_ATTEMPTS, "1".parse().unwrap());
             status
         };
-        let pending = FailedCreate::Pending { order_id: "ord_1".into() };
+        let pending = FailedCreate::Pending {
+            order_id: "ord_1".into(),
+        };
         let cases = [
-            ("refused here, the only attempt", refused_here(), Some(FailedCreate::Refused)),
-            ("refused here after an attempt that may have made an order", after_retries(refused_here()), Some(FailedCreate::Unknown)),
-            ("orders' own word", after_retries(pending.on(Status::unavailable("payment: down"), "orders")), Some(pending)),
-            ("no answer from orders", Status::deadline_exceeded("orders: deadline exceeded"), Some(FailedCreate::Unknown)),
-            ("the client's mistake", Status::failed_precondition("orders: key reused"), None),
+            (
+                "refused here, the only attempt",
+                refused_here(),
+                Some(FailedCreate::Refused),
+            ),
+            (
+                "refused here after an attempt that may have made an order",
+                after_retries(refused_here()),
+                Some(FailedCreate::Unknown),
+            ),
+            (
+                "orders' own word",
+                after_retries(pending.on(Status::unavailable("payment: down"), "orders")),
+                Some(pending),
+            ),
+            (
+                "no answer from orders",
+                Status::deadline_exceeded("orders: deadline exceeded"),
+                Some(FailedCreate::Unknown),
+            ),
+            (
+                "the client's mistake",
+                Status::failed_precondition("orders: key reused"),
+                None,
+            ),
         ];
         for (case, status, expected) in cases {
             let failed = failed_create(status);
             assert_eq!(FailedCreate::of(&failed), expected, "{case}");
-            assert_eq!(failed.metadata().get(wire::RELAYED).unwrap(), "true", "{case}: relayed");
+            assert_eq!(
+                failed.metadata().get(wire::RELAYED).unwrap(),
+                "true",
+                "{case}: relayed"
+            );
         }
     }
 }

@@ -29,12 +29,17 @@ where
 {
     let attempt = tower::service_fn(move |call_once: Call<M>| {
         // i64: exported as a number (unsigned fields are exported as text).
-        let span = tracing::info_span!("attempt", retry.attempt = i64::from(call_once.previous_attempts) + 1);
+        let span = tracing::info_span!(
+            "attempt",
+            retry.attempt = i64::from(call_once.previous_attempts) + 1
+        );
         call(call_once.into_request()).instrument(span)
     });
     BoxCloneSyncService::new(RetryLayer::new(retry.for_operation()).layer(attempt))
 }
 
 pub fn metadata_value(value: &str) -> Result<tonic::metadata::AsciiMetadataValue, GatewayError> {
-    value.parse().map_err(|_| GatewayError::field("Idempotency-Key", "must be visible ASCII characters"))
+    value
+        .parse()
+        .map_err(|_| GatewayError::field("Idempotency-Key", "must be visible ASCII characters"))
 }

@@ -21,20 +21,30 @@ pub enum GatewayError {
     #[error("the body must be JSON, sent with `Content-Type: application/json`")]
     NotJson,
     #[error("payment declined: {reason}")]
-    PaymentDeclined { order_id: String, reason: String, replayed: bool },
+    PaymentDeclined {
+        order_id: String,
+        reason: String,
+        replayed: bool,
+    },
     #[error("{}", .0.message())]
     Upstream(Status),
 }
 
 impl GatewayError {
     pub fn field(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self::InvalidField { field: field.into(), reason: reason.into() }
+        Self::InvalidField {
+            field: field.into(),
+            reason: reason.into(),
+        }
     }
 }
 
 impl From<proto::validate::FieldError> for GatewayError {
     fn from(error: proto::validate::FieldError) -> Self {
-        Self::InvalidField { field: error.field, reason: error.reason }
+        Self::InvalidField {
+            field: error.field,
+            reason: error.reason,
+        }
     }
 }
 
@@ -105,7 +115,16 @@ impl Outcome {
 
 impl Problem {
     pub fn new(status: StatusCode, title: &'static str, detail: String) -> Self {
-        Self { kind: "about:blank", title, status: status.as_u16(), detail, field: None, order_id: None, outcome: None, grpc_code: None }
+        Self {
+            kind: "about:blank",
+            title,
+            status: status.as_u16(),
+            detail,
+            field: None,
+            order_id: None,
+            outcome: None,
+            grpc_code: None,
+        }
     }
 
     pub fn to_json(&self) -> String {
@@ -117,7 +136,10 @@ impl Problem {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut response = http::Response::new(B::from(self.to_json()));
         *response.status_mut() = status;
-        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
         response
     }
 }
@@ -133,7 +155,9 @@ fn http_status(code: Code) -> (StatusCode, &'static str) {
         Code::FailedPrecondition => (StatusCode::UNPROCESSABLE_ENTITY, "Idempotency key reused"),
         Code::ResourceExhausted => (StatusCode::TOO_MANY_REQUESTS, "Too many requests"),
         Code::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "Deadline exceeded"),
-        Code::Unavailable | Code::Cancelled => (StatusCode::SERVICE_UNAVAILABLE, "Dependency unavailable"),
+        Code::Unavailable | Code::Cancelled => {
+            (StatusCode::SERVICE_UNAVAILABLE, "Dependency unavailable")
+        }
         _ => (StatusCode::BAD_GATEWAY, "Dependency failed"),
     }
 }
@@ -144,40 +168,69 @@ impl IntoResponse for GatewayError {
         let mut retry_after = None;
         let replayed = matches!(self, GatewayError::PaymentDeclined { replayed: true, .. });
         let problem = match self {
-            GatewayError::Unauthenticated => Problem::new(StatusCode::UNAUTHORIZED, "Unauthenticated", detail),
-            GatewayError::InvalidField { field, .. } => {
-                Problem { field: Some(field), ..Problem::new(StatusCode::BAD_REQUEST, "Invalid request", detail) }
+            GatewayError::Unauthenticated => {
+                Problem::new(StatusCode::UNAUTHORIZED, "Unauthenticated", detail)
             }
-            GatewayError::MalformedBody(_) => Problem::new(StatusCode::BAD_REQUEST, "Malformed body", detail),
-            GatewayError::NotJson => Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Unsupported media type", detail),
-            GatewayError::PaymentDeclined { order_id, .. } => {
-                Problem { order_id: Some(order_id), ..Problem::new(StatusCode::PAYMENT_REQUIRED, "Payment declined", detail) }
+            GatewayError::InvalidField { field, .. } => Problem {
+                field: Some(field),
+                ..Problem::new(StatusCode::BAD_REQUEST, "Invalid request", detail)
+            },
+            GatewayError::MalformedBody(_) => {
+                Problem::new(StatusCode::BAD_REQUEST, "Malformed body", detail)
             }
+            GatewayError::NotJson => Problem::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "Unsupported media type",
+                detail,
+            ),
+            GatewayError::PaymentDeclined { order_id, .. } => Problem {
+                order_id: Some(order_id),
+                ..Problem::new(StatusCode::PAYMENT_REQUIRED, "Payment declined", detail)
+            },
             GatewayError::Upstream(status) => {
                 let (http, title) = http_status(status.code());
                 retry_after = pushback_seconds(&status);
                 // The field at fault, when the hop below named it in a google.rpc.BadRequest.
-                let field = status.get_details_bad_request().and_then(|bad| bad.field_violations.into_iter().next()).map(|violation| violation.field);
+                let field = status
+                    .get_details_bad_request()
+                    .and_then(|bad| bad.field_violations.into_iter().next())
+                    .map(|violation| violation.field);
                 let grpc_code = Some(format!("{:?}", status.code()));
                 match FailedCreate::of(&status).map(Outcome::of) {
                     Some((outcome, order_id, next)) => {
                         let detail = format!("{detail}. {next}");
-                        Problem { field, order_id, outcome: Some(outcome), grpc_code, ..Problem::new(http, title, detail) }
+                        Problem {
+                            field,
+                            order_id,
+                            outcome: Some(outcome),
+                            grpc_code,
+                            ..Problem::new(http, title, detail)
+                        }
                     }
-                    None => Problem { field, grpc_code, ..Problem::new(http, title, detail) },
+                    None => Problem {
+                        field,
+                        grpc_code,
+                        ..Problem::new(http, title, detail)
+                    },
                 }
             }
         };
         let unauthenticated = problem.status == StatusCode::UNAUTHORIZED.as_u16();
         let mut response: Response = problem.into_http();
         if unauthenticated {
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         if replayed {
-            response.headers_mut().insert(wire::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            response
+                .headers_mut()
+                .insert(wire::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
         }
         if let Some(seconds) = retry_after {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         response
     }
@@ -185,7 +238,13 @@ impl IntoResponse for GatewayError {
 
 /// A pushback from below, in whole seconds rounded up, for `Retry-After`.
 fn pushback_seconds(status: &Status) -> Option<u64> {
-    let millis: u64 = status.metadata().get(wire::RETRY_PUSHBACK_MS)?.to_str().ok()?.parse().ok()?;
+    let millis: u64 = status
+        .metadata()
+        .get(wire::RETRY_PUSHBACK_MS)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()?;
     Some(millis.div_ceil(1_000).max(1))
 }
 
@@ -196,12 +255,16 @@ impl From<GatewayError> for Status {
                 // The gateway retried as far as its budget, attempts or an open breaker allowed:
                 // a client retrying on top would only multiply that, so it is told not to.
                 if status.metadata_mut().remove(wire::RETRIES_SPENT).is_some() {
-                    status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, MetadataValue::from_static("-1"));
+                    status
+                        .metadata_mut()
+                        .insert(wire::RETRY_PUSHBACK_MS, MetadataValue::from_static("-1"));
                 }
                 status
             }
             GatewayError::Unauthenticated => Status::unauthenticated(error.to_string()),
-            GatewayError::InvalidField { .. } | GatewayError::MalformedBody(_) | GatewayError::NotJson => Status::invalid_argument(error.to_string()),
+            GatewayError::InvalidField { .. }
+            | GatewayError::MalformedBody(_)
+            | GatewayError::NotJson => Status::invalid_argument(error.to_string()),
             GatewayError::PaymentDeclined { .. } => Status::failed_precondition(error.to_string()),
         }
     }

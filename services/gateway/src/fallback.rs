@@ -10,7 +10,15 @@ use tonic::Code;
 /// Failures that a stale copy can stand in for: the source is unreachable, overloaded, too slow
 /// or broken. An answer such as NOT_FOUND is the truth and is passed on.
 pub fn stands_in_for(code: Code) -> bool {
-    matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::ResourceExhausted | Code::Internal | Code::Unknown | Code::Cancelled)
+    matches!(
+        code,
+        Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::ResourceExhausted
+            | Code::Internal
+            | Code::Unknown
+            | Code::Cancelled
+    )
 }
 
 /// The last known copy of recently seen orders, per client, bounded (least recently used go first).
@@ -22,7 +30,9 @@ pub struct OrderCache {
 impl OrderCache {
     pub fn new(capacity: usize) -> Self {
         let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
-        Self { orders: Mutex::new(LruCache::new(capacity)) }
+        Self {
+            orders: Mutex::new(LruCache::new(capacity)),
+        }
     }
 
     pub fn remember(&self, client_id: &str, order: &Order) {
@@ -32,7 +42,9 @@ impl OrderCache {
 
     /// The last copy of the order and when it was current.
     pub fn last_known(&self, client_id: &str, order_id: &str) -> Option<(Order, SystemTime)> {
-        lock(&self.orders).get(&(client_id.to_owned(), order_id.to_owned())).cloned()
+        lock(&self.orders)
+            .get(&(client_id.to_owned(), order_id.to_owned()))
+            .cloned()
     }
 }
 
@@ -54,5 +66,7 @@ impl RateCache {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // The caches hold plain values; a panic elsewhere cannot leave them half-written.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

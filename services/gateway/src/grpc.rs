@@ -21,31 +21,56 @@ impl GatewayService {
 }
 
 fn text<'a, T>(request: &'a Request<T>, name: &str) -> Option<&'a str> {
-    request.metadata().get(name).and_then(|value| value.to_str().ok())
+    request
+        .metadata()
+        .get(name)
+        .and_then(|value| value.to_str().ok())
 }
 
 #[tonic::async_trait]
 impl Gateway for GatewayService {
-    async fn create_order(&self, request: Request<CreateOrderRequest>) -> Result<Response<Order>, Status> {
+    async fn create_order(
+        &self,
+        request: Request<CreateOrderRequest>,
+    ) -> Result<Response<Order>, Status> {
         let client = self.api.authenticate(text(&request, "authorization"))?;
         let key = text(&request, IDEMPOTENCY_KEY)
-            .ok_or_else(|| GatewayError::field(IDEMPOTENCY_KEY, "metadata is required (1 to 255 characters)"))?
+            .ok_or_else(|| {
+                GatewayError::field(
+                    IDEMPOTENCY_KEY,
+                    "metadata is required (1 to 255 characters)",
+                )
+            })?
             .to_owned();
-        let created = self.api.create_order(&client, &key, request.into_inner()).await?;
+        let created = self
+            .api
+            .create_order(&client, &key, request.into_inner())
+            .await?;
         let mut response = Response::new(created.order);
         if created.replayed {
-            response.metadata_mut().insert(IDEMPOTENT_REPLAYED, "true".parse().expect("ascii"));
+            response
+                .metadata_mut()
+                .insert(IDEMPOTENT_REPLAYED, "true".parse().expect("ascii"));
         }
         Ok(response)
     }
 
-    async fn get_order(&self, request: Request<GetOrderRequest>) -> Result<Response<Order>, Status> {
+    async fn get_order(
+        &self,
+        request: Request<GetOrderRequest>,
+    ) -> Result<Response<Order>, Status> {
         let client = self.api.authenticate(text(&request, "authorization"))?;
-        let read = self.api.get_order(&client, request.into_inner().order_id).await?;
+        let read = self
+            .api
+            .get_order(&client, request.into_inner().order_id)
+            .await?;
         let mut response = Response::new(read.order);
         if let Some(since) = read.stale_since {
             let as_of = humantime::format_rfc3339_millis(since).to_string();
-            response.metadata_mut().insert(wire::FALLBACK, format!("stale-copy; as-of={as_of}").parse().expect("ascii"));
+            response.metadata_mut().insert(
+                wire::FALLBACK,
+                format!("stale-copy; as-of={as_of}").parse().expect("ascii"),
+            );
         }
         Ok(response)
     }

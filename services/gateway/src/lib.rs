@@ -17,7 +17,8 @@ use std::{net::SocketAddr, sync::Arc};
 
 use deadline::{HopStats, server::DeadlineLayer};
 use proto::{
-    bank::v1::bank_client::BankClient, gateway::v1::gateway_server::GatewayServer, orders::v1::orders_client::OrdersClient,
+    bank::v1::bank_client::BankClient, gateway::v1::gateway_server::GatewayServer,
+    orders::v1::orders_client::OrdersClient,
     payment::v1::payment_service_client::PaymentServiceClient,
 };
 use resilience::{
@@ -35,7 +36,10 @@ use tokio_util::sync::CancellationToken;
 pub const HOP: &str = "gateway";
 
 /// This service in telemetry: the `service.name` and `service.version` of its spans.
-pub const SERVICE: telemetry::Service = telemetry::Service { name: HOP, version: env!("CARGO_PKG_VERSION") };
+pub const SERVICE: telemetry::Service = telemetry::Service {
+    name: HOP,
+    version: env!("CARGO_PKG_VERSION"),
+};
 
 pub struct Application {
     grpc: GrpcServer,
@@ -56,17 +60,31 @@ impl Application {
 
     /// As [`Application::build`], with `outbound` between this service's calls and its
     /// channels to orders, payment and the bank (see [`rpc::Outbound`]).
-    pub async fn build_with(settings: Settings, outbound: rpc::Outbound) -> Result<Self, ServerError> {
-        let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?.watched();
+    pub async fn build_with(
+        settings: Settings,
+        outbound: rpc::Outbound,
+    ) -> Result<Self, ServerError> {
+        let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls)
+            .map_err(|error| ServerError::Settings(error.to_string()))?
+            .watched();
         let connect = |name: &'static str, dependency: &rpc::Dependency| {
-            rpc::connect(HOP, name, dependency, &tls, &outbound).map_err(|error| ServerError::Settings(format!("{name}: {error}")))
+            rpc::connect(HOP, name, dependency, &tls, &outbound)
+                .map_err(|error| ServerError::Settings(format!("{name}: {error}")))
         };
-        let (orders, payment, bank) =
-            (connect("orders", &settings.orders)?, connect("payment", &settings.payment)?, connect("bank-mock", &settings.bank)?);
+        let (orders, payment, bank) = (
+            connect("orders", &settings.orders)?,
+            connect("payment", &settings.payment)?,
+            connect("bank-mock", &settings.bank)?,
+        );
         let recommendations = connect("recommendations", &settings.recommendations)?;
         let orders_breaker = orders.guards.breaker.clone();
-        let retry = RetryPolicy::new(&settings.retry, settings.orders.deadline).map_err(|error| ServerError::Settings(error.to_string()))?;
-        let limits = rate_limit::ClientLimits::new(&settings.clients, settings.unknown_key_quota, settings.replicas);
+        let retry = RetryPolicy::new(&settings.retry, settings.orders.deadline)
+            .map_err(|error| ServerError::Settings(error.to_string()))?;
+        let limits = rate_limit::ClientLimits::new(
+            &settings.clients,
+            settings.unknown_key_quota,
+            settings.replicas,
+        );
         let guards = Guards::new(HOP)
             .dependency(orders.guards.retried_under(retry.clone()))
             .dependency(payment.guards)
@@ -78,37 +96,85 @@ impl Application {
             recommendations: OrdersClient::new(recommendations.client),
             popular: Arc::new(settings.popular_skus.clone()),
         };
-        let api = api::Api::new(orders.client, settings.clients, &retry, sources, settings.order_cache_capacity);
+        let api = api::Api::new(
+            orders.client,
+            settings.clients,
+            &retry,
+            sources,
+            settings.order_cache_capacity,
+        );
         // One queue for both faces: their requests share the gateway's workers.
-        let queue = settings.queue.enabled.then(|| Queue::new(HOP, settings.queue));
-        let mut services = rpc::Services::new(GatewayServer::new(grpc::GatewayService::new(api.clone())));
+        let queue = settings
+            .queue
+            .enabled
+            .then(|| Queue::new(HOP, settings.queue));
+        let mut services =
+            rpc::Services::new(GatewayServer::new(grpc::GatewayService::new(api.clone())));
         if let Some(queue) = &queue {
             services = services.queued(queue.clone());
         }
-        let grpc = GrpcServer::bind_all(HOP, rpc::Role::Edge, settings.grpc_listen, settings.deadline, services)
-            .await?
-            .layer(rate_limit::RateLimitLayer::new(limits.clone()))
-            .connection_limits(settings.connections);
+        let grpc = GrpcServer::bind_all(
+            HOP,
+            rpc::Role::Edge,
+            settings.grpc_listen,
+            settings.deadline,
+            services,
+        )
+        .await?
+        .layer(rate_limit::RateLimitLayer::new(limits.clone()))
+        .connection_limits(settings.connections);
         let http_stats = HopStats::new();
-        let creates =
-            Intake::with_caller_share("gateway (order creation)", settings.max_in_flight_creates, settings.max_in_flight_creates_per_client);
+        let creates = Intake::with_caller_share(
+            "gateway (order creation)",
+            settings.max_in_flight_creates,
+            settings.max_in_flight_creates_per_client,
+        );
         let http_router = rest::router(api, creates)
-            .layer(tower::util::option_layer(queue.clone().map(QueueLayer::new)))
-            .layer(DeadlineLayer::new(HOP, rest::HttpDeadline { policy: settings.deadline }, http_stats.clone()).at_edge())
-            .layer(LoadShedLayer::new(Intake::new(HOP, settings.deadline.max_in_flight)))
+            .layer(tower::util::option_layer(
+                queue.clone().map(QueueLayer::new),
+            ))
+            .layer(
+                DeadlineLayer::new(
+                    HOP,
+                    rest::HttpDeadline {
+                        policy: settings.deadline,
+                    },
+                    http_stats.clone(),
+                )
+                .at_edge(),
+            )
+            .layer(LoadShedLayer::new(Intake::new(
+                HOP,
+                settings.deadline.max_in_flight,
+            )))
             .layer(telemetry::trace::ServerTraceLayer::new(HOP))
             // Outermost but for counting: the quota is checked before anything else happens.
             .layer(rate_limit::RateLimitLayer::new(limits.clone()))
             .layer(RequestMetricsLayer::new(HOP, []))
             .layer(axum::middleware::from_fn(rest::problems::problem_answers));
         let http = rpc::bind(settings.http_listen).await?;
-        let guards = guards.face("grpc", grpc.stats()).face("http", http_stats.clone()).queue(queue);
+        let guards = guards
+            .face("grpc", grpc.stats())
+            .face("http", http_stats.clone())
+            .queue(queue);
         let ops = OpsServer::bind(&settings.ops, guards).await?;
-        Ok(Self { grpc, http, http_router, ops, http_stats, retry, orders_breaker, limits, connections: settings.connections })
+        Ok(Self {
+            grpc,
+            http,
+            http_router,
+            ops,
+            http_stats,
+            retry,
+            orders_breaker,
+            limits,
+            connections: settings.connections,
+        })
     }
 
     pub fn http_addr(&self) -> SocketAddr {
-        self.http.local_addr().expect("a bound listener has an address")
+        self.http
+            .local_addr()
+            .expect("a bound listener has an address")
     }
 
     pub fn grpc_addr(&self) -> SocketAddr {
@@ -147,7 +213,8 @@ impl Application {
 
     /// Serves both faces until `shutdown` is cancelled and the drain has passed.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), ServerError> {
-        let (grpc, http, router, connections) = (self.grpc, self.http, self.http_router, self.connections);
+        let (grpc, http, router, connections) =
+            (self.grpc, self.http, self.http_router, self.connections);
         self.ops
             .serve_while(shutdown, |drain| async move {
                 let http = rpc::serve_http_with(http, connections, router, drain.closing());

@@ -37,7 +37,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let settings: gateway::Settings = settings::load("GATEWAY", &cli.settings)?;
     match cli.command {
         Some(Command::Service(rpc::health::Command::Healthcheck { timeout_ms })) => {
-            return Ok(rpc::health::check(settings.grpc_listen, std::time::Duration::from_millis(timeout_ms)).await?);
+            return Ok(rpc::health::check(
+                settings.grpc_listen,
+                std::time::Duration::from_millis(timeout_ms),
+            )
+            .await?);
         }
         Some(Command::DevCerts { dir }) => {
             let certs = rpc::dev_certs::DevCerts::generate_once(&dir)?;

@@ -58,7 +58,10 @@ struct ClientLimit {
 impl ClientLimit {
     fn new(client_id: &str, quota: QuotaSettings) -> Self {
         Self {
-            labels: [KeyValue::new("scope", "client"), KeyValue::new("name", client_id.to_owned())],
+            labels: [
+                KeyValue::new("scope", "client"),
+                KeyValue::new("name", client_id.to_owned()),
+            ],
             limiter: Limiter::new(quota),
             caller: Caller(Arc::from(client_id)),
         }
@@ -69,8 +72,15 @@ impl ClientLimits {
     /// The limiters of `clients` and of unknown keys, each keeping this gateway's share of its
     /// quota when `replicas` gateways serve the same clients ([`QuotaSettings::share`]).
     pub fn new(clients: &[ApiClient], unknown: QuotaSettings, replicas: u32) -> Arc<Self> {
-        let by_key =
-            clients.iter().map(|client| (client.api_key.clone(), ClientLimit::new(&client.client_id, client.quota.share(replicas)))).collect();
+        let by_key = clients
+            .iter()
+            .map(|client| {
+                (
+                    client.api_key.clone(),
+                    ClientLimit::new(&client.client_id, client.quota.share(replicas)),
+                )
+            })
+            .collect();
         Arc::new(Self {
             by_key,
             unknown: ClientLimit::new("unknown", unknown.share(replicas)),
@@ -110,7 +120,10 @@ impl<S> Layer<S> for RateLimitLayer {
     type Service = RateLimit<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit { inner, limits: self.limits.clone() }
+        RateLimit {
+            inner,
+            limits: self.limits.clone(),
+        }
     }
 }
 
@@ -142,7 +155,9 @@ fn seconds(wait: Duration) -> u64 {
 }
 
 fn is_grpc(headers: &HeaderMap) -> bool {
-    headers.get(header::CONTENT_TYPE).is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
 }
 
 pin_project! {
@@ -170,16 +185,25 @@ where
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         // Health checks are the orchestrator's, not a client's: never held to a client's quota.
         if request.uri().path().starts_with(HEALTH_PATH) {
-            return ResponseFuture::Allowed { inner: self.inner.call(request), headers: None };
+            return ResponseFuture::Allowed {
+                inner: self.inner.call(request),
+                headers: None,
+            };
         }
         let limit = self.limits.limit(request.headers());
         let quota = limit.limiter.quota();
         match limit.limiter.check() {
             Decision::Allowed { remaining } => {
-                let until_whole = Duration::from_secs_f64(f64::from(quota.burst - remaining.min(quota.burst)) / f64::from(quota.per_second.max(1)));
+                let until_whole = Duration::from_secs_f64(
+                    f64::from(quota.burst - remaining.min(quota.burst))
+                        / f64::from(quota.per_second.max(1)),
+                );
                 let headers = Some((state(remaining, until_whole), policy(quota)));
                 request.extensions_mut().insert(limit.caller.clone());
-                ResponseFuture::Allowed { inner: self.inner.call(request), headers }
+                ResponseFuture::Allowed {
+                    inner: self.inner.call(request),
+                    headers,
+                }
             }
             Decision::Limited { retry_after } => {
                 self.limits.rejected.fetch_add(1, Ordering::Relaxed);
@@ -196,14 +220,21 @@ where
                     status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, wait);
                     status.into_http()
                 } else {
-                    let mut response: Response<ResBody> = Problem::new(StatusCode::TOO_MANY_REQUESTS, "Too many requests", detail).into_http();
-                    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds(retry_after).max(1)));
+                    let mut response: Response<ResBody> =
+                        Problem::new(StatusCode::TOO_MANY_REQUESTS, "Too many requests", detail)
+                            .into_http();
+                    response.headers_mut().insert(
+                        header::RETRY_AFTER,
+                        HeaderValue::from(seconds(retry_after).max(1)),
+                    );
                     response
                 };
                 let headers = response.headers_mut();
                 headers.insert(RATE_LIMIT, state(0, retry_after));
                 headers.insert(RATE_LIMIT_POLICY, policy(quota));
-                ResponseFuture::Refused { response: Some(response) }
+                ResponseFuture::Refused {
+                    response: Some(response),
+                }
             }
         }
     }
@@ -217,7 +248,9 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
-            Projection::Refused { response } => Poll::Ready(Ok(response.take().expect("polled after completion"))),
+            Projection::Refused { response } => {
+                Poll::Ready(Ok(response.take().expect("polled after completion")))
+            }
             Projection::Allowed { inner, headers } => {
                 let mut response = std::task::ready!(inner.poll(cx))?;
                 if let Some((state, policy)) = headers.take() {
@@ -239,12 +272,19 @@ mod tests {
     /// client of the IETF rate-limit fields reads it.
     fn parameters(value: &HeaderValue) -> Vec<(String, u64)> {
         let text = value.to_str().expect("visible ASCII");
-        let rest = text.strip_prefix("\"default\"").expect("the policy's name, quoted");
+        let rest = text
+            .strip_prefix("\"default\"")
+            .expect("the policy's name, quoted");
         rest.split(';')
             .skip(1)
             .map(|parameter| {
                 let (key, number) = parameter.split_once('=').expect("key=value");
-                assert!(!number.is_empty() && number.len() <= 15 && number.bytes().all(|b| b.is_ascii_digit()), "an sf-integer: {number}");
+                assert!(
+                    !number.is_empty()
+                        && number.len() <= 15
+                        && number.bytes().all(|b| b.is_ascii_digit()),
+                    "an sf-integer: {number}"
+                );
                 (key.to_owned(), number.parse().unwrap())
             })
             .collect()

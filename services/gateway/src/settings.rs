@@ -1,7 +1,9 @@
 use std::net::SocketAddr;
 
 use deadline::{ForwardPolicy, InboundPolicy};
-use resilience::{breaker::BreakerSettings, queue::QueueSettings, rate_limit::QuotaSettings, retry::RetrySettings};
+use resilience::{
+    breaker::BreakerSettings, queue::QueueSettings, rate_limit::QuotaSettings, retry::RetrySettings,
+};
 use rpc::{Dependency, connections::ConnectionLimits, ops::OpsSettings, tls::TlsSettings};
 use serde::{Deserialize, Serialize};
 
@@ -71,7 +73,10 @@ pub struct ApiClient {
 
 impl ApiClient {
     fn default_quota() -> QuotaSettings {
-        QuotaSettings { per_second: 100, burst: 200 }
+        QuotaSettings {
+            per_second: 100,
+            burst: 200,
+        }
     }
 }
 
@@ -81,10 +86,19 @@ fn summary_source(endpoint: &str, service: &str, cap_ms: u64) -> Dependency {
     Dependency {
         endpoint: endpoint.into(),
         service: service.into(),
-        deadline: ForwardPolicy { reserve_ms: 20, reserve_max_share: 0.2, cap_ms: Some(cap_ms), min_forward_ms: 20 },
+        deadline: ForwardPolicy {
+            reserve_ms: 20,
+            reserve_max_share: 0.2,
+            cap_ms: Some(cap_ms),
+            min_forward_ms: 20,
+        },
         // The cap is the gateway's own choice, not a client's: a call given all of it and still
         // unanswered is the source's fault, although the cap is below the usual judged slice.
-        breaker: BreakerSettings { slow_call_ms: 60_000, min_judged_slice_ms: cap_ms, ..BreakerSettings::default() },
+        breaker: BreakerSettings {
+            slow_call_ms: 60_000,
+            min_judged_slice_ms: cap_ms,
+            ..BreakerSettings::default()
+        },
         ..Dependency::default()
     }
 }
@@ -99,10 +113,18 @@ impl Default for Settings {
             orders: Dependency {
                 endpoint: "http://127.0.0.1:50052".into(),
                 service: "orders".into(),
-                deadline: ForwardPolicy { reserve_ms: 20, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 },
+                deadline: ForwardPolicy {
+                    reserve_ms: 20,
+                    reserve_max_share: 0.2,
+                    cap_ms: None,
+                    min_forward_ms: 50,
+                },
                 // Slowness below is the bank's own, judged by payment's breaker; answers slowed
                 // by it must not open this one (which reads share), so only failures count here.
-                breaker: BreakerSettings { slow_call_ms: 60_000, ..BreakerSettings::default() },
+                breaker: BreakerSettings {
+                    slow_call_ms: 60_000,
+                    ..BreakerSettings::default()
+                },
                 ..Dependency::default()
             },
             payment: summary_source("http://127.0.0.1:50053", "payment", 300),
@@ -119,12 +141,25 @@ impl Default for Settings {
                 ApiClient {
                     api_key: "demo-key-1".into(),
                     client_id: "demo-client-1".into(),
-                    quota: QuotaSettings { per_second: 5_000, burst: 1_000 },
+                    quota: QuotaSettings {
+                        per_second: 5_000,
+                        burst: 1_000,
+                    },
                 },
                 // A small quota, to see 429 and the RateLimit headers by hand.
-                ApiClient { api_key: "demo-key-2".into(), client_id: "demo-client-2".into(), quota: QuotaSettings { per_second: 5, burst: 10 } },
+                ApiClient {
+                    api_key: "demo-key-2".into(),
+                    client_id: "demo-client-2".into(),
+                    quota: QuotaSettings {
+                        per_second: 5,
+                        burst: 10,
+                    },
+                },
             ],
-            unknown_key_quota: QuotaSettings { per_second: 20, burst: 20 },
+            unknown_key_quota: QuotaSettings {
+                per_second: 20,
+                burst: 20,
+            },
             replicas: 1,
             tls: TlsSettings::default(),
             connections: ConnectionLimits::default(),
@@ -138,9 +173,18 @@ mod tests {
 
     #[test]
     fn configured_clients_replace_the_demo_clients() {
-        let args = settings::SettingsArgs { config: None, overrides: vec![r#"clients=[{api_key = "team-a-secret", client_id = "team-a"}]"#.into()] };
+        let args = settings::SettingsArgs {
+            config: None,
+            overrides: vec![
+                r#"clients=[{api_key = "team-a-secret", client_id = "team-a"}]"#.into(),
+            ],
+        };
         let loaded: Settings = settings::load("GATEWAY_TEST", &args).unwrap();
-        let expected = ApiClient { api_key: "team-a-secret".into(), client_id: "team-a".into(), quota: ApiClient::default_quota() };
+        let expected = ApiClient {
+            api_key: "team-a-secret".into(),
+            client_id: "team-a".into(),
+            quota: ApiClient::default_quota(),
+        };
         assert_eq!(loaded.clients, [expected]);
     }
 }

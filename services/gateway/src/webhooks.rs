@@ -6,9 +6,10 @@
 //! tried once: a retry after a lost answer would queue a redelivery, or a ping, twice.
 
 use proto::orders::v1::{
-    CreateEndpointRequest, Endpoint, EndpointRef, EndpointWithSecret, ListDeliveriesRequest, ListDeliveriesResponse, ListEndpointsRequest,
-    ListEndpointsResponse, ListEventTypesRequest, ListEventTypesResponse, PingResponse, RedeliverRangeRequest, RedeliverRequest, RedeliverResponse,
-    RotateSecretRequest, UpdateEndpointRequest, webhooks_client::WebhooksClient,
+    CreateEndpointRequest, Endpoint, EndpointRef, EndpointWithSecret, ListDeliveriesRequest,
+    ListDeliveriesResponse, ListEndpointsRequest, ListEndpointsResponse, ListEventTypesRequest,
+    ListEventTypesResponse, PingResponse, RedeliverRangeRequest, RedeliverRequest,
+    RedeliverResponse, RotateSecretRequest, UpdateEndpointRequest, webhooks_client::WebhooksClient,
 };
 use resilience::retry::{Call, RetryPolicy};
 use rpc::Client;
@@ -65,81 +66,188 @@ impl WebhooksApi {
         }
     }
 
-    pub async fn create_endpoint(&self, client: &ClientId, key: &str, request: CreateEndpointRequest) -> Result<Keyed, GatewayError> {
+    pub async fn create_endpoint(
+        &self,
+        client: &ClientId,
+        key: &str,
+        request: CreateEndpointRequest,
+    ) -> Result<Keyed, GatewayError> {
         proto::validate::create_endpoint(&request)?;
-        Ok(keyed(call(&self.create, request, keyed_metadata(client, key)?).await?))
+        Ok(keyed(
+            call(&self.create, request, keyed_metadata(client, key)?).await?,
+        ))
     }
 
-    pub async fn rotate_secret(&self, client: &ClientId, key: &str, request: RotateSecretRequest) -> Result<Keyed, GatewayError> {
+    pub async fn rotate_secret(
+        &self,
+        client: &ClientId,
+        key: &str,
+        request: RotateSecretRequest,
+    ) -> Result<Keyed, GatewayError> {
         proto::validate::id("endpoint_id", &request.endpoint_id)?;
-        Ok(keyed(call(&self.rotate, request, keyed_metadata(client, key)?).await?))
+        Ok(keyed(
+            call(&self.rotate, request, keyed_metadata(client, key)?).await?,
+        ))
     }
 
-    pub async fn endpoints(&self, client: &ClientId) -> Result<ListEndpointsResponse, GatewayError> {
-        Ok(call(&self.list, ListEndpointsRequest {}, metadata(client)?).await?.into_inner())
+    pub async fn endpoints(
+        &self,
+        client: &ClientId,
+    ) -> Result<ListEndpointsResponse, GatewayError> {
+        Ok(call(&self.list, ListEndpointsRequest {}, metadata(client)?)
+            .await?
+            .into_inner())
     }
 
-    pub async fn endpoint(&self, client: &ClientId, endpoint_id: String) -> Result<Endpoint, GatewayError> {
+    pub async fn endpoint(
+        &self,
+        client: &ClientId,
+        endpoint_id: String,
+    ) -> Result<Endpoint, GatewayError> {
         proto::validate::id("endpoint_id", &endpoint_id)?;
-        Ok(call(&self.get, EndpointRef { endpoint_id }, metadata(client)?).await?.into_inner())
+        Ok(
+            call(&self.get, EndpointRef { endpoint_id }, metadata(client)?)
+                .await?
+                .into_inner(),
+        )
     }
 
-    pub async fn deliveries(&self, client: &ClientId, request: ListDeliveriesRequest) -> Result<ListDeliveriesResponse, GatewayError> {
+    pub async fn deliveries(
+        &self,
+        client: &ClientId,
+        request: ListDeliveriesRequest,
+    ) -> Result<ListDeliveriesResponse, GatewayError> {
         proto::validate::list_deliveries(&request)?;
-        Ok(call(&self.deliveries, request, metadata(client)?).await?.into_inner())
+        Ok(call(&self.deliveries, request, metadata(client)?)
+            .await?
+            .into_inner())
     }
 
-    pub async fn update_endpoint(&self, client: &ClientId, request: UpdateEndpointRequest) -> Result<Endpoint, GatewayError> {
+    pub async fn update_endpoint(
+        &self,
+        client: &ClientId,
+        request: UpdateEndpointRequest,
+    ) -> Result<Endpoint, GatewayError> {
         proto::validate::update_endpoint(&request)?;
-        Ok(call(&self.update, request, metadata(client)?).await?.into_inner())
+        Ok(call(&self.update, request, metadata(client)?)
+            .await?
+            .into_inner())
     }
 
     /// Tried once, like a redelivery: a repeat would send a second ping.
-    pub async fn ping(&self, client: &ClientId, endpoint_id: String) -> Result<PingResponse, GatewayError> {
+    pub async fn ping(
+        &self,
+        client: &ClientId,
+        endpoint_id: String,
+    ) -> Result<PingResponse, GatewayError> {
         proto::validate::id("endpoint_id", &endpoint_id)?;
         let request = once(client, EndpointRef { endpoint_id })?;
-        self.webhooks.clone().ping_endpoint(request).await.map(Response::into_inner).map_err(upstream)
+        self.webhooks
+            .clone()
+            .ping_endpoint(request)
+            .await
+            .map(Response::into_inner)
+            .map_err(upstream)
     }
 
-    pub async fn event_types(&self, client: &ClientId) -> Result<ListEventTypesResponse, GatewayError> {
-        Ok(call(&self.event_types, ListEventTypesRequest {}, metadata(client)?).await?.into_inner())
+    pub async fn event_types(
+        &self,
+        client: &ClientId,
+    ) -> Result<ListEventTypesResponse, GatewayError> {
+        Ok(call(
+            &self.event_types,
+            ListEventTypesRequest {},
+            metadata(client)?,
+        )
+        .await?
+        .into_inner())
     }
 
-    pub async fn set_enabled(&self, client: &ClientId, endpoint_id: String, enabled: bool) -> Result<Endpoint, GatewayError> {
+    pub async fn set_enabled(
+        &self,
+        client: &ClientId,
+        endpoint_id: String,
+        enabled: bool,
+    ) -> Result<Endpoint, GatewayError> {
         proto::validate::id("endpoint_id", &endpoint_id)?;
         let request = once(client, EndpointRef { endpoint_id })?;
         let mut webhooks = self.webhooks.clone();
-        let answer = if enabled { webhooks.enable_endpoint(request).await } else { webhooks.disable_endpoint(request).await };
+        let answer = if enabled {
+            webhooks.enable_endpoint(request).await
+        } else {
+            webhooks.disable_endpoint(request).await
+        };
         answer.map(Response::into_inner).map_err(upstream)
     }
 
     /// Tried once, like disabling: a repeat after a lost answer finds nothing and says so.
-    pub async fn delete_endpoint(&self, client: &ClientId, endpoint_id: String) -> Result<(), GatewayError> {
+    pub async fn delete_endpoint(
+        &self,
+        client: &ClientId,
+        endpoint_id: String,
+    ) -> Result<(), GatewayError> {
         proto::validate::id("endpoint_id", &endpoint_id)?;
         let request = once(client, EndpointRef { endpoint_id })?;
-        self.webhooks.clone().delete_endpoint(request).await.map(drop).map_err(upstream)
+        self.webhooks
+            .clone()
+            .delete_endpoint(request)
+            .await
+            .map(drop)
+            .map_err(upstream)
     }
 
-    pub async fn redeliver(&self, client: &ClientId, request: RedeliverRequest) -> Result<RedeliverResponse, GatewayError> {
+    pub async fn redeliver(
+        &self,
+        client: &ClientId,
+        request: RedeliverRequest,
+    ) -> Result<RedeliverResponse, GatewayError> {
         proto::validate::redeliver(&request)?;
         let request = once(client, request)?;
-        self.webhooks.clone().redeliver(request).await.map(Response::into_inner).map_err(upstream)
+        self.webhooks
+            .clone()
+            .redeliver(request)
+            .await
+            .map(Response::into_inner)
+            .map_err(upstream)
     }
 
-    pub async fn redeliver_range(&self, client: &ClientId, request: RedeliverRangeRequest) -> Result<RedeliverResponse, GatewayError> {
+    pub async fn redeliver_range(
+        &self,
+        client: &ClientId,
+        request: RedeliverRangeRequest,
+    ) -> Result<RedeliverResponse, GatewayError> {
         proto::validate::redeliver_range(&request)?;
         let request = once(client, request)?;
-        self.webhooks.clone().redeliver_range(request).await.map(Response::into_inner).map_err(upstream)
+        self.webhooks
+            .clone()
+            .redeliver_range(request)
+            .await
+            .map(Response::into_inner)
+            .map_err(upstream)
     }
 }
 
-async fn call<M, R>(operation: &Operation<M, R>, message: M, metadata: MetadataMap) -> Result<Response<R>, GatewayError> {
-    operation.clone().oneshot(Call::new(message, metadata)).await.map_err(upstream)
+async fn call<M, R>(
+    operation: &Operation<M, R>,
+    message: M,
+    metadata: MetadataMap,
+) -> Result<Response<R>, GatewayError> {
+    operation
+        .clone()
+        .oneshot(Call::new(message, metadata))
+        .await
+        .map_err(upstream)
 }
 
 fn keyed(response: Response<EndpointWithSecret>) -> Keyed {
-    let replayed = response.metadata().get(IDEMPOTENT_REPLAYED).is_some_and(|value| value == "true");
-    Keyed { answer: response.into_inner(), replayed }
+    let replayed = response
+        .metadata()
+        .get(IDEMPOTENT_REPLAYED)
+        .is_some_and(|value| value == "true");
+    Keyed {
+        answer: response.into_inner(),
+        replayed,
+    }
 }
 
 /// A request tried once, under the client's id.

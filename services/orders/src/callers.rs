@@ -4,5 +4,7 @@
 use rpc::authorize::Policy;
 
 pub fn policy() -> Policy {
-    Policy::new().allow_for_clients("gateway", &["/orders.v1.Orders/*", "/orders.v1.Webhooks/*"]).allow_operator()
+    Policy::new()
+        .allow_for_clients("gateway", &["/orders.v1.Orders/*", "/orders.v1.Webhooks/*"])
+        .allow_operator()
 }

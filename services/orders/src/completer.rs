@@ -105,17 +105,27 @@ impl CompleterSettings {
             ));
         }
         if self.grace_ms >= self.window_ms {
-            return Err(format!("completer.grace_ms ({} ms) must be shorter than completer.window_ms ({} ms)", self.grace_ms, self.window_ms));
+            return Err(format!(
+                "completer.grace_ms ({} ms) must be shorter than completer.window_ms ({} ms)",
+                self.grace_ms, self.window_ms
+            ));
         }
         if !(1..=64).contains(&self.max_attempts) {
-            return Err(format!("completer.max_attempts ({}) must be from 1 to 64", self.max_attempts));
+            return Err(format!(
+                "completer.max_attempts ({}) must be from 1 to 64",
+                self.max_attempts
+            ));
         }
         Ok(())
     }
 
     /// Which stranded creates the completer takes, and when it parks one.
     fn policy(&self) -> ResumePolicy {
-        ResumePolicy { grace: Duration::from_millis(self.grace_ms), window: Duration::from_millis(self.window_ms), max_attempts: self.max_attempts }
+        ResumePolicy {
+            grace: Duration::from_millis(self.grace_ms),
+            window: Duration::from_millis(self.window_ms),
+            max_attempts: self.max_attempts,
+        }
     }
 }
 
@@ -146,7 +156,10 @@ impl Resumed {
 
 /// Whether a round's resumes failed and none settled: payment is likely failing still.
 fn failed_without_settling(outcomes: &[Resumed]) -> bool {
-    outcomes.contains(&Resumed::Failed) && !outcomes.iter().any(|outcome| matches!(outcome, Resumed::Paid | Resumed::Declined))
+    outcomes.contains(&Resumed::Failed)
+        && !outcomes
+            .iter()
+            .any(|outcome| matches!(outcome, Resumed::Paid | Resumed::Declined))
 }
 
 /// Names of the completer's instruments.
@@ -175,16 +188,31 @@ pub(crate) struct Completer {
 }
 
 impl Completer {
-    pub(crate) fn new(service: OrderService, settings: CompleterSettings, hop_stats: Arc<HopStats>) -> Self {
+    pub(crate) fn new(
+        service: OrderService,
+        settings: CompleterSettings,
+        hop_stats: Arc<HopStats>,
+    ) -> Self {
         let meter = telemetry::metrics::meter();
         Self {
             service,
             settings,
             hop_stats,
             runs: telemetry::metrics::counter(name::RUNS, "Rounds of the completer"),
-            resumes: telemetry::metrics::counter(name::RESUMES, "Stranded creates the completer resumed, by outcome"),
-            unsettled: meter.u64_gauge(name::UNSETTLED).with_description("Half-done creates older than the completer's window").build(),
-            parked: meter.u64_gauge(name::PARKED).with_description("Half-done creates the completer parked after repeated failed resumes").build(),
+            resumes: telemetry::metrics::counter(
+                name::RESUMES,
+                "Stranded creates the completer resumed, by outcome",
+            ),
+            unsettled: meter
+                .u64_gauge(name::UNSETTLED)
+                .with_description("Half-done creates older than the completer's window")
+                .build(),
+            parked: meter
+                .u64_gauge(name::PARKED)
+                .with_description(
+                    "Half-done creates the completer parked after repeated failed resumes",
+                )
+                .build(),
         }
     }
 
@@ -225,7 +253,8 @@ impl Completer {
             self.runs.add(1, &[]);
             let (settings, policy) = (&self.settings, self.settings.policy());
             let keys = self.service.keys.clone();
-            self.unsettled.record(keys.count_unsettled_before(policy.window).await?, &[]);
+            self.unsettled
+                .record(keys.count_unsettled_before(policy.window).await?, &[]);
             self.parked.record(keys.count_parked(&policy).await?, &[]);
             let stranded = keys.stranded(&policy, limit).await?;
             tracing::Span::current().record("found", stranded.len());
@@ -254,7 +283,11 @@ impl Completer {
     /// its slice of it and the trace shows it like a client's request.
     async fn resume(&self, stranded: StrandedKey) -> Resumed {
         let budget = Duration::from_millis(self.settings.deadline_ms);
-        let hop = Arc::new(Hop::new(HOP, Deadline::after(Instant::now(), budget), self.hop_stats.clone()));
+        let hop = Arc::new(Hop::new(
+            HOP,
+            Deadline::after(Instant::now(), budget),
+            self.hop_stats.clone(),
+        ));
         let span = tracing::info_span!(
             "completer.resume",
             client = %stranded.scope,
@@ -264,7 +297,10 @@ impl Completer {
         );
         let mut attempted = false;
         let work = Hop::scope(hop, self.settle(&stranded, budget, &mut attempted));
-        let outcome = match tokio::time::timeout(budget, work).instrument(span.clone()).await {
+        let outcome = match tokio::time::timeout(budget, work)
+            .instrument(span.clone())
+            .await
+        {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(OrdersError::Payment(status))) => {
                 tracing::info!(parent: &span, code = ?status.code(), message = status.message(), "a stranded create's payment failed again");
@@ -278,8 +314,12 @@ impl Completer {
             Err(_) => Resumed::Failed,
         };
         span.record("outcome", outcome.as_str());
-        self.resumes.add(1, &[KeyValue::new("outcome", outcome.as_str())]);
-        if outcome == Resumed::Failed && attempted && stranded.resume_attempts + 1 >= self.settings.max_attempts {
+        self.resumes
+            .add(1, &[KeyValue::new("outcome", outcome.as_str())]);
+        if outcome == Resumed::Failed
+            && attempted
+            && stranded.resume_attempts + 1 >= self.settings.max_attempts
+        {
             tracing::warn!(
                 parent: &span,
                 resumes = stranded.resume_attempts + 1,
@@ -291,17 +331,35 @@ impl Completer {
 
     /// Takes the create's key over (`attempted` says it did: the resume is then counted against
     /// the key) and settles it through payment.
-    async fn settle(&self, stranded: &StrandedKey, lease: Duration, attempted: &mut bool) -> Result<Resumed, OrdersError> {
+    async fn settle(
+        &self,
+        stranded: &StrandedKey,
+        lease: Duration,
+        attempted: &mut bool,
+    ) -> Result<Resumed, OrdersError> {
         let service = &self.service;
-        let Some(mut lease) = service.keys.resume(stranded, lease).await? else { return Ok(Resumed::Taken) };
+        let Some(mut lease) = service.keys.resume(stranded, lease).await? else {
+            return Ok(Resumed::Taken);
+        };
         *attempted = true;
-        let order_id = lease
-            .resource_id
-            .clone()
-            .ok_or_else(|| OrdersError::Corrupt(stranded.key.clone(), format!("its key is at {} but names no order", stranded.recovery_point)))?;
+        let order_id = lease.resource_id.clone().ok_or_else(|| {
+            OrdersError::Corrupt(
+                stranded.key.clone(),
+                format!(
+                    "its key is at {} but names no order",
+                    stranded.recovery_point
+                ),
+            )
+        })?;
         let order = service.orders.load(&order_id).await?;
-        let order = service.pay(&stranded.scope, &stranded.key, &mut lease, order).await?;
-        Ok(if order.status() == OrderStatus::Paid { Resumed::Paid } else { Resumed::Declined })
+        let order = service
+            .pay(&stranded.scope, &stranded.key, &mut lease, order)
+            .await?;
+        Ok(if order.status() == OrderStatus::Paid {
+            Resumed::Paid
+        } else {
+            Resumed::Declined
+        })
     }
 }
 
@@ -311,9 +369,21 @@ mod tests {
 
     #[test]
     fn max_attempts_outside_one_to_sixty_four_is_refused() {
-        let with = |max_attempts| CompleterSettings { max_attempts, ..CompleterSettings::default() }.check();
-        assert!(with(0).unwrap_err().contains("completer.max_attempts"), "a create never resumed at all");
-        assert!(with(65).unwrap_err().contains("completer.max_attempts"), "a wait halved 65 times: a shift out of range");
+        let with = |max_attempts| {
+            CompleterSettings {
+                max_attempts,
+                ..CompleterSettings::default()
+            }
+            .check()
+        };
+        assert!(
+            with(0).unwrap_err().contains("completer.max_attempts"),
+            "a create never resumed at all"
+        );
+        assert!(
+            with(65).unwrap_err().contains("completer.max_attempts"),
+            "a wait halved 65 times: a shift out of range"
+        );
         assert_eq!((with(1), with(64)), (Ok(()), Ok(())));
     }
 }

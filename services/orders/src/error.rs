@@ -28,7 +28,10 @@ pub enum OrdersError {
     /// A create whose order exists failed before its outcome was known: the order is left for
     /// a repeat with the same key, or the completer, to settle.
     #[error("{cause}")]
-    Pending { order_id: String, cause: Box<OrdersError> },
+    Pending {
+        order_id: String,
+        cause: Box<OrdersError>,
+    },
     #[error("order storage: {0}")]
     Storage(#[from] storage::Error),
     #[error("stored answer is unreadable: {0}")]
@@ -44,7 +47,10 @@ impl OrdersError {
     pub fn pending(self, order_id: String) -> Self {
         match self {
             pending @ OrdersError::Pending { .. } => pending,
-            cause => OrdersError::Pending { order_id, cause: Box::new(cause) },
+            cause => OrdersError::Pending {
+                order_id,
+                cause: Box::new(cause),
+            },
         }
     }
 }
@@ -64,16 +70,28 @@ impl From<OrdersError> for Status {
         let message = format!("{}: {error}", crate::HOP);
         match error {
             OrdersError::MissingMetadata(_) => Status::invalid_argument(message),
-            OrdersError::InvalidRequest(ref reason) | OrdersError::Webhooks(OutboxError::Invalid(ref reason)) => invalid_field(reason, message),
+            OrdersError::InvalidRequest(ref reason)
+            | OrdersError::Webhooks(OutboxError::Invalid(ref reason)) => {
+                invalid_field(reason, message)
+            }
             OrdersError::KeyReused => Status::failed_precondition(message),
             OrdersError::InFlight => Status::aborted(message),
             OrdersError::NotFound(_) => Status::not_found(message),
             OrdersError::Payment(status) => rpc::relay(&status),
-            OrdersError::Refused(status) => FailedCreate::Refused.on(rpc::relay(&status), crate::HOP),
-            OrdersError::Pending { order_id, cause } => FailedCreate::Pending { order_id }.on(Status::from(*cause), crate::HOP),
-            OrdersError::Webhooks(OutboxError::EndpointNotFound(_) | OutboxError::DeliveryNotFound { .. }) => Status::not_found(message),
+            OrdersError::Refused(status) => {
+                FailedCreate::Refused.on(rpc::relay(&status), crate::HOP)
+            }
+            OrdersError::Pending { order_id, cause } => {
+                FailedCreate::Pending { order_id }.on(Status::from(*cause), crate::HOP)
+            }
+            OrdersError::Webhooks(
+                OutboxError::EndpointNotFound(_) | OutboxError::DeliveryNotFound { .. },
+            ) => Status::not_found(message),
             OrdersError::Webhooks(OutboxError::Busy(_)) => Status::aborted(message),
-            OrdersError::Storage(ref storage) | OrdersError::Webhooks(OutboxError::Storage(ref storage)) if storage.is_unreachable() => {
+            OrdersError::Storage(ref storage)
+            | OrdersError::Webhooks(OutboxError::Storage(ref storage))
+                if storage.is_unreachable() =>
+            {
                 tracing::error!(%message, "database unreachable");
                 Status::unavailable(format!("{}: database unreachable", crate::HOP))
             }
@@ -94,5 +112,9 @@ impl From<OrdersError> for Status {
 /// (`url: …`, `limit: …`), as `proto::validate::FieldError` and the outbox's checks write them.
 fn invalid_field(reason: &str, message: String) -> Status {
     let field = reason.split_once(": ").map_or("", |(field, _)| field);
-    Status::with_error_details(Code::InvalidArgument, message, ErrorDetails::with_bad_request_violation(field, reason))
+    Status::with_error_details(
+        Code::InvalidArgument,
+        message,
+        ErrorDetails::with_bad_request_violation(field, reason),
+    )
 }

@@ -42,7 +42,10 @@ use wire::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub const HOP: &str = "orders";
 
 /// This service in telemetry: the `service.name` and `service.version` of its spans.
-pub const SERVICE: telemetry::Service = telemetry::Service { name: HOP, version: env!("CARGO_PKG_VERSION") };
+pub const SERVICE: telemetry::Service = telemetry::Service {
+    name: HOP,
+    version: env!("CARGO_PKG_VERSION"),
+};
 
 /// The recovery point after the order row exists.
 const ORDER_CREATED: &str = "order_created";
@@ -62,7 +65,10 @@ impl Application {
 
     /// As [`Application::build`], with `outbound` between this service's calls and its
     /// channels to payment (see [`rpc::Outbound`]).
-    pub async fn build_with(settings: Settings, outbound: rpc::Outbound) -> Result<Self, ServerError> {
+    pub async fn build_with(
+        settings: Settings,
+        outbound: rpc::Outbound,
+    ) -> Result<Self, ServerError> {
         settings.check().map_err(ServerError::Settings)?;
         // The keys and the webhook tables live beside the orders: a phase's key moves with its
         // order, and an event is written with its order's outcome.
@@ -71,18 +77,27 @@ impl Application {
                 storage::Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
                 storage::Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
             };
-            vec![idempotency::migrations(backend), (HOP, orders), outbox::migrations(backend)]
+            vec![
+                idempotency::migrations(backend),
+                (HOP, orders),
+                outbox::migrations(backend),
+            ]
         })
         .await
         // The URL is not repeated: it may carry a password.
         .map_err(|error| ServerError::Settings(format!("database: {error}")))?;
-        let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?.watched();
-        let payment =
-            rpc::connect(HOP, "payment", &settings.payment, &tls, &outbound).map_err(|error| ServerError::Settings(format!("payment: {error}")))?;
+        let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls)
+            .map_err(|error| ServerError::Settings(error.to_string()))?
+            .watched();
+        let payment = rpc::connect(HOP, "payment", &settings.payment, &tls, &outbound)
+            .map_err(|error| ServerError::Settings(format!("payment: {error}")))?;
         let payment_breaker = payment.guards.breaker.clone();
         let guards = Guards::new(HOP).dependency(payment.guards);
         if settings.webhooks.secret_keys.is_empty() {
-            return Err(ServerError::Settings(format!("webhooks.secret_keys: {}", outbox::SecretKeys::REQUIRED)));
+            return Err(ServerError::Settings(format!(
+                "webhooks.secret_keys: {}",
+                outbox::SecretKeys::REQUIRED
+            )));
         }
         outbox::seal_plaintext_secrets(&database, &settings.webhooks.secret_keys)
             .await
@@ -96,14 +111,32 @@ impl Application {
             payment_circuit: Arc::default(),
             default_lease,
         };
-        let webhooks = webhooks::WebhookService::new(keys.clone(), &settings.webhooks, default_lease).map_err(ServerError::Settings)?;
-        let services = rpc::Services::new(OrdersServer::new(service.clone())).add_service(WebhooksServer::new(webhooks));
-        let grpc = GrpcServer::bind_all(HOP, rpc::Role::Inner { tls, callers: callers::policy() }, settings.listen, settings.deadline, services)
-            .await?
-            .connection_limits(settings.connections);
+        let webhooks =
+            webhooks::WebhookService::new(keys.clone(), &settings.webhooks, default_lease)
+                .map_err(ServerError::Settings)?;
+        let services = rpc::Services::new(OrdersServer::new(service.clone()))
+            .add_service(WebhooksServer::new(webhooks));
+        let grpc = GrpcServer::bind_all(
+            HOP,
+            rpc::Role::Inner {
+                tls,
+                callers: callers::policy(),
+            },
+            settings.listen,
+            settings.deadline,
+            services,
+        )
+        .await?
+        .connection_limits(settings.connections);
         let completer = completer::Completer::new(service, settings.completer, grpc.stats());
         let ops = OpsServer::bind(&settings.ops, guards.face("grpc", grpc.stats())).await?;
-        Ok(Self { grpc, ops, keys, completer, payment_breaker })
+        Ok(Self {
+            grpc,
+            ops,
+            keys,
+            completer,
+            payment_breaker,
+        })
     }
 
     /// The breaker in front of payment.
@@ -129,7 +162,10 @@ impl Application {
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), ServerError> {
         let reaper = idempotency::spawn_reaper(self.keys, shutdown.clone());
         let completer = self.completer.spawn(shutdown.clone());
-        let served = self.ops.serve_while(shutdown, |drain| self.grpc.serve(drain)).await;
+        let served = self
+            .ops
+            .serve_while(shutdown, |drain| self.grpc.serve(drain))
+            .await;
         let _ = tokio::join!(reaper, completer);
         served
     }
@@ -147,7 +183,11 @@ struct OrderService {
 }
 
 fn required<'a>(metadata: &'a MetadataMap, name: &'static str) -> Result<&'a str, OrdersError> {
-    metadata.get(name).and_then(|value| value.to_str().ok()).filter(|value| !value.is_empty()).ok_or(OrdersError::MissingMetadata(name))
+    metadata
+        .get(name)
+        .and_then(|value| value.to_str().ok())
+        .filter(|value| !value.is_empty())
+        .ok_or(OrdersError::MissingMetadata(name))
 }
 
 /// An answer and whether it was replayed from the key's stored one.
@@ -157,9 +197,16 @@ struct Answer {
 }
 
 impl OrderService {
-    async fn create(&self, client_id: &str, key: &str, request: CreateOrderRequest) -> Result<Answer, OrdersError> {
-        proto::validate::create_order(&request).map_err(|error| OrdersError::InvalidRequest(error.to_string()))?;
-        proto::validate::idempotency_key(key).map_err(|error| OrdersError::InvalidRequest(error.to_string()))?;
+    async fn create(
+        &self,
+        client_id: &str,
+        key: &str,
+        request: CreateOrderRequest,
+    ) -> Result<Answer, OrdersError> {
+        proto::validate::create_order(&request)
+            .map_err(|error| OrdersError::InvalidRequest(error.to_string()))?;
+        proto::validate::idempotency_key(key)
+            .map_err(|error| OrdersError::InvalidRequest(error.to_string()))?;
         let fingerprint = idempotency::fingerprint(&request.encode_to_vec());
         // The key is ours until our deadline: after it nobody works on it and a retry may take over.
         let lease = Hop::current().map_or(self.default_lease, |hop| hop.deadline().remaining());
@@ -168,28 +215,56 @@ impl OrderService {
         // left pending is named).
         if let Some(refusal) = self.payment_circuit.refusal() {
             return match self.keys.lookup(client_id, key, &fingerprint).await? {
-                Lookup::Completed(stored) => Ok(Answer { order: replay(&stored)?, replayed: true }),
+                Lookup::Completed(stored) => Ok(Answer {
+                    order: replay(&stored)?,
+                    replayed: true,
+                }),
                 Lookup::InFlight => Err(OrdersError::InFlight),
-                Lookup::Unsettled { resource_id: Some(order_id), .. } => Err(OrdersError::Payment(refusal).pending(order_id)),
-                Lookup::Unsettled { resource_id: None, .. } | Lookup::Unused => Err(OrdersError::Refused(refusal)),
+                Lookup::Unsettled {
+                    resource_id: Some(order_id),
+                    ..
+                } => Err(OrdersError::Payment(refusal).pending(order_id)),
+                Lookup::Unsettled {
+                    resource_id: None, ..
+                }
+                | Lookup::Unused => Err(OrdersError::Refused(refusal)),
             };
         }
         // Phase 1, committed with a new key's claim: the order row, with the recovery point that
         // says it exists.
         let order = new_order(&request);
-        let claimed =
-            self.keys.begin_with_first_phase(client_id, key, &fingerprint, lease, || (store::insert(client_id, &order), created(&order))).await?;
+        let claimed = self
+            .keys
+            .begin_with_first_phase(client_id, key, &fingerprint, lease, || {
+                (store::insert(client_id, &order), created(&order))
+            })
+            .await?;
         let (mut lease, order, created_now) = match claimed {
             BeginWith::Executed(lease) => (lease, order, true),
-            BeginWith::Found(Begin::Replay(stored)) => return Ok(Answer { order: replay(&stored)?, replayed: true }),
+            BeginWith::Found(Begin::Replay(stored)) => {
+                return Ok(Answer {
+                    order: replay(&stored)?,
+                    replayed: true,
+                });
+            }
             // A lease taken over: phase 1 again unless it committed before.
             BeginWith::Found(Begin::Execute(mut lease)) => match lease.resource_id.clone() {
                 Some(order_id) => {
-                    let order = self.orders.load(&order_id).await.map_err(|error| error.pending(order_id))?;
+                    let order = self
+                        .orders
+                        .load(&order_id)
+                        .await
+                        .map_err(|error| error.pending(order_id))?;
                     (lease, order, false)
                 }
                 None => {
-                    self.keys.atomic_statements(&mut lease, store::insert(client_id, &order), created(&order)).await?;
+                    self.keys
+                        .atomic_statements(
+                            &mut lease,
+                            store::insert(client_id, &order),
+                            created(&order),
+                        )
+                        .await?;
                     (lease, order, true)
                 }
             },
@@ -202,7 +277,13 @@ impl OrderService {
             // order and its key go, so that nobody resumes it and charges later.
             Err(status) if created_now && rpc::not_executed(&status) => {
                 let unpaid = order_id.clone();
-                return match self.keys.withdraw(lease, async move |tx| store::delete_unpaid(tx, &unpaid).await).await {
+                return match self
+                    .keys
+                    .withdraw(lease, async move |tx| {
+                        store::delete_unpaid(tx, &unpaid).await
+                    })
+                    .await
+                {
                     Ok(()) => Err(OrdersError::Refused(status)),
                     Err(error) => Err(error.pending(order_id)),
                 };
@@ -211,12 +292,21 @@ impl OrderService {
         };
         // Once the order exists, a failure leaves it for a repeat or the completer to settle.
         let order = paid.map_err(|error| error.pending(order_id))?;
-        Ok(Answer { order, replayed: false })
+        Ok(Answer {
+            order,
+            replayed: false,
+        })
     }
 
     /// Phases 2 and 3 of a create resumed by the completer, so that it ends exactly as the
     /// client's retry would have.
-    async fn pay(&self, client_id: &str, key: &str, lease: &mut Lease, order: Order) -> Result<Order, OrdersError> {
+    async fn pay(
+        &self,
+        client_id: &str,
+        key: &str,
+        lease: &mut Lease,
+        order: Order,
+    ) -> Result<Order, OrdersError> {
         match self.charge(client_id, key, &order).await {
             Ok(payment) => self.record(client_id, lease, order, payment).await,
             Err(status) => self.give_up(lease, status).await,
@@ -241,8 +331,12 @@ impl OrderService {
         });
         // Derived from the order too: a key reused after it expired makes a new order, which must
         // be a new payment rather than a repeat of the old one.
-        let payment_key = rpc::derive_key("payment", client_id, &format!("{key}/{}", order.order_id));
-        pay.metadata_mut().insert(IDEMPOTENCY_KEY, payment_key.parse().expect("hex is valid metadata"));
+        let payment_key =
+            rpc::derive_key("payment", client_id, &format!("{key}/{}", order.order_id));
+        pay.metadata_mut().insert(
+            IDEMPOTENCY_KEY,
+            payment_key.parse().expect("hex is valid metadata"),
+        );
         let answer = self.payment.clone().pay(pay).await;
         self.payment_circuit.heard(&answer);
         answer.map(Response::into_inner)
@@ -251,10 +345,21 @@ impl OrderService {
     /// Phase 3 of a create: the outcome, with the answer every repeat will get and the event
     /// that tells the client's webhook endpoints, all or nothing (on PostgreSQL one statement):
     /// no event without the outcome, no outcome without its event.
-    async fn record(&self, client_id: &str, lease: &mut Lease, order: Order, payment: Payment) -> Result<Order, OrdersError> {
+    async fn record(
+        &self,
+        client_id: &str,
+        lease: &mut Lease,
+        order: Order,
+        payment: Payment,
+    ) -> Result<Order, OrdersError> {
         let (recorded, effects) = store::record_payment(client_id, order, &payment)?;
-        let answer = Stored { code: Code::Ok as i32, body: recorded.encode_to_vec() };
-        self.keys.atomic_statements(lease, effects, Progress::Completed(answer)).await?;
+        let answer = Stored {
+            code: Code::Ok as i32,
+            body: recorded.encode_to_vec(),
+        };
+        self.keys
+            .atomic_statements(lease, effects, Progress::Completed(answer))
+            .await?;
         Ok(recorded)
     }
 }
@@ -275,7 +380,10 @@ fn new_order(request: &CreateOrderRequest) -> Order {
 
 /// Where phase 1 of a create leaves its key: at the recovery point that says the order exists.
 fn created(order: &Order) -> Progress {
-    Progress::At { point: ORDER_CREATED, resource_id: Some(order.order_id.clone()) }
+    Progress::At {
+        point: ORDER_CREATED,
+        resource_id: Some(order.order_id.clone()),
+    }
 }
 
 /// The stored answer of a completed create.
@@ -285,27 +393,45 @@ fn replay(stored: &Stored) -> Result<Order, OrdersError> {
 
 #[tonic::async_trait]
 impl Orders for OrderService {
-    async fn create_order(&self, request: Request<CreateOrderRequest>) -> Result<Response<Order>, Status> {
+    async fn create_order(
+        &self,
+        request: Request<CreateOrderRequest>,
+    ) -> Result<Response<Order>, Status> {
         let client_id = required(request.metadata(), CLIENT_ID)?.to_owned();
         let key = required(request.metadata(), IDEMPOTENCY_KEY)?.to_owned();
         let answer = self.create(&client_id, &key, request.into_inner()).await?;
         let mut response = Response::new(answer.order);
         if answer.replayed {
-            response.metadata_mut().insert(IDEMPOTENT_REPLAYED, "true".parse().expect("ascii"));
+            response
+                .metadata_mut()
+                .insert(IDEMPOTENT_REPLAYED, "true".parse().expect("ascii"));
         }
         Ok(response)
     }
 
-    async fn get_order(&self, request: Request<GetOrderRequest>) -> Result<Response<Order>, Status> {
+    async fn get_order(
+        &self,
+        request: Request<GetOrderRequest>,
+    ) -> Result<Response<Order>, Status> {
         let client_id = required(request.metadata(), CLIENT_ID)?.to_owned();
-        Ok(Response::new(self.orders.get(&client_id, &request.get_ref().order_id).await?))
+        Ok(Response::new(
+            self.orders
+                .get(&client_id, &request.get_ref().order_id)
+                .await?,
+        ))
     }
 
-    async fn recommend(&self, request: Request<RecommendRequest>) -> Result<Response<Recommendations>, Status> {
+    async fn recommend(
+        &self,
+        request: Request<RecommendRequest>,
+    ) -> Result<Response<Recommendations>, Status> {
         let client_id = required(request.metadata(), CLIENT_ID)?.to_owned();
         let request = request.into_inner();
         let limit = request.limit.clamp(1, 20) as usize;
-        let skus = self.orders.recommend(&client_id, &request.order_id, limit).await?;
+        let skus = self
+            .orders
+            .recommend(&client_id, &request.order_id, limit)
+            .await?;
         Ok(Response::new(Recommendations { skus }))
     }
 }

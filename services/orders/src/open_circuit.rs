@@ -36,7 +36,9 @@ impl OpenCircuit {
     pub fn refusal(&self) -> Option<Status> {
         let refusing = self.refusing.lock().unwrap_or_else(PoisonError::into_inner);
         let (open, until) = refusing.as_ref()?;
-        let retry_in = until.checked_duration_since(Instant::now()).filter(|left| !left.is_zero())?;
+        let retry_in = until
+            .checked_duration_since(Instant::now())
+            .filter(|left| !left.is_zero())?;
         tracing::debug!(
             peer = "payment",
             breaker.state = "open",
@@ -44,7 +46,10 @@ impl OpenCircuit {
             breaker.retry_in_ms = retry_in.as_millis() as i64,
             "refused before writing: payment's circuit is open"
         );
-        Some(Status::from(CircuitOpen { dependency: open.dependency.clone(), retry_in }))
+        Some(Status::from(CircuitOpen {
+            dependency: open.dependency.clone(),
+            retry_in,
+        }))
     }
 }
 
@@ -55,11 +60,21 @@ mod tests {
     use super::*;
 
     fn open_for(ms: u64) -> Result<(), Status> {
-        Err(Status::from(CircuitOpen { dependency: "bank-mock".into(), retry_in: Duration::from_millis(ms) }))
+        Err(Status::from(CircuitOpen {
+            dependency: "bank-mock".into(),
+            retry_in: Duration::from_millis(ms),
+        }))
     }
 
     fn pushback_ms(status: &Status) -> u64 {
-        status.metadata().get(wire::RETRY_PUSHBACK_MS).unwrap().to_str().unwrap().parse().unwrap()
+        status
+            .metadata()
+            .get(wire::RETRY_PUSHBACK_MS)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
     }
 
     #[tokio::test(start_paused = true)]
@@ -69,11 +84,25 @@ mod tests {
         circuit.heard(&open_for(2_000));
         tokio::time::advance(Duration::from_millis(500)).await;
         let refusal = circuit.refusal().expect("within the wait");
-        assert_eq!((refusal.code(), pushback_ms(&refusal)), (tonic::Code::Unavailable, 1_500), "the wait that is left");
-        assert_eq!(refusal.metadata().get(wire::CIRCUIT_OPEN).unwrap(), "bank-mock");
-        assert!(refusal.message().starts_with("bank-mock: circuit open"), "{}", refusal.message());
+        assert_eq!(
+            (refusal.code(), pushback_ms(&refusal)),
+            (tonic::Code::Unavailable, 1_500),
+            "the wait that is left"
+        );
+        assert_eq!(
+            refusal.metadata().get(wire::CIRCUIT_OPEN).unwrap(),
+            "bank-mock"
+        );
+        assert!(
+            refusal.message().starts_with("bank-mock: circuit open"),
+            "{}",
+            refusal.message()
+        );
         tokio::time::advance(Duration::from_millis(1_500)).await;
-        assert!(circuit.refusal().is_none(), "the breaker may probe now: payment decides");
+        assert!(
+            circuit.refusal().is_none(),
+            "the breaker may probe now: payment decides"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -82,9 +111,15 @@ mod tests {
         circuit.heard(&open_for(60_000));
         for other in [Err(Status::unavailable("bank-mock: down")), open_for(0)] {
             circuit.heard(&other);
-            assert!(circuit.refusal().is_some(), "still refusing after {other:?}");
+            assert!(
+                circuit.refusal().is_some(),
+                "still refusing after {other:?}"
+            );
         }
         circuit.heard(&Ok(()));
-        assert!(circuit.refusal().is_none(), "payment called the bank and it answered");
+        assert!(
+            circuit.refusal().is_none(),
+            "payment called the bank and it answered"
+        );
     }
 }

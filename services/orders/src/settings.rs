@@ -93,10 +93,18 @@ impl Default for Settings {
             payment: Dependency {
                 endpoint: "http://127.0.0.1:50053".into(),
                 service: "payment".into(),
-                deadline: ForwardPolicy { reserve_ms: 200, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 },
+                deadline: ForwardPolicy {
+                    reserve_ms: 200,
+                    reserve_max_share: 0.2,
+                    cap_ms: None,
+                    min_forward_ms: 50,
+                },
                 // Slowness below is the bank's own, judged by payment's breaker; answers slowed
                 // by it must not open this one (which reads share), so only failures count here.
-                breaker: BreakerSettings { slow_call_ms: 60_000, ..BreakerSettings::default() },
+                breaker: BreakerSettings {
+                    slow_call_ms: 60_000,
+                    ..BreakerSettings::default()
+                },
                 ..Dependency::default()
             },
             webhooks: WebhookSettings::default(),
@@ -113,7 +121,8 @@ impl Settings {
     /// late can still be replayed to the client who repeats it.
     pub fn check(&self) -> Result<(), String> {
         self.completer.check()?;
-        let longest = std::time::Duration::from_millis(self.deadline.max_ms + self.completer.window_ms);
+        let longest =
+            std::time::Duration::from_millis(self.deadline.max_ms + self.completer.window_ms);
         self.idempotency
             .require_ttl(longest, "a key must outlive the longest request (deadline.max_ms) plus the completer's window (completer.window_ms)")
             .map_err(|error| error.to_string())
@@ -126,8 +135,14 @@ mod tests {
 
     #[test]
     fn webhook_test_hosts_are_a_list_and_empty_by_default() {
-        assert!(Settings::default().webhooks.test_hosts.is_empty(), "production refuses plain http and private addresses");
-        let args = settings::SettingsArgs { config: None, overrides: vec![r#"webhooks.test_hosts=["127.0.0.1:9000", "[::1]:9001"]"#.into()] };
+        assert!(
+            Settings::default().webhooks.test_hosts.is_empty(),
+            "production refuses plain http and private addresses"
+        );
+        let args = settings::SettingsArgs {
+            config: None,
+            overrides: vec![r#"webhooks.test_hosts=["127.0.0.1:9000", "[::1]:9001"]"#.into()],
+        };
         let loaded: Settings = settings::load("ORDERS_TEST", &args).unwrap();
         assert_eq!(loaded.webhooks.test_hosts, ["127.0.0.1:9000", "[::1]:9001"]);
         assert_eq!(loaded.webhooks.rotation_overlap_ms, 86_400_000);
@@ -135,14 +150,26 @@ mod tests {
 
     #[test]
     fn sqlite_settings_are_read_and_a_batch_of_none_is_refused() {
-        let args = |overrides: &[&str]| settings::SettingsArgs { config: None, overrides: overrides.iter().map(|o| o.to_string()).collect() };
-        let loaded: Settings = settings::load("ORDERS_TEST", &args(&["sqlite.synchronous=\"full\"", "sqlite.max_batch=8"])).unwrap();
+        let args = |overrides: &[&str]| settings::SettingsArgs {
+            config: None,
+            overrides: overrides.iter().map(|o| o.to_string()).collect(),
+        };
+        let loaded: Settings = settings::load(
+            "ORDERS_TEST",
+            &args(&["sqlite.synchronous=\"full\"", "sqlite.max_batch=8"]),
+        )
+        .unwrap();
         assert_eq!(loaded.sqlite.synchronous, storage::Synchronous::Full);
         assert_eq!(loaded.sqlite.max_batch.get(), 8);
-        assert_eq!(loaded.sqlite.batch_wait_us, 0, "unset keys keep their defaults");
-        let zero = settings::load::<Settings>("ORDERS_TEST", &args(&["sqlite.max_batch=0"])).unwrap_err();
+        assert_eq!(
+            loaded.sqlite.batch_wait_us, 0,
+            "unset keys keep their defaults"
+        );
+        let zero =
+            settings::load::<Settings>("ORDERS_TEST", &args(&["sqlite.max_batch=0"])).unwrap_err();
         assert!(zero.to_string().contains("max_batch"), "{zero}");
-        let unknown = settings::load::<Settings>("ORDERS_TEST", &args(&["sqlite.batch=8"])).unwrap_err();
+        let unknown =
+            settings::load::<Settings>("ORDERS_TEST", &args(&["sqlite.batch=8"])).unwrap_err();
         assert!(unknown.to_string().contains("batch"), "{unknown}");
     }
 
@@ -151,10 +178,19 @@ mod tests {
         assert_eq!(Settings::default().check(), Ok(()));
         let mut settings = Settings::default();
         settings.completer.window_ms = settings.completer.payment_key_ttl_ms;
-        assert!(settings.check().unwrap_err().contains("completer.window_ms"), "a window payment's keys do not cover");
+        assert!(
+            settings
+                .check()
+                .unwrap_err()
+                .contains("completer.window_ms"),
+            "a window payment's keys do not cover"
+        );
         let mut settings = Settings::default();
         settings.idempotency.ttl_ms = settings.completer.window_ms + settings.deadline.max_ms - 1;
-        assert!(settings.check().unwrap_err().contains("idempotency.ttl_ms"), "a key that expires within the completer's window");
+        assert!(
+            settings.check().unwrap_err().contains("idempotency.ttl_ms"),
+            "a key that expires within the completer's window"
+        );
         settings.idempotency.ttl_ms += 1;
         assert_eq!(settings.check(), Ok(()));
         let mut settings = Settings::default();

@@ -53,11 +53,22 @@ macro_rules! order_columns {
 }
 
 /// One order by its id.
-const SELECT_ONE: &str = concat!("SELECT ", order_columns!(), " FROM orders WHERE order_id = $1");
+const SELECT_ONE: &str = concat!(
+    "SELECT ",
+    order_columns!(),
+    " FROM orders WHERE order_id = $1"
+);
 
 /// A new order awaiting payment: the effect of the key's first phase (see [`Effects`]).
 pub fn insert(client_id: &str, order: &Order) -> Effects {
-    let items: Vec<ItemJson> = order.items.iter().map(|i| ItemJson { sku: i.sku.clone(), quantity: i.quantity }).collect();
+    let items: Vec<ItemJson> = order
+        .items
+        .iter()
+        .map(|i| ItemJson {
+            sku: i.sku.clone(),
+            quantity: i.quantity,
+        })
+        .collect();
     Effects::default().then(Statement::new(
         "INSERT INTO orders (order_id, client_id, customer_id, items, amount_minor, currency, status, created_at) \
          SELECT $1, $2, $3, $4, $5, $6, $7, $8 FROM moved",
@@ -77,7 +88,11 @@ pub fn insert(client_id: &str, order: &Order) -> Effects {
 /// Deletes an order still awaiting payment, whose create was refused before payment could
 /// charge anything (an effect of withdrawing its key): nothing is left for anyone to resume.
 pub async fn delete_unpaid(tx: &mut Tx<'_>, order_id: &str) -> Result<(), OrdersError> {
-    tx.execute("DELETE FROM orders WHERE order_id = $1 AND status = $2", &[&order_id, &PENDING]).await?;
+    tx.execute(
+        "DELETE FROM orders WHERE order_id = $1 AND status = $2",
+        &[&order_id, &PENDING],
+    )
+    .await?;
     Ok(())
 }
 
@@ -95,11 +110,26 @@ struct OrderEventData {
 /// record it (see [`Effects`]): the order updated, and the event that tells the client's webhook
 /// endpoints put in the outbox. The order is pending when they run: only the holder of its key's
 /// lease records an outcome, in the phase that completes the key.
-pub fn record_payment(client_id: &str, mut order: Order, payment: &Payment) -> Result<(Order, Effects), OrdersError> {
+pub fn record_payment(
+    client_id: &str,
+    mut order: Order,
+    payment: &Payment,
+) -> Result<(Order, Effects), OrdersError> {
     let paid = payment.status() == PaymentStatus::Approved;
-    order.status = if paid { OrderStatus::Paid } else { OrderStatus::PaymentDeclined } as i32;
+    order.status = if paid {
+        OrderStatus::Paid
+    } else {
+        OrderStatus::PaymentDeclined
+    } as i32;
     // As a read of the row gives it back (`into_order`).
-    order.payment = Some(Payment { status: if paid { PaymentStatus::Approved } else { PaymentStatus::Declined } as i32, ..payment.clone() });
+    order.payment = Some(Payment {
+        status: if paid {
+            PaymentStatus::Approved
+        } else {
+            PaymentStatus::Declined
+        } as i32,
+        ..payment.clone()
+    });
     let update = Statement::new(
         "UPDATE orders SET status = $1, payment_id = $2, bank_charge_id = $3, decline_reason = $4, version = $5 \
          WHERE order_id = $6 AND status = $7 AND EXISTS (SELECT 1 FROM moved)",
@@ -113,11 +143,25 @@ pub fn record_payment(client_id: &str, mut order: Order, payment: &Payment) -> R
             &PENDING,
         ],
     );
-    let event_type = if paid { outbox::ORDER_PAID } else { outbox::ORDER_PAYMENT_DECLINED };
-    let data = OrderEventData { order: OrderJson::from(order.clone()) };
-    let event = NewEvent { event_type, version: RECORDED_VERSION, data: &data };
-    let [event, deliveries] = outbox::record_statements(client_id, &event, SystemClock.now_ms(), Effects::WHEN_MOVED)?;
-    Ok((order, Effects::default().then(update).then(event).then(deliveries)))
+    let event_type = if paid {
+        outbox::ORDER_PAID
+    } else {
+        outbox::ORDER_PAYMENT_DECLINED
+    };
+    let data = OrderEventData {
+        order: OrderJson::from(order.clone()),
+    };
+    let event = NewEvent {
+        event_type,
+        version: RECORDED_VERSION,
+        data: &data,
+    };
+    let [event, deliveries] =
+        outbox::record_statements(client_id, &event, SystemClock.now_ms(), Effects::WHEN_MOVED)?;
+    Ok((
+        order,
+        Effects::default().then(update).then(event).then(deliveries),
+    ))
 }
 
 impl Orders {
@@ -129,15 +173,30 @@ impl Orders {
     pub async fn load(&self, order_id: &str) -> Result<Order, OrdersError> {
         // A plain read: the order committed with the phase that put its id on the key, before
         // the takeover that read the id back, so every read from now on sees it.
-        let row: Option<OrderRow> = self.database.fetch_optional(SELECT_ONE, &[&order_id]).await?;
-        let row = row.ok_or_else(|| OrdersError::Corrupt(order_id.to_owned(), "its idempotency key names it but it is missing".into()))?;
+        let row: Option<OrderRow> = self
+            .database
+            .fetch_optional(SELECT_ONE, &[&order_id])
+            .await?;
+        let row = row.ok_or_else(|| {
+            OrdersError::Corrupt(
+                order_id.to_owned(),
+                "its idempotency key names it but it is missing".into(),
+            )
+        })?;
         row.into_order()
     }
 
     pub async fn get(&self, client_id: &str, order_id: &str) -> Result<Order, OrdersError> {
         let row: OrderRow = self
             .database
-            .fetch_optional(concat!("SELECT ", order_columns!(), " FROM orders WHERE order_id = $1 AND client_id = $2"), &[&order_id, &client_id])
+            .fetch_optional(
+                concat!(
+                    "SELECT ",
+                    order_columns!(),
+                    " FROM orders WHERE order_id = $1 AND client_id = $2"
+                ),
+                &[&order_id, &client_id],
+            )
             .await?
             .ok_or_else(|| OrdersError::NotFound(order_id.to_owned()))?;
         row.into_order()
@@ -147,7 +206,12 @@ impl Orders {
 impl Orders {
     /// The SKUs the order's customer (of the same client) bought most often in other orders,
     /// most frequent first.
-    pub async fn recommend(&self, client_id: &str, order_id: &str, limit: usize) -> Result<Vec<String>, OrdersError> {
+    pub async fn recommend(
+        &self,
+        client_id: &str,
+        order_id: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, OrdersError> {
         let order = self.get(client_id, order_id).await?;
         let rows: Vec<String> = self
             .database
@@ -158,7 +222,8 @@ impl Orders {
             .await?;
         let mut counts: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
         for items in rows {
-            let items: Vec<ItemJson> = serde_json::from_str(&items).map_err(|e| OrdersError::Corrupt(order_id.to_owned(), e.to_string()))?;
+            let items: Vec<ItemJson> = serde_json::from_str(&items)
+                .map_err(|e| OrdersError::Corrupt(order_id.to_owned(), e.to_string()))?;
             for item in items {
                 *counts.entry(item.sku).or_default() += u64::from(item.quantity);
             }
@@ -175,7 +240,8 @@ impl Orders {
 impl OrderRow {
     fn into_order(self) -> Result<Order, OrdersError> {
         let corrupt = |what: String| OrdersError::Corrupt(self.order_id.clone(), what);
-        let items: Vec<ItemJson> = serde_json::from_str(&self.items).map_err(|e| corrupt(e.to_string()))?;
+        let items: Vec<ItemJson> =
+            serde_json::from_str(&self.items).map_err(|e| corrupt(e.to_string()))?;
         let status = match self.status.as_str() {
             PENDING => OrderStatus::PendingPayment,
             PAID => OrderStatus::Paid,
@@ -184,14 +250,24 @@ impl OrderRow {
         };
         let payment = self.payment_id.map(|payment_id| Payment {
             payment_id,
-            status: if status == OrderStatus::Paid { PaymentStatus::Approved } else { PaymentStatus::Declined } as i32,
+            status: if status == OrderStatus::Paid {
+                PaymentStatus::Approved
+            } else {
+                PaymentStatus::Declined
+            } as i32,
             bank_charge_id: self.bank_charge_id.unwrap_or_default(),
             decline_reason: self.decline_reason.unwrap_or_default(),
         });
         Ok(Order {
             order_id: self.order_id,
             customer_id: self.customer_id,
-            items: items.into_iter().map(|i| LineItem { sku: i.sku, quantity: i.quantity }).collect(),
+            items: items
+                .into_iter()
+                .map(|i| LineItem {
+                    sku: i.sku,
+                    quantity: i.quantity,
+                })
+                .collect(),
             amount_minor: self.amount_minor,
             currency: self.currency,
             status: status as i32,

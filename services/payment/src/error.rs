@@ -35,10 +35,14 @@ impl From<KeyError> for PaymentError {
 impl From<PaymentError> for Status {
     fn from(error: PaymentError) -> Self {
         match error {
-            PaymentError::BadKey(_) | PaymentError::InvalidRequest(_) => Status::invalid_argument(format!("{}: {error}", crate::HOP)),
+            PaymentError::BadKey(_) | PaymentError::InvalidRequest(_) => {
+                Status::invalid_argument(format!("{}: {error}", crate::HOP))
+            }
             PaymentError::Bank(status) => rpc::relay(&status),
             PaymentError::InFlight => Status::aborted(format!("{}: {error}", crate::HOP)),
-            PaymentError::KeyReused => Status::failed_precondition(format!("{}: {error}", crate::HOP)),
+            PaymentError::KeyReused => {
+                Status::failed_precondition(format!("{}: {error}", crate::HOP))
+            }
             PaymentError::Storage(ref storage) if storage.is_unreachable() => {
                 tracing::error!(%error, "database unreachable");
                 Status::unavailable(format!("{}: database unreachable", crate::HOP))

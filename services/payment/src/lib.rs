@@ -35,7 +35,10 @@ use wire::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub const HOP: &str = "payment";
 
 /// This service in telemetry: the `service.name` and `service.version` of its spans.
-pub const SERVICE: telemetry::Service = telemetry::Service { name: HOP, version: env!("CARGO_PKG_VERSION") };
+pub const SERVICE: telemetry::Service = telemetry::Service {
+    name: HOP,
+    version: env!("CARGO_PKG_VERSION"),
+};
 
 /// Payment's keys come from orders, derived per client, so one scope holds them all.
 const KEY_SCOPE: &str = "orders";
@@ -55,10 +58,16 @@ impl Application {
 
     /// As [`Application::build`], with `outbound` between this service's calls and its
     /// channels to the bank (see [`rpc::Outbound`]).
-    pub async fn build_with(settings: Settings, outbound: rpc::Outbound) -> Result<Self, ServerError> {
+    pub async fn build_with(
+        settings: Settings,
+        outbound: rpc::Outbound,
+    ) -> Result<Self, ServerError> {
         settings
             .idempotency
-            .require_ttl(Duration::from_millis(settings.deadline.max_ms), "a key must outlive the longest request (deadline.max_ms)")
+            .require_ttl(
+                Duration::from_millis(settings.deadline.max_ms),
+                "a key must outlive the longest request (deadline.max_ms)",
+            )
             .map_err(|error| ServerError::Settings(error.to_string()))?;
         // The keys live beside the payments: a payment is recorded with its key's answer.
         let database = Database::open(&settings.database_url, settings.sqlite, |backend| {
@@ -71,17 +80,25 @@ impl Application {
         .await
         // The URL is not repeated: it may carry a password.
         .map_err(|error| ServerError::Settings(format!("database: {error}")))?;
-        let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls).map_err(|error| ServerError::Settings(error.to_string()))?.watched();
-        let bank =
-            rpc::connect(HOP, "bank-mock", &settings.bank, &tls, &outbound).map_err(|error| ServerError::Settings(format!("bank: {error}")))?;
+        let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls)
+            .map_err(|error| ServerError::Settings(error.to_string()))?
+            .watched();
+        let bank = rpc::connect(HOP, "bank-mock", &settings.bank, &tls, &outbound)
+            .map_err(|error| ServerError::Settings(format!("bank: {error}")))?;
         let (breaker, bulkhead) = (bank.guards.breaker.clone(), bank.guards.bulkhead.clone());
         let guards = Guards::new(HOP).dependency(bank.guards);
         let keys = KeyStore::new(database, settings.idempotency);
-        let service =
-            Payments { keys: keys.clone(), bank: BankClient::new(bank.client), default_lease: Duration::from_millis(settings.deadline.max_ms) };
+        let service = Payments {
+            keys: keys.clone(),
+            bank: BankClient::new(bank.client),
+            default_lease: Duration::from_millis(settings.deadline.max_ms),
+        };
         let grpc = GrpcServer::bind(
             HOP,
-            rpc::Role::Inner { tls, callers: callers::policy() },
+            rpc::Role::Inner {
+                tls,
+                callers: callers::policy(),
+            },
             settings.listen,
             settings.deadline,
             PaymentServiceServer::new(service),
@@ -89,7 +106,13 @@ impl Application {
         .await?
         .connection_limits(settings.connections);
         let ops = OpsServer::bind(&settings.ops, guards.face("grpc", grpc.stats())).await?;
-        Ok(Self { grpc, ops, keys, breaker, bulkhead })
+        Ok(Self {
+            grpc,
+            ops,
+            keys,
+            breaker,
+            bulkhead,
+        })
     }
 
     /// The breaker and bulkhead in front of the bank.
@@ -113,7 +136,10 @@ impl Application {
     /// Serves until `shutdown` is cancelled, reaping expired idempotency keys meanwhile.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), ServerError> {
         let reaper = idempotency::spawn_reaper(self.keys, shutdown.clone());
-        let served = self.ops.serve_while(shutdown, |drain| self.grpc.serve(drain)).await;
+        let served = self
+            .ops
+            .serve_while(shutdown, |drain| self.grpc.serve(drain))
+            .await;
         let _ = reaper.await;
         served
     }
@@ -131,7 +157,9 @@ impl Payments {
     /// The payment, and whether it was replayed from the key's stored answer.
     async fn pay(&self, key: &str, request: PayRequest) -> Result<(Payment, bool), PaymentError> {
         if request.order_id.is_empty() {
-            return Err(PaymentError::InvalidRequest("order_id: must not be empty".into()));
+            return Err(PaymentError::InvalidRequest(
+                "order_id: must not be empty".into(),
+            ));
         }
         let fingerprint = idempotency::fingerprint(&request.encode_to_vec());
         let lease = Hop::current().map_or(self.default_lease, |hop| hop.deadline().remaining());
@@ -144,8 +172,13 @@ impl Payments {
         // resumed after payment's key TTL) finds it here and answers with it, instead of
         // calling the bank again (a second charge, for a bank that forgot its key too).
         if let Some(recorded) = self.recorded(&payment_id).await? {
-            let answer = Stored { code: Code::Ok as i32, body: recorded.encode_to_vec() };
-            self.keys.atomic_statements(&mut lease, Effects::default(), Progress::Completed(answer)).await?;
+            let answer = Stored {
+                code: Code::Ok as i32,
+                body: recorded.encode_to_vec(),
+            };
+            self.keys
+                .atomic_statements(&mut lease, Effects::default(), Progress::Completed(answer))
+                .await?;
             return Ok((recorded, true));
         }
 
@@ -155,7 +188,10 @@ impl Payments {
             currency: request.currency.clone(),
         });
         let bank_key = rpc::derive_key("bank-charge", "", key);
-        charge.metadata_mut().insert(IDEMPOTENCY_KEY, bank_key.parse().expect("hex is valid metadata"));
+        charge.metadata_mut().insert(
+            IDEMPOTENCY_KEY,
+            bank_key.parse().expect("hex is valid metadata"),
+        );
         // One call, no retry: retrying here would multiply the gateway's retries.
         let reply = match self.bank.clone().charge(charge).await {
             Ok(reply) => reply.into_inner(),
@@ -167,12 +203,19 @@ impl Payments {
         let approved = reply.outcome() == ChargeOutcome::Approved;
         let payment = Payment {
             payment_id,
-            status: if approved { PaymentStatus::Approved } else { PaymentStatus::Declined } as i32,
+            status: if approved {
+                PaymentStatus::Approved
+            } else {
+                PaymentStatus::Declined
+            } as i32,
             bank_charge_id: reply.charge_id,
             decline_reason: reply.decline_reason,
         };
 
-        let answer = Stored { code: Code::Ok as i32, body: payment.encode_to_vec() };
+        let answer = Stored {
+            code: Code::Ok as i32,
+            body: payment.encode_to_vec(),
+        };
         let status = if approved { "approved" } else { "declined" };
         let created_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
         let recorded = Effects::default().then(Statement::new(
@@ -189,7 +232,9 @@ impl Payments {
                 &created_at,
             ],
         ));
-        self.keys.atomic_statements(&mut lease, recorded, Progress::Completed(answer)).await?;
+        self.keys
+            .atomic_statements(&mut lease, recorded, Progress::Completed(answer))
+            .await?;
         Ok((payment, false))
     }
 }
@@ -214,7 +259,11 @@ impl Payments {
             .await?;
         Ok(row.map(|row| Payment {
             payment_id: row.payment_id,
-            status: if row.status == "approved" { PaymentStatus::Approved } else { PaymentStatus::Declined } as i32,
+            status: if row.status == "approved" {
+                PaymentStatus::Approved
+            } else {
+                PaymentStatus::Declined
+            } as i32,
             bank_charge_id: row.bank_charge_id,
             decline_reason: row.decline_reason.unwrap_or_default(),
         }))
@@ -223,10 +272,15 @@ impl Payments {
 
 #[tonic::async_trait]
 impl PaymentService for Payments {
-    async fn get_payment(&self, request: Request<GetPaymentRequest>) -> Result<Response<Payment>, Status> {
+    async fn get_payment(
+        &self,
+        request: Request<GetPaymentRequest>,
+    ) -> Result<Response<Payment>, Status> {
         let payment_id = request.into_inner().payment_id;
         let payment = self.recorded(&payment_id).await?;
-        Ok(Response::new(payment.ok_or_else(|| Status::not_found(format!("{HOP}: payment {payment_id} not found")))?))
+        Ok(Response::new(payment.ok_or_else(|| {
+            Status::not_found(format!("{HOP}: payment {payment_id} not found"))
+        })?))
     }
 
     async fn pay(&self, request: Request<PayRequest>) -> Result<Response<Payment>, Status> {
@@ -236,11 +290,14 @@ impl PaymentService for Payments {
             .and_then(|value| value.to_str().ok())
             .ok_or_else(|| PaymentError::BadKey("absent or not ASCII".into()))?
             .to_owned();
-        proto::validate::idempotency_key(&key).map_err(|error| PaymentError::BadKey(error.reason))?;
+        proto::validate::idempotency_key(&key)
+            .map_err(|error| PaymentError::BadKey(error.reason))?;
         let (payment, replayed) = Payments::pay(self, &key, request.into_inner()).await?;
         let mut response = Response::new(payment);
         if replayed {
-            response.metadata_mut().insert(IDEMPOTENT_REPLAYED, "true".parse().expect("ascii"));
+            response
+                .metadata_mut()
+                .insert(IDEMPOTENT_REPLAYED, "true".parse().expect("ascii"));
         }
         Ok(response)
     }

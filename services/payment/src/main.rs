@@ -22,7 +22,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let settings: payment::Settings = settings::load("PAYMENT", &cli.settings)?;
     if let Some(rpc::health::Command::Healthcheck { timeout_ms }) = cli.command {
         let tls = rpc::tls::ServiceTls::load(payment::HOP, &settings.tls)?;
-        return Ok(rpc::health::check_as(settings.listen, payment::HOP, &tls, std::time::Duration::from_millis(timeout_ms)).await?);
+        return Ok(rpc::health::check_as(
+            settings.listen,
+            payment::HOP,
+            &tls,
+            std::time::Duration::from_millis(timeout_ms),
+        )
+        .await?);
     }
     let telemetry = telemetry::init(payment::SERVICE, &telemetry::TelemetrySettings::from_env()?)?;
     let app = payment::Application::build(settings).await?;

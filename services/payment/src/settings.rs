@@ -40,16 +40,27 @@ impl Default for Settings {
             listen: SocketAddr::from(([127, 0, 0, 1], 50053)),
             database_url: "sqlite://payment.db".into(),
             sqlite: SqliteSettings::default(),
-            idempotency: KeySettings { ttl_ms: 7 * 24 * 3_600_000, ..KeySettings::default() },
+            idempotency: KeySettings {
+                ttl_ms: 7 * 24 * 3_600_000,
+                ..KeySettings::default()
+            },
             deadline: InboundPolicy::default(),
             bank: Dependency {
                 endpoint: "http://127.0.0.1:50054".into(),
                 service: "bank-mock".into(),
-                deadline: ForwardPolicy { reserve_ms: 300, reserve_max_share: 0.2, cap_ms: Some(1_500), min_forward_ms: 20 },
+                deadline: ForwardPolicy {
+                    reserve_ms: 300,
+                    reserve_max_share: 0.2,
+                    cap_ms: Some(1_500),
+                    min_forward_ms: 20,
+                },
                 // Slow bank calls may hold at most 20 of payment's calls; the rest are refused at once.
                 max_concurrent: 20,
                 // The bank's published quota: the excess is refused here, before the call.
-                quota: QuotaSettings { per_second: 2_000, burst: 200 },
+                quota: QuotaSettings {
+                    per_second: 2_000,
+                    burst: 200,
+                },
                 ..Dependency::default()
             },
             tls: TlsSettings::default(),

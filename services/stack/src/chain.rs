@@ -105,10 +105,15 @@ impl ChainSettings {
     pub fn with_data_dir(mut self, dir: &Path) -> Self {
         self.data_dir = Some(dir.to_owned());
         for hop in HOPS {
-            let Some(database) = hop.database else { continue };
+            let Some(database) = hop.database else {
+                continue;
+            };
             let url = database(&mut self);
             if url.starts_with("sqlite:") {
-                *url = format!("sqlite://{}", dir.join(format!("{}.db", hop.service.name)).display());
+                *url = format!(
+                    "sqlite://{}",
+                    dir.join(format!("{}.db", hop.service.name)).display()
+                );
             }
         }
         self
@@ -172,7 +177,11 @@ struct Handles {
 impl Handles {
     /// These, and what `more` hands over besides.
     fn and(self, more: Handles) -> Handles {
-        Handles { bank: self.bank.or(more.bank), gateway: self.gateway.or(more.gateway), bank_bulkhead: self.bank_bulkhead.or(more.bank_bulkhead) }
+        Handles {
+            bank: self.bank.or(more.bank),
+            gateway: self.gateway.or(more.gateway),
+            bank_bulkhead: self.bank_bulkhead.or(more.bank_bulkhead),
+        }
     }
 }
 
@@ -193,7 +202,15 @@ pub struct Listener {
 impl Listener {
     /// The name of the hop it belongs to.
     pub fn hop(&self) -> &'static str {
-        HOPS.iter().find(|hop| hop.listeners.iter().any(|listener| listener.key == self.key)).expect("every listener is in HOPS").service.name
+        HOPS.iter()
+            .find(|hop| {
+                hop.listeners
+                    .iter()
+                    .any(|listener| listener.key == self.key)
+            })
+            .expect("every listener is in HOPS")
+            .service
+            .name
     }
 }
 
@@ -203,10 +220,20 @@ impl fmt::Debug for Listener {
     }
 }
 
-pub const GATEWAY_HTTP: Listener =
-    Listener { key: "gateway.http_listen", label: "gateway HTTP", shown: "http://{addr}", setting: |s| &mut s.gateway.http_listen, callers: &[] };
-pub const GATEWAY_GRPC: Listener =
-    Listener { key: "gateway.grpc_listen", label: "gateway gRPC", shown: "{addr}", setting: |s| &mut s.gateway.grpc_listen, callers: &[] };
+pub const GATEWAY_HTTP: Listener = Listener {
+    key: "gateway.http_listen",
+    label: "gateway HTTP",
+    shown: "http://{addr}",
+    setting: |s| &mut s.gateway.http_listen,
+    callers: &[],
+};
+pub const GATEWAY_GRPC: Listener = Listener {
+    key: "gateway.grpc_listen",
+    label: "gateway gRPC",
+    shown: "{addr}",
+    setting: |s| &mut s.gateway.grpc_listen,
+    callers: &[],
+};
 /// The gateway's operations port. In one process every operations port shows every hop's series.
 pub const GATEWAY_OPS: Listener = Listener {
     key: "gateway.ops.listen",
@@ -220,26 +247,45 @@ pub const ORDERS_GRPC: Listener = Listener {
     label: "orders gRPC",
     shown: "{addr}",
     setting: |s| &mut s.orders.listen,
-    callers: &[|s| &mut s.gateway.orders.endpoint, |s| &mut s.gateway.recommendations.endpoint],
+    callers: &[
+        |s| &mut s.gateway.orders.endpoint,
+        |s| &mut s.gateway.recommendations.endpoint,
+    ],
 };
-pub const ORDERS_OPS: Listener =
-    Listener { key: "orders.ops.listen", label: "orders ops", shown: OPS_SHOWN, setting: |s| &mut s.orders.ops.listen, callers: &[] };
+pub const ORDERS_OPS: Listener = Listener {
+    key: "orders.ops.listen",
+    label: "orders ops",
+    shown: OPS_SHOWN,
+    setting: |s| &mut s.orders.ops.listen,
+    callers: &[],
+};
 pub const PAYMENT_GRPC: Listener = Listener {
     key: "payment.listen",
     label: "payment gRPC",
     shown: "{addr}",
     setting: |s| &mut s.payment.listen,
-    callers: &[|s| &mut s.orders.payment.endpoint, |s| &mut s.gateway.payment.endpoint],
+    callers: &[
+        |s| &mut s.orders.payment.endpoint,
+        |s| &mut s.gateway.payment.endpoint,
+    ],
 };
-pub const PAYMENT_OPS: Listener =
-    Listener { key: "payment.ops.listen", label: "payment ops", shown: OPS_SHOWN, setting: |s| &mut s.payment.ops.listen, callers: &[] };
+pub const PAYMENT_OPS: Listener = Listener {
+    key: "payment.ops.listen",
+    label: "payment ops",
+    shown: OPS_SHOWN,
+    setting: |s| &mut s.payment.ops.listen,
+    callers: &[],
+};
 /// Payment's calls go to `external_bank` instead when it is set.
 pub const BANK_GRPC: Listener = Listener {
     key: "bank.listen",
     label: "bank-mock gRPC",
     shown: "{addr}",
     setting: |s| &mut s.bank.listen,
-    callers: &[|s| &mut s.payment.bank.endpoint, |s| &mut s.gateway.bank.endpoint],
+    callers: &[
+        |s| &mut s.payment.bank.endpoint,
+        |s| &mut s.gateway.bank.endpoint,
+    ],
 };
 pub const BANK_ADMIN: Listener = Listener {
     key: "bank.admin_listen",
@@ -248,8 +294,13 @@ pub const BANK_ADMIN: Listener = Listener {
     setting: |s| &mut s.bank.admin_listen,
     callers: &[],
 };
-pub const BANK_OPS: Listener =
-    Listener { key: "bank.ops.listen", label: "bank-mock ops", shown: OPS_SHOWN, setting: |s| &mut s.bank.ops.listen, callers: &[] };
+pub const BANK_OPS: Listener = Listener {
+    key: "bank.ops.listen",
+    label: "bank-mock ops",
+    shown: OPS_SHOWN,
+    setting: |s| &mut s.bank.ops.listen,
+    callers: &[],
+};
 /// How an operations port other than the gateway's is shown.
 const OPS_SHOWN: &str = "http://{addr}/guards  (and /metrics, /livez, /readyz)";
 /// The webhook sender's health and metrics.
@@ -283,10 +334,20 @@ pub const HOPS: &[Hop] = &[
                 }
                 let gateway = gateway::Application::build_with(settings, s.outbound).await?;
                 Ok(Started {
-                    bound: vec![(&GATEWAY_HTTP, gateway.http_addr()), (&GATEWAY_GRPC, gateway.grpc_addr()), (&GATEWAY_OPS, gateway.ops_addr())],
-                    counters: vec![(&GATEWAY_HTTP, gateway.http_stats()), (&GATEWAY_GRPC, gateway.grpc_stats())],
+                    bound: vec![
+                        (&GATEWAY_HTTP, gateway.http_addr()),
+                        (&GATEWAY_GRPC, gateway.grpc_addr()),
+                        (&GATEWAY_OPS, gateway.ops_addr()),
+                    ],
+                    counters: vec![
+                        (&GATEWAY_HTTP, gateway.http_stats()),
+                        (&GATEWAY_GRPC, gateway.grpc_stats()),
+                    ],
                     breakers: vec![(orders::HOP, gateway.orders_breaker())],
-                    handles: Handles { gateway: Some((gateway.retry_handle(), gateway.client_limits())), ..Handles::default() },
+                    handles: Handles {
+                        gateway: Some((gateway.retry_handle(), gateway.client_limits())),
+                        ..Handles::default()
+                    },
                     serving: Box::pin(gateway.run_until_stopped(s.stop)),
                 })
             })
@@ -304,7 +365,10 @@ pub const HOPS: &[Hop] = &[
                 settings.completer.payment_key_ttl_ms = s.chain.payment.idempotency.ttl_ms;
                 let orders = orders::Application::build_with(settings, s.outbound).await?;
                 Ok(Started {
-                    bound: vec![(&ORDERS_GRPC, orders.grpc_addr()), (&ORDERS_OPS, orders.ops_addr())],
+                    bound: vec![
+                        (&ORDERS_GRPC, orders.grpc_addr()),
+                        (&ORDERS_OPS, orders.ops_addr()),
+                    ],
                     counters: vec![(&ORDERS_GRPC, orders.hop_stats())],
                     breakers: vec![(payment::HOP, orders.payment_breaker())],
                     handles: Handles::default(),
@@ -327,10 +391,16 @@ pub const HOPS: &[Hop] = &[
                 let payment = payment::Application::build_with(settings, s.outbound).await?;
                 let (bank_breaker, bank_bulkhead) = payment.bank_guards();
                 Ok(Started {
-                    bound: vec![(&PAYMENT_GRPC, payment.grpc_addr()), (&PAYMENT_OPS, payment.ops_addr())],
+                    bound: vec![
+                        (&PAYMENT_GRPC, payment.grpc_addr()),
+                        (&PAYMENT_OPS, payment.ops_addr()),
+                    ],
                     counters: vec![(&PAYMENT_GRPC, payment.hop_stats())],
                     breakers: vec![(bank_mock::HOP, bank_breaker)],
-                    handles: Handles { bank_bulkhead: Some(bank_bulkhead), ..Handles::default() },
+                    handles: Handles {
+                        bank_bulkhead: Some(bank_bulkhead),
+                        ..Handles::default()
+                    },
                     serving: Box::pin(payment.run_until_stopped(s.stop)),
                 })
             })
@@ -345,10 +415,17 @@ pub const HOPS: &[Hop] = &[
             Box::pin(async move {
                 let bank = bank_mock::Application::build(s.chain.bank).await?;
                 Ok(Started {
-                    bound: vec![(&BANK_GRPC, bank.grpc_addr()), (&BANK_OPS, bank.ops_addr()), (&BANK_ADMIN, bank.admin_addr())],
+                    bound: vec![
+                        (&BANK_GRPC, bank.grpc_addr()),
+                        (&BANK_OPS, bank.ops_addr()),
+                        (&BANK_ADMIN, bank.admin_addr()),
+                    ],
                     counters: vec![(&BANK_GRPC, bank.hop_stats())],
                     breakers: Vec::new(),
-                    handles: Handles { bank: Some((bank.state(), bank.admin_token().to_owned())), ..Handles::default() },
+                    handles: Handles {
+                        bank: Some((bank.state(), bank.admin_token().to_owned())),
+                        ..Handles::default()
+                    },
                     serving: Box::pin(bank.run_until_stopped(s.stop)),
                 })
             })
@@ -366,7 +443,9 @@ pub const HOPS: &[Hop] = &[
                 settings.database_url = s.chain.orders.database_url;
                 settings.sqlite = s.chain.orders.sqlite;
                 let failed = |error| ServerError::Settings(format!("webhook-sender: {error}"));
-                let sender = webhook_sender::Application::build(settings).await.map_err(failed)?;
+                let sender = webhook_sender::Application::build(settings)
+                    .await
+                    .map_err(failed)?;
                 let bound = vec![(&WEBHOOK_SENDER_HEALTH, sender.local_addr())];
                 let sending = sender.run_until_stopped(s.stop);
                 Ok(Started {
@@ -422,7 +501,10 @@ pub type ChainHopStats<Counters = HopStatsSnapshot> = ByListener<Counters>;
 impl<T> ByListener<T> {
     /// The value of `listener`, if it has one.
     pub fn get(&self, listener: &Listener) -> Option<&T> {
-        self.0.iter().find(|(own, _)| own.key == listener.key).map(|(_, value)| value)
+        self.0
+            .iter()
+            .find(|(own, _)| own.key == listener.key)
+            .map(|(_, value)| value)
     }
 
     /// Every listener that has a value, with it.
@@ -435,7 +517,8 @@ impl<T> std::ops::Index<&Listener> for ByListener<T> {
     type Output = T;
 
     fn index(&self, listener: &Listener) -> &T {
-        self.get(listener).unwrap_or_else(|| panic!("nothing is kept for {}", listener.key))
+        self.get(listener)
+            .unwrap_or_else(|| panic!("nothing is kept for {}", listener.key))
     }
 }
 
@@ -487,8 +570,15 @@ impl ChainGuardStats {
     }
 }
 
-fn by_edge<S: serde::Serializer>(breakers: &[(Edge, BreakerStats)], serializer: S) -> Result<S::Ok, S::Error> {
-    serializer.collect_map(breakers.iter().map(|(edge, stats)| (edge.to_string(), stats)))
+fn by_edge<S: serde::Serializer>(
+    breakers: &[(Edge, BreakerStats)],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_map(
+        breakers
+            .iter()
+            .map(|(edge, stats)| (edge.to_string(), stats)),
+    )
 }
 
 /// A running chain. Dropping it without [`Chain::stop`] leaves the servers to the runtime's end.
@@ -516,7 +606,8 @@ impl Chain {
     pub async fn start(mut settings: ChainSettings) -> Result<Self, ServerError> {
         let outbound = settings.naive.outbound();
         let dev_certs = secure(&mut settings)?;
-        share_secret_keys(&mut settings).map_err(|error| ServerError::Settings(format!("{SECRET_KEYS_FILE}: {error}")))?;
+        share_secret_keys(&mut settings)
+            .map_err(|error| ServerError::Settings(format!("{SECRET_KEYS_FILE}: {error}")))?;
         let shutdown = CancellationToken::new();
         let mut handles = Handles::default();
         let mut tokens = BTreeMap::new();
@@ -525,7 +616,12 @@ impl Chain {
             // Each service stops with the chain, or alone (to see the others cope).
             let stop = shutdown.child_token();
             tokens.insert(hop.service.name, stop.clone());
-            let mut service = (hop.start)(Starting { chain: settings.clone(), outbound: outbound.clone(), stop }).await?;
+            let mut service = (hop.start)(Starting {
+                chain: settings.clone(),
+                outbound: outbound.clone(),
+                stop,
+            })
+            .await?;
             for (listener, address) in &service.bound {
                 for caller in listener.callers {
                     *caller(&mut settings) = endpoint(*address);
@@ -535,16 +631,31 @@ impl Chain {
             started.push((hop, service));
         }
         let (bank, admin_token) = handles.bank.expect("the bank's row hands over its state");
-        let (gateway_retry, client_limits) = handles.gateway.expect("the gateway's row hands over its policy and quotas");
-        let bank_bulkhead = handles.bank_bulkhead.expect("payment's row hands over its bulkhead");
-        let databases = HOPS.iter().filter_map(|hop| Some((hop.service.name, hop.database?(&mut settings).clone()))).collect();
+        let (gateway_retry, client_limits) = handles
+            .gateway
+            .expect("the gateway's row hands over its policy and quotas");
+        let bank_bulkhead = handles
+            .bank_bulkhead
+            .expect("payment's row hands over its bulkhead");
+        let databases = HOPS
+            .iter()
+            .filter_map(|hop| Some((hop.service.name, hop.database?(&mut settings).clone())))
+            .collect();
 
         let (mut addresses, mut counters, mut breakers) = (Vec::new(), Vec::new(), Vec::new());
         let mut servers = JoinSet::new();
         for (hop, service) in started.into_iter().rev() {
             addresses.extend(service.bound);
             counters.extend(service.counters);
-            breakers.extend(service.breakers.into_iter().map(|(callee, breaker)| (Edge { caller: hop.service.name, callee }, breaker)));
+            breakers.extend(service.breakers.into_iter().map(|(callee, breaker)| {
+                (
+                    Edge {
+                        caller: hop.service.name,
+                        callee,
+                    },
+                    breaker,
+                )
+            }));
             servers.spawn(service.serving);
         }
         Ok(Self {
@@ -582,7 +693,10 @@ impl Chain {
 
     /// The database URL of the service named `hop`, if it keeps data.
     pub fn database_url(&self, hop: &str) -> Option<&str> {
-        self.databases.iter().find(|(name, _)| *name == hop).map(|(_, url)| url.as_str())
+        self.databases
+            .iter()
+            .find(|(name, _)| *name == hop)
+            .map(|(_, url)| url.as_str())
     }
 
     /// The development CA made at start, with a certificate for each service and one for the
@@ -609,7 +723,11 @@ impl Chain {
     /// The breakers and the bank's bulkhead.
     pub fn guard_stats(&self) -> ChainGuardStats {
         ChainGuardStats {
-            breakers: self.breakers.iter().map(|(edge, breaker)| (*edge, breaker.stats())).collect(),
+            breakers: self
+                .breakers
+                .iter()
+                .map(|(edge, breaker)| (*edge, breaker.stats()))
+                .collect(),
             bank_bulkhead: self.bank_bulkhead.stats(),
         }
     }
@@ -626,14 +744,23 @@ impl Chain {
 
     /// The deadline counters of every hop, as they stand.
     pub fn hop_stats(&self) -> ChainHopStats {
-        ByListener(self.counters.0.iter().map(|(listener, counters)| (*listener, counters.snapshot())).collect())
+        ByListener(
+            self.counters
+                .0
+                .iter()
+                .map(|(listener, counters)| (*listener, counters.snapshot()))
+                .collect(),
+        )
     }
 
     /// Stops one service (by its hop name, e.g. `"orders"`, or [`WEBHOOK_SENDER`]), leaving the
     /// others running.
     /// Returns whether a service has that name.
     pub fn stop_service(&self, hop: &str) -> bool {
-        self.tokens.get(hop).inspect(|token| token.cancel()).is_some()
+        self.tokens
+            .get(hop)
+            .inspect(|token| token.cancel())
+            .is_some()
     }
 
     /// A token that stops the chain when cancelled (e.g. on Ctrl-C).
@@ -685,12 +812,21 @@ fn share_secret_keys(settings: &mut ChainSettings) -> io::Result<()> {
 /// by its owner only.
 fn kept_dev_key(path: &Path) -> io::Result<SecretKeys> {
     match std::fs::read_to_string(path) {
-        Ok(text) => SecretKeys::parse(&text.lines().filter(|line| !line.trim().is_empty()).collect::<Vec<_>>())
-            .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error)),
+        Ok(text) => SecretKeys::parse(
+            &text
+                .lines()
+                .filter(|line| !line.trim().is_empty())
+                .collect::<Vec<_>>(),
+        )
+        .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error)),
         Err(error) if error.kind() == io::ErrorKind::NotFound => {
             use std::{io::Write, os::unix::fs::OpenOptionsExt};
             let keys = SecretKeys::generate("dev");
-            let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)?;
             writeln!(file, "{}", keys.to_written().join("\n"))?;
             Ok(keys)
         }
@@ -701,19 +837,36 @@ fn kept_dev_key(path: &Path) -> io::Result<SecretKeys> {
 /// Makes every service plain text (`plaintext`), or gives each a certificate of a fresh
 /// development CA when none names files of its own.
 fn secure(settings: &mut ChainSettings) -> Result<Option<(DevCerts, TempDir)>, ServerError> {
-    let served: Vec<_> = HOPS.iter().filter_map(|hop| Some((hop.service.name, hop.tls?))).collect();
+    let served: Vec<_> = HOPS
+        .iter()
+        .filter_map(|hop| Some((hop.service.name, hop.tls?)))
+        .collect();
     if settings.plaintext {
         for (_, tls) in &served {
-            *tls(settings) = TlsSettings { plaintext: true, ..TlsSettings::default() };
+            *tls(settings) = TlsSettings {
+                plaintext: true,
+                ..TlsSettings::default()
+            };
         }
         return Ok(None);
     }
-    if served.iter().any(|(_, tls)| *tls(settings) != TlsSettings::default()) {
+    if served
+        .iter()
+        .any(|(_, tls)| *tls(settings) != TlsSettings::default())
+    {
         return Ok(None);
     }
-    let names: Vec<&str> = served.iter().map(|(name, _)| *name).chain([OPERATOR]).collect();
-    let dir = tempfile::Builder::new().prefix("chain-certs-").tempdir().map_err(|error| ServerError::Settings(format!("certificates: {error}")))?;
-    let certs = DevCerts::generate(dir.path(), &names).map_err(|error| ServerError::Settings(format!("certificates: {error}")))?;
+    let names: Vec<&str> = served
+        .iter()
+        .map(|(name, _)| *name)
+        .chain([OPERATOR])
+        .collect();
+    let dir = tempfile::Builder::new()
+        .prefix("chain-certs-")
+        .tempdir()
+        .map_err(|error| ServerError::Settings(format!("certificates: {error}")))?;
+    let certs = DevCerts::generate(dir.path(), &names)
+        .map_err(|error| ServerError::Settings(format!("certificates: {error}")))?;
     for (name, tls) in served {
         *tls(settings) = certs.settings(name);
     }
@@ -731,10 +884,18 @@ mod tests {
     fn every_listener_key_names_its_setting() {
         for (port, listener) in (1..).zip(listeners()) {
             let mut document = serde_json::to_value(ChainSettings::default()).unwrap();
-            let setting = listener.key.split('.').fold(&mut document, |section, field| &mut section[field]);
+            let setting = listener
+                .key
+                .split('.')
+                .fold(&mut document, |section, field| &mut section[field]);
             *setting = format!("127.0.0.1:{port}").into();
             let mut settings: ChainSettings = serde_json::from_value(document).unwrap();
-            assert_eq!((listener.setting)(&mut settings).port(), port, "{}", listener.key);
+            assert_eq!(
+                (listener.setting)(&mut settings).port(),
+                port,
+                "{}",
+                listener.key
+            );
         }
         let mut ephemeral = ChainSettings::default().ephemeral();
         assert!(listeners().all(|listener| (listener.setting)(&mut ephemeral).port() == 0));
@@ -745,24 +906,62 @@ mod tests {
     #[tokio::test]
     async fn every_row_hands_over_what_it_lists() {
         let dir = tempfile::tempdir().unwrap();
-        let chain = Chain::start(ChainSettings::default().ephemeral().with_data_dir(dir.path())).await.unwrap();
-        let bound: Vec<_> = chain.addresses().iter().map(|(listener, address)| (listener.key, address.port() != 0)).collect();
-        assert_eq!(bound, listeners().map(|listener| (listener.key, true)).collect::<Vec<_>>());
+        let chain = Chain::start(
+            ChainSettings::default()
+                .ephemeral()
+                .with_data_dir(dir.path()),
+        )
+        .await
+        .unwrap();
+        let bound: Vec<_> = chain
+            .addresses()
+            .iter()
+            .map(|(listener, address)| (listener.key, address.port() != 0))
+            .collect();
+        assert_eq!(
+            bound,
+            listeners()
+                .map(|listener| (listener.key, true))
+                .collect::<Vec<_>>()
+        );
         let counters = chain.hop_stats();
         for listener in listeners().filter(|listener| !listener.callers.is_empty()) {
-            assert!(counters.get(listener).is_some(), "{} is counted", listener.key);
+            assert!(
+                counters.get(listener).is_some(),
+                "{} is counted",
+                listener.key
+            );
         }
         let hops: Vec<_> = HOPS.iter().map(|hop| hop.service.name).collect();
         for (edge, _) in chain.guard_stats().breakers() {
-            assert!(hops.contains(&edge.caller) && hops.contains(&edge.callee), "{edge}");
+            assert!(
+                hops.contains(&edge.caller) && hops.contains(&edge.callee),
+                "{edge}"
+            );
         }
         // The databases (and their WAL files, while open) are their owner's only.
-        let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|entry| entry.unwrap()).collect();
-        let names: Vec<_> = files.iter().map(|file| file.file_name().into_string().unwrap()).collect();
-        assert!(["orders.db", "payment.db"].iter().all(|db| names.iter().any(|name| name == db)), "{names:?}");
+        let files: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|entry| entry.unwrap())
+            .collect();
+        let names: Vec<_> = files
+            .iter()
+            .map(|file| file.file_name().into_string().unwrap())
+            .collect();
+        assert!(
+            ["orders.db", "payment.db"]
+                .iter()
+                .all(|db| names.iter().any(|name| name == db)),
+            "{names:?}"
+        );
         for file in files {
             let mode = file.metadata().unwrap().permissions().mode();
-            assert_eq!(mode & 0o077, 0, "{:?} is its owner's only: {mode:o}", file.file_name());
+            assert_eq!(
+                mode & 0o077,
+                0,
+                "{:?} is its owner's only: {mode:o}",
+                file.file_name()
+            );
         }
         chain.stop().await.unwrap();
     }
@@ -773,18 +972,34 @@ mod tests {
         let mut first = ChainSettings::default().with_data_dir(dir.path());
         share_secret_keys(&mut first).unwrap();
         assert!(!first.orders.webhooks.secret_keys.is_empty());
-        assert_eq!(first.webhook_sender.secret_keys, first.orders.webhooks.secret_keys, "the sender opens what orders sealed");
+        assert_eq!(
+            first.webhook_sender.secret_keys, first.orders.webhooks.secret_keys,
+            "the sender opens what orders sealed"
+        );
         let file = dir.path().join(SECRET_KEYS_FILE);
-        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600, "readable by its owner only");
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+            0o600,
+            "readable by its owner only"
+        );
 
         let mut restarted = ChainSettings::default().with_data_dir(dir.path());
         share_secret_keys(&mut restarted).unwrap();
-        assert_eq!(restarted.orders.webhooks.secret_keys, first.orders.webhooks.secret_keys, "a restart opens what was sealed before");
+        assert_eq!(
+            restarted.orders.webhooks.secret_keys, first.orders.webhooks.secret_keys,
+            "a restart opens what was sealed before"
+        );
 
         let mut configured = ChainSettings::default().with_data_dir(dir.path());
         configured.orders.webhooks.secret_keys = SecretKeys::generate("mine");
         share_secret_keys(&mut configured).unwrap();
-        assert_eq!(configured.webhook_sender.secret_keys, configured.orders.webhooks.secret_keys, "keys that are set win");
-        assert_ne!(configured.orders.webhooks.secret_keys, first.orders.webhooks.secret_keys);
+        assert_eq!(
+            configured.webhook_sender.secret_keys, configured.orders.webhooks.secret_keys,
+            "keys that are set win"
+        );
+        assert_ne!(
+            configured.orders.webhooks.secret_keys,
+            first.orders.webhooks.secret_keys
+        );
     }
 }

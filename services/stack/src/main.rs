@@ -71,9 +71,15 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             }
             Ok(())
         }
-        Command::Scenario { name, json, settings, .. } => {
+        Command::Scenario {
+            name,
+            json,
+            settings,
+            ..
+        } => {
             let name = name.expect("clap requires a name without --list");
-            let scenario = scenario::find(&name).ok_or_else(|| format!("no scenario {name:?}; try `scenario --list`"))?;
+            let scenario = scenario::find(&name)
+                .ok_or_else(|| format!("no scenario {name:?}; try `scenario --list`"))?;
             let chain_settings: ChainSettings = settings::load("STACK", &settings)?;
             let reports = scenario::run_variants(&scenario, &chain_settings).await?;
             for report in &reports {
@@ -91,36 +97,66 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-async fn up(data_dir: Option<PathBuf>, settings: &SettingsArgs) -> Result<(), Box<dyn std::error::Error>> {
+async fn up(
+    data_dir: Option<PathBuf>,
+    settings: &SettingsArgs,
+) -> Result<(), Box<dyn std::error::Error>> {
     // Settings first: a mistake in them is reported before anything is made.
     let chain_settings: ChainSettings = settings::load("STACK", settings)?;
-    let telemetry = telemetry::init_hosting(stack::SERVICE, &stack::SERVICES, &telemetry::TelemetrySettings::from_env()?)?;
+    let telemetry = telemetry::init_hosting(
+        stack::SERVICE,
+        &stack::SERVICES,
+        &telemetry::TelemetrySettings::from_env()?,
+    )?;
     let temporary = match &data_dir {
         Some(_) => None,
         None => Some(tempfile::tempdir()?),
     };
-    let dir = data_dir.as_deref().or(temporary.as_ref().map(|t| t.path())).expect("one of them is set");
+    let dir = data_dir
+        .as_deref()
+        .or(temporary.as_ref().map(|t| t.path()))
+        .expect("one of them is set");
     std::fs::create_dir_all(dir)?;
     let plaintext = chain_settings.plaintext;
     let mut chain = Chain::start(chain_settings.with_data_dir(dir)).await?;
-    println!("gateway → orders → payment → bank-mock, and the webhook sender, are up (Ctrl-C stops them)");
+    println!(
+        "gateway → orders → payment → bank-mock, and the webhook sender, are up (Ctrl-C stops them)"
+    );
     for listener in stack::chain::listeners() {
-        let shown = listener.shown.replace("{addr}", &chain.address(listener).to_string()).replace("{admin_token}", &chain.admin_token);
+        let shown = listener
+            .shown
+            .replace("{addr}", &chain.address(listener).to_string())
+            .replace("{admin_token}", &chain.admin_token);
         println!("  {:<18}{shown}", listener.label);
     }
-    let databases: Vec<String> = chain.databases().iter().map(|(_, url)| redact(url)).collect();
+    let databases: Vec<String> = chain
+        .databases()
+        .iter()
+        .map(|(_, url)| redact(url))
+        .collect();
     println!("  databases         {}", databases.join(", "));
-    println!("  API keys          demo-key-1 (client demo-client-1), demo-key-2 (client demo-client-2)");
+    println!(
+        "  API keys          demo-key-1 (client demo-client-1), demo-key-2 (client demo-client-2)"
+    );
     match chain.dev_certs() {
         Some(certs) => {
-            println!("  mutual TLS        orders, payment and bank-mock answer only the chain's certificates");
+            println!(
+                "  mutual TLS        orders, payment and bank-mock answer only the chain's certificates"
+            );
             println!("  dev CA            {}", certs.ca().display());
             println!("  operator cert     {}", certs.cert(OPERATOR).display());
-            println!("  operator key      {}  (health and reflection of every inner service)", certs.key(OPERATOR).display());
+            println!(
+                "  operator key      {}  (health and reflection of every inner service)",
+                certs.key(OPERATOR).display()
+            );
         }
         None if plaintext => {
-            eprintln!("WARNING: plaintext = true: the hops talk plain-text gRPC and orders, payment and bank-mock");
-            eprintln!("         answer any caller that can reach them, in any client's name. For experiments only.");
+            eprintln!(
+                "WARNING: plaintext = true: the hops talk plain-text gRPC and orders, payment and bank-mock"
+            );
+            eprintln!(
+                "         answer any caller that can reach them, in any client's name. For experiments only."
+            );
         }
         None => println!("  mutual TLS        with the certificate files named in the settings"),
     }
@@ -160,8 +196,14 @@ mod tests {
 
     #[test]
     fn passwords_are_not_printed() {
-        assert_eq!(redact("postgres://chain:secret@db:5432/orders"), "postgres://chain:***@db:5432/orders");
-        assert_eq!(redact("postgres://chain@db/orders"), "postgres://chain@db/orders");
+        assert_eq!(
+            redact("postgres://chain:secret@db:5432/orders"),
+            "postgres://chain:***@db:5432/orders"
+        );
+        assert_eq!(
+            redact("postgres://chain@db/orders"),
+            "postgres://chain@db/orders"
+        );
         assert_eq!(redact("sqlite:///tmp/orders.db"), "sqlite:///tmp/orders.db");
     }
 }

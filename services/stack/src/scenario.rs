@@ -57,10 +57,26 @@ pub struct Variant {
     pub settings: fn(&mut ChainSettings),
 }
 
-const BUDGETED: Variant = Variant { label: "budgeted", naive: false, settings: as_configured };
-const NAIVE: Variant = Variant { label: "naive", naive: true, settings: as_configured };
-const NO_RETRIES: Variant = Variant { label: "no retries", naive: false, settings: |settings| settings.gateway.retry.max_attempts = 1 };
-const LAYERS_OFF: Variant = Variant { label: "layers off", naive: false, settings: without_guards };
+const BUDGETED: Variant = Variant {
+    label: "budgeted",
+    naive: false,
+    settings: as_configured,
+};
+const NAIVE: Variant = Variant {
+    label: "naive",
+    naive: true,
+    settings: as_configured,
+};
+const NO_RETRIES: Variant = Variant {
+    label: "no retries",
+    naive: false,
+    settings: |settings| settings.gateway.retry.max_attempts = 1,
+};
+const LAYERS_OFF: Variant = Variant {
+    label: "layers off",
+    naive: false,
+    settings: without_guards,
+};
 
 /// Every guard out of the way: retries and breakers off, bulkhead and quota limits raised far
 /// beyond the load (the layers stay; their decisions never refuse), to measure what the guards
@@ -71,9 +87,16 @@ pub fn without_guards(settings: &mut ChainSettings) {
     let unlimited = resilience::rate_limit::QuotaSettings::default();
     settings.payment.bank.quota = unlimited;
     for client in &mut settings.gateway.clients {
-        client.quota = resilience::rate_limit::QuotaSettings { per_second: u32::MAX / 2, burst: u32::MAX / 2 };
+        client.quota = resilience::rate_limit::QuotaSettings {
+            per_second: u32::MAX / 2,
+            burst: u32::MAX / 2,
+        };
     }
-    for dependency in [&mut settings.gateway.orders, &mut settings.orders.payment, &mut settings.payment.bank] {
+    for dependency in [
+        &mut settings.gateway.orders,
+        &mut settings.orders.payment,
+        &mut settings.payment.bank,
+    ] {
         dependency.max_concurrent = u32::MAX / 2;
     }
 }
@@ -173,7 +196,10 @@ pub fn catalogue() -> Vec<Scenario> {
         Scenario {
             name: "bank-slow",
             about: "the bank takes 1200 ± 400 ms; payment gives it at most 1.5 s, so the slowest calls end in 504",
-            faults: Faults { latency_ms: latency(1_200.0, 400.0), ..Faults::default() },
+            faults: Faults {
+                latency_ms: latency(1_200.0, 400.0),
+                ..Faults::default()
+            },
             requests: 60,
             load: Load::Closed { concurrency: 12 },
             chain: without_breakers,
@@ -182,7 +208,10 @@ pub fn catalogue() -> Vec<Scenario> {
         Scenario {
             name: "bank-hang",
             about: "every bank call hangs and clients allow 500 ms: every hop stops at its deadline and the client gets 504",
-            faults: Faults { hang: true, ..Faults::default() },
+            faults: Faults {
+                hang: true,
+                ..Faults::default()
+            },
             requests: 20,
             load: Load::Closed { concurrency: 10 },
             timeout_ms: Some(500),
@@ -192,7 +221,11 @@ pub fn catalogue() -> Vec<Scenario> {
         Scenario {
             name: "bank-flaky",
             about: "30 % of bank calls fail UNAVAILABLE: edge retries win back failed orders, within the 10 % budget",
-            faults: Faults { error_rate: 0.3, latency_ms: latency(5.0, 1.0), ..Faults::default() },
+            faults: Faults {
+                error_rate: 0.3,
+                latency_ms: latency(5.0, 1.0),
+                ..Faults::default()
+            },
             requests: 500,
             load: Load::Open { per_second: 100 },
             variants: &[NO_RETRIES, BUDGETED],
@@ -202,7 +235,11 @@ pub fn catalogue() -> Vec<Scenario> {
         Scenario {
             name: "bank-down",
             about: "every bank call fails UNAVAILABLE at 200 requests/s: the retry throttle stops the retries and bank calls per request stay near 1; the naive chain makes 27",
-            faults: Faults { error_rate: 1.0, latency_ms: latency(5.0, 1.0), ..Faults::default() },
+            faults: Faults {
+                error_rate: 1.0,
+                latency_ms: latency(5.0, 1.0),
+                ..Faults::default()
+            },
             requests: 2_000,
             load: Load::Open { per_second: 200 },
             variants: &[BUDGETED, NAIVE],
@@ -212,7 +249,12 @@ pub fn catalogue() -> Vec<Scenario> {
         Scenario {
             name: "bank-throttled",
             about: "half the bank calls answer RESOURCE_EXHAUSTED with a 200 ms pushback: the gateway waits exactly that long",
-            faults: Faults { resource_exhausted_rate: 0.5, pushback_ms: 200, latency_ms: latency(5.0, 1.0), ..Faults::default() },
+            faults: Faults {
+                resource_exhausted_rate: 0.5,
+                pushback_ms: 200,
+                latency_ms: latency(5.0, 1.0),
+                ..Faults::default()
+            },
             requests: 200,
             load: Load::Open { per_second: 50 },
             chain: without_breakers,
@@ -221,7 +263,11 @@ pub fn catalogue() -> Vec<Scenario> {
         Scenario {
             name: "naive-vs-budgeted",
             about: "the bank is down (UNAVAILABLE after 60 ± 10 ms) and clients allow 1 s: the naive chain multiplies bank calls (3 attempts at each of 3 levels) and answers after its clients have given up",
-            faults: Faults { error_rate: 1.0, latency_ms: latency(60.0, 10.0), ..Faults::default() },
+            faults: Faults {
+                error_rate: 1.0,
+                latency_ms: latency(60.0, 10.0),
+                ..Faults::default()
+            },
             requests: 200,
             load: Load::Open { per_second: 40 },
             timeout_ms: Some(1_000),
@@ -232,7 +278,11 @@ pub fn catalogue() -> Vec<Scenario> {
         Scenario {
             name: "lost-reply",
             about: "the bank charges, then loses every reply: the gateway's retries (within the budget) and then the clients' own retries with the same keys get the orders paid, one charge each",
-            faults: Faults { drop_reply_rate: 1.0, latency_ms: latency(5.0, 1.0), ..Faults::default() },
+            faults: Faults {
+                drop_reply_rate: 1.0,
+                latency_ms: latency(5.0, 1.0),
+                ..Faults::default()
+            },
             requests: 100,
             load: Load::Closed { concurrency: 4 },
             replay: true,
@@ -242,7 +292,11 @@ pub fn catalogue() -> Vec<Scenario> {
         Scenario {
             name: "stranded-charges",
             about: "the bank charges and loses every reply, and the gateway retries only within its budget: the orders it gives up on stay charged but pending until orders' completer settles each with the same keys, one charge each, and the clients' repeats get the settled answers",
-            faults: Faults { drop_reply_rate: 1.0, latency_ms: latency(5.0, 1.0), ..Faults::default() },
+            faults: Faults {
+                drop_reply_rate: 1.0,
+                latency_ms: latency(5.0, 1.0),
+                ..Faults::default()
+            },
             requests: 200,
             load: Load::Open { per_second: 40 },
             replay: true,
@@ -253,7 +307,11 @@ pub fn catalogue() -> Vec<Scenario> {
         Scenario {
             name: "create-answers",
             about: "the bank fails every call for 3 s, then recovers: each failed create says how it stands, refused before the bank (no order, never charged) or pending (its order named, and paid once the bank is back, by orders' completer); the bank charges each paid order once",
-            faults: Faults { error_rate: 1.0, latency_ms: latency(5.0, 1.0), ..Faults::default() },
+            faults: Faults {
+                error_rate: 1.0,
+                latency_ms: latency(5.0, 1.0),
+                ..Faults::default()
+            },
             requests: 300,
             load: Load::Open { per_second: 60 },
             settle: true,
@@ -267,7 +325,10 @@ pub fn catalogue() -> Vec<Scenario> {
         Scenario {
             name: "duplicate-storm",
             about: "50 clients send the same request with one idempotency key at once: one executes, the others get its answer or 409",
-            faults: Faults { latency_ms: latency(50.0, 5.0), ..Faults::default() },
+            faults: Faults {
+                latency_ms: latency(50.0, 5.0),
+                ..Faults::default()
+            },
             requests: 50,
             load: Load::Closed { concurrency: 50 },
             one_key: true,
@@ -276,7 +337,10 @@ pub fn catalogue() -> Vec<Scenario> {
         Scenario {
             name: "idempotent-throughput",
             about: "an instant bank and 16 clients: paid orders per second through four hops with idempotent writes, then the cost of replaying them",
-            faults: Faults { latency_ms: latency(0.0, 0.0), ..Faults::default() },
+            faults: Faults {
+                latency_ms: latency(0.0, 0.0),
+                ..Faults::default()
+            },
             requests: 3_000,
             load: Load::Closed { concurrency: 16 },
             replay: true,
@@ -285,7 +349,11 @@ pub fn catalogue() -> Vec<Scenario> {
         Scenario {
             name: "bank-down-breaker",
             about: "the bank fails every call for 3 s, then recovers: payment's breaker opens, answers at once without calling, probes and closes",
-            faults: Faults { error_rate: 1.0, latency_ms: latency(5.0, 1.0), ..Faults::default() },
+            faults: Faults {
+                error_rate: 1.0,
+                latency_ms: latency(5.0, 1.0),
+                ..Faults::default()
+            },
             requests: 500,
             load: Load::Open { per_second: 100 },
             heal_after: Some(Duration::from_secs(3)),
@@ -294,7 +362,10 @@ pub fn catalogue() -> Vec<Scenario> {
         Scenario {
             name: "slow-bank-bulkhead",
             about: "the bank takes 1 s per call (breakers off): payment holds at most 20 such calls and refuses the rest at once, while reads of orders keep their latency",
-            faults: Faults { latency_ms: latency(1_000.0, 50.0), ..Faults::default() },
+            faults: Faults {
+                latency_ms: latency(1_000.0, 50.0),
+                ..Faults::default()
+            },
             requests: 300,
             load: Load::Open { per_second: 60 },
             chain: without_breakers,
@@ -313,7 +384,10 @@ pub fn catalogue() -> Vec<Scenario> {
         Scenario {
             name: "summary-partial",
             about: "order summaries while the bank fails and recommendations have no budget: the last rate and popular items stand in, the rest is shown",
-            faults: Faults { error_rate: 1.0, ..Faults::default() },
+            faults: Faults {
+                error_rate: 1.0,
+                ..Faults::default()
+            },
             requests: 200,
             load: Load::Open { per_second: 50 },
             chain: |settings| settings.gateway.recommendations.deadline.cap_ms = Some(1),
@@ -323,7 +397,10 @@ pub fn catalogue() -> Vec<Scenario> {
         Scenario {
             name: "layers-cost",
             about: "a healthy chain with an instant bank, with every guard and with them out of the way: what the layers cost per request",
-            faults: Faults { latency_ms: latency(0.0, 0.0), ..Faults::default() },
+            faults: Faults {
+                latency_ms: latency(0.0, 0.0),
+                ..Faults::default()
+            },
             requests: 2_000,
             load: Load::Closed { concurrency: 1 },
             variants: &[BUDGETED, LAYERS_OFF],
@@ -333,7 +410,9 @@ pub fn catalogue() -> Vec<Scenario> {
 }
 
 pub fn find(name: &str) -> Option<Scenario> {
-    catalogue().into_iter().find(|scenario| scenario.name == name)
+    catalogue()
+        .into_iter()
+        .find(|scenario| scenario.name == name)
 }
 
 impl Scenario {
@@ -346,7 +425,11 @@ impl Scenario {
 
     /// The same scenario with only the variant labelled `label` (none if it has no such variant).
     pub fn only(mut self, label: &str) -> Self {
-        self.variants = match self.variants.iter().position(|variant| variant.label == label) {
+        self.variants = match self
+            .variants
+            .iter()
+            .position(|variant| variant.label == label)
+        {
             Some(index) => &self.variants[index..=index],
             None => &[],
         };
@@ -439,7 +522,10 @@ pub fn order_json() -> serde_json::Value {
 pub fn order_message() -> proto::common::v1::CreateOrderRequest {
     proto::common::v1::CreateOrderRequest {
         customer_id: "c-1".into(),
-        items: vec![proto::common::v1::LineItem { sku: "sku-1".into(), quantity: 2 }],
+        items: vec![proto::common::v1::LineItem {
+            sku: "sku-1".into(),
+            quantity: 2,
+        }],
         amount_minor: 1299,
         currency: "EUR".into(),
     }
@@ -477,7 +563,13 @@ struct Sender {
 }
 
 impl Sender {
-    fn new(scenario: &Scenario, target: Target, tell_deadline: bool, run_id: u128, started: Instant) -> Arc<Self> {
+    fn new(
+        scenario: &Scenario,
+        target: Target,
+        tell_deadline: bool,
+        run_id: u128,
+        started: Instant,
+    ) -> Arc<Self> {
         let (url, get) = match target {
             Target::Create(url) => (url, false),
             Target::Get(url) => (url, true),
@@ -507,7 +599,15 @@ impl Sender {
             self.client
                 .post(&self.url)
                 .bearer_auth(self.api_key)
-                .header(wire::IDEMPOTENCY_KEY, format!("{}-{}-{}", self.name, self.run_id, if self.one_key { 0 } else { index }))
+                .header(
+                    wire::IDEMPOTENCY_KEY,
+                    format!(
+                        "{}-{}-{}",
+                        self.name,
+                        self.run_id,
+                        if self.one_key { 0 } else { index }
+                    ),
+                )
                 .json(&order_json())
         };
         if let Some(ms) = self.timeout_ms {
@@ -520,15 +620,27 @@ impl Sender {
         let sent = Instant::now();
         let response = request.send().await;
         let micros = sent.elapsed().as_micros() as u64;
-        self.latencies.lock().expect("histogram lock").saturating_record(micros.max(1));
+        self.latencies
+            .lock()
+            .expect("histogram lock")
+            .saturating_record(micros.max(1));
         match response {
             Ok(response) => {
                 let status = response.status();
                 let fallback = response.headers().contains_key(wire::FALLBACK);
-                let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+                let header = |name: &str| {
+                    response
+                        .headers()
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned)
+                };
                 let sample = (header(wire::DEADLINE_LEDGER), header("server-timing"));
                 // What a failed create left behind, as its problem says.
-                let unsettled = if !self.get && (status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS) {
+                let unsettled = if !self.get
+                    && (status.is_server_error()
+                        || status == reqwest::StatusCode::TOO_MANY_REQUESTS)
+                {
                     let problem: Option<serde_json::Value> = response.json().await.ok();
                     problem.and_then(|problem| problem["outcome"].as_str().map(str::to_owned))
                 } else {
@@ -548,7 +660,12 @@ impl Sender {
         }
         let done = self.done.fetch_add(1, Ordering::Relaxed) + 1;
         if done.is_multiple_of((self.total / 10).max(1)) || done == self.total {
-            eprintln!("  [{}] {done:>5}/{} answered, {:.1} s", self.name, self.total, self.started.elapsed().as_secs_f64());
+            eprintln!(
+                "  [{}] {done:>5}/{} answered, {:.1} s",
+                self.name,
+                self.total,
+                self.started.elapsed().as_secs_f64()
+            );
         }
     }
 }
@@ -563,14 +680,26 @@ async fn seed_order(base: &str, api_key: &str) -> String {
     let client = reqwest::Client::new();
     let key = format!("seed-{}", std::process::id());
     let answer: Option<serde_json::Value> = async {
-        let response =
-            client.post(format!("{base}/v1/orders")).bearer_auth(api_key).header(wire::IDEMPOTENCY_KEY, key).json(&order_json()).send().await.ok()?;
+        let response = client
+            .post(format!("{base}/v1/orders"))
+            .bearer_auth(api_key)
+            .header(wire::IDEMPOTENCY_KEY, key)
+            .json(&order_json())
+            .send()
+            .await
+            .ok()?;
         response.json().await.ok()
     }
     .await;
-    let id = answer.and_then(|order| order["order_id"].as_str().map(str::to_owned)).expect("the seed order is created");
+    let id = answer
+        .and_then(|order| order["order_id"].as_str().map(str::to_owned))
+        .expect("the seed order is created");
     // A first summary while everything is healthy, so that fallbacks have something to fall back on.
-    let _ = client.get(format!("{base}/v1/orders/{id}/summary")).bearer_auth(api_key).send().await;
+    let _ = client
+        .get(format!("{base}/v1/orders/{id}/summary"))
+        .bearer_auth(api_key)
+        .send()
+        .await;
     id
 }
 
@@ -587,7 +716,12 @@ async fn time_reads(url: &str, api_key: &str, count: usize) -> Percentiles {
 }
 
 /// Reads `url` at `per_second` until `stop`, and returns the reads' latency.
-async fn read_until(url: &str, api_key: &str, per_second: u32, stop: CancellationToken) -> Percentiles {
+async fn read_until(
+    url: &str,
+    api_key: &str,
+    per_second: u32,
+    stop: CancellationToken,
+) -> Percentiles {
     let client = reqwest::Client::new();
     let latencies = Arc::new(Mutex::new(histogram()));
     let mut reads = JoinSet::new();
@@ -658,14 +792,20 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
         None
     };
     let baseline_reads = match (&seeded, scenario.reads_per_second) {
-        (Some(id), Some(_)) => Some(time_reads(&format!("{base}/v1/orders/{id}"), scenario.api_key, 100).await),
+        (Some(id), Some(_)) => {
+            Some(time_reads(&format!("{base}/v1/orders/{id}"), scenario.api_key, 100).await)
+        }
         _ => None,
     };
-    chain.bank().update_faults(|faults| *faults = scenario.faults.clone());
+    chain
+        .bank()
+        .update_faults(|faults| *faults = scenario.faults.clone());
     let retry_before = chain.retry_stats();
     let rate_limited_before = chain.rate_limited();
     let started = Instant::now();
-    let run_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let run_id = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
     let target = |get_summary: bool| match (&seeded, get_summary) {
         (Some(id), true) => Target::Get(format!("{base}/v1/orders/{id}/summary")),
         _ => Target::Create(format!("{base}/v1/orders")),
@@ -678,14 +818,25 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
             eprintln!("  the bank's faults are lifted");
-            bank.update_faults(|faults| *faults = Faults { latency_ms: faults.latency_ms, ..Faults::default() });
+            bank.update_faults(|faults| {
+                *faults = Faults {
+                    latency_ms: faults.latency_ms,
+                    ..Faults::default()
+                }
+            });
         })
     });
     let reading = CancellationToken::new();
     let reads = match (&seeded, scenario.reads_per_second) {
         (Some(id), Some(per_second)) => {
-            let (url, api_key, stop) = (format!("{base}/v1/orders/{id}"), scenario.api_key, reading.clone());
-            Some(tokio::spawn(async move { read_until(&url, api_key, per_second, stop).await }))
+            let (url, api_key, stop) = (
+                format!("{base}/v1/orders/{id}"),
+                scenario.api_key,
+                reading.clone(),
+            );
+            Some(tokio::spawn(async move {
+                read_until(&url, api_key, per_second, stop).await
+            }))
         }
         _ => None,
     };
@@ -702,8 +853,14 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
 
     let calls_when_clients_left = chain.bank().stats().calls;
     let settlement = if scenario.settle {
-        eprintln!("  [{}] waiting for orders' completer to settle the pending orders", scenario.name);
-        settlement::watch(chain, SETTLEMENT_LIMIT).await.inspect_err(|error| eprintln!("  the orders could not be counted: {error}")).ok()
+        eprintln!(
+            "  [{}] waiting for orders' completer to settle the pending orders",
+            scenario.name
+        );
+        settlement::watch(chain, SETTLEMENT_LIMIT)
+            .await
+            .inspect_err(|error| eprintln!("  the orders could not be counted: {error}"))
+            .ok()
     } else {
         None
     };
@@ -712,8 +869,17 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
     let bank_calls_after_clients_left = bank_calls - calls_when_clients_left;
 
     let (replay_latency_ms, replay_outcomes) = if scenario.replay {
-        eprintln!("  [{}] sending every request again with its key", scenario.name);
-        let replays = Sender::new(scenario, target(summaries), tell_deadline, run_id, Instant::now());
+        eprintln!(
+            "  [{}] sending every request again with its key",
+            scenario.name
+        );
+        let replays = Sender::new(
+            scenario,
+            target(summaries),
+            tell_deadline,
+            run_id,
+            Instant::now(),
+        );
         drive(replays.clone(), scenario).await;
         let histogram = replays.latencies.lock().expect("histogram lock").clone();
         let mut tally = std::mem::take(&mut *replays.tally.lock().expect("tally lock"));
@@ -731,7 +897,12 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
     let tally = std::mem::take(&mut *sender.tally.lock().expect("tally lock"));
     let histogram = sender.latencies.lock().expect("histogram lock").clone();
     let completed = tally.outcomes.values().sum::<usize>() + tally.no_answer;
-    let succeeded: usize = tally.outcomes.iter().filter(|(status, _)| (200..300).contains(*status)).map(|(_, count)| count).sum();
+    let succeeded: usize = tally
+        .outcomes
+        .iter()
+        .filter(|(status, _)| (200..300).contains(*status))
+        .map(|(_, count)| count)
+        .sum();
     let retry_after = chain.retry_stats();
     let (sample_ledger, sample_server_timing) = tally.sample.unwrap_or_default();
     Report {
@@ -766,7 +937,10 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
 }
 
 /// Runs every variant of `scenario` on a fresh chain built from `settings`.
-pub async fn run_variants(scenario: &Scenario, settings: &ChainSettings) -> Result<Vec<Report>, rpc::ServerError> {
+pub async fn run_variants(
+    scenario: &Scenario,
+    settings: &ChainSettings,
+) -> Result<Vec<Report>, rpc::ServerError> {
     let mut reports = Vec::new();
     for variant in scenario.variants {
         let data = tempfile::tempdir().map_err(rpc::ServerError::Serve)?;
@@ -775,7 +949,13 @@ pub async fn run_variants(scenario: &Scenario, settings: &ChainSettings) -> Resu
         settings.naive.enabled = variant.naive;
         (variant.settings)(&mut settings);
         let chain = Chain::start(settings).await?;
-        eprintln!("Scenario {} ({}): {} requests, {}", scenario.name, variant.label, scenario.requests, describe(scenario.load));
+        eprintln!(
+            "Scenario {} ({}): {} requests, {}",
+            scenario.name,
+            variant.label,
+            scenario.requests,
+            describe(scenario.load)
+        );
         reports.push(run(&chain, scenario, variant.label).await);
         chain.stop().await?;
     }
@@ -790,7 +970,10 @@ fn describe_outcomes(outcomes: &BTreeMap<u16, usize>, no_answer: usize) -> Strin
             if *status == 0 {
                 return format!("no answer: {count}");
             }
-            let reason = reqwest::StatusCode::from_u16(*status).ok().and_then(|s| s.canonical_reason()).unwrap_or("");
+            let reason = reqwest::StatusCode::from_u16(*status)
+                .ok()
+                .and_then(|s| s.canonical_reason())
+                .unwrap_or("");
             format!("{status} {reason}: {count}")
         })
         .chain((no_answer > 0).then(|| format!("no answer: {no_answer}")))
@@ -811,7 +994,9 @@ pub struct Comparison<'a>(pub &'a [Report]);
 impl fmt::Display for Comparison<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let reports = self.0;
-        let Some(first) = reports.first() else { return Ok(()) };
+        let Some(first) = reports.first() else {
+            return Ok(());
+        };
         writeln!(f, "\nSide by side: {}", first.scenario)?;
         write!(f, "  {:<34}", "")?;
         for report in reports {
@@ -820,11 +1005,23 @@ impl fmt::Display for Comparison<'_> {
         writeln!(f)?;
         type Row = (&'static str, fn(&Report) -> String);
         let rows: [Row; 7] = [
-            ("success rate", |r| format!("{:.1} %", r.success_rate * 100.0)),
-            ("bank calls per user request", |r| format!("{:.2}", r.bank_calls_per_request)),
+            ("success rate", |r| {
+                format!("{:.1} %", r.success_rate * 100.0)
+            }),
+            ("bank calls per user request", |r| {
+                format!("{:.2}", r.bank_calls_per_request)
+            }),
             ("retries at the gateway", |r| r.retry.retries.to_string()),
-            ("bank calls after clients left", |r| r.bank_calls_after_clients_left.to_string()),
-            ("work finished after its deadline", |r| r.hops.iter().map(|(_, counters)| counters.finished_late).sum::<u64>().to_string()),
+            ("bank calls after clients left", |r| {
+                r.bank_calls_after_clients_left.to_string()
+            }),
+            ("work finished after its deadline", |r| {
+                r.hops
+                    .iter()
+                    .map(|(_, counters)| counters.finished_late)
+                    .sum::<u64>()
+                    .to_string()
+            }),
             ("p99 latency", |r| format!("{:.1} ms", r.latency_ms.p99)),
             ("no answer (client gave up)", |r| r.no_answer.to_string()),
         ];
@@ -841,7 +1038,11 @@ impl fmt::Display for Comparison<'_> {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "\nScenario {} ({}): {}", self.scenario, self.variant, self.about)?;
+        writeln!(
+            f,
+            "\nScenario {} ({}): {}",
+            self.scenario, self.variant, self.about
+        )?;
         writeln!(
             f,
             "  requests     {} in {:.2} s ({}): {:.0} per second",
@@ -850,7 +1051,12 @@ impl fmt::Display for Report {
             describe(self.load),
             self.requests_per_second
         )?;
-        writeln!(f, "  outcomes     {} (success {:.1} %)", describe_outcomes(&self.outcomes, self.no_answer), self.success_rate * 100.0)?;
+        writeln!(
+            f,
+            "  outcomes     {} (success {:.1} %)",
+            describe_outcomes(&self.outcomes, self.no_answer),
+            self.success_rate * 100.0
+        )?;
         if !self.unsettled.is_empty() {
             let count = |outcome: &str| self.unsettled.get(outcome).copied().unwrap_or_default();
             writeln!(
@@ -862,7 +1068,11 @@ impl fmt::Display for Report {
             )?;
         }
         let l = self.latency_ms;
-        writeln!(f, "  latency      min {:.1} ms, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms", l.min, l.p50, l.p99, l.max)?;
+        writeln!(
+            f,
+            "  latency      min {:.1} ms, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            l.min, l.p50, l.p99, l.max
+        )?;
         if let (Some(r), Some(outcomes)) = (self.replay_latency_ms, &self.replay_outcomes) {
             writeln!(
                 f,
@@ -874,7 +1084,12 @@ impl fmt::Display for Report {
                 r.max
             )?;
         }
-        if let Some(Settlement { before, after, elapsed_ms }) = self.settlement {
+        if let Some(Settlement {
+            before,
+            after,
+            elapsed_ms,
+        }) = self.settlement
+        {
             writeln!(
                 f,
                 "  settlement   when the clients left: {} paid, {} declined, {} pending; {:.1} s later: {} paid, {} declined, {} pending; \
@@ -895,7 +1110,13 @@ impl fmt::Display for Report {
         writeln!(
             f,
             "  bank         {} calls ({:.2} per request, {} marked as retries), {} charges, {} hung, {} completed after their deadline, {} after clients left",
-            b.calls, self.bank_calls_per_request, b.retried_calls, b.charges, b.hung, b.late_completions, self.bank_calls_after_clients_left
+            b.calls,
+            self.bank_calls_per_request,
+            b.retried_calls,
+            b.charges,
+            b.hung,
+            b.late_completions,
+            self.bank_calls_after_clients_left
         )?;
         let r = self.retry;
         writeln!(
@@ -913,12 +1134,21 @@ impl fmt::Display for Report {
             r.stopped_breaker
         )?;
         if self.fallback_answers > 0 {
-            writeln!(f, "  fallbacks    {} answers made from a fallback (X-Fallback)", self.fallback_answers)?;
+            writeln!(
+                f,
+                "  fallbacks    {} answers made from a fallback (X-Fallback)",
+                self.fallback_answers
+            )?;
         }
         if self.rate_limited > 0 {
-            writeln!(f, "  rate limit   {} requests refused over the client's quota", self.rate_limited)?;
+            writeln!(
+                f,
+                "  rate limit   {} requests refused over the client's quota",
+                self.rate_limited
+            )?;
         }
-        if let (Some(reads), Some(baseline)) = (self.read_latency_ms, self.baseline_read_latency_ms) {
+        if let (Some(reads), Some(baseline)) = (self.read_latency_ms, self.baseline_read_latency_ms)
+        {
             writeln!(
                 f,
                 "  reads        of one order beside the load: p50 {:.1} ms, p99 {:.1} ms (before the faults: p50 {:.1} ms, p99 {:.1} ms)",
@@ -936,15 +1166,30 @@ impl fmt::Display for Report {
             }
         }
         if g.bank_bulkhead.rejected > 0 {
-            writeln!(f, "  bulkhead     payment → bank: {} calls rejected at the limit of {}", g.bank_bulkhead.rejected, g.bank_bulkhead.limit)?;
+            writeln!(
+                f,
+                "  bulkhead     payment → bank: {} calls rejected at the limit of {}",
+                g.bank_bulkhead.rejected, g.bank_bulkhead.limit
+            )?;
         }
-        writeln!(f, "  deadlines    requests / expired at the hop / finished late / abandoned / failed fast")?;
+        writeln!(
+            f,
+            "  deadlines    requests / expired at the hop / finished late / abandoned / failed fast"
+        )?;
         for (listener, s) in self.hops.iter() {
-            writeln!(f, "    {:<16} {} / {} / {} / {} / {}", listener.label, s.requests, s.expired, s.finished_late, s.abandoned, s.failed_fast)?;
+            writeln!(
+                f,
+                "    {:<16} {} / {} / {} / {} / {}",
+                listener.label, s.requests, s.expired, s.finished_late, s.abandoned, s.failed_fast
+            )?;
         }
         if let Some(text) = &self.sample_ledger {
             writeln!(f, "  ledger of the first answer (ms)")?;
-            writeln!(f, "    {:<10} {:>9} {:>8} {:>9} {:>10} {:>8}", "hop", "received", "spent", "reserved", "forwarded", "left")?;
+            writeln!(
+                f,
+                "    {:<10} {:>9} {:>8} {:>9} {:>10} {:>8}",
+                "hop", "received", "spent", "reserved", "forwarded", "left"
+            )?;
             match ledger::parse(text) {
                 Ok(entries) => {
                     for e in entries {

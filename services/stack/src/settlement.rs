@@ -21,7 +21,9 @@ pub struct OrderCounts {
 
 impl OrderCounts {
     async fn read(database: &Database) -> Result<Self, storage::Error> {
-        let by_status: Vec<(String, i64)> = database.fetch_all("SELECT status, COUNT(*) FROM orders GROUP BY status", &[]).await?;
+        let by_status: Vec<(String, i64)> = database
+            .fetch_all("SELECT status, COUNT(*) FROM orders GROUP BY status", &[])
+            .await?;
         let mut counts = Self::default();
         for (status, count) in by_status {
             let count = count as u64;
@@ -65,15 +67,27 @@ pub enum WatchError {
 pub async fn watch(chain: &Chain, limit: Duration) -> Result<Settlement, WatchError> {
     // Orders' database, migrated by orders: nothing to apply. On SQLite the file's writer is
     // orders' own, in this process, and the counts run on readers beside it.
-    let url = chain.database_url(orders::HOP).expect("orders keeps a database");
-    let database = Database::open(url, SqliteSettings::default(), |_| Vec::new()).await.map_err(WatchError::Open)?;
+    let url = chain
+        .database_url(orders::HOP)
+        .expect("orders keeps a database");
+    let database = Database::open(url, SqliteSettings::default(), |_| Vec::new())
+        .await
+        .map_err(WatchError::Open)?;
     let started = Instant::now();
     let before = OrderCounts::read(&database).await?;
     let mut after = before;
     while after.pending > 0 && started.elapsed() < limit {
         tokio::time::sleep(Duration::from_millis(200)).await;
         after = OrderCounts::read(&database).await?;
-        eprintln!("  pending orders: {} ({:.1} s)", after.pending, started.elapsed().as_secs_f64());
+        eprintln!(
+            "  pending orders: {} ({:.1} s)",
+            after.pending,
+            started.elapsed().as_secs_f64()
+        );
     }
-    Ok(Settlement { before, after, elapsed_ms: started.elapsed().as_secs_f64() * 1e3 })
+    Ok(Settlement {
+        before,
+        after,
+        elapsed_ms: started.elapsed().as_secs_f64() * 1e3,
+    })
 }

@@ -17,9 +17,18 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(version, about)]
 struct Cli {
     /// The endpoint's secret (`whsec_…`); given twice, either one is accepted (a rotation).
-    #[arg(long = "secret", env = "WEBHOOK_SECRET", value_delimiter = ',', required = true)]
+    #[arg(
+        long = "secret",
+        env = "WEBHOOK_SECRET",
+        value_delimiter = ',',
+        required = true
+    )]
     secrets: Vec<Secret>,
-    #[arg(long, env = "WEBHOOK_RECEIVER_LISTEN", default_value = "127.0.0.1:9000")]
+    #[arg(
+        long,
+        env = "WEBHOOK_RECEIVER_LISTEN",
+        default_value = "127.0.0.1:9000"
+    )]
     listen: SocketAddr,
     /// How long processed ids are remembered, in seconds.
     #[arg(long, default_value_t = 3 * 24 * 60 * 60)]
@@ -37,17 +46,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let verifier = secrets.fold(Verifier::new(first), Verifier::with_secret);
     let seen = SeenIds::new(cli.retention_secs, cli.max_ids);
     let receiver = Arc::new(Receiver::with_seen_ids(verifier, seen, |delivery| {
-        println!("{}: {}", delivery.id, String::from_utf8_lossy(&delivery.body));
+        println!(
+            "{}: {}",
+            delivery.id,
+            String::from_utf8_lossy(&delivery.body)
+        );
     }));
     let listener = tokio::net::TcpListener::bind(cli.listen).await?;
-    println!("receiving webhooks on http://{}{PATH}", listener.local_addr()?);
-    axum::serve(listener, receiver.router()).with_graceful_shutdown(terminated()).await?;
+    println!(
+        "receiving webhooks on http://{}{PATH}",
+        listener.local_addr()?
+    );
+    axum::serve(listener, receiver.router())
+        .with_graceful_shutdown(terminated())
+        .await?;
     Ok(())
 }
 
 /// Ctrl-C or SIGTERM: as PID 1 of a container, the process gets no default action for SIGTERM.
 async fn terminated() {
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = sigterm.recv() => {}

@@ -33,8 +33,15 @@ type Receipts = Arc<Mutex<HashMap<String, i64>>>;
 
 async fn receive(State(receipts): State<Receipts>, headers: HeaderMap) -> StatusCode {
     let at = SystemClock.now_ms();
-    if let Some(id) = headers.get("webhook-id").and_then(|value| value.to_str().ok()) {
-        receipts.lock().expect("not poisoned").entry(id.to_owned()).or_insert(at);
+    if let Some(id) = headers
+        .get("webhook-id")
+        .and_then(|value| value.to_str().ok())
+    {
+        receipts
+            .lock()
+            .expect("not poisoned")
+            .entry(id.to_owned())
+            .or_insert(at);
     }
     StatusCode::NO_CONTENT
 }
@@ -46,18 +53,39 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let commits_per_sec: Option<u32> = args.next().map(|n| n.parse()).transpose()?;
     let dir = tempfile::tempdir()?;
     let database_url = format!("sqlite://{}", dir.path().join("orders.db").display());
-    let database = Database::open(&database_url, Default::default(), |backend| vec![outbox::migrations(backend)]).await?;
+    let database = Database::open(&database_url, Default::default(), |backend| {
+        vec![outbox::migrations(backend)]
+    })
+    .await?;
 
     let receipts = Receipts::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let receiver: SocketAddr = listener.local_addr()?;
-    tokio::spawn(axum::serve(listener, Router::new().route("/hook", post(receive)).with_state(receipts.clone())).into_future());
+    tokio::spawn(
+        axum::serve(
+            listener,
+            Router::new()
+                .route("/hook", post(receive))
+                .with_state(receipts.clone()),
+        )
+        .into_future(),
+    );
 
     // The most an endpoint may ask for: 64 in flight, 1,000 per second.
-    let endpoint = NewEndpoint { url: format!("http://{receiver}/hook"), event_types: vec![ORDER_PAID.into()], limits: EndpointLimits::MAX };
+    let endpoint = NewEndpoint {
+        url: format!("http://{receiver}/hook"),
+        event_types: vec![ORDER_PAID.into()],
+        limits: EndpointLimits::MAX,
+    };
     let secret_keys = SecretKeys::generate("example");
     let subscriptions = Subscriptions::new(database.clone(), secret_keys.clone());
-    database.write(async move |tx| subscriptions.create_endpoint(tx, CLIENT, &endpoint, SystemClock.now_ms()).await).await?;
+    database
+        .write(async move |tx| {
+            subscriptions
+                .create_endpoint(tx, CLIENT, &endpoint, SystemClock.now_ms())
+                .await
+        })
+        .await?;
 
     let settings = Settings {
         database_url,
@@ -77,11 +105,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(rate) => format!("{rate} commits/s"),
         None => "as fast as possible".to_owned(),
     };
-    println!("committing {events} events ({pace}) for one endpoint (limits: 64 in flight, 1,000/s) on SQLite; receiver on {receiver}");
-    let mut ticks = commits_per_sec.map(|rate| tokio::time::interval(Duration::from_secs(1) / rate.max(1)));
+    println!(
+        "committing {events} events ({pace}) for one endpoint (limits: 64 in flight, 1,000/s) on SQLite; receiver on {receiver}"
+    );
+    let mut ticks =
+        commits_per_sec.map(|rate| tokio::time::interval(Duration::from_secs(1) / rate.max(1)));
     let started = Instant::now();
     let mut committed_at = HashMap::with_capacity(events);
-    let data = serde_json::json!({"order_id": "ord_bench", "amount_minor": 1299, "currency": "EUR"});
+    let data =
+        serde_json::json!({"order_id": "ord_bench", "amount_minor": 1299, "currency": "EUR"});
     for n in 1..=events {
         if let Some(ticks) = ticks.as_mut() {
             ticks.tick().await;
@@ -89,12 +121,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let at = SystemClock.now_ms();
         let data = data.clone();
         let id = database
-            .write(async move |tx| outbox::record(tx, CLIENT, &NewEvent { event_type: ORDER_PAID, version: 1, data: &data }, at).await)
+            .write(async move |tx| {
+                outbox::record(
+                    tx,
+                    CLIENT,
+                    &NewEvent {
+                        event_type: ORDER_PAID,
+                        version: 1,
+                        data: &data,
+                    },
+                    at,
+                )
+                .await
+            })
             .await?
             .ok_or("the endpoint subscribes to order.paid")?;
         committed_at.insert(id, at);
         if n % 500 == 0 {
-            println!("  committed {n}, delivered {}", receipts.lock().expect("not poisoned").len());
+            println!(
+                "  committed {n}, delivered {}",
+                receipts.lock().expect("not poisoned").len()
+            );
         }
     }
     let committing = started.elapsed();
@@ -125,9 +172,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!();
     println!("events                    {events} ({pace})");
-    println!("committing took           {:.2} s ({:.0} events/s)", committing.as_secs_f64(), events as f64 / committing.as_secs_f64());
+    println!(
+        "committing took           {:.2} s ({:.0} events/s)",
+        committing.as_secs_f64(),
+        events as f64 / committing.as_secs_f64()
+    );
     println!("all delivered after       {:.2} s", total.as_secs_f64());
-    println!("delivery throughput       {:.0} events/s", events as f64 / total.as_secs_f64());
+    println!(
+        "delivery throughput       {:.0} events/s",
+        events as f64 / total.as_secs_f64()
+    );
     println!(
         "commit→receipt latency    p50 {} ms, p99 {} ms, max {} ms",
         latency.value_at_quantile(0.5),

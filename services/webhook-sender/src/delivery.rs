@@ -90,7 +90,15 @@ impl<R: Resolve> Deliverer<R> {
             .dns_resolver(Arc::new(dns.clone()))
             .connect_timeout(connect_timeout)
             .build()?;
-        Ok(Self { client, dns, policy, resolver, lookups: Shares::new(lookups_per_client), request_timeout, clock })
+        Ok(Self {
+            client,
+            dns,
+            policy,
+            resolver,
+            lookups: Shares::new(lookups_per_client),
+            request_timeout,
+            clock,
+        })
     }
 
     /// Attempts `claim` once at its endpoint's URL, an endpoint of `client_id`.
@@ -100,9 +108,15 @@ impl<R: Resolve> Deliverer<R> {
         let started = Instant::now();
         let deadline = started + self.request_timeout;
         // The look-up is part of the attempt's time, so the timeout covers it too.
-        let (status_code, verdict, error) = match tokio::time::timeout_at(deadline, self.send(url, client_id, claim, started_at_ms)).await {
+        let (status_code, verdict, error) = match tokio::time::timeout_at(
+            deadline,
+            self.send(url, client_id, claim, started_at_ms),
+        )
+        .await
+        {
             Ok(Ok(response)) => {
-                let now = UNIX_EPOCH + Duration::from_millis(u64::try_from(self.clock.now_ms()).unwrap_or(0));
+                let now = UNIX_EPOCH
+                    + Duration::from_millis(u64::try_from(self.clock.now_ms()).unwrap_or(0));
                 let (verdict, error) = classify(response.status(), response.headers(), now);
                 let status = response.status().as_u16();
                 // The answer counts from its status; its body only decides whether the
@@ -111,14 +125,35 @@ impl<R: Resolve> Deliverer<R> {
                 (Some(status), verdict, error)
             }
             Ok(Err(error)) => (None, Verdict::Failed, Some(error)),
-            Err(_) => (None, Verdict::Failed, Some(format!("no answer within {} ms", self.request_timeout.as_millis()))),
+            Err(_) => (
+                None,
+                Verdict::Failed,
+                Some(format!(
+                    "no answer within {} ms",
+                    self.request_timeout.as_millis()
+                )),
+            ),
         };
         let duration_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
-        Report { attempt: Attempt { started_at_ms, duration_ms, status_code, error }, verdict }
+        Report {
+            attempt: Attempt {
+                started_at_ms,
+                duration_ms,
+                status_code,
+                error,
+            },
+            verdict,
+        }
     }
 
     /// Vets the URL, then sends the signed delivery to a vetted address.
-    async fn send(&self, url: &str, client_id: &str, claim: &Claim, now_ms: i64) -> Result<reqwest::Response, String> {
+    async fn send(
+        &self,
+        url: &str,
+        client_id: &str,
+        claim: &Claim,
+        now_ms: i64,
+    ) -> Result<reqwest::Response, String> {
         let refused = |error: ssrf::SsrfError| {
             tracing::warn!(%error, "refused by the SSRF guard");
             DESTINATION_NOT_ALLOWED.to_owned()
@@ -129,21 +164,41 @@ impl<R: Resolve> Deliverer<R> {
             // its own places, and its other attempts fail here at once instead of waiting.
             let _lookup = if target.needs_lookup() {
                 let share = self.lookups.take(&client_id.to_owned());
-                Some(share.ok_or_else(|| format!("{} name lookups of this client's endpoints are already in flight", self.lookups.limit()))?)
+                Some(share.ok_or_else(|| {
+                    format!(
+                        "{} name lookups of this client's endpoints are already in flight",
+                        self.lookups.limit()
+                    )
+                })?)
             } else {
                 None
             };
             target.resolve(&self.resolver).await.map_err(refused)?
         };
         self.dns.pin(target.host(), target.addrs());
-        let (first, others) = claim.secrets.split_first().ok_or("the endpoint has no active secret")?;
-        let signer = others.iter().cloned().fold(Signer::new(first.clone()), Signer::with_secret);
+        let (first, others) = claim
+            .secrets
+            .split_first()
+            .ok_or("the endpoint has no active secret")?;
+        let signer = others
+            .iter()
+            .cloned()
+            .fold(Signer::new(first.clone()), Signer::with_secret);
         let timestamp_secs = u64::try_from(now_ms / 1_000).unwrap_or(0);
-        let mut request = self.client.post(target.url().clone()).header(header::CONTENT_TYPE, "application/json");
-        for (name, value) in signer.headers(&claim.event_id, timestamp_secs, claim.payload.as_bytes()) {
+        let mut request = self
+            .client
+            .post(target.url().clone())
+            .header(header::CONTENT_TYPE, "application/json");
+        for (name, value) in
+            signer.headers(&claim.event_id, timestamp_secs, claim.payload.as_bytes())
+        {
             request = request.header(name, value);
         }
-        request.body(claim.payload.clone()).send().await.map_err(|error| describe(&error.without_url()))
+        request
+            .body(claim.payload.clone())
+            .send()
+            .await
+            .map_err(|error| describe(&error.without_url()))
     }
 }
 
@@ -161,21 +216,36 @@ async fn drain(mut response: reqwest::Response) {
 }
 
 /// What the answer's status (and headers) mean, and the error to record when it is no success.
-fn classify(status: StatusCode, headers: &header::HeaderMap, now: std::time::SystemTime) -> (Verdict, Option<String>) {
+fn classify(
+    status: StatusCode,
+    headers: &header::HeaderMap,
+    now: std::time::SystemTime,
+) -> (Verdict, Option<String>) {
     if status.is_success() {
         return (Verdict::Delivered, None);
     }
     if status.is_redirection() {
-        let location = headers.get(header::LOCATION).and_then(|value| value.to_str().ok()).unwrap_or("(no Location)");
-        return (Verdict::Failed, Some(format!("redirect to {} not followed", truncated(location, MAX_LOCATION_BYTES))));
+        let location = headers
+            .get(header::LOCATION)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or("(no Location)");
+        return (
+            Verdict::Failed,
+            Some(format!(
+                "redirect to {} not followed",
+                truncated(location, MAX_LOCATION_BYTES)
+            )),
+        );
     }
     let error = Some(format!("answered {status}"));
     match status {
         StatusCode::GONE => (Verdict::Gone, error),
-        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => match crate::retry_after::requested_wait(headers, now) {
-            Some(wait) => (Verdict::RetryAfter(wait), error),
-            None => (Verdict::Failed, error),
-        },
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
+            match crate::retry_after::requested_wait(headers, now) {
+                Some(wait) => (Verdict::RetryAfter(wait), error),
+                None => (Verdict::Failed, error),
+            }
+        }
         _ => (Verdict::Failed, error),
     }
 }
@@ -207,21 +277,66 @@ mod tests {
     fn only_2xx_delivers() {
         let now = UNIX_EPOCH;
         let none = header::HeaderMap::new();
-        assert_eq!(classify(StatusCode::NO_CONTENT, &none, now), (Verdict::Delivered, None));
+        assert_eq!(
+            classify(StatusCode::NO_CONTENT, &none, now),
+            (Verdict::Delivered, None)
+        );
         assert_eq!(classify(StatusCode::GONE, &none, now).0, Verdict::Gone);
-        assert_eq!(classify(StatusCode::TOO_MANY_REQUESTS, &with(header::RETRY_AFTER, "2"), now).0, Verdict::RetryAfter(Duration::from_secs(2)));
-        assert_eq!(classify(StatusCode::SERVICE_UNAVAILABLE, &none, now).0, Verdict::Failed, "no Retry-After: the schedule decides");
-        assert_eq!(classify(StatusCode::INTERNAL_SERVER_ERROR, &with(header::RETRY_AFTER, "2"), now).0, Verdict::Failed);
-        let (verdict, error) = classify(StatusCode::FOUND, &with(header::LOCATION, "http://10.0.0.1/"), now);
-        assert_eq!((verdict, error.as_deref()), (Verdict::Failed, Some("redirect to http://10.0.0.1/ not followed")));
+        assert_eq!(
+            classify(
+                StatusCode::TOO_MANY_REQUESTS,
+                &with(header::RETRY_AFTER, "2"),
+                now
+            )
+            .0,
+            Verdict::RetryAfter(Duration::from_secs(2))
+        );
+        assert_eq!(
+            classify(StatusCode::SERVICE_UNAVAILABLE, &none, now).0,
+            Verdict::Failed,
+            "no Retry-After: the schedule decides"
+        );
+        assert_eq!(
+            classify(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &with(header::RETRY_AFTER, "2"),
+                now
+            )
+            .0,
+            Verdict::Failed
+        );
+        let (verdict, error) = classify(
+            StatusCode::FOUND,
+            &with(header::LOCATION, "http://10.0.0.1/"),
+            now,
+        );
+        assert_eq!(
+            (verdict, error.as_deref()),
+            (
+                Verdict::Failed,
+                Some("redirect to http://10.0.0.1/ not followed")
+            )
+        );
     }
 
     #[test]
     fn a_long_location_is_cut() {
         let location = format!("https://example.com/{}", "a".repeat(400_000));
-        let (_, error) = classify(StatusCode::FOUND, &with(header::LOCATION, &location), UNIX_EPOCH);
+        let (_, error) = classify(
+            StatusCode::FOUND,
+            &with(header::LOCATION, &location),
+            UNIX_EPOCH,
+        );
         let error = error.expect("a failure");
-        assert!(error.len() <= MAX_LOCATION_BYTES + "redirect to  not followed".len(), "{} bytes", error.len());
-        assert!(error.starts_with("redirect to https://example.com/aaa") && error.ends_with("… not followed"), "{error}");
+        assert!(
+            error.len() <= MAX_LOCATION_BYTES + "redirect to  not followed".len(),
+            "{} bytes",
+            error.len()
+        );
+        assert!(
+            error.starts_with("redirect to https://example.com/aaa")
+                && error.ends_with("… not followed"),
+            "{error}"
+        );
     }
 }

@@ -35,7 +35,9 @@ pub struct DnsResolver {
 
 impl std::fmt::Debug for DnsResolver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DnsResolver").field("lookup_timeout", &self.lookup_timeout).finish_non_exhaustive()
+        f.debug_struct("DnsResolver")
+            .field("lookup_timeout", &self.lookup_timeout)
+            .finish_non_exhaustive()
     }
 }
 
@@ -50,14 +52,18 @@ impl DnsResolver {
                 .name_servers
                 .iter()
                 .map(|addr| {
-                    let connections = [ConnectionConfig::udp(), ConnectionConfig::tcp()].map(|mut connection| {
-                        connection.port = addr.port();
-                        connection
-                    });
+                    let connections =
+                        [ConnectionConfig::udp(), ConnectionConfig::tcp()].map(|mut connection| {
+                            connection.port = addr.port();
+                            connection
+                        });
                     NameServerConfig::new(addr.ip(), true, connections.into())
                 })
                 .collect();
-            TokioResolver::builder_with_config(ResolverConfig::from_name_servers(name_servers), TokioRuntimeProvider::default())
+            TokioResolver::builder_with_config(
+                ResolverConfig::from_name_servers(name_servers),
+                TokioRuntimeProvider::default(),
+            )
         };
         let options = builder.options_mut();
         // Two tries within the lookup timeout (resolv.conf's default is two), so that one lost
@@ -68,17 +74,27 @@ impl DnsResolver {
         options.positive_max_ttl = Some(Duration::from_millis(settings.max_ttl_ms));
         let negative_ttl = Some(Duration::from_millis(settings.negative_ttl_ms));
         (options.negative_min_ttl, options.negative_max_ttl) = (negative_ttl, negative_ttl);
-        Ok(Self { resolver: builder.build()?, lookup_timeout })
+        Ok(Self {
+            resolver: builder.build()?,
+            lookup_timeout,
+        })
     }
 }
 
 impl Resolve for DnsResolver {
     async fn resolve(&self, host: &str) -> io::Result<Vec<IpAddr>> {
-        let absolute = if host.ends_with('.') { host.to_owned() } else { format!("{host}.") };
+        let absolute = if host.ends_with('.') {
+            host.to_owned()
+        } else {
+            format!("{host}.")
+        };
         match tokio::time::timeout(self.lookup_timeout, self.resolver.lookup_ip(absolute)).await {
             Ok(Ok(found)) => Ok(found.iter().collect()),
             Ok(Err(error)) => Err(io::Error::other(error)),
-            Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, format!("no answer within {} ms", self.lookup_timeout.as_millis()))),
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no answer within {} ms", self.lookup_timeout.as_millis()),
+            )),
         }
     }
 }

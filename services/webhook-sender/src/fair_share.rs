@@ -72,7 +72,13 @@ impl Inner {
 
 impl FairShares {
     pub fn new(capacity: usize) -> Self {
-        Self { inner: Arc::new(Inner { capacity: capacity.max(1), held: Mutex::default(), freed: Notify::new() }) }
+        Self {
+            inner: Arc::new(Inner {
+                capacity: capacity.max(1),
+                held: Mutex::default(),
+                freed: Notify::new(),
+            }),
+        }
     }
 
     /// A place for one of `client_id`'s deliveries, waiting until the sender has one free and the
@@ -90,8 +96,16 @@ impl FairShares {
             // A waiting client counts among those the cap is shared by, so that the others'
             // shares shrink and the places they free come to it.
             in_line.get_or_insert_with(|| {
-                self.inner.held().by_client.entry(client_id.to_owned()).or_default().waiting += 1;
-                Waiting { inner: self.inner.clone(), client_id: client_id.to_owned() }
+                self.inner
+                    .held()
+                    .by_client
+                    .entry(client_id.to_owned())
+                    .or_default()
+                    .waiting += 1;
+                Waiting {
+                    inner: self.inner.clone(),
+                    client_id: client_id.to_owned(),
+                }
             });
             freed.await;
         }
@@ -107,8 +121,14 @@ impl FairShares {
             return None;
         }
         held.total += 1;
-        held.by_client.entry(client_id.to_owned()).or_default().holding += 1;
-        Some(FairShare { inner: self.inner.clone(), client_id: client_id.to_owned() })
+        held.by_client
+            .entry(client_id.to_owned())
+            .or_default()
+            .holding += 1;
+        Some(FairShare {
+            inner: self.inner.clone(),
+            client_id: client_id.to_owned(),
+        })
     }
 }
 
@@ -122,7 +142,8 @@ pub struct FairShare {
 impl Drop for FairShare {
     fn drop(&mut self) {
         self.inner.held().total -= 1;
-        self.inner.release(&self.client_id, |client| &mut client.holding);
+        self.inner
+            .release(&self.client_id, |client| &mut client.holding);
     }
 }
 
@@ -134,7 +155,8 @@ struct Waiting {
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        self.inner.release(&self.client_id, |client| &mut client.waiting);
+        self.inner
+            .release(&self.client_id, |client| &mut client.waiting);
     }
 }
 
@@ -147,10 +169,18 @@ mod tests {
     #[test]
     fn a_client_alone_takes_half_and_a_newcomer_finds_places_free() {
         let shares = FairShares::new(4);
-        let first: Vec<_> = (0..2).map(|_| shares.try_take("a").expect("a place")).collect();
-        assert!(shares.try_take("a").is_none(), "half of the cap is kept for others");
+        let first: Vec<_> = (0..2)
+            .map(|_| shares.try_take("a").expect("a place"))
+            .collect();
+        assert!(
+            shares.try_take("a").is_none(),
+            "half of the cap is kept for others"
+        );
         let second = shares.try_take("b").expect("a place at once");
-        assert!(shares.try_take("b").is_none(), "b's share of three ways is one");
+        assert!(
+            shares.try_take("b").is_none(),
+            "b's share of three ways is one"
+        );
         drop((first, second));
         assert!(shares.try_take("a").is_some());
     }
@@ -158,8 +188,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn places_freed_by_a_client_over_its_share_go_to_a_waiting_one() {
         let shares = FairShares::new(6);
-        let mut first: Vec<_> = (0..3).map(|_| shares.try_take("a").expect("a place")).collect();
-        let second: Vec<_> = (0..2).map(|_| shares.try_take("b").expect("a place")).collect();
+        let mut first: Vec<_> = (0..3)
+            .map(|_| shares.try_take("a").expect("a place"))
+            .collect();
+        let second: Vec<_> = (0..2)
+            .map(|_| shares.try_take("b").expect("a place"))
+            .collect();
         let third = shares.try_take("c").expect("the last place");
         let fourth = tokio::spawn({
             let shares = shares.clone();
@@ -168,8 +202,14 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert!(!fourth.is_finished(), "no place is free");
         first.pop();
-        assert!(shares.try_take("a").is_none(), "with d waiting, a's share is one");
-        let fourth = tokio::time::timeout(Duration::from_secs(1), fourth).await.expect("woken").expect("no panic");
+        assert!(
+            shares.try_take("a").is_none(),
+            "with d waiting, a's share is one"
+        );
+        let fourth = tokio::time::timeout(Duration::from_secs(1), fourth)
+            .await
+            .expect("woken")
+            .expect("no panic");
         assert_eq!(fourth.client_id, "d");
         drop((first, second, third, fourth));
     }
@@ -183,9 +223,15 @@ mod tests {
             async move { shares.take("b").await }
         });
         tokio::time::sleep(Duration::from_millis(10)).await;
-        assert!(!waiting.is_finished(), "b waits while a holds the only place");
+        assert!(
+            !waiting.is_finished(),
+            "b waits while a holds the only place"
+        );
         drop(held);
-        let place = tokio::time::timeout(Duration::from_secs(1), waiting).await.expect("woken").expect("no panic");
+        let place = tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("woken")
+            .expect("no panic");
         assert_eq!(place.client_id, "b");
     }
 }

@@ -21,9 +21,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
     let settings: webhook_sender::Settings = settings::load("WEBHOOK_SENDER", &cli.settings)?;
     if let Some(rpc::health::Command::Healthcheck { timeout_ms }) = cli.command {
-        return Ok(rpc::health::check(settings.listen, std::time::Duration::from_millis(timeout_ms)).await?);
+        return Ok(rpc::health::check(
+            settings.listen,
+            std::time::Duration::from_millis(timeout_ms),
+        )
+        .await?);
     }
-    let telemetry = telemetry::init(webhook_sender::SERVICE, &telemetry::TelemetrySettings::from_env()?)?;
+    let telemetry = telemetry::init(
+        webhook_sender::SERVICE,
+        &telemetry::TelemetrySettings::from_env()?,
+    )?;
     let app = webhook_sender::Application::build(settings).await?;
     tracing::info!(health = %app.local_addr(), "webhook-sender delivering");
     let sent = app.run_until_stopped(rpc::shutdown_signal()).await;

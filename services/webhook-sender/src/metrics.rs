@@ -29,9 +29,18 @@ impl SenderMetrics {
         use telemetry::metrics::{counter, millisecond_histogram};
         Self {
             deliveries: counter(name::DELIVERIES, "Delivery attempts recorded, by outcome"),
-            attempt_duration: millisecond_histogram(name::ATTEMPT_DURATION, "Time a delivery attempt took"),
-            endpoints_disabled: counter(name::ENDPOINTS_DISABLED, "Endpoints disabled for answering 410 or failing too long"),
-            leases_lost: counter(name::LEASES_LOST, "Attempts whose lease another sender had taken over"),
+            attempt_duration: millisecond_histogram(
+                name::ATTEMPT_DURATION,
+                "Time a delivery attempt took",
+            ),
+            endpoints_disabled: counter(
+                name::ENDPOINTS_DISABLED,
+                "Endpoints disabled for answering 410 or failing too long",
+            ),
+            leases_lost: counter(
+                name::LEASES_LOST,
+                "Attempts whose lease another sender had taken over",
+            ),
         }
     }
 

@@ -30,9 +30,15 @@ mod tests {
     #[test]
     fn seconds_and_dates_are_both_read() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        assert_eq!(requested_wait(&headers("2"), now), Some(Duration::from_secs(2)));
+        assert_eq!(
+            requested_wait(&headers("2"), now),
+            Some(Duration::from_secs(2))
+        );
         let in_a_minute = httpdate::fmt_http_date(now + Duration::from_secs(60));
-        assert_eq!(requested_wait(&headers(&in_a_minute), now), Some(Duration::from_secs(60)));
+        assert_eq!(
+            requested_wait(&headers(&in_a_minute), now),
+            Some(Duration::from_secs(60))
+        );
         let past = httpdate::fmt_http_date(now - Duration::from_secs(60));
         assert_eq!(requested_wait(&headers(&past), now), Some(Duration::ZERO));
     }

@@ -37,20 +37,40 @@ mod tests {
 
     #[test]
     fn each_failure_moves_one_step_along_within_the_jitter() {
-        let schedule = RetrySchedule::new(vec![Duration::ZERO, Duration::from_secs(5), Duration::from_secs(300)], 0.1);
+        let schedule = RetrySchedule::new(
+            vec![
+                Duration::ZERO,
+                Duration::from_secs(5),
+                Duration::from_secs(300),
+            ],
+            0.1,
+        );
         let mut rng = rand::rng();
         for _ in 0..1_000 {
             let after_one = schedule.delay_after(1, &mut rng).expect("second attempt");
-            assert!((Duration::from_millis(4_500)..=Duration::from_millis(5_500)).contains(&after_one), "{after_one:?}");
+            assert!(
+                (Duration::from_millis(4_500)..=Duration::from_millis(5_500)).contains(&after_one),
+                "{after_one:?}"
+            );
             let after_two = schedule.delay_after(2, &mut rng).expect("third attempt");
-            assert!((Duration::from_secs(270)..=Duration::from_secs(330)).contains(&after_two), "{after_two:?}");
+            assert!(
+                (Duration::from_secs(270)..=Duration::from_secs(330)).contains(&after_two),
+                "{after_two:?}"
+            );
         }
-        assert_eq!(schedule.delay_after(3, &mut rng), None, "spent after three attempts");
+        assert_eq!(
+            schedule.delay_after(3, &mut rng),
+            None,
+            "spent after three attempts"
+        );
     }
 
     #[test]
     fn without_jitter_the_delays_are_exact() {
         let schedule = RetrySchedule::new(vec![Duration::ZERO, Duration::from_secs(5)], 0.0);
-        assert_eq!(schedule.delay_after(1, &mut rand::rng()), Some(Duration::from_secs(5)));
+        assert_eq!(
+            schedule.delay_after(1, &mut rand::rng()),
+            Some(Duration::from_secs(5))
+        );
     }
 }

@@ -112,7 +112,16 @@ impl Default for Settings {
     fn default() -> Self {
         const MINUTE: u64 = 60;
         const HOUR: u64 = 60 * MINUTE;
-        let delays = [0, 5, 5 * MINUTE, 30 * MINUTE, 2 * HOUR, 5 * HOUR, 10 * HOUR, 10 * HOUR];
+        let delays = [
+            0,
+            5,
+            5 * MINUTE,
+            30 * MINUTE,
+            2 * HOUR,
+            5 * HOUR,
+            10 * HOUR,
+            10 * HOUR,
+        ];
         Self {
             database_url: "sqlite://orders.db".into(),
             sqlite: SqliteSettings::default(),
@@ -121,7 +130,10 @@ impl Default for Settings {
             request_timeout_ms: 5_000,
             connect_timeout_ms: 2_000,
             lease_ms: None,
-            schedule: delays.into_iter().map(|secs| Delay(Duration::from_secs(secs))).collect(),
+            schedule: delays
+                .into_iter()
+                .map(|secs| Delay(Duration::from_secs(secs)))
+                .collect(),
             jitter: 0.1,
             disable_after_ms: 5 * 24 * HOUR * 1_000,
             disable_after_failures: 10,
@@ -150,7 +162,10 @@ pub struct InvalidSetting {
 }
 
 fn invalid(name: &'static str, reason: impl Into<String>) -> InvalidSetting {
-    InvalidSetting { name, reason: reason.into() }
+    InvalidSetting {
+        name,
+        reason: reason.into(),
+    }
 }
 
 impl Settings {
@@ -163,7 +178,10 @@ impl Settings {
             return Err(invalid("request_timeout_ms", "must be at least 1"));
         }
         if !(1..=self.request_timeout_ms).contains(&self.connect_timeout_ms) {
-            return Err(invalid("connect_timeout_ms", "must be 1..=request_timeout_ms"));
+            return Err(invalid(
+                "connect_timeout_ms",
+                "must be 1..=request_timeout_ms",
+            ));
         }
         if self.lease_ms() < self.request_timeout_ms.saturating_add(RECORDING_MARGIN_MS) {
             return Err(invalid(
@@ -172,7 +190,10 @@ impl Settings {
             ));
         }
         if self.schedule.is_empty() {
-            return Err(invalid("schedule", "needs at least one delay (the first attempt's)"));
+            return Err(invalid(
+                "schedule",
+                "needs at least one delay (the first attempt's)",
+            ));
         }
         if !(0.0..1.0).contains(&self.jitter) {
             return Err(invalid("jitter", "must be in [0, 1)"));
@@ -184,7 +205,10 @@ impl Settings {
             return Err(invalid("disable_after_failures", "must be at least 1"));
         }
         if self.retry_after_min_ms > self.retry_after_max_ms {
-            return Err(invalid("retry_after_min_ms", "must not exceed retry_after_max_ms"));
+            return Err(invalid(
+                "retry_after_min_ms",
+                "must not exceed retry_after_max_ms",
+            ));
         }
         for (name, value) in [
             ("max_in_flight", self.max_in_flight as u64),
@@ -198,10 +222,16 @@ impl Settings {
             }
         }
         if self.retention_ms < RETENTION_MIN_MS {
-            return Err(invalid("retention_ms", "must be at least a day: events are listed and redelivered for that long"));
+            return Err(invalid(
+                "retention_ms",
+                "must be at least a day: events are listed and redelivered for that long",
+            ));
         }
         if !(1..self.request_timeout_ms).contains(&self.lookup_timeout_ms()) {
-            return Err(invalid("dns.lookup_timeout_ms", "must be 1..request_timeout_ms: a lookup is part of its attempt"));
+            return Err(invalid(
+                "dns.lookup_timeout_ms",
+                "must be 1..request_timeout_ms: a lookup is part of its attempt",
+            ));
         }
         if self.dns.max_lookups_per_client == 0 {
             return Err(invalid("dns.max_lookups_per_client", "must be at least 1"));
@@ -214,26 +244,39 @@ impl Settings {
     }
 
     pub fn lease_ms(&self) -> u64 {
-        self.lease_ms.unwrap_or(self.request_timeout_ms.saturating_add(10_000))
+        self.lease_ms
+            .unwrap_or(self.request_timeout_ms.saturating_add(10_000))
     }
 
     pub fn lookup_timeout_ms(&self) -> u64 {
-        self.dns.lookup_timeout_ms.unwrap_or((self.request_timeout_ms / 2).min(2_000))
+        self.dns
+            .lookup_timeout_ms
+            .unwrap_or((self.request_timeout_ms / 2).min(2_000))
     }
 
     pub fn retry_schedule(&self) -> RetrySchedule {
-        RetrySchedule::new(self.schedule.iter().map(|delay| delay.0).collect(), self.jitter)
+        RetrySchedule::new(
+            self.schedule.iter().map(|delay| delay.0).collect(),
+            self.jitter,
+        )
     }
 
     /// The production SSRF policy, with the extra denied ranges and the test hosts exempted.
     pub fn ssrf_policy(&self) -> Result<Policy, InvalidSetting> {
-        let policy = self.extra_denied_ranges.iter().try_fold(Policy::default(), |policy, range| {
-            let net = range.parse().map_err(|error| invalid("extra_denied_ranges", format!("{range:?}: {error}")))?;
-            Ok(policy.deny(net))
-        })?;
+        let policy =
+            self.extra_denied_ranges
+                .iter()
+                .try_fold(Policy::default(), |policy, range| {
+                    let net = range.parse().map_err(|error| {
+                        invalid("extra_denied_ranges", format!("{range:?}: {error}"))
+                    })?;
+                    Ok(policy.deny(net))
+                })?;
         self.test_hosts
             .iter()
-            .try_fold(policy, |policy, host_port| policy.allow_test_host(host_port))
+            .try_fold(policy, |policy, host_port| {
+                policy.allow_test_host(host_port)
+            })
             .map_err(|error| invalid("test_hosts", error.to_string()))
     }
 }
@@ -258,7 +301,9 @@ impl<'de> Deserialize<'de> for Delay {
         }
         match Written::deserialize(deserializer)? {
             Written::Millis(ms) => Ok(Self(Duration::from_millis(ms))),
-            Written::Text(text) => humantime::parse_duration(&text).map(Self).map_err(serde::de::Error::custom),
+            Written::Text(text) => humantime::parse_duration(&text)
+                .map(Self)
+                .map_err(serde::de::Error::custom),
         }
     }
 }
@@ -277,9 +322,17 @@ mod tests {
         // A key, as the sender requires one, unless the case is about the keys.
         let key = format!("secret_keys={:?}", SecretKeys::generate("k1").to_written());
         let keyed = overrides.iter().any(|set| set.starts_with("secret_keys="));
-        let overrides = if keyed { overrides.to_vec() } else { [&[key.as_str()][..], overrides].concat() };
-        let args = settings::SettingsArgs { config: None, overrides: overrides.iter().map(|s| s.to_string()).collect() };
-        let settings: Settings = settings::load("WEBHOOK_SENDER_UNIT_TEST", &args).map_err(|error| error.to_string())?;
+        let overrides = if keyed {
+            overrides.to_vec()
+        } else {
+            [&[key.as_str()][..], overrides].concat()
+        };
+        let args = settings::SettingsArgs {
+            config: None,
+            overrides: overrides.iter().map(|s| s.to_string()).collect(),
+        };
+        let settings: Settings =
+            settings::load("WEBHOOK_SENDER_UNIT_TEST", &args).map_err(|error| error.to_string())?;
         settings.validate().map_err(|error| error.to_string())?;
         Ok(settings)
     }
@@ -295,7 +348,14 @@ mod tests {
     #[test]
     fn delays_are_read_as_humantime_or_milliseconds() {
         let settings = load(&["schedule=[\"0s\", 1500, \"1m 30s\"]"]).expect("schedule");
-        assert_eq!(settings.schedule, [Delay(Duration::ZERO), Delay(Duration::from_millis(1_500)), Delay(Duration::from_secs(90))]);
+        assert_eq!(
+            settings.schedule,
+            [
+                Delay(Duration::ZERO),
+                Delay(Duration::from_millis(1_500)),
+                Delay(Duration::from_secs(90))
+            ]
+        );
     }
 
     #[test]
@@ -305,29 +365,45 @@ mod tests {
             (&["schedule=[]"], "schedule"),
             (&["jitter=1.5"], "jitter"),
             (&["connect_timeout_ms=9000"], "connect_timeout_ms"),
-            (&["retry_after_min_ms=10", "retry_after_max_ms=5"], "retry_after_min_ms"),
+            (
+                &["retry_after_min_ms=10", "retry_after_max_ms=5"],
+                "retry_after_min_ms",
+            ),
             (&["test_hosts=[\"localhost\"]"], "test_hosts"),
-            (&["extra_denied_ranges=[\"10.0.0.0/33\"]"], "extra_denied_ranges"),
+            (
+                &["extra_denied_ranges=[\"10.0.0.0/33\"]"],
+                "extra_denied_ranges",
+            ),
             (&["dns.lookup_timeout_ms=5000"], "dns.lookup_timeout_ms"),
             (&["max_in_flight=0"], "max_in_flight"),
             (&["client_rate_per_sec=0"], "client_rate_per_sec"),
             (&["retention_ms=1000"], "retention_ms"),
-            (&["dns.max_lookups_per_client=0"], "dns.max_lookups_per_client"),
+            (
+                &["dns.max_lookups_per_client=0"],
+                "dns.max_lookups_per_client",
+            ),
         ] {
             let error = load(overrides).expect_err("refused");
             assert!(error.contains(named), "{overrides:?}: {error}");
         }
         assert!(load(&["schedule=[\"5 parsecs\"]"]).is_err());
-        assert!(load(&["no_such_knob=1"]).is_err(), "unknown keys are errors");
+        assert!(
+            load(&["no_such_knob=1"]).is_err(),
+            "unknown keys are errors"
+        );
         let none = load(&["secret_keys=[]"]).expect_err("no key");
-        assert!(none.contains("invalid setting secret_keys: at least one key is required"), "{none}");
+        assert!(
+            none.contains("invalid setting secret_keys: at least one key is required"),
+            "{none}"
+        );
         let short = load(&["secret_keys=[\"k1:c2hvcnQ=\"]"]).expect_err("a short key");
         assert!(short.contains("32 bytes"), "{short}");
     }
 
     #[test]
     fn test_hosts_exempt_their_port_only() {
-        let settings = load(&["test_hosts=[\"127.0.0.1:8080\", \"[::1]:9000\"]"]).expect("test hosts");
+        let settings =
+            load(&["test_hosts=[\"127.0.0.1:8080\", \"[::1]:9000\"]"]).expect("test hosts");
         let policy = settings.ssrf_policy().expect("policy");
         assert!(webhooks::ssrf::Target::parse("http://127.0.0.1:8080/hook", &policy).is_ok());
         assert!(webhooks::ssrf::Target::parse("http://[::1]:9000/hook", &policy).is_ok());
@@ -336,7 +412,8 @@ mod tests {
 
     #[test]
     fn extra_denied_ranges_are_refused_beside_the_deny_list() {
-        let settings = load(&["extra_denied_ranges=[\"93.184.0.0/16\", \"2606:4700::/32\"]"]).expect("ranges");
+        let settings =
+            load(&["extra_denied_ranges=[\"93.184.0.0/16\", \"2606:4700::/32\"]"]).expect("ranges");
         let policy = settings.ssrf_policy().expect("policy");
         assert!(webhooks::ssrf::Target::parse("https://93.184.215.14/hook", &policy).is_err());
         assert!(webhooks::ssrf::Target::parse("https://[2606:4700::1111]/hook", &policy).is_err());

@@ -35,13 +35,23 @@ impl VettedDns {
     pub fn pin(&self, host: &str, addrs: &[SocketAddr]) {
         // Port 0: the connector then dials each request's own port, so two URLs of one host on
         // different ports never dial each other's.
-        let addrs = addrs.iter().map(|addr| SocketAddr::new(addr.ip(), 0)).collect();
+        let addrs = addrs
+            .iter()
+            .map(|addr| SocketAddr::new(addr.ip(), 0))
+            .collect();
         // A plain map of values: a panic elsewhere cannot leave it half-written.
-        self.by_host.lock().unwrap_or_else(PoisonError::into_inner).insert(host.to_ascii_lowercase(), addrs);
+        self.by_host
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(host.to_ascii_lowercase(), addrs);
     }
 
     fn lookup(&self, host: &str) -> Option<Vec<SocketAddr>> {
-        self.by_host.lock().unwrap_or_else(PoisonError::into_inner).get(&host.to_ascii_lowercase()).cloned()
+        self.by_host
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&host.to_ascii_lowercase())
+            .cloned()
     }
 }
 
@@ -51,7 +61,11 @@ impl Resolve for VettedDns {
         Box::pin(async move {
             match found {
                 Some(addrs) => Ok(Box::new(addrs.into_iter()) as Addrs),
-                None => Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("{} was not vetted", name.as_str())).into()),
+                None => Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("{} was not vetted", name.as_str()),
+                )
+                .into()),
             }
         })
     }
@@ -63,16 +77,28 @@ mod tests {
 
     async fn resolve(dns: &VettedDns, host: &str) -> Result<Vec<SocketAddr>, String> {
         let name: Name = host.parse().expect("a host name");
-        dns.resolve(name).await.map(|addrs| addrs.collect()).map_err(|error| error.to_string())
+        dns.resolve(name)
+            .await
+            .map(|addrs| addrs.collect())
+            .map_err(|error| error.to_string())
     }
 
     #[tokio::test]
     async fn only_vetted_names_resolve_and_only_to_their_vetted_addresses() {
         let dns = VettedDns::default();
-        let error = resolve(&dns, "hooks.example.com").await.expect_err("never vetted");
+        let error = resolve(&dns, "hooks.example.com")
+            .await
+            .expect_err("never vetted");
         assert!(error.contains("not vetted"), "{error}");
-        dns.pin("Hooks.Example.com", &[SocketAddr::from(([93, 184, 215, 14], 443))]);
+        dns.pin(
+            "Hooks.Example.com",
+            &[SocketAddr::from(([93, 184, 215, 14], 443))],
+        );
         let any_port = SocketAddr::from(([93, 184, 215, 14], 0));
-        assert_eq!(resolve(&dns, "hooks.example.com").await.expect("vetted"), [any_port], "the request's own port is dialled");
+        assert_eq!(
+            resolve(&dns, "hooks.example.com").await.expect("vetted"),
+            [any_port],
+            "the request's own port is dialled"
+        );
     }
 }

@@ -128,7 +128,15 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
                 _ = ticks.tick() => {}
             }
             let retention = &self.retention;
-            match self.deliveries.reap_expired(retention.retention_ms, retention.reap_batch, self.clock.now_ms()).await {
+            match self
+                .deliveries
+                .reap_expired(
+                    retention.retention_ms,
+                    retention.reap_batch,
+                    self.clock.now_ms(),
+                )
+                .await
+            {
                 Ok(0) => {}
                 Ok(reaped) => tracing::info!(reaped, "events past retention reaped"),
                 Err(error) => tracing::warn!(%error, "reaping the outbox failed; will try again"),
@@ -146,7 +154,11 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
                 () = shutdown.cancelled() => return,
                 _ = ticks.tick() => {}
             }
-            match self.deliveries.redeliver_next_batch(self.redelivery_batch, self.clock.now_ms()).await {
+            match self
+                .deliveries
+                .redeliver_next_batch(self.redelivery_batch, self.clock.now_ms())
+                .await
+            {
                 Ok(Some(queued)) => tracing::debug!(queued, "a batch of a range redelivery queued"),
                 Ok(None) => {}
                 Err(error) => tracing::warn!(%error, "cannot run a batch of a range redelivery"),
@@ -157,23 +169,42 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
     /// Sends one claimed delivery to its endpoint's URL, an endpoint of `client_id`, and records
     /// what happened; `_places` are the endpoint's concurrency slot and the client's place in the
     /// sender, held until then.
-    async fn deliver(self: Arc<Self>, client_id: Arc<str>, claim: Claim, _places: (OwnedSemaphorePermit, FairShare)) {
+    async fn deliver(
+        self: Arc<Self>,
+        client_id: Arc<str>,
+        claim: Claim,
+        _places: (OwnedSemaphorePermit, FairShare),
+    ) {
         // The lease is measured on the database's clock; this is the same length on ours, from a
         // moment just after the claim, so it ends no earlier than the lease itself.
-        let lease_ends = Instant::now() + Duration::from_millis(u64::try_from(self.lease_ms).unwrap_or(0));
+        let lease_ends =
+            Instant::now() + Duration::from_millis(u64::try_from(self.lease_ms).unwrap_or(0));
         let report = self.deliverer.deliver(&client_id, &claim).await;
         let now_ms = self.clock.now_ms();
         let outcome = self.next_step(&claim, report.verdict, now_ms);
         let label = match outcome {
             Outcome::Delivered => "delivered",
             Outcome::Gone { .. } => "gone",
-            Outcome::Failed { retry_at_ms: Some(_) } | Outcome::Paused { retry_at_ms: Some(_), .. } => "retrying",
-            Outcome::Failed { retry_at_ms: None } | Outcome::Paused { retry_at_ms: None, .. } => "undelivered",
+            Outcome::Failed {
+                retry_at_ms: Some(_),
+            }
+            | Outcome::Paused {
+                retry_at_ms: Some(_),
+                ..
+            } => "retrying",
+            Outcome::Failed { retry_at_ms: None }
+            | Outcome::Paused {
+                retry_at_ms: None, ..
+            } => "undelivered",
         };
         self.metrics.attempt(label, report.attempt.duration_ms);
         let attempt = &report.attempt;
         match outcome {
-            Outcome::Delivered => tracing::debug!(status = attempt.status_code, duration_ms = attempt.duration_ms, "delivered"),
+            Outcome::Delivered => tracing::debug!(
+                status = attempt.status_code,
+                duration_ms = attempt.duration_ms,
+                "delivered"
+            ),
             _ => tracing::info!(
                 outcome = label,
                 status = attempt.status_code,
@@ -182,11 +213,18 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
                 "delivery attempt failed"
             ),
         }
-        match until_recorded(lease_ends, || self.deliveries.finish(&claim, attempt, outcome, self.disable, now_ms)).await {
+        match until_recorded(lease_ends, || {
+            self.deliveries
+                .finish(&claim, attempt, outcome, self.disable, now_ms)
+        })
+        .await
+        {
             Ok(finished) => {
                 if finished.lease_lost {
                     self.metrics.lease_lost();
-                    tracing::warn!("the lease ran out before the attempt was recorded; another sender has the delivery");
+                    tracing::warn!(
+                        "the lease ran out before the attempt was recorded; another sender has the delivery"
+                    );
                 }
                 if let Some(reason) = finished.endpoint_disabled {
                     self.metrics.endpoint_disabled();
@@ -201,19 +239,28 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
     /// What comes after an attempt with `verdict`, `claim.schedule_step` failures before it.
     fn next_step(&self, claim: &Claim, verdict: Verdict, now_ms: i64) -> Outcome {
         let failures = claim.schedule_step + 1;
-        let at = |delay: Duration| now_ms.saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
+        let at = |delay: Duration| {
+            now_ms.saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX))
+        };
         let scheduled = self.schedule.delay_after(failures, &mut rand::rng());
         match verdict {
             Verdict::Delivered => Outcome::Delivered,
-            Verdict::Gone => Outcome::Gone { retry_at_ms: scheduled.map(at) },
+            Verdict::Gone => Outcome::Gone {
+                retry_at_ms: scheduled.map(at),
+            },
             // The recipient's wait is the least the delivery waits, and the endpoint pauses for
             // it; the schedule still applies, so a recipient that always asks for a short wait
             // cannot spend the day-long schedule in seconds.
             Verdict::RetryAfter(wait) => {
                 let until_ms = at(wait.clamp(self.retry_after_min, self.retry_after_max));
-                Outcome::Paused { retry_at_ms: scheduled.map(|delay| at(delay).max(until_ms)), until_ms }
+                Outcome::Paused {
+                    retry_at_ms: scheduled.map(|delay| at(delay).max(until_ms)),
+                    until_ms,
+                }
             }
-            Verdict::Failed => Outcome::Failed { retry_at_ms: scheduled.map(at) },
+            Verdict::Failed => Outcome::Failed {
+                retry_at_ms: scheduled.map(at),
+            },
         }
     }
 }
@@ -237,7 +284,10 @@ const RECORD_RETRY_MAX: Duration = Duration::from_secs(2);
 /// missing from the log. While the lease lasts, recording later is as good as recording now.
 /// (A try that committed but whose answer was lost fails again on the attempt's key; the
 /// delivery is recorded all the same.)
-async fn until_recorded<T, E: std::fmt::Display, F, Fut>(deadline: Instant, mut record: F) -> Result<T, E>
+async fn until_recorded<T, E: std::fmt::Display, F, Fut>(
+    deadline: Instant,
+    mut record: F,
+) -> Result<T, E>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
@@ -270,7 +320,12 @@ struct Worker<R> {
 impl<R: Resolve + Send + Sync + 'static> Worker<R> {
     fn new(sender: Arc<Sender<R>>, endpoint: DueEndpoint) -> Self {
         // The table's checks keep both positive; a corrupt row gets the most cautious limits.
-        let positive = |value: i64| u32::try_from(value).ok().and_then(NonZeroU32::new).unwrap_or(NonZeroU32::MIN);
+        let positive = |value: i64| {
+            u32::try_from(value)
+                .ok()
+                .and_then(NonZeroU32::new)
+                .unwrap_or(NonZeroU32::MIN)
+        };
         let max_in_flight = positive(endpoint.max_in_flight).get() as usize;
         Self {
             sender,
@@ -330,7 +385,15 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
             };
             // The claim finds nothing while the endpoint is paused, and the dispatcher does not
             // wake this worker again before the pause ends.
-            let claim = match sender.deliveries.claim(&self.endpoint.endpoint_id, sender.clock.now_ms(), sender.lease_ms).await {
+            let claim = match sender
+                .deliveries
+                .claim(
+                    &self.endpoint.endpoint_id,
+                    sender.clock.now_ms(),
+                    sender.lease_ms,
+                )
+                .await
+            {
                 Ok(Some(claim)) => claim,
                 Ok(None) => return,
                 Err(error) => {
@@ -339,7 +402,9 @@ impl<R: Resolve + Send + Sync + 'static> Worker<R> {
                 }
             };
             let span = tracing::info_span!("delivery", event_id = %claim.event_id, attempt = claim.attempt);
-            let delivery = sender.clone().deliver(self.client_id.clone(), claim, (permit, place));
+            let delivery = sender
+                .clone()
+                .deliver(self.client_id.clone(), claim, (permit, place));
             sender.tasks.spawn(delivery.instrument(span));
         }
     }
@@ -357,11 +422,19 @@ mod tests {
         let tries = Cell::new(0);
         let recorded = until_recorded(started + Duration::from_secs(15), || {
             tries.set(tries.get() + 1);
-            std::future::ready(if tries.get() < 3 { Err("no connection") } else { Ok("recorded") })
+            std::future::ready(if tries.get() < 3 {
+                Err("no connection")
+            } else {
+                Ok("recorded")
+            })
         })
         .await;
         assert_eq!(recorded, Ok("recorded"));
-        assert_eq!(started.elapsed(), Duration::from_millis(100 + 200), "waits of 100 ms, then 200 ms");
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_millis(100 + 200),
+            "waits of 100 ms, then 200 ms"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -376,6 +449,9 @@ mod tests {
         assert_eq!(recorded, Err("no connection"));
         // Tries at 0, 0.1, 0.3, 0.7, 1.5 and 3.1 s; the next, 2 s later (the longest wait), would
         // be past the lease.
-        assert_eq!((tries.get(), started.elapsed()), (6, Duration::from_millis(3_100)));
+        assert_eq!(
+            (tries.get(), started.elapsed()),
+            (6, Duration::from_millis(3_100))
+        );
     }
 }

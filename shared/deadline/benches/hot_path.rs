@@ -16,19 +16,35 @@ const FOUR_HOPS: &str = "gateway;received=2000;spent=0.2;reserved=20;forwarded=1
 
 fn grpc_timeout_header(c: &mut Criterion) {
     let mut group = c.benchmark_group("grpc-timeout");
-    group.bench_function("parse 1478300u", |b| b.iter(|| grpc_timeout::parse(black_box("1478300u"))));
-    group.bench_function("parse 2S", |b| b.iter(|| grpc_timeout::parse(black_box("2S"))));
-    group.bench_function("format 1478.3 ms", |b| b.iter(|| grpc_timeout::format(black_box(Duration::from_micros(1_478_300)))));
+    group.bench_function("parse 1478300u", |b| {
+        b.iter(|| grpc_timeout::parse(black_box("1478300u")))
+    });
+    group.bench_function("parse 2S", |b| {
+        b.iter(|| grpc_timeout::parse(black_box("2S")))
+    });
+    group.bench_function("format 1478.3 ms", |b| {
+        b.iter(|| grpc_timeout::format(black_box(Duration::from_micros(1_478_300))))
+    });
     group.finish();
 }
 
 fn ledger_encoding(c: &mut Criterion) {
     let mut group = c.benchmark_group("ledger");
-    let hop = Hop::new("payment", Deadline::after(Instant::now(), Duration::from_millis(1_778)), HopStats::new());
-    group.bench_function("encode one hop's entry", |b| b.iter(|| hop.ledger_at(black_box(Instant::now()))));
-    group.bench_function("parse four hops", |b| b.iter(|| ledger::parse(black_box(FOUR_HOPS))));
+    let hop = Hop::new(
+        "payment",
+        Deadline::after(Instant::now(), Duration::from_millis(1_778)),
+        HopStats::new(),
+    );
+    group.bench_function("encode one hop's entry", |b| {
+        b.iter(|| hop.ledger_at(black_box(Instant::now())))
+    });
+    group.bench_function("parse four hops", |b| {
+        b.iter(|| ledger::parse(black_box(FOUR_HOPS)))
+    });
     let entries = ledger::parse(FOUR_HOPS).expect("a valid ledger");
-    group.bench_function("Server-Timing of four hops", |b| b.iter(|| ledger::server_timing(black_box(&entries))));
+    group.bench_function("Server-Timing of four hops", |b| {
+        b.iter(|| ledger::server_timing(black_box(&entries)))
+    });
     group.finish();
 }
 

@@ -20,7 +20,11 @@ pub struct InboundPolicy {
 
 impl Default for InboundPolicy {
     fn default() -> Self {
-        Self { default_ms: 2_000, max_ms: 2_000, max_in_flight: 1_000 }
+        Self {
+            default_ms: 2_000,
+            max_ms: 2_000,
+            max_in_flight: 1_000,
+        }
     }
 }
 
@@ -28,7 +32,9 @@ impl InboundPolicy {
     /// The budget granted to a request that asked for `requested` (or nothing).
     pub fn grant(&self, requested: Option<Duration>) -> Duration {
         let max = Duration::from_millis(self.max_ms);
-        requested.unwrap_or(Duration::from_millis(self.default_ms)).min(max)
+        requested
+            .unwrap_or(Duration::from_millis(self.default_ms))
+            .min(max)
     }
 }
 
@@ -51,7 +57,12 @@ pub struct ForwardPolicy {
 
 impl Default for ForwardPolicy {
     fn default() -> Self {
-        Self { reserve_ms: 0, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 20 }
+        Self {
+            reserve_ms: 0,
+            reserve_max_share: 0.2,
+            cap_ms: None,
+            min_forward_ms: 20,
+        }
     }
 }
 
@@ -80,7 +91,11 @@ pub struct TooLittleBudget {
 impl ForwardPolicy {
     fn reserve_for(&self, remaining: Duration) -> Duration {
         // A share that is not a number keeps nothing rather than failing every call.
-        let share = if self.reserve_max_share.is_nan() { 0.0 } else { self.reserve_max_share.clamp(0.0, 1.0) };
+        let share = if self.reserve_max_share.is_nan() {
+            0.0
+        } else {
+            self.reserve_max_share.clamp(0.0, 1.0)
+        };
         Duration::from_millis(self.reserve_ms).min(remaining.mul_f64(share))
     }
 
@@ -94,19 +109,28 @@ impl ForwardPolicy {
         if forwarded < Duration::from_millis(self.min_forward_ms) || forwarded.is_zero() {
             return Err((reserved, forwarded));
         }
-        Ok(Forward { reserved, forwarded })
+        Ok(Forward {
+            reserved,
+            forwarded,
+        })
     }
 
     /// [`Self::plan`] with an error that names the hop, the dependency and the numbers.
-    pub fn plan_for(&self, hop: &str, dependency: &str, remaining: Duration) -> Result<Forward, TooLittleBudget> {
-        self.plan(remaining).map_err(|(reserved, available)| TooLittleBudget {
-            hop: hop.to_owned(),
-            dependency: dependency.to_owned(),
-            remaining: millis(remaining),
-            reserved: millis(reserved),
-            available: millis(available),
-            minimum: self.min_forward_ms as f64,
-        })
+    pub fn plan_for(
+        &self,
+        hop: &str,
+        dependency: &str,
+        remaining: Duration,
+    ) -> Result<Forward, TooLittleBudget> {
+        self.plan(remaining)
+            .map_err(|(reserved, available)| TooLittleBudget {
+                hop: hop.to_owned(),
+                dependency: dependency.to_owned(),
+                remaining: millis(remaining),
+                reserved: millis(reserved),
+                available: millis(available),
+                minimum: self.min_forward_ms as f64,
+            })
     }
 }
 
@@ -119,16 +143,30 @@ mod tests {
     const MS: fn(u64) -> Duration = Duration::from_millis;
 
     fn orders_to_payment() -> ForwardPolicy {
-        ForwardPolicy { reserve_ms: 200, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 }
+        ForwardPolicy {
+            reserve_ms: 200,
+            reserve_max_share: 0.2,
+            cap_ms: None,
+            min_forward_ms: 50,
+        }
     }
 
     fn payment_to_bank() -> ForwardPolicy {
-        ForwardPolicy { reserve_ms: 300, reserve_max_share: 0.2, cap_ms: Some(1_500), min_forward_ms: 20 }
+        ForwardPolicy {
+            reserve_ms: 300,
+            reserve_max_share: 0.2,
+            cap_ms: Some(1_500),
+            min_forward_ms: 20,
+        }
     }
 
     #[test]
     fn inbound_takes_the_shorter_of_request_and_maximum() {
-        let inbound = InboundPolicy { default_ms: 1_000, max_ms: 2_000, ..InboundPolicy::default() };
+        let inbound = InboundPolicy {
+            default_ms: 1_000,
+            max_ms: 2_000,
+            ..InboundPolicy::default()
+        };
         assert_eq!(inbound.grant(None), MS(1_000));
         assert_eq!(inbound.grant(Some(MS(500))), MS(500));
         assert_eq!(inbound.grant(Some(MS(30_000))), MS(2_000));
@@ -137,21 +175,48 @@ mod tests {
     #[test]
     fn reserve_is_fixed_until_it_would_exceed_its_share() {
         let policy = orders_to_payment();
-        assert_eq!(policy.plan(MS(2_000)).unwrap(), Forward { reserved: MS(200), forwarded: MS(1_800) });
+        assert_eq!(
+            policy.plan(MS(2_000)).unwrap(),
+            Forward {
+                reserved: MS(200),
+                forwarded: MS(1_800)
+            }
+        );
         // 20 % of 500 ms is 100 ms: the reserve shrinks so the call still gets most of a short budget.
-        assert_eq!(policy.plan(MS(500)).unwrap(), Forward { reserved: MS(100), forwarded: MS(400) });
+        assert_eq!(
+            policy.plan(MS(500)).unwrap(),
+            Forward {
+                reserved: MS(100),
+                forwarded: MS(400)
+            }
+        );
     }
 
     #[test]
     fn a_share_that_is_not_a_number_reserves_nothing() {
-        let policy = ForwardPolicy { reserve_max_share: f64::NAN, ..orders_to_payment() };
-        assert_eq!(policy.plan(MS(1_000)).unwrap(), Forward { reserved: Duration::ZERO, forwarded: MS(1_000) });
+        let policy = ForwardPolicy {
+            reserve_max_share: f64::NAN,
+            ..orders_to_payment()
+        };
+        assert_eq!(
+            policy.plan(MS(1_000)).unwrap(),
+            Forward {
+                reserved: Duration::ZERO,
+                forwarded: MS(1_000)
+            }
+        );
     }
 
     #[test]
     fn cap_limits_a_generous_budget() {
         let policy = payment_to_bank();
-        assert_eq!(policy.plan(MS(10_000)).unwrap(), Forward { reserved: MS(300), forwarded: MS(1_500) });
+        assert_eq!(
+            policy.plan(MS(10_000)).unwrap(),
+            Forward {
+                reserved: MS(300),
+                forwarded: MS(1_500)
+            }
+        );
     }
 
     #[test]
@@ -159,7 +224,10 @@ mod tests {
         let policy = orders_to_payment();
         let error = policy.plan_for("orders", "payment", MS(60)).unwrap_err();
         assert_eq!(error.available, 48.0);
-        assert_eq!(error.to_string(), "orders: 60.0 ms left, keeping 12.0 ms leaves 48.0 ms for payment, below its minimum of 50.0 ms; not calling");
+        assert_eq!(
+            error.to_string(),
+            "orders: 60.0 ms left, keeping 12.0 ms leaves 48.0 ms for payment, below its minimum of 50.0 ms; not calling"
+        );
         assert!(policy.plan(Duration::ZERO).is_err());
     }
 
@@ -170,12 +238,26 @@ mod tests {
     async fn seed_worked_example() {
         let at_orders = Deadline::after(Instant::now(), MS(2_000));
         let to_payment = orders_to_payment().plan(at_orders.remaining()).unwrap();
-        assert_eq!(to_payment, Forward { reserved: MS(200), forwarded: MS(1_800) });
+        assert_eq!(
+            to_payment,
+            Forward {
+                reserved: MS(200),
+                forwarded: MS(1_800)
+            }
+        );
 
         let at_payment = Deadline::after(Instant::now(), to_payment.forwarded);
         let to_bank = payment_to_bank().plan(at_payment.remaining()).unwrap();
-        assert_eq!(to_bank, Forward { reserved: MS(300), forwarded: MS(1_500) });
-        assert!(to_bank.forwarded < to_payment.forwarded && to_payment.forwarded < at_orders.budget());
+        assert_eq!(
+            to_bank,
+            Forward {
+                reserved: MS(300),
+                forwarded: MS(1_500)
+            }
+        );
+        assert!(
+            to_bank.forwarded < to_payment.forwarded && to_payment.forwarded < at_orders.budget()
+        );
 
         // The bank hangs: payment's deadline for it passes with 300 ms still in hand for the reply,
         // and orders still has its 200 ms after that.

@@ -53,7 +53,14 @@ pub struct EstimateSettings {
 
 impl Default for EstimateSettings {
     fn default() -> Self {
-        Self { fail_fast: true, quantile: 0.9, window_ms: 1_000, min_samples: 10, max_ms: 1_000, probe_interval_ms: 100 }
+        Self {
+            fail_fast: true,
+            quantile: 0.9,
+            window_ms: 1_000,
+            min_samples: 10,
+            max_ms: 1_000,
+            probe_interval_ms: 100,
+        }
     }
 }
 
@@ -113,8 +120,19 @@ fn histogram() -> Histogram<u64> {
 
 impl LatencyEstimate {
     pub fn new(settings: EstimateSettings) -> Self {
-        let window = Window { read: histogram(), write: histogram(), started: Instant::now(), estimate: None, last_probe: None };
-        Self { settings, window: Mutex::new(window), refused: AtomicU64::new(0), probes: AtomicU64::new(0) }
+        let window = Window {
+            read: histogram(),
+            write: histogram(),
+            started: Instant::now(),
+            estimate: None,
+            last_probe: None,
+        };
+        Self {
+            settings,
+            window: Mutex::new(window),
+            refused: AtomicU64::new(0),
+            probes: AtomicU64::new(0),
+        }
     }
 
     pub fn settings(&self) -> &EstimateSettings {
@@ -135,12 +153,16 @@ impl LatencyEstimate {
             return Ok(());
         }
         let mut window = self.lock(now);
-        let Some(estimate) = window.estimate else { return Ok(()) };
+        let Some(estimate) = window.estimate else {
+            return Ok(());
+        };
         let estimate = estimate.min(Duration::from_millis(self.settings.max_ms));
         if slice >= estimate {
             return Ok(());
         }
-        let probe_due = window.last_probe.is_none_or(|last| now >= last + Duration::from_millis(self.settings.probe_interval_ms));
+        let probe_due = window.last_probe.is_none_or(|last| {
+            now >= last + Duration::from_millis(self.settings.probe_interval_ms)
+        });
         if probe_due {
             window.last_probe = Some(now);
             self.probes.fetch_add(1, Ordering::Relaxed);
@@ -154,7 +176,9 @@ impl LatencyEstimate {
         let window = self.lock(now);
         EstimateSnapshot {
             fail_fast: self.settings.fail_fast,
-            estimate_ms: window.estimate.map(|estimate| millis(estimate.min(Duration::from_millis(self.settings.max_ms)))),
+            estimate_ms: window
+                .estimate
+                .map(|estimate| millis(estimate.min(Duration::from_millis(self.settings.max_ms)))),
             quantile: self.settings.quantile,
             samples: window.read.len(),
             refused: self.refused.load(Ordering::Relaxed),
@@ -165,7 +189,10 @@ impl LatencyEstimate {
     /// The window, moved on to `now`'s.
     fn lock(&self, now: Instant) -> MutexGuard<'_, Window> {
         // The window holds counts only; a panic elsewhere cannot leave it inconsistent.
-        let mut window = self.window.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut window = self
+            .window
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let length = Duration::from_millis(self.settings.window_ms.max(1));
         let elapsed = now.saturating_duration_since(window.started);
         if elapsed >= length {
@@ -181,7 +208,9 @@ impl LatencyEstimate {
             window.estimate = match window.read.len() {
                 0 => None,
                 samples if samples < self.settings.min_samples => window.estimate,
-                _ => Some(Duration::from_micros(window.read.value_at_quantile(self.settings.quantile))),
+                _ => Some(Duration::from_micros(
+                    window.read.value_at_quantile(self.settings.quantile),
+                )),
             };
         }
         window
@@ -196,7 +225,13 @@ mod tests {
     const MS: fn(u64) -> Duration = Duration::from_millis;
 
     fn settings() -> EstimateSettings {
-        EstimateSettings { window_ms: 1_000, min_samples: 10, max_ms: 1_000, probe_interval_ms: 100, ..EstimateSettings::default() }
+        EstimateSettings {
+            window_ms: 1_000,
+            min_samples: 10,
+            max_ms: 1_000,
+            probe_interval_ms: 100,
+            ..EstimateSettings::default()
+        }
     }
 
     /// Records `count` answers of `took`, then lets the window end.
@@ -229,7 +264,11 @@ mod tests {
         for took in std::iter::repeat_n(MS(20), 80).chain(std::iter::repeat_n(MS(300), 20)) {
             estimate.record(Instant::now(), took);
         }
-        assert_eq!(estimate_ms(&estimate), None, "the current window does not count yet");
+        assert_eq!(
+            estimate_ms(&estimate),
+            None,
+            "the current window does not count yet"
+        );
         advance(MS(1_000)).await;
         let p90 = estimate_ms(&estimate).unwrap();
         assert!((298.0..=302.0).contains(&p90), "{p90}");
@@ -245,25 +284,50 @@ mod tests {
         let estimate = LatencyEstimate::new(settings());
         window_of(&estimate, 20, MS(400)).await;
         let now = Instant::now();
-        assert_eq!(estimate.admit(now, MS(450)), Ok(()), "a slice above the estimate");
-        assert_eq!(estimate.admit(now, MS(150)), Ok(()), "the first slice below it is the probe");
+        assert_eq!(
+            estimate.admit(now, MS(450)),
+            Ok(()),
+            "a slice above the estimate"
+        );
+        assert_eq!(
+            estimate.admit(now, MS(150)),
+            Ok(()),
+            "the first slice below it is the probe"
+        );
         let refused = estimate.admit(now, MS(150)).unwrap_err();
         assert!((MS(398)..=MS(402)).contains(&refused));
         advance(MS(99)).await;
-        assert!(estimate.admit(Instant::now(), MS(150)).is_err(), "within the probe interval");
+        assert!(
+            estimate.admit(Instant::now(), MS(150)).is_err(),
+            "within the probe interval"
+        );
         advance(MS(1)).await;
-        assert_eq!(estimate.admit(Instant::now(), MS(150)), Ok(()), "the next probe");
+        assert_eq!(
+            estimate.admit(Instant::now(), MS(150)),
+            Ok(()),
+            "the next probe"
+        );
         let snapshot = estimate.snapshot(Instant::now());
-        assert_eq!((snapshot.refused, snapshot.probes, snapshot.samples), (2, 2, 20));
+        assert_eq!(
+            (snapshot.refused, snapshot.probes, snapshot.samples),
+            (2, 2, 20)
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_slow_window_cannot_raise_the_bar_above_the_bound() {
-        let estimate = LatencyEstimate::new(EstimateSettings { max_ms: 500, ..settings() });
+        let estimate = LatencyEstimate::new(EstimateSettings {
+            max_ms: 500,
+            ..settings()
+        });
         window_of(&estimate, 20, MS(5_000)).await;
         assert_eq!(estimate_ms(&estimate), Some(500.0));
         let now = Instant::now();
-        assert_eq!(estimate.admit(now, MS(500)), Ok(()), "a slice of the bound is always given its chance");
+        assert_eq!(
+            estimate.admit(now, MS(500)),
+            Ok(()),
+            "a slice of the bound is always given its chance"
+        );
         estimate.admit(now, MS(10)).expect("probe");
         assert_eq!(estimate.admit(now, MS(499)), Err(MS(500)));
     }
@@ -283,7 +347,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn turned_off_it_still_estimates_but_never_refuses() {
-        let estimate = LatencyEstimate::new(EstimateSettings { fail_fast: false, ..settings() });
+        let estimate = LatencyEstimate::new(EstimateSettings {
+            fail_fast: false,
+            ..settings()
+        });
         window_of(&estimate, 20, MS(400)).await;
         assert!(estimate_ms(&estimate).is_some());
         for _ in 0..5 {

@@ -11,8 +11,14 @@ const MAX_DIGITS: usize = 8;
 const MAX_VALUE: u64 = 99_999_999;
 
 /// Units from finest to coarsest, with their length in nanoseconds.
-const UNITS: [(char, u64); 6] =
-    [('n', 1), ('u', 1_000), ('m', 1_000_000), ('S', 1_000_000_000), ('M', 60 * 1_000_000_000), ('H', 3_600 * 1_000_000_000)];
+const UNITS: [(char, u64); 6] = [
+    ('n', 1),
+    ('u', 1_000),
+    ('m', 1_000_000),
+    ('S', 1_000_000_000),
+    ('M', 60 * 1_000_000_000),
+    ('H', 3_600 * 1_000_000_000),
+];
 
 /// Why a `grpc-timeout` value was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,14 +45,20 @@ pub fn parse(value: &str) -> Result<Duration, ParseError> {
         return Err(ParseError::UnknownUnit(value.to_owned()));
     };
     let digits = &value[..value.len() - unit.len_utf8()];
-    if digits.is_empty() || digits.len() > MAX_DIGITS || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    if digits.is_empty() || digits.len() > MAX_DIGITS || !digits.bytes().all(|b| b.is_ascii_digit())
+    {
         return Err(ParseError::BadDigits(value.to_owned()));
     }
     // At most 8 digits: the amount fits in u64 and the product in u128, with whole seconds in u64.
-    let amount: u64 = digits.parse().map_err(|_| ParseError::BadDigits(value.to_owned()))?;
+    let amount: u64 = digits
+        .parse()
+        .map_err(|_| ParseError::BadDigits(value.to_owned()))?;
     let nanos = u128::from(amount) * u128::from(unit_nanos);
     const NANOS_PER_SEC: u128 = 1_000_000_000;
-    Ok(Duration::new((nanos / NANOS_PER_SEC) as u64, (nanos % NANOS_PER_SEC) as u32))
+    Ok(Duration::new(
+        (nanos / NANOS_PER_SEC) as u64,
+        (nanos % NANOS_PER_SEC) as u32,
+    ))
 }
 
 /// Formats a duration as a `grpc-timeout` value with the finest unit that fits in 8 digits,
@@ -80,8 +92,14 @@ mod tests {
 
     #[test]
     fn accepts_eight_digits_and_rejects_nine() {
-        assert_eq!(parse("99999999H"), Ok(Duration::from_secs(99_999_999 * 3600)));
-        assert_eq!(parse("123456789m"), Err(ParseError::BadDigits("123456789m".into())));
+        assert_eq!(
+            parse("99999999H"),
+            Ok(Duration::from_secs(99_999_999 * 3600))
+        );
+        assert_eq!(
+            parse("123456789m"),
+            Err(ParseError::BadDigits("123456789m".into()))
+        );
     }
 
     #[test]

@@ -49,7 +49,13 @@ struct Record {
 
 impl Hop {
     pub fn new(name: &'static str, deadline: Deadline, stats: Arc<HopStats>) -> Self {
-        Self { name, deadline, stats, previous_attempts: 0, record: Mutex::new(Record::default()) }
+        Self {
+            name,
+            deadline,
+            stats,
+            previous_attempts: 0,
+            record: Mutex::new(Record::default()),
+        }
     }
 
     /// Marks the request as a retry: `previous` attempts of the edge operation came before it.
@@ -104,9 +110,20 @@ impl Hop {
         let (spent, reserved, forwarded) = match self.lock().forward {
             Some((spent, forward)) => (spent, forward.reserved, forward.forwarded),
             // A hop that called nobody spent all of its time locally.
-            None => (self.deadline.elapsed_at(now), Duration::ZERO, Duration::ZERO),
+            None => (
+                self.deadline.elapsed_at(now),
+                Duration::ZERO,
+                Duration::ZERO,
+            ),
         };
-        Entry { hop: self.name.to_owned(), received: self.deadline.budget(), spent, reserved, forwarded, left: self.deadline.remaining_at(now) }
+        Entry {
+            hop: self.name.to_owned(),
+            received: self.deadline.budget(),
+            spent,
+            reserved,
+            forwarded,
+            left: self.deadline.remaining_at(now),
+        }
     }
 
     /// This hop's ledger entry as of `now`, followed by everything the dependency reported.
@@ -120,7 +137,9 @@ impl Hop {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Record> {
         // The record holds plain values; a panic elsewhere cannot leave it half-written.
-        self.record.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.record
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -193,20 +212,31 @@ impl HopStats {
             finished_late: AtomicU64::new(0),
             abandoned: AtomicU64::new(0),
             failed_fast: AtomicU64::new(0),
-            outcomes: metrics::counter(metrics::name::DEADLINE_OUTCOMES, "Requests that ran into their deadline"),
-            slack: metrics::millisecond_histogram(metrics::name::DEADLINE_SLACK, "Budget left when the hop answered"),
+            outcomes: metrics::counter(
+                metrics::name::DEADLINE_OUTCOMES,
+                "Requests that ran into their deadline",
+            ),
+            slack: metrics::millisecond_histogram(
+                metrics::name::DEADLINE_SLACK,
+                "Budget left when the hop answered",
+            ),
             recent: Mutex::new(VecDeque::with_capacity(RECENT_ANSWERS)),
         })
     }
 
     /// The last answers (20 at most), newest first.
     pub fn recent_answers(&self) -> Vec<RecentAnswer> {
-        let recent = self.recent.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let recent = self
+            .recent
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         recent
             .iter()
             .rev()
             .map(|(at, outcome, ledger)| RecentAnswer {
-                at_unix_ms: at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64),
+                at_unix_ms: at
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |since| since.as_millis() as u64),
                 outcome,
                 // Written by this crate: it parses.
                 ledger: ledger::parse(ledger).unwrap_or_default(),
@@ -218,7 +248,10 @@ impl HopStats {
     pub(crate) fn remember(&self, outcome: &'static str, ledger: &str) {
         let answer = (SystemTime::now(), outcome, ledger.to_owned());
         // Plain values only: a panic elsewhere cannot leave the ring half-written.
-        let mut recent = self.recent.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut recent = self
+            .recent
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         if recent.len() == RECENT_ANSWERS {
             recent.pop_front();
         }
@@ -248,11 +281,20 @@ impl HopStats {
             Outcome::FailedFast => &self.failed_fast,
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        self.outcomes.add(1, &[KeyValue::new(attr::HOP, hop), KeyValue::new("outcome", outcome.as_str())]);
+        self.outcomes.add(
+            1,
+            &[
+                KeyValue::new(attr::HOP, hop),
+                KeyValue::new("outcome", outcome.as_str()),
+            ],
+        );
     }
 
     /// Records the budget `left` when the hop answered.
     pub(crate) fn record_slack(&self, hop: &'static str, left: Duration) {
-        self.slack.record(left.as_secs_f64() * 1_000.0, &[KeyValue::new(attr::HOP, hop)]);
+        self.slack.record(
+            left.as_secs_f64() * 1_000.0,
+            &[KeyValue::new(attr::HOP, hop)],
+        );
     }
 }

@@ -75,7 +75,12 @@ pub struct ParseError(pub String);
 
 /// Parses a whole ledger, outermost hop first.
 pub fn parse(ledger: &str) -> Result<Vec<Entry>, ParseError> {
-    ledger.split(',').map(str::trim).filter(|e| !e.is_empty()).map(parse_entry).collect()
+    ledger
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(parse_entry)
+        .collect()
 }
 
 fn parse_entry(text: &str) -> Result<Entry, ParseError> {
@@ -111,7 +116,15 @@ fn parse_entry(text: &str) -> Result<Entry, ParseError> {
 pub fn server_timing(entries: &[Entry]) -> String {
     entries
         .iter()
-        .map(|e| format!("{};dur={};desc=\"budget {} ms, forwarded {} ms\"", e.hop, millis(e.duration()), millis(e.received), millis(e.forwarded)))
+        .map(|e| {
+            format!(
+                "{};dur={};desc=\"budget {} ms, forwarded {} ms\"",
+                e.hop,
+                millis(e.duration()),
+                millis(e.received),
+                millis(e.forwarded)
+            )
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -133,8 +146,15 @@ mod tests {
 
     #[test]
     fn entries_round_trip() {
-        let entries = vec![entry("gateway", 2000, 1980, 1990), entry("orders", 1979, 1779, 1970)];
-        let text = entries.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+        let entries = vec![
+            entry("gateway", 2000, 1980, 1990),
+            entry("orders", 1979, 1779, 1970),
+        ];
+        let text = entries
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
         assert_eq!(
             text,
             "gateway;received=2000;spent=1.25;reserved=20;forwarded=1980;left=1990, \
@@ -153,7 +173,10 @@ mod tests {
 
     #[test]
     fn server_timing_has_one_metric_per_hop() {
-        let timing = server_timing(&[entry("gateway", 2000, 1980, 1990), entry("bank-mock", 1500, 0, 1480)]);
+        let timing = server_timing(&[
+            entry("gateway", 2000, 1980, 1990),
+            entry("bank-mock", 1500, 0, 1480),
+        ]);
         assert_eq!(
             timing,
             "gateway;dur=10;desc=\"budget 2000 ms, forwarded 1980 ms\", \

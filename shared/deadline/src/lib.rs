@@ -30,7 +30,10 @@ pub struct Deadline {
 impl Deadline {
     /// A deadline `budget` from `now`.
     pub fn after(now: Instant, budget: Duration) -> Self {
-        Self { started_at: now, expires_at: now + budget }
+        Self {
+            started_at: now,
+            expires_at: now + budget,
+        }
     }
 
     /// The budget this deadline was created with.

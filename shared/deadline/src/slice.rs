@@ -25,7 +25,10 @@ pub struct Slice {
 
 impl Slice {
     pub fn new(given: Duration, capped: bool) -> Self {
-        Self { given: Duration::from_millis(given.as_nanos().div_ceil(1_000_000) as u64), capped }
+        Self {
+            given: Duration::from_millis(given.as_nanos().div_ceil(1_000_000) as u64),
+            capped,
+        }
     }
 
     /// The slice named in `headers` (a status's metadata, or a response's headers), if any.
@@ -35,12 +38,19 @@ impl Slice {
             Some(millis) => (millis, true),
             None => (text, false),
         };
-        Some(Self { given: Duration::from_millis(millis.trim().parse().ok()?), capped })
+        Some(Self {
+            given: Duration::from_millis(millis.trim().parse().ok()?),
+            capped,
+        })
     }
 
     pub fn header_value(&self) -> HeaderValue {
         let millis = self.given.as_millis();
-        let text = if self.capped { format!("{millis}{CAPPED}") } else { millis.to_string() };
+        let text = if self.capped {
+            format!("{millis}{CAPPED}")
+        } else {
+            millis.to_string()
+        };
         HeaderValue::try_from(text).expect("digits are a header value")
     }
 }
@@ -51,12 +61,18 @@ mod tests {
 
     #[test]
     fn a_slice_round_trips_rounded_up_to_the_millisecond() {
-        for slice in [Slice::new(Duration::from_micros(1_477_001), false), Slice::new(Duration::from_millis(1_500), true)] {
+        for slice in [
+            Slice::new(Duration::from_micros(1_477_001), false),
+            Slice::new(Duration::from_millis(1_500), true),
+        ] {
             let mut headers = HeaderMap::new();
             headers.insert(wire::DEADLINE_SLICE, slice.header_value());
             assert_eq!(Slice::from_headers(&headers), Some(slice));
         }
-        assert_eq!(Slice::new(Duration::from_micros(1_477_001), false).given, Duration::from_millis(1_478));
+        assert_eq!(
+            Slice::new(Duration::from_micros(1_477_001), false).given,
+            Duration::from_millis(1_478)
+        );
         assert_eq!(Slice::from_headers(&HeaderMap::new()), None);
         let mut garbled = HeaderMap::new();
         garbled.insert(wire::DEADLINE_SLICE, HeaderValue::from_static("soon"));

@@ -16,7 +16,8 @@ use std::{
 };
 
 use deadline::{
-    Deadline, EstimateSettings, Forward, ForwardPolicy, Hop, HopStats, HopStatsSnapshot, InboundPolicy, LatencyEstimate, Slice,
+    Deadline, EstimateSettings, Forward, ForwardPolicy, Hop, HopStats, HopStatsSnapshot,
+    InboundPolicy, LatencyEstimate, Slice,
     client::{ForwardDeadline, ForwardDeadlineLayer},
     grpc_timeout,
     ledger::{self, Entry},
@@ -32,7 +33,12 @@ const fn ms(millis: u64) -> Duration {
 }
 
 /// orders → payment as the services configure it: keep up to 200 ms, never call with under 50 ms.
-const TO_PAYMENT: ForwardPolicy = ForwardPolicy { reserve_ms: 200, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 };
+const TO_PAYMENT: ForwardPolicy = ForwardPolicy {
+    reserve_ms: 200,
+    reserve_max_share: 0.2,
+    cap_ms: None,
+    min_forward_ms: 50,
+};
 
 /// Polls `future` exactly once, so a test can tell whether it has answered at this instant.
 async fn poll_once<F: Future>(mut future: Pin<&mut F>) -> Poll<F::Output> {
@@ -42,9 +48,15 @@ async fn poll_once<F: Future>(mut future: Pin<&mut F>) -> Poll<F::Output> {
 /// Drives `call` on the paused clock and returns its output, asserting that it answers exactly
 /// `after` from now: still pending 1 ms before, ready at that instant.
 async fn expect_answer_after<F: Future>(mut call: Pin<Box<F>>, after: Duration) -> F::Output {
-    assert!(poll_once(call.as_mut()).await.is_pending(), "answered immediately");
+    assert!(
+        poll_once(call.as_mut()).await.is_pending(),
+        "answered immediately"
+    );
     advance(after - ms(1)).await;
-    assert!(poll_once(call.as_mut()).await.is_pending(), "answered before {after:?}");
+    assert!(
+        poll_once(call.as_mut()).await.is_pending(),
+        "answered before {after:?}"
+    );
     advance(ms(1)).await;
     match poll_once(call.as_mut()).await {
         Poll::Ready(output) => output,
@@ -55,7 +67,9 @@ async fn expect_answer_after<F: Future>(mut call: Pin<Box<F>>, after: Duration) 
 fn grpc_request(timeout: Option<&str>) -> Request<String> {
     let mut request = Request::new("request".to_owned());
     if let Some(timeout) = timeout {
-        request.headers_mut().insert(wire::GRPC_TIMEOUT, timeout.parse().unwrap());
+        request
+            .headers_mut()
+            .insert(wire::GRPC_TIMEOUT, timeout.parse().unwrap());
     }
     request
 }
@@ -66,7 +80,10 @@ fn status_of<B>(response: &Response<B>) -> Status {
 }
 
 fn ledger_of<B>(response: &Response<B>) -> Vec<Entry> {
-    let header = response.headers().get(wire::DEADLINE_LEDGER).expect("an x-deadline-ledger header");
+    let header = response
+        .headers()
+        .get(wire::DEADLINE_LEDGER)
+        .expect("an x-deadline-ledger header");
     ledger::parse(header.to_str().unwrap()).unwrap()
 }
 
@@ -75,7 +92,9 @@ fn ok_response() -> Result<Response<String>, Infallible> {
 }
 
 /// A handler that answers at once and counts how often it was called.
-fn counting_handler(calls: &Arc<AtomicUsize>) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible> + use<> {
+fn counting_handler(
+    calls: &Arc<AtomicUsize>,
+) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible> + use<> {
     let calls = Arc::clone(calls);
     service_fn(move |_: Request<String>| {
         calls.fetch_add(1, Ordering::SeqCst);
@@ -103,7 +122,11 @@ fn to_payment<S>(inner: S) -> ForwardDeadline<S> {
 
 /// The hop a served request to orders would run as, with `budget` from now.
 fn orders_hop(budget: Duration) -> Arc<Hop> {
-    Arc::new(Hop::new("orders", Deadline::after(Instant::now(), budget), HopStats::new()))
+    Arc::new(Hop::new(
+        "orders",
+        Deadline::after(Instant::now(), budget),
+        HopStats::new(),
+    ))
 }
 
 // Server layer.
@@ -125,10 +148,21 @@ async fn server_answers_deadline_exceeded_exactly_when_grpc_timeout_runs_out() {
     assert_eq!(entries.len(), 1, "{entries:?}");
     assert_eq!(entries[0].hop, "orders");
     assert_eq!(entries[0].received, ms(100));
-    assert_eq!(stats.snapshot(), HopStatsSnapshot { requests: 1, expired: 1, finished_late: 0, ..Default::default() });
+    assert_eq!(
+        stats.snapshot(),
+        HopStatsSnapshot {
+            requests: 1,
+            expired: 1,
+            finished_late: 0,
+            ..Default::default()
+        }
+    );
     let recent = stats.recent_answers();
     assert_eq!((recent.len(), recent[0].outcome), (1, "expired"));
-    assert_eq!(recent[0].ledger, entries, "the hop keeps the ledger it sent");
+    assert_eq!(
+        recent[0].ledger, entries,
+        "the hop keeps the ledger it sent"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -138,7 +172,10 @@ async fn server_runs_the_handler_as_the_current_hop_and_returns_its_ledger() {
         let hop = Hop::current().expect("the handler runs inside the hop's scope");
         assert_eq!(hop.name(), "orders");
         assert_eq!(hop.deadline().budget(), ms(500));
-        let deadline = request.extensions().get::<Deadline>().expect("the deadline travels with the request");
+        let deadline = request
+            .extensions()
+            .get::<Deadline>()
+            .expect("the deadline travels with the request");
         assert_eq!(*deadline, hop.deadline());
         ok_response()
     });
@@ -150,31 +187,71 @@ async fn server_runs_the_handler_as_the_current_hop_and_returns_its_ledger() {
     assert_eq!(response.body(), "ok");
     let entries = ledger_of(&response);
     assert_eq!(entries.len(), 1, "{entries:?}");
-    assert_eq!((entries[0].hop.as_str(), entries[0].received), ("orders", ms(500)));
-    assert_eq!(stats.snapshot(), HopStatsSnapshot { requests: 1, ..Default::default() });
-    assert_eq!(stats.recent_answers().iter().map(|answer| (answer.outcome, answer.ledger.clone())).collect::<Vec<_>>(), [("in_time", entries)]);
+    assert_eq!(
+        (entries[0].hop.as_str(), entries[0].received),
+        ("orders", ms(500))
+    );
+    assert_eq!(
+        stats.snapshot(),
+        HopStatsSnapshot {
+            requests: 1,
+            ..Default::default()
+        }
+    );
+    assert_eq!(
+        stats
+            .recent_answers()
+            .iter()
+            .map(|answer| (answer.outcome, answer.ledger.clone()))
+            .collect::<Vec<_>>(),
+        [("in_time", entries)]
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn server_keeps_the_last_twenty_ledgers_newest_first() {
     let stats = HopStats::new();
     for budget in 1..=25 {
-        let service = serve(InboundPolicy::default(), &stats, service_fn(|_: Request<String>| async { ok_response() }));
-        service.oneshot(grpc_request(Some(&format!("{budget}0m")))).await.unwrap();
+        let service = serve(
+            InboundPolicy::default(),
+            &stats,
+            service_fn(|_: Request<String>| async { ok_response() }),
+        );
+        service
+            .oneshot(grpc_request(Some(&format!("{budget}0m"))))
+            .await
+            .unwrap();
     }
-    let received: Vec<Duration> = stats.recent_answers().iter().map(|answer| answer.ledger[0].received).collect();
-    assert_eq!(received, (6..=25).rev().map(|budget| ms(budget * 10)).collect::<Vec<_>>());
+    let received: Vec<Duration> = stats
+        .recent_answers()
+        .iter()
+        .map(|answer| answer.ledger[0].received)
+        .collect();
+    assert_eq!(
+        received,
+        (6..=25)
+            .rev()
+            .map(|budget| ms(budget * 10))
+            .collect::<Vec<_>>()
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn server_grants_the_default_budget_without_grpc_timeout_and_caps_longer_ones() {
-    let policy = InboundPolicy { default_ms: 300, max_ms: 1_000, ..InboundPolicy::default() };
+    let policy = InboundPolicy {
+        default_ms: 300,
+        max_ms: 1_000,
+        ..InboundPolicy::default()
+    };
     let granted_budget = |timeout: Option<&'static str>| async move {
         let report_budget = service_fn(|request: Request<String>| async move {
             let budget = request.extensions().get::<Deadline>().unwrap().budget();
             Ok::<_, Infallible>(Response::new(budget.as_millis().to_string()))
         });
-        let response = serve(policy, &HopStats::new(), report_budget).oneshot(grpc_request(timeout)).await.unwrap();
+        let response = serve(policy, &HopStats::new(), report_budget)
+            .oneshot(grpc_request(timeout))
+            .await
+            .unwrap();
         response.into_body()
     };
 
@@ -187,29 +264,58 @@ async fn server_grants_the_default_budget_without_grpc_timeout_and_caps_longer_o
 async fn server_rejects_malformed_grpc_timeout_without_calling_the_handler() {
     for malformed in ["abc", "123456789m"] {
         let calls = Arc::new(AtomicUsize::new(0));
-        let service = serve(InboundPolicy::default(), &HopStats::new(), counting_handler(&calls));
+        let service = serve(
+            InboundPolicy::default(),
+            &HopStats::new(),
+            counting_handler(&calls),
+        );
 
-        let response = service.oneshot(grpc_request(Some(malformed))).await.unwrap();
+        let response = service
+            .oneshot(grpc_request(Some(malformed)))
+            .await
+            .unwrap();
 
         let status = status_of(&response);
-        assert_eq!(status.code(), Code::InvalidArgument, "{malformed}: {status:?}");
-        assert!(status.message().contains(malformed), "{malformed}: {status:?}");
-        assert_eq!(calls.load(Ordering::SeqCst), 0, "{malformed}: the handler was called");
+        assert_eq!(
+            status.code(),
+            Code::InvalidArgument,
+            "{malformed}: {status:?}"
+        );
+        assert!(
+            status.message().contains(malformed),
+            "{malformed}: {status:?}"
+        );
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            0,
+            "{malformed}: the handler was called"
+        );
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn server_counts_a_response_dropped_before_it_answers_as_abandoned() {
     let stats = HopStats::new();
-    let never_answers = service_fn(|_: Request<String>| std::future::pending::<Result<Response<String>, Infallible>>());
-    let mut call = Box::pin(serve(InboundPolicy::default(), &stats, never_answers).oneshot(grpc_request(Some("1S"))));
+    let never_answers = service_fn(|_: Request<String>| {
+        std::future::pending::<Result<Response<String>, Infallible>>()
+    });
+    let mut call = Box::pin(
+        serve(InboundPolicy::default(), &stats, never_answers).oneshot(grpc_request(Some("1S"))),
+    );
     assert!(poll_once(call.as_mut()).await.is_pending());
     advance(ms(10)).await;
 
     // The caller goes away: tonic drops the response future.
     drop(call);
 
-    assert_eq!(stats.snapshot(), HopStatsSnapshot { requests: 1, abandoned: 1, ..Default::default() });
+    assert_eq!(
+        stats.snapshot(),
+        HopStatsSnapshot {
+            requests: 1,
+            abandoned: 1,
+            ..Default::default()
+        }
+    );
 }
 
 // Client layer.
@@ -217,9 +323,19 @@ async fn server_counts_a_response_dropped_before_it_answers_as_abandoned() {
 #[tokio::test(start_paused = true)]
 async fn client_forwards_remaining_budget_less_reserve_as_grpc_timeout() {
     let hop = orders_hop(ms(2_000));
-    let response = Hop::scope(hop, to_payment(service_fn(mirror)).oneshot(grpc_request(None))).await.unwrap();
+    let response = Hop::scope(
+        hop,
+        to_payment(service_fn(mirror)).oneshot(grpc_request(None)),
+    )
+    .await
+    .unwrap();
 
-    let sent = response.headers().get(wire::GRPC_TIMEOUT).expect("a grpc-timeout header").to_str().unwrap();
+    let sent = response
+        .headers()
+        .get(wire::GRPC_TIMEOUT)
+        .expect("a grpc-timeout header")
+        .to_str()
+        .unwrap();
     assert_eq!(sent, grpc_timeout::format(ms(1_800)));
     assert_eq!(grpc_timeout::parse(sent), Ok(ms(1_800)));
 }
@@ -231,14 +347,22 @@ async fn client_fails_fast_below_the_minimum_without_calling() {
     let service = to_payment(counting_handler(&calls));
 
     // 60 ms left, 12 ms reserved: 48 ms is below payment's 50 ms minimum.
-    let response = Hop::scope(hop.clone(), service.oneshot(grpc_request(None))).await.unwrap();
+    let response = Hop::scope(hop.clone(), service.oneshot(grpc_request(None)))
+        .await
+        .unwrap();
 
     let status = status_of(&response);
     assert_eq!(status.code(), Code::DeadlineExceeded);
     assert!(status.message().starts_with("orders:"), "{status:?}");
     assert!(status.message().contains("for payment"), "{status:?}");
     assert_eq!(calls.load(Ordering::SeqCst), 0);
-    assert_eq!(hop.stats().snapshot(), HopStatsSnapshot { failed_fast: 1, ..Default::default() });
+    assert_eq!(
+        hop.stats().snapshot(),
+        HopStatsSnapshot {
+            failed_fast: 1,
+            ..Default::default()
+        }
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -254,12 +378,24 @@ async fn client_fails_fast_below_what_the_dependency_has_been_taking() {
             }
         })
     };
-    let settings = EstimateSettings { window_ms: 1_000, min_samples: 10, probe_interval_ms: 1_000, ..EstimateSettings::default() };
+    let settings = EstimateSettings {
+        window_ms: 1_000,
+        min_samples: 10,
+        probe_interval_ms: 1_000,
+        ..EstimateSettings::default()
+    };
     let estimate = Arc::new(LatencyEstimate::new(settings));
-    let service = ForwardDeadlineLayer::new("payment", TO_PAYMENT).with_estimate(estimate.clone()).layer(slow_payment);
+    let service = ForwardDeadlineLayer::new("payment", TO_PAYMENT)
+        .with_estimate(estimate.clone())
+        .layer(slow_payment);
 
     // A window of answers that took 400 ms each, made with ample budget.
-    let warm_up = (0..10).map(|_| Hop::scope(orders_hop(ms(2_000)), service.clone().oneshot(grpc_request(None))));
+    let warm_up = (0..10).map(|_| {
+        Hop::scope(
+            orders_hop(ms(2_000)),
+            service.clone().oneshot(grpc_request(None)),
+        )
+    });
     for answer in futures::future::join_all(warm_up).await {
         assert_eq!(answer.unwrap().body(), "ok");
     }
@@ -268,32 +404,62 @@ async fn client_fails_fast_below_what_the_dependency_has_been_taking() {
     // 300 ms left, 60 ms kept: 240 ms is below the 400 ms payment has been taking. The first such
     // call is the window's probe; the next is not made.
     let hop = orders_hop(ms(300));
-    let probe = Hop::scope(hop.clone(), service.clone().oneshot(grpc_request(None))).await.unwrap();
-    assert_eq!(status_of(&probe).code(), Code::DeadlineExceeded, "the probe ran out of its 240 ms");
+    let probe = Hop::scope(hop.clone(), service.clone().oneshot(grpc_request(None)))
+        .await
+        .unwrap();
+    assert_eq!(
+        status_of(&probe).code(),
+        Code::DeadlineExceeded,
+        "the probe ran out of its 240 ms"
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 11);
 
     let hop = orders_hop(ms(300));
-    let refused = Hop::scope(hop.clone(), service.clone().oneshot(grpc_request(None))).await.unwrap();
+    let refused = Hop::scope(hop.clone(), service.clone().oneshot(grpc_request(None)))
+        .await
+        .unwrap();
     let status = status_of(&refused);
     assert_eq!(status.code(), Code::DeadlineExceeded);
-    for needle in ["orders: payment has needed 40", "p90 of its recent answers", "only 240.0 ms are left", "not calling"] {
-        assert!(status.message().contains(needle), "{needle:?} in {status:?}");
+    for needle in [
+        "orders: payment has needed 40",
+        "p90 of its recent answers",
+        "only 240.0 ms are left",
+        "not calling",
+    ] {
+        assert!(
+            status.message().contains(needle),
+            "{needle:?} in {status:?}"
+        );
     }
-    assert_eq!(refused.headers()[wire::DEADLINE_FAILED_FAST], "orders", "the edge does not retry it");
+    assert_eq!(
+        refused.headers()[wire::DEADLINE_FAILED_FAST],
+        "orders",
+        "the edge does not retry it"
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 11, "payment was not called");
     assert_eq!(hop.stats().snapshot().failed_fast, 1);
 
     // A call with more than the estimate is made.
-    let ample = Hop::scope(orders_hop(ms(1_000)), service.clone().oneshot(grpc_request(None))).await.unwrap();
+    let ample = Hop::scope(
+        orders_hop(ms(1_000)),
+        service.clone().oneshot(grpc_request(None)),
+    )
+    .await
+    .unwrap();
     assert_eq!(ample.body(), "ok");
     let snapshot = estimate.snapshot(Instant::now());
-    assert_eq!((snapshot.refused, snapshot.probes, snapshot.samples), (1, 1, 10));
+    assert_eq!(
+        (snapshot.refused, snapshot.probes, snapshot.samples),
+        (1, 1, 10)
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn client_stops_waiting_exactly_when_the_forwarded_budget_runs_out() {
     let hop = orders_hop(ms(2_000));
-    let never_answers = service_fn(|_: Request<String>| std::future::pending::<Result<Response<String>, Infallible>>());
+    let never_answers = service_fn(|_: Request<String>| {
+        std::future::pending::<Result<Response<String>, Infallible>>()
+    });
     Hop::scope(hop, async {
         // Time spent at orders before the call shrinks what is forwarded: 1.9 s left, 1.7 s sent.
         advance(ms(100)).await;
@@ -302,14 +468,23 @@ async fn client_stops_waiting_exactly_when_the_forwarded_budget_runs_out() {
 
         let status = status_of(&response);
         assert_eq!(status.code(), Code::DeadlineExceeded);
-        assert!(status.message().contains("payment did not answer within the 1700 ms"), "{status:?}");
+        assert!(
+            status
+                .message()
+                .contains("payment did not answer within the 1700 ms"),
+            "{status:?}"
+        );
     })
     .await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn client_names_the_slice_on_every_deadline_exceeded_and_whether_it_was_capped() {
-    let never_answers = || service_fn(|_: Request<String>| std::future::pending::<Result<Response<String>, Infallible>>());
+    let never_answers = || {
+        service_fn(|_: Request<String>| {
+            std::future::pending::<Result<Response<String>, Infallible>>()
+        })
+    };
     let slice_of = |response: &Response<String>| Slice::from_headers(response.headers());
     Hop::scope(orders_hop(ms(2_000)), async {
         // All that was left after the reserve: a retry could not have it again.
@@ -320,54 +495,115 @@ async fn client_names_the_slice_on_every_deadline_exceeded_and_whether_it_was_ca
     .await;
     Hop::scope(orders_hop(ms(2_000)), async {
         // Capped at 500 ms of the 1.8 s left.
-        let capped = ForwardDeadlineLayer::new("payment", ForwardPolicy { cap_ms: Some(500), ..TO_PAYMENT }).layer(never_answers());
-        let response = expect_answer_after(Box::pin(capped.oneshot(grpc_request(None))), ms(500)).await.unwrap();
+        let capped = ForwardDeadlineLayer::new(
+            "payment",
+            ForwardPolicy {
+                cap_ms: Some(500),
+                ..TO_PAYMENT
+            },
+        )
+        .layer(never_answers());
+        let response = expect_answer_after(Box::pin(capped.oneshot(grpc_request(None))), ms(500))
+            .await
+            .unwrap();
         assert_eq!(slice_of(&response), Some(Slice::new(ms(500), true)));
     })
     .await;
     // The dependency's own DEADLINE_EXCEEDED is named too; other answers are not.
-    let expired =
-        service_fn(|_: Request<String>| async { Ok::<_, Infallible>(Status::deadline_exceeded("bank-mock: out of time").into_http::<String>()) });
-    let response = Hop::scope(orders_hop(ms(2_000)), to_payment(expired).oneshot(grpc_request(None))).await.unwrap();
+    let expired = service_fn(|_: Request<String>| async {
+        Ok::<_, Infallible>(
+            Status::deadline_exceeded("bank-mock: out of time").into_http::<String>(),
+        )
+    });
+    let response = Hop::scope(
+        orders_hop(ms(2_000)),
+        to_payment(expired).oneshot(grpc_request(None)),
+    )
+    .await
+    .unwrap();
     assert_eq!(slice_of(&response), Some(Slice::new(ms(1_800), false)));
-    let response = Hop::scope(orders_hop(ms(2_000)), to_payment(service_fn(mirror)).oneshot(grpc_request(None))).await.unwrap();
+    let response = Hop::scope(
+        orders_hop(ms(2_000)),
+        to_payment(service_fn(mirror)).oneshot(grpc_request(None)),
+    )
+    .await
+    .unwrap();
     assert_eq!(slice_of(&response), None);
 }
 
 #[tokio::test(start_paused = true)]
 async fn client_keeps_a_shorter_timeout_the_caller_set() {
     let hop = orders_hop(ms(2_000));
-    let response = Hop::scope(hop.clone(), to_payment(service_fn(mirror)).oneshot(grpc_request(Some("300m")))).await.unwrap();
-    assert_eq!(response.headers()[wire::GRPC_TIMEOUT].to_str().unwrap(), grpc_timeout::format(ms(300)));
-    assert_eq!(hop.entry_at(Instant::now()).forwarded, ms(300), "the ledger shows what was sent");
+    let response = Hop::scope(
+        hop.clone(),
+        to_payment(service_fn(mirror)).oneshot(grpc_request(Some("300m"))),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        response.headers()[wire::GRPC_TIMEOUT].to_str().unwrap(),
+        grpc_timeout::format(ms(300))
+    );
+    assert_eq!(
+        hop.entry_at(Instant::now()).forwarded,
+        ms(300),
+        "the ledger shows what was sent"
+    );
 
     // A longer one gives way to the hop's slice.
-    let response = Hop::scope(orders_hop(ms(2_000)), to_payment(service_fn(mirror)).oneshot(grpc_request(Some("5S")))).await.unwrap();
-    assert_eq!(response.headers()[wire::GRPC_TIMEOUT].to_str().unwrap(), grpc_timeout::format(ms(1_800)));
+    let response = Hop::scope(
+        orders_hop(ms(2_000)),
+        to_payment(service_fn(mirror)).oneshot(grpc_request(Some("5S"))),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        response.headers()[wire::GRPC_TIMEOUT].to_str().unwrap(),
+        grpc_timeout::format(ms(1_800))
+    );
 
-    let never_answers = service_fn(|_: Request<String>| std::future::pending::<Result<Response<String>, Infallible>>());
+    let never_answers = service_fn(|_: Request<String>| {
+        std::future::pending::<Result<Response<String>, Infallible>>()
+    });
     Hop::scope(orders_hop(ms(2_000)), async {
         let call = Box::pin(to_payment(never_answers).oneshot(grpc_request(Some("300m"))));
         let response = expect_answer_after(call, ms(300)).await.unwrap();
-        assert_eq!(Slice::from_headers(response.headers()), Some(Slice::new(ms(300), true)), "a retry could have 300 ms again");
+        assert_eq!(
+            Slice::from_headers(response.headers()),
+            Some(Slice::new(ms(300), true)),
+            "a retry could have 300 ms again"
+        );
     })
     .await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn client_turns_tonic_timeout_expired_into_deadline_exceeded() {
-    let timing_out = service_fn(|_: Request<String>| async { Err::<Response<String>, BoxError>(Box::new(tonic::TimeoutExpired(()))) });
+    let timing_out = service_fn(|_: Request<String>| async {
+        Err::<Response<String>, BoxError>(Box::new(tonic::TimeoutExpired(())))
+    });
 
-    let response = Hop::scope(orders_hop(ms(2_000)), to_payment(timing_out).oneshot(grpc_request(None))).await;
+    let response = Hop::scope(
+        orders_hop(ms(2_000)),
+        to_payment(timing_out).oneshot(grpc_request(None)),
+    )
+    .await;
 
     assert_eq!(status_of(&response.unwrap()).code(), Code::DeadlineExceeded);
 }
 
 #[tokio::test(start_paused = true)]
 async fn client_passes_other_transport_errors_through() {
-    let failing = service_fn(|_: Request<String>| async { Err::<Response<String>, BoxError>(Box::new(std::io::Error::other("connection reset"))) });
+    let failing = service_fn(|_: Request<String>| async {
+        Err::<Response<String>, BoxError>(Box::new(std::io::Error::other("connection reset")))
+    });
 
-    let error = Hop::scope(orders_hop(ms(2_000)), to_payment(failing).oneshot(grpc_request(None))).await.unwrap_err();
+    let error = Hop::scope(
+        orders_hop(ms(2_000)),
+        to_payment(failing).oneshot(grpc_request(None)),
+    )
+    .await
+    .unwrap_err();
 
     assert_eq!(error.to_string(), "connection reset");
 }
@@ -386,16 +622,26 @@ async fn client_relabels_cancelled_arriving_at_the_deadline_as_deadline_exceeded
 
         // The peer's own answer, relabelled, not the layer's "did not answer" one.
         let status = status_of(&response);
-        assert_eq!((status.code(), status.message()), (Code::DeadlineExceeded, "timeout expired"));
+        assert_eq!(
+            (status.code(), status.message()),
+            (Code::DeadlineExceeded, "timeout expired")
+        );
     })
     .await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn client_leaves_cancelled_within_the_budget_alone() {
-    let cancelled = service_fn(|_: Request<String>| async { Ok::<_, Infallible>(Status::cancelled("client went away").into_http::<String>()) });
+    let cancelled = service_fn(|_: Request<String>| async {
+        Ok::<_, Infallible>(Status::cancelled("client went away").into_http::<String>())
+    });
 
-    let response = Hop::scope(orders_hop(ms(2_000)), to_payment(cancelled).oneshot(grpc_request(None))).await.unwrap();
+    let response = Hop::scope(
+        orders_hop(ms(2_000)),
+        to_payment(cancelled).oneshot(grpc_request(None)),
+    )
+    .await
+    .unwrap();
 
     assert_eq!(status_of(&response).code(), Code::Cancelled);
 }
@@ -404,11 +650,15 @@ async fn client_leaves_cancelled_within_the_budget_alone() {
 async fn client_appends_the_downstream_ledger_after_its_own_entry() {
     let hop = orders_hop(ms(2_000));
     // The dependency is a real payment hop, so its ledger entry is the one the server layer writes.
-    let payment = DeadlineLayer::new("payment", Grpc::default(), HopStats::new()).layer(service_fn(|_: Request<String>| async { ok_response() }));
+    let payment = DeadlineLayer::new("payment", Grpc::default(), HopStats::new())
+        .layer(service_fn(|_: Request<String>| async { ok_response() }));
 
     Hop::scope(hop.clone(), async {
         advance(ms(100)).await;
-        let response = to_payment(payment).oneshot(grpc_request(None)).await.unwrap();
+        let response = to_payment(payment)
+            .oneshot(grpc_request(None))
+            .await
+            .unwrap();
         assert_eq!(response.body(), "ok");
         // orders composes its own reply after payment answered.
         advance(ms(30)).await;
@@ -416,7 +666,13 @@ async fn client_appends_the_downstream_ledger_after_its_own_entry() {
     .await;
 
     let planned = TO_PAYMENT.plan(ms(1_900)).unwrap();
-    assert_eq!(planned, Forward { reserved: ms(200), forwarded: ms(1_700) });
+    assert_eq!(
+        planned,
+        Forward {
+            reserved: ms(200),
+            forwarded: ms(1_700)
+        }
+    );
     let entries = ledger::parse(&hop.ledger_at(Instant::now())).unwrap();
     assert_eq!(entries.len(), 2, "{entries:?}");
     assert_eq!(
@@ -437,13 +693,25 @@ async fn client_appends_the_downstream_ledger_after_its_own_entry() {
 #[tokio::test(start_paused = true)]
 async fn client_outside_a_hop_sends_a_deadline_the_caller_set_untouched() {
     let mut request = grpc_request(Some("300m"));
-    request.headers_mut().insert("x-request-id", "42".parse().unwrap());
+    request
+        .headers_mut()
+        .insert("x-request-id", "42".parse().unwrap());
     let sent_headers = request.headers().clone();
 
-    let response = to_payment(service_fn(mirror)).oneshot(request).await.unwrap();
+    let response = to_payment(service_fn(mirror))
+        .oneshot(request)
+        .await
+        .unwrap();
 
-    assert!(Hop::current().is_none(), "this test must run outside any served request");
-    assert_eq!(response.headers(), &sent_headers, "the caller's grpc-timeout kept, nothing added");
+    assert!(
+        Hop::current().is_none(),
+        "this test must run outside any served request"
+    );
+    assert_eq!(
+        response.headers(),
+        &sent_headers,
+        "the caller's grpc-timeout kept, nothing added"
+    );
     assert_eq!(response.body(), "request");
 }
 
@@ -474,7 +742,10 @@ impl Logs {
 async fn a_spawned_task_without_the_hop_is_refused_and_warned_about() {
     let logs = Logs::default();
     let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
     let _logging = tracing::subscriber::set_default(subscriber);
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&calls);
@@ -491,9 +762,17 @@ async fn a_spawned_task_without_the_hop_is_refused_and_warned_about() {
     assert_eq!(calls.load(Ordering::SeqCst), 0, "nothing was sent");
     let status = status_of(&response);
     assert_eq!(status.code(), Code::Internal);
-    assert!(status.message().contains("/payment.v1.PaymentService/Pay"), "{status:?}");
+    assert!(
+        status.message().contains("/payment.v1.PaymentService/Pay"),
+        "{status:?}"
+    );
     let logged = logs.text();
-    assert!(logged.contains("WARN") && logged.contains(r#"method="/payment.v1.PaymentService/Pay""#) && logged.contains("no deadline"), "{logged}");
+    assert!(
+        logged.contains("WARN")
+            && logged.contains(r#"method="/payment.v1.PaymentService/Pay""#)
+            && logged.contains("no deadline"),
+        "{logged}"
+    );
 }
 
 /// The same task, given the hop with `Hop::scope`, forwards the handler's remaining budget.
@@ -502,10 +781,21 @@ async fn a_spawned_task_that_carries_the_hop_forwards_its_deadline() {
     let client = to_payment(service_fn(mirror));
     let handler = async move {
         let hop = Hop::current().expect("inside the handler");
-        tokio::spawn(Hop::scope(hop, client.oneshot(grpc_request(None)))).await.unwrap()
+        tokio::spawn(Hop::scope(hop, client.oneshot(grpc_request(None))))
+            .await
+            .unwrap()
     };
     let response = Hop::scope(orders_hop(ms(2_000)), handler).await.unwrap();
 
-    let sent = response.headers().get(wire::GRPC_TIMEOUT).expect("a grpc-timeout header").to_str().unwrap();
-    assert_eq!(grpc_timeout::parse(sent), Ok(ms(1_800)), "2000 ms less orders' 200 ms reserve");
+    let sent = response
+        .headers()
+        .get(wire::GRPC_TIMEOUT)
+        .expect("a grpc-timeout header")
+        .to_str()
+        .unwrap();
+    assert_eq!(
+        grpc_timeout::parse(sent),
+        Ok(ms(1_800)),
+        "2000 ms less orders' 200 ms reserve"
+    );
 }

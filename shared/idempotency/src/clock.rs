@@ -16,7 +16,9 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> i64 {
-        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as i64)
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis() as i64)
     }
 }
 
@@ -28,7 +30,9 @@ pub struct ManualClock {
 
 impl ManualClock {
     pub fn starting_at(now_ms: i64) -> Self {
-        Self { now_ms: AtomicI64::new(now_ms) }
+        Self {
+            now_ms: AtomicI64::new(now_ms),
+        }
     }
 
     pub fn advance_ms(&self, by: i64) {

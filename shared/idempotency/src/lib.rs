@@ -9,7 +9,8 @@ mod store;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use reaper::spawn_reaper;
 pub use store::{
-    Begin, BeginWith, Effects, KeyError, KeySettings, KeyStore, Lease, Lookup, Progress, ResumePolicy, Stored, StrandedKey, TtlTooShort,
+    Begin, BeginWith, Effects, KeyError, KeySettings, KeyStore, Lease, Lookup, Progress,
+    ResumePolicy, Stored, StrandedKey, TtlTooShort,
 };
 
 use sha2::{Digest, Sha256};

@@ -33,7 +33,11 @@ impl KeySettings {
     pub fn require_ttl(&self, needed: Duration, why: impl Into<String>) -> Result<(), TtlTooShort> {
         let needed_ms = needed.as_millis() as u64;
         if self.ttl_ms < needed_ms {
-            return Err(TtlTooShort { ttl_ms: self.ttl_ms, needed_ms, why: why.into() });
+            return Err(TtlTooShort {
+                ttl_ms: self.ttl_ms,
+                needed_ms,
+                why: why.into(),
+            });
         }
         Ok(())
     }
@@ -41,7 +45,11 @@ impl KeySettings {
 
 impl Default for KeySettings {
     fn default() -> Self {
-        Self { ttl_ms: 24 * 3_600_000, reap_interval_ms: 60_000, reap_batch: 500 }
+        Self {
+            ttl_ms: 24 * 3_600_000,
+            reap_interval_ms: 60_000,
+            reap_batch: 500,
+        }
     }
 }
 
@@ -79,8 +87,20 @@ impl Lease {
         }
     }
 
-    fn new(scope: &str, key: &str, token: i64, recovery_point: String, resource_id: Option<String>) -> Self {
-        Self { scope: scope.to_owned(), key: key.to_owned(), token, recovery_point, resource_id }
+    fn new(
+        scope: &str,
+        key: &str,
+        token: i64,
+        recovery_point: String,
+        resource_id: Option<String>,
+    ) -> Self {
+        Self {
+            scope: scope.to_owned(),
+            key: key.to_owned(),
+            token,
+            recovery_point,
+            resource_id,
+        }
     }
 }
 
@@ -109,7 +129,9 @@ impl FromRow for StrandedKey {
             recovery_point: row.get("recovery_point")?,
             resource_id: row.get("resource_id")?,
             created_at_ms: row.get("created_at")?,
-            resume_attempts: u32::try_from(resume_attempts).map_err(|_| storage::Error::Corrupt(format!("resume_attempts {resume_attempts}")))?,
+            resume_attempts: u32::try_from(resume_attempts).map_err(|_| {
+                storage::Error::Corrupt(format!("resume_attempts {resume_attempts}"))
+            })?,
         })
     }
 }
@@ -192,7 +214,9 @@ storage::row! {
 impl KeyRow {
     /// [`expired_and_settled`] judged on a row read at `now`: whether it counts as unused.
     fn expired_and_settled(&self, now: i64) -> bool {
-        self.expires_at <= now && (self.state == COMPLETED || (self.recovery_point == STARTED && self.locked_until <= now))
+        self.expires_at <= now
+            && (self.state == COMPLETED
+                || (self.recovery_point == STARTED && self.locked_until <= now))
     }
 
     /// What the row says about its key to a request with `fingerprint` at `now`, in the order
@@ -213,7 +237,10 @@ impl KeyRow {
         if self.locked_until > now {
             return Ok(Lookup::InFlight);
         }
-        Ok(Lookup::Unsettled { recovery_point: self.recovery_point, resource_id: self.resource_id })
+        Ok(Lookup::Unsettled {
+            recovery_point: self.recovery_point,
+            resource_id: self.resource_id,
+        })
     }
 }
 
@@ -229,7 +256,10 @@ pub enum Lookup {
     /// Not completed, and nobody holds it (its lease ran out or was released): a request would
     /// take it over and resume after `recovery_point`, with what the phases created
     /// (`resource_id`, e.g. the order id).
-    Unsettled { recovery_point: String, resource_id: Option<String> },
+    Unsettled {
+        recovery_point: String,
+        resource_id: Option<String>,
+    },
 }
 
 const STARTED: &str = "started";
@@ -245,7 +275,9 @@ const COMPLETED: &str = "completed";
 /// the statement's parameter that holds the current time (e.g. `$3`). The same rule judges a
 /// row read, in [`KeyRow::expired_and_settled`]: the two must agree.
 fn expired_and_settled(now: &str) -> String {
-    format!("expires_at <= {now} AND (state = '{COMPLETED}' OR (recovery_point = '{STARTED}' AND locked_until <= {now}))")
+    format!(
+        "expires_at <= {now} AND (state = '{COMPLETED}' OR (recovery_point = '{STARTED}' AND locked_until <= {now}))"
+    )
 }
 
 /// The row of a key claimed now.
@@ -282,10 +314,22 @@ impl NewKey {
     /// it left it: one statement where a claim and then a move would be two.
     fn inserted_at<'p>(&self, progress: Option<&'p Progress>) -> Inserted<'p> {
         match progress {
-            None => Inserted { state: IN_FLIGHT, point: STARTED, resource_id: None, locked_until: self.locked_until, code: None, body: None },
-            Some(Progress::At { point, resource_id }) => {
-                Inserted { state: IN_FLIGHT, point, resource_id: resource_id.as_deref(), locked_until: self.locked_until, code: None, body: None }
-            }
+            None => Inserted {
+                state: IN_FLIGHT,
+                point: STARTED,
+                resource_id: None,
+                locked_until: self.locked_until,
+                code: None,
+                body: None,
+            },
+            Some(Progress::At { point, resource_id }) => Inserted {
+                state: IN_FLIGHT,
+                point,
+                resource_id: resource_id.as_deref(),
+                locked_until: self.locked_until,
+                code: None,
+                body: None,
+            },
             Some(Progress::Completed(answer)) => Inserted {
                 state: COMPLETED,
                 point: FINISHED,
@@ -378,8 +422,22 @@ impl KeyStore {
     /// request's remaining deadline: after it, nobody is working on the key any more). A new
     /// key's claim is committed before this returns, so that work outside the database (a call
     /// to another service) may follow at once.
-    pub async fn begin(&self, scope: &str, key: &str, fingerprint: &str, lease: Duration) -> Result<Begin, KeyError> {
-        self.claim(scope, key, fingerprint, lease, rand::random(), FirstRound::Insert).await
+    pub async fn begin(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &str,
+        lease: Duration,
+    ) -> Result<Begin, KeyError> {
+        self.claim(
+            scope,
+            key,
+            fingerprint,
+            lease,
+            rand::random(),
+            FirstRound::Insert,
+        )
+        .await
     }
 
     /// As [`KeyStore::begin`], for a request whose first phase needs nothing from outside the
@@ -403,14 +461,30 @@ impl KeyStore {
     ) -> Result<BeginWith, KeyError> {
         let token = rand::random::<i64>();
         if let Some(row) = self.read(scope, key).await? {
-            return Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, FirstRound::Decide(row)).await?));
+            return Ok(BeginWith::Found(
+                self.claim(
+                    scope,
+                    key,
+                    fingerprint,
+                    lease,
+                    token,
+                    FirstRound::Decide(row),
+                )
+                .await?,
+            ));
         }
         #[cfg(feature = "pause-points")]
         self.pause(crate::pause::Pause::NewKeyRead, key).await;
         let new = self.new_key(scope, key, fingerprint, lease, token);
         let (effects, progress) = first_phase();
-        if !self.with_effects(new.insert(Some(&progress)), effects).await? {
-            return Ok(BeginWith::Found(self.claim(scope, key, fingerprint, lease, token, FirstRound::Read).await?));
+        if !self
+            .with_effects(new.insert(Some(&progress)), effects)
+            .await?
+        {
+            return Ok(BeginWith::Found(
+                self.claim(scope, key, fingerprint, lease, token, FirstRound::Read)
+                    .await?,
+            ));
         }
         let mut lease = Lease::new(scope, key, token, STARTED.into(), None);
         lease.advance(progress);
@@ -434,7 +508,10 @@ impl KeyStore {
                 phase.push_sql(")");
             }
             phase.push_sql(" SELECT COUNT(*) FROM moved");
-            let moved: Option<i64> = self.database.execute_returning(phase.sql(), &phase.params()).await?;
+            let moved: Option<i64> = self
+                .database
+                .execute_returning(phase.sql(), &phase.params())
+                .await?;
             return Ok(moved == Some(1));
         }
         let moved = self
@@ -444,7 +521,11 @@ impl KeyStore {
                     return Ok::<_, KeyError>(false);
                 }
                 for effect in &effects.0 {
-                    tx.execute(&format!("WITH moved AS (SELECT 1) {}", effect.sql()), &effect.params()).await?;
+                    tx.execute(
+                        &format!("WITH moved AS (SELECT 1) {}", effect.sql()),
+                        &effect.params(),
+                    )
+                    .await?;
                 }
                 Ok(true)
             })
@@ -458,7 +539,12 @@ impl KeyStore {
     /// half-done one with what it created. Decided as [`KeyStore::begin`] decides: an expired
     /// key with nothing left to do is [`Lookup::Unused`], its answer never replayed; a key used
     /// for another request is [`KeyError::Mismatch`].
-    pub async fn lookup(&self, scope: &str, key: &str, fingerprint: &str) -> Result<Lookup, KeyError> {
+    pub async fn lookup(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &str,
+    ) -> Result<Lookup, KeyError> {
         let now = self.clock.now_ms();
         match self.read(scope, key).await? {
             Some(row) => row.judge(fingerprint, now),
@@ -468,11 +554,21 @@ impl KeyStore {
 
     /// The key's row as the last commit left it, read on the reader so that the writer stays free.
     async fn read(&self, scope: &str, key: &str) -> Result<Option<KeyRow>, KeyError> {
-        Ok(self.database.fetch_optional(READ_KEY, &[&scope, &key]).await?)
+        Ok(self
+            .database
+            .fetch_optional(READ_KEY, &[&scope, &key])
+            .await?)
     }
 
     /// A new key's row, leased from now for `lease`.
-    fn new_key(&self, scope: &str, key: &str, fingerprint: &str, lease: Duration, token: i64) -> NewKey {
+    fn new_key(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &str,
+        lease: Duration,
+        token: i64,
+    ) -> NewKey {
         let now = self.clock.now_ms();
         NewKey {
             scope: scope.to_owned(),
@@ -486,7 +582,15 @@ impl KeyStore {
     }
 
     /// Claims the key for the holder `token`, its first round starting from `first`.
-    async fn claim(&self, scope: &str, key: &str, fingerprint: &str, lease: Duration, token: i64, first: FirstRound) -> Result<Begin, KeyError> {
+    async fn claim(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &str,
+        lease: Duration,
+        token: i64,
+        first: FirstRound,
+    ) -> Result<Begin, KeyError> {
         // A few rounds at most: each one that does not decide follows a change another request
         // made in between (an expired row deleted, a takeover lost to a completion), and the next
         // round sees what that change left.
@@ -496,9 +600,18 @@ impl KeyStore {
             let now = new.now;
             let row = match std::mem::replace(&mut round, FirstRound::Insert) {
                 FirstRound::Insert => {
-                    let inserted = self.database.execute(INSERT_KEY, &new.params(&new.inserted_at(None))).await?;
+                    let inserted = self
+                        .database
+                        .execute(INSERT_KEY, &new.params(&new.inserted_at(None)))
+                        .await?;
                     if inserted == 1 {
-                        return Ok(Begin::Execute(Lease::new(scope, key, token, STARTED.into(), None)));
+                        return Ok(Begin::Execute(Lease::new(
+                            scope,
+                            key,
+                            token,
+                            STARTED.into(),
+                            None,
+                        )));
                     }
                     self.read(scope, key).await?
                 }
@@ -525,7 +638,10 @@ impl KeyStore {
                 Lookup::Completed(stored) => return Ok(Begin::Replay(stored)),
                 Lookup::InFlight => return Err(KeyError::InFlight),
                 // The lease ran out (its request was cancelled, crashed or failed): take it over.
-                Lookup::Unsettled { .. } => match self.take_over(scope, key, seen_token, token, lease, 0).await? {
+                Lookup::Unsettled { .. } => match self
+                    .take_over(scope, key, seen_token, token, lease, 0)
+                    .await?
+                {
                     Some(lease) => {
                         tracing::info!(scope, recovery_point = %lease.recovery_point, "resuming an idempotency key whose lease ran out");
                         return Ok(Begin::Execute(lease));
@@ -541,9 +657,19 @@ impl KeyStore {
 
     /// Deletes the key if the expiry rule holds for it now; whether it did, the caller reads it
     /// again.
-    async fn delete_if_expired_and_settled(&self, scope: &str, key: &str, now: i64) -> Result<(), KeyError> {
-        let statement = format!("DELETE FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2 AND {}", expired_and_settled("$3"));
-        self.database.execute(&statement, &[&scope, &key, &now]).await?;
+    async fn delete_if_expired_and_settled(
+        &self,
+        scope: &str,
+        key: &str,
+        now: i64,
+    ) -> Result<(), KeyError> {
+        let statement = format!(
+            "DELETE FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2 AND {}",
+            expired_and_settled("$3")
+        );
+        self.database
+            .execute(&statement, &[&scope, &key, &now])
+            .await?;
         Ok(())
     }
 
@@ -552,7 +678,15 @@ impl KeyStore {
     /// resumes from what the key says now: the old holder may have committed a phase after the
     /// key was read, and resuming from that read would redo the phase (a second order).
     /// `resumes` (0 or 1) is added to the key's count of a completer's resumes.
-    async fn take_over(&self, scope: &str, key: &str, seen: i64, token: i64, lease: Duration, resumes: i64) -> Result<Option<Lease>, KeyError> {
+    async fn take_over(
+        &self,
+        scope: &str,
+        key: &str,
+        seen: i64,
+        token: i64,
+        lease: Duration,
+        resumes: i64,
+    ) -> Result<Option<Lease>, KeyError> {
         let now = self.clock.now_ms();
         let locked_until = now + lease.as_millis() as i64;
         let won: Option<(String, Option<String>)> = self
@@ -564,7 +698,9 @@ impl KeyStore {
                 &[&token, &locked_until, &resumes, &scope, &key, &seen, &IN_FLIGHT, &now],
             )
             .await?;
-        Ok(won.map(|(recovery_point, resource_id)| Lease::new(scope, key, token, recovery_point, resource_id)))
+        Ok(won.map(|(recovery_point, resource_id)| {
+            Lease::new(scope, key, token, recovery_point, resource_id)
+        }))
     }
 
     /// Keys whose work was left half-done, for a completer to resume: past their first phase,
@@ -574,7 +710,11 @@ impl KeyStore {
     /// fewest times first (a key never tried goes before any that failed), then those waiting
     /// the longest: keys that keep failing take turns behind the others, rather than the oldest
     /// being taken every round.
-    pub async fn stranded(&self, policy: &ResumePolicy, limit: u32) -> Result<Vec<StrandedKey>, KeyError> {
+    pub async fn stranded(
+        &self,
+        policy: &ResumePolicy,
+        limit: u32,
+    ) -> Result<Vec<StrandedKey>, KeyError> {
         let now = self.clock.now_ms();
         // The states are written out, not bound, so that both backends use the partial index
         // `idempotency_keys_unsettled`, whose condition this must repeat. The wait is halved
@@ -601,7 +741,11 @@ impl KeyStore {
     /// Keys [`KeyStore::stranded`] no longer gives a completer: half-done, first used within
     /// `policy.window`, resumed `policy.max_attempts` times. Oldest first, at most `limit`, for
     /// an operator to settle, or to re-arm by setting their `resume_attempts` back to 0.
-    pub async fn parked(&self, policy: &ResumePolicy, limit: u32) -> Result<Vec<StrandedKey>, KeyError> {
+    pub async fn parked(
+        &self,
+        policy: &ResumePolicy,
+        limit: u32,
+    ) -> Result<Vec<StrandedKey>, KeyError> {
         let now = self.clock.now_ms();
         let keys = self
             .database
@@ -647,8 +791,20 @@ impl KeyStore {
     /// Takes over a key [`KeyStore::stranded`] found, leased for `lease`, and counts the
     /// attempt against it (it has then been resumed `stranded.resume_attempts + 1` times);
     /// `None` when another request or completer got to it first.
-    pub async fn resume(&self, stranded: &StrandedKey, lease: Duration) -> Result<Option<Lease>, KeyError> {
-        self.take_over(&stranded.scope, &stranded.key, stranded.lock_token, rand::random(), lease, 1).await
+    pub async fn resume(
+        &self,
+        stranded: &StrandedKey,
+        lease: Duration,
+    ) -> Result<Option<Lease>, KeyError> {
+        self.take_over(
+            &stranded.scope,
+            &stranded.key,
+            stranded.lock_token,
+            rand::random(),
+            lease,
+            1,
+        )
+        .await
     }
 
     /// Runs one atomic phase: `effects`, then the key moved to the [`Progress`] they return, in one
@@ -665,7 +821,11 @@ impl KeyStore {
         T: Send + 'static,
         E: From<KeyError> + Send + 'static,
     {
-        let holder = Holder { scope: lease.scope.clone(), key: lease.key.clone(), token: lease.token };
+        let holder = Holder {
+            scope: lease.scope.clone(),
+            key: lease.key.clone(),
+            token: lease.token,
+        };
         let keep_until = self.clock.now_ms() + self.settings.ttl_ms as i64;
         #[cfg(feature = "pause-points")]
         let pause = self.pause.clone();
@@ -675,7 +835,8 @@ impl KeyStore {
                 let moved = holder.run(tx, effects, keep_until).await?;
                 #[cfg(feature = "pause-points")]
                 if let Some(hook) = pause {
-                    hook.reached(crate::pause::Pause::PhaseMoved, &holder.key).await;
+                    hook.reached(crate::pause::Pause::PhaseMoved, &holder.key)
+                        .await;
                 }
                 Ok(moved)
             })
@@ -688,10 +849,22 @@ impl KeyStore {
     /// As [`KeyStore::atomic_phase`], for a phase whose effects are statements that need no answer
     /// from the database (see [`Effects`]): on PostgreSQL the key's move and the effects are one
     /// statement, one round trip with no `BEGIN` or `COMMIT`.
-    pub async fn atomic_statements(&self, lease: &mut Lease, effects: Effects, progress: Progress) -> Result<(), KeyError> {
-        let holder = Holder { scope: lease.scope.clone(), key: lease.key.clone(), token: lease.token };
+    pub async fn atomic_statements(
+        &self,
+        lease: &mut Lease,
+        effects: Effects,
+        progress: Progress,
+    ) -> Result<(), KeyError> {
+        let holder = Holder {
+            scope: lease.scope.clone(),
+            key: lease.key.clone(),
+            token: lease.token,
+        };
         let keep_until = self.clock.now_ms() + self.settings.ttl_ms as i64;
-        if !self.with_effects(holder.moved(&progress, keep_until), effects).await? {
+        if !self
+            .with_effects(holder.moved(&progress, keep_until), effects)
+            .await?
+        {
             return Err(KeyError::LeaseLost);
         }
         lease.advance(progress);
@@ -710,7 +883,11 @@ impl KeyStore {
         F: AsyncFnOnce(&mut Tx<'_>) -> Result<(), E> + Send + 'static,
         E: From<KeyError> + Send + 'static,
     {
-        let holder = Holder { scope: lease.scope, key: lease.key, token: lease.token };
+        let holder = Holder {
+            scope: lease.scope,
+            key: lease.key,
+            token: lease.token,
+        };
         self.database
             .write(async move |tx| {
                 // The key first: its row lock keeps a takeover out while the effects run.
@@ -769,7 +946,10 @@ impl KeyStore {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Progress {
     /// At a recovery point, with what the phase created (e.g. the order id), if anything.
-    At { point: &'static str, resource_id: Option<String> },
+    At {
+        point: &'static str,
+        resource_id: Option<String>,
+    },
     /// Completed: later repeats replay this answer.
     Completed(Stored),
 }
@@ -825,7 +1005,12 @@ struct Holder {
 
 impl Holder {
     /// Runs an atomic phase's `effects`, then moves the key to where they say, in `transaction`.
-    async fn run<T, E, F>(&self, tx: &mut Tx<'_>, effects: F, keep_until: i64) -> Result<(T, Progress), PhaseFailed<E>>
+    async fn run<T, E, F>(
+        &self,
+        tx: &mut Tx<'_>,
+        effects: F,
+        keep_until: i64,
+    ) -> Result<(T, Progress), PhaseFailed<E>>
     where
         F: AsyncFnOnce(&mut Tx<'_>) -> Result<(T, Progress), E>,
     {
@@ -851,7 +1036,16 @@ impl Holder {
                 "UPDATE idempotency_keys SET state = $1, recovery_point = $2, response_code = $3, response_body = $4, \
                  locked_until = 0, expires_at = CASE WHEN expires_at < $8 THEN $8 ELSE expires_at END \
                  WHERE scope = $5 AND idempotency_key = $6 AND lock_token = $7",
-                &[&COMPLETED, &FINISHED, &i64::from(answer.code), &answer.body, &self.scope, &self.key, &self.token, &keep_until],
+                &[
+                    &COMPLETED,
+                    &FINISHED,
+                    &i64::from(answer.code),
+                    &answer.body,
+                    &self.scope,
+                    &self.key,
+                    &self.token,
+                    &keep_until,
+                ],
             ),
         }
     }

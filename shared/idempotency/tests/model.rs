@@ -72,7 +72,9 @@ impl KeyRow {
 
     /// The rule of expiry as the README promises it: expired, and nothing can still be done.
     fn expired_and_settled_as_promised(&self, now: u8) -> bool {
-        self.expires_at <= now && (self.state == KeyState::Completed || (self.recovery_point == RecoveryPoint::Started && self.locked_until <= now))
+        self.expires_at <= now
+            && (self.state == KeyState::Completed
+                || (self.recovery_point == RecoveryPoint::Started && self.locked_until <= now))
     }
 
     /// `KeyRow::judge`, for the one fingerprint the client sends.
@@ -141,14 +143,23 @@ enum TaskStep {
     /// Phase 1 under a lease taken over at `started`: `atomic_statements(insert)`.
     InsertOrder { lock_token: Token },
     /// Phase 2: the payment call, on its way to payment and the bank.
-    Charge { lock_token: Token, order: OrderId, created_now: bool },
+    Charge {
+        lock_token: Token,
+        order: OrderId,
+        created_now: bool,
+    },
     /// The bank charged; payment's reply on its way back.
     ChargeReply { lock_token: Token, order: OrderId },
     /// Phase 3: `atomic_statements(record_payment)`, the key completed with the answer.
     RecordPayment { lock_token: Token, order: OrderId },
     /// The payment call failed, refused before the bank was called (`not_executed`) or not
     /// known: `withdraw` or `release`.
-    PaymentFailed { lock_token: Token, order: OrderId, created_now: bool, not_executed: bool },
+    PaymentFailed {
+        lock_token: Token,
+        order: OrderId,
+        created_now: bool,
+        not_executed: bool,
+    },
 }
 
 impl TaskStep {
@@ -199,7 +210,10 @@ enum Answer {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Completer {
     Idle,
-    Stranded { lock_token: Token, resume_attempts: u8 },
+    Stranded {
+        lock_token: Token,
+        resume_attempts: u8,
+    },
 }
 
 /// The reaper's `DELETE … WHERE (scope, key) IN (SELECT … <rule>) AND <rule>`: between its
@@ -259,7 +273,10 @@ impl State {
     }
 
     fn delete_key(&mut self) {
-        let promised = self.key.as_ref().is_some_and(|row| row.expired_and_settled_as_promised(self.now));
+        let promised = self
+            .key
+            .as_ref()
+            .is_some_and(|row| row.expired_and_settled_as_promised(self.now));
         self.intent_over |= promised;
         self.key = None;
     }
@@ -270,12 +287,17 @@ impl State {
     }
 
     fn new_order(&mut self) -> OrderId {
-        self.orders.push(Order { status: OrderStatus::PendingPayment, intent: self.intent });
+        self.orders.push(Order {
+            status: OrderStatus::PendingPayment,
+            intent: self.intent,
+        });
         (self.orders.len() - 1) as OrderId
     }
 
     fn holds_key(&self, lock_token: Token) -> bool {
-        self.key.as_ref().is_some_and(|row| row.lock_token == lock_token)
+        self.key
+            .as_ref()
+            .is_some_and(|row| row.lock_token == lock_token)
     }
 
     /// Ends task `index`, with `answer` if a client's task gave one.
@@ -303,7 +325,10 @@ impl State {
             row.state == KeyState::InFlight
                 && row.locked_until > self.now
                 && row.locked_until <= self.now + 1
-                && self.tasks.iter().any(|task| task.step.lock_token() == Some(row.lock_token))
+                && self
+                    .tasks
+                    .iter()
+                    .any(|task| task.step.lock_token() == Some(row.lock_token))
         })
     }
 
@@ -366,7 +391,13 @@ impl KeyModel {
     fn decide(&self, state: &mut State, index: usize, round: u8, read: KeyRow, now: u8) {
         match read.judge(now, self.bug) {
             Lookup::Unused => state.set_step(index, TaskStep::DeleteExpired { round, read, now }),
-            Lookup::Completed(order) => state.finish(index, Some(Answer::Replayed { order, expired: read.expires_at <= now })),
+            Lookup::Completed(order) => state.finish(
+                index,
+                Some(Answer::Replayed {
+                    order,
+                    expired: read.expires_at <= now,
+                }),
+            ),
             Lookup::InFlight => state.finish(index, Some(Answer::InFlight)),
             Lookup::Unsettled => state.set_step(index, TaskStep::TakeOver { round, read }),
         }
@@ -385,7 +416,11 @@ impl KeyModel {
     /// payment of the order it names.
     fn execute(state: &mut State, index: usize, lock_token: Token, resource_id: Option<OrderId>) {
         let step = match resource_id {
-            Some(order) => TaskStep::Charge { lock_token, order, created_now: false },
+            Some(order) => TaskStep::Charge {
+                lock_token,
+                order,
+                created_now: false,
+            },
             None => TaskStep::InsertOrder { lock_token },
         };
         state.set_step(index, step);
@@ -406,7 +441,14 @@ impl KeyModel {
                 let lock_token = state.insert_key(RecoveryPoint::OrderCreated);
                 let order = state.new_order();
                 state.key.as_mut().expect("just inserted").resource_id = Some(order);
-                state.set_step(index, TaskStep::Charge { lock_token, order, created_now: true });
+                state.set_step(
+                    index,
+                    TaskStep::Charge {
+                        lock_token,
+                        order,
+                        created_now: true,
+                    },
+                );
             }
             TaskStep::ClaimInsert { round } => {
                 if state.key.is_some() {
@@ -420,26 +462,46 @@ impl KeyModel {
                 None => Self::next_round(state, index, round),
                 Some(read) => self.decide(state, index, round, read, now),
             },
-            TaskStep::DeleteExpired { round, read, now: judged_at } => {
-                let deleted = state.key.as_ref().is_some_and(|row| row.expired_and_settled(judged_at, self.bug));
+            TaskStep::DeleteExpired {
+                round,
+                read,
+                now: judged_at,
+            } => {
+                let deleted = state
+                    .key
+                    .as_ref()
+                    .is_some_and(|row| row.expired_and_settled(judged_at, self.bug));
                 if deleted {
                     state.delete_key();
                 } else if self.bug == Some(PastBug::ExpiredAnswerReplayed)
                     && let Lookup::Completed(order) = read.judge_unexpired(judged_at)
                 {
-                    state.finish(index, Some(Answer::Replayed { order, expired: read.expires_at <= judged_at }));
+                    state.finish(
+                        index,
+                        Some(Answer::Replayed {
+                            order,
+                            expired: read.expires_at <= judged_at,
+                        }),
+                    );
                     return;
                 }
                 Self::next_round(state, index, round);
             }
             TaskStep::TakeOver { round, read } => {
-                let returned =
-                    state.key.as_ref().filter(|row| row.lock_token == read.lock_token && row.state == KeyState::InFlight && row.locked_until <= now);
+                let returned = state.key.as_ref().filter(|row| {
+                    row.lock_token == read.lock_token
+                        && row.state == KeyState::InFlight
+                        && row.locked_until <= now
+                });
                 let Some(returned) = returned.map(|row| row.resource_id) else {
                     Self::next_round(state, index, round);
                     return;
                 };
-                let won = if self.bug == Some(PastBug::StaleTakeover) { read.resource_id } else { returned };
+                let won = if self.bug == Some(PastBug::StaleTakeover) {
+                    read.resource_id
+                } else {
+                    returned
+                };
                 let lock_token = state.new_lease();
                 let row = state.key.as_mut().expect("won above");
                 row.lock_token = lock_token;
@@ -456,13 +518,24 @@ impl KeyModel {
                 let row = state.key.as_mut().expect("held");
                 row.recovery_point = RecoveryPoint::OrderCreated;
                 row.resource_id = Some(order);
-                state.set_step(index, TaskStep::Charge { lock_token, order, created_now: true });
+                state.set_step(
+                    index,
+                    TaskStep::Charge {
+                        lock_token,
+                        order,
+                        created_now: true,
+                    },
+                );
             }
-            TaskStep::Charge { lock_token, order, .. } => {
+            TaskStep::Charge {
+                lock_token, order, ..
+            } => {
                 state.bank_charges.insert(order);
                 state.set_step(index, TaskStep::ChargeReply { lock_token, order });
             }
-            TaskStep::ChargeReply { lock_token, order } => state.set_step(index, TaskStep::RecordPayment { lock_token, order }),
+            TaskStep::ChargeReply { lock_token, order } => {
+                state.set_step(index, TaskStep::RecordPayment { lock_token, order })
+            }
             TaskStep::RecordPayment { lock_token, order } => {
                 if !state.holds_key(lock_token) {
                     state.finish(index, Some(Answer::Pending { order }));
@@ -477,8 +550,15 @@ impl KeyModel {
                 row.expires_at = row.expires_at.max(now + TTL);
                 state.finish(index, Some(Answer::Done { order }));
             }
-            TaskStep::PaymentFailed { lock_token, order, created_now: true, not_executed: true } => {
-                let withdrawn = state.key.as_ref().is_some_and(|row| row.lock_token == lock_token && row.state == KeyState::InFlight);
+            TaskStep::PaymentFailed {
+                lock_token,
+                order,
+                created_now: true,
+                not_executed: true,
+            } => {
+                let withdrawn = state.key.as_ref().is_some_and(|row| {
+                    row.lock_token == lock_token && row.state == KeyState::InFlight
+                });
                 if !withdrawn {
                     state.finish(index, Some(Answer::Pending { order }));
                     return;
@@ -488,8 +568,14 @@ impl KeyModel {
                 state.orders[order as usize].status = OrderStatus::Withdrawn;
                 state.finish(index, Some(Answer::Refused { order }));
             }
-            TaskStep::PaymentFailed { lock_token, order, .. } => {
-                if let Some(row) = state.key.as_mut().filter(|row| row.lock_token == lock_token) {
+            TaskStep::PaymentFailed {
+                lock_token, order, ..
+            } => {
+                if let Some(row) = state
+                    .key
+                    .as_mut()
+                    .filter(|row| row.lock_token == lock_token)
+                {
                     row.locked_until = now;
                 }
                 state.finish(index, Some(Answer::Pending { order }));
@@ -499,12 +585,24 @@ impl KeyModel {
 
     fn fail_payment(state: &mut State, index: usize, not_executed: bool) {
         let (lock_token, order, created_now) = match state.tasks[index].step {
-            TaskStep::Charge { lock_token, order, created_now } => (lock_token, order, created_now),
+            TaskStep::Charge {
+                lock_token,
+                order,
+                created_now,
+            } => (lock_token, order, created_now),
             TaskStep::ChargeReply { lock_token, order } => (lock_token, order, false),
             ref other => unreachable!("no payment call at {other:?}"),
         };
         state.faults_left -= 1;
-        state.set_step(index, TaskStep::PaymentFailed { lock_token, order, created_now, not_executed });
+        state.set_step(
+            index,
+            TaskStep::PaymentFailed {
+                lock_token,
+                order,
+                created_now,
+                not_executed,
+            },
+        );
     }
 }
 
@@ -540,7 +638,10 @@ impl Model for KeyModel {
             steps.push(Step::Proceed(index));
             match task.step {
                 TaskStep::Charge { .. } if faults => {
-                    steps.extend([Step::PaymentRequestLost(index), Step::PaymentRefusesUnexecuted(index)]);
+                    steps.extend([
+                        Step::PaymentRequestLost(index),
+                        Step::PaymentRefusesUnexecuted(index),
+                    ]);
                 }
                 TaskStep::ChargeReply { .. } if faults => steps.push(Step::PaymentReplyLost(index)),
                 _ => {}
@@ -551,21 +652,39 @@ impl Model for KeyModel {
             }
         }
         for replica in 0..REPLICAS {
-            let resuming = state.tasks.iter().any(|task| task.origin == Origin::Completer(replica));
+            let resuming = state
+                .tasks
+                .iter()
+                .any(|task| task.origin == Origin::Completer(replica));
             match state.completers[replica as usize] {
-                Completer::Idle if !resuming && state.stranded().is_some() => steps.push(Step::CompleterFindsStranded(replica)),
+                Completer::Idle if !resuming && state.stranded().is_some() => {
+                    steps.push(Step::CompleterFindsStranded(replica))
+                }
                 Completer::Stranded { .. } => steps.push(Step::CompleterResumes(replica)),
                 Completer::Idle => {}
             }
         }
         match state.reaper {
-            Reaper::Idle if state.key.as_ref().is_some_and(|row| row.expired_and_settled(state.now, self.bug)) => steps.push(Step::ReaperSelects),
+            Reaper::Idle
+                if state
+                    .key
+                    .as_ref()
+                    .is_some_and(|row| row.expired_and_settled(state.now, self.bug)) =>
+            {
+                steps.push(Step::ReaperSelects)
+            }
             Reaper::Selected { .. } => steps.push(Step::ReaperDeletes),
             Reaper::Idle => {}
         }
-        let crashed_holders_lease = state.key.as_ref().is_some_and(|row| row.state == KeyState::InFlight && row.locked_until > state.now);
-        let ticks =
-            if state.lease_runs_out_under_its_holder() { faults && state.now < LAST_TICK } else { state.now < LAST_TICK || crashed_holders_lease };
+        let crashed_holders_lease = state
+            .key
+            .as_ref()
+            .is_some_and(|row| row.state == KeyState::InFlight && row.locked_until > state.now);
+        let ticks = if state.lease_runs_out_under_its_holder() {
+            faults && state.now < LAST_TICK
+        } else {
+            state.now < LAST_TICK || crashed_holders_lease
+        };
         if ticks {
             steps.push(Step::Tick);
         }
@@ -576,10 +695,15 @@ impl Model for KeyModel {
         match step {
             Step::ClientSends => {
                 state.attempts_left -= 1;
-                state.spawn(Task { origin: Origin::Client, step: TaskStep::BeginRead });
+                state.spawn(Task {
+                    origin: Origin::Client,
+                    step: TaskStep::BeginRead,
+                });
             }
             Step::Proceed(index) => self.proceed(&mut state, index),
-            Step::PaymentRequestLost(index) | Step::PaymentReplyLost(index) => Self::fail_payment(&mut state, index, false),
+            Step::PaymentRequestLost(index) | Step::PaymentReplyLost(index) => {
+                Self::fail_payment(&mut state, index, false)
+            }
             Step::PaymentRefusesUnexecuted(index) => Self::fail_payment(&mut state, index, true),
             Step::Crash(index) => {
                 state.faults_left -= 1;
@@ -587,13 +711,25 @@ impl Model for KeyModel {
             }
             Step::CompleterFindsStranded(replica) => {
                 let row = state.stranded().expect("offered only when stranded");
-                state.completers[replica as usize] = Completer::Stranded { lock_token: row.lock_token, resume_attempts: row.resume_attempts };
+                state.completers[replica as usize] = Completer::Stranded {
+                    lock_token: row.lock_token,
+                    resume_attempts: row.resume_attempts,
+                };
             }
             Step::CompleterResumes(replica) => {
-                let Completer::Stranded { lock_token: seen, .. } = state.completers[replica as usize] else { unreachable!("offered when stranded") };
+                let Completer::Stranded {
+                    lock_token: seen, ..
+                } = state.completers[replica as usize]
+                else {
+                    unreachable!("offered when stranded")
+                };
                 state.completers[replica as usize] = Completer::Idle;
                 let now = state.now;
-                let won = state.key.as_ref().is_some_and(|row| row.lock_token == seen && row.state == KeyState::InFlight && row.locked_until <= now);
+                let won = state.key.as_ref().is_some_and(|row| {
+                    row.lock_token == seen
+                        && row.state == KeyState::InFlight
+                        && row.locked_until <= now
+                });
                 if won {
                     let lock_token = state.new_lease();
                     let row = state.key.as_mut().expect("won");
@@ -601,19 +737,37 @@ impl Model for KeyModel {
                     row.locked_until = now + LEASE;
                     row.resume_attempts += 1;
                     let order = row.resource_id.expect("stranded keys are past started");
-                    state.spawn(Task { origin: Origin::Completer(replica), step: TaskStep::Charge { lock_token, order, created_now: false } });
+                    state.spawn(Task {
+                        origin: Origin::Completer(replica),
+                        step: TaskStep::Charge {
+                            lock_token,
+                            order,
+                            created_now: false,
+                        },
+                    });
                 }
             }
             Step::ReaperSelects => {
-                let row_id = state.key.as_ref().expect("offered when a row matches").row_id;
-                state.reaper = Reaper::Selected { row_id, now: state.now };
+                let row_id = state
+                    .key
+                    .as_ref()
+                    .expect("offered when a row matches")
+                    .row_id;
+                state.reaper = Reaper::Selected {
+                    row_id,
+                    now: state.now,
+                };
             }
             Step::ReaperDeletes => {
-                let Reaper::Selected { row_id, now } = state.reaper else { unreachable!("offered when selected") };
+                let Reaper::Selected { row_id, now } = state.reaper else {
+                    unreachable!("offered when selected")
+                };
                 state.reaper = Reaper::Idle;
                 let trusts_its_sub_select = self.bug == Some(PastBug::ReaperWithoutOuterRecheck);
-                let deletes =
-                    state.key.as_ref().is_some_and(|row| row.row_id == row_id && (trusts_its_sub_select || row.expired_and_settled(now, self.bug)));
+                let deletes = state.key.as_ref().is_some_and(|row| {
+                    row.row_id == row_id
+                        && (trusts_its_sub_select || row.expired_and_settled(now, self.bug))
+                });
                 if deletes {
                     state.delete_key();
                 }
@@ -630,54 +784,117 @@ impl Model for KeyModel {
 
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
-            Property::always("at most one bank charge per client intent while its key lives", |_, state: &State| {
-                (0..=state.intent)
-                    .all(|intent| state.bank_charges.iter().filter(|order: &&OrderId| state.orders[**order as usize].intent == intent).count() <= 1)
-            }),
-            Property::always("a replay only of an unexpired answer, identical to the first", |_, state: &State| {
-                state.answers.iter().all(|answer| match *answer {
-                    Answer::Replayed { order, expired } => !expired && state.key_answers_agree(order),
-                    Answer::Done { order } => state.key_answers_agree(order),
-                    _ => true,
-                })
-            }),
+            Property::always(
+                "at most one bank charge per client intent while its key lives",
+                |_, state: &State| {
+                    (0..=state.intent).all(|intent| {
+                        state
+                            .bank_charges
+                            .iter()
+                            .filter(|order: &&OrderId| {
+                                state.orders[**order as usize].intent == intent
+                            })
+                            .count()
+                            <= 1
+                    })
+                },
+            ),
+            Property::always(
+                "a replay only of an unexpired answer, identical to the first",
+                |_, state: &State| {
+                    state.answers.iter().all(|answer| match *answer {
+                        Answer::Replayed { order, expired } => {
+                            !expired && state.key_answers_agree(order)
+                        }
+                        Answer::Done { order } => state.key_answers_agree(order),
+                        _ => true,
+                    })
+                },
+            ),
             Property::always("no order without its key", |_, state: &State| {
                 state.orders.iter().enumerate().all(|(order, placed)| {
-                    placed.status != OrderStatus::PendingPayment || state.key.as_ref().is_some_and(|row| row.resource_id == Some(order as OrderId))
+                    placed.status != OrderStatus::PendingPayment
+                        || state
+                            .key
+                            .as_ref()
+                            .is_some_and(|row| row.resource_id == Some(order as OrderId))
                 })
             }),
             Property::always("no key naming two orders", |_, state: &State| {
-                (0..=state.intent)
-                    .all(|intent| state.orders.iter().filter(|order| order.intent == intent && order.status != OrderStatus::Withdrawn).count() <= 1)
+                (0..=state.intent).all(|intent| {
+                    state
+                        .orders
+                        .iter()
+                        .filter(|order| {
+                            order.intent == intent && order.status != OrderStatus::Withdrawn
+                        })
+                        .count()
+                        <= 1
+                })
             }),
-            Property::always("a create answered refused is never charged", |_, state: &State| {
-                state.answers.iter().all(|answer| !matches!(answer, Answer::Refused { order } if state.bank_charges.contains(order)))
-            }),
-            Property::always("a create answered pending names an order that exists", |_, state: &State| {
-                state
+            Property::always(
+                "a create answered refused is never charged",
+                |_, state: &State| {
+                    state.answers.iter().all(|answer| !matches!(answer, Answer::Refused { order } if state.bank_charges.contains(order)))
+                },
+            ),
+            Property::always(
+                "a create answered pending names an order that exists",
+                |_, state: &State| {
+                    state
                     .answers
                     .iter()
                     .all(|answer| !matches!(answer, Answer::Pending { order } if state.orders[*order as usize].status == OrderStatus::Withdrawn))
-            }),
-            Property::always("a create answered done names a paid order", |_, state: &State| {
-                state.answers.iter().all(|answer| match *answer {
-                    Answer::Done { order } | Answer::Replayed { order, .. } => state.orders[order as usize].status == OrderStatus::Paid,
-                    _ => true,
-                })
-            }),
-            Property::eventually("every charged order eventually settled", |_, state: &State| {
-                state.attempts_left == 0 && state.tasks.is_empty() && state.orders.iter().all(|order| order.status != OrderStatus::PendingPayment)
-            }),
-            Property::sometimes("a replay", |_, state: &State| state.answers.iter().any(|answer| matches!(answer, Answer::Replayed { .. }))),
-            Property::sometimes("a refusal", |_, state: &State| state.answers.iter().any(|answer| matches!(answer, Answer::Refused { .. }))),
-            Property::sometimes("a pending create settled by a completer", |_, state: &State| {
+                },
+            ),
+            Property::always(
+                "a create answered done names a paid order",
+                |_, state: &State| {
+                    state.answers.iter().all(|answer| match *answer {
+                        Answer::Done { order } | Answer::Replayed { order, .. } => {
+                            state.orders[order as usize].status == OrderStatus::Paid
+                        }
+                        _ => true,
+                    })
+                },
+            ),
+            Property::eventually(
+                "every charged order eventually settled",
+                |_, state: &State| {
+                    state.attempts_left == 0
+                        && state.tasks.is_empty()
+                        && state
+                            .orders
+                            .iter()
+                            .all(|order| order.status != OrderStatus::PendingPayment)
+                },
+            ),
+            Property::sometimes("a replay", |_, state: &State| {
                 state
+                    .answers
+                    .iter()
+                    .any(|answer| matches!(answer, Answer::Replayed { .. }))
+            }),
+            Property::sometimes("a refusal", |_, state: &State| {
+                state
+                    .answers
+                    .iter()
+                    .any(|answer| matches!(answer, Answer::Refused { .. }))
+            }),
+            Property::sometimes(
+                "a pending create settled by a completer",
+                |_, state: &State| {
+                    state
                     .answers
                     .iter()
                     .any(|answer| matches!(answer, Answer::Pending { order } if state.orders[*order as usize].status == OrderStatus::Paid))
                     && state.tasks.is_empty()
-            }),
-            Property::sometimes("a key reused after its TTL, charged again", |_, state: &State| state.intent > 0 && state.bank_charges.len() > 1),
+                },
+            ),
+            Property::sometimes(
+                "a key reused after its TTL, charged again",
+                |_, state: &State| state.intent > 0 && state.bank_charges.len() > 1,
+            ),
         ]
     }
 }
@@ -687,7 +904,9 @@ impl State {
     fn key_answers_agree(&self, order: OrderId) -> bool {
         let intent = self.orders[order as usize].intent;
         self.answers.iter().all(|answer| match *answer {
-            Answer::Done { order: other } | Answer::Replayed { order: other, .. } => self.orders[other as usize].intent != intent || other == order,
+            Answer::Done { order: other } | Answer::Replayed { order: other, .. } => {
+                self.orders[other as usize].intent != intent || other == order
+            }
             _ => true,
         })
     }
@@ -696,7 +915,11 @@ impl State {
 #[test]
 fn the_model_of_a_key_keeps_every_promise() {
     let started = Instant::now();
-    let checker = KeyModel { bug: None }.checker().threads(2).spawn_bfs().join();
+    let checker = KeyModel { bug: None }
+        .checker()
+        .threads(2)
+        .spawn_bfs()
+        .join();
     println!(
         "model of a key: {} states explored ({} distinct), depth {}, in {:.1} s",
         checker.state_count(),
@@ -714,13 +937,29 @@ fn the_model_catches_each_past_bug() {
     for (bug, property) in [
         (PastBug::StaleTakeover, "no key naming two orders"),
         (PastBug::ExpiryOfALiveLease, "no order without its key"),
-        (PastBug::ReaperWithoutOuterRecheck, "no order without its key"),
-        (PastBug::ExpiredAnswerReplayed, "a replay only of an unexpired answer, identical to the first"),
+        (
+            PastBug::ReaperWithoutOuterRecheck,
+            "no order without its key",
+        ),
+        (
+            PastBug::ExpiredAnswerReplayed,
+            "a replay only of an unexpired answer, identical to the first",
+        ),
     ] {
         let started = Instant::now();
-        let checker =
-            KeyModel { bug: Some(bug) }.checker().threads(2).finish_when(HasDiscoveries::AnyOf(BTreeSet::from([property]))).spawn_bfs().join();
-        let path = checker.discovery(property).unwrap_or_else(|| panic!("{bug:?} is not caught by \"{property}\""));
-        println!("{bug:?}: caught by \"{property}\" in {:.1} s, after {:?}", started.elapsed().as_secs_f64(), path.into_actions());
+        let checker = KeyModel { bug: Some(bug) }
+            .checker()
+            .threads(2)
+            .finish_when(HasDiscoveries::AnyOf(BTreeSet::from([property])))
+            .spawn_bfs()
+            .join();
+        let path = checker
+            .discovery(property)
+            .unwrap_or_else(|| panic!("{bug:?} is not caught by \"{property}\""));
+        println!(
+            "{bug:?}: caught by \"{property}\" in {:.1} s, after {:?}",
+            started.elapsed().as_secs_f64(),
+            path.into_actions()
+        );
     }
 }

@@ -143,7 +143,12 @@ impl Deliveries {
     /// sender, so several senders together keep to the limit too; two claiming at the same
     /// instant on PostgreSQL can each take the last slot). Two senders never hold the same
     /// delivery at once.
-    pub async fn claim(&self, endpoint_id: &str, now_ms: i64, lease_ms: i64) -> Result<Option<Claim>, OutboxError> {
+    pub async fn claim(
+        &self,
+        endpoint_id: &str,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> Result<Option<Claim>, OutboxError> {
         // PostgreSQL: the row lock of FOR UPDATE SKIP LOCKED keeps concurrent senders on different
         // rows without waiting for each other. SQLite runs one write statement at a time, so the
         // same UPDATE without the lock clause is already atomic.
@@ -197,9 +202,23 @@ impl Deliveries {
         disable_rule: DisableRule,
         now_ms: i64,
     ) -> Result<Finished, OutboxError> {
-        let outcome_name = if outcome == Outcome::Delivered { "delivered" } else { "failed" };
-        let (claim, error) = (claim.clone(), attempt.error.as_deref().map(|error| truncated(error, MAX_ERROR_BYTES)));
-        let (started_at_ms, duration_ms, status_code) = (attempt.started_at_ms, attempt.duration_ms, attempt.status_code.map(i64::from));
+        let outcome_name = if outcome == Outcome::Delivered {
+            "delivered"
+        } else {
+            "failed"
+        };
+        let (claim, error) = (
+            claim.clone(),
+            attempt
+                .error
+                .as_deref()
+                .map(|error| truncated(error, MAX_ERROR_BYTES)),
+        );
+        let (started_at_ms, duration_ms, status_code) = (
+            attempt.started_at_ms,
+            attempt.duration_ms,
+            attempt.status_code.map(i64::from),
+        );
         self.database
             .write(async move |tx| {
                 if let Outcome::Paused { until_ms, .. } = outcome {
@@ -286,14 +305,23 @@ impl Deliveries {
     /// Runs the next batch, of at most `batch` deliveries, of the range redelivery whose turn is
     /// oldest (they take turns, a batch each), in one short transaction; returns how many
     /// deliveries it queued, or `None` when no range redelivery is running.
-    pub async fn redeliver_next_batch(&self, batch: u32, now_ms: i64) -> Result<Option<u64>, OutboxError> {
+    pub async fn redeliver_next_batch(
+        &self,
+        batch: u32,
+        now_ms: i64,
+    ) -> Result<Option<u64>, OutboxError> {
         crate::redeliveries::next_batch(&self.database, batch, now_ms).await
     }
 
     /// Deletes the events created more than `retention_ms` before `now_ms` that nothing still
     /// delivers (no delivery leased, none pending at an enabled endpoint), with their deliveries
     /// and attempts, `batch` events per transaction; returns how many events.
-    pub async fn reap_expired(&self, retention_ms: i64, batch: u32, now_ms: i64) -> Result<u64, OutboxError> {
+    pub async fn reap_expired(
+        &self,
+        retention_ms: i64,
+        batch: u32,
+        now_ms: i64,
+    ) -> Result<u64, OutboxError> {
         crate::retention::reap(&self.database, retention_ms, batch, now_ms).await
     }
 
@@ -374,7 +402,12 @@ const CLAIM_POSTGRES: &str = claim_statement!(postgres_now_ms!(), " FOR UPDATE O
 const CLAIM_SQLITE: &str = claim_statement!(sqlite_now_ms!(), "");
 
 /// The endpoint's secrets that sign at `now_ms`, newest first, opened with `keys`.
-async fn active_secrets(tx: &mut Tx<'_>, keys: &SecretKeys, endpoint_id: &str, now_ms: i64) -> Result<Vec<Secret>, OutboxError> {
+async fn active_secrets(
+    tx: &mut Tx<'_>,
+    keys: &SecretKeys,
+    endpoint_id: &str,
+    now_ms: i64,
+) -> Result<Vec<Secret>, OutboxError> {
     let rows: Vec<(String,)> = tx
         .fetch_all(
             "SELECT secret FROM webhook_secrets WHERE endpoint_id = $1 AND (expires_at_ms IS NULL OR expires_at_ms > $2) \
@@ -382,26 +415,50 @@ async fn active_secrets(tx: &mut Tx<'_>, keys: &SecretKeys, endpoint_id: &str, n
             &[&endpoint_id, &now_ms],
         )
         .await?;
-    rows.into_iter().map(|(sealed,)| keys.open(endpoint_id, &sealed)).collect()
+    rows.into_iter()
+        .map(|(sealed,)| keys.open(endpoint_id, &sealed))
+        .collect()
 }
 
 /// Tells the owner of the claim's endpoint, through its other endpoints, that the claimed
 /// delivery ran out of its schedule. Not for an exhausted [`ENDPOINT_ATTEMPTS_EXHAUSTED`] event
 /// itself: two failing endpoints would otherwise tell each other about each other for ever.
 async fn exhausted(tx: &mut Tx<'_>, claim: &Claim, now_ms: i64) -> Result<(), OutboxError> {
-    let (client_id, event_type): (String, String) =
-        tx.fetch_one("SELECT e.client_id, e.event_type FROM webhook_events e WHERE e.event_id = $1", &[&claim.event_id]).await?;
+    let (client_id, event_type): (String, String) = tx
+        .fetch_one(
+            "SELECT e.client_id, e.event_type FROM webhook_events e WHERE e.event_id = $1",
+            &[&claim.event_id],
+        )
+        .await?;
     if event_type == ENDPOINT_ATTEMPTS_EXHAUSTED {
         return Ok(());
     }
     let data = serde_json::json!({ "endpoint_id": claim.endpoint_id, "event_id": claim.event_id, "event_type": event_type });
-    let event = NewEvent { event_type: ENDPOINT_ATTEMPTS_EXHAUSTED, version: 1, data: &data };
-    record_for(tx, &client_id, &event, Recipients::Subscribers { except: Some(&claim.endpoint_id) }, now_ms).await?;
+    let event = NewEvent {
+        event_type: ENDPOINT_ATTEMPTS_EXHAUSTED,
+        version: 1,
+        data: &data,
+    };
+    record_for(
+        tx,
+        &client_id,
+        &event,
+        Recipients::Subscribers {
+            except: Some(&claim.endpoint_id),
+        },
+        now_ms,
+    )
+    .await?;
     Ok(())
 }
 
 /// Disables an enabled endpoint and tells its owner; `false` when it was not enabled.
-async fn disable(tx: &mut Tx<'_>, endpoint_id: &str, reason: &str, now_ms: i64) -> Result<bool, OutboxError> {
+async fn disable(
+    tx: &mut Tx<'_>,
+    endpoint_id: &str,
+    reason: &str,
+    now_ms: i64,
+) -> Result<bool, OutboxError> {
     let disabled = tx
         .execute(
             "UPDATE webhook_endpoints SET state = 'disabled', disabled_reason = $1 WHERE endpoint_id = $2 AND state = 'enabled'",
@@ -411,9 +468,23 @@ async fn disable(tx: &mut Tx<'_>, endpoint_id: &str, reason: &str, now_ms: i64) 
     if disabled == 0 {
         return Ok(false);
     }
-    let (client_id, url): (String, String) =
-        tx.fetch_one("SELECT client_id, url FROM webhook_endpoints WHERE endpoint_id = $1", &[&endpoint_id]).await?;
+    let (client_id, url): (String, String) = tx
+        .fetch_one(
+            "SELECT client_id, url FROM webhook_endpoints WHERE endpoint_id = $1",
+            &[&endpoint_id],
+        )
+        .await?;
     let data = serde_json::json!({ "endpoint_id": endpoint_id, "url": url, "reason": reason });
-    record(tx, &client_id, &NewEvent { event_type: ENDPOINT_DISABLED, version: 1, data: &data }, now_ms).await?;
+    record(
+        tx,
+        &client_id,
+        &NewEvent {
+            event_type: ENDPOINT_DISABLED,
+            version: 1,
+            data: &data,
+        },
+        now_ms,
+    )
+    .await?;
     Ok(true)
 }

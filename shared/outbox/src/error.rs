@@ -4,7 +4,10 @@ pub enum OutboxError {
     #[error("no webhook endpoint {0:?} for this client")]
     EndpointNotFound(String),
     #[error("no delivery of event {event_id:?} to endpoint {endpoint_id:?}")]
-    DeliveryNotFound { endpoint_id: String, event_id: String },
+    DeliveryNotFound {
+        endpoint_id: String,
+        event_id: String,
+    },
     #[error("invalid webhook endpoint: {0}")]
     Invalid(String),
     /// The request is fine but conflicts with work still running; asking again later succeeds.

@@ -30,7 +30,12 @@ pub struct EventType {
 /// Every event type the system emits: the one list that the catalogue shows and that endpoints'
 /// subscriptions are checked against.
 pub const EVENT_TYPES: &[EventType] = &[
-    EventType { name: ORDER_PAID, description: "An order was paid; data: the order.", schema_version: 1, subscribable: true },
+    EventType {
+        name: ORDER_PAID,
+        description: "An order was paid; data: the order.",
+        schema_version: 1,
+        subscribable: true,
+    },
     EventType {
         name: ORDER_PAYMENT_DECLINED,
         description: "An order's payment was declined; data: the order.",
@@ -59,7 +64,10 @@ pub const EVENT_TYPES: &[EventType] = &[
 
 /// The event types an endpoint can subscribe to, by name.
 pub fn subscribable_event_types() -> impl Iterator<Item = &'static str> {
-    EVENT_TYPES.iter().filter(|event_type| event_type.subscribable).map(|event_type| event_type.name)
+    EVENT_TYPES
+        .iter()
+        .filter(|event_type| event_type.subscribable)
+        .map(|event_type| event_type.name)
 }
 
 /// An event to put in the outbox.
@@ -93,8 +101,20 @@ struct Payload<'a, D> {
 /// when none of the client's endpoints subscribes to the type, enabled or not: such an event
 /// could never be delivered, so it is not kept (a client without webhooks costs its orders one
 /// statement that writes nothing).
-pub async fn record<D: Serialize>(tx: &mut Tx<'_>, client_id: &str, event: &NewEvent<'_, D>, now_ms: i64) -> Result<Option<String>, OutboxError> {
-    record_for(tx, client_id, event, Recipients::Subscribers { except: None }, now_ms).await
+pub async fn record<D: Serialize>(
+    tx: &mut Tx<'_>,
+    client_id: &str,
+    event: &NewEvent<'_, D>,
+    now_ms: i64,
+) -> Result<Option<String>, OutboxError> {
+    record_for(
+        tx,
+        client_id,
+        event,
+        Recipients::Subscribers { except: None },
+        now_ms,
+    )
+    .await
 }
 
 /// Who gets an event's deliveries.
@@ -127,8 +147,20 @@ pub(crate) async fn record_for<D: Serialize>(
 /// statements: they write only `when` holds, a condition they add to their own (such as
 /// `idempotency::Effects::WHEN_MOVED` for the effects of a key's phase). When no endpoint
 /// subscribes, both write nothing.
-pub fn record_statements<D: Serialize>(client_id: &str, event: &NewEvent<'_, D>, now_ms: i64, when: &str) -> Result<[Statement; 2], OutboxError> {
-    Ok(statements(client_id, event, Recipients::Subscribers { except: None }, now_ms, when)?.1)
+pub fn record_statements<D: Serialize>(
+    client_id: &str,
+    event: &NewEvent<'_, D>,
+    now_ms: i64,
+    when: &str,
+) -> Result<[Statement; 2], OutboxError> {
+    Ok(statements(
+        client_id,
+        event,
+        Recipients::Subscribers { except: None },
+        now_ms,
+        when,
+    )?
+    .1)
 }
 
 /// The event's id, and the statements that insert the event (one row, or none when no
@@ -141,9 +173,17 @@ fn statements<D: Serialize>(
     when: &str,
 ) -> Result<(String, [Statement; 2]), OutboxError> {
     let event_id = new_id("msg");
-    let occurred = humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(now_ms.max(0) as u64));
-    let payload = Payload { id: &event_id, event_type: event.event_type, version: event.version, timestamp: occurred.to_string(), data: event.data };
-    let payload = serde_json::to_string(&payload).map_err(|error| OutboxError::Invalid(format!("event data: {error}")))?;
+    let occurred =
+        humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(now_ms.max(0) as u64));
+    let payload = Payload {
+        id: &event_id,
+        event_type: event.event_type,
+        version: event.version,
+        timestamp: occurred.to_string(),
+        data: event.data,
+    };
+    let payload = serde_json::to_string(&payload)
+        .map_err(|error| OutboxError::Invalid(format!("event data: {error}")))?;
     // `$6` is the one endpoint that is left out (Subscribers) or the only one (Only); `$7` says
     // which. The deliveries' recipients are among the event's, so a delivery never lacks its event.
     let (endpoint, only) = match recipients {
@@ -158,7 +198,15 @@ fn statements<D: Serialize>(
                  ELSE ($6 IS NULL OR e.endpoint_id <> $6) AND EXISTS (SELECT 1 FROM webhook_subscriptions s \
                    WHERE s.endpoint_id = e.endpoint_id AND s.event_type = $3) END)) AND {when}"
         ),
-        &[&event_id, &client_id, &event.event_type, &payload, &now_ms, &endpoint, &only],
+        &[
+            &event_id,
+            &client_id,
+            &event.event_type,
+            &payload,
+            &now_ms,
+            &endpoint,
+            &only,
+        ],
     );
     let deliveries = Statement::new(
         format!(
@@ -169,7 +217,14 @@ fn statements<D: Serialize>(
                ELSE e.state = 'enabled' AND ($5 IS NULL OR e.endpoint_id <> $5) AND EXISTS (SELECT 1 FROM webhook_subscriptions s \
                  WHERE s.endpoint_id = e.endpoint_id AND s.event_type = $4) END) AND {when}"
         ),
-        &[&event_id, &now_ms, &client_id, &event.event_type, &endpoint, &only],
+        &[
+            &event_id,
+            &now_ms,
+            &client_id,
+            &event.event_type,
+            &endpoint,
+            &only,
+        ],
     );
     Ok((event_id, [inserted, deliveries]))
 }

@@ -8,17 +8,21 @@ mod retention;
 mod sealed;
 mod subscriptions;
 
-pub use deliveries::{Attempt, Claim, Deliveries, DisableRule, DueEndpoint, Finished, MAX_ERROR_BYTES, Outcome, truncated};
+pub use deliveries::{
+    Attempt, Claim, Deliveries, DisableRule, DueEndpoint, Finished, MAX_ERROR_BYTES, Outcome,
+    truncated,
+};
 pub use error::OutboxError;
 pub use event::{
-    ENDPOINT_ATTEMPTS_EXHAUSTED, ENDPOINT_DISABLED, ENDPOINT_PING, EVENT_TYPES, EventType, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, record,
-    record_statements, subscribable_event_types,
+    ENDPOINT_ATTEMPTS_EXHAUSTED, ENDPOINT_DISABLED, ENDPOINT_PING, EVENT_TYPES, EventType,
+    NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, record, record_statements,
+    subscribable_event_types,
 };
 pub use redeliveries::{RedeliveryLimits, RedeliveryRange};
 pub use sealed::{SecretKeys, seal_plaintext_secrets};
 pub use subscriptions::{
-    AttemptLog, DeliveryLog, DeliveryPage, DeliveryQuery, DeliveryState, Endpoint, EndpointLimits, EndpointUpdate, LogCursor,
-    MAX_ENDPOINTS_PER_CLIENT, NewEndpoint, Subscriptions,
+    AttemptLog, DeliveryLog, DeliveryPage, DeliveryQuery, DeliveryState, Endpoint, EndpointLimits,
+    EndpointUpdate, LogCursor, MAX_ENDPOINTS_PER_CLIENT, NewEndpoint, Subscriptions,
 };
 
 use storage::{Backend, Migrations};

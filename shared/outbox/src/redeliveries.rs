@@ -32,7 +32,10 @@ pub struct RedeliveryLimits {
 
 impl Default for RedeliveryLimits {
     fn default() -> Self {
-        Self { max_days: 14, max_events: 20_000 }
+        Self {
+            max_days: 14,
+            max_events: 20_000,
+        }
     }
 }
 
@@ -67,7 +70,9 @@ pub(crate) async fn request(
     now_ms: i64,
 ) -> Result<u64, OutboxError> {
     if range.until_ms <= range.from_ms {
-        return Err(OutboxError::Invalid("until: must be later than from".into()));
+        return Err(OutboxError::Invalid(
+            "until: must be later than from".into(),
+        ));
     }
     if range.until_ms - range.from_ms > i64::from(limits.max_days) * DAY_MS {
         return Err(OutboxError::Invalid(format!(
@@ -76,11 +81,24 @@ pub(crate) async fn request(
         )));
     }
     // Counted up to one past the cap, so that a huge range costs no more than a capped one.
-    let count = concat!("SELECT COUNT(*) FROM (", batch_events!(), " LIMIT $8) counted");
+    let count = concat!(
+        "SELECT COUNT(*) FROM (",
+        batch_events!(),
+        " LIMIT $8) counted"
+    );
     let (events,): (i64,) = database
         .fetch_one(
             count,
-            &[&endpoint_id, &client_id, &range.from_ms, &range.until_ms, &range.include_delivered, &"", &"", &(i64::from(limits.max_events) + 1)],
+            &[
+                &endpoint_id,
+                &client_id,
+                &range.from_ms,
+                &range.until_ms,
+                &range.include_delivered,
+                &"",
+                &"",
+                &(i64::from(limits.max_events) + 1),
+            ],
         )
         .await?;
     if events > i64::from(limits.max_events) {
@@ -111,7 +129,9 @@ pub(crate) async fn request(
         })
         .await?;
     if stored == 0 {
-        return Err(OutboxError::Busy(format!("a range redelivery of endpoint {endpoint_id:?} is still running; ask again when it is done")));
+        return Err(OutboxError::Busy(format!(
+            "a range redelivery of endpoint {endpoint_id:?} is still running; ask again when it is done"
+        )));
     }
     Ok(u64::try_from(events).unwrap_or(0))
 }
@@ -131,7 +151,11 @@ storage::row! {
 /// Runs the next batch of at most `batch` deliveries of the running range redelivery whose turn
 /// is oldest, in one transaction; returns how many deliveries it queued, `None` when no range
 /// redelivery is running.
-pub(crate) async fn next_batch(database: &Database, batch: u32, now_ms: i64) -> Result<Option<u64>, OutboxError> {
+pub(crate) async fn next_batch(
+    database: &Database,
+    batch: u32,
+    now_ms: i64,
+) -> Result<Option<u64>, OutboxError> {
     database
         .write(async move |tx| {
             let running: Option<Running> = tx
@@ -195,7 +219,13 @@ pub(crate) async fn next_batch(database: &Database, batch: u32, now_ms: i64) -> 
 
 /// Makes the batch's deliveries pending again, due now, at a new round of the schedule, and
 /// inserts those the endpoint missed.
-async fn queue(tx: &mut Tx<'_>, running: &Running, end_ms: i64, end_event_id: &str, now_ms: i64) -> Result<u64, OutboxError> {
+async fn queue(
+    tx: &mut Tx<'_>,
+    running: &Running,
+    end_ms: i64,
+    end_event_id: &str,
+    now_ms: i64,
+) -> Result<u64, OutboxError> {
     let again = concat!(
         "UPDATE webhook_deliveries SET state = 'pending', schedule_step = 0, next_attempt_at_ms = $8, updated_at_ms = $8, \
            claim_token = NULL, claimed_until_ms = NULL \

@@ -19,15 +19,23 @@ const EXPIRED_EVENTS: &str = "SELECT v.event_id FROM webhook_events v WHERE v.cr
 
 /// Deletes the events created before `now_ms - retention_ms` that nothing still delivers, with
 /// their deliveries and attempts, `batch` events per transaction; returns how many events.
-pub(crate) async fn reap(database: &Database, retention_ms: i64, batch: u32, now_ms: i64) -> Result<u64, OutboxError> {
+pub(crate) async fn reap(
+    database: &Database,
+    retention_ms: i64,
+    batch: u32,
+    now_ms: i64,
+) -> Result<u64, OutboxError> {
     let batch = batch.max(1);
     let cutoff_ms = now_ms.saturating_sub(retention_ms);
     let mut reaped = 0;
     loop {
         let deleted = database
             .write(async move |tx| {
-                let expired: Vec<(String,)> = tx.fetch_all(EXPIRED_EVENTS, &[&cutoff_ms, &i64::from(batch)]).await?;
-                let event_ids: Vec<String> = expired.into_iter().map(|(event_id,)| event_id).collect();
+                let expired: Vec<(String,)> = tx
+                    .fetch_all(EXPIRED_EVENTS, &[&cutoff_ms, &i64::from(batch)])
+                    .await?;
+                let event_ids: Vec<String> =
+                    expired.into_iter().map(|(event_id,)| event_id).collect();
                 // Attempts, then deliveries, then events: each row before the one it refers to.
                 for table in ["webhook_attempts", "webhook_deliveries", "webhook_events"] {
                     delete(tx, table, &event_ids).await?;
@@ -49,8 +57,14 @@ async fn delete(tx: &mut Tx<'_>, table: &str, event_ids: &[String]) -> Result<()
     }
     // Only numbered placeholders are built into the text; the ids are bound.
     let placeholders: Vec<String> = (1..=event_ids.len()).map(|n| format!("${n}")).collect();
-    let statement = format!("DELETE FROM {table} WHERE event_id IN ({})", placeholders.join(", "));
-    let params: Vec<&dyn Param> = event_ids.iter().map(|event_id| event_id as &dyn Param).collect();
+    let statement = format!(
+        "DELETE FROM {table} WHERE event_id IN ({})",
+        placeholders.join(", ")
+    );
+    let params: Vec<&dyn Param> = event_ids
+        .iter()
+        .map(|event_id| event_id as &dyn Param)
+        .collect();
     tx.execute(&statement, &params).await?;
     Ok(())
 }

@@ -51,17 +51,36 @@ impl SecretKeys {
     pub fn parse<S: AsRef<str>>(written: &[S]) -> Result<Self, String> {
         let mut keys: Vec<SealingKey> = Vec::with_capacity(written.len());
         for (index, text) in written.iter().enumerate() {
-            let (id, encoded) = text.as_ref().split_once(':').ok_or_else(|| format!("key {index}: write it as \"<key id>:<base64 key>\""))?;
-            if id.is_empty() || id.len() > 32 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-                return Err(format!("key {index}: the id must be 1 to 32 letters, digits, '-' or '_'"));
+            let (id, encoded) = text
+                .as_ref()
+                .split_once(':')
+                .ok_or_else(|| format!("key {index}: write it as \"<key id>:<base64 key>\""))?;
+            if id.is_empty()
+                || id.len() > 32
+                || !id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(format!(
+                    "key {index}: the id must be 1 to 32 letters, digits, '-' or '_'"
+                ));
             }
-            let bytes = STANDARD.decode(encoded.trim()).map_err(|error| format!("key {id:?}: not base64: {error}"))?;
-            let key = <[u8; KEY_BYTES]>::try_from(bytes.as_slice())
-                .map_err(|_| format!("key {id:?}: must be {KEY_BYTES} bytes (base64 of 32 random bytes), not {}", bytes.len()))?;
+            let bytes = STANDARD
+                .decode(encoded.trim())
+                .map_err(|error| format!("key {id:?}: not base64: {error}"))?;
+            let key = <[u8; KEY_BYTES]>::try_from(bytes.as_slice()).map_err(|_| {
+                format!(
+                    "key {id:?}: must be {KEY_BYTES} bytes (base64 of 32 random bytes), not {}",
+                    bytes.len()
+                )
+            })?;
             if keys.iter().any(|other| other.id == id) {
                 return Err(format!("key {id:?}: named twice"));
             }
-            keys.push(SealingKey { id: id.to_owned(), key });
+            keys.push(SealingKey {
+                id: id.to_owned(),
+                key,
+            });
         }
         Ok(Self { keys })
     }
@@ -71,7 +90,12 @@ impl SecretKeys {
     pub fn generate(id: &str) -> Self {
         let mut key = [0; KEY_BYTES];
         rand::rng().fill_bytes(&mut key);
-        Self { keys: vec![SealingKey { id: id.to_owned(), key }] }
+        Self {
+            keys: vec![SealingKey {
+                id: id.to_owned(),
+                key,
+            }],
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -80,31 +104,59 @@ impl SecretKeys {
 
     /// The keys as settings write them.
     pub fn to_written(&self) -> Vec<String> {
-        self.keys.iter().map(|key| format!("{}:{}", key.id, STANDARD.encode(key.key))).collect()
+        self.keys
+            .iter()
+            .map(|key| format!("{}:{}", key.id, STANDARD.encode(key.key)))
+            .collect()
     }
 
     /// `secret` sealed for `endpoint_id` under the first key.
     pub fn seal(&self, endpoint_id: &str, secret: &Secret) -> Result<String, OutboxError> {
-        let key = self.keys.first().ok_or_else(|| OutboxError::Sealing("no key to seal endpoint secrets with (secret_keys is empty)".into()))?;
+        let key = self.keys.first().ok_or_else(|| {
+            OutboxError::Sealing(
+                "no key to seal endpoint secrets with (secret_keys is empty)".into(),
+            )
+        })?;
         let mut nonce = [0; NONCE_BYTES];
         rand::rng().fill_bytes(&mut nonce);
         let plain = secret.to_string();
         let sealed = XChaCha20Poly1305::new(&Key::from(key.key))
-            .encrypt(&XNonce::from(nonce), Payload { msg: plain.as_bytes(), aad: endpoint_id.as_bytes() })
+            .encrypt(
+                &XNonce::from(nonce),
+                Payload {
+                    msg: plain.as_bytes(),
+                    aad: endpoint_id.as_bytes(),
+                },
+            )
             .map_err(|_| OutboxError::Sealing("the secret could not be sealed".into()))?;
-        Ok(format!("{SEALED_PREFIX}{}:{}", key.id, STANDARD.encode([nonce.as_slice(), &sealed].concat())))
+        Ok(format!(
+            "{SEALED_PREFIX}{}:{}",
+            key.id,
+            STANDARD.encode([nonce.as_slice(), &sealed].concat())
+        ))
     }
 
     /// The secret that `stored` seals for `endpoint_id`.
     pub fn open(&self, endpoint_id: &str, stored: &str) -> Result<Secret, OutboxError> {
-        let failed = |why: String| OutboxError::Sealing(format!("the secret of endpoint {endpoint_id}: {why}"));
+        let failed = |why: String| {
+            OutboxError::Sealing(format!("the secret of endpoint {endpoint_id}: {why}"))
+        };
         let (key_id, encoded) = stored
             .strip_prefix(SEALED_PREFIX)
             .and_then(|rest| rest.split_once(':'))
             .ok_or_else(|| failed("not sealed (stored before secrets were sealed; the service seals such rows at start)".into()))?;
-        let key =
-            self.keys.iter().find(|key| key.id == key_id).ok_or_else(|| failed(format!("sealed with key {key_id:?}, which secret_keys lacks")))?;
-        let bytes = STANDARD.decode(encoded).map_err(|_| failed("not base64".into()))?;
+        let key = self
+            .keys
+            .iter()
+            .find(|key| key.id == key_id)
+            .ok_or_else(|| {
+                failed(format!(
+                    "sealed with key {key_id:?}, which secret_keys lacks"
+                ))
+            })?;
+        let bytes = STANDARD
+            .decode(encoded)
+            .map_err(|_| failed("not base64".into()))?;
         if bytes.len() < NONCE_BYTES {
             return Err(failed("too short".into()));
         }
@@ -113,13 +165,18 @@ impl SecretKeys {
         let plain = XChaCha20Poly1305::new(&Key::from(key.key))
             .decrypt(&nonce, Payload { msg: sealed, aad: endpoint_id.as_bytes() })
             .map_err(|_| failed(format!("does not open with key {key_id:?} (another key of that id, or not this endpoint's)")))?;
-        String::from_utf8(plain).ok().and_then(|text| text.parse().ok()).ok_or_else(|| failed("opened to something that is not a secret".into()))
+        String::from_utf8(plain)
+            .ok()
+            .and_then(|text| text.parse().ok())
+            .ok_or_else(|| failed("opened to something that is not a secret".into()))
     }
 }
 
 impl fmt::Debug for SecretKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.keys.iter().map(|key| format!("{}:<redacted>", key.id))).finish()
+        f.debug_list()
+            .entries(self.keys.iter().map(|key| format!("{}:<redacted>", key.id)))
+            .finish()
     }
 }
 
@@ -138,19 +195,28 @@ impl<'de> Deserialize<'de> for SecretKeys {
 /// Seals the secrets still stored in plain text (by a version from before secrets were sealed)
 /// under the first of `keys`; returns how many. Orders and the sender run it at start, so a
 /// database they share is sealed whichever starts first; it is cheap when nothing is left.
-pub async fn seal_plaintext_secrets(database: &Database, keys: &SecretKeys) -> Result<u64, OutboxError> {
+pub async fn seal_plaintext_secrets(
+    database: &Database,
+    keys: &SecretKeys,
+) -> Result<u64, OutboxError> {
     let rows: Vec<(String, String, String)> =
         database.fetch_all("SELECT secret_id, endpoint_id, secret FROM webhook_secrets WHERE secret NOT LIKE 'sealed1:%'", &[]).await?;
     let mut sealed = 0;
     for (secret_id, endpoint_id, plain) in rows {
-        let secret: Secret = plain
-            .parse()
-            .map_err(|error| storage::Error::Corrupt(format!("the plain-text secret {secret_id:?} of endpoint {endpoint_id:?}: {error}")))?;
+        let secret: Secret = plain.parse().map_err(|error| {
+            storage::Error::Corrupt(format!(
+                "the plain-text secret {secret_id:?} of endpoint {endpoint_id:?}: {error}"
+            ))
+        })?;
         let value = keys.seal(&endpoint_id, &secret)?;
         // Only while still the plain text read: a rotation meanwhile changes nothing here.
         sealed += database
             .write(async move |tx| {
-                tx.execute("UPDATE webhook_secrets SET secret = $1 WHERE secret_id = $2 AND secret = $3", &[&value, &secret_id, &plain]).await
+                tx.execute(
+                    "UPDATE webhook_secrets SET secret = $1 WHERE secret_id = $2 AND secret = $3",
+                    &[&value, &secret_id, &plain],
+                )
+                .await
             })
             .await?;
     }
@@ -167,32 +233,76 @@ mod tests {
         let secret = Secret::generate();
         let sealed = keys.seal("ep_1", &secret).unwrap();
         assert!(sealed.starts_with("sealed1:k1:") && !sealed.contains(&secret.to_string()));
-        assert_eq!(keys.open("ep_1", &sealed).unwrap().to_string(), secret.to_string());
-        assert_ne!(keys.seal("ep_1", &secret).unwrap(), sealed, "a fresh nonce each time");
-        assert!(keys.open("ep_2", &sealed).is_err(), "the endpoint id is associated data");
-        assert!(SecretKeys::generate("k1").open("ep_1", &sealed).unwrap_err().to_string().contains("does not open"));
-        assert!(SecretKeys::generate("k2").open("ep_1", &sealed).unwrap_err().to_string().contains("lacks"));
+        assert_eq!(
+            keys.open("ep_1", &sealed).unwrap().to_string(),
+            secret.to_string()
+        );
+        assert_ne!(
+            keys.seal("ep_1", &secret).unwrap(),
+            sealed,
+            "a fresh nonce each time"
+        );
+        assert!(
+            keys.open("ep_2", &sealed).is_err(),
+            "the endpoint id is associated data"
+        );
+        assert!(
+            SecretKeys::generate("k1")
+                .open("ep_1", &sealed)
+                .unwrap_err()
+                .to_string()
+                .contains("does not open")
+        );
+        assert!(
+            SecretKeys::generate("k2")
+                .open("ep_1", &sealed)
+                .unwrap_err()
+                .to_string()
+                .contains("lacks")
+        );
     }
 
     #[test]
     fn keys_rotate_by_putting_a_new_one_first() {
         let old = SecretKeys::generate("k1");
         let sealed = old.seal("ep_1", &Secret::generate()).unwrap();
-        let rotated = SecretKeys::parse(&[SecretKeys::generate("k2").to_written()[0].clone(), old.to_written()[0].clone()]).unwrap();
-        assert!(rotated.open("ep_1", &sealed).is_ok(), "the old key still opens what it sealed");
-        assert!(rotated.seal("ep_1", &Secret::generate()).unwrap().starts_with("sealed1:k2:"), "the new one seals");
+        let rotated = SecretKeys::parse(&[
+            SecretKeys::generate("k2").to_written()[0].clone(),
+            old.to_written()[0].clone(),
+        ])
+        .unwrap();
+        assert!(
+            rotated.open("ep_1", &sealed).is_ok(),
+            "the old key still opens what it sealed"
+        );
+        assert!(
+            rotated
+                .seal("ep_1", &Secret::generate())
+                .unwrap()
+                .starts_with("sealed1:k2:"),
+            "the new one seals"
+        );
     }
 
     #[test]
     fn written_keys_are_checked_and_never_shown() {
-        for (bad, says) in [("k1", "<key id>:<base64 key>"), ("k1:not base64!", "not base64"), ("k1:AAAA", "32 bytes"), (":AAAA", "the id")] {
+        for (bad, says) in [
+            ("k1", "<key id>:<base64 key>"),
+            ("k1:not base64!", "not base64"),
+            ("k1:AAAA", "32 bytes"),
+            (":AAAA", "the id"),
+        ] {
             let error = SecretKeys::parse(&[bad]).unwrap_err();
             assert!(error.contains(says), "{bad}: {error}");
         }
         let keys = SecretKeys::generate("k1");
         let written = keys.to_written();
         assert_eq!(SecretKeys::parse(&written).unwrap(), keys);
-        assert!(SecretKeys::parse(&[written[0].clone(), written[0].clone()]).unwrap_err().contains("twice"));
+        assert!(
+            SecretKeys::parse(&[written[0].clone(), written[0].clone()])
+                .unwrap_err()
+                .contains("twice")
+        );
         assert_eq!(format!("{keys:?}"), "[\"k1:<redacted>\"]");
     }
 }

@@ -25,12 +25,18 @@ pub struct EndpointLimits {
 
 impl EndpointLimits {
     /// The most a client may ask for; more would let one recipient take the sender over.
-    pub const MAX: Self = Self { max_in_flight: 64, rate_per_sec: 1_000 };
+    pub const MAX: Self = Self {
+        max_in_flight: 64,
+        rate_per_sec: 1_000,
+    };
 }
 
 impl Default for EndpointLimits {
     fn default() -> Self {
-        Self { max_in_flight: 4, rate_per_sec: 50 }
+        Self {
+            max_in_flight: 4,
+            rate_per_sec: 50,
+        }
     }
 }
 
@@ -50,8 +56,16 @@ impl NewEndpoint {
     pub fn validate(&mut self, policy: &ssrf::Policy) -> Result<(), OutboxError> {
         self.url = vetted_url(&self.url, policy)?;
         check_event_types(&self.event_types)?;
-        check_limit("max_in_flight", self.limits.max_in_flight, EndpointLimits::MAX.max_in_flight)?;
-        check_limit("rate_per_sec", self.limits.rate_per_sec, EndpointLimits::MAX.rate_per_sec)
+        check_limit(
+            "max_in_flight",
+            self.limits.max_in_flight,
+            EndpointLimits::MAX.max_in_flight,
+        )?;
+        check_limit(
+            "rate_per_sec",
+            self.limits.rate_per_sec,
+            EndpointLimits::MAX.rate_per_sec,
+        )
     }
 }
 
@@ -78,10 +92,18 @@ impl EndpointUpdate {
             check_event_types(event_types)?;
         }
         if let Some(max_in_flight) = self.max_in_flight {
-            check_limit("max_in_flight", max_in_flight, EndpointLimits::MAX.max_in_flight)?;
+            check_limit(
+                "max_in_flight",
+                max_in_flight,
+                EndpointLimits::MAX.max_in_flight,
+            )?;
         }
         if let Some(rate_per_sec) = self.rate_per_sec {
-            check_limit("rate_per_sec", rate_per_sec, EndpointLimits::MAX.rate_per_sec)?;
+            check_limit(
+                "rate_per_sec",
+                rate_per_sec,
+                EndpointLimits::MAX.rate_per_sec,
+            )?;
         }
         Ok(())
     }
@@ -89,7 +111,8 @@ impl EndpointUpdate {
 
 /// `url` vetted under `policy`, in its normalised form.
 fn vetted_url(url: &str, policy: &ssrf::Policy) -> Result<String, OutboxError> {
-    let target = ssrf::Target::parse(url, policy).map_err(|error| OutboxError::Invalid(format!("url: {error}")))?;
+    let target = ssrf::Target::parse(url, policy)
+        .map_err(|error| OutboxError::Invalid(format!("url: {error}")))?;
     Ok(target.normalised().to_owned())
 }
 
@@ -97,10 +120,19 @@ fn vetted_url(url: &str, policy: &ssrf::Policy) -> Result<String, OutboxError> {
 fn check_event_types(event_types: &[String]) -> Result<(), OutboxError> {
     let known = || subscribable_event_types().collect::<Vec<_>>().join(", ");
     if event_types.is_empty() {
-        return Err(OutboxError::Invalid(format!("event_types: name at least one of {}", known())));
+        return Err(OutboxError::Invalid(format!(
+            "event_types: name at least one of {}",
+            known()
+        )));
     }
-    if let Some(unknown) = event_types.iter().find(|event_type| !subscribable_event_types().any(|known| known == event_type.as_str())) {
-        return Err(OutboxError::Invalid(format!("event_types: unknown {unknown:?}; known are {}", known())));
+    if let Some(unknown) = event_types
+        .iter()
+        .find(|event_type| !subscribable_event_types().any(|known| known == event_type.as_str()))
+    {
+        return Err(OutboxError::Invalid(format!(
+            "event_types: unknown {unknown:?}; known are {}",
+            known()
+        )));
     }
     Ok(())
 }
@@ -166,11 +198,17 @@ impl DeliveryState {
 
     /// The state named `text` (`pending`, `delivered`, `undelivered`).
     pub fn from_name(text: &str) -> Option<Self> {
-        [Self::Pending, Self::Delivered, Self::Undelivered].into_iter().find(|state| state.as_str() == text)
+        [Self::Pending, Self::Delivered, Self::Undelivered]
+            .into_iter()
+            .find(|state| state.as_str() == text)
     }
 
     fn parse(text: &str) -> Result<Self, OutboxError> {
-        Self::from_name(text).ok_or_else(|| OutboxError::Storage(storage::Error::Corrupt(format!("unknown delivery state {text:?}"))))
+        Self::from_name(text).ok_or_else(|| {
+            OutboxError::Storage(storage::Error::Corrupt(format!(
+                "unknown delivery state {text:?}"
+            )))
+        })
     }
 }
 
@@ -209,7 +247,12 @@ pub struct DeliveryQuery {
 impl DeliveryQuery {
     /// The newest `limit` deliveries, whatever their state and type.
     pub fn newest(limit: u32) -> Self {
-        Self { limit, state: None, event_type: None, after: None }
+        Self {
+            limit,
+            state: None,
+            event_type: None,
+            after: None,
+        }
     }
 }
 
@@ -245,7 +288,10 @@ impl std::str::FromStr for LogCursor {
         if event_id.is_empty() {
             return Err(invalid());
         }
-        Ok(Self { created_at_ms, event_id: event_id.to_owned() })
+        Ok(Self {
+            created_at_ms,
+            event_id: event_id.to_owned(),
+        })
     }
 }
 
@@ -300,7 +346,13 @@ impl Subscriptions {
 
     /// Creates an enabled endpoint and its first secret, in `tx` (inside the caller's
     /// transaction, e.g. an idempotency key's phase). `new` must have been validated.
-    pub async fn create_endpoint(&self, tx: &mut Tx<'_>, client_id: &str, new: &NewEndpoint, now_ms: i64) -> Result<(Endpoint, Secret), OutboxError> {
+    pub async fn create_endpoint(
+        &self,
+        tx: &mut Tx<'_>,
+        client_id: &str,
+        new: &NewEndpoint,
+        now_ms: i64,
+    ) -> Result<(Endpoint, Secret), OutboxError> {
         let endpoint_id = new_id("ep");
         // Counted after the insert, in its transaction, one creation per client at a time: on
         // SQLite the one writer runs them in turn; on PostgreSQL, under READ COMMITTED, two at
@@ -308,7 +360,11 @@ impl Subscriptions {
         // first (held to the end of its transaction), and the second counts after the first.
         if tx.backend() == Backend::Postgres {
             // The lock's class is bound as a BIGINT: the two-key lock takes two INTEGERs.
-            tx.execute("SELECT pg_advisory_xact_lock($1::INTEGER, hashtext($2))", &[&ENDPOINT_CREATION_LOCK, &client_id]).await?;
+            tx.execute(
+                "SELECT pg_advisory_xact_lock($1::INTEGER, hashtext($2))",
+                &[&ENDPOINT_CREATION_LOCK, &client_id],
+            )
+            .await?;
         }
         tx.execute(
             "INSERT INTO webhook_endpoints (endpoint_id, client_id, url, state, max_in_flight, rate_per_sec, created_at_ms, updated_at_ms) \
@@ -316,9 +372,16 @@ impl Subscriptions {
             &[&endpoint_id, &client_id, &new.url, &new.limits.max_in_flight, &new.limits.rate_per_sec, &now_ms],
         )
         .await?;
-        let (endpoints,): (i64,) = tx.fetch_one("SELECT COUNT(*) FROM webhook_endpoints WHERE client_id = $1", &[&client_id]).await?;
+        let (endpoints,): (i64,) = tx
+            .fetch_one(
+                "SELECT COUNT(*) FROM webhook_endpoints WHERE client_id = $1",
+                &[&client_id],
+            )
+            .await?;
         if endpoints > i64::from(MAX_ENDPOINTS_PER_CLIENT) {
-            return Err(OutboxError::Invalid(format!("a client has at most {MAX_ENDPOINTS_PER_CLIENT} endpoints")));
+            return Err(OutboxError::Invalid(format!(
+                "a client has at most {MAX_ENDPOINTS_PER_CLIENT} endpoints"
+            )));
         }
         let event_types = insert_subscriptions(tx, &endpoint_id, &new.event_types).await?;
         let secret = insert_secret(tx, &self.keys, &endpoint_id, now_ms).await?;
@@ -352,7 +415,11 @@ impl Subscriptions {
         lock_owned_endpoint(tx, client_id, endpoint_id).await?;
         // Every secret but the current one goes (expired or still in an overlap); the current one
         // becomes the previous, signing until the overlap ends.
-        tx.execute("DELETE FROM webhook_secrets WHERE endpoint_id = $1 AND expires_at_ms IS NOT NULL", &[&endpoint_id]).await?;
+        tx.execute(
+            "DELETE FROM webhook_secrets WHERE endpoint_id = $1 AND expires_at_ms IS NOT NULL",
+            &[&endpoint_id],
+        )
+        .await?;
         tx.execute(
             "UPDATE webhook_secrets SET expires_at_ms = $1 WHERE endpoint_id = $2 AND expires_at_ms IS NULL",
             &[&now_ms.saturating_add(overlap_ms), &endpoint_id],
@@ -365,8 +432,15 @@ impl Subscriptions {
     /// as it is then. `update` must have been validated. New event types replace the old ones
     /// (deliveries already queued stay); a new URL is a new recipient, so the failures counted
     /// against the old one and any pause it asked for are forgotten.
-    pub async fn update_endpoint(&self, client_id: &str, endpoint_id: &str, update: &EndpointUpdate, now_ms: i64) -> Result<Endpoint, OutboxError> {
-        let (client_id, endpoint_id, update) = (client_id.to_owned(), endpoint_id.to_owned(), update.clone());
+    pub async fn update_endpoint(
+        &self,
+        client_id: &str,
+        endpoint_id: &str,
+        update: &EndpointUpdate,
+        now_ms: i64,
+    ) -> Result<Endpoint, OutboxError> {
+        let (client_id, endpoint_id, update) =
+            (client_id.to_owned(), endpoint_id.to_owned(), update.clone());
         self.database
             .write(async move |tx| {
                 lock_owned_endpoint(tx, &client_id, &endpoint_id).await?;
@@ -393,16 +467,31 @@ impl Subscriptions {
     /// Sends the endpoint an [`ENDPOINT_PING`] event now, through the pipeline every event takes
     /// (signed, retried on the schedule, in the delivery log), whatever it subscribes to; returns
     /// the event's id. A disabled endpoint's ping waits, as its other deliveries do.
-    pub async fn ping(&self, client_id: &str, endpoint_id: &str, now_ms: i64) -> Result<String, OutboxError> {
+    pub async fn ping(
+        &self,
+        client_id: &str,
+        endpoint_id: &str,
+        now_ms: i64,
+    ) -> Result<String, OutboxError> {
         let (client_id, endpoint_id) = (client_id.to_owned(), endpoint_id.to_owned());
         self.database
             .write(async move |tx| {
                 lock_owned_endpoint(tx, &client_id, &endpoint_id).await?;
                 let data = serde_json::json!({ "endpoint_id": endpoint_id });
-                let event = NewEvent { event_type: ENDPOINT_PING, version: 1, data: &data };
-                record_for(tx, &client_id, &event, Recipients::Only(&endpoint_id), now_ms)
-                    .await?
-                    .ok_or_else(|| OutboxError::EndpointNotFound(endpoint_id.clone()))
+                let event = NewEvent {
+                    event_type: ENDPOINT_PING,
+                    version: 1,
+                    data: &data,
+                };
+                record_for(
+                    tx,
+                    &client_id,
+                    &event,
+                    Recipients::Only(&endpoint_id),
+                    now_ms,
+                )
+                .await?
+                .ok_or_else(|| OutboxError::EndpointNotFound(endpoint_id.clone()))
             })
             .await
     }
@@ -410,7 +499,9 @@ impl Subscriptions {
     pub async fn endpoints(&self, client_id: &str) -> Result<Vec<Endpoint>, OutboxError> {
         self.database
             .read(async |tx| {
-                let statement = format!("{SELECT_ENDPOINT} WHERE client_id = $1 ORDER BY created_at_ms, endpoint_id");
+                let statement = format!(
+                    "{SELECT_ENDPOINT} WHERE client_id = $1 ORDER BY created_at_ms, endpoint_id"
+                );
                 let rows: Vec<EndpointRow> = tx.fetch_all(&statement, &[&client_id]).await?;
                 let mut endpoints = Vec::with_capacity(rows.len());
                 for row in rows {
@@ -421,7 +512,11 @@ impl Subscriptions {
             .await
     }
 
-    pub async fn endpoint(&self, client_id: &str, endpoint_id: &str) -> Result<Endpoint, OutboxError> {
+    pub async fn endpoint(
+        &self,
+        client_id: &str,
+        endpoint_id: &str,
+    ) -> Result<Endpoint, OutboxError> {
         self.database
             .read(async |tx| {
                 let row = owned_endpoint(tx, client_id, endpoint_id).await?;
@@ -432,7 +527,12 @@ impl Subscriptions {
 
     /// Enables the endpoint (forgetting its failures: it starts afresh, and its pending deliveries
     /// go out again) or disables it (nothing is sent to it; its deliveries wait).
-    pub async fn set_enabled(&self, client_id: &str, endpoint_id: &str, enabled: bool) -> Result<Endpoint, OutboxError> {
+    pub async fn set_enabled(
+        &self,
+        client_id: &str,
+        endpoint_id: &str,
+        enabled: bool,
+    ) -> Result<Endpoint, OutboxError> {
         let statement = if enabled {
             "UPDATE webhook_endpoints SET state = 'enabled', disabled_reason = NULL, failing_since_ms = NULL, failures_since_success = 0 \
              WHERE endpoint_id = $1 AND client_id = $2"
@@ -440,7 +540,9 @@ impl Subscriptions {
             "UPDATE webhook_endpoints SET state = 'disabled', disabled_reason = 'disabled by its owner' WHERE endpoint_id = $1 AND client_id = $2 AND state = 'enabled'"
         };
         let (endpoint, client) = (endpoint_id.to_owned(), client_id.to_owned());
-        self.database.write(async move |tx| tx.execute(statement, &[&endpoint, &client]).await).await?;
+        self.database
+            .write(async move |tx| tx.execute(statement, &[&endpoint, &client]).await)
+            .await?;
         self.endpoint(client_id, endpoint_id).await
     }
 
@@ -448,7 +550,11 @@ impl Subscriptions {
     /// one transaction: nothing more is sent to it, and its place under
     /// [`MAX_ENDPOINTS_PER_CLIENT`] is free. The events stay (other endpoints may deliver them).
     /// An attempt in flight meanwhile finds its delivery gone and is not recorded.
-    pub async fn delete_endpoint(&self, client_id: &str, endpoint_id: &str) -> Result<(), OutboxError> {
+    pub async fn delete_endpoint(
+        &self,
+        client_id: &str,
+        endpoint_id: &str,
+    ) -> Result<(), OutboxError> {
         let (client_id, endpoint_id) = (client_id.to_owned(), endpoint_id.to_owned());
         self.database
             .write(async move |tx| {
@@ -471,7 +577,12 @@ impl Subscriptions {
 
     /// A page of the endpoint's deliveries that match `query`, newest first, each with its
     /// attempts: one statement whatever the page's size (the page joined with its attempts).
-    pub async fn deliveries(&self, client_id: &str, endpoint_id: &str, query: &DeliveryQuery) -> Result<DeliveryPage, OutboxError> {
+    pub async fn deliveries(
+        &self,
+        client_id: &str,
+        endpoint_id: &str,
+        query: &DeliveryQuery,
+    ) -> Result<DeliveryPage, OutboxError> {
         let (after_ms, after_event_id) = match &query.after {
             Some(cursor) => (Some(cursor.created_at_ms), cursor.event_id.as_str()),
             None => (None, ""),
@@ -507,32 +618,49 @@ impl Subscriptions {
             .await?;
         let mut deliveries: Vec<DeliveryLog> = Vec::new();
         for row in rows {
-            if deliveries.last().is_none_or(|last| last.event_id != row.event_id) {
+            if deliveries
+                .last()
+                .is_none_or(|last| last.event_id != row.event_id)
+            {
                 let state = DeliveryState::parse(&row.state)?;
                 deliveries.push(DeliveryLog {
                     event_id: row.event_id.clone(),
                     event_type: row.event_type.clone(),
                     state,
-                    next_attempt_at_ms: (state == DeliveryState::Pending).then_some(row.next_attempt_at_ms),
+                    next_attempt_at_ms: (state == DeliveryState::Pending)
+                        .then_some(row.next_attempt_at_ms),
                     created_at_ms: row.created_at_ms,
                     attempts: Vec::new(),
                 });
             }
             if let Some(attempt) = row.attempt() {
-                deliveries.last_mut().expect("pushed above").attempts.push(attempt);
+                deliveries
+                    .last_mut()
+                    .expect("pushed above")
+                    .attempts
+                    .push(attempt);
             }
         }
         let next = (deliveries.len() > query.limit as usize).then(|| {
             deliveries.truncate(query.limit as usize);
             let last = deliveries.last().expect("a full page has a last delivery");
-            LogCursor { created_at_ms: last.created_at_ms, event_id: last.event_id.clone() }
+            LogCursor {
+                created_at_ms: last.created_at_ms,
+                event_id: last.event_id.clone(),
+            }
         });
         Ok(DeliveryPage { deliveries, next })
     }
 
     /// Sends one event to the endpoint again, now, with a fresh retry schedule and the same
     /// `webhook-id`. An attempt in flight loses its lease, so its outcome cannot undo this.
-    pub async fn redeliver(&self, client_id: &str, endpoint_id: &str, event_id: &str, now_ms: i64) -> Result<(), OutboxError> {
+    pub async fn redeliver(
+        &self,
+        client_id: &str,
+        endpoint_id: &str,
+        event_id: &str,
+        now_ms: i64,
+    ) -> Result<(), OutboxError> {
         self.endpoint(client_id, endpoint_id).await?;
         let (endpoint, event) = (endpoint_id.to_owned(), event_id.to_owned());
         let updated = self
@@ -548,7 +676,10 @@ impl Subscriptions {
             })
             .await?;
         if updated == 0 {
-            return Err(OutboxError::DeliveryNotFound { endpoint_id: endpoint_id.to_owned(), event_id: event_id.to_owned() });
+            return Err(OutboxError::DeliveryNotFound {
+                endpoint_id: endpoint_id.to_owned(),
+                event_id: event_id.to_owned(),
+            });
         }
         Ok(())
     }
@@ -566,47 +697,87 @@ impl Subscriptions {
         now_ms: i64,
     ) -> Result<u64, OutboxError> {
         self.endpoint(client_id, endpoint_id).await?;
-        redeliveries::request(&self.database, client_id, endpoint_id, range, limits, now_ms).await
+        redeliveries::request(
+            &self.database,
+            client_id,
+            endpoint_id,
+            range,
+            limits,
+            now_ms,
+        )
+        .await
     }
 }
 
 async fn with_event_types(tx: &mut Tx<'_>, row: EndpointRow) -> Result<Endpoint, OutboxError> {
     let event_types: Vec<(String,)> =
         tx.fetch_all("SELECT event_type FROM webhook_subscriptions WHERE endpoint_id = $1 ORDER BY event_type", &[&row.endpoint_id]).await?;
-    row.into_endpoint(event_types.into_iter().map(|(event_type,)| event_type).collect())
+    row.into_endpoint(
+        event_types
+            .into_iter()
+            .map(|(event_type,)| event_type)
+            .collect(),
+    )
 }
 
 /// Locks the client's endpoint for the rest of the transaction, or says it has no such endpoint.
 /// Writing first takes the endpoint's row lock (PostgreSQL: a concurrent rotation or delete
 /// waits, then sees what this one did); on SQLite the one writer runs a transaction alone, so no
 /// read of it can go stale before its writes.
-async fn lock_owned_endpoint(tx: &mut Tx<'_>, client_id: &str, endpoint_id: &str) -> Result<(), OutboxError> {
-    let owned =
-        tx.execute("UPDATE webhook_endpoints SET state = state WHERE endpoint_id = $1 AND client_id = $2", &[&endpoint_id, &client_id]).await?;
+async fn lock_owned_endpoint(
+    tx: &mut Tx<'_>,
+    client_id: &str,
+    endpoint_id: &str,
+) -> Result<(), OutboxError> {
+    let owned = tx
+        .execute(
+            "UPDATE webhook_endpoints SET state = state WHERE endpoint_id = $1 AND client_id = $2",
+            &[&endpoint_id, &client_id],
+        )
+        .await?;
     if owned == 0 {
         return Err(OutboxError::EndpointNotFound(endpoint_id.to_owned()));
     }
     Ok(())
 }
 
-async fn owned_endpoint(tx: &mut Tx<'_>, client_id: &str, endpoint_id: &str) -> Result<EndpointRow, OutboxError> {
+async fn owned_endpoint(
+    tx: &mut Tx<'_>,
+    client_id: &str,
+    endpoint_id: &str,
+) -> Result<EndpointRow, OutboxError> {
     let statement = format!("{SELECT_ENDPOINT} WHERE endpoint_id = $1 AND client_id = $2");
-    tx.fetch_optional(&statement, &[&endpoint_id, &client_id]).await?.ok_or_else(|| OutboxError::EndpointNotFound(endpoint_id.to_owned()))
+    tx.fetch_optional(&statement, &[&endpoint_id, &client_id])
+        .await?
+        .ok_or_else(|| OutboxError::EndpointNotFound(endpoint_id.to_owned()))
 }
 
 /// Subscribes the endpoint to `event_types` (each once); returns them sorted.
-async fn insert_subscriptions(tx: &mut Tx<'_>, endpoint_id: &str, event_types: &[String]) -> Result<Vec<String>, OutboxError> {
+async fn insert_subscriptions(
+    tx: &mut Tx<'_>,
+    endpoint_id: &str,
+    event_types: &[String],
+) -> Result<Vec<String>, OutboxError> {
     let mut event_types = event_types.to_vec();
     event_types.sort();
     event_types.dedup();
     for event_type in &event_types {
-        tx.execute("INSERT INTO webhook_subscriptions (endpoint_id, event_type) VALUES ($1, $2)", &[&endpoint_id, event_type]).await?;
+        tx.execute(
+            "INSERT INTO webhook_subscriptions (endpoint_id, event_type) VALUES ($1, $2)",
+            &[&endpoint_id, event_type],
+        )
+        .await?;
     }
     Ok(event_types)
 }
 
 /// A new secret for the endpoint, stored sealed under `keys`.
-async fn insert_secret(tx: &mut Tx<'_>, keys: &SecretKeys, endpoint_id: &str, now_ms: i64) -> Result<Secret, OutboxError> {
+async fn insert_secret(
+    tx: &mut Tx<'_>,
+    keys: &SecretKeys,
+    endpoint_id: &str,
+    now_ms: i64,
+) -> Result<Secret, OutboxError> {
     let secret = Secret::generate();
     let sealed = keys.seal(endpoint_id, &secret)?;
     tx.execute(
@@ -619,15 +790,22 @@ async fn insert_secret(tx: &mut Tx<'_>, keys: &SecretKeys, endpoint_id: &str, no
 
 impl EndpointRow {
     fn into_endpoint(self, event_types: Vec<String>) -> Result<Endpoint, OutboxError> {
-        let corrupt = |what: &str| OutboxError::Storage(storage::Error::Corrupt(format!("endpoint {}: {what}", self.endpoint_id)));
+        let corrupt = |what: &str| {
+            OutboxError::Storage(storage::Error::Corrupt(format!(
+                "endpoint {}: {what}",
+                self.endpoint_id
+            )))
+        };
         let enabled = match self.state.as_str() {
             "enabled" => true,
             "disabled" => false,
             _ => return Err(corrupt("unknown state")),
         };
         let limits = EndpointLimits {
-            max_in_flight: u32::try_from(self.max_in_flight).map_err(|_| corrupt("max_in_flight out of range"))?,
-            rate_per_sec: u32::try_from(self.rate_per_sec).map_err(|_| corrupt("rate_per_sec out of range"))?,
+            max_in_flight: u32::try_from(self.max_in_flight)
+                .map_err(|_| corrupt("max_in_flight out of range"))?,
+            rate_per_sec: u32::try_from(self.rate_per_sec)
+                .map_err(|_| corrupt("rate_per_sec out of range"))?,
         };
         Ok(Endpoint {
             endpoint_id: self.endpoint_id,

@@ -55,7 +55,14 @@ impl From<Order> for OrderJson {
         Self {
             order_id: order.order_id,
             customer_id: order.customer_id,
-            items: order.items.into_iter().map(|i| ItemJson { sku: i.sku, quantity: i.quantity }).collect(),
+            items: order
+                .items
+                .into_iter()
+                .map(|i| ItemJson {
+                    sku: i.sku,
+                    quantity: i.quantity,
+                })
+                .collect(),
             amount_minor: order.amount_minor,
             currency: order.currency,
             status,
@@ -68,7 +75,11 @@ impl From<Order> for OrderJson {
 impl From<Payment> for PaymentJson {
     fn from(payment: Payment) -> Self {
         Self {
-            status: if payment.status() == PaymentStatus::Approved { "approved" } else { "declined" },
+            status: if payment.status() == PaymentStatus::Approved {
+                "approved"
+            } else {
+                "declined"
+            },
             payment_id: payment.payment_id,
             bank_charge_id: payment.bank_charge_id,
             decline_reason: payment.decline_reason,

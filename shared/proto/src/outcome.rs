@@ -50,7 +50,9 @@ impl FailedCreate {
         let info = status.get_details_error_info()?;
         match info.reason.as_str() {
             REFUSED => Some(FailedCreate::Refused),
-            PENDING => Some(FailedCreate::Pending { order_id: info.metadata.get(ORDER_ID)?.clone() }),
+            PENDING => Some(FailedCreate::Pending {
+                order_id: info.metadata.get(ORDER_ID)?.clone(),
+            }),
             UNKNOWN => Some(FailedCreate::Unknown),
             _ => None,
         }
@@ -61,7 +63,9 @@ impl FailedCreate {
     pub fn on(&self, status: Status, domain: &str) -> Status {
         let mut details = status.get_error_details();
         let metadata = match self {
-            FailedCreate::Pending { order_id } => HashMap::from([(ORDER_ID.to_owned(), order_id.clone())]),
+            FailedCreate::Pending { order_id } => {
+                HashMap::from([(ORDER_ID.to_owned(), order_id.clone())])
+            }
             FailedCreate::Refused | FailedCreate::Unknown => HashMap::new(),
         };
         details.set_error_info(self.reason(), domain, metadata);
@@ -78,16 +82,38 @@ mod tests {
 
     #[test]
     fn an_outcome_reads_back_from_its_status_with_the_rest_kept() {
-        let mut below = Status::with_error_details(Code::Unavailable, "payment: down", ErrorDetails::with_retry_info(None));
-        below.metadata_mut().insert("x-relayed", "true".parse().unwrap());
-        for outcome in [FailedCreate::Refused, FailedCreate::Pending { order_id: "ord_1".into() }, FailedCreate::Unknown] {
+        let mut below = Status::with_error_details(
+            Code::Unavailable,
+            "payment: down",
+            ErrorDetails::with_retry_info(None),
+        );
+        below
+            .metadata_mut()
+            .insert("x-relayed", "true".parse().unwrap());
+        for outcome in [
+            FailedCreate::Refused,
+            FailedCreate::Pending {
+                order_id: "ord_1".into(),
+            },
+            FailedCreate::Unknown,
+        ] {
             let status = outcome.on(below.clone(), "orders");
             assert_eq!(FailedCreate::of(&status), Some(outcome.clone()));
-            assert_eq!((status.code(), status.message()), (Code::Unavailable, "payment: down"));
+            assert_eq!(
+                (status.code(), status.message()),
+                (Code::Unavailable, "payment: down")
+            );
             assert_eq!(status.metadata().get("x-relayed").unwrap(), "true");
-            assert!(status.get_details_retry_info().is_some(), "other details kept");
+            assert!(
+                status.get_details_retry_info().is_some(),
+                "other details kept"
+            );
             assert_eq!(status.get_details_error_info().unwrap().domain, "orders");
         }
-        assert_eq!(FailedCreate::of(&below), None, "a failure that says nothing");
+        assert_eq!(
+            FailedCreate::of(&below),
+            None,
+            "a failure that says nothing"
+        );
     }
 }

@@ -3,11 +3,16 @@
 
 use crate::{
     common::v1::CreateOrderRequest,
-    orders::v1::{CreateEndpointRequest, ListDeliveriesRequest, RedeliverRangeRequest, RedeliverRequest, UpdateEndpointRequest},
+    orders::v1::{
+        CreateEndpointRequest, ListDeliveriesRequest, RedeliverRangeRequest, RedeliverRequest,
+        UpdateEndpointRequest,
+    },
 };
 
 /// Currencies the bank settles (ISO 4217).
-pub const CURRENCIES: &[&str] = &["CHF", "CZK", "DKK", "EUR", "GBP", "JPY", "NOK", "PLN", "SEK", "USD"];
+pub const CURRENCIES: &[&str] = &[
+    "CHF", "CZK", "DKK", "EUR", "GBP", "JPY", "NOK", "PLN", "SEK", "USD",
+];
 /// Largest amount accepted in one order, in minor units.
 pub const MAX_AMOUNT_MINOR: i64 = 100_000_000;
 pub const MAX_ITEMS: usize = 100;
@@ -32,7 +37,10 @@ pub struct FieldError {
 }
 
 fn reject(field: impl Into<String>, reason: impl Into<String>) -> Result<(), FieldError> {
-    Err(FieldError { field: field.into(), reason: reason.into() })
+    Err(FieldError {
+        field: field.into(),
+        reason: reason.into(),
+    })
 }
 
 /// Checks one text field of any request: it must show something, and nothing in it may be
@@ -43,8 +51,17 @@ fn reject(field: impl Into<String>, reason: impl Into<String>) -> Result<(), Fie
 /// indistinguishable from another value in logs, dashboards and support tickets; no identifier,
 /// code or URL of this API needs one.
 pub fn text(field: &str, value: &str) -> Result<(), FieldError> {
-    if let Some(hidden) = value.chars().find(|&c| c.is_control() || is_bidi_control(c)) {
-        return reject(field, format!("must not contain control or bidirectional-override characters (found U+{:04X})", u32::from(hidden)));
+    if let Some(hidden) = value
+        .chars()
+        .find(|&c| c.is_control() || is_bidi_control(c))
+    {
+        return reject(
+            field,
+            format!(
+                "must not contain control or bidirectional-override characters (found U+{:04X})",
+                u32::from(hidden)
+            ),
+        );
     }
     if value.chars().all(|c| c.is_whitespace() || is_invisible(c)) {
         return reject(field, "must not be empty or blank");
@@ -60,7 +77,10 @@ fn is_bidi_control(c: char) -> bool {
 /// Characters that print as nothing although they are not whitespace: zero-width space, joiners,
 /// word joiner, byte order mark, soft hyphen, Mongolian vowel separator.
 fn is_invisible(c: char) -> bool {
-    matches!(c, '\u{200B}'..='\u{200D}' | '\u{2060}' | '\u{FEFF}' | '\u{00AD}' | '\u{180E}')
+    matches!(
+        c,
+        '\u{200B}'..='\u{200D}' | '\u{2060}' | '\u{FEFF}' | '\u{00AD}' | '\u{180E}'
+    )
 }
 
 /// Checks an identifier (a customer, a SKU, an order, an endpoint): [`text`] of at most
@@ -88,13 +108,20 @@ pub fn bounded(field: &str, value: &str, max: usize) -> Result<(), FieldError> {
 
 /// Checks an optional text field: empty, or [`bounded`].
 fn optional(field: &str, value: &str, max: usize) -> Result<(), FieldError> {
-    if value.is_empty() { Ok(()) } else { bounded(field, value, max) }
+    if value.is_empty() {
+        Ok(())
+    } else {
+        bounded(field, value, max)
+    }
 }
 
 /// Checks an event type list: at most [`MAX_EVENT_TYPES`] names, each an [`id`].
 fn event_types(names: &[String]) -> Result<(), FieldError> {
     if names.len() > MAX_EVENT_TYPES {
-        return reject("event_types", format!("must list at most {MAX_EVENT_TYPES} event types"));
+        return reject(
+            "event_types",
+            format!("must list at most {MAX_EVENT_TYPES} event types"),
+        );
     }
     for (index, name) in names.iter().enumerate() {
         id(&format!("event_types[{index}]"), name)?;
@@ -114,14 +141,23 @@ pub fn create_order(request: &CreateOrderRequest) -> Result<(), FieldError> {
     for (index, item) in request.items.iter().enumerate() {
         id(&format!("items[{index}].sku"), &item.sku)?;
         if !(1..=MAX_QUANTITY).contains(&item.quantity) {
-            return reject(format!("items[{index}].quantity"), format!("must be between 1 and {MAX_QUANTITY}"));
+            return reject(
+                format!("items[{index}].quantity"),
+                format!("must be between 1 and {MAX_QUANTITY}"),
+            );
         }
     }
     if !(1..=MAX_AMOUNT_MINOR).contains(&request.amount_minor) {
-        return reject("amount_minor", format!("must be between 1 and {MAX_AMOUNT_MINOR} minor units"));
+        return reject(
+            "amount_minor",
+            format!("must be between 1 and {MAX_AMOUNT_MINOR} minor units"),
+        );
     }
     if !CURRENCIES.contains(&request.currency.as_str()) {
-        return reject("currency", format!("must be one of {}", CURRENCIES.join(", ")));
+        return reject(
+            "currency",
+            format!("must be one of {}", CURRENCIES.join(", ")),
+        );
     }
     Ok(())
 }
@@ -139,7 +175,10 @@ pub fn update_endpoint(request: &UpdateEndpointRequest) -> Result<(), FieldError
     if let Some(url) = &request.url {
         bounded("url", url, MAX_URL_LEN)?;
     }
-    request.event_types.as_ref().map_or(Ok(()), |list| event_types(&list.names))
+    request
+        .event_types
+        .as_ref()
+        .map_or(Ok(()), |list| event_types(&list.names))
 }
 
 /// Checks a page of deliveries asked for: the endpoint, and the filters that are set.
@@ -166,7 +205,10 @@ pub fn redeliver_range(request: &RedeliverRangeRequest) -> Result<(), FieldError
 /// Checks an idempotency key: 1 to 255 visible ASCII characters.
 pub fn idempotency_key(key: &str) -> Result<(), FieldError> {
     if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN {
-        return reject("Idempotency-Key", format!("must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} characters"));
+        return reject(
+            "Idempotency-Key",
+            format!("must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} characters"),
+        );
     }
     if !key.bytes().all(|b| b.is_ascii_graphic()) {
         return reject("Idempotency-Key", "must be visible ASCII characters");
@@ -183,7 +225,10 @@ mod tests {
     fn valid() -> CreateOrderRequest {
         CreateOrderRequest {
             customer_id: "c-1".into(),
-            items: vec![LineItem { sku: "sku-1".into(), quantity: 2 }],
+            items: vec![LineItem {
+                sku: "sku-1".into(),
+                quantity: 2,
+            }],
             amount_minor: 1299,
             currency: "EUR".into(),
         }
@@ -215,13 +260,27 @@ mod tests {
 
     #[test]
     fn hidden_and_blank_looking_text_is_refused() {
-        for bad in ["", "   ", "\u{200B}", " \u{FEFF}\t", "a\u{0000}b", "abc\u{202E}", "\u{2066}x", "line\nbreak", "del\u{7F}", "c1\u{85}"] {
+        for bad in [
+            "",
+            "   ",
+            "\u{200B}",
+            " \u{FEFF}\t",
+            "a\u{0000}b",
+            "abc\u{202E}",
+            "\u{2066}x",
+            "line\nbreak",
+            "del\u{7F}",
+            "c1\u{85}",
+        ] {
             assert_eq!(text("f", bad).unwrap_err().field, "f", "{bad:?}");
         }
         for good in ["c-1", "Zoë", "顧客-7", "a b", "sku\u{200B}x"] {
             assert_eq!(text("f", good), Ok(()), "{good:?}");
         }
-        assert!(id("f", &"é".repeat(MAX_ID_LEN)).is_ok(), "characters are counted, not bytes");
+        assert!(
+            id("f", &"é".repeat(MAX_ID_LEN)).is_ok(),
+            "characters are counted, not bytes"
+        );
         assert!(id("f", &"x".repeat(MAX_ID_LEN + 1)).is_err());
     }
 

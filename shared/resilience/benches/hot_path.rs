@@ -21,7 +21,12 @@ use tower::{BoxError, Service, retry::Policy, service_fn};
 
 /// The answer of a future that must be ready at once (the services here answer without waiting).
 /// The gateway's forwarding toward orders, as configured by default.
-const TO_ORDERS: ForwardPolicy = ForwardPolicy { reserve_ms: 20, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 };
+const TO_ORDERS: ForwardPolicy = ForwardPolicy {
+    reserve_ms: 20,
+    reserve_max_share: 0.2,
+    cap_ms: None,
+    min_forward_ms: 50,
+};
 
 fn at_once<F: Future>(future: F) -> F::Output {
     match pin!(future).poll(&mut Context::from_waker(Waker::noop())) {
@@ -38,12 +43,19 @@ fn first_attempt(policy: &mut RetryPolicy, call: &Call<()>) -> Call<()> {
 
 /// A request being served at the gateway, with a 2 s deadline: what the retry policy consults.
 fn gateway_hop() -> Arc<Hop> {
-    Arc::new(Hop::new("gateway", Deadline::after(tokio::time::Instant::now(), Duration::from_secs(2)), HopStats::new()))
+    Arc::new(Hop::new(
+        "gateway",
+        Deadline::after(tokio::time::Instant::now(), Duration::from_secs(2)),
+        HopStats::new(),
+    ))
 }
 
 fn retry_budget(c: &mut Criterion) {
     // A retry's wait is a tokio timer, which needs a runtime to exist (not to run).
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a runtime");
     let _entered = runtime.enter();
     let mut group = c.benchmark_group("retry policy");
     let call = Call::new((), MetadataMap::new());
@@ -60,36 +72,70 @@ fn retry_budget(c: &mut Criterion) {
 
     // Every deposit funds one withdrawal, so that each iteration's retry is allowed, as the
     // first retries under the default 10 % are; the throttle is off, since every iteration fails.
-    let funded = RetryPolicy::new(&RetrySettings { budget_percent: 1.0, throttle_max_tokens: 0, ..RetrySettings::default() }, TO_ORDERS)
-        .expect("valid settings");
+    let funded = RetryPolicy::new(
+        &RetrySettings {
+            budget_percent: 1.0,
+            throttle_max_tokens: 0,
+            ..RetrySettings::default()
+        },
+        TO_ORDERS,
+    )
+    .expect("valid settings");
     let hop = gateway_hop();
-    group.bench_function("an attempt failed: budget deposit, backoff and withdrawal", |b| {
-        b.iter(|| {
-            let mut policy = funded.clone();
-            let mut call = first_attempt(&mut policy, black_box(&call));
-            let wait = Hop::sync_scope(hop.clone(), || policy.retry(&mut call, &mut Err::<(), _>(Status::unavailable("bank-mock: down"))));
-            assert!(wait.is_some(), "the retry is allowed");
-            wait
-        })
-    });
+    group.bench_function(
+        "an attempt failed: budget deposit, backoff and withdrawal",
+        |b| {
+            b.iter(|| {
+                let mut policy = funded.clone();
+                let mut call = first_attempt(&mut policy, black_box(&call));
+                let wait = Hop::sync_scope(hop.clone(), || {
+                    policy.retry(
+                        &mut call,
+                        &mut Err::<(), _>(Status::unavailable("bank-mock: down")),
+                    )
+                });
+                assert!(wait.is_some(), "the retry is allowed");
+                wait
+            })
+        },
+    );
     group.finish();
 }
 
 fn breaker(c: &mut Criterion) {
     let mut group = c.benchmark_group("circuit breaker");
-    let succeeding = service_fn(|_: http::Request<()>| std::future::ready(Ok::<_, BoxError>(http::Response::new(()))));
-    let mut closed = BreakerService::new(succeeding, Breaker::new("payment", "bank-mock", BreakerSettings::default()));
-    group.bench_function("closed: admit a call and record its success", |b| b.iter(|| at_once(closed.call(black_box(http::Request::new(()))))));
+    let succeeding = service_fn(|_: http::Request<()>| {
+        std::future::ready(Ok::<_, BoxError>(http::Response::new(())))
+    });
+    let mut closed = BreakerService::new(
+        succeeding,
+        Breaker::new("payment", "bank-mock", BreakerSettings::default()),
+    );
+    group.bench_function("closed: admit a call and record its success", |b| {
+        b.iter(|| at_once(closed.call(black_box(http::Request::new(())))))
+    });
 
-    let settings = BreakerSettings { open_ms: Duration::from_secs(3_600).as_millis() as u64, ..BreakerSettings::default() };
-    let failing = service_fn(|_: http::Request<()>| std::future::ready(Ok::<_, BoxError>(Status::unavailable("down").into_http::<()>())));
+    let settings = BreakerSettings {
+        open_ms: Duration::from_secs(3_600).as_millis() as u64,
+        ..BreakerSettings::default()
+    };
+    let failing = service_fn(|_: http::Request<()>| {
+        std::future::ready(Ok::<_, BoxError>(
+            Status::unavailable("down").into_http::<()>(),
+        ))
+    });
     let mut open = BreakerService::new(failing, Breaker::new("payment", "bank-mock", settings));
     for _ in 0..settings.window_calls {
         at_once(open.call(http::Request::new(()))).expect("failures are answers");
     }
     let refused = at_once(open.call(http::Request::new(()))).expect("a refusal is an answer");
-    assert!(refused.headers().contains_key(wire::CIRCUIT_OPEN), "the breaker is open");
-    group.bench_function("open: refuse a call at once", |b| b.iter(|| at_once(open.call(black_box(http::Request::new(()))))));
+    assert!(
+        refused.headers().contains_key(wire::CIRCUIT_OPEN),
+        "the breaker is open"
+    );
+    group.bench_function("open: refuse a call at once", |b| {
+        b.iter(|| at_once(open.call(black_box(http::Request::new(())))))
+    });
     group.finish();
 }
 

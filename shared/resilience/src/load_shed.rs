@@ -71,7 +71,10 @@ impl Intake {
     /// An intake of `limit` places of which one [`Caller`] holds `per_caller` at most; a request
     /// with no `Caller` extension is held to the shared limit only.
     pub fn with_caller_share(name: &'static str, limit: u32, per_caller: u32) -> Arc<Self> {
-        Arc::new(Self { per_caller: Some(Shares::new(per_caller as usize)), ..Self::unshared(name, limit) })
+        Arc::new(Self {
+            per_caller: Some(Shares::new(per_caller as usize)),
+            ..Self::unshared(name, limit)
+        })
     }
 
     fn unshared(name: &'static str, limit: u32) -> Self {
@@ -82,7 +85,10 @@ impl Intake {
             permits: Arc::new(Semaphore::new(limit as usize)),
             per_caller: None,
             refused: AtomicU64::new(0),
-            rejections: metrics::counter(metrics::name::LOAD_SHED_REJECTIONS, "Requests refused at a full intake"),
+            rejections: metrics::counter(
+                metrics::name::LOAD_SHED_REJECTIONS,
+                "Requests refused at a full intake",
+            ),
         }
     }
 
@@ -108,7 +114,10 @@ impl<S> Layer<S> for LoadShedLayer {
     type Service = LoadShed<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        LoadShed { inner, intake: self.intake.clone() }
+        LoadShed {
+            inner,
+            intake: self.intake.clone(),
+        }
     }
 }
 
@@ -130,38 +139,79 @@ pin_project! {
 
 /// The refusal of a caller that holds its whole share: 429 over HTTP (it is this caller's doing,
 /// not the server's load), RESOURCE_EXHAUSTED with a pushback over gRPC.
-fn share_refusal<B: Default + From<String>>(grpc: bool, intake: &Intake, share: usize) -> Response<B> {
-    let detail = format!("{}: {share} requests of this client already in progress; retry when one has finished", intake.name);
-    refused(grpc, intake.name, detail, StatusCode::TOO_MANY_REQUESTS, "Too many requests in progress")
+fn share_refusal<B: Default + From<String>>(
+    grpc: bool,
+    intake: &Intake,
+    share: usize,
+) -> Response<B> {
+    let detail = format!(
+        "{}: {share} requests of this client already in progress; retry when one has finished",
+        intake.name
+    );
+    refused(
+        grpc,
+        intake.name,
+        detail,
+        StatusCode::TOO_MANY_REQUESTS,
+        "Too many requests in progress",
+    )
 }
 
 /// The refusal of a request beyond the intake's limit: 503 over HTTP.
 fn refusal<B: Default + From<String>>(grpc: bool, intake: &Intake) -> Response<B> {
-    let detail = format!("{}: {} requests already in progress; retry shortly", intake.name, intake.limit);
-    refused(grpc, intake.name, detail, StatusCode::SERVICE_UNAVAILABLE, "Overloaded")
+    let detail = format!(
+        "{}: {} requests already in progress; retry shortly",
+        intake.name, intake.limit
+    );
+    refused(
+        grpc,
+        intake.name,
+        detail,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Overloaded",
+    )
 }
 
 /// A refusal as problem+json with `Retry-After: 1` over HTTP, or RESOURCE_EXHAUSTED with a
 /// random pushback over gRPC, marked as not executed by the server named `by`.
-pub(crate) fn refused<B: Default + From<String>>(grpc: bool, by: &'static str, detail: String, http_status: StatusCode, title: &str) -> Response<B> {
+pub(crate) fn refused<B: Default + From<String>>(
+    grpc: bool,
+    by: &'static str,
+    detail: String,
+    http_status: StatusCode,
+    title: &str,
+) -> Response<B> {
     if grpc {
         let mut status = Status::resource_exhausted(detail);
         // A generator seeded anew for each refusal, so that refusals do not share one sequence.
-        status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, MetadataValue::from(pushback_ms(&mut HasherRng::default())));
-        status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static(by));
+        status.metadata_mut().insert(
+            wire::RETRY_PUSHBACK_MS,
+            MetadataValue::from(pushback_ms(&mut HasherRng::default())),
+        );
+        status
+            .metadata_mut()
+            .insert(wire::NOT_EXECUTED, MetadataValue::from_static(by));
         return status.into_http();
     }
     let body = serde_json::json!({"type": "about:blank", "title": title, "status": http_status.as_u16(), "detail": detail});
     let mut response = Response::new(B::from(body.to_string()));
     *response.status_mut() = http_status;
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(1));
     response
 }
 
 /// Whether `request` is a gRPC call, to be answered in gRPC's terms.
 pub(crate) fn is_grpc<B>(request: &Request<B>) -> bool {
-    request.headers().get(header::CONTENT_TYPE).is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+    request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for LoadShed<S>
@@ -181,23 +231,42 @@ where
         let grpc = is_grpc(&request);
         // The caller's share first: a caller at its share is refused without taking a place
         // from the others.
-        let place = match (&self.intake.per_caller, request.extensions().get::<Caller>()) {
+        let place = match (
+            &self.intake.per_caller,
+            request.extensions().get::<Caller>(),
+        ) {
             (Some(shares), Some(caller)) => match shares.take(caller) {
                 Some(place) => Some(place),
                 None => {
                     self.intake.refused.fetch_add(1, Ordering::Relaxed);
-                    self.intake.rejections.add(1, &[KeyValue::new("intake", self.intake.name), KeyValue::new("scope", "client")]);
-                    return ResponseFuture::Refused { response: Some(share_refusal(grpc, &self.intake, shares.limit())) };
+                    self.intake.rejections.add(
+                        1,
+                        &[
+                            KeyValue::new("intake", self.intake.name),
+                            KeyValue::new("scope", "client"),
+                        ],
+                    );
+                    return ResponseFuture::Refused {
+                        response: Some(share_refusal(grpc, &self.intake, shares.limit())),
+                    };
                 }
             },
             _ => None,
         };
         match self.intake.permits.clone().try_acquire_owned() {
-            Ok(permit) => ResponseFuture::Admitted { inner: self.inner.call(request), permit, place },
+            Ok(permit) => ResponseFuture::Admitted {
+                inner: self.inner.call(request),
+                permit,
+                place,
+            },
             Err(_) => {
                 self.intake.refused.fetch_add(1, Ordering::Relaxed);
-                self.intake.rejections.add(1, &[KeyValue::new("intake", self.intake.name)]);
-                ResponseFuture::Refused { response: Some(refusal(grpc, &self.intake)) }
+                self.intake
+                    .rejections
+                    .add(1, &[KeyValue::new("intake", self.intake.name)]);
+                ResponseFuture::Refused {
+                    response: Some(refusal(grpc, &self.intake)),
+                }
             }
         }
     }
@@ -211,7 +280,9 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
-            Projection::Refused { response } => Poll::Ready(Ok(response.take().expect("polled after completion"))),
+            Projection::Refused { response } => {
+                Poll::Ready(Ok(response.take().expect("polled after completion")))
+            }
             Projection::Admitted { inner, .. } => inner.poll(cx),
         }
     }
@@ -240,26 +311,49 @@ mod tests {
 
     #[tokio::test]
     async fn callers_refused_together_are_asked_to_come_back_at_different_times() {
-        let busy = service_fn(|_: Request<String>| std::future::pending::<Result<Response<String>, std::convert::Infallible>>());
+        let busy = service_fn(|_: Request<String>| {
+            std::future::pending::<Result<Response<String>, std::convert::Infallible>>()
+        });
         let mut service = LoadShedLayer::new(Intake::new("orders", 1)).layer(busy);
         let _in_progress = service.call(Request::new(String::new()));
         let mut pushbacks = Vec::new();
         for _ in 0..200 {
             let mut request = Request::new(String::new());
-            request.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            request.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/grpc"),
+            );
             let refused = service.call(request).await.unwrap();
             assert_eq!(refused.headers()["grpc-status"], "8");
-            pushbacks.push(refused.headers()[wire::RETRY_PUSHBACK_MS].to_str().unwrap().parse::<u64>().unwrap());
+            pushbacks.push(
+                refused.headers()[wire::RETRY_PUSHBACK_MS]
+                    .to_str()
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap(),
+            );
         }
-        assert!(pushbacks.iter().all(|ms| (100..200).contains(ms)), "{pushbacks:?}");
-        let (shortest, longest) = (pushbacks.iter().min().unwrap(), pushbacks.iter().max().unwrap());
-        assert!(*shortest < 125 && *longest >= 175, "spread over the range: {shortest}..={longest}");
+        assert!(
+            pushbacks.iter().all(|ms| (100..200).contains(ms)),
+            "{pushbacks:?}"
+        );
+        let (shortest, longest) = (
+            pushbacks.iter().min().unwrap(),
+            pushbacks.iter().max().unwrap(),
+        );
+        assert!(
+            *shortest < 125 && *longest >= 175,
+            "spread over the range: {shortest}..={longest}"
+        );
     }
 
     #[tokio::test]
     async fn one_caller_holds_its_share_and_leaves_the_rest_to_the_others() {
-        let busy = service_fn(|_: Request<String>| std::future::pending::<Result<Response<String>, std::convert::Infallible>>());
-        let mut service = LoadShedLayer::new(Intake::with_caller_share("creates", 3, 2)).layer(busy);
+        let busy = service_fn(|_: Request<String>| {
+            std::future::pending::<Result<Response<String>, std::convert::Infallible>>()
+        });
+        let mut service =
+            LoadShedLayer::new(Intake::with_caller_share("creates", 3, 2)).layer(busy);
         let as_caller = |name: &str| {
             let mut request = Request::new(String::new());
             request.extensions_mut().insert(Caller(Arc::from(name)));
@@ -272,10 +366,17 @@ mod tests {
         assert_eq!(refused.headers()[header::RETRY_AFTER], "1");
         // The greedy caller's refusal took no place: another caller still gets the last one.
         let _other = service.call(as_caller("other"));
-        assert_eq!(service.call(as_caller("third")).await.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE, "the shared limit holds");
+        assert_eq!(
+            service.call(as_caller("third")).await.unwrap().status(),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the shared limit holds"
+        );
         // A finished request gives its place back to its caller.
         drop(first);
-        assert!(matches!(service.call(as_caller("greedy")), ResponseFuture::Admitted { .. }));
+        assert!(matches!(
+            service.call(as_caller("greedy")),
+            ResponseFuture::Admitted { .. }
+        ));
         drop(second);
     }
 }

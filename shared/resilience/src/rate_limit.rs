@@ -45,7 +45,10 @@ impl QuotaSettings {
     /// burst than the quota, and exactly the quota when it divides evenly.
     pub fn share(self, holders: u32) -> Self {
         let holders = holders.max(1);
-        Self { per_second: self.per_second.div_ceil(holders), burst: self.burst.div_ceil(holders) }
+        Self {
+            per_second: self.per_second.div_ceil(holders),
+            burst: self.burst.div_ceil(holders),
+        }
     }
 
     /// The time a full burst takes to replenish: the window of the quota, in whole seconds.
@@ -80,9 +83,16 @@ impl<C: Clock + Clone> Limiter<C> {
         let one = NonZeroU32::MIN;
         let per_second = NonZeroU32::new(quota.per_second).unwrap_or(one);
         let burst = NonZeroU32::new(quota.burst).unwrap_or(one);
-        let limiter = RateLimiter::direct_with_clock(governor::Quota::per_second(per_second).allow_burst(burst), clock.clone())
-            .with_middleware::<StateInformationMiddleware>();
-        Self { quota, limiter, clock }
+        let limiter = RateLimiter::direct_with_clock(
+            governor::Quota::per_second(per_second).allow_burst(burst),
+            clock.clone(),
+        )
+        .with_middleware::<StateInformationMiddleware>();
+        Self {
+            quota,
+            limiter,
+            clock,
+        }
     }
 
     pub fn quota(&self) -> QuotaSettings {
@@ -91,8 +101,12 @@ impl<C: Clock + Clone> Limiter<C> {
 
     pub fn check(&self) -> Decision {
         match self.limiter.check() {
-            Ok(state) => Decision::Allowed { remaining: state.remaining_burst_capacity() },
-            Err(not_until) => Decision::Limited { retry_after: not_until.wait_time_from(self.clock.now()) },
+            Ok(state) => Decision::Allowed {
+                remaining: state.remaining_burst_capacity(),
+            },
+            Err(not_until) => Decision::Limited {
+                retry_after: not_until.wait_time_from(self.clock.now()),
+            },
         }
     }
 }
@@ -110,8 +124,13 @@ impl From<OverOwnQuota> for Status {
     fn from(over: OverOwnQuota) -> Self {
         let wait_ms = crate::retry::wait_millis(over.retry_after).max(1);
         let mut status = Status::resource_exhausted(over.to_string());
-        status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, MetadataValue::from(wait_ms));
-        status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static(over.dependency));
+        status
+            .metadata_mut()
+            .insert(wire::RETRY_PUSHBACK_MS, MetadataValue::from(wait_ms));
+        status.metadata_mut().insert(
+            wire::NOT_EXECUTED,
+            MetadataValue::from_static(over.dependency),
+        );
         status
     }
 }
@@ -147,7 +166,11 @@ impl SelfLimitLayer {
                 dependency,
                 limiter: Limiter::new(quota),
                 rejections: rejections_counter(),
-                labels: [KeyValue::new("scope", "dependency"), KeyValue::new(attr::HOP, hop), KeyValue::new("name", dependency)],
+                labels: [
+                    KeyValue::new("scope", "dependency"),
+                    KeyValue::new(attr::HOP, hop),
+                    KeyValue::new("name", dependency),
+                ],
             })
         });
         Self { quota }
@@ -156,14 +179,20 @@ impl SelfLimitLayer {
 
 /// The counter of every quota refusal, at the edge and toward dependencies.
 pub fn rejections_counter() -> Counter<u64> {
-    metrics::counter(metrics::name::RATE_LIMIT_REJECTIONS, "Requests refused for a quota")
+    metrics::counter(
+        metrics::name::RATE_LIMIT_REJECTIONS,
+        "Requests refused for a quota",
+    )
 }
 
 impl<S> Layer<S> for SelfLimitLayer {
     type Service = SelfLimit<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        SelfLimit { inner, quota: self.quota.clone() }
+        SelfLimit {
+            inner,
+            quota: self.quota.clone(),
+        }
     }
 }
 
@@ -193,11 +222,19 @@ where
         if let Some(quota) = &self.quota
             && let Decision::Limited { retry_after } = quota.limiter.check()
         {
-            let over = OverOwnQuota { dependency: quota.dependency, per_second: quota.limiter.quota().per_second, retry_after };
+            let over = OverOwnQuota {
+                dependency: quota.dependency,
+                per_second: quota.limiter.quota().per_second,
+                retry_after,
+            };
             quota.rejections.add(1, &quota.labels);
-            return SelfLimitFuture::Refused { response: Some(Status::from(over).into_http()) };
+            return SelfLimitFuture::Refused {
+                response: Some(Status::from(over).into_http()),
+            };
         }
-        SelfLimitFuture::Called { inner: self.inner.call(request) }
+        SelfLimitFuture::Called {
+            inner: self.inner.call(request),
+        }
     }
 }
 
@@ -209,7 +246,9 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
-            Projection::Refused { response } => Poll::Ready(Ok(response.take().expect("polled after completion"))),
+            Projection::Refused { response } => {
+                Poll::Ready(Ok(response.take().expect("polled after completion")))
+            }
             Projection::Called { inner } => inner.poll(cx),
         }
     }
@@ -221,29 +260,63 @@ mod tests {
 
     #[test]
     fn a_burst_is_allowed_then_the_excess_waits_for_the_rate() {
-        let limiter = Limiter::new(QuotaSettings { per_second: 10, burst: 3 });
+        let limiter = Limiter::new(QuotaSettings {
+            per_second: 10,
+            burst: 3,
+        });
         assert_eq!(limiter.check(), Decision::Allowed { remaining: 2 });
         assert_eq!(limiter.check(), Decision::Allowed { remaining: 1 });
         assert_eq!(limiter.check(), Decision::Allowed { remaining: 0 });
-        let Decision::Limited { retry_after } = limiter.check() else { panic!("over the burst") };
-        assert!(retry_after <= Duration::from_millis(100), "one request every 100 ms: {retry_after:?}");
+        let Decision::Limited { retry_after } = limiter.check() else {
+            panic!("over the burst")
+        };
+        assert!(
+            retry_after <= Duration::from_millis(100),
+            "one request every 100 ms: {retry_after:?}"
+        );
     }
 
     #[test]
     fn tokens_come_back_at_the_rate_and_never_beyond_the_burst() {
         let clock = governor::clock::FakeRelativeClock::default();
-        let limiter = Limiter::with_clock(QuotaSettings { per_second: 10, burst: 3 }, clock.clone());
+        let limiter = Limiter::with_clock(
+            QuotaSettings {
+                per_second: 10,
+                burst: 3,
+            },
+            clock.clone(),
+        );
         for remaining in [2, 1, 0] {
             assert_eq!(limiter.check(), Decision::Allowed { remaining });
         }
-        assert_eq!(limiter.check(), Decision::Limited { retry_after: Duration::from_millis(100) }, "one token every 100 ms");
+        assert_eq!(
+            limiter.check(),
+            Decision::Limited {
+                retry_after: Duration::from_millis(100)
+            },
+            "one token every 100 ms"
+        );
         clock.advance(Duration::from_millis(60));
-        assert_eq!(limiter.check(), Decision::Limited { retry_after: Duration::from_millis(40) }, "the rest of the wait");
+        assert_eq!(
+            limiter.check(),
+            Decision::Limited {
+                retry_after: Duration::from_millis(40)
+            },
+            "the rest of the wait"
+        );
         clock.advance(Duration::from_millis(40));
-        assert_eq!(limiter.check(), Decision::Allowed { remaining: 0 }, "one token back, and spent");
+        assert_eq!(
+            limiter.check(),
+            Decision::Allowed { remaining: 0 },
+            "one token back, and spent"
+        );
         clock.advance(Duration::from_secs(60));
         for remaining in [2, 1, 0] {
-            assert_eq!(limiter.check(), Decision::Allowed { remaining }, "a long pause gives back the burst, no more");
+            assert_eq!(
+                limiter.check(),
+                Decision::Allowed { remaining },
+                "a long pause gives back the burst, no more"
+            );
         }
         assert!(matches!(limiter.check(), Decision::Limited { .. }));
     }
@@ -253,9 +326,14 @@ mod tests {
     /// quota's burst and rate, not twice them.
     #[test]
     fn replicas_that_each_keep_a_share_hold_a_client_to_the_whole_quota() {
-        let quota = QuotaSettings { per_second: 100, burst: 50 };
+        let quota = QuotaSettings {
+            per_second: 100,
+            burst: 50,
+        };
         let clock = governor::clock::FakeRelativeClock::default();
-        let replicas: Vec<Limiter<_>> = (0..2).map(|_| Limiter::with_clock(quota.share(2), clock.clone())).collect();
+        let replicas: Vec<Limiter<_>> = (0..2)
+            .map(|_| Limiter::with_clock(quota.share(2), clock.clone()))
+            .collect();
         let mut admitted = 0;
         for tick in 0..10_000 {
             // A request every millisecond, to each replica in turn.
@@ -265,21 +343,57 @@ mod tests {
             clock.advance(Duration::from_millis(1));
         }
         let allowed = quota.burst + 10 * quota.per_second;
-        assert!(admitted <= allowed && admitted >= allowed - 2, "{admitted} admitted; the quota allows {allowed}");
+        assert!(
+            admitted <= allowed && admitted >= allowed - 2,
+            "{admitted} admitted; the quota allows {allowed}"
+        );
     }
 
     #[test]
     fn shares_round_up_and_are_never_zero() {
-        let quota = QuotaSettings { per_second: 5, burst: 10 };
+        let quota = QuotaSettings {
+            per_second: 5,
+            burst: 10,
+        };
         assert_eq!(quota.share(1), quota);
-        assert_eq!(quota.share(2), QuotaSettings { per_second: 3, burst: 5 });
+        assert_eq!(
+            quota.share(2),
+            QuotaSettings {
+                per_second: 3,
+                burst: 5
+            }
+        );
         assert_eq!(quota.share(0), quota, "no replica is taken as one");
-        assert_eq!(QuotaSettings { per_second: 1, burst: 1 }.share(3), QuotaSettings { per_second: 1, burst: 1 });
+        assert_eq!(
+            QuotaSettings {
+                per_second: 1,
+                burst: 1
+            }
+            .share(3),
+            QuotaSettings {
+                per_second: 1,
+                burst: 1
+            }
+        );
     }
 
     #[test]
     fn the_window_is_the_time_a_burst_takes_to_return() {
-        assert_eq!(QuotaSettings { per_second: 10, burst: 20 }.window_secs(), 2);
-        assert_eq!(QuotaSettings { per_second: 100, burst: 1 }.window_secs(), 1);
+        assert_eq!(
+            QuotaSettings {
+                per_second: 10,
+                burst: 20
+            }
+            .window_secs(),
+            2
+        );
+        assert_eq!(
+            QuotaSettings {
+                per_second: 100,
+                burst: 1
+            }
+            .window_secs(),
+            1
+        );
     }
 }

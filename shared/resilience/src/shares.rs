@@ -18,7 +18,10 @@ pub struct Shares<K> {
 impl<K: Eq + Hash + Clone> Shares<K> {
     /// At most `limit` places per key (at least 1).
     pub fn new(limit: usize) -> Self {
-        Self { limit: limit.max(1), held: Arc::default() }
+        Self {
+            limit: limit.max(1),
+            held: Arc::default(),
+        }
     }
 
     pub fn limit(&self) -> usize {
@@ -27,13 +30,19 @@ impl<K: Eq + Hash + Clone> Shares<K> {
 
     /// A place for `key`, or `None` when it holds all of its share.
     pub fn take(&self, key: &K) -> Option<Share<K>> {
-        let mut held = self.held.lock().expect("the shares' table is never poisoned");
+        let mut held = self
+            .held
+            .lock()
+            .expect("the shares' table is never poisoned");
         let count = held.entry(key.clone()).or_default();
         if *count >= self.limit {
             return None;
         }
         *count += 1;
-        Some(Share { key: key.clone(), held: self.held.clone() })
+        Some(Share {
+            key: key.clone(),
+            held: self.held.clone(),
+        })
     }
 }
 
@@ -46,7 +55,10 @@ pub struct Share<K: Eq + Hash> {
 
 impl<K: Eq + Hash> Drop for Share<K> {
     fn drop(&mut self) {
-        let mut held = self.held.lock().expect("the shares' table is never poisoned");
+        let mut held = self
+            .held
+            .lock()
+            .expect("the shares' table is never poisoned");
         if let Some(count) = held.get_mut(&self.key) {
             *count -= 1;
             if *count == 0 {

@@ -25,7 +25,12 @@ type Answer = Result<&'static str, Status>;
 
 /// The gateway's forwarding toward orders, as configured by default: keep up to 20 ms, never call
 /// with under 50 ms.
-const TO_ORDERS: ForwardPolicy = ForwardPolicy { reserve_ms: 20, reserve_max_share: 0.2, cap_ms: None, min_forward_ms: 50 };
+const TO_ORDERS: ForwardPolicy = ForwardPolicy {
+    reserve_ms: 20,
+    reserve_max_share: 0.2,
+    cap_ms: None,
+    min_forward_ms: 50,
+};
 
 const fn ms(millis: u64) -> Duration {
     Duration::from_millis(millis)
@@ -40,7 +45,9 @@ fn unavailable() -> Status {
 }
 
 fn with_pushback(mut status: Status, millis: &str) -> Status {
-    status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, millis.parse().unwrap());
+    status
+        .metadata_mut()
+        .insert(wire::RETRY_PUSHBACK_MS, millis.parse().unwrap());
     status
 }
 
@@ -68,7 +75,11 @@ struct Bank {
 
 impl Bank {
     fn new(script: impl IntoIterator<Item = Answer>) -> Self {
-        Self { script: Arc::new(Mutex::new(script.into_iter().collect())), log: Arc::default(), takes: Duration::ZERO }
+        Self {
+            script: Arc::new(Mutex::new(script.into_iter().collect())),
+            log: Arc::default(),
+            takes: Duration::ZERO,
+        }
     }
 
     /// Every attempt takes `takes` before it answers.
@@ -81,7 +92,9 @@ impl Bank {
         self.log.lock().unwrap().clone()
     }
 
-    fn service(&self) -> impl Service<Call<&'static str>, Response = &'static str, Error = Status> + Clone {
+    fn service(
+        &self,
+    ) -> impl Service<Call<&'static str>, Response = &'static str, Error = Status> + Clone {
         let bank = self.clone();
         service_fn(move |call: Call<&'static str>| {
             let bank = bank.clone();
@@ -89,12 +102,25 @@ impl Bank {
                 let started = Instant::now();
                 let previous_attempts = call.previous_attempts;
                 let request = call.into_request();
-                let header = request.metadata().get(wire::PREVIOUS_ATTEMPTS).map(|value| value.to_str().unwrap().to_owned());
+                let header = request
+                    .metadata()
+                    .get(wire::PREVIOUS_ATTEMPTS)
+                    .map(|value| value.to_str().unwrap().to_owned());
                 if !bank.takes.is_zero() {
                     sleep(bank.takes).await;
                 }
-                let answer = bank.script.lock().unwrap().pop_front().expect("more attempts than scripted");
-                bank.log.lock().unwrap().push(Attempt { started, answered: Instant::now(), previous_attempts, header });
+                let answer = bank
+                    .script
+                    .lock()
+                    .unwrap()
+                    .pop_front()
+                    .expect("more attempts than scripted");
+                bank.log.lock().unwrap().push(Attempt {
+                    started,
+                    answered: Instant::now(),
+                    previous_attempts,
+                    header,
+                });
                 answer
             }
         })
@@ -112,9 +138,16 @@ struct Probe {
 impl<R> Policy<Call<&'static str>, R, Status> for Probe {
     type Future = Sleep;
 
-    fn retry(&mut self, call: &mut Call<&'static str>, result: &mut Result<R, Status>) -> Option<Sleep> {
+    fn retry(
+        &mut self,
+        call: &mut Call<&'static str>,
+        result: &mut Result<R, Status>,
+    ) -> Option<Sleep> {
         let wait = Policy::<Call<&'static str>, R, Status>::retry(&mut self.policy, call, result)?;
-        self.waits.lock().unwrap().push(wait.deadline() - Instant::now());
+        self.waits
+            .lock()
+            .unwrap()
+            .push(wait.deadline() - Instant::now());
         Some(wait)
     }
 
@@ -125,7 +158,11 @@ impl<R> Policy<Call<&'static str>, R, Status> for Probe {
 
 /// Runs `future` as the gateway does: inside a hop whose deadline is `budget` from now.
 async fn in_hop<F: Future>(budget: Duration, future: F) -> F::Output {
-    let hop = Arc::new(Hop::new("gateway", Deadline::after(Instant::now(), budget), HopStats::new()));
+    let hop = Arc::new(Hop::new(
+        "gateway",
+        Deadline::after(Instant::now(), budget),
+        HopStats::new(),
+    ));
     Hop::scope(hop, future).await
 }
 
@@ -140,17 +177,31 @@ struct Run {
 /// One operation at the gateway: `Retry` with `policy` around `bank`, under a `budget` deadline.
 async fn operation(policy: &RetryPolicy, bank: &Bank, budget: Duration) -> Run {
     let waits = Arc::new(Mutex::new(Vec::new()));
-    let retry = Retry::new(Probe { policy: policy.clone(), waits: Arc::clone(&waits) }, bank.service());
+    let retry = Retry::new(
+        Probe {
+            policy: policy.clone(),
+            waits: Arc::clone(&waits),
+        },
+        bank.service(),
+    );
     let start = Instant::now();
     let result = in_hop(budget, retry.oneshot(call())).await;
     let took = start.elapsed();
     let waits = waits.lock().unwrap().clone();
-    Run { result, attempts: bank.attempts(), waits, took }
+    Run {
+        result,
+        attempts: bank.attempts(),
+        waits,
+        took,
+    }
 }
 
 /// Time between one attempt's answer and the next attempt's start, as the bank sees it.
 fn gaps(attempts: &[Attempt]) -> Vec<Duration> {
-    attempts.windows(2).map(|pair| pair[1].started - pair[0].answered).collect()
+    attempts
+        .windows(2)
+        .map(|pair| pair[1].started - pair[0].answered)
+        .collect()
 }
 
 #[tokio::test(start_paused = true)]
@@ -173,7 +224,15 @@ async fn non_retryable_codes_get_exactly_one_attempt() {
         let run = operation(&policy, &bank, ms(5_000)).await;
         assert_eq!(run.attempts.len(), 1, "{code:?}");
         assert_eq!(run.result.unwrap_err().code(), code);
-        assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 1, stopped_non_retryable: 1, ..Default::default() }, "{code:?}");
+        assert_eq!(
+            policy.stats(),
+            RetryStatsSnapshot {
+                requests: 1,
+                stopped_non_retryable: 1,
+                ..Default::default()
+            },
+            "{code:?}"
+        );
     }
 }
 
@@ -184,21 +243,48 @@ async fn unavailable_twice_then_ok_backs_off_doubling_with_jitter() {
     let run = operation(&policy, &bank, ms(5_000)).await;
 
     assert_eq!(run.result.unwrap(), "paid");
-    let previous: Vec<u32> = run.attempts.iter().map(|attempt| attempt.previous_attempts).collect();
+    let previous: Vec<u32> = run
+        .attempts
+        .iter()
+        .map(|attempt| attempt.previous_attempts)
+        .collect();
     assert_eq!(previous, [0, 1, 2]);
-    let headers: Vec<Option<&str>> = run.attempts.iter().map(|attempt| attempt.header.as_deref()).collect();
+    let headers: Vec<Option<&str>> = run
+        .attempts
+        .iter()
+        .map(|attempt| attempt.header.as_deref())
+        .collect();
     assert_eq!(headers, [None, Some("1"), Some("2")]);
 
     // base·2^(n−1) plus a random part of the same size: [200, 400) ms, then [400, 800) ms.
     assert_eq!(run.waits.len(), 2);
-    assert!((ms(200)..ms(400)).contains(&run.waits[0]), "first wait {:?}", run.waits[0]);
-    assert!((ms(400)..ms(800)).contains(&run.waits[1]), "second wait {:?}", run.waits[1]);
+    assert!(
+        (ms(200)..ms(400)).contains(&run.waits[0]),
+        "first wait {:?}",
+        run.waits[0]
+    );
+    assert!(
+        (ms(400)..ms(800)).contains(&run.waits[1]),
+        "second wait {:?}",
+        run.waits[1]
+    );
     // The bank sees each wait, rounded up to the timer's 1 ms tick.
     for (gap, wait) in gaps(&run.attempts).into_iter().zip(&run.waits) {
-        assert!(gap >= *wait && gap < *wait + ms(1), "gap {gap:?} for wait {wait:?}");
+        assert!(
+            gap >= *wait && gap < *wait + ms(1),
+            "gap {gap:?} for wait {wait:?}"
+        );
     }
 
-    assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 1, retries: 2, stopped_success: 1, ..Default::default() });
+    assert_eq!(
+        policy.stats(),
+        RetryStatsSnapshot {
+            requests: 1,
+            retries: 2,
+            stopped_success: 1,
+            ..Default::default()
+        }
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -209,7 +295,15 @@ async fn always_unavailable_stops_after_max_attempts() {
 
     assert_eq!(run.attempts.len(), 3);
     assert_eq!(run.result.unwrap_err().code(), Code::Unavailable);
-    assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 1, retries: 2, stopped_attempts: 1, ..Default::default() });
+    assert_eq!(
+        policy.stats(),
+        RetryStatsSnapshot {
+            requests: 1,
+            retries: 2,
+            stopped_attempts: 1,
+            ..Default::default()
+        }
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -225,13 +319,27 @@ async fn pushback_is_waited_exactly_from_the_failed_answer() {
     // The server's wait replaces the backoff: no jitter, no base.
     assert_eq!(run.waits, [ms(300)]);
     assert_eq!(run.attempts[1].started - run.attempts[0].answered, ms(300));
-    assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 1, retries: 1, stopped_success: 1, ..Default::default() });
+    assert_eq!(
+        policy.stats(),
+        RetryStatsSnapshot {
+            requests: 1,
+            retries: 1,
+            stopped_success: 1,
+            ..Default::default()
+        }
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn pushback_beyond_the_deadline_returns_the_error_at_once() {
     let policy = retry_policy(RetrySettings::default());
-    let bank = Bank::new([Err(with_pushback(Status::resource_exhausted("slow down"), "5000")), Ok("too late")]);
+    let bank = Bank::new([
+        Err(with_pushback(
+            Status::resource_exhausted("slow down"),
+            "5000",
+        )),
+        Ok("too late"),
+    ]);
     // 1 s left cannot hold a 5 s wait: waiting part of it would only return the same error later.
     let run = operation(&policy, &bank, ms(1_000)).await;
 
@@ -240,8 +348,23 @@ async fn pushback_beyond_the_deadline_returns_the_error_at_once() {
     let status = run.result.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
     // The caller gets the server's own answer, pushback included, to pass on or obey.
-    assert_eq!(status.metadata().get(wire::RETRY_PUSHBACK_MS).unwrap().to_str().unwrap(), "5000");
-    assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 1, stopped_pushback: 1, ..Default::default() });
+    assert_eq!(
+        status
+            .metadata()
+            .get(wire::RETRY_PUSHBACK_MS)
+            .unwrap()
+            .to_str()
+            .unwrap(),
+        "5000"
+    );
+    assert_eq!(
+        policy.stats(),
+        RetryStatsSnapshot {
+            requests: 1,
+            stopped_pushback: 1,
+            ..Default::default()
+        }
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -252,15 +375,32 @@ async fn negative_pushback_means_do_not_retry() {
     let run = operation(&policy, &bank, ms(5_000)).await;
     assert_eq!(run.attempts.len(), 1);
     assert_eq!(run.result.unwrap_err().code(), Code::Unavailable);
-    assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 1, stopped_pushback: 1, ..Default::default() });
+    assert_eq!(
+        policy.stats(),
+        RetryStatsSnapshot {
+            requests: 1,
+            stopped_pushback: 1,
+            ..Default::default()
+        }
+    );
 
     // RESOURCE_EXHAUSTED with "-1": one attempt as well, stopped because the server said so.
     let policy = retry_policy(RetrySettings::default());
-    let bank = Bank::new([Err(with_pushback(Status::resource_exhausted("slow down"), "-1")), Ok("paid")]);
+    let bank = Bank::new([
+        Err(with_pushback(Status::resource_exhausted("slow down"), "-1")),
+        Ok("paid"),
+    ]);
     let run = operation(&policy, &bank, ms(5_000)).await;
     assert_eq!(run.attempts.len(), 1);
     assert_eq!(run.result.unwrap_err().code(), Code::ResourceExhausted);
-    assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 1, stopped_pushback: 1, ..Default::default() });
+    assert_eq!(
+        policy.stats(),
+        RetryStatsSnapshot {
+            requests: 1,
+            stopped_pushback: 1,
+            ..Default::default()
+        }
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -275,7 +415,14 @@ async fn no_retry_when_the_deadline_cannot_hold_backoff_plus_an_attempt() {
     assert_eq!(run.result.unwrap_err().code(), Code::Unavailable);
     // Returned as soon as the attempt failed: no backoff slept first.
     assert_eq!(run.took, ms(100));
-    assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 1, stopped_deadline: 1, ..Default::default() });
+    assert_eq!(
+        policy.stats(),
+        RetryStatsSnapshot {
+            requests: 1,
+            stopped_deadline: 1,
+            ..Default::default()
+        }
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -287,7 +434,15 @@ async fn retry_is_made_when_the_deadline_holds_it() {
 
     assert_eq!(run.attempts.len(), 2);
     assert_eq!(run.result.unwrap(), "paid");
-    assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 1, retries: 1, stopped_success: 1, ..Default::default() });
+    assert_eq!(
+        policy.stats(),
+        RetryStatsSnapshot {
+            requests: 1,
+            retries: 1,
+            stopped_success: 1,
+            ..Default::default()
+        }
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -296,7 +451,10 @@ async fn the_time_of_successful_attempts_counts_against_the_deadline() {
     // A successful attempt of 2 s moves the expected attempt time from 50 ms to
     // 0.8·50 + 0.2·2000 = 440 ms.
     let slow = Bank::new([Ok("paid")]).taking(ms(2_000));
-    assert_eq!(operation(&policy, &slow, ms(2_500)).await.result.unwrap(), "paid");
+    assert_eq!(
+        operation(&policy, &slow, ms(2_500)).await.result.unwrap(),
+        "paid"
+    );
     // With 500 ms left the 50 ms default would have let any backoff (< 400 ms) through, but the
     // shortest backoff plus 440 ms (640 ms) does not fit.
     let bank = Bank::new([Err(unavailable()), Ok("too late")]);
@@ -304,7 +462,15 @@ async fn the_time_of_successful_attempts_counts_against_the_deadline() {
 
     assert_eq!(run.attempts.len(), 1);
     assert_eq!(run.result.unwrap_err().code(), Code::Unavailable);
-    assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 2, stopped_success: 1, stopped_deadline: 1, ..Default::default() });
+    assert_eq!(
+        policy.stats(),
+        RetryStatsSnapshot {
+            requests: 2,
+            stopped_success: 1,
+            stopped_deadline: 1,
+            ..Default::default()
+        }
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -313,11 +479,21 @@ async fn failed_attempts_and_other_operations_leave_the_estimate_alone() {
     // Another operation's slow successes are its own.
     let reads = policy.for_operation();
     let slow = Bank::new([Ok("order")]).taking(ms(2_000));
-    assert_eq!(operation(&reads, &slow, ms(2_500)).await.result.unwrap(), "order");
+    assert_eq!(
+        operation(&reads, &slow, ms(2_500)).await.result.unwrap(),
+        "order"
+    );
     // A failed attempt of 2 s says nothing about how long an answer takes: with 500 ms left a
     // backoff of 200 to 400 ms still leaves the 50 ms an attempt is assumed to need.
     let first_slow = Bank::new([Err(unavailable())]).taking(ms(2_000));
-    assert_eq!(operation(&policy, &first_slow, ms(2_100)).await.attempts.len(), 1, "no time left for a retry");
+    assert_eq!(
+        operation(&policy, &first_slow, ms(2_100))
+            .await
+            .attempts
+            .len(),
+        1,
+        "no time left for a retry"
+    );
     let bank = Bank::new([Err(unavailable()), Ok("paid")]);
     let run = operation(&policy, &bank, ms(500)).await;
     assert_eq!((run.attempts.len(), run.result.unwrap()), (2, "paid"));
@@ -328,19 +504,44 @@ async fn a_retry_must_leave_the_hop_its_reserve_and_the_dependency_its_minimum()
     let policy = retry_policy(RetrySettings::default());
     // The pushback of 340 ms leaves 60 ms of 400: enough for the 50 ms an attempt takes, but the
     // gateway keeps 12 ms of it (20 %) and orders would get 48 ms, under its 50 ms minimum.
-    let bank = Bank::new([Err(with_pushback(Status::resource_exhausted("slow down"), "340")), Ok("paid")]);
+    let bank = Bank::new([
+        Err(with_pushback(
+            Status::resource_exhausted("slow down"),
+            "340",
+        )),
+        Ok("paid"),
+    ]);
     let run = operation(&policy, &bank, ms(400)).await;
     assert_eq!(run.attempts.len(), 1);
-    assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 1, stopped_pushback: 1, ..Default::default() });
+    assert_eq!(
+        policy.stats(),
+        RetryStatsSnapshot {
+            requests: 1,
+            stopped_pushback: 1,
+            ..Default::default()
+        }
+    );
     // 40 ms less pushback, and the retry fits.
-    let bank = Bank::new([Err(with_pushback(Status::resource_exhausted("slow down"), "300")), Ok("paid")]);
-    assert_eq!(operation(&policy, &bank, ms(400)).await.result.unwrap(), "paid");
+    let bank = Bank::new([
+        Err(with_pushback(
+            Status::resource_exhausted("slow down"),
+            "300",
+        )),
+        Ok("paid"),
+    ]);
+    assert_eq!(
+        operation(&policy, &bank, ms(400)).await.result.unwrap(),
+        "paid"
+    );
 }
 
 fn expired(slice: Option<Slice>) -> Status {
     let mut status = Status::deadline_exceeded("orders did not answer in time");
     if let Some(slice) = slice {
-        status.metadata_mut().insert(wire::DEADLINE_SLICE, slice.header_value().to_str().unwrap().parse().unwrap());
+        status.metadata_mut().insert(
+            wire::DEADLINE_SLICE,
+            slice.header_value().to_str().unwrap().parse().unwrap(),
+        );
     }
     status
 }
@@ -352,12 +553,19 @@ async fn an_expiry_is_retried_only_when_its_slice_was_capped_and_fits_again() {
     for slice in [None, Some(Slice::new(ms(1_800), false))] {
         let bank = Bank::new([Err(expired(slice)), Ok("paid")]);
         let run = operation(&policy, &bank, ms(2_000)).await;
-        assert_eq!((run.attempts.len(), run.result.unwrap_err().code()), (1, Code::DeadlineExceeded), "{slice:?}");
+        assert_eq!(
+            (run.attempts.len(), run.result.unwrap_err().code()),
+            (1, Code::DeadlineExceeded),
+            "{slice:?}"
+        );
     }
     assert_eq!(policy.stats().stopped_deadline, 2);
     // A capped 300 ms slice, with time left for another 300 ms after the backoff.
     let bank = Bank::new([Err(expired(Some(Slice::new(ms(300), true)))), Ok("paid")]);
-    assert_eq!(operation(&policy, &bank, ms(2_000)).await.result.unwrap(), "paid");
+    assert_eq!(
+        operation(&policy, &bank, ms(2_000)).await.result.unwrap(),
+        "paid"
+    );
     // A capped 300 ms slice with 500 ms left: after a backoff of at least 200 ms another 300 ms
     // (plus the gateway's reserve) does not fit.
     let bank = Bank::new([Err(expired(Some(Slice::new(ms(300), true)))), Ok("paid")]);
@@ -366,13 +574,25 @@ async fn an_expiry_is_retried_only_when_its_slice_was_capped_and_fits_again() {
 
 #[tokio::test(start_paused = true)]
 async fn a_failure_the_edge_stopped_retrying_for_its_limits_is_marked_for_its_clients() {
-    let policy = retry_policy(RetrySettings { max_attempts: 2, ..Default::default() });
+    let policy = retry_policy(RetrySettings {
+        max_attempts: 2,
+        ..Default::default()
+    });
     let bank = Bank::new([Err(unavailable()), Err(unavailable())]);
-    let failure = operation(&policy, &bank, ms(2_000)).await.result.unwrap_err();
-    assert_eq!(failure.metadata().get(wire::RETRIES_SPENT).unwrap(), "attempts");
+    let failure = operation(&policy, &bank, ms(2_000))
+        .await
+        .result
+        .unwrap_err();
+    assert_eq!(
+        failure.metadata().get(wire::RETRIES_SPENT).unwrap(),
+        "attempts"
+    );
     // A failure no retry could fix is not marked: the client may well send a corrected request.
     let bank = Bank::new([Err(Status::invalid_argument("bad amount"))]);
-    let failure = operation(&policy, &bank, ms(2_000)).await.result.unwrap_err();
+    let failure = operation(&policy, &bank, ms(2_000))
+        .await
+        .result
+        .unwrap_err();
     assert!(failure.metadata().get(wire::RETRIES_SPENT).is_none());
 }
 
@@ -380,11 +600,20 @@ async fn a_failure_the_edge_stopped_retrying_for_its_limits_is_marked_for_its_cl
 async fn a_failure_after_retries_says_how_many_attempts_came_before_it() {
     let policy = retry_policy(RetrySettings::default());
     let bank = Bank::new([Err(unavailable()), Err(unavailable()), Err(unavailable())]);
-    let failure = operation(&policy, &bank, ms(10_000)).await.result.unwrap_err();
-    assert_eq!(failure.metadata().get(wire::PREVIOUS_ATTEMPTS).unwrap(), "2");
+    let failure = operation(&policy, &bank, ms(10_000))
+        .await
+        .result
+        .unwrap_err();
+    assert_eq!(
+        failure.metadata().get(wire::PREVIOUS_ATTEMPTS).unwrap(),
+        "2"
+    );
     // The only attempt's failure says nothing: there was none before it.
     let bank = Bank::new([Err(Status::invalid_argument("bad amount"))]);
-    let failure = operation(&policy, &bank, ms(2_000)).await.result.unwrap_err();
+    let failure = operation(&policy, &bank, ms(2_000))
+        .await
+        .result
+        .unwrap_err();
     assert!(failure.metadata().get(wire::PREVIOUS_ATTEMPTS).is_none());
 }
 
@@ -394,7 +623,11 @@ async fn retry_budget_caps_retries_at_ten_percent_of_requests() {
     // which would otherwise stop every retry after ten failures. A retry is allowed while the
     // window's retries are fewer than 10 % of its requests: the first operation gets one, then
     // every tenth. The ten backoffs take about 3 s, well inside the 10 s window.
-    let policy = retry_policy(RetrySettings { budget_min_per_sec: 0, throttle_max_tokens: 0, ..Default::default() });
+    let policy = retry_policy(RetrySettings {
+        budget_min_per_sec: 0,
+        throttle_max_tokens: 0,
+        ..Default::default()
+    });
     let bank = Bank::new(repeat_with(|| Err(unavailable())).take(300));
     let retry = Retry::new(policy.clone(), bank.service());
     for _ in 0..100 {
@@ -404,7 +637,15 @@ async fn retry_budget_caps_retries_at_ten_percent_of_requests() {
     }
 
     // The retried ones failed again, and their third attempt was refused by the budget too.
-    assert_eq!(policy.stats(), RetryStatsSnapshot { requests: 100, retries: 10, stopped_budget: 100, ..Default::default() });
+    assert_eq!(
+        policy.stats(),
+        RetryStatsSnapshot {
+            requests: 100,
+            retries: 10,
+            stopped_budget: 100,
+            ..Default::default()
+        }
+    );
     assert_eq!(bank.attempts().len(), 110);
     // Which operations were retried, counted by the first attempts before each retry.
     let mut operations = 0;
@@ -426,7 +667,10 @@ async fn retry_budget_caps_retries_at_ten_percent_of_requests() {
 async fn first_backoff_is_spread_over_one_base() {
     // One policy for all operations, as at the gateway: each request must still draw its own
     // jitter. budget_percent 1 lets every request fund its own retry, so the budget stays out of it.
-    let policy = retry_policy(RetrySettings { budget_percent: 1.0, ..Default::default() });
+    let policy = retry_policy(RetrySettings {
+        budget_percent: 1.0,
+        ..Default::default()
+    });
     let mut first_waits = Vec::new();
     for _ in 0..500 {
         let bank = Bank::new([Err(unavailable()), Ok("paid")]);
@@ -441,8 +685,14 @@ async fn first_backoff_is_spread_over_one_base() {
         assert!((ms(200)..ms(400)).contains(wait), "{wait:?}");
     }
     // Uniform over [200, 400) ms: both ends are reached and the mean (σ ≈ 2.6 ms over 500) is central.
-    assert!(first_waits.iter().any(|wait| *wait < ms(250)), "none below 250 ms");
-    assert!(first_waits.iter().any(|wait| *wait > ms(350)), "none above 350 ms");
+    assert!(
+        first_waits.iter().any(|wait| *wait < ms(250)),
+        "none below 250 ms"
+    );
+    assert!(
+        first_waits.iter().any(|wait| *wait > ms(350)),
+        "none above 350 ms"
+    );
     let mean = first_waits.iter().sum::<Duration>() / first_waits.len() as u32;
     assert!(mean > ms(270) && mean < ms(330), "mean {mean:?}");
 }
@@ -452,7 +702,12 @@ async fn backoff_never_exceeds_backoff_max() {
     // Five retries of one operation within about a second: a floor of 10 per second keeps the
     // budget out of the way (the default 2 per second only just pays for them), and five failures
     // leave the throttle open.
-    let settings = RetrySettings { max_attempts: 6, backoff_max_ms: 300, budget_min_per_sec: 10, ..Default::default() };
+    let settings = RetrySettings {
+        max_attempts: 6,
+        backoff_max_ms: 300,
+        budget_min_per_sec: 10,
+        ..Default::default()
+    };
     for _ in 0..50 {
         // A fresh policy per operation: five retries each would soon drain a shared budget.
         let policy = retry_policy(settings.clone());
@@ -462,9 +717,17 @@ async fn backoff_never_exceeds_backoff_max() {
         assert_eq!(run.attempts.len(), 6);
         assert_eq!(run.waits.len(), 5);
         // The cap includes the jitter: the first wait is 200 ms plus at most 100 ms of jitter.
-        assert!((ms(200)..=ms(300)).contains(&run.waits[0]), "{:?}", run.waits);
+        assert!(
+            (ms(200)..=ms(300)).contains(&run.waits[0]),
+            "{:?}",
+            run.waits
+        );
         // From the second retry on, the doubled base (400 ms) is capped and leaves no room for jitter.
-        assert!(run.waits[1..].iter().all(|wait| *wait == ms(300)), "{:?}", run.waits);
+        assert!(
+            run.waits[1..].iter().all(|wait| *wait == ms(300)),
+            "{:?}",
+            run.waits
+        );
         assert!(gaps(&run.attempts).iter().all(|gap| *gap <= ms(300)));
         assert_eq!(policy.stats().stopped_attempts, 1);
     }
@@ -479,23 +742,75 @@ fn into_request_numbers_only_retries() {
 
     let request = first.clone().into_request();
     assert_eq!(*request.get_ref(), "pay");
-    assert_eq!(request.metadata().get("idempotency-key").unwrap().to_str().unwrap(), "op-1");
+    assert_eq!(
+        request
+            .metadata()
+            .get("idempotency-key")
+            .unwrap()
+            .to_str()
+            .unwrap(),
+        "op-1"
+    );
     // A first attempt carries no header at all (not "0").
     assert!(request.metadata().get(wire::PREVIOUS_ATTEMPTS).is_none());
 
-    let request = Call { previous_attempts: 2, ..first }.into_request();
+    let request = Call {
+        previous_attempts: 2,
+        ..first
+    }
+    .into_request();
     assert_eq!(*request.get_ref(), "pay");
-    assert_eq!(request.metadata().get("idempotency-key").unwrap().to_str().unwrap(), "op-1");
-    assert_eq!(request.metadata().get(wire::PREVIOUS_ATTEMPTS).unwrap().to_str().unwrap(), "2");
+    assert_eq!(
+        request
+            .metadata()
+            .get("idempotency-key")
+            .unwrap()
+            .to_str()
+            .unwrap(),
+        "op-1"
+    );
+    assert_eq!(
+        request
+            .metadata()
+            .get(wire::PREVIOUS_ATTEMPTS)
+            .unwrap()
+            .to_str()
+            .unwrap(),
+        "2"
+    );
 }
 
 #[test]
 fn every_attempt_of_a_call_shares_the_replicas_tried() {
     let first = Call::new("pay", MetadataMap::new());
     let replica = "10.0.0.1:50053".parse().unwrap();
-    first.clone().into_request().extensions().get::<PreviousReplicas>().expect("carried by the request").push(replica);
-    let retry = Call { previous_attempts: 1, ..first.clone() }.into_request();
-    assert!(retry.extensions().get::<PreviousReplicas>().unwrap().contains(replica), "the retry knows where the first attempt went");
+    first
+        .clone()
+        .into_request()
+        .extensions()
+        .get::<PreviousReplicas>()
+        .expect("carried by the request")
+        .push(replica);
+    let retry = Call {
+        previous_attempts: 1,
+        ..first.clone()
+    }
+    .into_request();
+    assert!(
+        retry
+            .extensions()
+            .get::<PreviousReplicas>()
+            .unwrap()
+            .contains(replica),
+        "the retry knows where the first attempt went"
+    );
     let other = Call::new("pay", MetadataMap::new()).into_request();
-    assert!(!other.extensions().get::<PreviousReplicas>().unwrap().contains(replica), "another call starts afresh");
+    assert!(
+        !other
+            .extensions()
+            .get::<PreviousReplicas>()
+            .unwrap()
+            .contains(replica),
+        "another call starts afresh"
+    );
 }

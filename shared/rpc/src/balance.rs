@@ -61,7 +61,10 @@ pub struct Balance<S> {
 
 impl<S> Clone for Balance<S> {
     fn clone(&self) -> Self {
-        Self { service: self.service, replicas: self.replicas.clone() }
+        Self {
+            service: self.service,
+            replicas: self.replicas.clone(),
+        }
     }
 }
 
@@ -75,7 +78,9 @@ type Resolved<S> = Result<Arc<[Arc<Replica<S>>]>, Arc<str>>;
 
 impl<S> Clone for Replicas<S> {
     fn clone(&self) -> Self {
-        Self { resolved: self.resolved.clone() }
+        Self {
+            resolved: self.resolved.clone(),
+        }
     }
 }
 
@@ -117,7 +122,9 @@ impl<S> Replica<S> {
         let mut health = self.health();
         health.failures += 1;
         if not_taken || health.failures >= FAILURES_TO_EJECT {
-            let length = EJECTION.saturating_mul(1 << health.ejections.min(16)).min(MAX_EJECTION);
+            let length = EJECTION
+                .saturating_mul(1 << health.ejections.min(16))
+                .min(MAX_EJECTION);
             health.ejections += 1;
             health.ejected_until = Some(now + length);
         }
@@ -128,23 +135,43 @@ impl<S: Send + Sync + 'static> Balance<S> {
     /// Balances over the addresses `host:port` resolves to, resolved every `interval` while any
     /// clone of the balancer is alive, each reached through the channel `connect` makes for it.
     /// An address literal is its own one replica, never resolved.
-    pub fn resolving(service: &'static str, host: &str, port: u16, interval: Duration, connect: impl Fn(SocketAddr) -> S + Send + 'static) -> Self {
-        let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+    pub fn resolving(
+        service: &'static str,
+        host: &str,
+        port: u16,
+        interval: Duration,
+        connect: impl Fn(SocketAddr) -> S + Send + 'static,
+    ) -> Self {
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
         if let Ok(ip) = host.parse::<IpAddr>() {
             let replica = Arc::new(Replica::new(SocketAddr::new(ip, port), &connect));
-            let (_, replicas) = watch::channel(Replicas { resolved: Some(Ok(Arc::from([replica]))) });
+            let (_, replicas) = watch::channel(Replicas {
+                resolved: Some(Ok(Arc::from([replica]))),
+            });
             return Self { service, replicas };
         }
         let resolve = move || {
             let host = host.clone();
-            async move { tokio::net::lookup_host((host.as_str(), port)).await.map(Iterator::collect) }
+            async move {
+                tokio::net::lookup_host((host.as_str(), port))
+                    .await
+                    .map(Iterator::collect)
+            }
         };
         Self::discovering(service, interval, resolve, connect)
     }
 
     /// Balances over the addresses `resolve` answers, asked every `interval`. On a failed
     /// resolution the replicas known stay (a name server's hiccup must not empty the list).
-    fn discovering<R, F>(service: &'static str, interval: Duration, resolve: R, connect: impl Fn(SocketAddr) -> S + Send + 'static) -> Self
+    fn discovering<R, F>(
+        service: &'static str,
+        interval: Duration,
+        resolve: R,
+        connect: impl Fn(SocketAddr) -> S + Send + 'static,
+    ) -> Self
     where
         R: Fn() -> F + Send + 'static,
         F: Future<Output = io::Result<BTreeSet<SocketAddr>>> + Send,
@@ -155,14 +182,29 @@ impl<S: Send + Sync + 'static> Balance<S> {
                 let resolved = resolve().await;
                 let known = sender.borrow().resolved.clone();
                 let next = match (resolved, known) {
-                    (Ok(addresses), Some(Ok(known))) if known.iter().map(|replica| replica.address).eq(addresses.iter().copied()) => None,
+                    (Ok(addresses), Some(Ok(known)))
+                        if known
+                            .iter()
+                            .map(|replica| replica.address)
+                            .eq(addresses.iter().copied()) =>
+                    {
+                        None
+                    }
                     (Ok(addresses), known) => {
                         tracing::info!(service, replicas = ?addresses, "replicas resolved");
                         let known = known.and_then(Result::ok).unwrap_or_default();
-                        let kept = |address| known.iter().find(|replica| replica.address == address).cloned();
+                        let kept = |address| {
+                            known
+                                .iter()
+                                .find(|replica| replica.address == address)
+                                .cloned()
+                        };
                         Some(Ok(addresses
                             .into_iter()
-                            .map(|address| kept(address).unwrap_or_else(|| Arc::new(Replica::new(address, &connect))))
+                            .map(|address| {
+                                kept(address)
+                                    .unwrap_or_else(|| Arc::new(Replica::new(address, &connect)))
+                            })
                             .collect()))
                     }
                     (Err(error), Some(Ok(_))) => {
@@ -172,7 +214,9 @@ impl<S: Send + Sync + 'static> Balance<S> {
                     (Err(error), _) => Some(Err(Arc::from(error.to_string()))),
                 };
                 if let Some(next) = next {
-                    sender.send_replace(Replicas { resolved: Some(next) });
+                    sender.send_replace(Replicas {
+                        resolved: Some(next),
+                    });
                 }
                 tokio::select! {
                     () = tokio::time::sleep(interval) => {}
@@ -186,13 +230,22 @@ impl<S: Send + Sync + 'static> Balance<S> {
 
 impl<S> Replica<S> {
     fn new(address: SocketAddr, connect: &impl Fn(SocketAddr) -> S) -> Self {
-        Self { address, channel: connect(address), in_flight: AtomicUsize::new(0), health: Mutex::default() }
+        Self {
+            address,
+            channel: connect(address),
+            in_flight: AtomicUsize::new(0),
+            health: Mutex::default(),
+        }
     }
 }
 
 /// Of `replicas`, the one a call goes to: two drawn at random among the best-placed (neither
 /// ejected nor tried by this call; else not ejected; else any), the less busy of the two.
-fn pick<'a, S>(replicas: &'a [Arc<Replica<S>>], tried: Option<&PreviousReplicas>, now: Instant) -> Option<&'a Arc<Replica<S>>> {
+fn pick<'a, S>(
+    replicas: &'a [Arc<Replica<S>>],
+    tried: Option<&PreviousReplicas>,
+    now: Instant,
+) -> Option<&'a Arc<Replica<S>>> {
     // One replica (an address literal, a single pod): it is the choice whatever its record, so
     // none of the records is read.
     if let [only] = replicas {
@@ -205,14 +258,26 @@ fn pick<'a, S>(replicas: &'a [Arc<Replica<S>>], tried: Option<&PreviousReplicas>
     };
     let mut random = rand::rng();
     (0..3).find_map(|tier| {
-        let candidates = || replicas.iter().filter(move |replica| eligible(tier, replica));
+        let candidates = || {
+            replicas
+                .iter()
+                .filter(move |replica| eligible(tier, replica))
+        };
         let count = candidates().count();
         let first = candidates().nth(random.random_range(0..count.max(1)))?;
         if count == 1 {
             return Some(first);
         }
-        let second = candidates().filter(|replica| !Arc::ptr_eq(replica, first)).nth(random.random_range(0..count - 1))?;
-        Some(if second.in_flight.load(Ordering::Relaxed) < first.in_flight.load(Ordering::Relaxed) { second } else { first })
+        let second = candidates()
+            .filter(|replica| !Arc::ptr_eq(replica, first))
+            .nth(random.random_range(0..count - 1))?;
+        Some(
+            if second.in_flight.load(Ordering::Relaxed) < first.in_flight.load(Ordering::Relaxed) {
+                second
+            } else {
+                first
+            },
+        )
     })
 }
 
@@ -256,11 +321,17 @@ where
             let known = match known {
                 Some(known) => Some(known),
                 // Only the calls before the first resolution wait.
-                None => changes.wait_for(|replicas| replicas.resolved.is_some()).await.ok().and_then(|replicas| replicas.resolved.clone()),
+                None => changes
+                    .wait_for(|replicas| replicas.resolved.is_some())
+                    .await
+                    .ok()
+                    .and_then(|replicas| replicas.resolved.clone()),
             };
             let replicas = match known {
                 Some(Ok(replicas)) => replicas,
-                Some(Err(error)) => return Err(not_sent(service, &format!("no replica resolved: {error}"))),
+                Some(Err(error)) => {
+                    return Err(not_sent(service, &format!("no replica resolved: {error}")));
+                }
                 None => return Err(not_sent(service, "no replica resolved")),
             };
             let tried = request.extensions().get::<PreviousReplicas>();
@@ -271,7 +342,12 @@ where
                 tried.push(replica.address);
             }
             let in_flight = InFlight::start(replica.clone());
-            let answer = replica.channel.clone().oneshot(request).await.map_err(Into::into);
+            let answer = replica
+                .channel
+                .clone()
+                .oneshot(request)
+                .await
+                .map_err(Into::into);
             drop(in_flight);
             match answer {
                 Ok(response) => {
@@ -286,7 +362,14 @@ where
                     let never_sent = never_sent(&*error);
                     tracing::debug!(service, replica = %replica.address, never_sent, ?error, "call failed");
                     replica.failed(never_sent, Instant::now());
-                    Err(if never_sent { not_sent(service, &format!("{} did not take the call: {error}", replica.address)) } else { error })
+                    Err(if never_sent {
+                        not_sent(
+                            service,
+                            &format!("{} did not take the call: {error}", replica.address),
+                        )
+                    } else {
+                        error
+                    })
                 }
             }
         })
@@ -296,7 +379,10 @@ where
 /// Whether a call was answered `UNAVAILABLE` in its headers (as unary failures are: the status
 /// of a streamed answer comes in trailers, which the balancer does not wait for).
 fn unavailable<B>(response: &Response<B>) -> bool {
-    response.headers().get("grpc-status").is_some_and(|code| code.as_bytes() == b"14")
+    response
+        .headers()
+        .get("grpc-status")
+        .is_some_and(|code| code.as_bytes() == b"14")
 }
 
 /// Whether the call never reached the replica: the connection was refused or not made in time;
@@ -321,7 +407,10 @@ fn never_sent(error: &(dyn std::error::Error + 'static)) -> bool {
             return true;
         }
         // An io::Error's source skips the error it wraps: look at that one first.
-        source = match error.downcast_ref::<io::Error>().and_then(io::Error::get_ref) {
+        source = match error
+            .downcast_ref::<io::Error>()
+            .and_then(io::Error::get_ref)
+        {
             Some(wrapped) => Some(wrapped),
             None => error.source(),
         };
@@ -333,7 +422,9 @@ fn never_sent(error: &(dyn std::error::Error + 'static)) -> bool {
 /// the edge may repeat it.
 fn not_sent(service: &str, reason: &str) -> BoxError {
     let mut status = Status::unavailable(format!("{service}: {reason}"));
-    status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static("true"));
+    status
+        .metadata_mut()
+        .insert(wire::NOT_EXECUTED, MetadataValue::from_static("true"));
     status.into()
 }
 

@@ -108,7 +108,10 @@ impl std::fmt::Debug for Outbound {
 }
 
 /// An endpoint at `address` with `dependency`'s connection settings.
-fn endpoint_to(address: &str, dependency: &Dependency) -> Result<Endpoint, tonic::transport::Error> {
+fn endpoint_to(
+    address: &str,
+    dependency: &Dependency,
+) -> Result<Endpoint, tonic::transport::Error> {
     let idle = Duration::from_millis(dependency.idle_timeout_ms);
     Ok(crate::endpoint(address)?
         .connect_timeout(Duration::from_millis(dependency.connect_timeout_ms))
@@ -138,18 +141,28 @@ pub fn connect(
     let endpoint = endpoint_to(&dependency.endpoint, dependency)?;
     let trace = ClientTraceLayer::new(name, endpoint.uri());
     let timed = CallMetricsLayer::new(endpoint.uri());
-    let (host, port) = (endpoint.uri().host().unwrap_or_default(), endpoint.uri().port_u16().unwrap_or(80));
+    let (host, port) = (
+        endpoint.uri().host().unwrap_or_default(),
+        endpoint.uri().port_u16().unwrap_or(80),
+    );
     let interval = Duration::from_millis(dependency.resolve_interval_ms.max(1));
     let channel = Balance::resolving(name, host, port, interval, {
         let (dependency, tls, origin) = (dependency.clone(), tls.clone(), endpoint.uri().clone());
         move |replica| {
             // Requests still name the dependency (`:authority`), whichever replica takes them.
-            let endpoint = endpoint_to(&replica.to_string(), &dependency).expect("a socket address is a valid authority").origin(origin.clone());
+            let endpoint = endpoint_to(&replica.to_string(), &dependency)
+                .expect("a socket address is a valid authority")
+                .origin(origin.clone());
             crate::channel(&endpoint, &dependency.service, &tls)
         }
     });
     let breaker = Breaker::new(hop, name, dependency.breaker);
-    let bulkhead = Bulkhead::new(hop, name, dependency.max_concurrent, dependency.adaptive_limit);
+    let bulkhead = Bulkhead::new(
+        hop,
+        name,
+        dependency.max_concurrent,
+        dependency.adaptive_limit,
+    );
     let latency_estimate = Arc::new(LatencyEstimate::new(dependency.latency_estimate));
     let traced = trace.layer(timed.layer(channel));
     let client = match outbound {
@@ -162,10 +175,22 @@ pub fn connect(
                 .layer(BulkheadLayer::new(bulkhead.clone()))
                 .layer(SelfLimitLayer::new(hop, name, dependency.quota))
                 .layer(BreakerLayer::new(breaker.clone()))
-                .layer(ForwardDeadlineLayer::new(name, dependency.deadline).with_estimate(latency_estimate.clone()))
+                .layer(
+                    ForwardDeadlineLayer::new(name, dependency.deadline)
+                        .with_estimate(latency_estimate.clone()),
+                )
                 .service(traced),
         ),
         Outbound::Layers(layers) => layers.layer(traced),
     };
-    Ok(Connection { client, guards: DependencyGuards { name, breaker, bulkhead, latency_estimate, retry: None } })
+    Ok(Connection {
+        client,
+        guards: DependencyGuards {
+            name,
+            breaker,
+            bulkhead,
+            latency_estimate,
+            retry: None,
+        },
+    })
 }

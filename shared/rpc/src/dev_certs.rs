@@ -7,7 +7,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
 
 use crate::tls::{TlsSettings, dns_name};
 
@@ -30,7 +33,10 @@ pub enum DevCertsError {
     #[error("making a certificate: {0}")]
     Generate(#[from] rcgen::Error),
     #[error("writing {path}: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 impl DevCerts {
@@ -41,18 +47,24 @@ impl DevCerts {
         let ca_key = KeyPair::generate()?;
         let mut ca = CertificateParams::default();
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.distinguished_name.push(DnType::CommonName, "chain development CA");
+        ca.distinguished_name
+            .push(DnType::CommonName, "chain development CA");
         ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let ca_certificate = ca.self_signed(&ca_key)?;
         let issuer = Issuer::new(ca, ca_key);
-        let certs = Self { dir: dir.to_owned() };
+        let certs = Self {
+            dir: dir.to_owned(),
+        };
         write(&certs.ca(), ca_certificate.pem().as_bytes(), false)?;
         for name in names {
             let key = KeyPair::generate()?;
             let mut params = CertificateParams::new(vec![dns_name(name)])?;
             params.distinguished_name.push(DnType::CommonName, *name);
             params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+            params.extended_key_usages = vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ];
             let certificate = params.signed_by(&key, &issuer)?;
             write(&certs.cert(name), certificate.pem().as_bytes(), false)?;
             write(&certs.key(name), key.serialize_pem().as_bytes(), true)?;
@@ -65,9 +77,18 @@ impl DevCerts {
     /// other when a demo stack is started again), otherwise new ones.
     pub fn generate_once(dir: &Path) -> Result<Self, DevCertsError> {
         let names: Vec<&str> = SERVICES.into_iter().chain([OPERATOR]).collect();
-        let existing = Self { dir: dir.to_owned() };
-        let complete = existing.ca().exists() && names.iter().all(|name| existing.cert(name).exists() && existing.key(name).exists());
-        if complete { Ok(existing) } else { Self::generate(dir, &names) }
+        let existing = Self {
+            dir: dir.to_owned(),
+        };
+        let complete = existing.ca().exists()
+            && names
+                .iter()
+                .all(|name| existing.cert(name).exists() && existing.key(name).exists());
+        if complete {
+            Ok(existing)
+        } else {
+            Self::generate(dir, &names)
+        }
     }
 
     pub fn ca(&self) -> PathBuf {
@@ -84,7 +105,12 @@ impl DevCerts {
 
     /// The TLS settings of service `name`.
     pub fn settings(&self, name: &str) -> TlsSettings {
-        TlsSettings { ca_file: Some(self.ca()), cert_file: Some(self.cert(name)), key_file: Some(self.key(name)), ..TlsSettings::default() }
+        TlsSettings {
+            ca_file: Some(self.ca()),
+            cert_file: Some(self.cert(name)),
+            key_file: Some(self.key(name)),
+            ..TlsSettings::default()
+        }
     }
 }
 
@@ -98,7 +124,13 @@ fn write(path: &Path, contents: &[u8], private: bool) -> Result<(), DevCertsErro
     }
     #[cfg(not(unix))]
     let _ = private;
-    options.open(path).and_then(|mut file| file.write_all(contents)).map_err(|source| DevCertsError::Write { path: path.to_owned(), source })
+    options
+        .open(path)
+        .and_then(|mut file| file.write_all(contents))
+        .map_err(|source| DevCertsError::Write {
+            path: path.to_owned(),
+            source,
+        })
 }
 
 #[cfg(test)]
@@ -115,11 +147,18 @@ mod tests {
         }
         let ca = std::fs::read(certs.ca()).unwrap();
         DevCerts::generate_once(dir.path()).unwrap();
-        assert_eq!(std::fs::read(certs.ca()).unwrap(), ca, "the CA of the first run is kept");
+        assert_eq!(
+            std::fs::read(certs.ca()).unwrap(),
+            ca,
+            "the CA of the first run is kept"
+        );
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(certs.key(OPERATOR)).unwrap().permissions().mode();
+            let mode = std::fs::metadata(certs.key(OPERATOR))
+                .unwrap()
+                .permissions()
+                .mode();
             assert_eq!(mode & 0o077, 0, "keys are readable by their owner only");
         }
     }

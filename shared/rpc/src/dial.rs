@@ -31,7 +31,10 @@ pub fn endpoint(address: &str) -> Result<Endpoint, tonic::transport::Error> {
 /// certificates.
 pub fn channel(endpoint: &Endpoint, service: &str, tls: &ServiceTls) -> Channel {
     match tls.client_config(service) {
-        Some((config, name)) => endpoint.connect_with_connector_lazy(TlsConnector { tls: config.into(), name }),
+        Some((config, name)) => endpoint.connect_with_connector_lazy(TlsConnector {
+            tls: config.into(),
+            name,
+        }),
         None => endpoint.connect_lazy(),
     }
 }
@@ -55,9 +58,13 @@ impl tower::Service<http::Uri> for TlsConnector {
     fn call(&mut self, uri: http::Uri) -> Self::Future {
         let (tls, name) = (self.tls.clone(), self.name.clone());
         Box::pin(async move {
-            let host = uri.host().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("{uri} names no host")))?;
+            let host = uri.host().ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("{uri} names no host"))
+            })?;
             let port = uri.port_u16().unwrap_or(443);
-            let tcp = TcpStream::connect((host.trim_start_matches('[').trim_end_matches(']'), port)).await?;
+            let tcp =
+                TcpStream::connect((host.trim_start_matches('[').trim_end_matches(']'), port))
+                    .await?;
             tcp.set_nodelay(true)?;
             Ok(TokioIo::new(tls.connect(name, tcp).await?))
         })

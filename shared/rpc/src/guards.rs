@@ -31,7 +31,10 @@ pub struct DependencyGuards {
 impl DependencyGuards {
     /// The same guards, with the calls retried under `retry`.
     pub fn retried_under(self, retry: RetryPolicy) -> Self {
-        Self { retry: Some(retry), ..self }
+        Self {
+            retry: Some(retry),
+            ..self
+        }
     }
 }
 
@@ -47,7 +50,12 @@ pub struct Guards {
 impl Guards {
     /// `service`'s guards, none listed yet.
     pub fn new(service: &'static str) -> Self {
-        Self { service, faces: Vec::new(), queue: None, dependencies: Vec::new() }
+        Self {
+            service,
+            faces: Vec::new(),
+            queue: None,
+            dependencies: Vec::new(),
+        }
     }
 
     /// A port the service answers on (`grpc`, `http`), with its deadline counters.
@@ -73,8 +81,18 @@ impl Guards {
         let now = Instant::now();
         GuardsView {
             service: self.service,
-            at_unix_ms: SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64),
-            faces: self.faces.iter().map(|(name, stats)| FaceView { name, deadlines: stats.snapshot(), recent: stats.recent_answers() }).collect(),
+            at_unix_ms: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |since| since.as_millis() as u64),
+            faces: self
+                .faces
+                .iter()
+                .map(|(name, stats)| FaceView {
+                    name,
+                    deadlines: stats.snapshot(),
+                    recent: stats.recent_answers(),
+                })
+                .collect(),
             queue: self.queue.as_ref().map(|queue| queue.stats()),
             dependencies: self
                 .dependencies
@@ -84,7 +102,10 @@ impl Guards {
                     breaker: guards.breaker.stats(),
                     bulkhead: guards.bulkhead.stats(),
                     latency_estimate: guards.latency_estimate.snapshot(now),
-                    retry: guards.retry.as_ref().map(|retry| RetryView { counts: retry.stats(), balance: retry.balance() }),
+                    retry: guards.retry.as_ref().map(|retry| RetryView {
+                        counts: retry.stats(),
+                        balance: retry.balance(),
+                    }),
                 })
                 .collect(),
         }

@@ -8,7 +8,9 @@ use std::{
 };
 
 use crate::tls::ServiceTls;
-use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
 
 /// The subcommands every service binary has besides serving.
 #[derive(Debug, Clone, Copy, clap::Subcommand)]
@@ -25,11 +27,20 @@ pub enum Command {
 #[derive(Debug, thiserror::Error)]
 pub enum HealthError {
     #[error("cannot reach {addr}: {source}")]
-    Unreachable { addr: SocketAddr, source: tonic::transport::Error },
+    Unreachable {
+        addr: SocketAddr,
+        source: tonic::transport::Error,
+    },
     #[error("{addr} answered the health check with {status}")]
-    Failed { addr: SocketAddr, status: tonic::Status },
+    Failed {
+        addr: SocketAddr,
+        status: tonic::Status,
+    },
     #[error("{addr} is {status:?}")]
-    NotServing { addr: SocketAddr, status: ServingStatus },
+    NotServing {
+        addr: SocketAddr,
+        status: ServingStatus,
+    },
     #[error("{addr} did not answer within {timeout:?}")]
     Timeout { addr: SocketAddr, timeout: Duration },
 }
@@ -41,16 +52,28 @@ pub async fn check(listen: SocketAddr, timeout: Duration) -> Result<(), HealthEr
 }
 
 /// [`check`] of `service`'s own server, presenting its certificate when `tls` has one.
-pub async fn check_as(listen: SocketAddr, service: &str, tls: &ServiceTls, timeout: Duration) -> Result<(), HealthError> {
+pub async fn check_as(
+    listen: SocketAddr,
+    service: &str,
+    tls: &ServiceTls,
+    timeout: Duration,
+) -> Result<(), HealthError> {
     let addr = match listen.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), listen.port()),
-        IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(Ipv6Addr::LOCALHOST.into(), listen.port()),
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), listen.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), listen.port())
+        }
         _ => listen,
     };
     let ask = async {
-        let endpoint = crate::endpoint(&addr.to_string()).map_err(|source| HealthError::Unreachable { addr, source })?;
+        let endpoint = crate::endpoint(&addr.to_string())
+            .map_err(|source| HealthError::Unreachable { addr, source })?;
         let answer = HealthClient::new(crate::channel(&endpoint, service, tls))
-            .check(HealthCheckRequest { service: String::new() })
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
             .await
             .map_err(|status| HealthError::Failed { addr, status })?;
         match answer.into_inner().status() {
@@ -58,5 +81,7 @@ pub async fn check_as(listen: SocketAddr, service: &str, tls: &ServiceTls, timeo
             status => Err(HealthError::NotServing { addr, status }),
         }
     };
-    tokio::time::timeout(timeout, ask).await.map_err(|_| HealthError::Timeout { addr, timeout })?
+    tokio::time::timeout(timeout, ask)
+        .await
+        .map_err(|_| HealthError::Timeout { addr, timeout })?
 }

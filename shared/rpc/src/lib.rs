@@ -17,7 +17,10 @@ pub mod tls;
 
 pub use client::{Client, ClientLayers, Connection, Dependency, Outbound, Traced, connect};
 pub use dial::{channel, endpoint};
-pub use server::{GrpcServer, GrpcService, Role, ServerError, Services, bind, reflection, serve_http, serve_http_with, shutdown_signal};
+pub use server::{
+    GrpcServer, GrpcService, Role, ServerError, Services, bind, reflection, serve_http,
+    serve_http_with, shutdown_signal,
+};
 
 mod relay;
 pub use relay::{derive_key, not_executed, relay};

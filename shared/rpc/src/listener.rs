@@ -31,7 +31,10 @@ pub struct Peer {
 impl From<SocketAddr> for Peer {
     /// A peer on a plain-text connection: no certificate, no identity.
     fn from(addr: SocketAddr) -> Self {
-        Self { addr, identity: None }
+        Self {
+            addr,
+            identity: None,
+        }
     }
 }
 
@@ -47,8 +50,17 @@ pub struct TlsListener {
 }
 
 impl TlsListener {
-    pub fn new(tcp: LimitedListener, config: Arc<ServerConfig>, handshake_timeout: Duration) -> Self {
-        Self { tcp, acceptor: TlsAcceptor::from(config), handshake_timeout, handshakes: JoinSet::new() }
+    pub fn new(
+        tcp: LimitedListener,
+        config: Arc<ServerConfig>,
+        handshake_timeout: Duration,
+    ) -> Self {
+        Self {
+            tcp,
+            acceptor: TlsAcceptor::from(config),
+            handshake_timeout,
+            handshakes: JoinSet::new(),
+        }
     }
 }
 
@@ -93,7 +105,10 @@ impl Listener for TlsListener {
     }
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(Peer { addr: self.tcp.local_addr()?, identity: None })
+        Ok(Peer {
+            addr: self.tcp.local_addr()?,
+            identity: None,
+        })
     }
 }
 

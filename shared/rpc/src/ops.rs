@@ -43,7 +43,10 @@ pub struct OpsSettings {
 impl OpsSettings {
     /// Listening on `listen`, closing at once.
     pub const fn on(listen: SocketAddr) -> Self {
-        Self { listen, drain_ms: 0 }
+        Self {
+            listen,
+            drain_ms: 0,
+        }
     }
 }
 
@@ -64,7 +67,10 @@ pub struct Drain {
 impl Drain {
     /// A drain that starts when `shutdown` is cancelled and closes the ports `delay` later.
     pub fn new(shutdown: CancellationToken, delay: Duration) -> Self {
-        Self { started: shutdown, delay }
+        Self {
+            started: shutdown,
+            delay,
+        }
     }
 
     pub fn is_draining(&self) -> bool {
@@ -91,8 +97,21 @@ impl Drain {
 /// `GET /guards` (a page) and `GET /guards.json`, to callers on the same machine only.
 pub fn router(drain: Drain, guards: Guards) -> Router {
     let live_view = Router::new()
-        .route("/guards", get(|| async { ([(header::CACHE_CONTROL, "no-store")], axum::response::Html(GUARDS_PAGE)) }))
-        .route("/guards.json", get(|State(guards): State<Arc<Guards>>| async move { ([(header::CACHE_CONTROL, "no-store")], Json(guards.view())) }))
+        .route(
+            "/guards",
+            get(|| async {
+                (
+                    [(header::CACHE_CONTROL, "no-store")],
+                    axum::response::Html(GUARDS_PAGE),
+                )
+            }),
+        )
+        .route(
+            "/guards.json",
+            get(|State(guards): State<Arc<Guards>>| async move {
+                ([(header::CACHE_CONTROL, "no-store")], Json(guards.view()))
+            }),
+        )
         .layer(middleware::from_fn(from_loopback_only))
         .with_state(Arc::new(guards));
     Router::new()
@@ -107,7 +126,10 @@ pub fn router(drain: Drain, guards: Guards) -> Router {
 /// for an operator on the machine (or behind `kubectl port-forward`, which connects from it),
 /// while the rest of the port answers the platform from anywhere.
 async fn from_loopback_only(request: Request, next: Next) -> Response {
-    let peer = request.extensions().get::<ConnectInfo<Peer>>().map(|ConnectInfo(peer)| peer.addr);
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<Peer>>()
+        .map(|ConnectInfo(peer)| peer.addr);
     if peer.is_some_and(|addr| addr.ip().to_canonical().is_loopback()) {
         return next.run(request).await;
     }
@@ -117,15 +139,27 @@ async fn from_loopback_only(request: Request, next: Next) -> Response {
         "status": 403,
         "detail": "the live view of the guards answers callers on the same machine only",
     });
-    (StatusCode::FORBIDDEN, [(header::CONTENT_TYPE, "application/problem+json")], problem.to_string()).into_response()
+    (
+        StatusCode::FORBIDDEN,
+        [(header::CONTENT_TYPE, "application/problem+json")],
+        problem.to_string(),
+    )
+        .into_response()
 }
 
 async fn metrics() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, telemetry::metrics::CONTENT_TYPE)], telemetry::metrics::render())
+    (
+        [(header::CONTENT_TYPE, telemetry::metrics::CONTENT_TYPE)],
+        telemetry::metrics::render(),
+    )
 }
 
 async fn ready(State(drain): State<Drain>) -> impl IntoResponse {
-    if drain.is_draining() { (StatusCode::SERVICE_UNAVAILABLE, "draining\n") } else { (StatusCode::OK, "ready\n") }
+    if drain.is_draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+    } else {
+        (StatusCode::OK, "ready\n")
+    }
 }
 
 /// A bound operations port, not yet serving.
@@ -138,17 +172,27 @@ pub struct OpsServer {
 impl OpsServer {
     /// Binds `settings.listen` (port 0 picks a free port), to show `guards` among the rest.
     pub async fn bind(settings: &OpsSettings, guards: Guards) -> Result<Self, ServerError> {
-        Ok(Self { listener: crate::bind(settings.listen).await?, drain: Duration::from_millis(settings.drain_ms), guards })
+        Ok(Self {
+            listener: crate::bind(settings.listen).await?,
+            drain: Duration::from_millis(settings.drain_ms),
+            guards,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener.local_addr().expect("a bound listener has an address")
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
     }
 
     /// Runs `service` (the service's own ports, which close when the [`Drain`] it is given says
     /// so) and serves the operations port until it has finished: readiness says NOT_SERVING from
     /// the cancellation of `shutdown` until the service's ports have closed.
-    pub async fn serve_while<F, E>(self, shutdown: CancellationToken, service: impl FnOnce(Drain) -> F) -> Result<(), E>
+    pub async fn serve_while<F, E>(
+        self,
+        shutdown: CancellationToken,
+        service: impl FnOnce(Drain) -> F,
+    ) -> Result<(), E>
     where
         F: Future<Output = Result<(), E>>,
         E: From<ServerError>,
@@ -180,21 +224,39 @@ mod tests {
     use super::*;
 
     async fn status(router: &Router, path: &str) -> StatusCode {
-        router.clone().oneshot(http::Request::get(path).body(axum::body::Body::empty()).unwrap()).await.unwrap().status()
+        router
+            .clone()
+            .oneshot(
+                http::Request::get(path)
+                    .body(axum::body::Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap()
+            .status()
     }
 
     /// `path`'s answer to a caller at `peer`.
     async fn get_from(router: &Router, path: &str, peer: &str) -> (StatusCode, String) {
-        let mut request = http::Request::get(path).body(axum::body::Body::empty()).unwrap();
-        request.extensions_mut().insert(ConnectInfo(Peer::from(peer.parse::<SocketAddr>().unwrap())));
+        let mut request = http::Request::get(path)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(ConnectInfo(Peer::from(peer.parse::<SocketAddr>().unwrap())));
         let response = router.clone().oneshot(request).await.unwrap();
         let status = response.status();
-        let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
         (status, String::from_utf8(body.to_vec()).unwrap())
     }
 
     fn quiet_router() -> Router {
-        router(Drain::new(CancellationToken::new(), Duration::ZERO), Guards::new("payment").face("grpc", deadline::HopStats::new()))
+        router(
+            Drain::new(CancellationToken::new(), Duration::ZERO),
+            Guards::new("payment").face("grpc", deadline::HopStats::new()),
+        )
     }
 
     #[tokio::test]
@@ -207,7 +269,10 @@ mod tests {
             let (status, document) = get_from(&router, "/guards.json", peer).await;
             assert_eq!(status, StatusCode::OK, "{peer}");
             let view: serde_json::Value = serde_json::from_str(&document).unwrap();
-            assert_eq!((view["service"].as_str(), view["faces"][0]["name"].as_str()), (Some("payment"), Some("grpc")));
+            assert_eq!(
+                (view["service"].as_str(), view["faces"][0]["name"].as_str()),
+                (Some("payment"), Some("grpc"))
+            );
         }
         for peer in ["10.0.0.7:40000", "[2001:db8::1]:40000"] {
             for path in ["/guards", "/guards.json"] {
@@ -216,17 +281,40 @@ mod tests {
                 assert!(problem.contains("same machine only"), "{problem}");
             }
         }
-        assert_eq!(status(&router, "/guards.json").await, StatusCode::FORBIDDEN, "an unknown peer is not trusted");
-        assert_eq!(get_from(&router, "/metrics", "10.0.0.7:40000").await.0, StatusCode::OK, "the rest answers anyone");
+        assert_eq!(
+            status(&router, "/guards.json").await,
+            StatusCode::FORBIDDEN,
+            "an unknown peer is not trusted"
+        );
+        assert_eq!(
+            get_from(&router, "/metrics", "10.0.0.7:40000").await.0,
+            StatusCode::OK,
+            "the rest answers anyone"
+        );
     }
 
     #[tokio::test]
     async fn readiness_turns_at_the_start_of_the_drain_and_liveness_does_not() {
         let shutdown = CancellationToken::new();
-        let router = router(Drain::new(shutdown.clone(), Duration::from_secs(5)), Guards::new("payment"));
-        assert_eq!((status(&router, "/livez").await, status(&router, "/readyz").await), (StatusCode::OK, StatusCode::OK));
+        let router = router(
+            Drain::new(shutdown.clone(), Duration::from_secs(5)),
+            Guards::new("payment"),
+        );
+        assert_eq!(
+            (
+                status(&router, "/livez").await,
+                status(&router, "/readyz").await
+            ),
+            (StatusCode::OK, StatusCode::OK)
+        );
         shutdown.cancel();
-        assert_eq!((status(&router, "/livez").await, status(&router, "/readyz").await), (StatusCode::OK, StatusCode::SERVICE_UNAVAILABLE));
+        assert_eq!(
+            (
+                status(&router, "/livez").await,
+                status(&router, "/readyz").await
+            ),
+            (StatusCode::OK, StatusCode::SERVICE_UNAVAILABLE)
+        );
         assert_eq!(status(&router, "/metrics").await, StatusCode::OK);
     }
 
@@ -235,12 +323,21 @@ mod tests {
         let shutdown = CancellationToken::new();
         let drain = Drain::new(shutdown.clone(), Duration::from_secs(5));
         let mut closing = std::pin::pin!(drain.closing());
-        assert!(closing.as_mut().now_or_never().is_none(), "not before the stop");
+        assert!(
+            closing.as_mut().now_or_never().is_none(),
+            "not before the stop"
+        );
         shutdown.cancel();
         // The server polls it at once: the cancellation wakes it.
-        assert!(closing.as_mut().now_or_never().is_none(), "the drain starts");
+        assert!(
+            closing.as_mut().now_or_never().is_none(),
+            "the drain starts"
+        );
         tokio::time::advance(Duration::from_millis(4_999)).await;
-        assert!(closing.as_mut().now_or_never().is_none(), "not within the drain");
+        assert!(
+            closing.as_mut().now_or_never().is_none(),
+            "not within the drain"
+        );
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(closing.as_mut().now_or_never().is_some());
     }

@@ -24,7 +24,13 @@ pub const MAX_RELAYED_DETAILS: usize = 2_048;
 /// instead of the failure, which its breaker would count against the hop that relayed it.
 pub fn relay(status: &Status) -> Status {
     let mut metadata = MetadataMap::new();
-    for key in [wire::DEADLINE_FAILED_FAST, wire::CIRCUIT_OPEN, wire::BULKHEAD_FULL, wire::NOT_EXECUTED, wire::RETRIES_SPENT] {
+    for key in [
+        wire::DEADLINE_FAILED_FAST,
+        wire::CIRCUIT_OPEN,
+        wire::BULKHEAD_FULL,
+        wire::NOT_EXECUTED,
+        wire::RETRIES_SPENT,
+    ] {
         if let Some(value) = status.metadata().get(key) {
             metadata.insert(key, value.clone());
         }
@@ -33,15 +39,26 @@ pub fn relay(status: &Status) -> Status {
     // unreadable as -1 ("do not retry"), so that no hop passes on a wait nobody could keep.
     if status.metadata().contains_key(wire::RETRY_PUSHBACK_MS) {
         let value = match pushback(status) {
-            Pushback::Wait(wait) => MetadataValue::from(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
+            Pushback::Wait(wait) => {
+                MetadataValue::from(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX))
+            }
             Pushback::None | Pushback::DoNotRetry => MetadataValue::from_static("-1"),
         };
         metadata.insert(wire::RETRY_PUSHBACK_MS, value);
     }
     metadata.insert(wire::RELAYED, MetadataValue::from_static("true"));
     // The details (e.g. a google.rpc.RetryInfo) travel too, unless they are oversized.
-    let details = if status.details().len() <= MAX_RELAYED_DETAILS { status.details().to_vec() } else { Vec::new() };
-    Status::with_details_and_metadata(status.code(), bounded(status.message()), details.into(), metadata)
+    let details = if status.details().len() <= MAX_RELAYED_DETAILS {
+        status.details().to_vec()
+    } else {
+        Vec::new()
+    };
+    Status::with_details_and_metadata(
+        status.code(),
+        bounded(status.message()),
+        details.into(),
+        metadata,
+    )
 }
 
 /// `message` cut to at most [`MAX_RELAYED_MESSAGE`] bytes, on a character boundary, marked with
@@ -84,44 +101,108 @@ mod tests {
     #[test]
     fn relay_keeps_code_message_and_the_marks_the_edge_needs() {
         let mut status = Status::resource_exhausted("bank-mock: slow down");
-        status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, "300".parse().unwrap());
-        status.metadata_mut().insert("x-deadline-ledger", "bank-mock;received=1".parse().unwrap());
-        status.metadata_mut().insert(wire::DEADLINE_FAILED_FAST, "payment".parse().unwrap());
-        status.metadata_mut().insert(wire::CIRCUIT_OPEN, "bank-mock".parse().unwrap());
-        status.metadata_mut().insert(wire::BULKHEAD_FULL, "bank-mock".parse().unwrap());
-        status.metadata_mut().insert(wire::RETRIES_SPENT, "budget".parse().unwrap());
-        status.metadata_mut().insert(wire::NOT_EXECUTED, "bank-mock".parse().unwrap());
+        status
+            .metadata_mut()
+            .insert(wire::RETRY_PUSHBACK_MS, "300".parse().unwrap());
+        status
+            .metadata_mut()
+            .insert("x-deadline-ledger", "bank-mock;received=1".parse().unwrap());
+        status
+            .metadata_mut()
+            .insert(wire::DEADLINE_FAILED_FAST, "payment".parse().unwrap());
+        status
+            .metadata_mut()
+            .insert(wire::CIRCUIT_OPEN, "bank-mock".parse().unwrap());
+        status
+            .metadata_mut()
+            .insert(wire::BULKHEAD_FULL, "bank-mock".parse().unwrap());
+        status
+            .metadata_mut()
+            .insert(wire::RETRIES_SPENT, "budget".parse().unwrap());
+        status
+            .metadata_mut()
+            .insert(wire::NOT_EXECUTED, "bank-mock".parse().unwrap());
         let relayed = relay(&status);
         assert_eq!(relayed.code(), Code::ResourceExhausted);
         assert_eq!(relayed.message(), "bank-mock: slow down");
-        assert_eq!(relayed.metadata().get(wire::RETRY_PUSHBACK_MS).unwrap(), "300");
-        assert_eq!(relayed.metadata().get(wire::DEADLINE_FAILED_FAST).unwrap(), "payment");
-        assert_eq!(relayed.metadata().get(wire::CIRCUIT_OPEN).unwrap(), "bank-mock");
-        assert_eq!(relayed.metadata().get(wire::BULKHEAD_FULL).unwrap(), "bank-mock");
-        assert_eq!(relayed.metadata().get(wire::RETRIES_SPENT).unwrap(), "budget");
-        assert!(not_executed(&relayed), "callers above know that nothing happened below");
-        assert_eq!(relayed.metadata().get(wire::RELAYED).unwrap(), "true", "breakers above do not blame the relaying hop");
+        assert_eq!(
+            relayed.metadata().get(wire::RETRY_PUSHBACK_MS).unwrap(),
+            "300"
+        );
+        assert_eq!(
+            relayed.metadata().get(wire::DEADLINE_FAILED_FAST).unwrap(),
+            "payment"
+        );
+        assert_eq!(
+            relayed.metadata().get(wire::CIRCUIT_OPEN).unwrap(),
+            "bank-mock"
+        );
+        assert_eq!(
+            relayed.metadata().get(wire::BULKHEAD_FULL).unwrap(),
+            "bank-mock"
+        );
+        assert_eq!(
+            relayed.metadata().get(wire::RETRIES_SPENT).unwrap(),
+            "budget"
+        );
+        assert!(
+            not_executed(&relayed),
+            "callers above know that nothing happened below"
+        );
+        assert_eq!(
+            relayed.metadata().get(wire::RELAYED).unwrap(),
+            "true",
+            "breakers above do not blame the relaying hop"
+        );
         assert!(relayed.metadata().get("x-deadline-ledger").is_none());
     }
 
     #[test]
     fn a_relayed_message_and_details_are_bounded() {
         let long = "é".repeat(MAX_RELAYED_MESSAGE);
-        let status = Status::with_details(Code::InvalidArgument, format!("orders: unknown {long}"), vec![0; MAX_RELAYED_DETAILS + 1].into());
+        let status = Status::with_details(
+            Code::InvalidArgument,
+            format!("orders: unknown {long}"),
+            vec![0; MAX_RELAYED_DETAILS + 1].into(),
+        );
         let relayed = relay(&status);
-        assert!(relayed.message().len() <= MAX_RELAYED_MESSAGE && relayed.message().ends_with('…'), "{}", relayed.message().len());
+        assert!(
+            relayed.message().len() <= MAX_RELAYED_MESSAGE && relayed.message().ends_with('…'),
+            "{}",
+            relayed.message().len()
+        );
         assert!(relayed.message().starts_with("orders: unknown é"));
-        assert!(relayed.details().is_empty(), "oversized details are dropped");
+        assert!(
+            relayed.details().is_empty(),
+            "oversized details are dropped"
+        );
         let short = Status::with_details(Code::Unavailable, "payment: down", vec![1, 2, 3].into());
-        assert_eq!((relay(&short).message(), relay(&short).details()), ("payment: down", &[1u8, 2, 3][..]));
+        assert_eq!(
+            (relay(&short).message(), relay(&short).details()),
+            ("payment: down", &[1u8, 2, 3][..])
+        );
     }
 
     #[test]
     fn a_relayed_pushback_is_bounded() {
-        for (sent, relayed) in [("300", "300"), (i64::MAX.to_string().as_str(), "3600000"), ("-5", "-1"), ("soon", "-1")] {
+        for (sent, relayed) in [
+            ("300", "300"),
+            (i64::MAX.to_string().as_str(), "3600000"),
+            ("-5", "-1"),
+            ("soon", "-1"),
+        ] {
             let mut status = Status::resource_exhausted("bank-mock: slow down");
-            status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, sent.parse().unwrap());
-            assert_eq!(relay(&status).metadata().get(wire::RETRY_PUSHBACK_MS).unwrap(), relayed, "{sent}");
+            status
+                .metadata_mut()
+                .insert(wire::RETRY_PUSHBACK_MS, sent.parse().unwrap());
+            assert_eq!(
+                relay(&status)
+                    .metadata()
+                    .get(wire::RETRY_PUSHBACK_MS)
+                    .unwrap(),
+                relayed,
+                "{sent}"
+            );
         }
     }
 

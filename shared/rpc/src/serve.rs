@@ -35,14 +35,21 @@ use crate::{
 
 /// Serves `router` on `listener` until `shutdown` completes, then lets the requests in flight
 /// finish. Every request carries `ConnectInfo<Peer>`.
-pub(crate) async fn serve<L>(mut listener: L, limits: &ConnectionLimits, router: axum::Router, shutdown: impl Future<Output = ()>)
-where
+pub(crate) async fn serve<L>(
+    mut listener: L,
+    limits: &ConnectionLimits,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()>,
+) where
     L: Listener,
     L::Io: Placed,
     L::Addr: Into<Peer>,
 {
     let mut builder = Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms));
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms));
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -59,14 +66,23 @@ where
         let peer: Peer = addr.into();
         let router = router.clone();
         let requests = io.place().requests();
-        let service = TowerToHyperService::new(tower::service_fn(move |request: Request<Incoming>| {
-            let open = requests.open();
-            let mut request = request.map(Body::new);
-            request.extensions_mut().insert(ConnectInfo(peer.clone()));
-            let answer = router.clone().oneshot(request);
-            async move { Ok::<_, std::convert::Infallible>(answer.await?.map(|body| Body::new(Answer { body, _open: open }))) }
-        }));
-        let connection = builder.serve_connection(TokioIo::new(io), service).into_owned();
+        let service =
+            TowerToHyperService::new(tower::service_fn(move |request: Request<Incoming>| {
+                let open = requests.open();
+                let mut request = request.map(Body::new);
+                request.extensions_mut().insert(ConnectInfo(peer.clone()));
+                let answer = router.clone().oneshot(request);
+                async move {
+                    Ok::<_, std::convert::Infallible>(
+                        answer
+                            .await?
+                            .map(|body| Body::new(Answer { body, _open: open })),
+                    )
+                }
+            }));
+        let connection = builder
+            .serve_connection(TokioIo::new(io), service)
+            .into_owned();
         let (stop, max_age) = (stop.clone(), limits.max_age());
         connections.spawn(async move {
             let mut connection = pin!(connection);
@@ -114,7 +130,10 @@ impl http_body::Body for Answer {
     type Data = <Body as http_body::Body>::Data;
     type Error = <Body as http_body::Body>::Error;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         self.project().body.poll_frame(cx)
     }
 

@@ -48,7 +48,11 @@ const ACCEPT_QUEUE: u32 = 4_096;
 
 /// Binds `addr` (port 0 picks a free port).
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
-    let socket = if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() };
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    };
     let listen = || {
         let socket = socket?;
         socket.set_reuseaddr(true)?;
@@ -60,7 +64,11 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
 
 /// Serves an HTTP router (admin APIs, metrics) until `shutdown` completes, under the default
 /// [`ConnectionLimits`].
-pub async fn serve_http(listener: TcpListener, router: axum::Router, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
+pub async fn serve_http(
+    listener: TcpListener,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
     serve_http_with(listener, ConnectionLimits::default(), router, shutdown).await
 }
 
@@ -71,7 +79,13 @@ pub async fn serve_http_with(
     router: axum::Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    crate::serve::serve(LimitedListener::new(listener, limits), &limits, router, shutdown).await;
+    crate::serve::serve(
+        LimitedListener::new(listener, limits),
+        &limits,
+        router,
+        shutdown,
+    )
+    .await;
     Ok(())
 }
 
@@ -135,8 +149,12 @@ pub struct GrpcServer {
 
 /// A gRPC service as tonic generates it (`…Server::new(handler)`), ready to be routed.
 pub trait GrpcService:
-    tower::Service<http::Request<tonic::body::Body>, Error = std::convert::Infallible, Response: axum::response::IntoResponse, Future: Send + 'static>
-    + NamedService
+    tower::Service<
+        http::Request<tonic::body::Body>,
+        Error = std::convert::Infallible,
+        Response: axum::response::IntoResponse,
+        Future: Send + 'static,
+    > + NamedService
     + Clone
     + Send
     + Sync
@@ -167,13 +185,20 @@ pub struct Services {
 
 impl Services {
     pub fn new<S: GrpcService>(service: S) -> Self {
-        Self { routes: Routes::new(service), names: vec![S::NAME], queue: None }
+        Self {
+            routes: Routes::new(service),
+            names: vec![S::NAME],
+            queue: None,
+        }
     }
 
     /// Runs the services' requests on `queue`'s workers, inside the deadline (a request's wait
     /// is spent from its budget, and one whose deadline passes while waiting leaves the queue).
     pub fn queued(self, queue: Arc<Queue>) -> Self {
-        Self { queue: Some(queue), ..self }
+        Self {
+            queue: Some(queue),
+            ..self
+        }
     }
 
     /// Serves `service` too, on the same port.
@@ -198,15 +223,25 @@ impl GrpcServer {
     }
 
     /// [`GrpcServer::bind`] for several services on one port.
-    pub async fn bind_all(hop: &'static str, role: Role, addr: SocketAddr, inbound: InboundPolicy, services: Services) -> Result<Self, ServerError> {
+    pub async fn bind_all(
+        hop: &'static str,
+        role: Role,
+        addr: SocketAddr,
+        inbound: InboundPolicy,
+        services: Services,
+    ) -> Result<Self, ServerError> {
         let listener = bind(addr).await?;
         let (health, health_service) = tonic_health::server::health_reporter();
         for name in &services.names {
-            health.set_service_status(*name, ServingStatus::Serving).await;
+            health
+                .set_service_status(*name, ServingStatus::Serving)
+                .await;
         }
         let health_route = axum::Router::new().route_service(
             &format!("/{}/{{*method}}", health_server::SERVICE_NAME),
-            health_service.map_request(|request: http::Request<axum::body::Body>| request.map(tonic::body::Body::new)),
+            health_service.map_request(|request: http::Request<axum::body::Body>| {
+                request.map(tonic::body::Body::new)
+            }),
         );
         let descriptors = match &role {
             Role::Edge => public_descriptors(&services.names)?,
@@ -221,8 +256,12 @@ impl GrpcServer {
             .add_service(reflection_v1alpha)
             .prepare()
             .into_axum_router()
-            .layer(axum::middleware::map_response(crate::decode::undecodable_is_invalid_argument))
-            .layer(tower::util::option_layer(services.queue.map(QueueLayer::new)))
+            .layer(axum::middleware::map_response(
+                crate::decode::undecodable_is_invalid_argument,
+            ))
+            .layer(tower::util::option_layer(
+                services.queue.map(QueueLayer::new),
+            ))
             .layer(match &role {
                 Role::Edge => DeadlineLayer::new(hop, Grpc::new(inbound), stats.clone()).at_edge(),
                 Role::Inner { .. } => DeadlineLayer::new(hop, Grpc::new(inbound), stats.clone()),
@@ -249,8 +288,10 @@ impl GrpcServer {
     where
         L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
         L::Service: tower::Service<axum::extract::Request> + Clone + Send + Sync + 'static,
-        <L::Service as tower::Service<axum::extract::Request>>::Response: axum::response::IntoResponse + 'static,
-        <L::Service as tower::Service<axum::extract::Request>>::Error: Into<std::convert::Infallible> + 'static,
+        <L::Service as tower::Service<axum::extract::Request>>::Response:
+            axum::response::IntoResponse + 'static,
+        <L::Service as tower::Service<axum::extract::Request>>::Error:
+            Into<std::convert::Infallible> + 'static,
         <L::Service as tower::Service<axum::extract::Request>>::Future: Send + 'static,
     {
         self.routes = self.routes.layer(layer);
@@ -264,7 +305,9 @@ impl GrpcServer {
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener.local_addr().expect("a bound listener has an address")
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
     }
 
     /// Deadline counters of this hop's requests.
@@ -285,11 +328,16 @@ impl GrpcServer {
         let report_drain = async move {
             drain_started.await;
             for name in names.into_iter().chain([""]) {
-                reporter.set_service_status(name, ServingStatus::NotServing).await;
+                reporter
+                    .set_service_status(name, ServingStatus::NotServing)
+                    .await;
             }
         };
         // Merged after the service's layers, which so do not wrap it; one router, one lookup.
-        let routes = self.routes.merge(health).layer(RequestMetricsLayer::new(self.hop, self.methods));
+        let routes = self
+            .routes
+            .merge(health)
+            .layer(RequestMetricsLayer::new(self.hop, self.methods));
         let serving = async {
             let config = match self.role {
                 Role::Inner { tls, callers } => tls.server_config().map(|config| (config, callers)),
@@ -299,7 +347,11 @@ impl GrpcServer {
                 None => serve_http_with(self.listener, self.limits, routes, closing).await,
                 Some((config, callers)) => {
                     let routes = routes.layer(AuthorizeLayer::new(callers));
-                    let listener = TlsListener::new(LimitedListener::new(self.listener, self.limits), config, HANDSHAKE_TIMEOUT);
+                    let listener = TlsListener::new(
+                        LimitedListener::new(self.listener, self.limits),
+                        config,
+                        HANDSHAKE_TIMEOUT,
+                    );
                     crate::serve::serve(listener, &self.limits, routes, closing).await;
                     Ok(())
                 }
@@ -312,32 +364,54 @@ impl GrpcServer {
 
 /// The paths (`/orders.v1.Orders/CreateOrder`) of the methods of the `services` in `descriptors`,
 /// of health and of both reflections: what a server with them serves.
-fn method_paths(descriptors: &FileDescriptorSet, services: &[&str]) -> Result<Vec<String>, prost::DecodeError> {
+fn method_paths(
+    descriptors: &FileDescriptorSet,
+    services: &[&str],
+) -> Result<Vec<String>, prost::DecodeError> {
     let mut sets = vec![descriptors.clone()];
-    for encoded in
-        [tonic_health::pb::FILE_DESCRIPTOR_SET, tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET, tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET]
-    {
+    for encoded in [
+        tonic_health::pb::FILE_DESCRIPTOR_SET,
+        tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+        tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+    ] {
         sets.push(FileDescriptorSet::decode(encoded)?);
     }
-    let served = |name: &str| services.contains(&name) || name.starts_with("grpc.health.") || name.starts_with("grpc.reflection.");
+    let served = |name: &str| {
+        services.contains(&name)
+            || name.starts_with("grpc.health.")
+            || name.starts_with("grpc.reflection.")
+    };
     Ok(sets
         .iter()
         .flat_map(|set| &set.file)
-        .flat_map(|file| file.service.iter().map(move |service| (format!("{}.{}", file.package(), service.name()), service)))
+        .flat_map(|file| {
+            file.service
+                .iter()
+                .map(move |service| (format!("{}.{}", file.package(), service.name()), service))
+        })
         .filter(|(name, _)| served(name))
-        .flat_map(|(name, service)| service.method.iter().map(move |method| format!("/{name}/{}", method.name())))
+        .flat_map(|(name, service)| {
+            service
+                .method
+                .iter()
+                .map(move |method| format!("/{name}/{}", method.name()))
+        })
         .collect())
 }
 
 /// Reflection of `descriptors` in both versions, `grpc.reflection.v1` and `grpc.reflection.v1alpha`
 /// (which older clients ask, Python's grpcio-reflection among them). Each describes both
 /// reflection services too: the port serves both.
-pub fn reflection(descriptors: &FileDescriptorSet) -> Result<(impl GrpcService, impl GrpcService), ServerError> {
+pub fn reflection(
+    descriptors: &FileDescriptorSet,
+) -> Result<(impl GrpcService, impl GrpcService), ServerError> {
     let configure = || {
         tonic_reflection::server::Builder::configure()
             .include_reflection_service(false)
             .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(
+                tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+            )
             .register_file_descriptor_set(descriptors.clone())
     };
     Ok((configure().build_v1()?, configure().build_v1alpha()?))
@@ -347,9 +421,17 @@ pub fn reflection(descriptors: &FileDescriptorSet) -> Result<(impl GrpcService, 
 /// port's reflection may show.
 fn public_descriptors(services: &[&str]) -> Result<FileDescriptorSet, prost::DecodeError> {
     let all = FileDescriptorSet::decode(proto::FILE_DESCRIPTOR_SET)?;
-    let defines_served =
-        |file: &FileDescriptorProto| file.service.iter().any(|service| services.contains(&format!("{}.{}", file.package(), service.name()).as_str()));
-    let mut wanted: Vec<String> = all.file.iter().filter(|file| defines_served(file)).map(|file| file.name().to_owned()).collect();
+    let defines_served = |file: &FileDescriptorProto| {
+        file.service.iter().any(|service| {
+            services.contains(&format!("{}.{}", file.package(), service.name()).as_str())
+        })
+    };
+    let mut wanted: Vec<String> = all
+        .file
+        .iter()
+        .filter(|file| defines_served(file))
+        .map(|file| file.name().to_owned())
+        .collect();
     let mut index = 0;
     while let Some(name) = wanted.get(index).cloned() {
         if let Some(file) = all.file.iter().find(|file| file.name() == name) {
@@ -361,5 +443,11 @@ fn public_descriptors(services: &[&str]) -> Result<FileDescriptorSet, prost::Dec
         }
         index += 1;
     }
-    Ok(FileDescriptorSet { file: all.file.into_iter().filter(|file| wanted.contains(&file.name().to_owned())).collect() })
+    Ok(FileDescriptorSet {
+        file: all
+            .file
+            .into_iter()
+            .filter(|file| wanted.contains(&file.name().to_owned()))
+            .collect(),
+    })
 }

@@ -50,18 +50,29 @@ pub struct TlsSettings {
 
 impl Default for TlsSettings {
     fn default() -> Self {
-        Self { ca_file: None, cert_file: None, key_file: None, reload_interval_ms: 10_000, plaintext: false }
+        Self {
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            reload_interval_ms: 10_000,
+            plaintext: false,
+        }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("tls.ca_file, tls.cert_file and tls.key_file are required (or tls.plaintext = true, which turns caller checks off)")]
+    #[error(
+        "tls.ca_file, tls.cert_file and tls.key_file are required (or tls.plaintext = true, which turns caller checks off)"
+    )]
     Missing,
     #[error("tls.plaintext = true with certificate files set: choose one")]
     Ambiguous,
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: {reason}")]
     Pem { path: PathBuf, reason: String },
     #[error("the certificate in {path} does not name {expected}")]
@@ -96,7 +107,8 @@ impl ServiceTls {
             (true, (None, None, None)) => Ok(Self::Plaintext),
             (true, _) => Err(TlsError::Ambiguous),
             (false, (Some(ca), Some(_), Some(_))) => {
-                MutualTls::new(service, &read(ca)?, read_key(service, settings)?, settings).map(|tls| Self::Mutual(Arc::new(tls)))
+                MutualTls::new(service, &read(ca)?, read_key(service, settings)?, settings)
+                    .map(|tls| Self::Mutual(Arc::new(tls)))
             }
             (false, _) => Err(TlsError::Missing),
         }
@@ -111,7 +123,12 @@ impl ServiceTls {
             && tls.settings.reload_interval_ms > 0
         {
             let interval = Duration::from_millis(tls.settings.reload_interval_ms);
-            tokio::spawn(watch(tls.service.clone(), tls.settings.clone(), Arc::downgrade(&tls.current), interval));
+            tokio::spawn(watch(
+                tls.service.clone(),
+                tls.settings.clone(),
+                Arc::downgrade(&tls.current),
+                interval,
+            ));
         }
         self
     }
@@ -130,7 +147,10 @@ impl ServiceTls {
     pub fn client_config(&self, server: &str) -> Option<(Arc<ClientConfig>, ServerName<'static>)> {
         match self {
             Self::Plaintext => None,
-            Self::Mutual(tls) => Some((tls.client.clone(), ServerName::try_from(dns_name(server)).ok()?)),
+            Self::Mutual(tls) => Some((
+                tls.client.clone(),
+                ServerName::try_from(dns_name(server)).ok()?,
+            )),
         }
     }
 
@@ -145,13 +165,20 @@ impl ServiceTls {
 
 /// Reloads `service`'s pair from the files of `settings` into `current` every `interval`, until
 /// no server or client configuration holds `current` any more.
-async fn watch(service: String, settings: TlsSettings, current: Weak<CurrentKey>, interval: Duration) {
+async fn watch(
+    service: String,
+    settings: TlsSettings,
+    current: Weak<CurrentKey>,
+    interval: Duration,
+) {
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await;
     loop {
         ticks.tick().await;
-        let Some(current) = current.upgrade() else { return };
+        let Some(current) = current.upgrade() else {
+            return;
+        };
         match read_key(&service, &settings) {
             Ok(key) if key.cert != current.get().cert => {
                 tracing::info!(%service, "presenting the certificate rotated on disk on new connections");
@@ -164,25 +191,48 @@ async fn watch(service: String, settings: TlsSettings, current: Weak<CurrentKey>
 }
 
 impl MutualTls {
-    fn new(service: &str, ca: &[u8], key: CertifiedKey, settings: &TlsSettings) -> Result<Self, TlsError> {
+    fn new(
+        service: &str,
+        ca: &[u8],
+        key: CertifiedKey,
+        settings: &TlsSettings,
+    ) -> Result<Self, TlsError> {
         let mut roots = RootCertStore::empty();
         for ca_cert in CertificateDer::pem_slice_iter(ca) {
-            let ca_cert = ca_cert.map_err(|error| TlsError::Pem { path: path(&settings.ca_file), reason: error.to_string() })?;
-            roots.add(ca_cert).map_err(|error| TlsError::Pem { path: path(&settings.ca_file), reason: error.to_string() })?;
+            let ca_cert = ca_cert.map_err(|error| TlsError::Pem {
+                path: path(&settings.ca_file),
+                reason: error.to_string(),
+            })?;
+            roots.add(ca_cert).map_err(|error| TlsError::Pem {
+                path: path(&settings.ca_file),
+                reason: error.to_string(),
+            })?;
         }
         let roots = Arc::new(roots);
         let current = Arc::new(CurrentKey(RwLock::new(Arc::new(key))));
         // A caller without a certificate completes the handshake, so that it is answered
         // UNAUTHENTICATED in gRPC terms instead of a bare TLS alert; a certificate that the CA
         // did not sign still fails the handshake.
-        let verifier =
-            WebPkiClientVerifier::builder(roots.clone()).allow_unauthenticated().build().map_err(|error| TlsError::Config(error.to_string()))?;
-        let mut server = ServerConfig::builder().with_client_cert_verifier(verifier).with_cert_resolver(current.clone());
+        let verifier = WebPkiClientVerifier::builder(roots.clone())
+            .allow_unauthenticated()
+            .build()
+            .map_err(|error| TlsError::Config(error.to_string()))?;
+        let mut server = ServerConfig::builder()
+            .with_client_cert_verifier(verifier)
+            .with_cert_resolver(current.clone());
         // HTTP/1.1 too, for plain HTTP clients that speak no HTTP/2 (they are told who may call).
         server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        let mut client = ClientConfig::builder().with_root_certificates(roots).with_client_cert_resolver(current.clone());
+        let mut client = ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_client_cert_resolver(current.clone());
         client.alpn_protocols = vec![b"h2".to_vec()];
-        Ok(Self { service: service.to_owned(), settings: settings.clone(), current, server: Arc::new(server), client: Arc::new(client) })
+        Ok(Self {
+            service: service.to_owned(),
+            settings: settings.clone(),
+            current,
+            server: Arc::new(server),
+            client: Arc::new(client),
+        })
     }
 }
 
@@ -193,11 +243,17 @@ struct CurrentKey(RwLock<Arc<CertifiedKey>>);
 
 impl CurrentKey {
     fn get(&self) -> Arc<CertifiedKey> {
-        self.0.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+        self.0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 
     fn set(&self, key: Arc<CertifiedKey>) {
-        *self.0.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = key;
+        *self
+            .0
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = key;
     }
 }
 
@@ -208,7 +264,11 @@ impl ResolvesServerCert for CurrentKey {
 }
 
 impl ResolvesClientCert for CurrentKey {
-    fn resolve(&self, _acceptable_issuers: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+    fn resolve(
+        &self,
+        _acceptable_issuers: &[&[u8]],
+        _schemes: &[SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
         Some(self.get())
     }
 
@@ -220,17 +280,34 @@ impl ResolvesClientCert for CurrentKey {
 /// `service`'s certificate and key from the files `settings` names, checked to name the service
 /// and to belong together.
 fn read_key(service: &str, settings: &TlsSettings) -> Result<CertifiedKey, TlsError> {
-    let (Some(cert_file), Some(key_file)) = (&settings.cert_file, &settings.key_file) else { return Err(TlsError::Missing) };
-    let pem_error = |file: &PathBuf, error: rustls::pki_types::pem::Error| TlsError::Pem { path: file.clone(), reason: error.to_string() };
-    let certs: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(&read(cert_file)?).collect::<Result<_, _>>().map_err(|error| pem_error(cert_file, error))?;
-    let leaf = certs.first().ok_or_else(|| TlsError::Pem { path: cert_file.clone(), reason: "no certificate".into() })?;
+    let (Some(cert_file), Some(key_file)) = (&settings.cert_file, &settings.key_file) else {
+        return Err(TlsError::Missing);
+    };
+    let pem_error = |file: &PathBuf, error: rustls::pki_types::pem::Error| TlsError::Pem {
+        path: file.clone(),
+        reason: error.to_string(),
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&read(cert_file)?)
+        .collect::<Result<_, _>>()
+        .map_err(|error| pem_error(cert_file, error))?;
+    let leaf = certs.first().ok_or_else(|| TlsError::Pem {
+        path: cert_file.clone(),
+        reason: "no certificate".into(),
+    })?;
     if peer_identity(leaf).as_deref() != Some(service) {
-        return Err(TlsError::WrongName { path: cert_file.clone(), expected: dns_name(service) });
+        return Err(TlsError::WrongName {
+            path: cert_file.clone(),
+            expected: dns_name(service),
+        });
     }
-    let key = PrivateKeyDer::from_pem_slice(&read(key_file)?).map_err(|error| pem_error(key_file, error))?;
-    CertifiedKey::from_der(certs, key, &rustls::crypto::ring::default_provider())
-        .map_err(|error| TlsError::Pem { path: key_file.clone(), reason: format!("not the key of the certificate: {error}") })
+    let key = PrivateKeyDer::from_pem_slice(&read(key_file)?)
+        .map_err(|error| pem_error(key_file, error))?;
+    CertifiedKey::from_der(certs, key, &rustls::crypto::ring::default_provider()).map_err(|error| {
+        TlsError::Pem {
+            path: key_file.clone(),
+            reason: format!("not the key of the certificate: {error}"),
+        }
+    })
 }
 
 fn path(file: &Option<PathBuf>) -> PathBuf {
@@ -238,7 +315,10 @@ fn path(file: &Option<PathBuf>) -> PathBuf {
 }
 
 fn read(path: &PathBuf) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read { path: path.clone(), source })
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.clone(),
+        source,
+    })
 }
 
 /// The service a (verified) certificate belongs to: the one subject alternative DNS name of the
@@ -248,10 +328,14 @@ pub fn peer_identity(certificate: &CertificateDer<'_>) -> Option<String> {
     let (_, parsed) = x509_parser::parse_x509_certificate(certificate.as_ref()).ok()?;
     let names = parsed.subject_alternative_name().ok()??;
     let suffix = format!(".{TRUST_DOMAIN}");
-    let mut services = names.value.general_names.iter().filter_map(|name| match name {
-        x509_parser::extensions::GeneralName::DNSName(dns) => dns.strip_suffix(suffix.as_str()),
-        _ => None,
-    });
+    let mut services = names
+        .value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            x509_parser::extensions::GeneralName::DNSName(dns) => dns.strip_suffix(suffix.as_str()),
+            _ => None,
+        });
     let service = services.next()?;
     let valid = !service.is_empty() && !service.contains(['.', '*']);
     (valid && services.next().is_none()).then(|| service.to_owned())
@@ -266,16 +350,27 @@ mod tests {
 
     fn identity_of(names: &[&str]) -> Option<String> {
         let key = KeyPair::generate().unwrap();
-        let params = CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>()).unwrap();
+        let params =
+            CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
+                .unwrap();
         peer_identity(params.self_signed(&key).unwrap().der())
     }
 
     #[test]
     fn a_certificate_names_one_service_or_none() {
-        assert_eq!(identity_of(&["orders.chain.internal"]).as_deref(), Some("orders"));
-        assert_eq!(identity_of(&["orders.chain.internal", "localhost"]).as_deref(), Some("orders"));
+        assert_eq!(
+            identity_of(&["orders.chain.internal"]).as_deref(),
+            Some("orders")
+        );
+        assert_eq!(
+            identity_of(&["orders.chain.internal", "localhost"]).as_deref(),
+            Some("orders")
+        );
         assert_eq!(identity_of(&["*.chain.internal"]), None);
-        assert_eq!(identity_of(&["orders.chain.internal", "payment.chain.internal"]), None);
+        assert_eq!(
+            identity_of(&["orders.chain.internal", "payment.chain.internal"]),
+            None
+        );
         assert_eq!(identity_of(&["a.orders.chain.internal"]), None);
         assert_eq!(identity_of(&["orders.chain.internal.example.com"]), None);
         assert_eq!(identity_of(&["chain.internal"]), None);
@@ -289,15 +384,34 @@ mod tests {
         assert_eq!(tls.service(), Some("orders"));
         assert!(tls.client_config("payment").is_some() && tls.server_config().is_some());
         let mixed_up = ServiceTls::load("payment", &certs.settings("orders"));
-        assert!(matches!(mixed_up, Err(TlsError::WrongName { .. })), "{:?}", mixed_up.err());
+        assert!(
+            matches!(mixed_up, Err(TlsError::WrongName { .. })),
+            "{:?}",
+            mixed_up.err()
+        );
     }
 
     #[test]
     fn plain_text_is_chosen_explicitly_and_alone() {
-        assert!(matches!(ServiceTls::load("orders", &TlsSettings::default()), Err(TlsError::Missing)));
-        let plain = TlsSettings { plaintext: true, ..TlsSettings::default() };
-        assert!(matches!(ServiceTls::load("orders", &plain), Ok(ServiceTls::Plaintext)));
-        let both = TlsSettings { ca_file: Some("ca.pem".into()), ..plain };
-        assert!(matches!(ServiceTls::load("orders", &both), Err(TlsError::Ambiguous)));
+        assert!(matches!(
+            ServiceTls::load("orders", &TlsSettings::default()),
+            Err(TlsError::Missing)
+        ));
+        let plain = TlsSettings {
+            plaintext: true,
+            ..TlsSettings::default()
+        };
+        assert!(matches!(
+            ServiceTls::load("orders", &plain),
+            Ok(ServiceTls::Plaintext)
+        ));
+        let both = TlsSettings {
+            ca_file: Some("ca.pem".into()),
+            ..plain
+        };
+        assert!(matches!(
+            ServiceTls::load("orders", &both),
+            Err(TlsError::Ambiguous)
+        ));
     }
 }

@@ -34,11 +34,20 @@ fn settings(ca: &TestCa, dir: &Path, service: &str) -> TlsSettings {
 
 /// A new certificate of `service` from `ca`, written where `settings` names its files.
 fn issue(ca: &TestCa, service: &str, settings: &TlsSettings) -> CertificateDer<'static> {
-    CertificateDer::from(ca.issue(&dns_name(service), settings.cert_file.as_ref().unwrap(), settings.key_file.as_ref().unwrap()))
+    CertificateDer::from(ca.issue(
+        &dns_name(service),
+        settings.cert_file.as_ref().unwrap(),
+        settings.key_file.as_ref().unwrap(),
+    ))
 }
 
 /// A TLS server with `tls`'s configuration that reports the certificate each client presented.
-async fn server(tls: &ServiceTls) -> (SocketAddr, mpsc::UnboundedReceiver<Option<CertificateDer<'static>>>) {
+async fn server(
+    tls: &ServiceTls,
+) -> (
+    SocketAddr,
+    mpsc::UnboundedReceiver<Option<CertificateDer<'static>>>,
+) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config().unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -46,7 +55,11 @@ async fn server(tls: &ServiceTls) -> (SocketAddr, mpsc::UnboundedReceiver<Option
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
             if let Ok(stream) = acceptor.accept(tcp).await {
-                let client = stream.get_ref().1.peer_certificates().and_then(|chain| chain.first().cloned());
+                let client = stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first().cloned());
                 let _ = seen.send(client.map(CertificateDer::into_owned));
             }
         }
@@ -55,21 +68,38 @@ async fn server(tls: &ServiceTls) -> (SocketAddr, mpsc::UnboundedReceiver<Option
 }
 
 /// Connects to `addr` with a client configuration: the certificate the server presented.
-async fn connect(client: &(Arc<ClientConfig>, ServerName<'static>), addr: SocketAddr) -> CertificateDer<'static> {
+async fn connect(
+    client: &(Arc<ClientConfig>, ServerName<'static>),
+    addr: SocketAddr,
+) -> CertificateDer<'static> {
     let (config, name) = client.clone();
-    let stream = tokio_rustls::TlsConnector::from(config).connect(name, TcpStream::connect(addr).await.unwrap()).await.unwrap();
-    stream.get_ref().1.peer_certificates().unwrap()[0].clone().into_owned()
+    let stream = tokio_rustls::TlsConnector::from(config)
+        .connect(name, TcpStream::connect(addr).await.unwrap())
+        .await
+        .unwrap();
+    stream.get_ref().1.peer_certificates().unwrap()[0]
+        .clone()
+        .into_owned()
 }
 
 #[tokio::test]
 async fn servers_and_clients_present_a_rotated_certificate_on_new_connections() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new();
-    let (orders_settings, gateway_settings) = (settings(&ca, dir.path(), "orders"), settings(&ca, dir.path(), "gateway"));
+    let (orders_settings, gateway_settings) = (
+        settings(&ca, dir.path(), "orders"),
+        settings(&ca, dir.path(), "gateway"),
+    );
     let orders_first = issue(&ca, "orders", &orders_settings);
     let gateway_first = issue(&ca, "gateway", &gateway_settings);
-    let orders = ServiceTls::load("orders", &orders_settings).unwrap().watched();
-    let gateway = ServiceTls::load("gateway", &gateway_settings).unwrap().watched().client_config("orders").unwrap();
+    let orders = ServiceTls::load("orders", &orders_settings)
+        .unwrap()
+        .watched();
+    let gateway = ServiceTls::load("gateway", &gateway_settings)
+        .unwrap()
+        .watched()
+        .client_config("orders")
+        .unwrap();
     let (addr, mut presented) = server(&orders).await;
     // Servers and channels keep their configurations, not the material they were made from.
     drop(orders);
@@ -80,7 +110,10 @@ async fn servers_and_clients_present_a_rotated_certificate_on_new_connections() 
     // Renewed on disk, both: new connections carry the new certificates both ways.
     let orders_second = issue(&ca, "orders", &orders_settings);
     let gateway_second = issue(&ca, "gateway", &gateway_settings);
-    eventually(SEEN, "orders presents its renewed certificate", || async { connect(&gateway, addr).await == orders_second }).await;
+    eventually(SEEN, "orders presents its renewed certificate", || async {
+        connect(&gateway, addr).await == orders_second
+    })
+    .await;
     // One record per connection, in order: the older ones first.
     let renewed = async {
         while presented.recv().await.unwrap().unwrap() != gateway_second {
@@ -88,13 +121,27 @@ async fn servers_and_clients_present_a_rotated_certificate_on_new_connections() 
             tokio::time::sleep(RELOAD).await;
         }
     };
-    tokio::time::timeout(SEEN, renewed).await.expect("the gateway presents its renewed certificate");
+    tokio::time::timeout(SEEN, renewed)
+        .await
+        .expect("the gateway presents its renewed certificate");
 
     // A half-written pair, or one naming another service, is not taken: the renewed one stays.
-    std::fs::write(orders_settings.key_file.as_ref().unwrap(), "-----BEGIN PRIVATE KEY-----\n").unwrap();
+    std::fs::write(
+        orders_settings.key_file.as_ref().unwrap(),
+        "-----BEGIN PRIVATE KEY-----\n",
+    )
+    .unwrap();
     tokio::time::sleep(RELOAD * 4).await;
-    assert_eq!(connect(&gateway, addr).await, orders_second, "a key that does not load is not taken");
+    assert_eq!(
+        connect(&gateway, addr).await,
+        orders_second,
+        "a key that does not load is not taken"
+    );
     issue(&ca, "payment", &orders_settings);
     tokio::time::sleep(RELOAD * 4).await;
-    assert_eq!(connect(&gateway, addr).await, orders_second, "a certificate of another service is not taken");
+    assert_eq!(
+        connect(&gateway, addr).await,
+        orders_second,
+        "a certificate of another service is not taken"
+    );
 }

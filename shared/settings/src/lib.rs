@@ -32,7 +32,12 @@ pub enum SettingsError {
 
 /// Every error figment found, on one line (its own text puts each on a line of its own).
 fn one_line(error: &figment::Error) -> String {
-    error.clone().into_iter().map(|error| error.to_string()).collect::<Vec<_>>().join("; ")
+    error
+        .clone()
+        .into_iter()
+        .map(|error| error.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Loads `T` from the four layers; `env_prefix` is e.g. `"ORDERS"`.
@@ -47,15 +52,21 @@ where
         }
         figment = figment.merge(Toml::file(path));
     }
-    figment = figment.merge(Env::prefixed(&format!("{env_prefix}_")).split("__")).merge(Toml::string(&overrides_as_toml(&args.overrides)?));
-    figment.extract().map_err(|error| SettingsError::Invalid(Box::new(error)))
+    figment = figment
+        .merge(Env::prefixed(&format!("{env_prefix}_")).split("__"))
+        .merge(Toml::string(&overrides_as_toml(&args.overrides)?));
+    figment
+        .extract()
+        .map_err(|error| SettingsError::Invalid(Box::new(error)))
 }
 
 /// `key=value` pairs as a TOML document; a value that is not valid TOML is taken as a string.
 fn overrides_as_toml(overrides: &[String]) -> Result<String, SettingsError> {
     let mut document = String::new();
     for pair in overrides {
-        let (key, value) = pair.split_once('=').ok_or_else(|| SettingsError::BadOverride(pair.clone()))?;
+        let (key, value) = pair
+            .split_once('=')
+            .ok_or_else(|| SettingsError::BadOverride(pair.clone()))?;
         let key = key.trim();
         if key.is_empty() {
             return Err(SettingsError::BadOverride(pair.clone()));
@@ -90,12 +101,18 @@ mod tests {
 
     impl Default for Example {
         fn default() -> Self {
-            Self { listen: "127.0.0.1:1".into(), payment: Nested { reserve_ms: 200 } }
+            Self {
+                listen: "127.0.0.1:1".into(),
+                payment: Nested { reserve_ms: 200 },
+            }
         }
     }
 
     fn args(config: Option<&str>, overrides: &[&str]) -> SettingsArgs {
-        SettingsArgs { config: config.map(PathBuf::from), overrides: overrides.iter().map(|s| s.to_string()).collect() }
+        SettingsArgs {
+            config: config.map(PathBuf::from),
+            overrides: overrides.iter().map(|s| s.to_string()).collect(),
+        }
     }
 
     // figment's Jail closures return its large error type; that is its API, not ours.
@@ -103,16 +120,38 @@ mod tests {
     #[test]
     fn each_layer_overrides_the_one_before() {
         figment::Jail::expect_with(|jail| {
-            jail.create_file("svc.toml", "listen = \"file:1\"\n[payment]\nreserve_ms = 10\n")?;
+            jail.create_file(
+                "svc.toml",
+                "listen = \"file:1\"\n[payment]\nreserve_ms = 10\n",
+            )?;
             let loaded: Example = load("SVC", &args(Some("svc.toml"), &[])).unwrap();
-            assert_eq!(loaded, Example { listen: "file:1".into(), payment: Nested { reserve_ms: 10 } });
+            assert_eq!(
+                loaded,
+                Example {
+                    listen: "file:1".into(),
+                    payment: Nested { reserve_ms: 10 }
+                }
+            );
 
             jail.set_env("SVC_PAYMENT__RESERVE_MS", "20");
             let loaded: Example = load("SVC", &args(Some("svc.toml"), &[])).unwrap();
             assert_eq!(loaded.payment.reserve_ms, 20);
 
-            let loaded: Example = load("SVC", &args(Some("svc.toml"), &["payment.reserve_ms=30", "listen=flag:1"])).unwrap();
-            assert_eq!(loaded, Example { listen: "flag:1".into(), payment: Nested { reserve_ms: 30 } });
+            let loaded: Example = load(
+                "SVC",
+                &args(
+                    Some("svc.toml"),
+                    &["payment.reserve_ms=30", "listen=flag:1"],
+                ),
+            )
+            .unwrap();
+            assert_eq!(
+                loaded,
+                Example {
+                    listen: "flag:1".into(),
+                    payment: Nested { reserve_ms: 30 }
+                }
+            );
             Ok(())
         });
     }
@@ -121,12 +160,29 @@ mod tests {
     #[test]
     fn mistakes_are_errors_not_defaults() {
         figment::Jail::expect_with(|_| {
-            assert!(matches!(load::<Example>("SVC", &args(Some("nope.toml"), &[])), Err(SettingsError::MissingFile(_))));
-            assert!(matches!(load::<Example>("SVC", &args(None, &["listen"])), Err(SettingsError::BadOverride(_))));
-            assert!(matches!(load::<Example>("SVC", &args(None, &["payment.reserve=1"])), Err(SettingsError::Invalid(_))));
-            assert!(matches!(load::<Example>("SVC", &args(None, &["payment.reserve_ms=soon"])), Err(SettingsError::Invalid(_))));
-            let unknown = load::<Example>("SVC", &args(None, &["payment.reserve=1"])).unwrap_err().to_string();
-            assert!(!unknown.contains('\n') && unknown.contains("reserve"), "{unknown}");
+            assert!(matches!(
+                load::<Example>("SVC", &args(Some("nope.toml"), &[])),
+                Err(SettingsError::MissingFile(_))
+            ));
+            assert!(matches!(
+                load::<Example>("SVC", &args(None, &["listen"])),
+                Err(SettingsError::BadOverride(_))
+            ));
+            assert!(matches!(
+                load::<Example>("SVC", &args(None, &["payment.reserve=1"])),
+                Err(SettingsError::Invalid(_))
+            ));
+            assert!(matches!(
+                load::<Example>("SVC", &args(None, &["payment.reserve_ms=soon"])),
+                Err(SettingsError::Invalid(_))
+            ));
+            let unknown = load::<Example>("SVC", &args(None, &["payment.reserve=1"]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                !unknown.contains('\n') && unknown.contains("reserve"),
+                "{unknown}"
+            );
             Ok(())
         });
     }

@@ -35,13 +35,21 @@ impl Error {
     /// (retryable), not as an internal error; nothing of the work was committed.
     pub fn is_unreachable(&self) -> bool {
         match self {
-            Error::Postgres(sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) => true,
+            Error::Postgres(
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed,
+            ) => true,
             // SQLSTATE class 08 (connection exception), 57P01..57P03 (shutdown, crash, starting up).
-            Error::Postgres(sqlx::Error::Database(error)) => {
-                error.code().is_some_and(|code| code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03"))
-            }
+            Error::Postgres(sqlx::Error::Database(error)) => error.code().is_some_and(|code| {
+                code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03")
+            }),
             Error::Sqlite(rusqlite::Error::SqliteFailure(error, _)) => {
-                matches!(error.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                matches!(
+                    error.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                )
             }
             Error::WriterBusy | Error::WriterStopped => true,
             Error::RolledBack(_) => true,

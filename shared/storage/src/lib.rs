@@ -46,7 +46,11 @@ pub struct SqliteSettings {
 
 impl Default for SqliteSettings {
     fn default() -> Self {
-        Self { synchronous: Synchronous::default(), max_batch: NonZeroU32::new(64).expect("not zero"), batch_wait_us: 0 }
+        Self {
+            synchronous: Synchronous::default(),
+            max_batch: NonZeroU32::new(64).expect("not zero"),
+            batch_wait_us: 0,
+        }
     }
 }
 
@@ -61,7 +65,10 @@ impl Backend {
     pub fn of(url: &str) -> Result<Self, Error> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Ok(Backend::Postgres)
-        } else if url.starts_with("sqlite:") && !url.contains(":memory:") && !url.contains("mode=memory") {
+        } else if url.starts_with("sqlite:")
+            && !url.contains(":memory:")
+            && !url.contains("mode=memory")
+        {
             Ok(Backend::Sqlite)
         } else {
             Err(Error::UnsupportedUrl(url.to_owned()))
@@ -100,14 +107,20 @@ impl Database {
     /// `migrations` chooses for the backend (a crate's `sqlx::migrate!` paths are its own),
     /// before the first request. On SQLite, every component of this process that opens the same
     /// file shares one writer (and the first opener's `sqlite` settings).
-    pub async fn open(url: &str, sqlite: SqliteSettings, migrations: impl FnOnce(Backend) -> Vec<Migrations>) -> Result<Self, Error> {
+    pub async fn open(
+        url: &str,
+        sqlite: SqliteSettings,
+        migrations: impl FnOnce(Backend) -> Vec<Migrations>,
+    ) -> Result<Self, Error> {
         let backend = Backend::of(url)?;
         let migrations = migrations(backend);
         match backend {
             Backend::Sqlite => {
                 let path = url.trim_start_matches("sqlite:").trim_start_matches("//");
                 let path = path.split('?').next().unwrap_or_default();
-                Ok(Self(Connections::Sqlite(sqlite::Sqlite::open(path.as_ref(), &sqlite, migrations).await?)))
+                Ok(Self(Connections::Sqlite(
+                    sqlite::Sqlite::open(path.as_ref(), &sqlite, migrations).await?,
+                )))
             }
             Backend::Postgres => {
                 let pool = PgPoolOptions::new()
@@ -115,7 +128,10 @@ impl Database {
                     .acquire_timeout(POSTGRES_WAIT)
                     .test_before_acquire(false)
                     .before_acquire(|connection, idle| {
-                        Box::pin(async move { Ok(idle.idle_for < CHECK_AFTER_IDLE || sqlx::Connection::ping(connection).await.is_ok()) })
+                        Box::pin(async move {
+                            Ok(idle.idle_for < CHECK_AFTER_IDLE
+                                || sqlx::Connection::ping(connection).await.is_ok())
+                        })
                     })
                     .connect(url)
                     .await?;
@@ -175,20 +191,41 @@ impl Database {
         match &self.0 {
             Connections::Sqlite(sqlite) => {
                 let statement = Statement::new(sql.to_owned(), params);
-                sqlite.write(async move |tx: &mut Tx<'_>| tx.execute(statement.sql(), &statement.params()).await).await
+                sqlite
+                    .write(async move |tx: &mut Tx<'_>| {
+                        tx.execute(statement.sql(), &statement.params()).await
+                    })
+                    .await
             }
-            Connections::Postgres(pool) => Tx::postgres(&mut *pool.acquire().await?).execute(sql, params).await,
+            Connections::Postgres(pool) => {
+                Tx::postgres(&mut *pool.acquire().await?)
+                    .execute(sql, params)
+                    .await
+            }
         }
     }
 
     /// As [`Database::execute`], for a statement that returns a row (`… RETURNING`).
-    pub async fn execute_returning<R: FromRow + Send + 'static>(&self, sql: &str, params: &[&dyn Param]) -> Result<Option<R>, Error> {
+    pub async fn execute_returning<R: FromRow + Send + 'static>(
+        &self,
+        sql: &str,
+        params: &[&dyn Param],
+    ) -> Result<Option<R>, Error> {
         match &self.0 {
             Connections::Sqlite(sqlite) => {
                 let statement = Statement::new(sql.to_owned(), params);
-                sqlite.write(async move |tx: &mut Tx<'_>| tx.fetch_optional(statement.sql(), &statement.params()).await).await
+                sqlite
+                    .write(async move |tx: &mut Tx<'_>| {
+                        tx.fetch_optional(statement.sql(), &statement.params())
+                            .await
+                    })
+                    .await
             }
-            Connections::Postgres(pool) => Tx::postgres(&mut *pool.acquire().await?).fetch_optional(sql, params).await,
+            Connections::Postgres(pool) => {
+                Tx::postgres(&mut *pool.acquire().await?)
+                    .fetch_optional(sql, params)
+                    .await
+            }
         }
     }
 
@@ -206,14 +243,18 @@ impl Database {
         match &self.0 {
             Connections::Sqlite(sqlite) => {
                 let mut reader = sqlite.reader()?;
-                reader.connection().execute_batch("BEGIN").map_err(Error::from)?;
+                reader
+                    .connection()
+                    .execute_batch("BEGIN")
+                    .map_err(Error::from)?;
                 let done = work(&mut Tx::sqlite(reader.connection())).await;
                 // Dropping the reader ends the snapshot.
                 drop(reader);
                 done
             }
             Connections::Postgres(pool) => {
-                let mut transaction = begin(pool, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?;
+                let mut transaction =
+                    begin(pool, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?;
                 let done = work(&mut Tx::postgres(&mut transaction)).await?;
                 transaction.commit().await.map_err(Error::from)?;
                 Ok(done)
@@ -223,27 +264,63 @@ impl Database {
 
     /// One read statement's first row, if any: on SQLite on a read connection, on the caller's
     /// thread; on PostgreSQL on a pooled connection, one round trip.
-    pub async fn fetch_optional<R: FromRow>(&self, sql: &str, params: &[&dyn Param]) -> Result<Option<R>, Error> {
+    pub async fn fetch_optional<R: FromRow>(
+        &self,
+        sql: &str,
+        params: &[&dyn Param],
+    ) -> Result<Option<R>, Error> {
         match &self.0 {
-            Connections::Sqlite(sqlite) => Tx::sqlite(sqlite.reader()?.connection()).fetch_optional(sql, params).await,
-            Connections::Postgres(pool) => Tx::postgres(&mut *pool.acquire().await?).fetch_optional(sql, params).await,
+            Connections::Sqlite(sqlite) => {
+                Tx::sqlite(sqlite.reader()?.connection())
+                    .fetch_optional(sql, params)
+                    .await
+            }
+            Connections::Postgres(pool) => {
+                Tx::postgres(&mut *pool.acquire().await?)
+                    .fetch_optional(sql, params)
+                    .await
+            }
         }
     }
 
     /// One read statement's first row; an error when it returns none. See
     /// [`Database::fetch_optional`].
-    pub async fn fetch_one<R: FromRow>(&self, sql: &str, params: &[&dyn Param]) -> Result<R, Error> {
+    pub async fn fetch_one<R: FromRow>(
+        &self,
+        sql: &str,
+        params: &[&dyn Param],
+    ) -> Result<R, Error> {
         match &self.0 {
-            Connections::Sqlite(sqlite) => Tx::sqlite(sqlite.reader()?.connection()).fetch_one(sql, params).await,
-            Connections::Postgres(pool) => Tx::postgres(&mut *pool.acquire().await?).fetch_one(sql, params).await,
+            Connections::Sqlite(sqlite) => {
+                Tx::sqlite(sqlite.reader()?.connection())
+                    .fetch_one(sql, params)
+                    .await
+            }
+            Connections::Postgres(pool) => {
+                Tx::postgres(&mut *pool.acquire().await?)
+                    .fetch_one(sql, params)
+                    .await
+            }
         }
     }
 
     /// Every row of one read statement. See [`Database::fetch_optional`].
-    pub async fn fetch_all<R: FromRow>(&self, sql: &str, params: &[&dyn Param]) -> Result<Vec<R>, Error> {
+    pub async fn fetch_all<R: FromRow>(
+        &self,
+        sql: &str,
+        params: &[&dyn Param],
+    ) -> Result<Vec<R>, Error> {
         match &self.0 {
-            Connections::Sqlite(sqlite) => Tx::sqlite(sqlite.reader()?.connection()).fetch_all(sql, params).await,
-            Connections::Postgres(pool) => Tx::postgres(&mut *pool.acquire().await?).fetch_all(sql, params).await,
+            Connections::Sqlite(sqlite) => {
+                Tx::sqlite(sqlite.reader()?.connection())
+                    .fetch_all(sql, params)
+                    .await
+            }
+            Connections::Postgres(pool) => {
+                Tx::postgres(&mut *pool.acquire().await?)
+                    .fetch_all(sql, params)
+                    .await
+            }
         }
     }
 }
@@ -254,7 +331,10 @@ impl Database {
 /// transaction that every later statement on it joins and none commits. On its own task the
 /// `BEGIN` completes whatever happens to the caller, and a transaction nobody takes any more is
 /// dropped there, which rolls it back. (sqlx issue 4393, fixed upstream after 0.9.0.)
-async fn begin(pool: &PgPool, statement: &'static str) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, Error> {
+async fn begin(
+    pool: &PgPool,
+    statement: &'static str,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, Error> {
     let pool = pool.clone();
     match tokio::spawn(async move { pool.begin_with(statement).await }).await {
         Ok(begun) => Ok(begun?),

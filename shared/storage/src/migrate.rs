@@ -10,7 +10,10 @@ use crate::{Error, Migrations};
 
 /// Applies to SQLite's `connection`, inside the caller's transaction, the `migrations` not
 /// applied yet; a migration applied with other contents than today's is an error.
-pub(crate) fn sqlite(connection: &mut rusqlite::Connection, migrations: &[Migrations]) -> Result<(), Error> {
+pub(crate) fn sqlite(
+    connection: &mut rusqlite::Connection,
+    migrations: &[Migrations],
+) -> Result<(), Error> {
     for (owner, migrator) in migrations {
         let table = format!("_sqlx_migrations_{owner}");
         connection.execute_batch(&format!(
@@ -18,14 +21,32 @@ pub(crate) fn sqlite(connection: &mut rusqlite::Connection, migrations: &[Migrat
              installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, success BOOLEAN NOT NULL, \
              checksum BLOB NOT NULL, execution_time BIGINT NOT NULL)"
         ))?;
-        for migration in migrator.iter().filter(|migration| migration.migration_type.is_up_migration()) {
+        for migration in migrator
+            .iter()
+            .filter(|migration| migration.migration_type.is_up_migration())
+        {
             let applied: Option<Vec<u8>> = connection
-                .query_row(&format!("SELECT checksum FROM {table} WHERE version = ?1"), [migration.version], |row| row.get(0))
+                .query_row(
+                    &format!("SELECT checksum FROM {table} WHERE version = ?1"),
+                    [migration.version],
+                    |row| row.get(0),
+                )
                 .map(Some)
-                .or_else(|error| if error == rusqlite::Error::QueryReturnedNoRows { Ok(None) } else { Err(error) })?;
+                .or_else(|error| {
+                    if error == rusqlite::Error::QueryReturnedNoRows {
+                        Ok(None)
+                    } else {
+                        Err(error)
+                    }
+                })?;
             match applied {
                 Some(checksum) if checksum == *migration.checksum => {}
-                Some(_) => return Err(Error::MigrationChanged { owner, version: migration.version }),
+                Some(_) => {
+                    return Err(Error::MigrationChanged {
+                        owner,
+                        version: migration.version,
+                    });
+                }
                 None => {
                     connection.execute_batch(migration.sql.as_str())?;
                     connection.execute(

@@ -124,7 +124,9 @@ impl rusqlite::ToSql for Value<'_> {
             Value::Bool(Some(bool)) => ValueRef::Integer(i64::from(bool)),
             Value::Text(Some(text)) => ValueRef::Text(text.as_bytes()),
             Value::Blob(Some(blob)) => ValueRef::Blob(blob),
-            Value::Integer(None) | Value::Bool(None) | Value::Text(None) | Value::Blob(None) => ValueRef::Null,
+            Value::Integer(None) | Value::Bool(None) | Value::Text(None) | Value::Blob(None) => {
+                ValueRef::Null
+            }
         }))
     }
 }
@@ -147,9 +149,15 @@ pub(crate) fn bind_postgres<'q>(
 
 /// A column's value that both drivers decode: `i64`, `bool`, `String`, `Vec<u8>`, and their
 /// `Option`s for nullable columns.
-pub trait Column: rusqlite::types::FromSql + sqlx::Type<Postgres> + for<'r> sqlx::Decode<'r, Postgres> {}
+pub trait Column:
+    rusqlite::types::FromSql + sqlx::Type<Postgres> + for<'r> sqlx::Decode<'r, Postgres>
+{
+}
 
-impl<T> Column for T where T: rusqlite::types::FromSql + sqlx::Type<Postgres> + for<'r> sqlx::Decode<'r, Postgres> {}
+impl<T> Column for T where
+    T: rusqlite::types::FromSql + sqlx::Type<Postgres> + for<'r> sqlx::Decode<'r, Postgres>
+{
+}
 
 /// One row of a result, on either backend.
 pub enum Row<'r> {

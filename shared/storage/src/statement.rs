@@ -15,7 +15,13 @@ pub struct Statement {
 
 impl Statement {
     pub fn new(sql: impl Into<Cow<'static, str>>, params: &[&dyn Param]) -> Self {
-        Self { sql: sql.into(), params: params.iter().map(|param| Owned::from(param.value())).collect() }
+        Self {
+            sql: sql.into(),
+            params: params
+                .iter()
+                .map(|param| Owned::from(param.value()))
+                .collect(),
+        }
     }
 
     pub fn sql(&self) -> &str {
@@ -24,7 +30,10 @@ impl Statement {
 
     /// Its parameters, as [`Tx::execute`](crate::Tx::execute) and its siblings bind them.
     pub fn params(&self) -> Vec<&dyn Param> {
-        self.params.iter().map(|param| param as &dyn Param).collect()
+        self.params
+            .iter()
+            .map(|param| param as &dyn Param)
+            .collect()
     }
 
     /// Appends SQL text that binds nothing: the glue of a statement built from several.
@@ -66,7 +75,10 @@ fn rewrite_parameters(sql: &str, out: &mut String, mut parameter: impl FnMut(&st
     while let Some(dollar) = rest.find('$') {
         out.push_str(&rest[..dollar]);
         let after = &rest[dollar + 1..];
-        let digits = after.len() - after.trim_start_matches(|character: char| character.is_ascii_digit()).len();
+        let digits = after.len()
+            - after
+                .trim_start_matches(|character: char| character.is_ascii_digit())
+                .len();
         if digits == 0 {
             out.push('$');
         } else {
@@ -83,15 +95,27 @@ mod tests {
 
     #[test]
     fn parameters_are_numbered_by_their_digits() {
-        assert_eq!(numbered("UPDATE t SET a = $2 WHERE b = $1 AND c = $12"), "UPDATE t SET a = ?2 WHERE b = ?1 AND c = ?12");
+        assert_eq!(
+            numbered("UPDATE t SET a = $2 WHERE b = $1 AND c = $12"),
+            "UPDATE t SET a = ?2 WHERE b = ?1 AND c = ?12"
+        );
         assert_eq!(numbered("SELECT 1"), "SELECT 1");
     }
 
     #[test]
     fn an_appended_statement_numbers_its_parameters_after_the_others() {
-        let mut joined = Statement::new("WITH a AS (UPDATE t SET x = $1 WHERE y = $2 RETURNING 1) ", &[&1_i64, &2_i64]);
-        joined.append(&Statement::new("INSERT INTO u SELECT $2, $1, $10 FROM a", &[&"one", &"two", &"three"]));
-        assert_eq!(joined.sql(), "WITH a AS (UPDATE t SET x = $1 WHERE y = $2 RETURNING 1) INSERT INTO u SELECT $4, $3, $12 FROM a");
+        let mut joined = Statement::new(
+            "WITH a AS (UPDATE t SET x = $1 WHERE y = $2 RETURNING 1) ",
+            &[&1_i64, &2_i64],
+        );
+        joined.append(&Statement::new(
+            "INSERT INTO u SELECT $2, $1, $10 FROM a",
+            &[&"one", &"two", &"three"],
+        ));
+        assert_eq!(
+            joined.sql(),
+            "WITH a AS (UPDATE t SET x = $1 WHERE y = $2 RETURNING 1) INSERT INTO u SELECT $4, $3, $12 FROM a"
+        );
         assert_eq!(joined.params().len(), 5);
     }
 }

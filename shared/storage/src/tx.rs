@@ -51,33 +51,56 @@ impl<'c> Tx<'c> {
     /// Runs a statement that returns no rows; how many rows it changed.
     pub async fn execute(&mut self, sql: &str, params: &[&dyn Param]) -> Result<u64, Error> {
         match &mut self.0 {
-            Connection::Sqlite(connection) => Ok(prepare(connection, sql)?.execute(bound(params))? as u64),
+            Connection::Sqlite(connection) => {
+                Ok(prepare(connection, sql)?.execute(bound(params))? as u64)
+            }
             Connection::Postgres(connection) => {
-                Ok(bind_postgres(sqlx::query(sqlx::AssertSqlSafe(sql)), params).execute(&mut **connection).await?.rows_affected())
+                Ok(bind_postgres(sqlx::query(sqlx::AssertSqlSafe(sql)), params)
+                    .execute(&mut **connection)
+                    .await?
+                    .rows_affected())
             }
         }
     }
 
     /// The first row a statement returns, if any.
-    pub async fn fetch_optional<R: FromRow>(&mut self, sql: &str, params: &[&dyn Param]) -> Result<Option<R>, Error> {
+    pub async fn fetch_optional<R: FromRow>(
+        &mut self,
+        sql: &str,
+        params: &[&dyn Param],
+    ) -> Result<Option<R>, Error> {
         match &mut self.0 {
-            Connection::Sqlite(connection) => {
-                prepare(connection, sql)?.query(bound(params))?.next()?.map(|row| R::from_row(&Row::Sqlite(row))).transpose()
-            }
+            Connection::Sqlite(connection) => prepare(connection, sql)?
+                .query(bound(params))?
+                .next()?
+                .map(|row| R::from_row(&Row::Sqlite(row)))
+                .transpose(),
             Connection::Postgres(connection) => {
-                let row = bind_postgres(sqlx::query(sqlx::AssertSqlSafe(sql)), params).fetch_optional(&mut **connection).await?;
+                let row = bind_postgres(sqlx::query(sqlx::AssertSqlSafe(sql)), params)
+                    .fetch_optional(&mut **connection)
+                    .await?;
                 row.map(|row| R::from_row(&Row::Postgres(&row))).transpose()
             }
         }
     }
 
     /// The first row a statement returns; an error when it returns none.
-    pub async fn fetch_one<R: FromRow>(&mut self, sql: &str, params: &[&dyn Param]) -> Result<R, Error> {
-        self.fetch_optional(sql, params).await?.ok_or_else(|| Error::Corrupt(format!("no row for {sql:?}")))
+    pub async fn fetch_one<R: FromRow>(
+        &mut self,
+        sql: &str,
+        params: &[&dyn Param],
+    ) -> Result<R, Error> {
+        self.fetch_optional(sql, params)
+            .await?
+            .ok_or_else(|| Error::Corrupt(format!("no row for {sql:?}")))
     }
 
     /// Every row a statement returns.
-    pub async fn fetch_all<R: FromRow>(&mut self, sql: &str, params: &[&dyn Param]) -> Result<Vec<R>, Error> {
+    pub async fn fetch_all<R: FromRow>(
+        &mut self,
+        sql: &str,
+        params: &[&dyn Param],
+    ) -> Result<Vec<R>, Error> {
         match &mut self.0 {
             Connection::Sqlite(connection) => {
                 let mut statement = prepare(connection, sql)?;
@@ -89,8 +112,12 @@ impl<'c> Tx<'c> {
                 Ok(all)
             }
             Connection::Postgres(connection) => {
-                let rows = bind_postgres(sqlx::query(sqlx::AssertSqlSafe(sql)), params).fetch_all(&mut **connection).await?;
-                rows.iter().map(|row| R::from_row(&Row::Postgres(row))).collect()
+                let rows = bind_postgres(sqlx::query(sqlx::AssertSqlSafe(sql)), params)
+                    .fetch_all(&mut **connection)
+                    .await?;
+                rows.iter()
+                    .map(|row| R::from_row(&Row::Postgres(row)))
+                    .collect()
             }
         }
     }
@@ -98,7 +125,10 @@ impl<'c> Tx<'c> {
 
 /// A SQLite statement from the connection's cache of prepared statements, announced as a
 /// `storage::statement` event.
-fn prepare<'c>(connection: &'c rusqlite::Connection, sql: &str) -> rusqlite::Result<rusqlite::CachedStatement<'c>> {
+fn prepare<'c>(
+    connection: &'c rusqlite::Connection,
+    sql: &str,
+) -> rusqlite::Result<rusqlite::CachedStatement<'c>> {
     tracing::debug!(target: "storage::statement", sql);
     connection.prepare_cached(&numbered(sql))
 }

@@ -24,28 +24,49 @@ const READ_LIMIT: Duration = Duration::from_secs(2);
 
 async fn sqlite(dir: &tempfile::TempDir) -> Database {
     let url = format!("sqlite://{}", dir.path().join("notes.db").display());
-    let database = Database::open(&url, SqliteSettings::default(), |_| Vec::new()).await.unwrap();
-    database.write(async |tx: &mut Tx<'_>| tx.execute(NOTES, &[]).await).await.unwrap();
+    let database = Database::open(&url, SqliteSettings::default(), |_| Vec::new())
+        .await
+        .unwrap();
+    database
+        .write(async |tx: &mut Tx<'_>| tx.execute(NOTES, &[]).await)
+        .await
+        .unwrap();
     database
 }
 
 async fn postgres(scratch: &ScratchDatabase) -> Database {
-    let database = Database::open(scratch.url(), SqliteSettings::default(), |_| Vec::new()).await.unwrap();
-    database.write(async |tx: &mut Tx<'_>| tx.execute(NOTES, &[]).await).await.unwrap();
+    let database = Database::open(scratch.url(), SqliteSettings::default(), |_| Vec::new())
+        .await
+        .unwrap();
+    database
+        .write(async |tx: &mut Tx<'_>| tx.execute(NOTES, &[]).await)
+        .await
+        .unwrap();
     database
 }
 
 async fn insert(tx: &mut Tx<'_>, id: &str) -> Result<u64, Error> {
-    tx.execute("INSERT INTO notes (id) VALUES ($1)", &[&id]).await
+    tx.execute("INSERT INTO notes (id) VALUES ($1)", &[&id])
+        .await
 }
 
 /// The notes committed, in order.
 async fn notes(database: &Database) -> Vec<String> {
-    database.fetch_all("SELECT id FROM notes ORDER BY id", &[]).await.unwrap()
+    database
+        .fetch_all("SELECT id FROM notes ORDER BY id", &[])
+        .await
+        .unwrap()
 }
 
 /// Writes `id`, then holds the writer (on SQLite) or its transaction until `release` fires.
-fn hold(database: &Database, id: &'static str) -> (JoinHandle<Result<(), Error>>, oneshot::Sender<()>, oneshot::Receiver<()>) {
+fn hold(
+    database: &Database,
+    id: &'static str,
+) -> (
+    JoinHandle<Result<(), Error>>,
+    oneshot::Sender<()>,
+    oneshot::Receiver<()>,
+) {
     let (release, released) = oneshot::channel::<()>();
     let (holding, held) = oneshot::channel::<()>();
     let database = database.clone();
@@ -83,10 +104,17 @@ async fn a_read_does_not_wait_for_a_write_in_progress(backend: &str, database: &
     held.await.unwrap();
     let during = tokio::time::timeout(READ_LIMIT, notes(database)).await;
     let during = during.unwrap_or_else(|_| panic!("{backend}: the read waited for the write"));
-    assert!(during.is_empty(), "{backend}: the write in progress is not seen");
+    assert!(
+        during.is_empty(),
+        "{backend}: the write in progress is not seen"
+    );
     release.send(()).unwrap();
     holder.await.unwrap().unwrap();
-    assert_eq!(notes(database).await, ["a"], "{backend}: the committed write is seen at once");
+    assert_eq!(
+        notes(database).await,
+        ["a"],
+        "{backend}: the committed write is seen at once"
+    );
 }
 
 #[tokio::test]
@@ -109,18 +137,28 @@ async fn a_failing_member_of_a_batch_rolls_back_only_its_own_work() {
     let database = sqlite(&dir).await;
     let (holder, release, held) = hold(&database, "a");
     held.await.unwrap();
-    let first = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "b").await.map(drop));
+    let first = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "b")
+        .await
+        .map(drop));
     let failing = queue!(database, async |tx: &mut Tx<'_>| {
         insert(tx, "c").await?;
         insert(tx, "a").await.map(drop)
     });
-    let third = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "d").await.map(drop));
+    let third = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "d")
+        .await
+        .map(drop));
     settle().await;
-    assert!(!first.is_finished(), "a member is not told before its batch commits");
+    assert!(
+        !first.is_finished(),
+        "a member is not told before its batch commits"
+    );
     release.send(()).unwrap();
     holder.await.unwrap().unwrap();
     first.await.unwrap().unwrap();
-    let failed = failing.await.unwrap().expect_err("the second insert of the failing member breaks uniqueness");
+    let failed = failing
+        .await
+        .unwrap()
+        .expect_err("the second insert of the failing member breaks uniqueness");
     assert!(matches!(failed, Error::Sqlite(_)), "{failed:?}");
     third.await.unwrap().unwrap();
     assert_eq!(notes(&database).await, ["a", "b", "d"]);
@@ -134,8 +172,12 @@ async fn work_whose_caller_left_before_its_turn_never_runs() {
     let database = sqlite(&dir).await;
     let (holder, release, held) = hold(&database, "a");
     held.await.unwrap();
-    let abandoned = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "abandoned").await.map(drop));
-    let kept = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "kept").await.map(drop));
+    let abandoned = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "abandoned")
+        .await
+        .map(drop));
+    let kept = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "kept")
+        .await
+        .map(drop));
     settle().await;
     abandoned.abort();
     settle().await;
@@ -155,17 +197,27 @@ async fn a_transaction_sqlite_rolled_back_is_reported_to_every_member() {
     let database = sqlite(&dir).await;
     let (holder, release, held) = hold(&database, "a");
     held.await.unwrap();
-    let before = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "b").await.map(drop));
+    let before = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "b")
+        .await
+        .map(drop));
     let rolling_back = queue!(database, async |tx: &mut Tx<'_>| {
         insert(tx, "c").await?;
         tx.execute("ROLLBACK", &[]).await.map(drop)
     });
     settle().await;
-    let after = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "d").await.map(drop));
-    let after_that = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "e").await.map(drop));
+    let after = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "d")
+        .await
+        .map(drop));
+    let after_that = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "e")
+        .await
+        .map(drop));
     settle().await;
     release.send(()).unwrap();
-    for (member, outcome) in [("holder", holder.await.unwrap()), ("before", before.await.unwrap()), ("rolling back", rolling_back.await.unwrap())] {
+    for (member, outcome) in [
+        ("holder", holder.await.unwrap()),
+        ("before", before.await.unwrap()),
+        ("rolling back", rolling_back.await.unwrap()),
+    ] {
         let error = outcome.expect_err(member);
         assert!(matches!(error, Error::RolledBack(_)), "{member}: {error:?}");
     }
@@ -184,12 +236,24 @@ async fn a_begin_refused_by_a_lock_runs_nothing_outside_a_transaction() {
     let database = sqlite(&dir).await;
     let outside = rusqlite::Connection::open(dir.path().join("notes.db")).unwrap();
     outside.execute_batch("BEGIN IMMEDIATE").unwrap();
-    let refused = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "refused").await.map(drop));
+    let refused = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "refused")
+        .await
+        .map(drop));
     settle().await;
-    let behind = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "behind").await.map(drop));
-    let behind_too = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "behind too").await.map(drop));
-    let error = refused.await.unwrap().expect_err("the lock outlasts the busy timeout");
-    assert!(error.is_unreachable(), "a locked file is a retryable failure: {error:?}");
+    let behind = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "behind")
+        .await
+        .map(drop));
+    let behind_too = queue!(database, async |tx: &mut Tx<'_>| insert(tx, "behind too")
+        .await
+        .map(drop));
+    let error = refused
+        .await
+        .unwrap()
+        .expect_err("the lock outlasts the busy timeout");
+    assert!(
+        error.is_unreachable(),
+        "a locked file is a retryable failure: {error:?}"
+    );
     outside.execute_batch("COMMIT").unwrap();
     behind.await.unwrap().unwrap();
     behind_too.await.unwrap().unwrap();
@@ -210,7 +274,9 @@ async fn idle_in_transaction(database: &Database) -> i64 {
 /// after each drop is.
 #[tokio::test]
 async fn a_write_dropped_midway_on_postgresql_leaves_no_connection_inside_a_transaction() {
-    let Some(admin_url) = test_support::postgres_admin_url() else { return };
+    let Some(admin_url) = test_support::postgres_admin_url() else {
+        return;
+    };
     let scratch = ScratchDatabase::create(&admin_url, "storage").await;
     let database = postgres(&scratch).await;
     for step in 0..40 {
@@ -224,26 +290,43 @@ async fn a_write_dropped_midway_on_postgresql_leaves_no_connection_inside_a_tran
             tokio::task::yield_now().await;
         }
         let kept = format!("kept-{step:02}");
-        database.write(async move |tx: &mut Tx<'_>| insert(tx, &kept).await).await.unwrap();
+        database
+            .write(async move |tx: &mut Tx<'_>| insert(tx, &kept).await)
+            .await
+            .unwrap();
     }
-    test_support::eventually(Duration::from_secs(5), "no connection left inside a transaction", || async {
-        idle_in_transaction(&database).await == 0
-    })
+    test_support::eventually(
+        Duration::from_secs(5),
+        "no connection left inside a transaction",
+        || async { idle_in_transaction(&database).await == 0 },
+    )
     .await;
     let committed = notes(&database).await;
-    assert_eq!(committed, (0..40).map(|step| format!("kept-{step:02}")).collect::<Vec<_>>());
+    assert_eq!(
+        committed,
+        (0..40)
+            .map(|step| format!("kept-{step:02}"))
+            .collect::<Vec<_>>()
+    );
 }
 
 #[tokio::test]
 async fn a_database_out_of_reach_is_told_apart_from_a_failed_statement() {
     // Port 1 on loopback: nothing listens there, the connection is refused.
-    let refused = Database::open("postgres://chain:chain@127.0.0.1:1/orders", SqliteSettings::default(), |_| Vec::new())
-        .await
-        .expect_err("nothing listens on port 1");
+    let refused = Database::open(
+        "postgres://chain:chain@127.0.0.1:1/orders",
+        SqliteSettings::default(),
+        |_| Vec::new(),
+    )
+    .await
+    .expect_err("nothing listens on port 1");
     assert!(refused.is_unreachable(), "{refused:?}");
     let dir = tempfile::tempdir().unwrap();
     let database = sqlite(&dir).await;
-    let failed = database.fetch_all::<(String,)>("SELECT * FROM no_such_table", &[]).await.expect_err("no such table");
+    let failed = database
+        .fetch_all::<(String,)>("SELECT * FROM no_such_table", &[])
+        .await
+        .expect_err("no such table");
     assert!(!failed.is_unreachable(), "{failed:?}");
 }
 
@@ -252,6 +335,9 @@ async fn a_database_out_of_reach_is_told_apart_from_a_failed_statement() {
 async fn parameters_bind_by_their_numbers() {
     let dir = tempfile::tempdir().unwrap();
     let database = sqlite(&dir).await;
-    let row: (String, i64) = database.fetch_one("SELECT $2, $1", &[&7_i64, &"second"]).await.unwrap();
+    let row: (String, i64) = database
+        .fetch_one("SELECT $2, $1", &[&7_i64, &"second"])
+        .await
+        .unwrap();
     assert_eq!(row, ("second".to_owned(), 7));
 }

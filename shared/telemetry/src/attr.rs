@@ -8,7 +8,8 @@
 //! `deadline.*`, `retry.*`, …) have namespaces of their own.
 
 pub use opentelemetry_semantic_conventions::attribute::{
-    ERROR_TYPE, HTTP_REQUEST_METHOD, HTTP_RESPONSE_STATUS_CODE, HTTP_ROUTE, SERVER_ADDRESS, SERVER_PORT, URL_SCHEME,
+    ERROR_TYPE, HTTP_REQUEST_METHOD, HTTP_RESPONSE_STATUS_CODE, HTTP_ROUTE, SERVER_ADDRESS,
+    SERVER_PORT, URL_SCHEME,
 };
 
 /// The remote-call system: `grpc`.

@@ -33,7 +33,12 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
-    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> std::fmt::Result {
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
         let mut timestamp = String::new();
         SystemTime.format_time(&mut Writer::new(&mut timestamp))?;
         let mut line = Map::new();
@@ -44,7 +49,9 @@ where
         let context = ctx
             .lookup_current()
             .zip(self.dispatch.get().and_then(WeakDispatch::upgrade))
-            .and_then(|(span, dispatch)| tracing_opentelemetry::get_otel_context(&span.id(), &dispatch));
+            .and_then(|(span, dispatch)| {
+                tracing_opentelemetry::get_otel_context(&span.id(), &dispatch)
+            });
         if let Some(context) = context {
             let span = context.span();
             let ids = span.span_context();
@@ -62,7 +69,8 @@ struct Fields<'a>(&'a mut Map<String, Value>);
 
 impl tracing::field::Visit for Fields<'_> {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().into(), format!("{value:?}").into());
+        self.0
+            .insert(field.name().into(), format!("{value:?}").into());
     }
 
     fn record_str(&mut self, field: &Field, value: &str) {
@@ -107,7 +115,10 @@ mod tests {
 
     impl io::Write for Lines {
         fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-            self.0.lock().unwrap_or_else(PoisonError::into_inner).extend_from_slice(bytes);
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend_from_slice(bytes);
             Ok(bytes.len())
         }
 
@@ -122,7 +133,11 @@ mod tests {
         let provider = SdkTracerProvider::builder().build();
         let writer = lines.clone();
         let subscriber = tracing_subscriber::registry()
-            .with(tracing_subscriber::fmt::layer().event_format(format.clone()).with_writer(move || writer.clone()))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .event_format(format.clone())
+                    .with_writer(move || writer.clone()),
+            )
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
         let dispatch = Dispatch::new(subscriber);
         format.dispatch.set(dispatch.downgrade()).ok();
@@ -136,13 +151,33 @@ mod tests {
             (ids.trace_id().to_string(), ids.span_id().to_string())
         });
         let written = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-        let lines: Vec<Value> = written.lines().map(|line| serde_json::from_str(line).expect("each line a JSON object")).collect();
+        let lines: Vec<Value> = written
+            .lines()
+            .map(|line| serde_json::from_str(line).expect("each line a JSON object"))
+            .collect();
         assert_eq!(lines.len(), 2, "{written}");
-        assert_eq!((lines[0]["message"].as_str(), lines[0].get("trace_id")), (Some("outside any span"), None));
+        assert_eq!(
+            (lines[0]["message"].as_str(), lines[0].get("trace_id")),
+            (Some("outside any span"), None)
+        );
         let inside = &lines[1];
-        assert_eq!((inside["level"].as_str(), inside["message"].as_str()), (Some("WARN"), Some("inside")));
-        assert_eq!((inside["answer"].as_i64(), inside["retried"].as_bool()), (Some(42), Some(true)));
-        assert_eq!((inside["trace_id"].as_str(), inside["span_id"].as_str()), (Some(ids.0.as_str()), Some(ids.1.as_str())));
-        assert!(inside["timestamp"].as_str().is_some_and(|timestamp| timestamp.ends_with('Z')), "{inside}");
+        assert_eq!(
+            (inside["level"].as_str(), inside["message"].as_str()),
+            (Some("WARN"), Some("inside"))
+        );
+        assert_eq!(
+            (inside["answer"].as_i64(), inside["retried"].as_bool()),
+            (Some(42), Some(true))
+        );
+        assert_eq!(
+            (inside["trace_id"].as_str(), inside["span_id"].as_str()),
+            (Some(ids.0.as_str()), Some(ids.1.as_str()))
+        );
+        assert!(
+            inside["timestamp"]
+                .as_str()
+                .is_some_and(|timestamp| timestamp.ends_with('Z')),
+            "{inside}"
+        );
     }
 }

@@ -20,7 +20,10 @@ use opentelemetry_sdk::{
     Resource,
     metrics::SdkMeterProvider,
     propagation::TraceContextPropagator,
-    resource::{EnvResourceDetector, ResourceDetector, SdkProvidedResourceDetector, TelemetryResourceDetector},
+    resource::{
+        EnvResourceDetector, ResourceDetector, SdkProvidedResourceDetector,
+        TelemetryResourceDetector,
+    },
     trace::SdkTracerProvider,
 };
 use opentelemetry_semantic_conventions::resource;
@@ -65,9 +68,15 @@ impl TelemetrySettings {
     /// traces only, such as Jaeger). `OTEL_SERVICE_NAME`; `OTEL_SDK_DISABLED=true` turns all
     /// export off. `LOG_FORMAT`: `text` (the default) or `json`.
     pub fn from_env() -> Result<Self, TelemetryError> {
-        let read = |name: &str| std::env::var(name).ok().filter(|value| !value.trim().is_empty());
-        let disabled = read("OTEL_SDK_DISABLED").is_some_and(|value| value.eq_ignore_ascii_case("true"));
-        let push_metrics = read("OTEL_METRICS_EXPORTER").is_none_or(|exporter| exporter.eq_ignore_ascii_case("otlp"));
+        let read = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .filter(|value| !value.trim().is_empty())
+        };
+        let disabled =
+            read("OTEL_SDK_DISABLED").is_some_and(|value| value.eq_ignore_ascii_case("true"));
+        let push_metrics = read("OTEL_METRICS_EXPORTER")
+            .is_none_or(|exporter| exporter.eq_ignore_ascii_case("otlp"));
         Ok(Self {
             traces: Otlp::from_env(Signal::Traces, &read)?.filter(|_| !disabled),
             metrics: Otlp::from_env(Signal::Metrics, &read)?.filter(|_| !disabled && push_metrics),
@@ -75,7 +84,11 @@ impl TelemetrySettings {
             log_format: match read("LOG_FORMAT").as_deref() {
                 None | Some("text") => LogFormat::Text,
                 Some("json") => LogFormat::Json,
-                Some(other) => return Err(TelemetryError(format!("LOG_FORMAT {other:?}: must be text or json"))),
+                Some(other) => {
+                    return Err(TelemetryError(format!(
+                        "LOG_FORMAT {other:?}: must be text or json"
+                    )));
+                }
             },
         })
     }
@@ -106,7 +119,8 @@ impl std::fmt::Debug for TraceSwitch {
 pub struct TelemetryError(pub(crate) String);
 
 /// The log filter when `RUST_LOG` is not set.
-const DEFAULT_LOG_FILTER: &str = "info,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn";
+const DEFAULT_LOG_FILTER: &str =
+    "info,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn";
 
 /// Installs logging and metrics, and OTLP export of traces and metrics when configured, for a
 /// process that is one `service`. A second call in one process installs nothing and returns an
@@ -119,19 +133,40 @@ pub fn init(service: Service, settings: &TelemetrySettings) -> Result<Telemetry,
 /// [`init`] for a process that hosts several `services` (the local stack): the spans of each are
 /// exported under its own name, those that belong to none under the `process`'s (see
 /// [`trace::set_service`]). Metrics are the process's.
-pub fn init_hosting(process: Service, services: &[Service], settings: &TelemetrySettings) -> Result<Telemetry, TelemetryError> {
+pub fn init_hosting(
+    process: Service,
+    services: &[Service],
+    settings: &TelemetrySettings,
+) -> Result<Telemetry, TelemetryError> {
     // OpenTelemetry's own INFO lines (a provider set, an exporter built) say nothing a user acts on,
     // and would be the first lines a service prints.
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
     let json = JsonLogs::default();
     let (text_logs, json_logs) = match settings.log_format {
         // Colours only for a person at a terminal: logs piped to a file or a collector stay plain.
-        LogFormat::Text => {
-            (Some(tracing_subscriber::fmt::layer().with_target(false).with_ansi(std::io::stdout().is_terminal()).with_filter(filter)), None)
-        }
-        LogFormat::Json => (None, Some(tracing_subscriber::fmt::layer().event_format(json.clone()).with_filter(filter))),
+        LogFormat::Text => (
+            Some(
+                tracing_subscriber::fmt::layer()
+                    .with_target(false)
+                    .with_ansi(std::io::stdout().is_terminal())
+                    .with_filter(filter),
+            ),
+            None,
+        ),
+        LogFormat::Json => (
+            None,
+            Some(
+                tracing_subscriber::fmt::layer()
+                    .event_format(json.clone())
+                    .with_filter(filter),
+            ),
+        ),
     };
-    let process_resource = service_resource(process, settings.service_name.as_deref().unwrap_or(process.name));
+    let process_resource = service_resource(
+        process,
+        settings.service_name.as_deref().unwrap_or(process.name),
+    );
     let mut traces = Vec::new();
     let mut tracers = None;
     if let Some(otlp) = &settings.traces {
@@ -146,14 +181,34 @@ pub fn init_hosting(process: Service, services: &[Service], settings: &Telemetry
         traces.insert(0, process_provider);
     }
     let (switch, switch_handle) = reload::Layer::new(LevelFilter::TRACE);
-    let spans = tracers.map(|tracers| tracing_opentelemetry::layer().with_tracer(tracers).with_filter(switch));
-    if tracing_subscriber::registry().with(quiet_transports()).with(text_logs).with(json_logs).with(spans).try_init().is_err() {
-        return Ok(Telemetry { traces: Vec::new(), meters: None, exporting: false, trace_switch: None });
+    let spans = tracers.map(|tracers| {
+        tracing_opentelemetry::layer()
+            .with_tracer(tracers)
+            .with_filter(switch)
+    });
+    if tracing_subscriber::registry()
+        .with(quiet_transports())
+        .with(text_logs)
+        .with(json_logs)
+        .with(spans)
+        .try_init()
+        .is_err()
+    {
+        return Ok(Telemetry {
+            traces: Vec::new(),
+            meters: None,
+            exporting: false,
+            trace_switch: None,
+        });
     }
     tracing::dispatcher::get_default(|installed| json.dispatch.set(installed.downgrade())).ok();
     let trace_switch = (!traces.is_empty()).then(|| {
         TraceSwitch(Box::new(move |on: bool| {
-            let _ = switch_handle.reload(if on { LevelFilter::TRACE } else { LevelFilter::OFF });
+            let _ = switch_handle.reload(if on {
+                LevelFilter::TRACE
+            } else {
+                LevelFilter::OFF
+            });
         }))
     });
     if !traces.is_empty() {
@@ -161,7 +216,12 @@ pub fn init_hosting(process: Service, services: &[Service], settings: &Telemetry
     }
     let meters = metrics::install(process_resource, settings.metrics.as_ref())?;
     let exporting = settings.traces.is_some() || settings.metrics.is_some();
-    Ok(Telemetry { traces, meters: Some(meters), exporting, trace_switch })
+    Ok(Telemetry {
+        traces,
+        meters: Some(meters),
+        exporting,
+        trace_switch,
+    })
 }
 
 /// The name of the chain's tracers (the instrumentation scope of its spans).
@@ -171,13 +231,25 @@ const TRACER: &str = "chain";
 /// which running copy it is, and the deployment environment; the last three are defaults that
 /// `OTEL_RESOURCE_ATTRIBUTES` overrides (a pod passes its name as `service.instance.id`).
 fn service_resource(service: Service, name: &str) -> Resource {
-    let detectors: [Box<dyn ResourceDetector>; 3] =
-        [Box::new(SdkProvidedResourceDetector), Box::new(TelemetryResourceDetector), Box::new(EnvResourceDetector::new())];
+    let detectors: [Box<dyn ResourceDetector>; 3] = [
+        Box::new(SdkProvidedResourceDetector),
+        Box::new(TelemetryResourceDetector),
+        Box::new(EnvResourceDetector::new()),
+    ];
     Resource::builder_empty()
-        .with_attribute(KeyValue::new(resource::SERVICE_NAMESPACE, SERVICE_NAMESPACE))
+        .with_attribute(KeyValue::new(
+            resource::SERVICE_NAMESPACE,
+            SERVICE_NAMESPACE,
+        ))
         // Replicas of one service are told apart: a new id per process unless told otherwise.
-        .with_attribute(KeyValue::new(resource::SERVICE_INSTANCE_ID, uuid::Uuid::now_v7().to_string()))
-        .with_attribute(KeyValue::new(resource::DEPLOYMENT_ENVIRONMENT_NAME, DEFAULT_ENVIRONMENT))
+        .with_attribute(KeyValue::new(
+            resource::SERVICE_INSTANCE_ID,
+            uuid::Uuid::now_v7().to_string(),
+        ))
+        .with_attribute(KeyValue::new(
+            resource::DEPLOYMENT_ENVIRONMENT_NAME,
+            DEFAULT_ENVIRONMENT,
+        ))
         .with_detectors(&detectors)
         .with_service_name(name.to_owned())
         .with_attribute(KeyValue::new(resource::SERVICE_VERSION, service.version))
@@ -191,16 +263,29 @@ pub const SERVICE_NAMESPACE: &str = "chain";
 pub const DEFAULT_ENVIRONMENT: &str = "dev";
 
 fn trace_provider(otlp: &Otlp, resource: Resource) -> Result<SdkTracerProvider, TelemetryError> {
-    Ok(SdkTracerProvider::builder().with_batch_exporter(otlp.span_exporter()?).with_resource(resource).build())
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(otlp.span_exporter()?)
+        .with_resource(resource)
+        .build())
 }
 
 /// Switches the transport crates' own spans and events below WARN off for every layer (not just
 /// hides them from the exporter): hidden, they would still be the current span while our
 /// handlers run, and our spans would lose their parent and start traces of their own.
 fn quiet_transports() -> Targets {
-    Targets::new()
-        .with_default(Level::TRACE)
-        .with_targets(["h2", "hyper", "hyper_util", "tonic", "tower", "sqlx", "storage", "reqwest"].map(|target| (target, Level::WARN)))
+    Targets::new().with_default(Level::TRACE).with_targets(
+        [
+            "h2",
+            "hyper",
+            "hyper_util",
+            "tonic",
+            "tower",
+            "sqlx",
+            "storage",
+            "reqwest",
+        ]
+        .map(|target| (target, Level::WARN)),
+    )
 }
 
 impl Telemetry {

@@ -4,7 +4,9 @@
 use http::{HeaderMap, Method, Response, Uri};
 
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers.get("content-type").is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+    headers
+        .get("content-type")
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// The gRPC status of a gRPC answer (0 when it travels in the trailers: a success), or the HTTP
@@ -13,7 +15,12 @@ pub(crate) fn status_code<B>(response: &Response<B>) -> i64 {
     if !is_grpc(response.headers()) {
         return i64::from(response.status().as_u16());
     }
-    response.headers().get("grpc-status").and_then(|value| value.to_str().ok()).and_then(|text| text.parse().ok()).unwrap_or(0)
+    response
+        .headers()
+        .get("grpc-status")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The `rpc.service` and `rpc.method` of a gRPC path, `/orders.v1.Orders/CreateOrder`: the
@@ -50,13 +57,23 @@ pub(crate) fn http_method(method: &Method) -> &'static str {
 
 /// The `url.scheme` of a request a server received.
 pub(crate) fn url_scheme(uri: &Uri) -> &'static str {
-    if uri.scheme_str() == Some("https") { "https" } else { "http" }
+    if uri.scheme_str() == Some("https") {
+        "https"
+    } else {
+        "http"
+    }
 }
 
 /// The `server.address` and `server.port` a client dials at `uri` (the port its scheme implies
 /// when it names none).
 pub(crate) fn server_address(uri: &Uri) -> (std::sync::Arc<str>, u16) {
-    let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("https") { 443 } else { 80 });
+    let port = uri
+        .port_u16()
+        .unwrap_or(if uri.scheme_str() == Some("https") {
+            443
+        } else {
+            80
+        });
     (uri.host().unwrap_or_default().into(), port)
 }
 
@@ -66,8 +83,14 @@ mod tests {
 
     #[test]
     fn a_grpc_path_names_the_service_and_the_method() {
-        assert_eq!(grpc_method("/orders.v1.Orders/CreateOrder"), ("orders.v1.Orders", "CreateOrder"));
-        assert_eq!(grpc_method("/grpc.health.v1.Health/Check"), ("grpc.health.v1.Health", "Check"));
+        assert_eq!(
+            grpc_method("/orders.v1.Orders/CreateOrder"),
+            ("orders.v1.Orders", "CreateOrder")
+        );
+        assert_eq!(
+            grpc_method("/grpc.health.v1.Health/Check"),
+            ("grpc.health.v1.Health", "Check")
+        );
         assert_eq!(grpc_method("/unshaped"), ("unshaped", ""));
     }
 

@@ -82,10 +82,15 @@ pub mod name {
 
 /// Histogram bounds for milliseconds: fine below 10 ms, where a healthy chain answers, and up to
 /// the longest deadline.
-const MILLISECOND_BOUNDS: [f64; 15] = [0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_000.0, 5_000.0, 10_000.0, 30_000.0];
+const MILLISECOND_BOUNDS: [f64; 15] = [
+    0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_000.0, 5_000.0, 10_000.0,
+    30_000.0,
+];
 
 /// Histogram bounds for seconds, as the semantic conventions advise for the standard durations.
-const SECOND_BOUNDS: [f64; 14] = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
+const SECOND_BOUNDS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
 
 static REGISTRY: OnceLock<prometheus::Registry> = OnceLock::new();
 
@@ -96,34 +101,56 @@ pub fn meter() -> Meter {
 
 /// A histogram of milliseconds named `name`.
 pub fn millisecond_histogram(name: &'static str, description: &'static str) -> Histogram<f64> {
-    meter().f64_histogram(name).with_unit("ms").with_description(description).with_boundaries(MILLISECOND_BOUNDS.to_vec()).build()
+    meter()
+        .f64_histogram(name)
+        .with_unit("ms")
+        .with_description(description)
+        .with_boundaries(MILLISECOND_BOUNDS.to_vec())
+        .build()
 }
 
 /// A histogram of seconds named `name`: a standard duration.
 pub fn second_histogram(name: &'static str, description: &'static str) -> Histogram<f64> {
-    meter().f64_histogram(name).with_unit("s").with_description(description).with_boundaries(SECOND_BOUNDS.to_vec()).build()
+    meter()
+        .f64_histogram(name)
+        .with_unit("s")
+        .with_description(description)
+        .with_boundaries(SECOND_BOUNDS.to_vec())
+        .build()
 }
 
 /// The `rpc.*` attributes of a gRPC call's standard duration, but its status.
 fn rpc_attributes(service: String, method: String) -> [KeyValue; 3] {
-    [KeyValue::new(crate::attr::RPC_SYSTEM, "grpc"), KeyValue::new(crate::attr::RPC_SERVICE, service), KeyValue::new(crate::attr::RPC_METHOD, method)]
+    [
+        KeyValue::new(crate::attr::RPC_SYSTEM, "grpc"),
+        KeyValue::new(crate::attr::RPC_SERVICE, service),
+        KeyValue::new(crate::attr::RPC_METHOD, method),
+    ]
 }
 
 /// A counter named `name`.
 pub fn counter(name: &'static str, description: &'static str) -> Counter<u64> {
-    meter().u64_counter(name).with_description(description).build()
+    meter()
+        .u64_counter(name)
+        .with_description(description)
+        .build()
 }
 
 /// Installs the global meter provider: Prometheus always, OTLP pushed every
 /// `OTEL_METRIC_EXPORT_INTERVAL` ms (default 60 s) when `otlp` is given.
-pub(crate) fn install(resource: Resource, otlp: Option<&Otlp>) -> Result<SdkMeterProvider, TelemetryError> {
+pub(crate) fn install(
+    resource: Resource,
+    otlp: Option<&Otlp>,
+) -> Result<SdkMeterProvider, TelemetryError> {
     let registry = REGISTRY.get_or_init(prometheus::Registry::new).clone();
     let prometheus = opentelemetry_prometheus::exporter()
         .with_registry(registry)
         .scope_info_enabled(false)
         .build()
         .map_err(|error| TelemetryError(error.to_string()))?;
-    let mut provider = SdkMeterProvider::builder().with_resource(resource).with_reader(prometheus);
+    let mut provider = SdkMeterProvider::builder()
+        .with_resource(resource)
+        .with_reader(prometheus);
     if let Some(otlp) = otlp {
         provider = provider.with_reader(PeriodicReader::builder(otlp.metric_exporter()?).build());
     }
@@ -134,8 +161,12 @@ pub(crate) fn install(resource: Resource, otlp: Option<&Otlp>) -> Result<SdkMete
 
 /// The metrics in Prometheus text format (empty before [`crate::init`]).
 pub fn render() -> String {
-    let Some(registry) = REGISTRY.get() else { return String::new() };
-    prometheus::TextEncoder::new().encode_to_string(&registry.gather()).unwrap_or_else(|error| format!("# metrics cannot be encoded: {error}\n"))
+    let Some(registry) = REGISTRY.get() else {
+        return String::new();
+    };
+    prometheus::TextEncoder::new()
+        .encode_to_string(&registry.gather())
+        .unwrap_or_else(|error| format!("# metrics cannot be encoded: {error}\n"))
 }
 
 /// The content type of [`render`]'s text.

@@ -48,7 +48,9 @@ impl ServiceTracers {
     }
 
     fn tracer(&self, parent: &Context) -> &SdkTracer {
-        let service = parent.get::<InService>().and_then(|InService(name)| self.services.iter().find(|(service, _)| service == name));
+        let service = parent
+            .get::<InService>()
+            .and_then(|InService(name)| self.services.iter().find(|(service, _)| service == name));
         service.map_or(&self.process, |(_, tracer)| tracer)
     }
 }
@@ -57,6 +59,7 @@ impl Tracer for ServiceTracers {
     type Span = opentelemetry_sdk::trace::Span;
 
     fn build_with_context(&self, builder: SpanBuilder, parent_cx: &Context) -> Self::Span {
-        self.tracer(parent_cx).build_with_context(builder, parent_cx)
+        self.tracer(parent_cx)
+            .build_with_context(builder, parent_cx)
     }
 }

@@ -29,7 +29,9 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::{
     attr,
-    message::{grpc_method, http_method, is_grpc, is_server_error, server_address, status_code, url_scheme},
+    message::{
+        grpc_method, http_method, is_grpc, is_server_error, server_address, status_code, url_scheme,
+    },
     service,
 };
 
@@ -66,7 +68,9 @@ fn inject(span: &Span, headers: &mut HeaderMap) {
         return;
     }
     let context = span.context();
-    global::get_text_map_propagator(|propagator| propagator.inject_context(&context, &mut HeaderInjector(headers)));
+    global::get_text_map_propagator(|propagator| {
+        propagator.inject_context(&context, &mut HeaderInjector(headers))
+    });
 }
 
 /// Makes `span` and everything below it part of `service`, for a service's own work that no
@@ -88,7 +92,10 @@ pub struct ServerTraceLayer {
 
 impl ServerTraceLayer {
     pub fn new(hop: &'static str) -> Self {
-        Self { hop, context: service::context(hop) }
+        Self {
+            hop,
+            context: service::context(hop),
+        }
     }
 }
 
@@ -96,7 +103,11 @@ impl<S> Layer<S> for ServerTraceLayer {
     type Service = ServerTrace<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ServerTrace { inner, hop: self.hop, context: self.context.clone() }
+        ServerTrace {
+            inner,
+            hop: self.hop,
+            context: self.context.clone(),
+        }
     }
 }
 
@@ -157,7 +168,8 @@ where
             (Err(_), _) => true,
             (Ok(response), Answer::HttpServer) => {
                 let status = response.status().as_u16();
-                this.span.record(attr::HTTP_RESPONSE_STATUS_CODE, i64::from(status));
+                this.span
+                    .record(attr::HTTP_RESPONSE_STATUS_CODE, i64::from(status));
                 status >= 500
             }
             (Ok(response), Answer::GrpcServer) => {
@@ -174,7 +186,8 @@ where
         if failed {
             this.span.record("otel.status_code", "error");
         }
-        if let (Ok(response), Answer::GrpcServer | Answer::HttpServer) = (&mut result, *this.answer) {
+        if let (Ok(response), Answer::GrpcServer | Answer::HttpServer) = (&mut result, *this.answer)
+        {
             inject(this.span, response.headers_mut());
         }
         Poll::Ready(result)
@@ -234,12 +247,21 @@ where
             let path = request.uri().path();
             let (service, method) = grpc_method(path);
             let name = path.strip_prefix('/').unwrap_or(path);
-            let span =
-                request_span!(self.hop, name, "rpc.system" = "grpc", "rpc.service" = service, "rpc.method" = method, "rpc.grpc.status_code" = Empty);
+            let span = request_span!(
+                self.hop,
+                name,
+                "rpc.system" = "grpc",
+                "rpc.service" = service,
+                "rpc.method" = method,
+                "rpc.grpc.status_code" = Empty
+            );
             (span, Answer::GrpcServer)
         } else {
             let method = http_method(request.method());
-            let route = request.extensions().get::<MatchedPath>().map(MatchedPath::as_str);
+            let route = request
+                .extensions()
+                .get::<MatchedPath>()
+                .map(MatchedPath::as_str);
             let name = tracing::field::display(HttpSpanName { method, route });
             let span = request_span!(
                 self.hop,
@@ -254,11 +276,20 @@ where
         // Untraced (no exporter, quiet logs): no context to read, nothing to continue.
         if !span.is_disabled() {
             let headers = HeaderExtractor(request.headers());
-            let parent = global::get_text_map_propagator(|propagator| propagator.extract_with_context(&self.context, &headers));
+            let parent = global::get_text_map_propagator(|propagator| {
+                propagator.extract_with_context(&self.context, &headers)
+            });
             let _ = span.set_parent(parent);
         }
-        let inner = span.in_scope(|| self.inner.call(request)).instrument(span.clone());
-        ResponseFuture { inner, span, answer, answered: false }
+        let inner = span
+            .in_scope(|| self.inner.call(request))
+            .instrument(span.clone());
+        ResponseFuture {
+            inner,
+            span,
+            answer,
+            answered: false,
+        }
     }
 }
 
@@ -275,7 +306,11 @@ impl ClientTraceLayer {
     /// `server.port`).
     pub fn new(peer: &'static str, uri: &Uri) -> Self {
         let (address, port) = server_address(uri);
-        Self { peer, address, port }
+        Self {
+            peer,
+            address,
+            port,
+        }
     }
 }
 
@@ -283,7 +318,10 @@ impl<S> Layer<S> for ClientTraceLayer {
     type Service = ClientTrace<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ClientTrace { inner, layer: self.clone() }
+        ClientTrace {
+            inner,
+            layer: self.clone(),
+        }
     }
 }
 
@@ -323,7 +361,14 @@ where
             "rpc.grpc.status_code" = Empty,
         );
         inject(&span, request.headers_mut());
-        let inner = span.in_scope(|| self.inner.call(request)).instrument(span.clone());
-        ResponseFuture { inner, span, answer: Answer::GrpcClient, answered: false }
+        let inner = span
+            .in_scope(|| self.inner.call(request))
+            .instrument(span.clone());
+        ResponseFuture {
+            inner,
+            span,
+            answer: Answer::GrpcClient,
+            answered: false,
+        }
     }
 }

@@ -52,16 +52,29 @@ impl SeenIds {
     /// Remembers ids for `retention_secs` after they were first seen, and never more than
     /// `max_ids` at once (the oldest go first).
     pub fn new(retention_secs: u64, max_ids: NonZeroUsize) -> Self {
-        Self { retention_secs, ids: LruCache::new(max_ids) }
+        Self {
+            retention_secs,
+            ids: LruCache::new(max_ids),
+        }
     }
 
     /// What is known of `id` at `now_secs`; a [`Seen::New`] id is recorded as in progress.
     pub fn begin(&mut self, id: &str, now_secs: u64) -> Seen {
         self.forget_before(now_secs.saturating_sub(self.retention_secs));
         if let Some(entry) = self.ids.peek(id) {
-            return if entry.processed { Seen::Processed } else { Seen::InProgress };
+            return if entry.processed {
+                Seen::Processed
+            } else {
+                Seen::InProgress
+            };
         }
-        self.ids.push(id.to_owned(), Entry { first_seen_secs: now_secs, processed: false });
+        self.ids.push(
+            id.to_owned(),
+            Entry {
+                first_seen_secs: now_secs,
+                processed: false,
+            },
+        );
         Seen::New
     }
 
@@ -110,8 +123,16 @@ mod tests {
         let mut seen = seen_ids(3 * DAY);
         assert_eq!(seen.begin("msg_1", 1_000), Seen::New);
         seen.processed("msg_1");
-        assert_eq!(seen.begin("msg_1", 1_000), Seen::Processed, "the same delivery again");
-        assert_eq!(seen.begin("msg_1", 1_000 + 10 * 60 * 60), Seen::Processed, "a retry ten hours later");
+        assert_eq!(
+            seen.begin("msg_1", 1_000),
+            Seen::Processed,
+            "the same delivery again"
+        );
+        assert_eq!(
+            seen.begin("msg_1", 1_000 + 10 * 60 * 60),
+            Seen::Processed,
+            "a retry ten hours later"
+        );
         assert_eq!(seen.begin("msg_2", 1_001), Seen::New, "another delivery");
     }
 
@@ -119,9 +140,17 @@ mod tests {
     fn a_repeat_during_processing_is_told_so_and_a_failure_lets_the_next_one_in() {
         let mut seen = seen_ids(DAY);
         assert_eq!(seen.begin("msg_1", 10), Seen::New);
-        assert_eq!(seen.begin("msg_1", 11), Seen::InProgress, "not acknowledged while the first may still fail");
+        assert_eq!(
+            seen.begin("msg_1", 11),
+            Seen::InProgress,
+            "not acknowledged while the first may still fail"
+        );
         seen.forget("msg_1");
-        assert_eq!(seen.begin("msg_1", 20), Seen::New, "its processing failed: the retry is processed");
+        assert_eq!(
+            seen.begin("msg_1", 20),
+            Seen::New,
+            "its processing failed: the retry is processed"
+        );
         assert_eq!(seen.len(), 1);
     }
 
@@ -132,10 +161,22 @@ mod tests {
             assert_eq!(seen.begin(id, at), Seen::New);
             seen.processed(id);
         }
-        assert_eq!(seen.begin("old", DAY), Seen::Processed, "still within the retention");
+        assert_eq!(
+            seen.begin("old", DAY),
+            Seen::Processed,
+            "still within the retention"
+        );
         assert_eq!(seen.begin("fresh", DAY + 1), Seen::New);
-        assert_eq!(seen.len(), 2, "`old` is forgotten, `newer` and `fresh` are kept");
-        assert_eq!(seen.begin("old", DAY + 2), Seen::New, "forgotten: it counts as new");
+        assert_eq!(
+            seen.len(),
+            2,
+            "`old` is forgotten, `newer` and `fresh` are kept"
+        );
+        assert_eq!(
+            seen.begin("old", DAY + 2),
+            Seen::New,
+            "forgotten: it counts as new"
+        );
     }
 
     #[test]
@@ -146,7 +187,11 @@ mod tests {
             seen.processed(&format!("msg_{n}"));
         }
         assert_eq!(seen.len(), 3);
-        assert_eq!(seen.begin("msg_9", 10), Seen::Processed, "the newest are kept");
+        assert_eq!(
+            seen.begin("msg_9", 10),
+            Seen::Processed,
+            "the newest are kept"
+        );
         assert_eq!(seen.begin("msg_0", 10), Seen::New, "the oldest went first");
     }
 

@@ -69,7 +69,8 @@ impl Secret {
 
     /// The HMAC over the signed content, before finalisation; callers finalise or verify it.
     fn mac_over(&self, msg_id: &str, timestamp_secs: u64, body: &[u8]) -> HmacSha256 {
-        let mut mac = HmacSha256::new_from_slice(&self.key).expect("HMAC accepts keys of any length");
+        let mut mac =
+            HmacSha256::new_from_slice(&self.key).expect("HMAC accepts keys of any length");
         mac.update(msg_id.as_bytes());
         mac.update(b".");
         mac.update(timestamp_secs.to_string().as_bytes());
@@ -107,7 +108,10 @@ impl fmt::Debug for Secret {
 
 /// One `v1,<base64>` signature of a delivery: HMAC-SHA256 of `"{msg_id}.{timestamp}.{body}"`.
 pub fn sign(secret: &Secret, msg_id: &str, timestamp_secs: u64, body: &[u8]) -> String {
-    let tag = secret.mac_over(msg_id, timestamp_secs, body).finalize().into_bytes();
+    let tag = secret
+        .mac_over(msg_id, timestamp_secs, body)
+        .finalize()
+        .into_bytes();
     format!("{VERSION_V1},{}", BASE64.encode(tag))
 }
 
@@ -119,7 +123,9 @@ pub struct Signer {
 
 impl Signer {
     pub fn new(secret: Secret) -> Self {
-        Self { secrets: vec![secret] }
+        Self {
+            secrets: vec![secret],
+        }
     }
 
     /// Signs with `secret` too, for the overlap of a rotation.
@@ -130,15 +136,27 @@ impl Signer {
 
     /// The `webhook-signature` value: one `v1,…` entry per secret, separated by spaces.
     pub fn signature_header(&self, msg_id: &str, timestamp_secs: u64, body: &[u8]) -> String {
-        self.secrets.iter().map(|secret| sign(secret, msg_id, timestamp_secs, body)).collect::<Vec<_>>().join(" ")
+        self.secrets
+            .iter()
+            .map(|secret| sign(secret, msg_id, timestamp_secs, body))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// The three headers of a delivery, as (name, value) pairs.
-    pub fn headers(&self, msg_id: &str, timestamp_secs: u64, body: &[u8]) -> [(&'static str, String); 3] {
+    pub fn headers(
+        &self,
+        msg_id: &str,
+        timestamp_secs: u64,
+        body: &[u8],
+    ) -> [(&'static str, String); 3] {
         [
             (WEBHOOK_ID, msg_id.to_owned()),
             (WEBHOOK_TIMESTAMP, timestamp_secs.to_string()),
-            (WEBHOOK_SIGNATURE, self.signature_header(msg_id, timestamp_secs, body)),
+            (
+                WEBHOOK_SIGNATURE,
+                self.signature_header(msg_id, timestamp_secs, body),
+            ),
         ]
     }
 }
@@ -195,7 +213,9 @@ pub struct Verifier {
 
 impl Verifier {
     pub fn new(secret: Secret) -> Self {
-        Self { secrets: vec![secret] }
+        Self {
+            secrets: vec![secret],
+        }
     }
 
     /// Accepts signatures made with `secret` too, for the overlap of a rotation.
@@ -207,10 +227,19 @@ impl Verifier {
     /// Verifies a delivery against the clock reading `now_secs` (seconds since the Unix epoch).
     ///
     /// The time window is checked before any HMAC is computed, so stale replays cost little.
-    pub fn verify(&self, headers: &ReceivedHeaders<'_>, body: &[u8], now_secs: u64) -> Result<(), VerifyError> {
+    pub fn verify(
+        &self,
+        headers: &ReceivedHeaders<'_>,
+        body: &[u8],
+        now_secs: u64,
+    ) -> Result<(), VerifyError> {
         let msg_id = headers.id.ok_or(VerifyError::MissingHeader(WEBHOOK_ID))?;
-        let timestamp = headers.timestamp.ok_or(VerifyError::MissingHeader(WEBHOOK_TIMESTAMP))?;
-        let signature = headers.signature.ok_or(VerifyError::MissingHeader(WEBHOOK_SIGNATURE))?;
+        let timestamp = headers
+            .timestamp
+            .ok_or(VerifyError::MissingHeader(WEBHOOK_TIMESTAMP))?;
+        let signature = headers
+            .signature
+            .ok_or(VerifyError::MissingHeader(WEBHOOK_SIGNATURE))?;
 
         let timestamp = parse_timestamp(timestamp)?;
         check_window(timestamp, now_secs)?;
@@ -219,19 +248,30 @@ impl Verifier {
         let any_match = self.secrets.iter().any(|secret| {
             let mac = secret.mac_over(msg_id, timestamp, body);
             // verify_slice compares in constant time; the clone is the HMAC state, not the key.
-            entries.v1_tags.iter().any(|tag| mac.clone().verify_slice(tag).is_ok())
+            entries
+                .v1_tags
+                .iter()
+                .any(|tag| mac.clone().verify_slice(tag).is_ok())
         });
         match (any_match, entries.first_malformed) {
             (true, _) => Ok(()),
             (false, Some(position)) => Err(VerifyError::MalformedSignature { position }),
-            (false, None) => Err(VerifyError::NoMatchingSignature { v1_entries: entries.v1_tags.len() }),
+            (false, None) => Err(VerifyError::NoMatchingSignature {
+                v1_entries: entries.v1_tags.len(),
+            }),
         }
     }
 
     /// [`Verifier::verify`] against the system clock.
-    pub fn verify_now(&self, headers: &ReceivedHeaders<'_>, body: &[u8]) -> Result<(), VerifyError> {
+    pub fn verify_now(
+        &self,
+        headers: &ReceivedHeaders<'_>,
+        body: &[u8],
+    ) -> Result<(), VerifyError> {
         // A clock before 1970 reads as 0: every real timestamp is then too new, which rejects.
-        let now_secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since_epoch| since_epoch.as_secs());
+        let now_secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since_epoch| since_epoch.as_secs());
         self.verify(headers, body, now_secs)
     }
 }
@@ -241,7 +281,8 @@ fn parse_timestamp(text: &str) -> Result<u64, VerifyError> {
     if text.is_empty() || !text.bytes().all(|byte| byte.is_ascii_digit()) {
         return Err(VerifyError::BadTimestamp(text.to_owned()));
     }
-    text.parse().map_err(|_| VerifyError::BadTimestamp(text.to_owned()))
+    text.parse()
+        .map_err(|_| VerifyError::BadTimestamp(text.to_owned()))
 }
 
 fn check_window(timestamp: u64, now: u64) -> Result<(), VerifyError> {
@@ -266,7 +307,10 @@ struct SignatureEntries {
 }
 
 fn parse_signature_header(header: &str) -> SignatureEntries {
-    let mut entries = SignatureEntries { v1_tags: Vec::new(), first_malformed: None };
+    let mut entries = SignatureEntries {
+        v1_tags: Vec::new(),
+        first_malformed: None,
+    };
     for (position, entry) in header.split_ascii_whitespace().enumerate() {
         let tag = match entry.split_once(',') {
             Some((VERSION_V1, encoded)) => BASE64.decode(encoded).ok(),
@@ -300,17 +344,28 @@ mod tests {
     }
 
     fn headers<'a>(id: &'a str, timestamp: &'a str, signature: &'a str) -> ReceivedHeaders<'a> {
-        ReceivedHeaders { id: Some(id), timestamp: Some(timestamp), signature: Some(signature) }
+        ReceivedHeaders {
+            id: Some(id),
+            timestamp: Some(timestamp),
+            signature: Some(signature),
+        }
     }
 
     fn verify_vector_at(now: u64) -> Result<(), VerifyError> {
         let timestamp = VECTOR_TIMESTAMP.to_string();
-        Verifier::new(vector_secret()).verify(&headers(VECTOR_ID, &timestamp, VECTOR_SIGNATURE), VECTOR_BODY, now)
+        Verifier::new(vector_secret()).verify(
+            &headers(VECTOR_ID, &timestamp, VECTOR_SIGNATURE),
+            VECTOR_BODY,
+            now,
+        )
     }
 
     #[test]
     fn signing_reproduces_the_standard_webhooks_test_vector() {
-        assert_eq!(sign(&vector_secret(), VECTOR_ID, VECTOR_TIMESTAMP, VECTOR_BODY), VECTOR_SIGNATURE);
+        assert_eq!(
+            sign(&vector_secret(), VECTOR_ID, VECTOR_TIMESTAMP, VECTOR_BODY),
+            VECTOR_SIGNATURE
+        );
     }
 
     #[test]
@@ -320,14 +375,26 @@ mod tests {
 
     #[test]
     fn a_secret_without_the_prefix_is_the_same_key() {
-        let bare: Secret = VECTOR_SECRET.trim_start_matches(SECRET_PREFIX).parse().unwrap();
-        assert_eq!(sign(&bare, VECTOR_ID, VECTOR_TIMESTAMP, VECTOR_BODY), VECTOR_SIGNATURE);
+        let bare: Secret = VECTOR_SECRET
+            .trim_start_matches(SECRET_PREFIX)
+            .parse()
+            .unwrap();
+        assert_eq!(
+            sign(&bare, VECTOR_ID, VECTOR_TIMESTAMP, VECTOR_BODY),
+            VECTOR_SIGNATURE
+        );
     }
 
     #[test]
     fn secrets_that_are_not_base64_or_empty_are_refused() {
-        assert!(matches!("whsec_not*base64".parse::<Secret>(), Err(SecretError::NotBase64(_))));
-        assert!(matches!("whsec_".parse::<Secret>(), Err(SecretError::Empty)));
+        assert!(matches!(
+            "whsec_not*base64".parse::<Secret>(),
+            Err(SecretError::NotBase64(_))
+        ));
+        assert!(matches!(
+            "whsec_".parse::<Secret>(),
+            Err(SecretError::Empty)
+        ));
     }
 
     #[test]
@@ -339,7 +406,10 @@ mod tests {
         assert_eq!(parsed.key, secret.key);
         assert_eq!(parsed.key.len(), GENERATED_SECRET_BYTES);
         let debug = format!("{secret:?}");
-        assert!(!debug.contains(text.trim_start_matches(SECRET_PREFIX)), "{debug}");
+        assert!(
+            !debug.contains(text.trim_start_matches(SECRET_PREFIX)),
+            "{debug}"
+        );
         assert_ne!(Secret::generate().key, secret.key);
     }
 
@@ -350,14 +420,27 @@ mod tests {
         let no_match = Err(VerifyError::NoMatchingSignature { v1_entries: 1 });
 
         let changed_body = br#"{"email":"test@example.com","username":"test_user2"}"#;
-        let other_id = headers("msg_27UH4WbU6Z5A5EzD8u03UvzRbpl", &timestamp, VECTOR_SIGNATURE);
+        let other_id = headers(
+            "msg_27UH4WbU6Z5A5EzD8u03UvzRbpl",
+            &timestamp,
+            VECTOR_SIGNATURE,
+        );
         let later = (VECTOR_TIMESTAMP + 1).to_string();
         let other_timestamp = headers(VECTOR_ID, &later, VECTOR_SIGNATURE);
 
         let original = headers(VECTOR_ID, &timestamp, VECTOR_SIGNATURE);
-        assert_eq!(verifier.verify(&original, changed_body, VECTOR_TIMESTAMP), no_match);
-        assert_eq!(verifier.verify(&other_id, VECTOR_BODY, VECTOR_TIMESTAMP), no_match);
-        assert_eq!(verifier.verify(&other_timestamp, VECTOR_BODY, VECTOR_TIMESTAMP), no_match);
+        assert_eq!(
+            verifier.verify(&original, changed_body, VECTOR_TIMESTAMP),
+            no_match
+        );
+        assert_eq!(
+            verifier.verify(&other_id, VECTOR_BODY, VECTOR_TIMESTAMP),
+            no_match
+        );
+        assert_eq!(
+            verifier.verify(&other_timestamp, VECTOR_BODY, VECTOR_TIMESTAMP),
+            no_match
+        );
     }
 
     #[test]
@@ -365,7 +448,11 @@ mod tests {
         let verifier = Verifier::new(Secret::generate());
         let timestamp = VECTOR_TIMESTAMP.to_string();
         assert_eq!(
-            verifier.verify(&headers(VECTOR_ID, &timestamp, VECTOR_SIGNATURE), VECTOR_BODY, VECTOR_TIMESTAMP),
+            verifier.verify(
+                &headers(VECTOR_ID, &timestamp, VECTOR_SIGNATURE),
+                VECTOR_BODY,
+                VECTOR_TIMESTAMP
+            ),
             Err(VerifyError::NoMatchingSignature { v1_entries: 1 })
         );
     }
@@ -378,16 +465,40 @@ mod tests {
 
     #[test]
     fn timestamps_301_s_either_way_are_rejected() {
-        assert_eq!(verify_vector_at(VECTOR_TIMESTAMP + 301), Err(VerifyError::TooOld { timestamp: VECTOR_TIMESTAMP, now: VECTOR_TIMESTAMP + 301 }));
-        assert_eq!(verify_vector_at(VECTOR_TIMESTAMP - 301), Err(VerifyError::TooNew { timestamp: VECTOR_TIMESTAMP, now: VECTOR_TIMESTAMP - 301 }));
+        assert_eq!(
+            verify_vector_at(VECTOR_TIMESTAMP + 301),
+            Err(VerifyError::TooOld {
+                timestamp: VECTOR_TIMESTAMP,
+                now: VECTOR_TIMESTAMP + 301
+            })
+        );
+        assert_eq!(
+            verify_vector_at(VECTOR_TIMESTAMP - 301),
+            Err(VerifyError::TooNew {
+                timestamp: VECTOR_TIMESTAMP,
+                now: VECTOR_TIMESTAMP - 301
+            })
+        );
     }
 
     #[test]
     fn a_rejected_timestamp_says_how_far_off_it_is() {
-        let too_old = VerifyError::TooOld { timestamp: 1_000, now: 1_301 };
-        assert_eq!(too_old.to_string(), "webhook-timestamp 1000 is 301 s before now (1301): too old");
-        let too_new = VerifyError::TooNew { timestamp: 1_301, now: 1_000 };
-        assert_eq!(too_new.to_string(), "webhook-timestamp 1301 is 301 s after now (1000): too new");
+        let too_old = VerifyError::TooOld {
+            timestamp: 1_000,
+            now: 1_301,
+        };
+        assert_eq!(
+            too_old.to_string(),
+            "webhook-timestamp 1000 is 301 s before now (1301): too old"
+        );
+        let too_new = VerifyError::TooNew {
+            timestamp: 1_301,
+            now: 1_000,
+        };
+        assert_eq!(
+            too_new.to_string(),
+            "webhook-timestamp 1301 is 301 s after now (1000): too new"
+        );
     }
 
     #[test]
@@ -395,16 +506,31 @@ mod tests {
         let verifier = Verifier::new(vector_secret());
         let timestamp = VECTOR_TIMESTAMP.to_string();
         let forged = headers(VECTOR_ID, &timestamp, "v1,AAAA");
-        assert!(matches!(verifier.verify(&forged, VECTOR_BODY, VECTOR_TIMESTAMP + 1000), Err(VerifyError::TooOld { .. })));
+        assert!(matches!(
+            verifier.verify(&forged, VECTOR_BODY, VECTOR_TIMESTAMP + 1000),
+            Err(VerifyError::TooOld { .. })
+        ));
     }
 
     #[test]
     fn one_matching_signature_among_several_is_enough() {
         let verifier = Verifier::new(vector_secret());
         let timestamp = VECTOR_TIMESTAMP.to_string();
-        let other = sign(&Secret::generate(), VECTOR_ID, VECTOR_TIMESTAMP, VECTOR_BODY);
+        let other = sign(
+            &Secret::generate(),
+            VECTOR_ID,
+            VECTOR_TIMESTAMP,
+            VECTOR_BODY,
+        );
         let header = format!("{other} {VECTOR_SIGNATURE}");
-        assert_eq!(verifier.verify(&headers(VECTOR_ID, &timestamp, &header), VECTOR_BODY, VECTOR_TIMESTAMP), Ok(()));
+        assert_eq!(
+            verifier.verify(
+                &headers(VECTOR_ID, &timestamp, &header),
+                VECTOR_BODY,
+                VECTOR_TIMESTAMP
+            ),
+            Ok(())
+        );
     }
 
     #[test]
@@ -412,10 +538,21 @@ mod tests {
         let verifier = Verifier::new(vector_secret());
         let timestamp = VECTOR_TIMESTAMP.to_string();
         let with_v1a = format!("v1a,bm90IGEgdjEgc2lnbmF0dXJl {VECTOR_SIGNATURE}");
-        assert_eq!(verifier.verify(&headers(VECTOR_ID, &timestamp, &with_v1a), VECTOR_BODY, VECTOR_TIMESTAMP), Ok(()));
+        assert_eq!(
+            verifier.verify(
+                &headers(VECTOR_ID, &timestamp, &with_v1a),
+                VECTOR_BODY,
+                VECTOR_TIMESTAMP
+            ),
+            Ok(())
+        );
         let only_v2 = VECTOR_SIGNATURE.replacen("v1,", "v2,", 1);
         assert_eq!(
-            verifier.verify(&headers(VECTOR_ID, &timestamp, &only_v2), VECTOR_BODY, VECTOR_TIMESTAMP),
+            verifier.verify(
+                &headers(VECTOR_ID, &timestamp, &only_v2),
+                VECTOR_BODY,
+                VECTOR_TIMESTAMP
+            ),
             Err(VerifyError::NoMatchingSignature { v1_entries: 0 })
         );
     }
@@ -425,13 +562,19 @@ mod tests {
         let (old, new) = (vector_secret(), Secret::generate());
         let signer = Signer::new(old.clone()).with_secret(new.clone());
         let [id, timestamp, signature] = signer.headers(VECTOR_ID, VECTOR_TIMESTAMP, VECTOR_BODY);
-        assert_eq!((id.0, timestamp.0, signature.0), (WEBHOOK_ID, WEBHOOK_TIMESTAMP, WEBHOOK_SIGNATURE));
+        assert_eq!(
+            (id.0, timestamp.0, signature.0),
+            (WEBHOOK_ID, WEBHOOK_TIMESTAMP, WEBHOOK_SIGNATURE)
+        );
         assert_eq!(signature.1.split(' ').count(), 2);
         assert!(signature.1.starts_with(VECTOR_SIGNATURE));
 
         let received = headers(&id.1, &timestamp.1, &signature.1);
         for secret in [old, new] {
-            assert_eq!(Verifier::new(secret).verify(&received, VECTOR_BODY, VECTOR_TIMESTAMP), Ok(()));
+            assert_eq!(
+                Verifier::new(secret).verify(&received, VECTOR_BODY, VECTOR_TIMESTAMP),
+                Ok(())
+            );
         }
     }
 
@@ -442,7 +585,14 @@ mod tests {
         let timestamp = VECTOR_TIMESTAMP.to_string();
         for secret in [old, new] {
             let signature = sign(&secret, VECTOR_ID, VECTOR_TIMESTAMP, VECTOR_BODY);
-            assert_eq!(verifier.verify(&headers(VECTOR_ID, &timestamp, &signature), VECTOR_BODY, VECTOR_TIMESTAMP), Ok(()));
+            assert_eq!(
+                verifier.verify(
+                    &headers(VECTOR_ID, &timestamp, &signature),
+                    VECTOR_BODY,
+                    VECTOR_TIMESTAMP
+                ),
+                Ok(())
+            );
         }
     }
 
@@ -452,21 +602,54 @@ mod tests {
         let timestamp = VECTOR_TIMESTAMP.to_string();
         let complete = headers(VECTOR_ID, &timestamp, VECTOR_SIGNATURE);
         let cases = [
-            (ReceivedHeaders { id: None, ..complete }, WEBHOOK_ID),
-            (ReceivedHeaders { timestamp: None, ..complete }, WEBHOOK_TIMESTAMP),
-            (ReceivedHeaders { signature: None, ..complete }, WEBHOOK_SIGNATURE),
+            (
+                ReceivedHeaders {
+                    id: None,
+                    ..complete
+                },
+                WEBHOOK_ID,
+            ),
+            (
+                ReceivedHeaders {
+                    timestamp: None,
+                    ..complete
+                },
+                WEBHOOK_TIMESTAMP,
+            ),
+            (
+                ReceivedHeaders {
+                    signature: None,
+                    ..complete
+                },
+                WEBHOOK_SIGNATURE,
+            ),
         ];
         for (received, missing) in cases {
-            assert_eq!(verifier.verify(&received, VECTOR_BODY, VECTOR_TIMESTAMP), Err(VerifyError::MissingHeader(missing)));
+            assert_eq!(
+                verifier.verify(&received, VECTOR_BODY, VECTOR_TIMESTAMP),
+                Err(VerifyError::MissingHeader(missing))
+            );
         }
     }
 
     #[test]
     fn timestamps_that_are_not_plain_seconds_are_bad() {
         let verifier = Verifier::new(vector_secret());
-        for bad in ["", "+1649367553", "-1", "1649367553.0", "1649367553 ", "abc", "99999999999999999999999"] {
+        for bad in [
+            "",
+            "+1649367553",
+            "-1",
+            "1649367553.0",
+            "1649367553 ",
+            "abc",
+            "99999999999999999999999",
+        ] {
             assert_eq!(
-                verifier.verify(&headers(VECTOR_ID, bad, VECTOR_SIGNATURE), VECTOR_BODY, VECTOR_TIMESTAMP),
+                verifier.verify(
+                    &headers(VECTOR_ID, bad, VECTOR_SIGNATURE),
+                    VECTOR_BODY,
+                    VECTOR_TIMESTAMP
+                ),
                 Err(VerifyError::BadTimestamp(bad.to_owned())),
                 "{bad:?}"
             );
@@ -477,27 +660,51 @@ mod tests {
     fn malformed_entries_do_not_hide_a_match_and_are_named_when_nothing_matches() {
         let verifier = Verifier::new(vector_secret());
         let timestamp = VECTOR_TIMESTAMP.to_string();
-        let verify = |header: &str| verifier.verify(&headers(VECTOR_ID, &timestamp, header), VECTOR_BODY, VECTOR_TIMESTAMP);
+        let verify = |header: &str| {
+            verifier.verify(
+                &headers(VECTOR_ID, &timestamp, header),
+                VECTOR_BODY,
+                VECTOR_TIMESTAMP,
+            )
+        };
         assert_eq!(verify(&format!("v1,*** {VECTOR_SIGNATURE}")), Ok(()));
-        assert_eq!(verify("v1tZ1I4"), Err(VerifyError::MalformedSignature { position: 0 }));
-        assert_eq!(verify("v1,AAAA v2,x v1,***"), Err(VerifyError::MalformedSignature { position: 2 }));
-        assert_eq!(verify(""), Err(VerifyError::NoMatchingSignature { v1_entries: 0 }));
+        assert_eq!(
+            verify("v1tZ1I4"),
+            Err(VerifyError::MalformedSignature { position: 0 })
+        );
+        assert_eq!(
+            verify("v1,AAAA v2,x v1,***"),
+            Err(VerifyError::MalformedSignature { position: 2 })
+        );
+        assert_eq!(
+            verify(""),
+            Err(VerifyError::NoMatchingSignature { v1_entries: 0 })
+        );
     }
 
     #[test]
     fn verify_now_uses_the_system_clock() {
         let secret = Secret::generate();
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
         let signature = sign(&secret, VECTOR_ID, now, VECTOR_BODY);
         let timestamp = now.to_string();
         let verifier = Verifier::new(secret);
-        assert_eq!(verifier.verify_now(&headers(VECTOR_ID, &timestamp, &signature), VECTOR_BODY), Ok(()));
+        assert_eq!(
+            verifier.verify_now(&headers(VECTOR_ID, &timestamp, &signature), VECTOR_BODY),
+            Ok(())
+        );
 
         let vector_timestamp = VECTOR_TIMESTAMP.to_string();
         let years_old = headers(VECTOR_ID, &vector_timestamp, VECTOR_SIGNATURE);
         assert!(matches!(
             Verifier::new(vector_secret()).verify_now(&years_old, VECTOR_BODY),
-            Err(VerifyError::TooOld { timestamp: VECTOR_TIMESTAMP, .. })
+            Err(VerifyError::TooOld {
+                timestamp: VECTOR_TIMESTAMP,
+                ..
+            })
         ));
     }
 

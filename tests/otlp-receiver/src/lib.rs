@@ -61,41 +61,69 @@ impl Collector {
     fn keep_spans(&self, request: ExportTraceServiceRequest) {
         for exported in request.resource_spans {
             let resource = Arc::new(exported.resource.unwrap_or_default());
-            let spans: Vec<Span> = exported.scope_spans.into_iter().flat_map(|s| s.spans).collect();
+            let spans: Vec<Span> = exported
+                .scope_spans
+                .into_iter()
+                .flat_map(|s| s.spans)
+                .collect();
             if self.echo {
                 let service = service_name(&resource);
                 for span in &spans {
-                    println!("span trace_id={} service={service} name={:?}", hex::encode(&span.trace_id), span.name);
+                    println!(
+                        "span trace_id={} service={service} name={:?}",
+                        hex::encode(&span.trace_id),
+                        span.name
+                    );
                 }
             }
-            self.spans.lock().expect("spans lock").extend(spans.into_iter().map(|span| (resource.clone(), span)));
+            self.spans
+                .lock()
+                .expect("spans lock")
+                .extend(spans.into_iter().map(|span| (resource.clone(), span)));
         }
     }
 
     fn keep_metrics(&self, request: ExportMetricsServiceRequest) {
-        let metrics = request.resource_metrics.into_iter().flat_map(|r| r.scope_metrics).flat_map(|s| s.metrics);
+        let metrics = request
+            .resource_metrics
+            .into_iter()
+            .flat_map(|r| r.scope_metrics)
+            .flat_map(|s| s.metrics);
         self.metrics.lock().expect("metrics lock").extend(metrics);
     }
 }
 
 #[tonic::async_trait]
 impl TraceService for Collector {
-    async fn export(&self, request: Request<ExportTraceServiceRequest>) -> Result<Response<ExportTraceServiceResponse>, Status> {
+    async fn export(
+        &self,
+        request: Request<ExportTraceServiceRequest>,
+    ) -> Result<Response<ExportTraceServiceResponse>, Status> {
         self.keep_spans(request.into_inner());
-        Ok(Response::new(ExportTraceServiceResponse { partial_success: None }))
+        Ok(Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
     }
 }
 
 #[tonic::async_trait]
 impl MetricsService for Collector {
-    async fn export(&self, request: Request<ExportMetricsServiceRequest>) -> Result<Response<ExportMetricsServiceResponse>, Status> {
+    async fn export(
+        &self,
+        request: Request<ExportMetricsServiceRequest>,
+    ) -> Result<Response<ExportMetricsServiceResponse>, Status> {
         self.keep_metrics(request.into_inner());
-        Ok(Response::new(ExportMetricsServiceResponse { partial_success: None }))
+        Ok(Response::new(ExportMetricsServiceResponse {
+            partial_success: None,
+        }))
     }
 }
 
 /// An OTLP/HTTP export: the body decoded as `M`, kept by `keep`; 400 for a body that is not one.
-fn http_export<M: Message + Default>(body: &[u8], keep: impl FnOnce(M)) -> (StatusCode, [(header::HeaderName, &'static str); 1]) {
+fn http_export<M: Message + Default>(
+    body: &[u8],
+    keep: impl FnOnce(M),
+) -> (StatusCode, [(header::HeaderName, &'static str); 1]) {
     let content_type = [(header::CONTENT_TYPE, "application/x-protobuf")];
     match M::decode(body) {
         Ok(message) => {
@@ -109,14 +137,19 @@ fn http_export<M: Message + Default>(body: &[u8], keep: impl FnOnce(M)) -> (Stat
 impl OtlpReceiver {
     /// A receiver on a free loopback port, keeping what it is sent.
     pub async fn start() -> Self {
-        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), false).await.expect("a free loopback port")
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), false)
+            .await
+            .expect("a free loopback port")
     }
 
     /// A receiver on `addr`, also printing a line per span when `echo` is set.
     pub async fn start_on(addr: SocketAddr, echo: bool) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let received = Collector { echo, ..Collector::default() };
+        let received = Collector {
+            echo,
+            ..Collector::default()
+        };
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         tokio::spawn(
             tonic::transport::Server::builder()
@@ -130,11 +163,15 @@ impl OtlpReceiver {
     /// A receiver on a free loopback port speaking OTLP/gRPC over TLS, with the certificate and
     /// key in `cert_pem` and `key_pem`.
     pub async fn start_tls(cert_pem: &[u8], key_pem: &[u8]) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free loopback port");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a free loopback port");
         let addr = listener.local_addr().expect("bound");
         let received = Collector::default();
         let tls = ServerTlsConfig::new().identity(Identity::from_pem(cert_pem, key_pem));
-        let mut server = tonic::transport::Server::builder().tls_config(tls).expect("a TLS configuration");
+        let mut server = tonic::transport::Server::builder()
+            .tls_config(tls)
+            .expect("a TLS configuration");
         tokio::spawn(
             server
                 .add_service(TraceServiceServer::new(received.clone()))
@@ -147,17 +184,27 @@ impl OtlpReceiver {
     /// A receiver on a free loopback port speaking OTLP/HTTP with protobuf bodies
     /// (`POST /v1/traces`, `POST /v1/metrics`).
     pub async fn start_http() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free loopback port");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a free loopback port");
         let addr = listener.local_addr().expect("bound");
         let received = Collector::default();
         let app = Router::new()
             .route(
                 "/v1/traces",
-                post(|State(collector): State<Collector>, body: Bytes| async move { http_export(&body, |request| collector.keep_spans(request)) }),
+                post(
+                    |State(collector): State<Collector>, body: Bytes| async move {
+                        http_export(&body, |request| collector.keep_spans(request))
+                    },
+                ),
             )
             .route(
                 "/v1/metrics",
-                post(|State(collector): State<Collector>, body: Bytes| async move { http_export(&body, |request| collector.keep_metrics(request)) }),
+                post(
+                    |State(collector): State<Collector>, body: Bytes| async move {
+                        http_export(&body, |request| collector.keep_metrics(request))
+                    },
+                ),
             )
             .with_state(received.clone());
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -176,13 +223,23 @@ impl OtlpReceiver {
 
     /// The spans received so far of the trace `trace_id` (32 hex digits).
     pub fn trace(&self, trace_id: &str) -> Vec<Span> {
-        self.trace_by_resource(trace_id).into_iter().map(|(_, span)| span).collect()
+        self.trace_by_resource(trace_id)
+            .into_iter()
+            .map(|(_, span)| span)
+            .collect()
     }
 
     /// [`OtlpReceiver::trace`], each span with the resource it was exported with.
     pub fn trace_by_resource(&self, trace_id: &str) -> Vec<ExportedSpan> {
         let id = hex::decode(trace_id).expect("a hex trace id");
-        self.received.spans.lock().expect("spans lock").iter().filter(|(_, span)| span.trace_id == id).cloned().collect()
+        self.received
+            .spans
+            .lock()
+            .expect("spans lock")
+            .iter()
+            .filter(|(_, span)| span.trace_id == id)
+            .cloned()
+            .collect()
     }
 
     /// Spans received so far, of every trace.
@@ -192,7 +249,13 @@ impl OtlpReceiver {
 
     /// The names of the metrics received so far.
     pub fn metric_names(&self) -> Vec<String> {
-        self.received.metrics.lock().expect("metrics lock").iter().map(|metric| metric.name.clone()).collect()
+        self.received
+            .metrics
+            .lock()
+            .expect("metrics lock")
+            .iter()
+            .map(|metric| metric.name.clone())
+            .collect()
     }
 }
 
@@ -202,7 +265,11 @@ pub fn attribute<'a>(span: &'a Span, key: &str) -> Option<&'a Value> {
 }
 
 fn find<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a Value> {
-    attributes.iter().find(|kv| kv.key == key).and_then(|kv| kv.value.as_ref()).and_then(|v: &AnyValue| v.value.as_ref())
+    attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref())
+        .and_then(|v: &AnyValue| v.value.as_ref())
 }
 
 fn text(value: &Value) -> Option<&str> {

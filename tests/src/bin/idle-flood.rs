@@ -41,29 +41,36 @@ fn arguments() -> Result<(SocketAddr, usize), String> {
     let [to, count] = args.as_slice() else {
         return Err("usage: idle-flood <to> <count>".into());
     };
-    Ok((to.parse().map_err(|error| format!("to: {error}"))?, count.parse().map_err(|error| format!("count: {error}"))?))
+    Ok((
+        to.parse().map_err(|error| format!("to: {error}"))?,
+        count.parse().map_err(|error| format!("count: {error}"))?,
+    ))
 }
 
 /// Raises this process's soft limit on descriptors to what `count` connections need; fails, saying
 /// so, when the hard limit is lower.
 fn make_room_for(count: usize) -> Result<(), String> {
     let needed = count as u64 + OWN_DESCRIPTORS;
-    let raised = rlimit::increase_nofile_limit(needed).map_err(|error| format!("RLIMIT_NOFILE: {error}"))?;
+    let raised =
+        rlimit::increase_nofile_limit(needed).map_err(|error| format!("RLIMIT_NOFILE: {error}"))?;
     if raised < needed {
-        return Err(format!("RLIMIT_NOFILE: {count} connections need {needed} descriptors, and the hard limit is {raised}"));
+        return Err(format!(
+            "RLIMIT_NOFILE: {count} connections need {needed} descriptors, and the hard limit is {raised}"
+        ));
     }
     Ok(())
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let (to, count) = match arguments().and_then(|(to, count)| make_room_for(count).map(|()| (to, count))) {
-        Ok(flood) => flood,
-        Err(error) => {
-            eprintln!("error: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let (to, count) =
+        match arguments().and_then(|(to, count)| make_room_for(count).map(|()| (to, count))) {
+            Ok(flood) => flood,
+            Err(error) => {
+                eprintln!("error: {error}");
+                return ExitCode::FAILURE;
+            }
+        };
     let connecting = Arc::new(Semaphore::new(CONNECTING_AT_ONCE));
     let counters = Arc::new(Counters::default());
     for _ in 0..count {
@@ -91,7 +98,13 @@ async fn main() -> ExitCode {
     let opened = counters.opened.load(Ordering::SeqCst);
     println!("opened {opened} failed {}", count - opened);
     // Whatever becomes of the test, the connections go with it.
-    tokio::task::spawn_blocking(|| std::io::copy(&mut std::io::stdin(), &mut std::io::sink())).await.ok();
-    println!("closed-by-server {} pings-answered {}", counters.closed.load(Ordering::SeqCst), counters.pings.load(Ordering::SeqCst));
+    tokio::task::spawn_blocking(|| std::io::copy(&mut std::io::stdin(), &mut std::io::sink()))
+        .await
+        .ok();
+    println!(
+        "closed-by-server {} pings-answered {}",
+        counters.closed.load(Ordering::SeqCst),
+        counters.pings.load(Ordering::SeqCst)
+    );
     ExitCode::SUCCESS
 }

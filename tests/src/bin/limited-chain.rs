@@ -13,10 +13,22 @@ use stack::{Chain, ChainSettings};
 
 async fn run(descriptors: u64) -> Result<(), Box<dyn std::error::Error>> {
     rlimit::setrlimit(rlimit::Resource::NOFILE, descriptors, descriptors)?;
-    let telemetry = telemetry::init_hosting(stack::SERVICE, &stack::SERVICES, &telemetry::TelemetrySettings::from_env()?)?;
+    let telemetry = telemetry::init_hosting(
+        stack::SERVICE,
+        &stack::SERVICES,
+        &telemetry::TelemetrySettings::from_env()?,
+    )?;
     let data = tempfile::tempdir()?;
-    let mut chain = Chain::start(ChainSettings::default().ephemeral().with_data_dir(data.path())).await?;
-    let certs = chain.dev_certs().ok_or("the chain runs with its development CA")?.ca();
+    let mut chain = Chain::start(
+        ChainSettings::default()
+            .ephemeral()
+            .with_data_dir(data.path()),
+    )
+    .await?;
+    let certs = chain
+        .dev_certs()
+        .ok_or("the chain runs with its development CA")?
+        .ca();
     let certs = certs.parent().ok_or("the CA is in a directory")?;
     let ready = serde_json::json!({"addresses": chain.addresses(), "certs": certs, "admin_token": chain.admin_token});
     println!("serving {ready}");

@@ -40,7 +40,11 @@ impl<T> Outcome for Option<T> {
 
 /// Checks `condition` until it holds and returns what it found; panics naming `what` once `limit`
 /// has passed. It runs on tokio's clock, so it also serves tests with a paused clock.
-pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut condition: F) -> <Fut::Output as Outcome>::Value
+pub async fn eventually<F, Fut>(
+    limit: Duration,
+    what: &str,
+    mut condition: F,
+) -> <Fut::Output as Outcome>::Value
 where
     F: FnMut() -> Fut,
     Fut: Future,
@@ -51,7 +55,10 @@ where
         if let Some(value) = condition().await.settled() {
             return value;
         }
-        assert!(tokio::time::Instant::now() < deadline, "not within {limit:?}: {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within {limit:?}: {what}"
+        );
         tokio::time::sleep(POLL).await;
     }
 }
@@ -64,7 +71,10 @@ pub fn in_ci() -> bool {
 /// A dependency of a test is missing. In CI that fails the test; elsewhere the skip is written to
 /// the terminal (stderr when there is none), so that it shows even when the test passes.
 pub fn missing(dependency: &str, consequence: &str) {
-    assert!(!in_ci(), "{dependency} is required in CI (CI is set): {consequence}");
+    assert!(
+        !in_ci(),
+        "{dependency} is required in CI (CI is set): {consequence}"
+    );
     let line = format!("SKIPPED: {dependency}: {consequence}\n");
     let terminal = std::fs::OpenOptions::new().write(true).open("/dev/tty");
     let written = terminal.and_then(|mut terminal| terminal.write_all(line.as_bytes()));
@@ -76,9 +86,14 @@ pub fn missing(dependency: &str, consequence: &str) {
 /// The URL of a PostgreSQL database whose user may create databases, from `TEST_POSTGRES_URL`;
 /// `None`, after saying so by [`missing`], when it is not set.
 pub fn postgres_admin_url() -> Option<String> {
-    let url = std::env::var("TEST_POSTGRES_URL").ok().filter(|url| !url.is_empty());
+    let url = std::env::var("TEST_POSTGRES_URL")
+        .ok()
+        .filter(|url| !url.is_empty());
     if url.is_none() {
-        missing("PostgreSQL (TEST_POSTGRES_URL is not set)", "the PostgreSQL half of this test did not run");
+        missing(
+            "PostgreSQL (TEST_POSTGRES_URL is not set)",
+            "the PostgreSQL half of this test did not run",
+        );
     }
     url
 }
@@ -96,10 +111,22 @@ impl ScratchDatabase {
     /// Creates `<prefix>_<unique>` on the server of `admin_url`.
     pub async fn create(admin_url: &str, prefix: &str) -> Self {
         let name = format!("{prefix}_{}", uuid::Uuid::now_v7().simple());
-        let mut admin = PgConnection::connect(admin_url).await.expect("TEST_POSTGRES_URL is reachable");
-        admin.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).await.expect("create a scratch database");
-        let base = admin_url.rsplit_once('/').expect("an admin URL ending with a database").0;
-        Self { admin_url: admin_url.to_owned(), url: format!("{base}/{name}"), name }
+        let mut admin = PgConnection::connect(admin_url)
+            .await
+            .expect("TEST_POSTGRES_URL is reachable");
+        admin
+            .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .await
+            .expect("create a scratch database");
+        let base = admin_url
+            .rsplit_once('/')
+            .expect("an admin URL ending with a database")
+            .0;
+        Self {
+            admin_url: admin_url.to_owned(),
+            url: format!("{base}/{name}"),
+            name,
+        }
     }
 
     pub fn url(&self) -> &str {
@@ -113,15 +140,27 @@ impl Drop for ScratchDatabase {
         // is dropped on a thread of its own.
         let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
         let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
             runtime.block_on(async {
                 let mut admin = PgConnection::connect(&admin_url).await?;
-                admin.execute(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))).await.map(drop)
+                admin
+                    .execute(sqlx::AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                    )))
+                    .await
+                    .map(drop)
             })
         })
         .join();
         if let Ok(Err(error)) = dropped {
-            let _ = writeln!(std::io::stderr(), "scratch database {} was not dropped: {error}", self.name);
+            let _ = writeln!(
+                std::io::stderr(),
+                "scratch database {} was not dropped: {error}",
+                self.name
+            );
         }
     }
 }
@@ -151,7 +190,11 @@ pub fn documented_settings(readme: &str) -> Vec<DocumentedSetting> {
             && cells.len() > 4
             && let (Some(key), Some(environment)) = (code(cells[1]), code(cells[2]))
         {
-            rows.push(DocumentedSetting { key, environment, default: code(cells[3]) });
+            rows.push(DocumentedSetting {
+                key,
+                environment,
+                default: code(cells[3]),
+            });
         }
     }
     rows
@@ -164,12 +207,21 @@ where
     T: serde::de::DeserializeOwned + serde::Serialize + Default,
 {
     let defaults = serde_json::to_value(T::default()).expect("settings serialize");
-    if key.split('.').try_fold(&defaults, |tree, part| tree.get(part)).is_none() {
+    if key
+        .split('.')
+        .try_fold(&defaults, |tree, part| tree.get(part))
+        .is_none()
+    {
         return Some(format!("{key}: not a setting"));
     }
     let value = value?;
-    let args = settings::SettingsArgs { config: None, overrides: vec![format!("{key}={value}")] };
-    settings::load::<T>(env_prefix, &args).err().map(|error| format!("{key} = {value}: {error}"))
+    let args = settings::SettingsArgs {
+        config: None,
+        overrides: vec![format!("{key}={value}")],
+    };
+    settings::load::<T>(env_prefix, &args)
+        .err()
+        .map(|error| format!("{key} = {value}: {error}"))
 }
 
 /// The dotted key an environment variable names: `PREFIX_A__B_C` → `a.b_c`.
@@ -190,11 +242,24 @@ where
     let rows = documented_settings(readme);
     assert!(!rows.is_empty(), "no settings table found");
     let mut wrong = Vec::new();
-    for row in rows.iter().filter(|row| !row.key.contains('*') && !row.key.contains("[]")) {
+    for row in rows
+        .iter()
+        .filter(|row| !row.key.contains('*') && !row.key.contains("[]"))
+    {
         if setting_key(env_prefix, &row.environment).as_deref() != Some(row.key.as_str()) {
             wrong.push(format!("{}: documented as {}", row.key, row.environment));
         }
-        wrong.extend(unread_setting::<T>(env_prefix, &row.key, row.default.as_deref()));
+        wrong.extend(unread_setting::<T>(
+            env_prefix,
+            &row.key,
+            row.default.as_deref(),
+        ));
     }
-    assert!(wrong.is_empty(), "{} of {} documented settings are wrong:\n{}", wrong.len(), rows.len(), wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "{} of {} documented settings are wrong:\n{}",
+        wrong.len(),
+        rows.len(),
+        wrong.join("\n")
+    );
 }

@@ -20,7 +20,10 @@ const MAX_FRAME: usize = 16_384;
 /// Speaks HTTP/2 on `stream` without a request, answering the server's SETTINGS and PINGs (each
 /// PING answered is counted in `pings`), until the server closes the connection: `Ok` on its
 /// orderly close, the error otherwise (a reset, a frame larger than allowed).
-pub async fn answer_pings<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, pings: &AtomicUsize) -> io::Result<()> {
+pub async fn answer_pings<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    pings: &AtomicUsize,
+) -> io::Result<()> {
     stream.write_all(OPENING).await?;
     let mut header = [0u8; 9];
     let mut payload = vec![0u8; MAX_FRAME];
@@ -31,15 +34,25 @@ pub async fn answer_pings<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, ping
             Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(error) => return Err(error),
         }
-        let length = usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+        let length =
+            usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
         let (kind, flags) = (header[3], header[4]);
-        let payload = payload.get_mut(..length).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("a frame of {length} bytes")))?;
+        let payload = payload.get_mut(..length).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a frame of {length} bytes"),
+            )
+        })?;
         stream.read_exact(payload).await?;
         if flags & ACK != 0 {
             continue;
         }
         match kind {
-            SETTINGS => stream.write_all(&[0, 0, 0, SETTINGS, ACK, 0, 0, 0, 0]).await?,
+            SETTINGS => {
+                stream
+                    .write_all(&[0, 0, 0, SETTINGS, ACK, 0, 0, 0, 0])
+                    .await?
+            }
             PING => {
                 let mut answer = vec![0, 0, 8, PING, ACK, 0, 0, 0, 0];
                 answer.extend_from_slice(payload);

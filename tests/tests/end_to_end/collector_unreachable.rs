@@ -33,11 +33,16 @@ async fn failing_collector() -> (String, Arc<AtomicUsize>) {
 #[tokio::test]
 async fn with_the_collector_failing_every_export_the_chain_keeps_serving() {
     let (endpoint, connections) = failing_collector().await;
-    let settings = TelemetrySettings { traces: Some(Otlp::grpc(endpoint)), ..TelemetrySettings::default() };
+    let settings = TelemetrySettings {
+        traces: Some(Otlp::grpc(endpoint)),
+        ..TelemetrySettings::default()
+    };
     let exporter = e2e::init_telemetry(&settings);
     assert!(exporter.exporting());
     assert!(
-        !telemetry::init(e2e::SERVICE, &TelemetrySettings::default()).expect("no exporter").exporting(),
+        !telemetry::init(e2e::SERVICE, &TelemetrySettings::default())
+            .expect("no exporter")
+            .exporting(),
         "without an endpoint no exporter exists"
     );
     let test = TestChain::start().await;
@@ -45,11 +50,21 @@ async fn with_the_collector_failing_every_export_the_chain_keeps_serving() {
         if n == 15 {
             // An export attempt that fails (its error is logged, not raised).
             exporter.flush().await;
-            assert!(connections.load(Ordering::Relaxed) >= 1, "the exporter tried the collector");
+            assert!(
+                connections.load(Ordering::Relaxed) >= 1,
+                "the exporter tried the collector"
+            );
         }
         let started = Instant::now();
-        let response = test.post_order(&format!("unexported-{n}"), &order_body()).send().await.unwrap();
+        let response = test
+            .post_order(&format!("unexported-{n}"), &order_body())
+            .send()
+            .await
+            .unwrap();
         assert_eq!(response.status(), 201);
-        assert!(started.elapsed() < Duration::from_secs(1), "export failures never block a request");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "export failures never block a request"
+        );
     }
 }

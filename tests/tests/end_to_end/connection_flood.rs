@@ -19,7 +19,10 @@ use std::{
 use e2e::{TestChain, order_body};
 use rpc::{dev_certs::DevCerts, tls::ServiceTls};
 use rustls::pki_types::{CertificateDer, pem::PemObject};
-use stack::chain::{BANK_ADMIN, BANK_GRPC, GATEWAY_GRPC, GATEWAY_HTTP, GATEWAY_OPS, Listener, ORDERS_GRPC, PAYMENT_GRPC, WEBHOOK_SENDER_HEALTH};
+use stack::chain::{
+    BANK_ADMIN, BANK_GRPC, GATEWAY_GRPC, GATEWAY_HTTP, GATEWAY_OPS, Listener, ORDERS_GRPC,
+    PAYMENT_GRPC, WEBHOOK_SENDER_HEALTH,
+};
 use tokio::{io::AsyncReadExt, net::TcpStream, sync::mpsc};
 
 /// What many container runtimes give a process.
@@ -71,10 +74,17 @@ impl LimitedChain {
             .await
             .expect("the limited chain serves in time")
             .expect("it serves: its error is above");
-        let ready: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|error| panic!("{error}: {line}"));
+        let ready: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|error| panic!("{error}: {line}"));
         let addresses = serde_json::from_value(ready["addresses"].clone()).unwrap();
-        let certs = DevCerts::generate_once(&PathBuf::from(ready["certs"].as_str().unwrap())).unwrap();
-        Self { child, addresses, certs, admin_token: ready["admin_token"].as_str().unwrap().to_owned() }
+        let certs =
+            DevCerts::generate_once(&PathBuf::from(ready["certs"].as_str().unwrap())).unwrap();
+        Self {
+            child,
+            addresses,
+            certs,
+            admin_token: ready["admin_token"].as_str().unwrap().to_owned(),
+        }
     }
 
     fn address(&self, listener: &Listener) -> SocketAddr {
@@ -88,14 +98,22 @@ impl LimitedChain {
 
     /// The chain's resident memory, in KiB.
     fn resident_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
-        status.lines().find_map(|line| line.strip_prefix("VmRSS:")).and_then(|kib| kib.split_whitespace().next()?.parse().ok()).unwrap_or(0)
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|kib| kib.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
     }
 
     /// A new client (a connection of its own, from 127.0.0.1) places an order; how long it took.
     async fn order(&self, key: &str) -> Duration {
         let started = Instant::now();
-        let client = reqwest::Client::builder().timeout(ORDER_WITHIN * 5).build().unwrap();
+        let client = reqwest::Client::builder()
+            .timeout(ORDER_WITHIN * 5)
+            .build()
+            .unwrap();
         let response = client
             .post(format!("http://{}/v1/orders", self.address(&GATEWAY_HTTP)))
             .bearer_auth(e2e::API_KEY)
@@ -104,7 +122,12 @@ impl LimitedChain {
             .send()
             .await
             .unwrap_or_else(|error| panic!("order {key}: {error}"));
-        assert_eq!(response.status(), 201, "order {key}: {}", response.text().await.unwrap_or_default());
+        assert_eq!(
+            response.status(),
+            201,
+            "order {key}: {}",
+            response.text().await.unwrap_or_default()
+        );
         started.elapsed()
     }
 
@@ -112,17 +135,42 @@ impl LimitedChain {
     /// admin API); the longest it took.
     async fn every_other_port_answers(&self) -> Duration {
         let started = Instant::now();
-        rpc::health::check(self.address(&GATEWAY_GRPC), ANSWER_WITHIN).await.unwrap();
-        for (service, listener) in [("orders", ORDERS_GRPC), ("payment", PAYMENT_GRPC), ("bank-mock", BANK_GRPC)] {
+        rpc::health::check(self.address(&GATEWAY_GRPC), ANSWER_WITHIN)
+            .await
+            .unwrap();
+        for (service, listener) in [
+            ("orders", ORDERS_GRPC),
+            ("payment", PAYMENT_GRPC),
+            ("bank-mock", BANK_GRPC),
+        ] {
             let tls = ServiceTls::load(service, &self.certs.settings(service)).unwrap();
-            rpc::health::check_as(self.address(&listener), service, &tls, ANSWER_WITHIN).await.unwrap_or_else(|error| panic!("{service}: {error}"));
+            rpc::health::check_as(self.address(&listener), service, &tls, ANSWER_WITHIN)
+                .await
+                .unwrap_or_else(|error| panic!("{service}: {error}"));
         }
-        let http = reqwest::Client::builder().timeout(ANSWER_WITHIN).build().unwrap();
+        let http = reqwest::Client::builder()
+            .timeout(ANSWER_WITHIN)
+            .build()
+            .unwrap();
         for listener in [GATEWAY_OPS, WEBHOOK_SENDER_HEALTH] {
-            let response = http.get(format!("http://{}/metrics", self.address(&listener))).send().await;
-            assert_eq!(response.unwrap_or_else(|error| panic!("{}: {error}", listener.label)).status(), 200, "{}", listener.label);
+            let response = http
+                .get(format!("http://{}/metrics", self.address(&listener)))
+                .send()
+                .await;
+            assert_eq!(
+                response
+                    .unwrap_or_else(|error| panic!("{}: {error}", listener.label))
+                    .status(),
+                200,
+                "{}",
+                listener.label
+            );
         }
-        let stats = http.get(format!("http://{}/admin/stats", self.address(&BANK_ADMIN))).header("x-admin-token", &self.admin_token).send().await;
+        let stats = http
+            .get(format!("http://{}/admin/stats", self.address(&BANK_ADMIN)))
+            .header("x-admin-token", &self.admin_token)
+            .send()
+            .await;
         assert_eq!(stats.expect("the bank's admin API answers").status(), 200);
         started.elapsed()
     }
@@ -159,17 +207,36 @@ impl Flooder {
             .stdout(Stdio::piped())
             .spawn()
             .expect("the flood helper starts");
-        let (stdin, output) = (child.stdin.take(), BufReader::new(child.stdout.take().unwrap()));
+        let (stdin, output) = (
+            child.stdin.take(),
+            BufReader::new(child.stdout.take().unwrap()),
+        );
         let (send, lines) = mpsc::unbounded_channel();
         // Bounded by the helper: its output ends with it.
-        std::thread::spawn(move || output.lines().map_while(Result::ok).try_for_each(|line| send.send(line)));
-        Self { child, stdin, lines }
+        std::thread::spawn(move || {
+            output
+                .lines()
+                .map_while(Result::ok)
+                .try_for_each(|line| send.send(line))
+        });
+        Self {
+            child,
+            stdin,
+            lines,
+        }
     }
 
     /// The two numbers of a `<word> <n> <word> <m>` line.
     fn numbers(line: &str) -> (usize, usize) {
-        let numbers: Vec<usize> = line.split_whitespace().skip(1).step_by(2).map(|n| n.parse().unwrap()).collect();
-        let [first, second] = numbers[..] else { panic!("a flood helper's report: {line:?}") };
+        let numbers: Vec<usize> = line
+            .split_whitespace()
+            .skip(1)
+            .step_by(2)
+            .map(|n| n.parse().unwrap())
+            .collect();
+        let [first, second] = numbers[..] else {
+            panic!("a flood helper's report: {line:?}")
+        };
         (first, second)
     }
 
@@ -181,7 +248,9 @@ impl Flooder {
     /// Lets the connections go: how many the server had closed, and the pings answered.
     async fn end(&mut self) -> (usize, usize) {
         drop(self.stdin.take());
-        let line = tokio::time::timeout(Duration::from_secs(10), self.lines.recv()).await.expect("the helper's last report in time");
+        let line = tokio::time::timeout(Duration::from_secs(10), self.lines.recv())
+            .await
+            .expect("the helper's last report in time");
         Self::numbers(&line.expect("the helper reports before it ends: its error is above"))
     }
 }
@@ -205,14 +274,23 @@ impl Rounds {
     async fn round(&mut self, chain: &LimitedChain, name: &str) -> Duration {
         let took = chain.order(&format!("{name}-{}", self.orders.len())).await;
         self.orders.push(took);
-        self.slowest_answer = self.slowest_answer.max(chain.every_other_port_answers().await);
+        self.slowest_answer = self
+            .slowest_answer
+            .max(chain.every_other_port_answers().await);
         took
     }
 
     fn summary(&mut self) -> String {
         self.orders.sort();
-        let (median, slowest) = (self.orders[self.orders.len() / 2], self.orders[self.orders.len() - 1]);
-        format!("{} orders (median {median:?}, slowest {slowest:?}), other ports within {:?}", self.orders.len(), self.slowest_answer)
+        let (median, slowest) = (
+            self.orders[self.orders.len() / 2],
+            self.orders[self.orders.len() - 1],
+        );
+        format!(
+            "{} orders (median {median:?}, slowest {slowest:?}), other ports within {:?}",
+            self.orders.len(),
+            self.slowest_answer
+        )
     }
 }
 
@@ -224,7 +302,9 @@ fn accept_queue(port: u16) -> Option<usize> {
     table.lines().skip(1).find_map(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();
         let listening = fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A");
-        listening.then(|| usize::from_str_radix(fields.get(4)?.split(':').nth(1)?, 16).ok()).flatten()
+        listening
+            .then(|| usize::from_str_radix(fields.get(4)?.split(':').nth(1)?, 16).ok())
+            .flatten()
     })
 }
 
@@ -237,7 +317,9 @@ async fn twenty_thousand_idle_connections_that_answer_pings_leave_a_limited_proc
     let (descriptors_before, rss_before) = (chain.descriptors(), chain.resident_kib());
 
     let started = Instant::now();
-    let mut flooders: Vec<Flooder> = (0..FLOODERS).map(|_| Flooder::start(public, FLOOD / FLOODERS)).collect();
+    let mut flooders: Vec<Flooder> = (0..FLOODERS)
+        .map(|_| Flooder::start(public, FLOOD / FLOODERS))
+        .collect();
     // The chain's descriptors, sampled all along.
     let most_descriptors = Arc::new(AtomicUsize::new(descriptors_before));
     let sampling = {
@@ -256,7 +338,10 @@ async fn twenty_thousand_idle_connections_that_answer_pings_leave_a_limited_proc
     let (mut opening, mut made, mut reported) = (Rounds::default(), 0, 0);
     // Bounded: every connection is tried within OPENING_WITHIN.
     while reported < FLOODERS {
-        assert!(started.elapsed() < OPENING_WITHIN, "the flood's connections were tried within {OPENING_WITHIN:?}");
+        assert!(
+            started.elapsed() < OPENING_WITHIN,
+            "the flood's connections were tried within {OPENING_WITHIN:?}"
+        );
         opening.round(&chain, "while-the-flood-opens").await;
         for (opened, failed) in flooders.iter_mut().filter_map(Flooder::opened) {
             assert_eq!(failed, 0, "every connection of the flood was made");
@@ -273,14 +358,22 @@ async fn twenty_thousand_idle_connections_that_answer_pings_leave_a_limited_proc
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert_eq!(accept_queue(public.port()), Some(0), "the chain accepted every connection the kernel had queued");
+    assert_eq!(
+        accept_queue(public.port()),
+        Some(0),
+        "the chain accepted every connection the kernel had queued"
+    );
 
     // The flood holds its connections: a new client from its address gets its order in time.
     let (mut holding, held_from) = (Rounds::default(), Instant::now());
     // Bounded by the hold.
     while held_from.elapsed() < HOLD {
         let took = holding.round(&chain, "while-the-flood-holds").await;
-        assert!(took < ORDER_WITHIN, "{:?} into the hold: the order took {took:?}", held_from.elapsed());
+        assert!(
+            took < ORDER_WITHIN,
+            "{:?} into the hold: the order took {took:?}",
+            held_from.elapsed()
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let rss_flooded = chain.resident_kib();
@@ -301,11 +394,18 @@ async fn twenty_thousand_idle_connections_that_answer_pings_leave_a_limited_proc
         holding.summary(),
     );
     assert!(pings > 0, "the kept connections were pinged and answered");
-    assert_eq!(closed, FLOOD, "the chain closed every connection of the flood (those it kept after the idle timeout)");
+    assert_eq!(
+        closed, FLOOD,
+        "the chain closed every connection of the flood (those it kept after the idle timeout)"
+    );
 }
 
 /// A TLS client without a certificate to `service` at `address`, its handshake done.
-async fn uncertified(certs: &DevCerts, service: &str, address: SocketAddr) -> tokio_rustls::client::TlsStream<TcpStream> {
+async fn uncertified(
+    certs: &DevCerts,
+    service: &str,
+    address: SocketAddr,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
     let mut roots = rustls::RootCertStore::empty();
     let ca = std::fs::read(certs.ca()).unwrap();
     for cert in CertificateDer::pem_slice_iter(&ca) {
@@ -319,7 +419,10 @@ async fn uncertified(certs: &DevCerts, service: &str, address: SocketAddr) -> to
         .with_no_client_auth();
     let name = rustls::pki_types::ServerName::try_from(rpc::tls::dns_name(service)).unwrap();
     let tcp = TcpStream::connect(address).await.unwrap();
-    tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.expect("the handshake completes without a certificate")
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("the handshake completes without a certificate")
 }
 
 #[tokio::test]
@@ -334,12 +437,25 @@ async fn a_caller_without_a_certificate_holds_an_inner_port_only_for_its_handsha
         held.push(uncertified(test.certs(), "orders", orders).await);
     }
     // The port is full of them; the gateway's connection to orders takes the place of one.
-    assert_eq!(test.post_order("past-the-uncertified", &order_body()).send().await.unwrap().status(), 201);
+    assert_eq!(
+        test.post_order("past-the-uncertified", &order_body())
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
     for mut stream in held {
         let mut buffer = [0u8; 64];
         let end = tokio::time::timeout(HANDSHAKE * 2, stream.read(&mut buffer)).await;
-        assert!(matches!(end, Ok(Ok(0) | Err(_))), "closed, not kept until the idle timeout: {end:?}");
+        assert!(
+            matches!(end, Ok(Ok(0) | Err(_))),
+            "closed, not kept until the idle timeout: {end:?}"
+        );
     }
     let took = started.elapsed();
-    assert!(took < HANDSHAKE + Duration::from_secs(2), "every one closed by the end of its handshake's time: {took:?}");
+    assert!(
+        took < HANDSHAKE + Duration::from_secs(2),
+        "every one closed by the end of its handshake's time: {took:?}"
+    );
 }

@@ -10,7 +10,10 @@ use stack::chain::ORDERS_GRPC;
 async fn stop_orders(test: &TestChain) {
     assert!(test.chain.stop_service("orders"));
     let address = test.chain.address(&ORDERS_GRPC);
-    eventually(BACKGROUND, "orders stopped listening", || async { tokio::net::TcpStream::connect(address).await.is_err() }).await;
+    eventually(BACKGROUND, "orders stopped listening", || async {
+        tokio::net::TcpStream::connect(address).await.is_err()
+    })
+    .await;
 }
 
 async fn create(test: &TestChain, key: &str) -> Value {
@@ -20,7 +23,12 @@ async fn create(test: &TestChain, key: &str) -> Value {
 }
 
 async fn get(test: &TestChain, path: &str) -> reqwest::Response {
-    test.http.get(test.url(path)).bearer_auth(e2e::API_KEY).send().await.unwrap()
+    test.http
+        .get(test.url(path))
+        .bearer_auth(e2e::API_KEY)
+        .send()
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -36,7 +44,12 @@ async fn with_orders_down_a_read_gets_the_last_known_copy_marked_stale() {
     stop_orders(&test).await;
     let stale = get(&test, &format!("/v1/orders/{id}")).await;
     assert_eq!(stale.status(), 200);
-    assert!(stale.headers()["x-fallback"].to_str().unwrap().starts_with("stale-copy; as-of="));
+    assert!(
+        stale.headers()["x-fallback"]
+            .to_str()
+            .unwrap()
+            .starts_with("stale-copy; as-of=")
+    );
     let stale: Value = stale.json().await.unwrap();
     assert_eq!(stale["stale"], true);
     assert!(stale["as_of"].as_str().unwrap().ends_with('Z'), "{stale}");
@@ -46,7 +59,10 @@ async fn with_orders_down_a_read_gets_the_last_known_copy_marked_stale() {
     // Nothing known: an honest error, not an empty order.
     let unknown = get(&test, "/v1/orders/ord_never_seen").await;
     assert_eq!(unknown.status(), 503);
-    assert_eq!(unknown.headers()["content-type"], "application/problem+json");
+    assert_eq!(
+        unknown.headers()["content-type"],
+        "application/problem+json"
+    );
 }
 
 #[tokio::test]
@@ -58,7 +74,11 @@ async fn a_summary_shows_every_part_when_all_sources_answer() {
     test.post_order("history-2", &other).send().await.unwrap();
     let order = create(&test, "summary-1").await;
 
-    let response = get(&test, &format!("/v1/orders/{}/summary", order["order_id"].as_str().unwrap())).await;
+    let response = get(
+        &test,
+        &format!("/v1/orders/{}/summary", order["order_id"].as_str().unwrap()),
+    )
+    .await;
     assert_eq!(response.status(), 200);
     assert!(response.headers().get("x-fallback").is_none());
     let summary: Value = response.json().await.unwrap();
@@ -68,7 +88,11 @@ async fn a_summary_shows_every_part_when_all_sources_answer() {
     assert_eq!(summary["exchange_rate"]["currency"], "EUR");
     assert_eq!(summary["exchange_rate"]["stale"], false);
     assert_eq!(summary["recommendations"]["kind"], "personal");
-    assert_eq!(summary["recommendations"]["skus"], serde_json::json!(["sku-9"]), "from this customer's other orders");
+    assert_eq!(
+        summary["recommendations"]["skus"],
+        serde_json::json!(["sku-9"]),
+        "from this customer's other orders"
+    );
 }
 
 #[tokio::test]
@@ -86,9 +110,19 @@ async fn a_summary_with_failing_sources_shows_what_it_has_and_names_what_is_miss
     get(&test, &path).await;
     test.set_faults(fast_bank(|f| f.error_rate = 1.0));
     let response = get(&test, &path).await;
-    assert_eq!(response.status(), 200, "one failing part never fails the whole summary");
-    let fallback = response.headers()["x-fallback"].to_str().unwrap().to_owned();
-    assert!(fallback.contains("stale-rate") && fallback.contains("popular-recommendations"), "{fallback}");
+    assert_eq!(
+        response.status(),
+        200,
+        "one failing part never fails the whole summary"
+    );
+    let fallback = response.headers()["x-fallback"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        fallback.contains("stale-rate") && fallback.contains("popular-recommendations"),
+        "{fallback}"
+    );
     let summary: Value = response.json().await.unwrap();
 
     assert_eq!(summary["order"]["status"], "paid");
@@ -96,10 +130,30 @@ async fn a_summary_with_failing_sources_shows_what_it_has_and_names_what_is_miss
     assert_eq!(summary["exchange_rate"]["stale"], true);
     assert_eq!(summary["exchange_rate"]["rate"], "1.0800");
     assert_eq!(summary["recommendations"]["kind"], "popular");
-    assert!(!summary["recommendations"]["skus"].as_array().unwrap().is_empty());
-    let missing: Vec<&str> = summary["unavailable"].as_array().unwrap().iter().map(|u| u["part"].as_str().unwrap()).collect();
-    assert_eq!(missing, ["payment", "personal_recommendations"], "{summary}");
-    assert!(summary["unavailable"][0]["reason"].as_str().unwrap().contains("not calling"), "{summary}");
+    assert!(
+        !summary["recommendations"]["skus"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    let missing: Vec<&str> = summary["unavailable"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["part"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        missing,
+        ["payment", "personal_recommendations"],
+        "{summary}"
+    );
+    assert!(
+        summary["unavailable"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not calling"),
+        "{summary}"
+    );
 }
 
 #[tokio::test]
@@ -107,9 +161,21 @@ async fn a_rate_never_quoted_is_null_with_a_reason() {
     let test = TestChain::start().await;
     let order = create(&test, "no-rate-1").await;
     test.set_faults(fast_bank(|f| f.error_rate = 1.0));
-    let summary: Value = get(&test, &format!("/v1/orders/{}/summary", order["order_id"].as_str().unwrap())).await.json().await.unwrap();
+    let summary: Value = get(
+        &test,
+        &format!("/v1/orders/{}/summary", order["order_id"].as_str().unwrap()),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
     assert_eq!(summary["exchange_rate"], Value::Null);
-    let reasons: Vec<&Value> = summary["unavailable"].as_array().unwrap().iter().filter(|u| u["part"] == "exchange_rate").collect();
+    let reasons: Vec<&Value> = summary["unavailable"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|u| u["part"] == "exchange_rate")
+        .collect();
     assert_eq!(reasons.len(), 1, "{summary}");
 }
 
@@ -119,5 +185,8 @@ async fn a_summary_of_an_order_nobody_can_show_is_an_honest_error() {
     stop_orders(&test).await;
     let response = get(&test, "/v1/orders/ord_unknown/summary").await;
     assert_eq!(response.status(), 503);
-    assert_eq!(response.headers()["content-type"], "application/problem+json");
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
 }

@@ -30,26 +30,55 @@ async fn the_breaker_opens_fails_fast_without_calling_then_probes_and_closes() {
     let test = TestChain::start_with(small_breaker).await;
     test.set_faults(fast_bank(|f| f.error_rate = 1.0));
     for n in 0..5 {
-        let response = test.post_order(&format!("down-{n}"), &order_body()).send().await.unwrap();
+        let response = test
+            .post_order(&format!("down-{n}"), &order_body())
+            .send()
+            .await
+            .unwrap();
         assert_eq!(response.status(), 503);
     }
-    assert_eq!(test.chain.guard_stats().breaker(payment::HOP, bank_mock::HOP).position, Position::Open);
+    assert_eq!(
+        test.chain
+            .guard_stats()
+            .breaker(payment::HOP, bank_mock::HOP)
+            .position,
+        Position::Open
+    );
     let calls = test.chain.bank().stats().calls;
 
     // Open: answered at once, without reaching the bank, with the time until it probes again.
-    let response = test.post_order("down-open", &order_body()).send().await.unwrap();
+    let response = test
+        .post_order("down-open", &order_body())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 503);
     assert!(response.headers().contains_key("retry-after"));
-    let mut payment = PaymentServiceClient::new(test.channel_as("orders", "payment", test.chain.address(&PAYMENT_GRPC)).await);
+    let mut payment = PaymentServiceClient::new(
+        test.channel_as("orders", "payment", test.chain.address(&PAYMENT_GRPC))
+            .await,
+    );
     for n in 0..10 {
-        let pay = PayRequest { order_id: format!("ord_direct_{n}"), customer_id: "c".into(), amount_minor: 100, currency: "EUR".into() };
-        let status = payment.pay(grpc_request(pay, &format!("direct-{n}"))).await.unwrap_err();
+        let pay = PayRequest {
+            order_id: format!("ord_direct_{n}"),
+            customer_id: "c".into(),
+            amount_minor: 100,
+            currency: "EUR".into(),
+        };
+        let status = payment
+            .pay(grpc_request(pay, &format!("direct-{n}")))
+            .await
+            .unwrap_err();
         assert_eq!(status.code(), Code::Unavailable);
         assert!(status.metadata().contains_key("x-circuit-open"));
     }
     // Failing fast is not calling: the bank's count is the proof, not a stopwatch (the breaker's
     // own latency is in BENCHMARKS.md).
-    assert_eq!(test.chain.bank().stats().calls, calls, "the bank was not called while open");
+    assert_eq!(
+        test.chain.bank().stats().calls,
+        calls,
+        "the bank was not called while open"
+    );
 
     // Still failing when it half-opens, after the wait it names (what is left of OPEN_MS ± 20 %):
     // a probe fails and it opens again, for as long. (Orders keeps the wait of the refusal it
@@ -58,12 +87,26 @@ async fn the_breaker_opens_fails_fast_without_calling_then_probes_and_closes() {
     let longest = OPEN_MS * 6 / 5;
     assert!(wait.as_millis() as u64 <= longest, "{wait:?}");
     tokio::time::sleep(wait + ANSWER_WAY_UP).await;
-    test.post_order("down-probe", &order_body()).send().await.unwrap();
-    assert_eq!(test.chain.guard_stats().breaker(payment::HOP, bank_mock::HOP).position, Position::Open);
-    assert_eq!(test.chain.bank().stats().calls, calls + 1, "one probe went through");
+    test.post_order("down-probe", &order_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        test.chain
+            .guard_stats()
+            .breaker(payment::HOP, bank_mock::HOP)
+            .position,
+        Position::Open
+    );
+    assert_eq!(
+        test.chain.bank().stats().calls,
+        calls + 1,
+        "one probe went through"
+    );
     let wait = pushback_of_the_bank_breaker(&mut payment, "direct-second-wait").await;
     assert!(
-        (OPEN_MS * 4 / 5 - ANSWER_WAY_UP.as_millis() as u64..=longest).contains(&(wait.as_millis() as u64)),
+        (OPEN_MS * 4 / 5 - ANSWER_WAY_UP.as_millis() as u64..=longest)
+            .contains(&(wait.as_millis() as u64)),
         "no longer than the first: {wait:?}"
     );
 
@@ -71,11 +114,25 @@ async fn the_breaker_opens_fails_fast_without_calling_then_probes_and_closes() {
     test.set_faults(fast_bank(|_| {}));
     tokio::time::sleep(wait + ANSWER_WAY_UP).await;
     for n in 0..2 {
-        assert_eq!(test.post_order(&format!("healed-{n}"), &order_body()).send().await.unwrap().status(), 201);
+        assert_eq!(
+            test.post_order(&format!("healed-{n}"), &order_body())
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            201
+        );
     }
-    let breaker = test.chain.guard_stats().breaker(payment::HOP, bank_mock::HOP);
+    let breaker = test
+        .chain
+        .guard_stats()
+        .breaker(payment::HOP, bank_mock::HOP);
     assert_eq!(breaker.position, Position::Closed, "{breaker:?}");
-    assert_eq!((breaker.opened, breaker.half_opened, breaker.closed), (2, 2, 1), "{breaker:?}");
+    assert_eq!(
+        (breaker.opened, breaker.half_opened, breaker.closed),
+        (2, 2, 1),
+        "{breaker:?}"
+    );
 }
 
 /// An outage long enough for an open time that doubled with each failed probe to have grown from
@@ -93,23 +150,40 @@ async fn after_a_long_outage_creates_succeed_again_within_two_seconds_of_the_rec
     let outage = Instant::now();
     let mut sent = 0;
     while outage.elapsed() < Duration::from_secs(7) {
-        test.post_order(&format!("outage-{sent}"), &order_body()).send().await.unwrap();
+        test.post_order(&format!("outage-{sent}"), &order_body())
+            .send()
+            .await
+            .unwrap();
         sent += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let breaker = test.chain.guard_stats().breaker(payment::HOP, bank_mock::HOP);
-    assert!(breaker.opened >= 5, "opened by failed probes throughout the outage: {breaker:?}");
+    let breaker = test
+        .chain
+        .guard_stats()
+        .breaker(payment::HOP, bank_mock::HOP);
+    assert!(
+        breaker.opened >= 5,
+        "opened by failed probes throughout the outage: {breaker:?}"
+    );
 
     test.set_faults(fast_bank(|_| {}));
     let recovered = Instant::now();
     let mut attempt = 0;
-    eventually(Duration::from_secs(2), "a create paid after the bank's recovery", || {
-        attempt += 1;
-        let request = test.post_order(&format!("recovered-{attempt}"), &order_body());
-        async move { request.send().await.unwrap().status() == 201 }
-    })
+    eventually(
+        Duration::from_secs(2),
+        "a create paid after the bank's recovery",
+        || {
+            attempt += 1;
+            let request = test.post_order(&format!("recovered-{attempt}"), &order_body());
+            async move { request.send().await.unwrap().status() == 201 }
+        },
+    )
     .await;
-    assert!(recovered.elapsed() < Duration::from_secs(2), "{:?}", recovered.elapsed());
+    assert!(
+        recovered.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        recovered.elapsed()
+    );
 }
 
 /// One client, at its own quota, sends requests whose text would make an error larger than the
@@ -123,17 +197,40 @@ async fn one_clients_crafted_requests_cannot_move_another_clients_success_rate()
     let mut paid = 0;
     for n in 0..10 {
         let body = serde_json::json!({"url": "https://hooks.example.com/in", "event_types": [crafted.as_str()]});
-        let refused = test.post_as("demo-key-2", "/v1/webhooks/endpoints", &format!("crafted-{n}"), &body).send().await.unwrap();
-        assert!(matches!(refused.status().as_u16(), 400 | 429), "{refused:?}");
+        let refused = test
+            .post_as(
+                "demo-key-2",
+                "/v1/webhooks/endpoints",
+                &format!("crafted-{n}"),
+                &body,
+            )
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            matches!(refused.status().as_u16(), 400 | 429),
+            "{refused:?}"
+        );
         let path = format!("/v1/webhooks/endpoints/{}", &crafted[..7_000]);
         let refused = test.get_as("demo-key-2", &path).send().await.unwrap();
-        assert!(matches!(refused.status().as_u16(), 400 | 429), "{refused:?}");
-        let created = test.post_order(&format!("innocent-{n}"), &order_body()).send().await.unwrap();
+        assert!(
+            matches!(refused.status().as_u16(), 400 | 429),
+            "{refused:?}"
+        );
+        let created = test
+            .post_order(&format!("innocent-{n}"), &order_body())
+            .send()
+            .await
+            .unwrap();
         paid += usize::from(created.status() == 201);
     }
     assert_eq!(paid, 10, "the other client's creates all succeed");
     let breaker = test.chain.guard_stats().breaker(gateway::HOP, orders::HOP);
-    assert_eq!((breaker.position, breaker.opened), (Position::Closed, 0), "{breaker:?}");
+    assert_eq!(
+        (breaker.position, breaker.opened),
+        (Position::Closed, 0),
+        "{breaker:?}"
+    );
 }
 
 /// More than an answer takes from payment up to orders on a loaded machine.
@@ -147,43 +244,104 @@ async fn an_open_circuit_below_payment_refuses_creates_before_orders_writes() {
         s.payment.bank.breaker.open_ms = 60_000;
     })
     .await;
-    let paid = test.post_order("paid-before", &order_body()).send().await.unwrap();
+    let paid = test
+        .post_order("paid-before", &order_body())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(paid.status(), 201);
     let paid = paid.bytes().await.unwrap();
     test.set_faults(fast_bank(|f| f.error_rate = 1.0));
     for n in 0..5 {
-        test.post_order(&format!("opening-{n}"), &order_body()).send().await.unwrap();
+        test.post_order(&format!("opening-{n}"), &order_body())
+            .send()
+            .await
+            .unwrap();
     }
     // The first create after it opened reaches payment, whose breaker refuses it; orders keeps the
     // wait payment named.
-    let refused = test.post_order("first-refused", &order_body()).send().await.unwrap();
+    let refused = test
+        .post_order("first-refused", &order_body())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(refused.status(), 503);
-    let (orders, keys) = (test.count_rows("orders").await, test.count_rows("idempotency_keys").await);
+    let (orders, keys) = (
+        test.count_rows("orders").await,
+        test.count_rows("idempotency_keys").await,
+    );
     let payment_calls = test.chain.hop_stats()[&PAYMENT_GRPC].requests;
 
     for n in 0..5 {
-        let response = test.post_order(&format!("refused-{n}"), &order_body()).send().await.unwrap();
+        let response = test
+            .post_order(&format!("refused-{n}"), &order_body())
+            .send()
+            .await
+            .unwrap();
         assert_eq!(response.status(), 503);
-        let retry_after: u64 = response.headers()["retry-after"].to_str().unwrap().parse().unwrap();
-        assert!((1..=72).contains(&retry_after), "what is left of the wait payment named (60 s ± 20 %): {retry_after} s");
+        let retry_after: u64 = response.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            (1..=72).contains(&retry_after),
+            "what is left of the wait payment named (60 s ± 20 %): {retry_after} s"
+        );
     }
-    assert_eq!(test.chain.hop_stats()[&PAYMENT_GRPC].requests, payment_calls, "payment was not called");
-    assert_eq!(test.count_rows("orders").await, orders, "no order was written");
-    assert_eq!(test.count_rows("idempotency_keys").await, keys, "no key was claimed");
+    assert_eq!(
+        test.chain.hop_stats()[&PAYMENT_GRPC].requests,
+        payment_calls,
+        "payment was not called"
+    );
+    assert_eq!(
+        test.count_rows("orders").await,
+        orders,
+        "no order was written"
+    );
+    assert_eq!(
+        test.count_rows("idempotency_keys").await,
+        keys,
+        "no key was claimed"
+    );
 
     // A create that finished before still gets its answer, byte for byte.
-    let replayed = test.post_order("paid-before", &order_body()).send().await.unwrap();
+    let replayed = test
+        .post_order("paid-before", &order_body())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(replayed.status(), 201);
     assert_eq!(replayed.headers()["idempotent-replayed"], "true");
     assert_eq!(replayed.bytes().await.unwrap(), paid);
 }
 
 /// The wait that payment's open breaker toward the bank names in its pushback, asked directly.
-async fn pushback_of_the_bank_breaker(payment: &mut PaymentServiceClient<tonic::transport::Channel>, key: &str) -> Duration {
-    let pay = PayRequest { order_id: format!("ord_{key}"), customer_id: "c".into(), amount_minor: 100, currency: "EUR".into() };
+async fn pushback_of_the_bank_breaker(
+    payment: &mut PaymentServiceClient<tonic::transport::Channel>,
+    key: &str,
+) -> Duration {
+    let pay = PayRequest {
+        order_id: format!("ord_{key}"),
+        customer_id: "c".into(),
+        amount_minor: 100,
+        currency: "EUR".into(),
+    };
     let status = payment.pay(grpc_request(pay, key)).await.unwrap_err();
-    assert!(status.metadata().contains_key("x-circuit-open"), "{status:?}");
-    Duration::from_millis(status.metadata().get("grpc-retry-pushback-ms").unwrap().to_str().unwrap().parse().unwrap())
+    assert!(
+        status.metadata().contains_key("x-circuit-open"),
+        "{status:?}"
+    );
+    Duration::from_millis(
+        status
+            .metadata()
+            .get("grpc-retry-pushback-ms")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap(),
+    )
 }
 
 #[tokio::test]
@@ -197,14 +355,32 @@ async fn no_retry_goes_through_an_open_breaker() {
     .await;
     test.set_faults(fast_bank(|f| f.error_rate = 1.0));
     for n in 0..8 {
-        test.post_order(&format!("open-{n}"), &order_body()).send().await.unwrap();
+        test.post_order(&format!("open-{n}"), &order_body())
+            .send()
+            .await
+            .unwrap();
     }
     let calls = test.chain.bank().stats().calls;
     for n in 0..5 {
-        assert_eq!(test.post_order(&format!("refused-{n}"), &order_body()).send().await.unwrap().status(), 503);
+        assert_eq!(
+            test.post_order(&format!("refused-{n}"), &order_body())
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            503
+        );
     }
-    assert_eq!(test.chain.bank().stats().calls, calls, "neither the attempts nor retries reached the bank");
-    assert!(test.chain.retry_stats().stopped_breaker >= 5, "{:?}", test.chain.retry_stats());
+    assert_eq!(
+        test.chain.bank().stats().calls,
+        calls,
+        "neither the attempts nor retries reached the bank"
+    );
+    assert!(
+        test.chain.retry_stats().stopped_breaker >= 5,
+        "{:?}",
+        test.chain.retry_stats()
+    );
 }
 
 #[tokio::test]
@@ -215,13 +391,28 @@ async fn resource_exhausted_never_opens_the_breaker_and_its_pushback_is_honoured
         f.pushback_ms = 3_000;
     }));
     for n in 0..20 {
-        let response = test.post_order(&format!("quota-{n}"), &order_body()).send().await.unwrap();
+        let response = test
+            .post_order(&format!("quota-{n}"), &order_body())
+            .send()
+            .await
+            .unwrap();
         assert_eq!(response.status(), 429);
         assert_eq!(response.headers()["retry-after"], "3");
     }
-    let breaker = test.chain.guard_stats().breaker(payment::HOP, bank_mock::HOP);
-    assert_eq!((breaker.position, breaker.opened, breaker.judged_against), (Position::Closed, 0, 0), "{breaker:?}");
-    assert_eq!(test.chain.bank().stats().calls, 20, "every call still reaches the bank");
+    let breaker = test
+        .chain
+        .guard_stats()
+        .breaker(payment::HOP, bank_mock::HOP);
+    assert_eq!(
+        (breaker.position, breaker.opened, breaker.judged_against),
+        (Position::Closed, 0, 0),
+        "{breaker:?}"
+    );
+    assert_eq!(
+        test.chain.bank().stats().calls,
+        20,
+        "every call still reaches the bank"
+    );
 }
 
 /// `count` creations sent at once in the background with a deadline of `timeout_ms`; each task
@@ -236,7 +427,12 @@ fn creations_in_the_background(
         .map(|n| {
             let (test, key) = (test.clone(), format!("{key_prefix}-{n}"));
             tokio::spawn(async move {
-                test.post_order(&key, &order_body()).header("x-request-timeout-ms", timeout_ms.to_string()).send().await.unwrap().status()
+                test.post_order(&key, &order_body())
+                    .header("x-request-timeout-ms", timeout_ms.to_string())
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
             })
         })
         .collect()
@@ -251,24 +447,57 @@ async fn a_full_bulkhead_rejects_at_once_and_reads_stay_fast() {
         })
         .await,
     );
-    let created: serde_json::Value = test.post_order("read-me", &order_body()).send().await.unwrap().json().await.unwrap();
-    let order_url = test.url(&format!("/v1/orders/{}", created["order_id"].as_str().unwrap()));
+    let created: serde_json::Value = test
+        .post_order("read-me", &order_body())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let order_url = test.url(&format!(
+        "/v1/orders/{}",
+        created["order_id"].as_str().unwrap()
+    ));
 
     test.set_faults(fast_bank(|f| f.hang = true));
     let hanging = creations_in_the_background(&test, "hang", 2, 1_500);
-    eventually(BACKGROUND, "both hanging creations in the bulkhead", || async { test.chain.guard_stats().bank_bulkhead.in_flight >= 2 }).await;
+    eventually(
+        BACKGROUND,
+        "both hanging creations in the bulkhead",
+        || async { test.chain.guard_stats().bank_bulkhead.in_flight >= 2 },
+    )
+    .await;
 
     let started = Instant::now();
-    let rejected = test.post_order("over-the-limit", &order_body()).send().await.unwrap();
+    let rejected = test
+        .post_order("over-the-limit", &order_body())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(rejected.status(), 503);
-    assert!(started.elapsed() < Duration::from_millis(500), "rejected at once, not queued: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "rejected at once, not queued: {:?}",
+        started.elapsed()
+    );
     assert_eq!(test.chain.guard_stats().bank_bulkhead.rejected, 1);
 
     for _ in 0..10 {
         let started = Instant::now();
-        let read = test.http.get(&order_url).bearer_auth(e2e::API_KEY).send().await.unwrap();
+        let read = test
+            .http
+            .get(&order_url)
+            .bearer_auth(e2e::API_KEY)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(read.status(), 200);
-        assert!(started.elapsed() < Duration::from_millis(250), "reads keep their latency: {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_millis(250),
+            "reads keep their latency: {:?}",
+            started.elapsed()
+        );
     }
     for task in hanging {
         assert_eq!(task.await.unwrap(), 504);
@@ -277,20 +506,51 @@ async fn a_full_bulkhead_rejects_at_once_and_reads_stay_fast() {
 
 #[tokio::test]
 async fn long_operations_have_their_own_intake_and_reads_keep_theirs() {
-    let test = std::sync::Arc::new(TestChain::start_with(|s| s.gateway.max_in_flight_creates = 2).await);
-    let created: serde_json::Value = test.post_order("intake-read", &order_body()).send().await.unwrap().json().await.unwrap();
-    let order_url = test.url(&format!("/v1/orders/{}", created["order_id"].as_str().unwrap()));
+    let test =
+        std::sync::Arc::new(TestChain::start_with(|s| s.gateway.max_in_flight_creates = 2).await);
+    let created: serde_json::Value = test
+        .post_order("intake-read", &order_body())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let order_url = test.url(&format!(
+        "/v1/orders/{}",
+        created["order_id"].as_str().unwrap()
+    ));
 
     test.set_faults(fast_bank(|f| f.hang = true));
     let hanging = creations_in_the_background(&test, "intake", 2, 1_000);
-    eventually(BACKGROUND, "both creations hanging at the bank", || async { test.chain.bank().stats().hung >= 2 }).await;
-    let refused = test.post_order("intake-over", &order_body()).send().await.unwrap();
+    eventually(BACKGROUND, "both creations hanging at the bank", || async {
+        test.chain.bank().stats().hung >= 2
+    })
+    .await;
+    let refused = test
+        .post_order("intake-over", &order_body())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(refused.status(), 503);
     assert_eq!(refused.headers()["retry-after"], "1");
-    assert_eq!(refused.headers()["content-type"], "application/problem+json");
-    assert_eq!(test.chain.hop_stats()[&GATEWAY_HTTP].requests, 4, "the seed, the two hanging creations and the refused one");
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert_eq!(
+        test.chain.hop_stats()[&GATEWAY_HTTP].requests,
+        4,
+        "the seed, the two hanging creations and the refused one"
+    );
 
-    let read = test.http.get(&order_url).bearer_auth(e2e::API_KEY).send().await.unwrap();
+    let read = test
+        .http
+        .get(&order_url)
+        .bearer_auth(e2e::API_KEY)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(read.status(), 200, "reads are not behind the creations");
     for task in hanging {
         assert_eq!(task.await.unwrap(), 504);
@@ -301,24 +561,59 @@ async fn long_operations_have_their_own_intake_and_reads_keep_theirs() {
 async fn a_server_at_capacity_refuses_at_once_with_a_pushback_and_stays_live() {
     use proto::orders::v1::orders_client::OrdersClient;
 
-    let test = std::sync::Arc::new(TestChain::start_with(|s| s.orders.deadline.max_in_flight = 1).await);
+    let test =
+        std::sync::Arc::new(TestChain::start_with(|s| s.orders.deadline.max_in_flight = 1).await);
     test.set_faults(fast_bank(|f| f.hang = true));
-    let [busy] = creations_in_the_background(&test, "busy", 1, 800).try_into().expect("one creation");
-    eventually(BACKGROUND, "the busy creation hanging at the bank", || async { test.chain.bank().stats().hung >= 1 }).await;
-    let mut orders = OrdersClient::new(test.channel_as("gateway", "orders", test.chain.address(&ORDERS_GRPC)).await);
+    let [busy] = creations_in_the_background(&test, "busy", 1, 800)
+        .try_into()
+        .expect("one creation");
+    eventually(
+        BACKGROUND,
+        "the busy creation hanging at the bank",
+        || async { test.chain.bank().stats().hung >= 1 },
+    )
+    .await;
+    let mut orders = OrdersClient::new(
+        test.channel_as("gateway", "orders", test.chain.address(&ORDERS_GRPC))
+            .await,
+    );
     let mut request = grpc_request(e2e::order_message(), "at-capacity");
-    request.metadata_mut().insert("x-client-id", "direct".parse().unwrap());
+    request
+        .metadata_mut()
+        .insert("x-client-id", "direct".parse().unwrap());
     let status = orders.create_order(request).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
-    let pushback: u64 = status.metadata().get("grpc-retry-pushback-ms").unwrap().to_str().unwrap().parse().unwrap();
+    let pushback: u64 = status
+        .metadata()
+        .get("grpc-retry-pushback-ms")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     let shortest = resilience::load_shed::PUSHBACK.as_millis() as u64;
-    assert!((shortest..2 * shortest).contains(&pushback), "jittered, never shorter than configured: {pushback}");
+    assert!(
+        (shortest..2 * shortest).contains(&pushback),
+        "jittered, never shorter than configured: {pushback}"
+    );
 
     // Busy is not dead: health on the shedding port and liveness on the operations port still
     // answer, so no probe gets the service restarted for its load.
     let tls = rpc::tls::ServiceTls::load("gateway", &test.certs().settings("gateway")).unwrap();
-    rpc::health::check_as(test.chain.address(&ORDERS_GRPC), "orders", &tls, Duration::from_secs(5)).await.expect("SERVING while shedding");
-    let alive = test.http.get(format!("http://{}/livez", test.chain.address(&ORDERS_OPS))).send().await.unwrap();
+    rpc::health::check_as(
+        test.chain.address(&ORDERS_GRPC),
+        "orders",
+        &tls,
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("SERVING while shedding");
+    let alive = test
+        .http
+        .get(format!("http://{}/livez", test.chain.address(&ORDERS_OPS)))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(alive.status(), 200);
     assert_eq!(busy.await.unwrap(), 504);
 }
@@ -339,7 +634,12 @@ const REQUEST_LIMIT: Duration = Duration::from_secs(10);
 #[tokio::test]
 async fn a_client_with_tiny_deadlines_cannot_open_the_bank_breaker_for_the_others() {
     let test = TestChain::start_with(quick_verdict).await;
-    test.set_faults(fast_bank(|f| f.latency_ms = Latency { mean: 180.0, stddev: 10.0 }));
+    test.set_faults(fast_bank(|f| {
+        f.latency_ms = Latency {
+            mean: 180.0,
+            stddev: 10.0,
+        }
+    }));
 
     // demo-key-2 (5/s, burst 10) sends 8 orders with 200 ms deadlines: the bank gets ~140 ms of
     // them, less than it takes (four standard deviations less), and far less than the 500 ms a
@@ -360,22 +660,46 @@ async fn a_client_with_tiny_deadlines_cannot_open_the_bank_breaker_for_the_other
             .send()
             .await
             .unwrap();
-        assert!(matches!(response.status().as_u16(), 201 | 504), "{}", response.status());
+        assert!(
+            matches!(response.status().as_u16(), 201 | 504),
+            "{}",
+            response.status()
+        );
         expired += usize::from(response.status() == 504);
     }
-    assert!(expired >= 5, "most expired at the bank (a quick draw of its latency may make it): {expired} of 8");
-    assert!(test.chain.bank().stats().calls >= 8, "the bank was called each time, no fail-fast: {:?}", test.chain.bank().stats());
+    assert!(
+        expired >= 5,
+        "most expired at the bank (a quick draw of its latency may make it): {expired} of 8"
+    );
+    assert!(
+        test.chain.bank().stats().calls >= 8,
+        "the bank was called each time, no fail-fast: {:?}",
+        test.chain.bank().stats()
+    );
     let guards = test.chain.guard_stats();
     let breaker = guards.breaker(payment::HOP, bank_mock::HOP);
-    assert_eq!((breaker.position, breaker.opened, breaker.judged_against), (Position::Closed, 0, 0), "{breaker:?}");
+    assert_eq!(
+        (breaker.position, breaker.opened, breaker.judged_against),
+        (Position::Closed, 0, 0),
+        "{breaker:?}"
+    );
 
     // Another client's ordinary orders keep going through.
     for n in 0..5 {
-        let response = test.post_order(&format!("ordinary-{n}"), &order_body()).timeout(REQUEST_LIMIT).send().await.unwrap();
+        let response = test
+            .post_order(&format!("ordinary-{n}"), &order_body())
+            .timeout(REQUEST_LIMIT)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(response.status(), 201);
     }
     for (edge, breaker) in test.chain.guard_stats().breakers() {
-        assert_eq!((breaker.position, breaker.opened), (Position::Closed, 0), "{edge}: {breaker:?}");
+        assert_eq!(
+            (breaker.position, breaker.opened),
+            (Position::Closed, 0),
+            "{edge}: {breaker:?}"
+        );
     }
 }
 
@@ -383,11 +707,23 @@ async fn a_client_with_tiny_deadlines_cannot_open_the_bank_breaker_for_the_other
 async fn a_bank_slower_than_an_adequate_slice_still_opens_its_breaker() {
     let test = std::sync::Arc::new(TestChain::start_with(quick_verdict).await);
     // Beyond the ~1.48 s the bank gets of the default 2 s deadline.
-    test.set_faults(fast_bank(|f| f.latency_ms = Latency { mean: 1_600.0, stddev: 0.0 }));
+    test.set_faults(fast_bank(|f| {
+        f.latency_ms = Latency {
+            mean: 1_600.0,
+            stddev: 0.0,
+        }
+    }));
     let slow: Vec<_> = (0..5)
         .map(|n| {
             let test = test.clone();
-            tokio::spawn(async move { test.post_order(&format!("slow-{n}"), &order_body()).timeout(REQUEST_LIMIT).send().await.unwrap().status() })
+            tokio::spawn(async move {
+                test.post_order(&format!("slow-{n}"), &order_body())
+                    .timeout(REQUEST_LIMIT)
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+            })
         })
         .collect();
     for request in slow {
@@ -395,14 +731,27 @@ async fn a_bank_slower_than_an_adequate_slice_still_opens_its_breaker() {
     }
     for (edge, breaker) in test.chain.guard_stats().breakers() {
         // The expiry is the bank's, relayed above payment: the breakers further up stay closed.
-        let expected = if edge.callee == bank_mock::HOP { Position::Open } else { Position::Closed };
+        let expected = if edge.callee == bank_mock::HOP {
+            Position::Open
+        } else {
+            Position::Closed
+        };
         assert_eq!(breaker.position, expected, "{edge}: {breaker:?}");
     }
 
     let calls = test.chain.bank().stats().calls;
-    let refused = test.post_order("slow-refused", &order_body()).timeout(REQUEST_LIMIT).send().await.unwrap();
+    let refused = test
+        .post_order("slow-refused", &order_body())
+        .timeout(REQUEST_LIMIT)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(refused.status(), 503);
-    assert_eq!(test.chain.bank().stats().calls, calls, "answered without calling the bank");
+    assert_eq!(
+        test.chain.bank().stats().calls,
+        calls,
+        "answered without calling the bank"
+    );
 }
 
 #[tokio::test]
@@ -410,7 +759,12 @@ async fn a_bank_failing_every_call_opens_only_the_breaker_in_front_of_it() {
     let test = TestChain::start_with(e2e::touchy_bank_guards).await;
     test.set_faults(fast_bank(|f| f.error_rate = 1.0));
     for n in 0..20 {
-        let response = test.post_order(&format!("failing-{n}"), &order_body()).timeout(REQUEST_LIMIT).send().await.unwrap();
+        let response = test
+            .post_order(&format!("failing-{n}"), &order_body())
+            .timeout(REQUEST_LIMIT)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(response.status(), 503);
     }
     let guards = test.chain.guard_stats();
@@ -418,9 +772,19 @@ async fn a_bank_failing_every_call_opens_only_the_breaker_in_front_of_it() {
     assert_eq!(bank.position, Position::Open, "{bank:?}");
     // Above payment the failures arrive relayed (the bank's) or failed fast (payment's breaker):
     // neither says anything about payment or orders themselves.
-    for (edge, breaker) in guards.breakers().filter(|(edge, _)| edge.callee != bank_mock::HOP) {
-        assert_eq!((breaker.position, breaker.opened), (Position::Closed, 0), "{edge}: {breaker:?}");
-        assert_eq!(breaker.judged_against, 0, "{edge} counted none of them against its dependency: {breaker:?}");
+    for (edge, breaker) in guards
+        .breakers()
+        .filter(|(edge, _)| edge.callee != bank_mock::HOP)
+    {
+        assert_eq!(
+            (breaker.position, breaker.opened),
+            (Position::Closed, 0),
+            "{edge}: {breaker:?}"
+        );
+        assert_eq!(
+            breaker.judged_against, 0,
+            "{edge} counted none of them against its dependency: {breaker:?}"
+        );
     }
 }
 
@@ -428,24 +792,66 @@ async fn a_bank_failing_every_call_opens_only_the_breaker_in_front_of_it() {
 async fn payment_keeps_the_banks_quota_itself_and_the_breaker_stays_closed() {
     // The bank's quota as payment knows it: a burst of 2, then one call a second.
     let test = TestChain::start_with(|s| {
-        s.payment.bank.quota = QuotaSettings { per_second: 1, burst: 2 };
+        s.payment.bank.quota = QuotaSettings {
+            per_second: 1,
+            burst: 2,
+        };
         s.gateway.retry.max_attempts = 1;
     })
     .await;
     for n in 0..2 {
-        assert_eq!(test.post_order(&format!("within-quota-{n}"), &order_body()).send().await.unwrap().status(), 201);
+        assert_eq!(
+            test.post_order(&format!("within-quota-{n}"), &order_body())
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            201
+        );
     }
-    let mut payment = PaymentServiceClient::new(test.channel_as("orders", "payment", test.chain.address(&PAYMENT_GRPC)).await);
-    let pay = PayRequest { order_id: "ord_over_quota".into(), customer_id: "c".into(), amount_minor: 100, currency: "EUR".into() };
-    let status = payment.pay(grpc_request(pay, "over-quota-direct")).await.unwrap_err();
+    let mut payment = PaymentServiceClient::new(
+        test.channel_as("orders", "payment", test.chain.address(&PAYMENT_GRPC))
+            .await,
+    );
+    let pay = PayRequest {
+        order_id: "ord_over_quota".into(),
+        customer_id: "c".into(),
+        amount_minor: 100,
+        currency: "EUR".into(),
+    };
+    let status = payment
+        .pay(grpc_request(pay, "over-quota-direct"))
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
-    let pushback: u64 = status.metadata().get("grpc-retry-pushback-ms").expect("a pushback").to_str().unwrap().parse().unwrap();
-    assert!((1..=1_000).contains(&pushback), "until the next call a second: {pushback} ms");
+    let pushback: u64 = status
+        .metadata()
+        .get("grpc-retry-pushback-ms")
+        .expect("a pushback")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=1_000).contains(&pushback),
+        "until the next call a second: {pushback} ms"
+    );
 
-    let refused = test.post_order("over-quota", &order_body()).send().await.unwrap();
+    let refused = test
+        .post_order("over-quota", &order_body())
+        .send()
+        .await
+        .unwrap();
     e2e::problem(refused, 429).await;
-    assert_eq!(test.chain.bank().stats().calls, 2, "the calls over the quota never reached the bank");
-    let breaker = test.chain.guard_stats().breaker(payment::HOP, bank_mock::HOP);
+    assert_eq!(
+        test.chain.bank().stats().calls,
+        2,
+        "the calls over the quota never reached the bank"
+    );
+    let breaker = test
+        .chain
+        .guard_stats()
+        .breaker(payment::HOP, bank_mock::HOP);
     assert_eq!(
         (breaker.position, breaker.opened, breaker.judged_against),
         (Position::Closed, 0, 0),

@@ -3,7 +3,10 @@
 
 use std::{sync::Arc, time::Duration};
 
-use e2e::{BACKGROUND, Backend, TestChain, chain_with_receiver, events, eventually, fast_bank, order_body, problem, subscribe};
+use e2e::{
+    BACKGROUND, Backend, TestChain, chain_with_receiver, events, eventually, fast_bank, order_body,
+    problem, subscribe,
+};
 use tokio::sync::Barrier;
 
 #[tokio::test]
@@ -11,18 +14,37 @@ async fn a_replay_gets_the_same_status_and_the_same_bytes() {
     for backend in Backend::all() {
         let name = backend.name();
         let test = TestChain::start_on(&backend, |_| {}).await;
-        let first = test.post_order("replay-1", &order_body()).send().await.unwrap();
+        let first = test
+            .post_order("replay-1", &order_body())
+            .send()
+            .await
+            .unwrap();
         assert_eq!(first.status(), 201, "{name}");
-        assert!(first.headers().get("idempotent-replayed").is_none(), "{name}");
+        assert!(
+            first.headers().get("idempotent-replayed").is_none(),
+            "{name}"
+        );
         let first_body = first.bytes().await.unwrap();
 
-        let again = test.post_order("replay-1", &order_body()).send().await.unwrap();
+        let again = test
+            .post_order("replay-1", &order_body())
+            .send()
+            .await
+            .unwrap();
         assert_eq!(again.status(), 201, "{name}");
         assert_eq!(again.headers()["idempotent-replayed"], "true", "{name}");
-        assert_eq!(again.bytes().await.unwrap(), first_body, "{name}: byte-identical body");
+        assert_eq!(
+            again.bytes().await.unwrap(),
+            first_body,
+            "{name}: byte-identical body"
+        );
 
         let bank = test.chain.bank().stats();
-        assert_eq!((bank.calls, bank.charges, bank.duplicate_keys), (1, 1, 0), "{name}: the replay never reached the bank");
+        assert_eq!(
+            (bank.calls, bank.charges, bank.duplicate_keys),
+            (1, 1, 0),
+            "{name}: the replay never reached the bank"
+        );
         assert_eq!(test.count_rows("orders").await, 1, "{name}");
         assert_eq!(test.count_rows("payments").await, 1, "{name}");
     }
@@ -33,14 +55,31 @@ async fn a_reused_key_with_another_body_is_refused_and_keys_are_per_client() {
     for backend in Backend::all() {
         let name = backend.name();
         let test = TestChain::start_on(&backend, |_| {}).await;
-        assert_eq!(test.post_order("shared-key", &order_body()).send().await.unwrap().status(), 201);
+        assert_eq!(
+            test.post_order("shared-key", &order_body())
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            201
+        );
 
         let mut other = order_body();
         other["amount_minor"] = 4_200.into();
         let refused = test.post_order("shared-key", &other).send().await.unwrap();
         assert_eq!(refused.status(), 422, "{name}");
-        assert_eq!(refused.headers()["content-type"], "application/problem+json");
-        assert_eq!((test.chain.bank().stats().calls, test.count_rows("orders").await), (1, 1), "{name}: nothing changed");
+        assert_eq!(
+            refused.headers()["content-type"],
+            "application/problem+json"
+        );
+        assert_eq!(
+            (
+                test.chain.bank().stats().calls,
+                test.count_rows("orders").await
+            ),
+            (1, 1),
+            "{name}: nothing changed"
+        );
 
         let another_client = test
             .http
@@ -51,9 +90,17 @@ async fn a_reused_key_with_another_body_is_refused_and_keys_are_per_client() {
             .send()
             .await
             .unwrap();
-        assert_eq!(another_client.status(), 201, "{name}: the same key of another client is its own");
+        assert_eq!(
+            another_client.status(),
+            201,
+            "{name}: the same key of another client is its own"
+        );
         let bank = test.chain.bank().stats();
-        assert_eq!((bank.calls, bank.charges, bank.duplicate_keys), (2, 2, 0), "{name}: {bank:?}");
+        assert_eq!(
+            (bank.calls, bank.charges, bank.duplicate_keys),
+            (2, 2, 0),
+            "{name}: {bank:?}"
+        );
         assert_eq!(test.count_rows("payments").await, 2, "{name}");
     }
 }
@@ -63,7 +110,12 @@ async fn fifty_concurrent_requests_with_one_key_execute_once() {
     for backend in Backend::all() {
         let name = backend.name();
         // A bank slow enough that the first request is still in flight when the others arrive.
-        let test = Arc::new(TestChain::start_on(&backend, |s| s.bank.faults = fast_bank(|f| f.latency_ms.mean = 50.0)).await);
+        let test = Arc::new(
+            TestChain::start_on(&backend, |s| {
+                s.bank.faults = fast_bank(|f| f.latency_ms.mean = 50.0)
+            })
+            .await,
+        );
         let barrier = Arc::new(Barrier::new(50));
         let requests = (0..50).map(|_| {
             let (test, barrier) = (test.clone(), barrier.clone());
@@ -71,18 +123,45 @@ async fn fifty_concurrent_requests_with_one_key_execute_once() {
                 let request = test.post_order("storm-1", &order_body());
                 barrier.wait().await;
                 let response = request.send().await.unwrap();
-                (response.status().as_u16(), response.headers().contains_key("idempotent-replayed"))
+                (
+                    response.status().as_u16(),
+                    response.headers().contains_key("idempotent-replayed"),
+                )
             })
         });
-        let outcomes: Vec<(u16, bool)> = futures::future::join_all(requests).await.into_iter().map(Result::unwrap).collect();
-        let executed = outcomes.iter().filter(|(status, replayed)| *status == 201 && !replayed).count();
-        let other = outcomes.iter().filter(|(status, replayed)| !(*status == 409 || (*status == 201 && *replayed))).count();
+        let outcomes: Vec<(u16, bool)> = futures::future::join_all(requests)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        let executed = outcomes
+            .iter()
+            .filter(|(status, replayed)| *status == 201 && !replayed)
+            .count();
+        let other = outcomes
+            .iter()
+            .filter(|(status, replayed)| !(*status == 409 || (*status == 201 && *replayed)))
+            .count();
         assert_eq!(executed, 1, "{name}: {outcomes:?}");
-        assert_eq!(other, 1, "{name}: the others are replays or 409: {outcomes:?}");
+        assert_eq!(
+            other, 1,
+            "{name}: the others are replays or 409: {outcomes:?}"
+        );
         // One execution, not one de-duplicated charge: the bank was called once.
         let bank = test.chain.bank().stats();
-        assert_eq!((bank.calls, bank.charges, bank.duplicate_keys), (1, 1, 0), "{name}: {bank:?}");
-        assert_eq!((test.count_rows("orders").await, test.count_rows("payments").await), (1, 1), "{name}");
+        assert_eq!(
+            (bank.calls, bank.charges, bank.duplicate_keys),
+            (1, 1, 0),
+            "{name}: {bank:?}"
+        );
+        assert_eq!(
+            (
+                test.count_rows("orders").await,
+                test.count_rows("payments").await
+            ),
+            (1, 1),
+            "{name}"
+        );
     }
 }
 
@@ -90,24 +169,53 @@ async fn fifty_concurrent_requests_with_one_key_execute_once() {
 async fn a_lost_reply_is_retried_without_a_second_charge() {
     for backend in Backend::all() {
         let name = backend.name();
-        let test = TestChain::start_on(&backend, |s| s.bank.faults = fast_bank(|f| f.drop_reply_rate = 1.0)).await;
+        let test = TestChain::start_on(&backend, |s| {
+            s.bank.faults = fast_bank(|f| f.drop_reply_rate = 1.0)
+        })
+        .await;
         // The bank charges and loses the reply; the gateway retries with the same derived key and
         // the bank answers from its record.
-        let response = test.post_order("lost-1", &order_body()).send().await.unwrap();
+        let response = test
+            .post_order("lost-1", &order_body())
+            .send()
+            .await
+            .unwrap();
         assert_eq!(response.status(), 201, "{name}");
         let paid: serde_json::Value = response.json().await.unwrap();
         assert_eq!(paid["status"], "paid");
 
         // A final client retry with the same key gets the same order.
-        let again = test.post_order("lost-1", &order_body()).send().await.unwrap();
+        let again = test
+            .post_order("lost-1", &order_body())
+            .send()
+            .await
+            .unwrap();
         assert_eq!(again.headers()["idempotent-replayed"], "true", "{name}");
-        assert_eq!(again.json::<serde_json::Value>().await.unwrap()["order_id"], paid["order_id"]);
+        assert_eq!(
+            again.json::<serde_json::Value>().await.unwrap()["order_id"],
+            paid["order_id"]
+        );
         // The lost call charged; each later call was answered from the bank's record of it.
         let bank = test.chain.bank().stats();
-        assert_eq!((bank.charges, bank.dropped_replies), (1, 1), "{name}: {bank:?}");
+        assert_eq!(
+            (bank.charges, bank.dropped_replies),
+            (1, 1),
+            "{name}: {bank:?}"
+        );
         assert!(bank.duplicate_keys >= 1, "{name}");
-        assert_eq!(bank.calls, bank.charges + bank.duplicate_keys, "{name}: {bank:?}");
-        assert_eq!((test.count_rows("orders").await, test.count_rows("payments").await), (1, 1), "{name}");
+        assert_eq!(
+            bank.calls,
+            bank.charges + bank.duplicate_keys,
+            "{name}: {bank:?}"
+        );
+        assert_eq!(
+            (
+                test.count_rows("orders").await,
+                test.count_rows("payments").await
+            ),
+            (1, 1),
+            "{name}"
+        );
     }
 }
 
@@ -118,27 +226,52 @@ async fn a_create_cancelled_between_its_phases_is_resumed_by_the_retry() {
         // No gateway retries: the client's own retry resumes the work.
         let test = TestChain::start_on(&backend, |s| s.gateway.retry.max_attempts = 1).await;
         test.set_faults(fast_bank(|f| f.hang = true));
-        let cancelled = test.post_order("resume-1", &order_body()).header("x-request-timeout-ms", "400").send().await.unwrap();
+        let cancelled = test
+            .post_order("resume-1", &order_body())
+            .header("x-request-timeout-ms", "400")
+            .send()
+            .await
+            .unwrap();
         // orders keeps a reserve of the deadline for its answer, which names the order left pending.
         let cancelled = problem(cancelled, 504).await;
         assert_eq!(cancelled["outcome"], "pending", "{name}: {cancelled}");
-        assert_eq!(test.count_rows("orders").await, 1, "{name}: the order row was committed before payment");
+        assert_eq!(
+            test.count_rows("orders").await,
+            1,
+            "{name}: the order row was committed before payment"
+        );
         assert_eq!(test.chain.bank().stats().charges, 0);
 
         // The bank recovers. The leases end with their requests' deadlines, which the 504 may
         // have beaten by a moment: until then the repeat is told 409, as any concurrent one.
         test.set_faults(fast_bank(|_| {}));
         let resumed = eventually(BACKGROUND, "the repeat past the lapsed leases", || async {
-            let response = test.post_order("resume-1", &order_body()).send().await.unwrap();
+            let response = test
+                .post_order("resume-1", &order_body())
+                .send()
+                .await
+                .unwrap();
             (response.status() != 409).then_some(response)
         })
         .await;
         assert_eq!(resumed.status(), 201, "{name}");
-        assert_eq!(resumed.json::<serde_json::Value>().await.unwrap()["order_id"], cancelled["order_id"], "{name}: the order the 504 named");
-        assert_eq!(test.count_rows("orders").await, 1, "{name}: the same order, not a second one");
+        assert_eq!(
+            resumed.json::<serde_json::Value>().await.unwrap()["order_id"],
+            cancelled["order_id"],
+            "{name}: the order the 504 named"
+        );
+        assert_eq!(
+            test.count_rows("orders").await,
+            1,
+            "{name}: the same order, not a second one"
+        );
         let bank = test.chain.bank().stats();
         // The hung call never charged; the resume charged once.
-        assert_eq!((bank.calls, bank.charges, bank.duplicate_keys), (2, 1, 0), "{name}: {bank:?}");
+        assert_eq!(
+            (bank.calls, bank.charges, bank.duplicate_keys),
+            (2, 1, 0),
+            "{name}: {bank:?}"
+        );
         assert_eq!(test.count_rows("payments").await, 1, "{name}");
     }
 }
@@ -148,8 +281,22 @@ async fn a_request_that_fails_validation_does_not_use_up_its_key() {
     let test = TestChain::start().await;
     let mut invalid = order_body();
     invalid["currency"] = "QQQ".into();
-    assert_eq!(test.post_order("validated-1", &invalid).send().await.unwrap().status(), 400);
-    assert_eq!(test.post_order("validated-1", &order_body()).send().await.unwrap().status(), 201);
+    assert_eq!(
+        test.post_order("validated-1", &invalid)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        400
+    );
+    assert_eq!(
+        test.post_order("validated-1", &order_body())
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
 }
 
 /// The bank charges and loses the reply, and nobody retries: the gateway makes one attempt and
@@ -168,22 +315,61 @@ async fn a_charge_whose_reply_was_lost_and_never_retried_is_settled_by_the_compl
         .await;
         let (_, processed) = subscribe(&test, listener).await;
         test.set_faults(fast_bank(|f| f.drop_reply_rate = 1.0));
-        let lost = test.post_order("stranded-1", &order_body()).send().await.unwrap();
-        assert_eq!(lost.status(), 503, "{name}: the reply was lost and the gateway did not retry");
+        let lost = test
+            .post_order("stranded-1", &order_body())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            lost.status(),
+            503,
+            "{name}: the reply was lost and the gateway did not retry"
+        );
 
-        let [(_, event)] = events(&processed, 1).await.try_into().expect("the settled order is announced once");
+        let [(_, event)] = events(&processed, 1)
+            .await
+            .try_into()
+            .expect("the settled order is announced once");
         assert_eq!(event["type"], "order.paid", "{name}: {event}");
         let order = &event["data"]["order"];
-        let repeat = test.post_order("stranded-1", &order_body()).send().await.unwrap();
+        let repeat = test
+            .post_order("stranded-1", &order_body())
+            .send()
+            .await
+            .unwrap();
         assert_eq!(repeat.status(), 201, "{name}");
-        assert_eq!(repeat.headers()["idempotent-replayed"], "true", "{name}: answered from what the completer stored");
-        assert_eq!(&repeat.json::<serde_json::Value>().await.unwrap(), order, "{name}: the order the event announced");
+        assert_eq!(
+            repeat.headers()["idempotent-replayed"],
+            "true",
+            "{name}: answered from what the completer stored"
+        );
+        assert_eq!(
+            &repeat.json::<serde_json::Value>().await.unwrap(),
+            order,
+            "{name}: the order the event announced"
+        );
 
         // One execution: the lost call charged, the completer's call was answered from the
         // bank's record of that charge.
         let bank = test.chain.bank().stats();
-        assert_eq!((bank.calls, bank.charges, bank.duplicate_keys, bank.dropped_replies), (2, 1, 1, 1), "{name}: {bank:?}");
-        assert_eq!((test.count_rows("orders").await, test.count_rows("payments").await), (1, 1), "{name}");
+        assert_eq!(
+            (
+                bank.calls,
+                bank.charges,
+                bank.duplicate_keys,
+                bank.dropped_replies
+            ),
+            (2, 1, 1, 1),
+            "{name}: {bank:?}"
+        );
+        assert_eq!(
+            (
+                test.count_rows("orders").await,
+                test.count_rows("payments").await
+            ),
+            (1, 1),
+            "{name}"
+        );
     }
 }
 
@@ -203,7 +389,14 @@ async fn the_completer_probes_instead_of_retrying_every_stranded_create_while_th
     .await;
     test.set_faults(fast_bank(|f| f.error_rate = 1.0));
     for n in 0..20 {
-        assert_eq!(test.post_order(&format!("outage-{n}"), &order_body()).send().await.unwrap().status(), 503);
+        assert_eq!(
+            test.post_order(&format!("outage-{n}"), &order_body())
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            503
+        );
     }
     let calls_when_left = test.chain.bank().stats().calls;
     // A measurement window, not a wait for a condition: the completer's calls over 3 s.
@@ -212,14 +405,24 @@ async fn the_completer_probes_instead_of_retrying_every_stranded_create_while_th
     // Resuming all 20 after every grace would be about 20 calls every 150 ms, some 400 in 3 s.
     // A first round stops after the resumes in flight at its first failure (4 at once), then
     // one probe per pause of 50, 100, 200 and then 400 ms: about 10 in 3 s.
-    assert!((1..=20).contains(&completer_calls), "{completer_calls} bank calls from the completer in 3 s");
+    assert!(
+        (1..=20).contains(&completer_calls),
+        "{completer_calls} bank calls from the completer in 3 s"
+    );
 
     test.set_faults(fast_bank(|_| {}));
     let database = test.database(orders::HOP).await;
-    eventually(BACKGROUND, "every stranded create settled once the bank is back", || async {
-        let paid: i64 = database.fetch_one("SELECT COUNT(*) FROM orders WHERE status = 'paid'", &[]).await.unwrap();
-        paid == 20
-    })
+    eventually(
+        BACKGROUND,
+        "every stranded create settled once the bank is back",
+        || async {
+            let paid: i64 = database
+                .fetch_one("SELECT COUNT(*) FROM orders WHERE status = 'paid'", &[])
+                .await
+                .unwrap();
+            paid == 20
+        },
+    )
     .await;
     let bank = test.chain.bank().stats();
     assert_eq!((bank.charges, bank.duplicate_keys), (20, 0), "{bank:?}");
@@ -246,17 +449,46 @@ async fn a_retry_that_takes_over_while_the_first_attempt_is_still_paying_charges
         let orders = 3;
         for n in 0..orders {
             let key = format!("still-paying-{n}");
-            let first = test.post_order(&key, &order_body()).header("x-request-timeout-ms", "150").send().await.unwrap();
+            let first = test
+                .post_order(&key, &order_body())
+                .header("x-request-timeout-ms", "150")
+                .send()
+                .await
+                .unwrap();
             assert_eq!(first.status(), 504, "{name}");
-            assert_eq!(test.chain.bank().stats().charges, n, "{name}: the first attempt is still paying");
+            assert_eq!(
+                test.chain.bank().stats().charges,
+                n,
+                "{name}: the first attempt is still paying"
+            );
             let settled = retry_until_settled(&test, &key).await;
             assert_eq!(settled.status(), 201, "{name}");
-            assert_eq!(settled.json::<serde_json::Value>().await.unwrap()["status"], "paid", "{name}");
+            assert_eq!(
+                settled.json::<serde_json::Value>().await.unwrap()["status"],
+                "paid",
+                "{name}"
+            );
         }
         let bank = test.chain.bank().stats();
         // Each order: the first call committed after its caller left, the retry's found it.
-        assert_eq!((bank.calls, bank.charges, bank.duplicate_keys, bank.late_completions), (2 * orders, orders, orders, orders), "{name}: {bank:?}");
-        assert_eq!((test.count_rows("orders").await, test.count_rows("payments").await), (orders as i64, orders as i64), "{name}");
+        assert_eq!(
+            (
+                bank.calls,
+                bank.charges,
+                bank.duplicate_keys,
+                bank.late_completions
+            ),
+            (2 * orders, orders, orders, orders),
+            "{name}: {bank:?}"
+        );
+        assert_eq!(
+            (
+                test.count_rows("orders").await,
+                test.count_rows("payments").await
+            ),
+            (orders as i64, orders as i64),
+            "{name}"
+        );
     }
 }
 
@@ -279,11 +511,25 @@ async fn first_attempts_on_the_edge_of_their_deadline_charge_once() {
         let mut first_attempts = Vec::new();
         for n in 0..orders {
             let key = format!("on-the-edge-{n}");
-            let first = test.post_order(&key, &order_body()).header("x-request-timeout-ms", timeout.to_string()).send().await.unwrap().status();
+            let first = test
+                .post_order(&key, &order_body())
+                .header("x-request-timeout-ms", timeout.to_string())
+                .send()
+                .await
+                .unwrap()
+                .status();
             first_attempts.push((timeout, first.as_u16()));
-            timeout = if first == 504 { timeout + 2 } else { timeout - 1 };
+            timeout = if first == 504 {
+                timeout + 2
+            } else {
+                timeout - 1
+            };
             let settled = retry_until_settled(&test, &key).await;
-            assert_eq!(settled.status(), 201, "{name}, {key}: first attempts {first_attempts:?}");
+            assert_eq!(
+                settled.status(),
+                201,
+                "{name}, {key}: first attempts {first_attempts:?}"
+            );
         }
         let bank = test.chain.bank().stats();
         assert_eq!(
@@ -291,7 +537,14 @@ async fn first_attempts_on_the_edge_of_their_deadline_charge_once() {
             (orders, orders),
             "{name}: one charge and one bank key per order: {bank:?}; first attempts: {first_attempts:?}"
         );
-        assert_eq!((test.count_rows("orders").await, test.count_rows("payments").await), (orders as i64, orders as i64), "{name}");
+        assert_eq!(
+            (
+                test.count_rows("orders").await,
+                test.count_rows("payments").await
+            ),
+            (orders as i64, orders as i64),
+            "{name}"
+        );
     }
 }
 
@@ -308,7 +561,12 @@ fn no_reserves(settings: &mut stack::ChainSettings) {
 /// holds the key (409).
 async fn retry_until_settled(test: &TestChain, key: &str) -> reqwest::Response {
     eventually(BACKGROUND, "the retry settles the order", || async {
-        let response = test.post_order(key, &order_body()).header("x-request-timeout-ms", "3000").send().await.unwrap();
+        let response = test
+            .post_order(key, &order_body())
+            .header("x-request-timeout-ms", "3000")
+            .send()
+            .await
+            .unwrap();
         (response.status() != 409).then_some(response)
     })
     .await
@@ -325,9 +583,17 @@ async fn a_payment_whose_key_was_reaped_answers_its_repeat_without_calling_the_b
     for backend in Backend::all() {
         let name = backend.name();
         let test = TestChain::start_on(&backend, |_| {}).await;
-        let mut payment = PaymentServiceClient::new(test.channel_as("orders", "payment", test.chain.addresses()[&PAYMENT_GRPC]).await);
+        let mut payment = PaymentServiceClient::new(
+            test.channel_as("orders", "payment", test.chain.addresses()[&PAYMENT_GRPC])
+                .await,
+        );
         let pay = || {
-            let request = PayRequest { order_id: "ord_outlived".into(), customer_id: "c-1".into(), amount_minor: 100, currency: "EUR".into() };
+            let request = PayRequest {
+                order_id: "ord_outlived".into(),
+                customer_id: "c-1".into(),
+                amount_minor: 100,
+                currency: "EUR".into(),
+            };
             let mut request = e2e::grpc_request(request, "outlived-key");
             request.set_timeout(Duration::from_secs(2));
             request
@@ -335,11 +601,18 @@ async fn a_payment_whose_key_was_reaped_answers_its_repeat_without_calling_the_b
         let first = payment.pay(pay()).await.unwrap().into_inner();
         // What the reaper does once the key's TTL has passed.
         let database = test.database(payment::HOP).await;
-        database.write(async |tx| tx.execute("DELETE FROM idempotency_keys", &[]).await).await.unwrap();
+        database
+            .write(async |tx| tx.execute("DELETE FROM idempotency_keys", &[]).await)
+            .await
+            .unwrap();
         let again = payment.pay(pay()).await.unwrap();
         assert_eq!(again.into_inner(), first, "{name}: the recorded payment");
         let bank = test.chain.bank().stats();
-        assert_eq!((bank.calls, bank.charges), (1, 1), "{name}: the repeat never reached the bank: {bank:?}");
+        assert_eq!(
+            (bank.calls, bank.charges),
+            (1, 1),
+            "{name}: the repeat never reached the bank: {bank:?}"
+        );
         assert_eq!(test.count_rows("payments").await, 1, "{name}");
     }
 }

@@ -16,7 +16,9 @@ use test_support::{missing, setting_key, unread_setting};
 const KUBERNETES_VERSION: &str = "1.32.0";
 
 fn overlay(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/overlays").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/kubernetes/overlays")
+        .join(name)
 }
 
 /// Runs `program` with `args`; `None` (after saying so) when the program is not installed.
@@ -24,14 +26,22 @@ fn run(program: &str, args: &[&str]) -> Option<std::process::Output> {
     match Command::new(program).args(args).output() {
         Ok(output) => Some(output),
         Err(error) => {
-            missing(&format!("{program} ({error})"), "the Kubernetes manifests were not checked");
+            missing(
+                &format!("{program} ({error})"),
+                "the Kubernetes manifests were not checked",
+            );
             None
         }
     }
 }
 
 fn succeeded(program: &str, output: &std::process::Output) {
-    assert!(output.status.success(), "{program} failed:\n{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{program} failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 /// The settings a rendered manifest passes as environment variables, `(variable, value)`; the
@@ -43,7 +53,10 @@ fn environment(rendered: &str) -> Vec<(String, Option<String>)> {
         .enumerate()
         .filter_map(|(at, line)| {
             let name = line.strip_prefix("- name: ")?;
-            let value = lines.get(at + 1).and_then(|next| next.strip_prefix("value: ")).map(|value| value.trim_matches('"').to_owned());
+            let value = lines
+                .get(at + 1)
+                .and_then(|next| next.strip_prefix("value: "))
+                .map(|value| value.trim_matches('"').to_owned());
             Some((name.to_owned(), value))
         })
         .collect()
@@ -54,19 +67,32 @@ fn check_settings(rendered: &str) -> Vec<String> {
     for (variable, value) in environment(rendered) {
         let unread = match () {
             () if variable.starts_with("GATEWAY_") => {
-                setting_key("GATEWAY", &variable).and_then(|key| unread_setting::<gateway::Settings>("GATEWAY", &key, value.as_deref()))
+                setting_key("GATEWAY", &variable).and_then(|key| {
+                    unread_setting::<gateway::Settings>("GATEWAY", &key, value.as_deref())
+                })
             }
             () if variable.starts_with("ORDERS_") => {
-                setting_key("ORDERS", &variable).and_then(|key| unread_setting::<orders::Settings>("ORDERS", &key, value.as_deref()))
+                setting_key("ORDERS", &variable).and_then(|key| {
+                    unread_setting::<orders::Settings>("ORDERS", &key, value.as_deref())
+                })
             }
             () if variable.starts_with("PAYMENT_") => {
-                setting_key("PAYMENT", &variable).and_then(|key| unread_setting::<payment::Settings>("PAYMENT", &key, value.as_deref()))
+                setting_key("PAYMENT", &variable).and_then(|key| {
+                    unread_setting::<payment::Settings>("PAYMENT", &key, value.as_deref())
+                })
             }
-            () if variable.starts_with("BANK_") => {
-                setting_key("BANK", &variable).and_then(|key| unread_setting::<bank_mock::Settings>("BANK", &key, value.as_deref()))
+            () if variable.starts_with("BANK_") => setting_key("BANK", &variable).and_then(|key| {
+                unread_setting::<bank_mock::Settings>("BANK", &key, value.as_deref())
+            }),
+            () if variable.starts_with("WEBHOOK_SENDER_") => {
+                setting_key("WEBHOOK_SENDER", &variable).and_then(|key| {
+                    unread_setting::<webhook_sender::Settings>(
+                        "WEBHOOK_SENDER",
+                        &key,
+                        value.as_deref(),
+                    )
+                })
             }
-            () if variable.starts_with("WEBHOOK_SENDER_") => setting_key("WEBHOOK_SENDER", &variable)
-                .and_then(|key| unread_setting::<webhook_sender::Settings>("WEBHOOK_SENDER", &key, value.as_deref())),
             () => None,
         };
         wrong.extend(unread.map(|why| format!("{variable}: {why}")));
@@ -78,20 +104,47 @@ fn check_settings(rendered: &str) -> Vec<String> {
 fn both_overlays_render_validate_and_pass_checkov() {
     let scratch = tempfile::tempdir().unwrap();
     for name in ["dev", "production"] {
-        let Some(rendered) = run("kubectl", &["kustomize", overlay(name).to_str().unwrap()]) else { return };
+        let Some(rendered) = run("kubectl", &["kustomize", overlay(name).to_str().unwrap()]) else {
+            return;
+        };
         succeeded("kubectl kustomize", &rendered);
         let text = String::from_utf8(rendered.stdout).unwrap();
         let file = scratch.path().join(format!("{name}.yaml"));
         std::fs::write(&file, &text).unwrap();
         let file = file.to_str().unwrap();
 
-        assert!(text.contains("name: default-deny"), "{name}: the default-deny policy is rendered");
+        assert!(
+            text.contains("name: default-deny"),
+            "{name}: the default-deny policy is rendered"
+        );
         let wrong = check_settings(&text);
-        assert!(wrong.is_empty(), "{name}: settings the services do not read:\n{}", wrong.join("\n"));
+        assert!(
+            wrong.is_empty(),
+            "{name}: settings the services do not read:\n{}",
+            wrong.join("\n")
+        );
 
-        let Some(validated) = run("kubernetes-validate", &["--strict", "--quiet", "-k", KUBERNETES_VERSION, file]) else { return };
+        let Some(validated) = run(
+            "kubernetes-validate",
+            &["--strict", "--quiet", "-k", KUBERNETES_VERSION, file],
+        ) else {
+            return;
+        };
         succeeded("kubernetes-validate", &validated);
-        let Some(checked) = run("checkov", &["-f", file, "--framework", "kubernetes", "--compact", "--quiet", "--skip-download"]) else { return };
+        let Some(checked) = run(
+            "checkov",
+            &[
+                "-f",
+                file,
+                "--framework",
+                "kubernetes",
+                "--compact",
+                "--quiet",
+                "--skip-download",
+            ],
+        ) else {
+            return;
+        };
         succeeded("checkov", &checked);
     }
 }
@@ -104,8 +157,16 @@ fn the_components_render_and_issue_the_secrets_the_pods_mount() {
     let scratch = tempfile::tempdir().unwrap();
     // kustomize takes directories by relative path only.
     let up = "../".repeat(scratch.path().components().count() - 1);
-    let kubernetes = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes").canonicalize().unwrap();
-    let relative = |path: &str| format!("{up}{}", kubernetes.join(path).strip_prefix("/").unwrap().display());
+    let kubernetes = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/kubernetes")
+        .canonicalize()
+        .unwrap();
+    let relative = |path: &str| {
+        format!(
+            "{up}{}",
+            kubernetes.join(path).strip_prefix("/").unwrap().display()
+        )
+    };
     let kustomization = format!(
         // The namespace, as the overlay a user adds components to gives it to them too.
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: chain-dev\nresources: [{}]\ncomponents: [{}, {}, {}]\n",
@@ -115,27 +176,62 @@ fn the_components_render_and_issue_the_secrets_the_pods_mount() {
         relative("components/otel-collector"),
     );
     std::fs::write(scratch.path().join("kustomization.yaml"), kustomization).unwrap();
-    let Some(rendered) = run("kubectl", &["kustomize", "--load-restrictor", "LoadRestrictionsNone", scratch.path().to_str().unwrap()]) else {
+    let Some(rendered) = run(
+        "kubectl",
+        &[
+            "kustomize",
+            "--load-restrictor",
+            "LoadRestrictionsNone",
+            scratch.path().to_str().unwrap(),
+        ],
+    ) else {
         return;
     };
     succeeded("kubectl kustomize", &rendered);
     let text = String::from_utf8(rendered.stdout).unwrap();
     assert!(text.contains("kind: PodMonitor"), "{text}");
     // The collector in the chain's namespace: the services' endpoint and their egress point at it.
-    assert!(text.contains("OTEL_EXPORTER_OTLP_ENDPOINT: http://otel-collector:4317"), "{text}");
-    assert!(!text.contains("observability"), "nothing left pointing at another namespace's collector");
-    assert!(text.matches("name: otel-collector\n").count() >= 3, "its ConfigMap, Deployment and Service: {text}");
+    assert!(
+        text.contains("OTEL_EXPORTER_OTLP_ENDPOINT: http://otel-collector:4317"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("observability"),
+        "nothing left pointing at another namespace's collector"
+    );
+    assert!(
+        text.matches("name: otel-collector\n").count() >= 3,
+        "its ConfigMap, Deployment and Service: {text}"
+    );
     for service in rpc::dev_certs::SERVICES {
         let secret = format!("secretName: {service}-tls");
-        assert_eq!(text.matches(&secret).count(), 2, "{service}: mounted by its pods and issued by its Certificate");
-        assert!(text.contains(&format!("- {}", rpc::tls::dns_name(service))), "{service}'s Certificate names {}", rpc::tls::dns_name(service));
+        assert_eq!(
+            text.matches(&secret).count(),
+            2,
+            "{service}: mounted by its pods and issued by its Certificate"
+        );
+        assert!(
+            text.contains(&format!("- {}", rpc::tls::dns_name(service))),
+            "{service}'s Certificate names {}",
+            rpc::tls::dns_name(service)
+        );
     }
     // The components' own resources hold to the same rules as the chain's (their custom kinds
     // have no schema kubernetes-validate knows; checkov reads them all).
     let file = scratch.path().join("with-components.yaml");
     std::fs::write(&file, &text).unwrap();
-    let Some(checked) = run("checkov", &["-f", file.to_str().unwrap(), "--framework", "kubernetes", "--compact", "--quiet", "--skip-download"])
-    else {
+    let Some(checked) = run(
+        "checkov",
+        &[
+            "-f",
+            file.to_str().unwrap(),
+            "--framework",
+            "kubernetes",
+            "--compact",
+            "--quiet",
+            "--skip-download",
+        ],
+    ) else {
         return;
     };
     succeeded("checkov", &checked);

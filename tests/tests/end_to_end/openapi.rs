@@ -10,7 +10,9 @@ use std::{
     time::Duration,
 };
 
-use e2e::{API_KEY, Backend, TestChain, chain_with_receiver, events, missing, order_body, subscribe};
+use e2e::{
+    API_KEY, Backend, TestChain, chain_with_receiver, events, missing, order_body, subscribe,
+};
 use serde_json::{Value, json};
 use stack::chain::GATEWAY_HTTP;
 use webhook_receiver::PATH;
@@ -20,7 +22,10 @@ fn committed_document() -> PathBuf {
 }
 
 fn python_has(module: &str) -> bool {
-    Command::new("python3").args(["-c", &format!("import {module}")]).output().is_ok_and(|output| output.status.success())
+    Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|output| output.status.success())
 }
 
 /// Runs `python3 args…` in `dir` (schemathesis keeps a cache in its working directory) off the
@@ -28,9 +33,20 @@ fn python_has(module: &str) -> bool {
 /// succeeds.
 async fn python(dir: &Path, args: Vec<String>) -> String {
     let dir = dir.to_owned();
-    let output =
-        tokio::task::spawn_blocking(move || Command::new("python3").args(&args).current_dir(dir).output()).await.unwrap().expect("python3 runs");
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("python3")
+            .args(&args)
+            .current_dir(dir)
+            .output()
+    })
+    .await
+    .unwrap()
+    .expect("python3 runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     assert!(output.status.success(), "{text}");
     text
 }
@@ -38,21 +54,38 @@ async fn python(dir: &Path, args: Vec<String>) -> String {
 #[tokio::test]
 async fn the_served_document_is_the_committed_one_and_valid_openapi_3_1() {
     if !python_has("openapi_spec_validator") {
-        return missing("python3 with openapi-spec-validator", "the OpenAPI document was not validated");
+        return missing(
+            "python3 with openapi-spec-validator",
+            "the OpenAPI document was not validated",
+        );
     }
     let test = TestChain::start().await;
-    let response = test.http.get(test.url("/openapi.json")).send().await.unwrap();
+    let response = test
+        .http
+        .get(test.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200, "served without an API key");
     assert_eq!(response.headers()["content-type"], "application/json");
     let served = response.text().await.unwrap();
     let committed = std::fs::read_to_string(committed_document()).expect("the committed document");
-    assert!(served == committed, "the served document differs from the committed one: `UPDATE_OPENAPI=1 cargo test -p gateway openapi` rewrites it");
+    assert!(
+        served == committed,
+        "the served document differs from the committed one: `UPDATE_OPENAPI=1 cargo test -p gateway openapi` rewrites it"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("openapi.json");
     std::fs::write(&file, served).unwrap();
     let args = ["-m", "openapi_spec_validator", "--schema", "3.1"].map(String::from);
-    python(dir.path(), args.into_iter().chain([file.display().to_string()]).collect()).await;
+    python(
+        dir.path(),
+        args.into_iter()
+            .chain([file.display().to_string()])
+            .collect(),
+    )
+    .await;
 }
 
 /// Test cases per operation, and the run's time budget (fuzzing repeats until it is spent).
@@ -67,7 +100,13 @@ const TIME_BUDGET: Duration = Duration::from_secs(45);
 /// `503` and `504` are answers the document describes, not server errors: a request may ask for
 /// a deadline of 1 ms (`X-Request-Timeout-Ms`), and the honest answer to that is `504` at once.
 /// `500` and `502` stay failures.
-fn config(order_id: &str, endpoint_id: &str, deletable_id: &str, event_id: &str, receiver_url: &str) -> String {
+fn config(
+    order_id: &str,
+    endpoint_id: &str,
+    deletable_id: &str,
+    event_id: &str,
+    receiver_url: &str,
+) -> String {
     format!(
         r#"[checks]
 not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "503", "504"]
@@ -95,26 +134,58 @@ parameters = {{ "path.endpoint_id" = {{ dictionary = "deletable", probability = 
 #[tokio::test]
 async fn schemathesis_finds_no_internal_error_and_no_answer_the_document_does_not_describe() {
     if !python_has("schemathesis") {
-        return missing("python3 with schemathesis", "the HTTP face was not fuzzed against its document");
+        return missing(
+            "python3 with schemathesis",
+            "the HTTP face was not fuzzed against its document",
+        );
     }
     let (test, listener) = chain_with_receiver(&Backend::Sqlite, |_| {}).await;
     let receiver_url = format!("http://{}{PATH}", listener.local_addr().unwrap());
     let (endpoint_id, processed) = subscribe(&test, listener).await;
-    let created = test.post_order("openapi-seed", &order_body()).send().await.unwrap();
+    let created = test
+        .post_order("openapi-seed", &order_body())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(created.status(), 201);
-    let order_id = created.json::<Value>().await.unwrap()["order_id"].as_str().unwrap().to_owned();
+    let order_id = created.json::<Value>().await.unwrap()["order_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let (event_id, _) = events(&processed, 1).await.remove(0);
-    let deletable =
-        test.post_as(API_KEY, "/v1/webhooks/endpoints", "openapi-deletable", &json!({"url": receiver_url, "event_types": ["order.paid"]}));
+    let deletable = test.post_as(
+        API_KEY,
+        "/v1/webhooks/endpoints",
+        "openapi-deletable",
+        &json!({"url": receiver_url, "event_types": ["order.paid"]}),
+    );
     let deletable = deletable.send().await.unwrap();
     assert_eq!(deletable.status(), 201);
-    let deletable_id = deletable.json::<Value>().await.unwrap()["endpoint"]["endpoint_id"].as_str().unwrap().to_owned();
+    let deletable_id = deletable.json::<Value>().await.unwrap()["endpoint"]["endpoint_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
 
     let dir = tempfile::tempdir().unwrap();
     let config_file = dir.path().join("schemathesis.toml");
-    std::fs::write(&config_file, config(&order_id, &endpoint_id, &deletable_id, &event_id, &receiver_url)).unwrap();
-    let checks =
-        ["not_a_server_error", "status_code_conformance", "content_type_conformance", "response_schema_conformance", "response_headers_conformance"];
+    std::fs::write(
+        &config_file,
+        config(
+            &order_id,
+            &endpoint_id,
+            &deletable_id,
+            &event_id,
+            &receiver_url,
+        ),
+    )
+    .unwrap();
+    let checks = [
+        "not_a_server_error",
+        "status_code_conformance",
+        "content_type_conformance",
+        "response_schema_conformance",
+        "response_headers_conformance",
+    ];
     let args = [
         "-m".to_owned(),
         "schemathesis.cli".to_owned(),

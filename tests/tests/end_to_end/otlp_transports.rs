@@ -10,20 +10,39 @@ use test_support::test_ca::TestCa;
 
 /// Spans and metrics both to `otlp`.
 fn both_to(otlp: Otlp) -> TelemetrySettings {
-    TelemetrySettings { traces: Some(otlp.clone()), metrics: Some(otlp), ..TelemetrySettings::default() }
+    TelemetrySettings {
+        traces: Some(otlp.clone()),
+        metrics: Some(otlp),
+        ..TelemetrySettings::default()
+    }
 }
 
 /// An order through the chain, and its spans and the chain's metrics at `receiver`.
 async fn an_order_is_exported(receiver: &OtlpReceiver, telemetry: &Telemetry) {
     let test = TestChain::start().await;
-    let response = test.post_order("exported", &order_body()).send().await.expect("the gateway answers");
+    let response = test
+        .post_order("exported", &order_body())
+        .send()
+        .await
+        .expect("the gateway answers");
     assert_eq!(response.status(), 201);
-    let traceparent = response.headers()["traceparent"].to_str().expect("ASCII").to_owned();
-    let trace_id = traceparent.split('-').nth(1).expect("a trace id").to_owned();
-    eventually(BACKGROUND, "the order's spans and the metrics received", || async {
-        telemetry.flush().await;
-        receiver.trace(&trace_id).len() >= 4 && !receiver.metric_names().is_empty()
-    })
+    let traceparent = response.headers()["traceparent"]
+        .to_str()
+        .expect("ASCII")
+        .to_owned();
+    let trace_id = traceparent
+        .split('-')
+        .nth(1)
+        .expect("a trace id")
+        .to_owned();
+    eventually(
+        BACKGROUND,
+        "the order's spans and the metrics received",
+        || async {
+            telemetry.flush().await;
+            receiver.trace(&trace_id).len() >= 4 && !receiver.metric_names().is_empty()
+        },
+    )
     .await;
 }
 
@@ -31,11 +50,23 @@ async fn an_order_is_exported(receiver: &OtlpReceiver, telemetry: &Telemetry) {
 async fn spans_and_metrics_reach_an_https_endpoint_over_grpc_with_tls() {
     let ca = TestCa::new();
     let dir = tempfile::tempdir().expect("a directory");
-    let (cert, key, ca_file) = (dir.path().join("receiver.pem"), dir.path().join("receiver.key"), dir.path().join("ca.pem"));
+    let (cert, key, ca_file) = (
+        dir.path().join("receiver.pem"),
+        dir.path().join("receiver.key"),
+        dir.path().join("ca.pem"),
+    );
     ca.issue("localhost", &cert, &key);
     std::fs::write(&ca_file, ca.pem()).expect("the CA written");
-    let receiver = OtlpReceiver::start_tls(&std::fs::read(&cert).unwrap(), &std::fs::read(&key).unwrap()).await;
-    let otlp = Otlp { endpoint: format!("https://localhost:{}", receiver.port()), protocol: OtlpProtocol::Grpc, ca_file: Some(ca_file) };
+    let receiver = OtlpReceiver::start_tls(
+        &std::fs::read(&cert).unwrap(),
+        &std::fs::read(&key).unwrap(),
+    )
+    .await;
+    let otlp = Otlp {
+        endpoint: format!("https://localhost:{}", receiver.port()),
+        protocol: OtlpProtocol::Grpc,
+        ca_file: Some(ca_file),
+    };
     let settings = both_to(otlp);
     let telemetry = e2e::init_telemetry(&settings);
     an_order_is_exported(&receiver, &telemetry).await;
@@ -45,8 +76,16 @@ async fn spans_and_metrics_reach_an_https_endpoint_over_grpc_with_tls() {
 async fn spans_and_metrics_reach_an_http_protobuf_endpoint() {
     let receiver = OtlpReceiver::start_http().await;
     let settings = TelemetrySettings {
-        traces: Some(Otlp { endpoint: format!("{}/v1/traces", receiver.endpoint()), protocol: OtlpProtocol::HttpProtobuf, ca_file: None }),
-        metrics: Some(Otlp { endpoint: format!("{}/v1/metrics", receiver.endpoint()), protocol: OtlpProtocol::HttpProtobuf, ca_file: None }),
+        traces: Some(Otlp {
+            endpoint: format!("{}/v1/traces", receiver.endpoint()),
+            protocol: OtlpProtocol::HttpProtobuf,
+            ca_file: None,
+        }),
+        metrics: Some(Otlp {
+            endpoint: format!("{}/v1/metrics", receiver.endpoint()),
+            protocol: OtlpProtocol::HttpProtobuf,
+            ca_file: None,
+        }),
         ..TelemetrySettings::default()
     };
     let telemetry = e2e::init_telemetry(&settings);

@@ -15,18 +15,26 @@ use stack::chain::{BANK_GRPC, GATEWAY_GRPC, ORDERS_GRPC, PAYMENT_GRPC, WEBHOOK_S
 const MODULES: &str = "import grpc, grpc_health.v1, grpc_reflection.v1alpha, grpc_tools.protoc";
 
 fn python_has_grpcio() -> bool {
-    Command::new("python3").args(["-c", MODULES]).output().is_ok_and(|output| output.status.success())
+    Command::new("python3")
+        .args(["-c", MODULES])
+        .output()
+        .is_ok_and(|output| output.status.success())
 }
 
 #[tokio::test]
 async fn a_python_grpcio_client_sees_health_reflection_and_deadline_propagation_on_every_port() {
     if !python_has_grpcio() {
-        return missing("python3 with grpcio, grpcio-health-checking, grpcio-reflection and grpcio-tools", "the Python interop test did not run");
+        return missing(
+            "python3 with grpcio, grpcio-health-checking, grpcio-reflection and grpcio-tools",
+            "the Python interop test did not run",
+        );
     }
     let test = TestChain::start().await;
     let addresses = test.chain.addresses();
     let certs = test.certs();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace");
     let inner = |address: std::net::SocketAddr, service: &str| json!({ "address": address.to_string(), "tls_name": dns_name(service) });
     let plain = |address: std::net::SocketAddr| json!({ "address": address.to_string() });
     let config = json!({
@@ -49,12 +57,26 @@ async fn a_python_grpcio_client_sees_health_reflection_and_deadline_propagation_
     std::fs::write(&config_path, config.to_string()).unwrap();
     let script = root.join("tests/python/grpc_interop.py");
     // Off the runtime's thread: the chain goes on serving while the script waits for it.
-    let output =
-        tokio::task::spawn_blocking(move || Command::new("python3").arg(&script).arg(&config_path).output()).await.unwrap().expect("python3 runs");
-    assert!(output.status.success(), "the script failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("python3")
+            .arg(&script)
+            .arg(&config_path)
+            .output()
+    })
+    .await
+    .unwrap()
+    .expect("python3 runs");
+    assert!(
+        output.status.success(),
+        "the script failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let report: Value = serde_json::from_slice(&output.stdout).expect("a JSON report");
 
-    let reflection = ["grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"];
+    let reflection = [
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ];
     let expected = [
         ("gateway", "gateway.v1.Gateway"),
         ("orders", "orders.v1.Orders"),
@@ -66,16 +88,34 @@ async fn a_python_grpcio_client_sees_health_reflection_and_deadline_propagation_
     for (port, service) in expected {
         let seen = &report["ports"][port];
         assert_eq!(seen["health"], "SERVING", "{port}: {seen}");
-        let services: Vec<&str> = seen["services"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+        let services: Vec<&str> = seen["services"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
         for wanted in reflection.iter().chain([&service]) {
-            assert!(services.contains(wanted), "{port} reflects {wanted}: {services:?}");
+            assert!(
+                services.contains(wanted),
+                "{port} reflects {wanted}: {services:?}"
+            );
         }
     }
-    let public: Vec<&str> = report["ports"]["gateway"]["services"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
-    assert!(!public.contains(&"orders.v1.Orders"), "the public port reflects the public services only: {public:?}");
+    let public: Vec<&str> = report["ports"]["gateway"]["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        !public.contains(&"orders.v1.Orders"),
+        "the public port reflects the public services only: {public:?}"
+    );
 
     assert_eq!(report["order"]["status"], "ORDER_STATUS_PAID", "{report}");
-    let ledger = report["order"]["ledger"].as_str().expect("the ledger in the answer's metadata");
+    let ledger = report["order"]["ledger"]
+        .as_str()
+        .expect("the ledger in the answer's metadata");
     let gateway = ledger.split(',').next().unwrap();
     let received: f64 = gateway
         .split(';')
@@ -84,5 +124,8 @@ async fn a_python_grpcio_client_sees_health_reflection_and_deadline_propagation_
         .unwrap_or_else(|| panic!("the gateway's received budget in {ledger}"));
     assert!(gateway.trim().starts_with("gateway;"), "{ledger}");
     // gRPC core sends the time left, rounded up to a coarser unit (1.5 s may arrive as 1510 ms).
-    assert!((1_400.0..=1_600.0).contains(&received), "Python's timeout=1.5 is the gateway's budget: {received} ms in {ledger}");
+    assert!(
+        (1_400.0..=1_600.0).contains(&received),
+        "Python's timeout=1.5 is the gateway's budget: {received} ms in {ledger}"
+    );
 }

@@ -22,37 +22,83 @@ async fn a_client_over_its_quota_gets_429_with_rate_limit_headers_and_others_do_
     // token comes back, however busy the machine; the refill itself is unit-tested on a clock
     // moved by hand in `resilience::rate_limit`.
     let test = TestChain::start_with(|settings| {
-        let client = settings.gateway.clients.iter_mut().find(|client| client.api_key == "demo-key-2").expect("the demo client");
-        client.quota = QuotaSettings { per_second: 1, burst: 10 };
+        let client = settings
+            .gateway
+            .clients
+            .iter_mut()
+            .find(|client| client.api_key == "demo-key-2")
+            .expect("the demo client");
+        client.quota = QuotaSettings {
+            per_second: 1,
+            burst: 10,
+        };
     })
     .await;
     let mut statuses = Vec::new();
     for _ in 0..10 {
-        let response = test.get_as("demo-key-2", "/v1/orders/ord_missing").send().await.unwrap();
-        assert!(response.headers().contains_key("ratelimit"), "allowed answers carry RateLimit too");
+        let response = test
+            .get_as("demo-key-2", "/v1/orders/ord_missing")
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            response.headers().contains_key("ratelimit"),
+            "allowed answers carry RateLimit too"
+        );
         statuses.push(response.status().as_u16());
     }
-    assert!(statuses.iter().all(|s| *s == 404), "the burst is allowed: {statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == 404),
+        "the burst is allowed: {statuses:?}"
+    );
     let orders_before = test.chain.hop_stats()[&ORDERS_GRPC].requests;
     let gateway_before = test.chain.hop_stats()[&GATEWAY_HTTP].requests;
 
-    let refused = test.post_as("demo-key-2", "/v1/orders", "quota-over", &order_body()).send().await.unwrap();
-    let retry_after: u64 = refused.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let refused = test
+        .post_as("demo-key-2", "/v1/orders", "quota-over", &order_body())
+        .send()
+        .await
+        .unwrap();
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert_eq!(retry_after, 1, "one request a second");
     let state = refused.headers()["ratelimit"].to_str().unwrap().to_owned();
     assert_eq!(field(&state, "r"), 0);
-    let policy = refused.headers()["ratelimit-policy"].to_str().unwrap().to_owned();
-    assert_eq!((field(&policy, "q"), field(&policy, "w")), (10, 10), "{policy}");
+    let policy = refused.headers()["ratelimit-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        (field(&policy, "q"), field(&policy, "w")),
+        (10, 10),
+        "{policy}"
+    );
     e2e::problem(refused, 429).await;
 
     // Cheap is shown by what was not done, not by a stopwatch.
     let hops = test.chain.hop_stats();
-    assert_eq!(hops[&ORDERS_GRPC].requests, orders_before, "refused before any storage access");
-    assert_eq!(hops[&GATEWAY_HTTP].requests, gateway_before, "refused before the deadline, auth and handler");
+    assert_eq!(
+        hops[&ORDERS_GRPC].requests, orders_before,
+        "refused before any storage access"
+    );
+    assert_eq!(
+        hops[&GATEWAY_HTTP].requests, gateway_before,
+        "refused before the deadline, auth and handler"
+    );
     assert_eq!(test.chain.rate_limited(), 1);
 
     // Another client is unaffected.
-    assert_eq!(test.post_order("other-client", &order_body()).send().await.unwrap().status(), 201);
+    assert_eq!(
+        test.post_order("other-client", &order_body())
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
 }
 
 #[tokio::test]
@@ -63,17 +109,36 @@ async fn over_grpc_the_refusal_is_resource_exhausted_with_a_pushback() {
     })
     .await;
     let mut gateway = test.grpc_gateway().await;
-    gateway.create_order(grpc_request(order_message(), "grpc-quota-1")).await.unwrap();
-    let status = gateway.create_order(grpc_request(order_message(), "grpc-quota-2")).await.unwrap_err();
+    gateway
+        .create_order(grpc_request(order_message(), "grpc-quota-1"))
+        .await
+        .unwrap();
+    let status = gateway
+        .create_order(grpc_request(order_message(), "grpc-quota-2"))
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
-    let pushback: u64 = status.metadata().get("grpc-retry-pushback-ms").unwrap().to_str().unwrap().parse().unwrap();
+    let pushback: u64 = status
+        .metadata()
+        .get("grpc-retry-pushback-ms")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!((1..=1_000).contains(&pushback), "{pushback}");
 }
 
 #[tokio::test]
 async fn unknown_keys_share_one_small_quota_and_are_refused_before_authentication() {
     // A burst of 20, then one a second: the 25 requests go out before a token comes back.
-    let test = TestChain::start_with(|settings| settings.gateway.unknown_key_quota = QuotaSettings { per_second: 1, burst: 20 }).await;
+    let test = TestChain::start_with(|settings| {
+        settings.gateway.unknown_key_quota = QuotaSettings {
+            per_second: 1,
+            burst: 20,
+        }
+    })
+    .await;
     let mut statuses = Vec::new();
     for n in 0..25 {
         let response = test

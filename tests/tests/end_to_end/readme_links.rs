@@ -7,14 +7,20 @@ use std::{
 };
 
 fn repository_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is inside the repository").to_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is inside the repository")
+        .to_owned()
 }
 
 /// The Markdown files of the repository, outside build output and hidden directories.
 fn markdown_files(dir: &Path, found: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("a readable directory") {
         let path = entry.expect("a directory entry").path();
-        let name = path.file_name().and_then(|name| name.to_str()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .unwrap_or_default();
         if name.starts_with('.') || name == "target" {
             continue;
         }
@@ -75,7 +81,10 @@ fn every_relative_link_in_the_markdown_files_resolves() {
     let root = repository_root();
     let mut files = Vec::new();
     markdown_files(&root, &mut files);
-    assert!(files.len() > 10, "the repository's Markdown files were found: {files:?}");
+    assert!(
+        files.len() > 10,
+        "the repository's Markdown files were found: {files:?}"
+    );
     let mut broken = Vec::new();
     for file in &files {
         let text = std::fs::read_to_string(file).expect("a readable file");
@@ -83,14 +92,24 @@ fn every_relative_link_in_the_markdown_files_resolves() {
             if target.contains("://") || target.starts_with("mailto:") || target.is_empty() {
                 continue;
             }
-            let (path, fragment) = target.split_once('#').map_or((target, None), |(path, fragment)| (path, Some(fragment)));
-            let linked = if path.is_empty() { file.clone() } else { file.parent().expect("a file's directory").join(path) };
+            let (path, fragment) = target
+                .split_once('#')
+                .map_or((target, None), |(path, fragment)| (path, Some(fragment)));
+            let linked = if path.is_empty() {
+                file.clone()
+            } else {
+                file.parent().expect("a file's directory").join(path)
+            };
             let shown = file.strip_prefix(&root).unwrap_or(file).display();
             if !linked.exists() {
                 broken.push(format!("{shown}: {target}: no such file"));
                 continue;
             }
-            if let Some(fragment) = fragment.filter(|_| linked.extension().is_some_and(|extension| extension == "md")) {
+            if let Some(fragment) = fragment.filter(|_| {
+                linked
+                    .extension()
+                    .is_some_and(|extension| extension == "md")
+            }) {
                 let linked_text = std::fs::read_to_string(&linked).expect("a readable file");
                 if !anchors(&linked_text).contains(fragment) {
                     broken.push(format!("{shown}: {target}: no such heading"));
@@ -98,5 +117,10 @@ fn every_relative_link_in_the_markdown_files_resolves() {
             }
         }
     }
-    assert!(broken.is_empty(), "{} broken links:\n{}", broken.len(), broken.join("\n"));
+    assert!(
+        broken.is_empty(),
+        "{} broken links:\n{}",
+        broken.len(),
+        broken.join("\n")
+    );
 }

@@ -14,7 +14,10 @@ fn trace_id(response: &reqwest::Response) -> Option<String> {
 #[tokio::test]
 async fn tracing_can_be_switched_off_and_on_again() {
     let receiver = OtlpReceiver::start().await;
-    let settings = TelemetrySettings { traces: Some(Otlp::grpc(receiver.endpoint())), ..TelemetrySettings::default() };
+    let settings = TelemetrySettings {
+        traces: Some(Otlp::grpc(receiver.endpoint())),
+        ..TelemetrySettings::default()
+    };
     let telemetry = e2e::init_telemetry(&settings);
     let test = TestChain::start().await;
     let exported = |trace_id: String| {
@@ -28,21 +31,37 @@ async fn tracing_can_be_switched_off_and_on_again() {
         }
     };
 
-    let traced = test.post_order("switch-1", &order_body()).send().await.unwrap();
+    let traced = test
+        .post_order("switch-1", &order_body())
+        .send()
+        .await
+        .unwrap();
     exported(trace_id(&traced).expect("traced")).await;
     telemetry.flush().await;
     let spans_before = receiver.span_count();
 
     telemetry.set_tracing(false);
-    let untraced = test.post_order("switch-2", &order_body()).send().await.unwrap();
+    let untraced = test
+        .post_order("switch-2", &order_body())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(untraced.status(), 201);
     assert_eq!(trace_id(&untraced), None, "no span, no trace context");
     // A flush exports whatever is buffered: had the request made spans, they would be here now.
     telemetry.flush().await;
-    assert_eq!(receiver.span_count(), spans_before, "nothing exported while tracing is off");
+    assert_eq!(
+        receiver.span_count(),
+        spans_before,
+        "nothing exported while tracing is off"
+    );
 
     telemetry.set_tracing(true);
-    let traced_again = test.post_order("switch-3", &order_body()).send().await.unwrap();
+    let traced_again = test
+        .post_order("switch-3", &order_body())
+        .send()
+        .await
+        .unwrap();
     exported(trace_id(&traced_again).expect("traced again")).await;
     telemetry.shutdown().await;
 }

@@ -50,7 +50,12 @@ impl<S: Sync> FromRequestParts<S> for IdempotencyKey {
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, GatewayError> {
         header(&parts.headers, wire::IDEMPOTENCY_KEY)
             .map(|key| IdempotencyKey(key.to_owned()))
-            .ok_or_else(|| GatewayError::field("Idempotency-Key", "header is required (1 to 255 characters)"))
+            .ok_or_else(|| {
+                GatewayError::field(
+                    "Idempotency-Key",
+                    "header is required (1 to 255 characters)",
+                )
+            })
     }
 }
 
@@ -62,8 +67,12 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
         let headers = request.headers().clone();
-        let body = Bytes::from_request(request, state).await.map_err(IntoResponse::into_response)?;
-        json_body(&headers, &body).map(JsonBody).map_err(IntoResponse::into_response)
+        let body = Bytes::from_request(request, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        json_body(&headers, &body)
+            .map(JsonBody)
+            .map_err(IntoResponse::into_response)
     }
 }
 
@@ -71,7 +80,8 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 /// fault, and nothing after it but whitespace.
 pub fn json_body<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<T, GatewayError> {
     // The media type without its parameters (`; charset=utf-8`), compared as RFC 9110 says: case aside.
-    let media_type = header(headers, "content-type").map(|value| value.split(';').next().unwrap_or_default().trim());
+    let media_type = header(headers, "content-type")
+        .map(|value| value.split(';').next().unwrap_or_default().trim());
     if !media_type.is_some_and(|media_type| media_type.eq_ignore_ascii_case("application/json")) {
         return Err(GatewayError::NotJson);
     }
@@ -84,6 +94,8 @@ pub fn json_body<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Resul
             GatewayError::field(path, error.into_inner().to_string())
         }
     })?;
-    deserializer.end().map_err(|error| GatewayError::MalformedBody(format!("data after the JSON value: {error}")))?;
+    deserializer.end().map_err(|error| {
+        GatewayError::MalformedBody(format!("data after the JSON value: {error}"))
+    })?;
     Ok(value)
 }

@@ -36,9 +36,15 @@ use crate::{
 };
 
 pub fn router(api: Api, creates: Arc<Intake>) -> Router {
-    let (router, _) = order_creation().route_layer(LoadShedLayer::new(creates)).merge(routes()).split_for_parts();
+    let (router, _) = order_creation()
+        .route_layer(LoadShedLayer::new(creates))
+        .merge(routes())
+        .split_for_parts();
     router
-        .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "Not found", "no such route".into()).into_http::<axum::body::Body>() })
+        .fallback(|| async {
+            Problem::new(StatusCode::NOT_FOUND, "Not found", "no such route".into())
+                .into_http::<axum::body::Body>()
+        })
         .with_state(api)
 }
 
@@ -49,7 +55,11 @@ fn order_creation() -> OpenApiRouter<Api> {
 
 /// Every other route, the document's own included.
 fn routes() -> OpenApiRouter<Api> {
-    OpenApiRouter::new().routes(routes!(get_order)).routes(routes!(get_summary)).merge(webhooks::routes()).routes(routes!(openapi::serve_document))
+    OpenApiRouter::new()
+        .routes(routes!(get_order))
+        .routes(routes!(get_summary))
+        .merge(webhooks::routes())
+        .routes(routes!(openapi::serve_document))
 }
 
 /// `POST /v1/orders` body. Fields are optional here only so that a missing one is reported by
@@ -139,7 +149,11 @@ struct ReadJson {
 impl From<Read> for ReadJson {
     fn from(read: Read) -> Self {
         let as_of = read.stale_since.map(rfc3339);
-        Self { order: OrderJson::from(read.order), stale: as_of.is_some().then_some(true), as_of }
+        Self {
+            order: OrderJson::from(read.order),
+            stale: as_of.is_some().then_some(true),
+            as_of,
+        }
     }
 }
 
@@ -215,10 +229,14 @@ async fn create_order(
     IdempotencyKey(key): IdempotencyKey,
     JsonBody(order): JsonBody<NewOrder>,
 ) -> Result<Response, GatewayError> {
-    let created = api.create_order(&client, &key, order.into_request()?).await?;
+    let created = api
+        .create_order(&client, &key, order.into_request()?)
+        .await?;
     let mut response = (StatusCode::CREATED, Json(OrderJson::from(created.order))).into_response();
     if created.replayed {
-        response.headers_mut().insert(wire::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+        response
+            .headers_mut()
+            .insert(wire::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
     Ok(response)
 }
@@ -234,9 +252,15 @@ async fn create_order(
         (status = 404, description = "No such order for this client.", body = Problem, content_type = "application/problem+json"),
     ),
 )]
-async fn get_order(State(api): State<Api>, client: ClientId, Path(OrderPath { order_id }): Path<OrderPath>) -> Result<Response, GatewayError> {
+async fn get_order(
+    State(api): State<Api>,
+    client: ClientId,
+    Path(OrderPath { order_id }): Path<OrderPath>,
+) -> Result<Response, GatewayError> {
     let read = api.get_order(&client, order_id).await?;
-    let fallback = read.stale_since.map(|since| format!("stale-copy; as-of={}", rfc3339(since)));
+    let fallback = read
+        .stale_since
+        .map(|since| format!("stale-copy; as-of={}", rfc3339(since)));
     let mut response = Json(ReadJson::from(read)).into_response();
     if let Some(fallback) = fallback.and_then(|value| HeaderValue::try_from(value).ok()) {
         response.headers_mut().insert(wire::FALLBACK, fallback);
@@ -256,11 +280,18 @@ async fn get_order(State(api): State<Api>, client: ClientId, Path(OrderPath { or
         (status = 404, description = "No such order for this client.", body = Problem, content_type = "application/problem+json"),
     ),
 )]
-async fn get_summary(State(api): State<Api>, client: ClientId, Path(OrderPath { order_id }): Path<OrderPath>) -> Result<Response, GatewayError> {
+async fn get_summary(
+    State(api): State<Api>,
+    client: ClientId,
+    Path(OrderPath { order_id }): Path<OrderPath>,
+) -> Result<Response, GatewayError> {
     // Without the order there is nothing to show: the honest error, with Retry-After when known.
     let read = api.get_order(&client, order_id).await?;
-    let (payment, rate, recommended) =
-        tokio::join!(api.payment_part(&read.order), api.rate_part(&read.order.currency), api.recommendations_part(&client, &read.order),);
+    let (payment, rate, recommended) = tokio::join!(
+        api.payment_part(&read.order),
+        api.rate_part(&read.order.currency),
+        api.recommendations_part(&client, &read.order),
+    );
     let mut unavailable = Vec::new();
     let mut fallbacks = Vec::new();
     if let Some(since) = read.stale_since {
@@ -269,7 +300,10 @@ async fn get_summary(State(api): State<Api>, client: ClientId, Path(OrderPath { 
     let payment = match payment {
         Ok(payment) => Some(PaymentJson::from(payment)),
         Err(reason) => {
-            unavailable.push(Unavailable { part: "payment", reason });
+            unavailable.push(Unavailable {
+                part: "payment",
+                reason,
+            });
             None
         }
     };
@@ -278,10 +312,19 @@ async fn get_summary(State(api): State<Api>, client: ClientId, Path(OrderPath { 
             if stale {
                 fallbacks.push(format!("stale-rate; as-of={}", rate.as_of));
             }
-            Some(RateJson { currency: rate.currency, base: rate.base, rate: rate.rate, as_of: rate.as_of, stale })
+            Some(RateJson {
+                currency: rate.currency,
+                base: rate.base,
+                rate: rate.rate,
+                as_of: rate.as_of,
+                stale,
+            })
         }
         Err(reason) => {
-            unavailable.push(Unavailable { part: "exchange_rate", reason });
+            unavailable.push(Unavailable {
+                part: "exchange_rate",
+                reason,
+            });
             None
         }
     };
@@ -289,7 +332,10 @@ async fn get_summary(State(api): State<Api>, client: ClientId, Path(OrderPath { 
         None => "personal",
         Some(reason) => {
             fallbacks.push("popular-recommendations".to_owned());
-            unavailable.push(Unavailable { part: "personal_recommendations", reason });
+            unavailable.push(Unavailable {
+                part: "personal_recommendations",
+                reason,
+            });
             "popular"
         }
     };
@@ -297,11 +343,17 @@ async fn get_summary(State(api): State<Api>, client: ClientId, Path(OrderPath { 
         order: ReadJson::from(read),
         payment,
         exchange_rate,
-        recommendations: RecommendationsJson { kind, skus: recommended.skus },
+        recommendations: RecommendationsJson {
+            kind,
+            skus: recommended.skus,
+        },
         unavailable,
     };
     let mut response = Json(summary).into_response();
-    if let Some(fallback) = (!fallbacks.is_empty()).then(|| fallbacks.join(", ")).and_then(|v| HeaderValue::try_from(v).ok()) {
+    if let Some(fallback) = (!fallbacks.is_empty())
+        .then(|| fallbacks.join(", "))
+        .and_then(|v| HeaderValue::try_from(v).ok())
+    {
         response.headers_mut().insert(wire::FALLBACK, fallback);
     }
     Ok(response)
@@ -310,7 +362,11 @@ async fn get_summary(State(api): State<Api>, client: ClientId, Path(OrderPath { 
 /// The budget an `X-Request-Timeout-Ms` value asks for: a positive whole number of milliseconds
 /// (spaces around it aside) that fits in 64 bits.
 fn requested_timeout(text: &str) -> Option<Duration> {
-    text.trim().parse::<u64>().ok().filter(|millis| *millis > 0).map(Duration::from_millis)
+    text.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|millis| *millis > 0)
+        .map(Duration::from_millis)
 }
 
 /// The HTTP face's deadline: asked for in `X-Request-Timeout-Ms`, answered with 504 when it
@@ -321,7 +377,10 @@ pub struct HttpDeadline {
 }
 
 impl Protocol for HttpDeadline {
-    fn requested_budget<B: Default + From<String>>(&self, headers: &HeaderMap) -> Result<Option<Duration>, http::Response<B>> {
+    fn requested_budget<B: Default + From<String>>(
+        &self,
+        headers: &HeaderMap,
+    ) -> Result<Option<Duration>, http::Response<B>> {
         let Some(value) = headers.get(wire::REQUEST_TIMEOUT_MS) else {
             return Ok(None);
         };
@@ -355,7 +414,9 @@ impl Protocol for HttpDeadline {
 
     fn attach_ledger<B>(&self, ledger_text: String, response: &mut http::Response<B>) {
         let headers = response.headers_mut();
-        let timing = ledger::parse(&ledger_text).ok().map(|entries| ledger::server_timing(&entries));
+        let timing = ledger::parse(&ledger_text)
+            .ok()
+            .map(|entries| ledger::server_timing(&entries));
         if let Some(timing) = timing.and_then(|timing| HeaderValue::try_from(timing).ok()) {
             headers.insert("server-timing", timing);
         }

@@ -52,41 +52,74 @@ impl Modify for BearerScheme {
             .scheme(HttpAuthScheme::Bearer)
             .description(Some("An API key of the gateway's `clients` setting (demo keys: `demo-key-1`, `demo-key-2`)."))
             .build();
-        document.components.get_or_insert_with(Default::default).add_security_scheme(BEARER, SecurityScheme::Http(scheme));
+        document
+            .components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme(BEARER, SecurityScheme::Http(scheme));
     }
 }
 
 /// The document as served, made once.
-static DOCUMENT: LazyLock<String> = LazyLock::new(|| document().to_pretty_json().expect("the document serializes") + "\n");
+static DOCUMENT: LazyLock<String> = LazyLock::new(|| {
+    document()
+        .to_pretty_json()
+        .expect("the document serializes")
+        + "\n"
+});
 
 /// The document: the routes' operations on top of [`Base`], and what every route shares.
 pub fn document() -> openapi::OpenApi {
     let mut document = Base::openapi();
-    document.merge(super::order_creation().merge(super::routes()).into_openapi());
+    document.merge(
+        super::order_creation()
+            .merge(super::routes())
+            .into_openapi(),
+    );
     let components = document.components.get_or_insert_with(Default::default);
     for (name, description, schema) in HEADERS {
-        let header = HeaderBuilder::new().schema(Some(ObjectBuilder::new().schema_type(schema.clone()))).description(Some(*description));
-        components.headers.insert((*name).to_owned(), header.build().into());
+        let header = HeaderBuilder::new()
+            .schema(Some(ObjectBuilder::new().schema_type(schema.clone())))
+            .description(Some(*description));
+        components
+            .headers
+            .insert((*name).to_owned(), header.build().into());
     }
     let timeout = header_parameter(
         TIMEOUT,
         "The operation's deadline in milliseconds; never longer than the gateway's maximum (2000 ms by default).",
-        ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(1)).maximum(Some(u64::MAX)),
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .minimum(Some(1))
+            .maximum(Some(u64::MAX)),
     );
     let traceparent = header_parameter(
         TRACEPARENT,
         "W3C trace context: the operation's spans join this trace.",
-        ObjectBuilder::new().schema_type(Type::String).pattern(Some(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")),
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")),
     );
-    components.parameters.insert(TIMEOUT.to_owned(), timeout.into());
-    components.parameters.insert(TRACEPARENT.to_owned(), traceparent.into());
+    components
+        .parameters
+        .insert(TIMEOUT.to_owned(), timeout.into());
+    components
+        .parameters
+        .insert(TRACEPARENT.to_owned(), traceparent.into());
     for shared in SHARED {
         let mut response = problem(shared.description);
         add_headers(&shared.status.to_string(), &mut response);
-        components.responses.insert(shared.name.to_owned(), response.into());
+        components
+            .responses
+            .insert(shared.name.to_owned(), response.into());
     }
     for item in document.paths.paths.values_mut() {
-        let operations = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch];
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
         for operation in operations.into_iter().flatten() {
             add_shared(operation);
         }
@@ -109,7 +142,10 @@ pub fn document_json() -> &'static str {
     responses((status = 200, description = "This document (OpenAPI 3.1).", body = Object, content_type = "application/json")),
 )]
 pub(super) async fn serve_document() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], document_json())
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        document_json(),
+    )
 }
 
 /// A status that a layer, an extractor or the error mapping may answer on a route, whatever its
@@ -141,7 +177,12 @@ const SHARED: &[Shared] = &[
         description: "Invalid request: a header, path parameter, query parameter or body field breaks a rule (`field` names it), such as a malformed `X-Request-Timeout-Ms`.",
         on: Routes::All,
     },
-    Shared { status: 401, name: "Unauthenticated", description: "No `Authorization: Bearer <known API key>`.", on: Routes::Authenticated },
+    Shared {
+        status: 401,
+        name: "Unauthenticated",
+        description: "No `Authorization: Bearer <known API key>`.",
+        on: Routes::Authenticated,
+    },
     Shared {
         status: 403,
         name: "Forbidden",
@@ -154,17 +195,42 @@ const SHARED: &[Shared] = &[
         description: "A request with this idempotency key is still in flight: nothing was done, retry later.",
         on: Routes::Keyed,
     },
-    Shared { status: 413, name: "BodyTooLarge", description: "The body is over 2 MB.", on: Routes::WithBody },
-    Shared { status: 414, name: "UriTooLong", description: "The path and query are over 8 KiB.", on: Routes::All },
-    Shared { status: 415, name: "NotJson", description: "A body not sent as `application/json`.", on: Routes::WithBody },
-    Shared { status: 422, name: "KeyReused", description: "The idempotency key was used with another request: nothing was done.", on: Routes::Keyed },
+    Shared {
+        status: 413,
+        name: "BodyTooLarge",
+        description: "The body is over 2 MB.",
+        on: Routes::WithBody,
+    },
+    Shared {
+        status: 414,
+        name: "UriTooLong",
+        description: "The path and query are over 8 KiB.",
+        on: Routes::All,
+    },
+    Shared {
+        status: 415,
+        name: "NotJson",
+        description: "A body not sent as `application/json`.",
+        on: Routes::WithBody,
+    },
+    Shared {
+        status: 422,
+        name: "KeyReused",
+        description: "The idempotency key was used with another request: nothing was done.",
+        on: Routes::Keyed,
+    },
     Shared {
         status: 429,
         name: "TooManyRequests",
         description: "The client is over its quota (with `Retry-After`, `RateLimit` and `RateLimit-Policy`), or `RESOURCE_EXHAUSTED` from below.",
         on: Routes::All,
     },
-    Shared { status: 431, name: "HeaderFieldsTooLarge", description: "The headers are over 16 KiB together.", on: Routes::All },
+    Shared {
+        status: 431,
+        name: "HeaderFieldsTooLarge",
+        description: "The headers are over 16 KiB together.",
+        on: Routes::All,
+    },
     Shared {
         status: 502,
         name: "DependencyFailed",
@@ -192,10 +258,26 @@ const HEADERS: &[(&str, &str, Type)] = &[
         "Per hop, outermost first: the budget received, spent, reserved, forwarded and left, in ms. Absent on the answers given before the deadline starts (the rate limit's `429`, the intake's `503`, a malformed `X-Request-Timeout-Ms`).",
         Type::String,
     ),
-    ("Server-Timing", "The same ledger as one metric per hop (`dur` is the hop's whole time); absent where `X-Deadline-Ledger` is.", Type::String),
-    ("traceparent", "W3C trace context of the operation's trace.", Type::String),
-    ("RateLimit", "The client's quota left: `\"default\";r=<requests left>;t=<seconds until full>`.", Type::String),
-    ("RateLimit-Policy", "The client's quota: `\"default\";q=<burst>;w=<seconds>`.", Type::String),
+    (
+        "Server-Timing",
+        "The same ledger as one metric per hop (`dur` is the hop's whole time); absent where `X-Deadline-Ledger` is.",
+        Type::String,
+    ),
+    (
+        "traceparent",
+        "W3C trace context of the operation's trace.",
+        Type::String,
+    ),
+    (
+        "RateLimit",
+        "The client's quota left: `\"default\";r=<requests left>;t=<seconds until full>`.",
+        Type::String,
+    ),
+    (
+        "RateLimit-Policy",
+        "The client's quota: `\"default\";q=<burst>;w=<seconds>`.",
+        Type::String,
+    ),
     (
         "Retry-After",
         "Seconds to wait before trying again, when known: a quota, a full intake, a pushback from below, an open circuit's next probe.",
@@ -205,7 +287,13 @@ const HEADERS: &[(&str, &str, Type)] = &[
 ];
 
 /// The headers every answer may carry.
-const EVERY_ANSWER: &[&str] = &["X-Deadline-Ledger", "Server-Timing", "traceparent", "RateLimit", "RateLimit-Policy"];
+const EVERY_ANSWER: &[&str] = &[
+    "X-Deadline-Ledger",
+    "Server-Timing",
+    "traceparent",
+    "RateLimit",
+    "RateLimit-Policy",
+];
 
 const TIMEOUT: &str = "X-Request-Timeout-Ms";
 const TRACEPARENT: &str = "traceparent";
@@ -213,7 +301,11 @@ const TRACEPARENT: &str = "traceparent";
 const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
 
 /// An optional request header.
-fn header_parameter(name: &str, description: &str, schema: ObjectBuilder) -> openapi::path::Parameter {
+fn header_parameter(
+    name: &str,
+    description: &str,
+    schema: ObjectBuilder,
+) -> openapi::path::Parameter {
     ParameterBuilder::new()
         .name(name)
         .parameter_in(ParameterIn::Header)
@@ -230,9 +322,13 @@ fn add_shared(operation: &mut Operation) {
     let authenticated = operation.security.is_none();
     let with_body = operation.request_body.is_some();
     let parameters = operation.parameters.get_or_insert_with(Vec::new);
-    let keyed = parameters.iter().any(|parameter| matches!(parameter, RefOr::T(parameter) if parameter.name == IDEMPOTENCY_KEY));
+    let keyed = parameters.iter().any(
+        |parameter| matches!(parameter, RefOr::T(parameter) if parameter.name == IDEMPOTENCY_KEY),
+    );
     for name in [TIMEOUT, TRACEPARENT] {
-        parameters.push(RefOr::Ref(Ref::new(format!("#/components/parameters/{name}"))));
+        parameters.push(RefOr::Ref(Ref::new(format!(
+            "#/components/parameters/{name}"
+        ))));
     }
     let responses = &mut operation.responses.responses;
     for (status, response) in responses.iter_mut() {
@@ -247,7 +343,9 @@ fn add_shared(operation: &mut Operation) {
         Routes::Keyed => keyed,
     };
     for shared in SHARED.iter().filter(|shared| applies(shared.on)) {
-        responses.entry(shared.status.to_string()).or_insert_with(|| Ref::from_response_name(shared.name).into());
+        responses
+            .entry(shared.status.to_string())
+            .or_insert_with(|| Ref::from_response_name(shared.name).into());
     }
 }
 
@@ -259,13 +357,22 @@ fn add_headers(status: &str, response: &mut openapi::Response) {
         _ => &[],
     };
     for name in EVERY_ANSWER.iter().chain(by_status) {
-        response.headers.insert((*name).to_owned(), RefOr::Ref(Ref::new(format!("#/components/headers/{name}"))));
+        response.headers.insert(
+            (*name).to_owned(),
+            RefOr::Ref(Ref::new(format!("#/components/headers/{name}"))),
+        );
     }
 }
 
 /// An error answer: a problem (RFC 9457).
 fn problem(description: &str) -> openapi::Response {
-    ResponseBuilder::new().description(description).content(PROBLEM_JSON, Content::new(Some(Ref::from_schema_name(Problem::name())))).build()
+    ResponseBuilder::new()
+        .description(description)
+        .content(
+            PROBLEM_JSON,
+            Content::new(Some(Ref::from_schema_name(Problem::name()))),
+        )
+        .build()
 }
 #[cfg(test)]
 mod tests {
@@ -297,7 +404,11 @@ mod tests {
             for operation in [&item.get, &item.post, &item.delete].into_iter().flatten() {
                 let public = operation.security.is_some();
                 assert_eq!(public, path == "/openapi.json", "{path}");
-                assert_eq!(operation.responses.responses.contains_key("401"), !public, "{path}");
+                assert_eq!(
+                    operation.responses.responses.contains_key("401"),
+                    !public,
+                    "{path}"
+                );
             }
         }
     }

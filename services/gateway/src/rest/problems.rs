@@ -21,15 +21,30 @@ const MAX_DETAIL_BYTES: usize = 1024;
 
 /// Refuses an oversized request head, and turns any other error answer into a problem.
 pub async fn problem_answers(request: Request, next: Next) -> Response {
-    let uri_len = request.uri().path_and_query().map_or(0, |target| target.as_str().len());
+    let uri_len = request
+        .uri()
+        .path_and_query()
+        .map_or(0, |target| target.as_str().len());
     if uri_len > MAX_URI_LEN {
-        let detail = format!("the request target is {uri_len} bytes; at most {MAX_URI_LEN} are accepted");
+        let detail =
+            format!("the request target is {uri_len} bytes; at most {MAX_URI_LEN} are accepted");
         return Problem::new(StatusCode::URI_TOO_LONG, "URI too long", detail).into_http();
     }
-    let header_bytes: usize = request.headers().iter().map(|(name, value)| name.as_str().len() + value.len()).sum();
+    let header_bytes: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
     if header_bytes > MAX_HEADER_BYTES {
-        let detail = format!("the headers are {header_bytes} bytes; at most {MAX_HEADER_BYTES} are accepted");
-        return Problem::new(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "Request header fields too large", detail).into_http();
+        let detail = format!(
+            "the headers are {header_bytes} bytes; at most {MAX_HEADER_BYTES} are accepted"
+        );
+        return Problem::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "Request header fields too large",
+            detail,
+        )
+        .into_http();
     }
     as_problem(next.run(request).await).await
 }
@@ -37,19 +52,34 @@ pub async fn problem_answers(request: Request, next: Next) -> Response {
 /// `response` as a problem, its own text as the detail, its other headers (`Allow` on a 405) kept.
 async fn as_problem(response: Response) -> Response {
     let status = response.status();
-    let problem_already = response.headers().get(header::CONTENT_TYPE).is_some_and(|kind| kind == "application/problem+json");
+    let problem_already = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|kind| kind == "application/problem+json");
     if problem_already || !(status.is_client_error() || status.is_server_error()) {
         return response;
     }
     let (mut parts, body) = response.into_parts();
-    let text = axum::body::to_bytes(body, MAX_DETAIL_BYTES).await.unwrap_or_default();
+    let text = axum::body::to_bytes(body, MAX_DETAIL_BYTES)
+        .await
+        .unwrap_or_default();
     let detail = match String::from_utf8_lossy(&text).trim() {
-        "" if status == StatusCode::METHOD_NOT_ALLOWED => "this path does not take this method; the Allow header lists those it takes".to_owned(),
+        "" if status == StatusCode::METHOD_NOT_ALLOWED => {
+            "this path does not take this method; the Allow header lists those it takes".to_owned()
+        }
         "" => status.canonical_reason().unwrap_or("error").to_owned(),
         text => text.to_owned(),
     };
     let title = status.canonical_reason().unwrap_or("Error");
     parts.headers.remove(header::CONTENT_LENGTH);
-    parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-    Response::from_parts(parts, Problem::new(status, title, detail).into_http::<axum::body::Body>().into_body())
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    Response::from_parts(
+        parts,
+        Problem::new(status, title, detail)
+            .into_http::<axum::body::Body>()
+            .into_body(),
+    )
 }

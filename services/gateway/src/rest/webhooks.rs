@@ -8,8 +8,9 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use proto::orders::v1::{
-    Attempt, CreateEndpointRequest, Delivery, Endpoint, EventType, EventTypeNames, ListDeliveriesRequest, RedeliverRangeRequest, RedeliverRequest,
-    RotateSecretRequest, UpdateEndpointRequest,
+    Attempt, CreateEndpointRequest, Delivery, Endpoint, EventType, EventTypeNames,
+    ListDeliveriesRequest, RedeliverRangeRequest, RedeliverRequest, RotateSecretRequest,
+    UpdateEndpointRequest,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -92,7 +93,10 @@ impl NewEndpoint {
 /// asked for by leaving the field out, so an explicit 0 is the mistake it looks like.
 fn positive<N: Default + PartialEq>(value: Option<N>, field: &str) -> Result<N, GatewayError> {
     match value {
-        Some(zero) if zero == N::default() => Err(GatewayError::field(field, "must be at least 1 (leave it out for the default)")),
+        Some(zero) if zero == N::default() => Err(GatewayError::field(
+            field,
+            "must be at least 1 (leave it out for the default)",
+        )),
         value => Ok(value.unwrap_or_default()),
     }
 }
@@ -254,7 +258,11 @@ impl From<Delivery> for DeliveryJson {
             state: delivery.state,
             next_attempt_at: present(delivery.next_attempt_at),
             created_at: delivery.created_at,
-            attempts: delivery.attempts.into_iter().map(AttemptJson::from).collect(),
+            attempts: delivery
+                .attempts
+                .into_iter()
+                .map(AttemptJson::from)
+                .collect(),
         }
     }
 }
@@ -282,7 +290,9 @@ fn secret_response(status: StatusCode, keyed: Keyed) -> Response {
     };
     let mut response = (status, Json(body)).into_response();
     if keyed.replayed {
-        response.headers_mut().insert(wire::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+        response
+            .headers_mut()
+            .insert(wire::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
     response
 }
@@ -306,14 +316,27 @@ async fn create_endpoint(
     JsonBody(endpoint): JsonBody<NewEndpoint>,
 ) -> Result<Response, GatewayError> {
     let request = endpoint.into_request()?;
-    let created = api.webhooks().create_endpoint(&client, &key, request).await?;
+    let created = api
+        .webhooks()
+        .create_endpoint(&client, &key, request)
+        .await?;
     Ok(secret_response(StatusCode::CREATED, created))
 }
 
 /// The client's endpoints.
 #[utoipa::path(get, path = "/v1/webhooks/endpoints", tag = "webhooks", responses((status = 200, description = "Every endpoint of the client.", body = EndpointsJson)))]
-async fn list_endpoints(State(api): State<Api>, client: ClientId) -> Result<Response, GatewayError> {
-    let endpoints = api.webhooks().endpoints(&client).await?.endpoints.into_iter().map(EndpointJson::from).collect();
+async fn list_endpoints(
+    State(api): State<Api>,
+    client: ClientId,
+) -> Result<Response, GatewayError> {
+    let endpoints = api
+        .webhooks()
+        .endpoints(&client)
+        .await?
+        .endpoints
+        .into_iter()
+        .map(EndpointJson::from)
+        .collect();
     Ok(Json(EndpointsJson { endpoints }).into_response())
 }
 
@@ -373,10 +396,24 @@ async fn rotate_secret(
     body: Bytes,
 ) -> Result<Response, GatewayError> {
     // No body, or `null`, asks for the defaults.
-    let rotation: Option<Rotation> = if body.is_empty() { None } else { json_body(&headers, &body)? };
+    let rotation: Option<Rotation> = if body.is_empty() {
+        None
+    } else {
+        json_body(&headers, &body)?
+    };
     let rotation = rotation.unwrap_or_default();
     let overlap_ms = positive(rotation.overlap_ms, "overlap_ms")?;
-    let rotated = api.webhooks().rotate_secret(&client, &key, RotateSecretRequest { endpoint_id, overlap_ms }).await?;
+    let rotated = api
+        .webhooks()
+        .rotate_secret(
+            &client,
+            &key,
+            RotateSecretRequest {
+                endpoint_id,
+                overlap_ms,
+            },
+        )
+        .await?;
     Ok(secret_response(StatusCode::OK, rotated))
 }
 
@@ -393,7 +430,12 @@ async fn disable_endpoint(
     client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
 ) -> Result<Response, GatewayError> {
-    Ok(Json(EndpointJson::from(api.webhooks().set_enabled(&client, endpoint_id, false).await?)).into_response())
+    Ok(Json(EndpointJson::from(
+        api.webhooks()
+            .set_enabled(&client, endpoint_id, false)
+            .await?,
+    ))
+    .into_response())
 }
 
 /// Resumes deliveries to an endpoint.
@@ -409,7 +451,12 @@ async fn enable_endpoint(
     client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
 ) -> Result<Response, GatewayError> {
-    Ok(Json(EndpointJson::from(api.webhooks().set_enabled(&client, endpoint_id, true).await?)).into_response())
+    Ok(Json(EndpointJson::from(
+        api.webhooks()
+            .set_enabled(&client, endpoint_id, true)
+            .await?,
+    ))
+    .into_response())
 }
 
 /// The endpoint's deliveries with their attempts, newest first, a page at a time.
@@ -426,7 +473,8 @@ async fn list_deliveries(
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
     query: Result<Query<DeliveriesQuery>, QueryRejection>,
 ) -> Result<Response, GatewayError> {
-    let Query(query) = query.map_err(|rejection| GatewayError::field("limit", rejection.body_text()))?;
+    let Query(query) =
+        query.map_err(|rejection| GatewayError::field("limit", rejection.body_text()))?;
     let request = ListDeliveriesRequest {
         endpoint_id,
         limit: positive(query.limit, "limit")?,
@@ -435,8 +483,16 @@ async fn list_deliveries(
         event_type: query.event_type.unwrap_or_default(),
     };
     let page = api.webhooks().deliveries(&client, request).await?;
-    let deliveries = page.deliveries.into_iter().map(DeliveryJson::from).collect();
-    Ok(Json(DeliveriesJson { deliveries, next_cursor: present(page.next_cursor) }).into_response())
+    let deliveries = page
+        .deliveries
+        .into_iter()
+        .map(DeliveryJson::from)
+        .collect();
+    Ok(Json(DeliveriesJson {
+        deliveries,
+        next_cursor: present(page.next_cursor),
+    })
+    .into_response())
 }
 
 /// Queues one event for delivery again.
@@ -453,9 +509,22 @@ async fn list_deliveries(
 async fn redeliver(
     State(api): State<Api>,
     client: ClientId,
-    Path(EventPath { endpoint_id, event_id }): Path<EventPath>,
+    Path(EventPath {
+        endpoint_id,
+        event_id,
+    }): Path<EventPath>,
 ) -> Result<Response, GatewayError> {
-    let queued = api.webhooks().redeliver(&client, RedeliverRequest { endpoint_id, event_id }).await?.queued;
+    let queued = api
+        .webhooks()
+        .redeliver(
+            &client,
+            RedeliverRequest {
+                endpoint_id,
+                event_id,
+            },
+        )
+        .await?
+        .queued;
     Ok((StatusCode::ACCEPTED, Json(QueuedJson { queued })).into_response())
 }
 
@@ -484,7 +553,11 @@ async fn redeliver_range(
         until: required(range.until, "until")?,
         include_delivered: range.include_delivered,
     };
-    let queued = api.webhooks().redeliver_range(&client, request).await?.queued;
+    let queued = api
+        .webhooks()
+        .redeliver_range(&client, request)
+        .await?
+        .queued;
     Ok((StatusCode::ACCEPTED, Json(QueuedJson { queued })).into_response())
 }
 
@@ -495,7 +568,11 @@ async fn redeliver_range(
 #[schema(as = EndpointChanges, description = "What to change of an endpoint: only the fields present change, by the rules of a new endpoint.")]
 struct EndpointChanges {
     /// An `https` URL (at most 2048 characters) on a public address; vetted as on creation.
-    #[schema(min_length = 1, max_length = 2048, example = "https://example.com/webhooks")]
+    #[schema(
+        min_length = 1,
+        max_length = 2048,
+        example = "https://example.com/webhooks"
+    )]
     url: Option<String>,
     /// In place of the endpoint's event types.
     event_types: Option<Vec<String>>,
@@ -571,7 +648,10 @@ async fn update_endpoint(
         max_in_flight: changes.max_in_flight,
         rate_per_sec: changes.rate_per_sec,
     };
-    Ok(Json(EndpointJson::from(api.webhooks().update_endpoint(&client, request).await?)).into_response())
+    Ok(Json(EndpointJson::from(
+        api.webhooks().update_endpoint(&client, request).await?,
+    ))
+    .into_response())
 }
 
 /// Queues an `endpoint.ping` event for this endpoint alone, delivered as any event is.
@@ -596,7 +676,17 @@ async fn ping_endpoint(
 
 /// The event types the system sends, with the version of each one's data.
 #[utoipa::path(get, path = "/v1/webhooks/event-types", tag = "webhooks", responses((status = 200, description = "Every event type.", body = EventTypesJson)))]
-async fn list_event_types(State(api): State<Api>, client: ClientId) -> Result<Response, GatewayError> {
-    let event_types = api.webhooks().event_types(&client).await?.event_types.into_iter().map(EventTypeJson::from).collect();
+async fn list_event_types(
+    State(api): State<Api>,
+    client: ClientId,
+) -> Result<Response, GatewayError> {
+    let event_types = api
+        .webhooks()
+        .event_types(&client)
+        .await?
+        .event_types
+        .into_iter()
+        .map(EventTypeJson::from)
+        .collect();
     Ok(Json(EventTypesJson { event_types }).into_response())
 }

@@ -40,7 +40,11 @@ pub struct NaiveSettings {
 
 impl Default for NaiveSettings {
     fn default() -> Self {
-        Self { enabled: false, attempts: 3, attempt_timeout_ms: 2_000 }
+        Self {
+            enabled: false,
+            attempts: 3,
+            attempt_timeout_ms: 2_000,
+        }
     }
 }
 
@@ -51,7 +55,9 @@ impl NaiveSettings {
         if !self.enabled {
             return rpc::Outbound::Guarded;
         }
-        let layers = ServiceBuilder::new().map_err(|error: BoxError| Status::from_error(error)).layer(NaiveRetryLayer::new(*self));
+        let layers = ServiceBuilder::new()
+            .map_err(|error: BoxError| Status::from_error(error))
+            .layer(NaiveRetryLayer::new(*self));
         rpc::Outbound::Layers(BoxCloneSyncServiceLayer::new(layers))
     }
 }
@@ -71,8 +77,12 @@ impl<S> NaiveRetry<S> {
 
 /// A trailers-only answer with a transient gRPC code (how unary failures arrive).
 fn is_transient_failure(response: &Response<Body>) -> bool {
-    let code =
-        response.headers().get("grpc-status").and_then(|value| value.to_str().ok()).and_then(|text| text.parse::<i32>().ok()).map(Code::from_i32);
+    let code = response
+        .headers()
+        .get("grpc-status")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.parse::<i32>().ok())
+        .map(Code::from_i32);
     matches!(code, Some(Code::Unavailable | Code::DeadlineExceeded))
 }
 
@@ -109,15 +119,23 @@ where
                 *request.headers_mut() = parts.headers.clone();
                 // No deadline travels: each hop applies its own fixed timeout.
                 request.headers_mut().remove(wire::GRPC_TIMEOUT);
-                request.headers_mut().insert(wire::PREVIOUS_ATTEMPTS, HeaderValue::from(attempt));
-                let service = if attempt == 0 { &mut inner } else { inner.ready().await.map_err(Into::into)? };
+                request
+                    .headers_mut()
+                    .insert(wire::PREVIOUS_ATTEMPTS, HeaderValue::from(attempt));
+                let service = if attempt == 0 {
+                    &mut inner
+                } else {
+                    inner.ready().await.map_err(Into::into)?
+                };
                 last = match tokio::time::timeout(timeout, service.call(request)).await {
                     Ok(Ok(response)) if !is_transient_failure(&response) => return Ok(response),
                     Ok(Ok(response)) => Ok(response),
                     Ok(Err(error)) => Err(error.into()),
-                    Err(_) => {
-                        Ok(Status::deadline_exceeded(format!("naive: no answer within the fixed {} ms", settings.attempt_timeout_ms)).into_http())
-                    }
+                    Err(_) => Ok(Status::deadline_exceeded(format!(
+                        "naive: no answer within the fixed {} ms",
+                        settings.attempt_timeout_ms
+                    ))
+                    .into_http()),
                 };
             }
             last

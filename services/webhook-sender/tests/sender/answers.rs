@@ -15,49 +15,99 @@ async fn a_410_disables_the_endpoint_and_its_owner_is_told_at_their_other_endpoi
     let clock = Arc::new(ManualClock::starting_at(wall_ms()));
     let gone = Receiver::answering(410).await;
     let owner = Receiver::answering(204).await;
-    let (gone_id, _) = outbox.endpoint(&gone.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), clock.now_ms()).await;
-    outbox.endpoint(&owner.url(), &[outbox::ENDPOINT_DISABLED], EndpointLimits::default(), clock.now_ms()).await;
+    let (gone_id, _) = outbox
+        .endpoint(
+            &gone.url(),
+            &[outbox::ORDER_PAID],
+            EndpointLimits::default(),
+            clock.now_ms(),
+        )
+        .await;
+    outbox
+        .endpoint(
+            &owner.url(),
+            &[outbox::ENDPOINT_DISABLED],
+            EndpointLimits::default(),
+            clock.now_ms(),
+        )
+        .await;
     let marker = Marker::subscribe(&outbox, clock.now_ms()).await;
-    let _sender = start_sender(settings(&outbox, &[&gone, &owner, &marker.receiver]), clock.clone()).await;
+    let _sender = start_sender(
+        settings(&outbox, &[&gone, &owner, &marker.receiver]),
+        clock.clone(),
+    )
+    .await;
     let event_id = outbox.paid(clock.now_ms()).await;
 
     owner.wait_for(1).await;
     let told: serde_json::Value = serde_json::from_slice(&owner.received()[0].body).expect("json");
     assert_eq!(told["type"], outbox::ENDPOINT_DISABLED);
     assert_eq!(told["data"]["endpoint_id"], gone_id.as_str());
-    let endpoint = outbox.subscriptions().endpoint(CLIENT, &gone_id).await.expect("endpoint");
+    let endpoint = outbox
+        .subscriptions()
+        .endpoint(CLIENT, &gone_id)
+        .await
+        .expect("endpoint");
     assert!(!endpoint.enabled);
     assert!(endpoint.disabled_reason.expect("a reason").contains("410"));
     let delivery = outbox.delivery(&gone_id, &event_id).await;
-    assert_eq!((delivery.state, delivery.attempts[0].status_code), (DeliveryState::Pending, Some(410)), "kept in case the owner enables it again");
+    assert_eq!(
+        (delivery.state, delivery.attempts[0].status_code),
+        (DeliveryState::Pending, Some(410)),
+        "kept in case the owner enables it again"
+    );
 
     // An enabled endpoint would get the delivery again when the schedule says: let that time come.
-    let retry_at_ms = delivery.next_attempt_at_ms.expect("the schedule's next attempt");
+    let retry_at_ms = delivery
+        .next_attempt_at_ms
+        .expect("the schedule's next attempt");
     clock.advance_ms(retry_at_ms - clock.now_ms());
     marker.passed(&outbox, clock.now_ms()).await;
-    assert_eq!(gone.count(), 1, "nothing more is sent to a disabled endpoint");
+    assert_eq!(
+        gone.count(),
+        1,
+        "nothing more is sent to a disabled endpoint"
+    );
 }
 
 #[tokio::test]
 async fn retry_after_is_the_least_wait_clamped_by_the_settings_and_pauses_the_endpoint() {
     let outbox = Outbox::new().await;
     let clock = Arc::new(ManualClock::starting_at(wall_ms()));
-    let asks = |retry_after: &'static str| move |_| Answer::Status(429, vec![("retry-after", retry_after.to_owned())]);
+    let asks = |retry_after: &'static str| {
+        move |_| Answer::Status(429, vec![("retry-after", retry_after.to_owned())])
+    };
     let two_seconds = Receiver::start(asks("2")).await;
     let a_day = Receiver::start(asks("86400")).await;
-    let unavailable_now = Receiver::start(|_| Answer::Status(503, vec![("retry-after", "0".to_owned())])).await;
+    let unavailable_now =
+        Receiver::start(|_| Answer::Status(503, vec![("retry-after", "0".to_owned())])).await;
     let limits = EndpointLimits::default();
     let mut endpoints = Vec::new();
     for receiver in [&two_seconds, &a_day, &unavailable_now] {
-        endpoints.push(outbox.endpoint(&receiver.url(), &[outbox::ORDER_PAID], limits, clock.now_ms()).await.0);
+        endpoints.push(
+            outbox
+                .endpoint(
+                    &receiver.url(),
+                    &[outbox::ORDER_PAID],
+                    limits,
+                    clock.now_ms(),
+                )
+                .await
+                .0,
+        );
     }
     let marker = Marker::subscribe(&outbox, clock.now_ms()).await;
     let settings = webhook_sender::Settings {
         retry_after_min_ms: 1_000,
         retry_after_max_ms: 60_000,
-        schedule: [0, 3, 3].map(|secs| Delay(Duration::from_secs(secs))).to_vec(),
+        schedule: [0, 3, 3]
+            .map(|secs| Delay(Duration::from_secs(secs)))
+            .to_vec(),
         jitter: 0.0,
-        ..settings(&outbox, &[&two_seconds, &a_day, &unavailable_now, &marker.receiver])
+        ..settings(
+            &outbox,
+            &[&two_seconds, &a_day, &unavailable_now, &marker.receiver],
+        )
     };
     let _sender = start_sender(settings, clock.clone()).await;
     let event_id = outbox.paid(clock.now_ms()).await;
@@ -67,7 +117,12 @@ async fn retry_after_is_the_least_wait_clamped_by_the_settings_and_pauses_the_en
     for (endpoint_id, waits_ms) in endpoints.iter().zip([3_000, 60_000, 3_000]) {
         let delivery = outbox.attempts(endpoint_id, &event_id, 1).await;
         let attempt = &delivery.attempts[0];
-        assert_eq!(delivery.next_attempt_at_ms, Some(attempt.started_at_ms + waits_ms), "{:?}", attempt.status_code);
+        assert_eq!(
+            delivery.next_attempt_at_ms,
+            Some(attempt.started_at_ms + waits_ms),
+            "{:?}",
+            attempt.status_code
+        );
     }
 
     // The endpoint pauses for its Retry-After: a new event due meanwhile goes when the pause
@@ -78,21 +133,45 @@ async fn retry_after_is_the_least_wait_clamped_by_the_settings_and_pauses_the_en
     clock.advance_ms(1_999);
     outbox.attempts(&endpoints[2], &second, 1).await;
     marker.passed(&outbox, clock.now_ms()).await;
-    assert_eq!(two_seconds.count(), 1, "nothing to the paused endpoint before its Retry-After");
+    assert_eq!(
+        two_seconds.count(),
+        1,
+        "nothing to the paused endpoint before its Retry-After"
+    );
     clock.advance_ms(1);
     let waited = outbox.attempts(&endpoints[0], &second, 1).await;
-    assert_eq!(waited.attempts[0].started_at_ms, paused_at + 2_000, "the new event waited for the pause");
+    assert_eq!(
+        waited.attempts[0].started_at_ms,
+        paused_at + 2_000,
+        "the new event waited for the pause"
+    );
 }
 
 #[tokio::test]
 async fn a_pause_outlasts_the_endpoints_worker_and_the_sender_itself() {
     let outbox = Outbox::new().await;
     let clock = Arc::new(ManualClock::starting_at(wall_ms()));
-    let paused =
-        Receiver::start(|n| if n == 0 { Answer::Status(429, vec![("retry-after", "30".to_owned())]) } else { Answer::Status(204, Vec::new()) }).await;
-    let (endpoint_id, _) = outbox.endpoint(&paused.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), clock.now_ms()).await;
+    let paused = Receiver::start(|n| {
+        if n == 0 {
+            Answer::Status(429, vec![("retry-after", "30".to_owned())])
+        } else {
+            Answer::Status(204, Vec::new())
+        }
+    })
+    .await;
+    let (endpoint_id, _) = outbox
+        .endpoint(
+            &paused.url(),
+            &[outbox::ORDER_PAID],
+            EndpointLimits::default(),
+            clock.now_ms(),
+        )
+        .await;
     let marker = Marker::subscribe(&outbox, clock.now_ms()).await;
-    let settings = webhook_sender::Settings { jitter: 0.0, ..settings(&outbox, &[&paused, &marker.receiver]) };
+    let settings = webhook_sender::Settings {
+        jitter: 0.0,
+        ..settings(&outbox, &[&paused, &marker.receiver])
+    };
     let sender = start_sender(settings.clone(), clock.clone()).await;
     let first = outbox.paid(clock.now_ms()).await;
     let asked_at = outbox.attempts(&endpoint_id, &first, 1).await.attempts[0].started_at_ms;
@@ -112,20 +191,41 @@ async fn a_pause_outlasts_the_endpoints_worker_and_the_sender_itself() {
 
     clock.advance_ms(1);
     let resumed = outbox.attempts(&endpoint_id, &second, 1).await;
-    assert_eq!(resumed.attempts[0].started_at_ms, asked_at + 30_000, "the new event went when the pause ended");
+    assert_eq!(
+        resumed.attempts[0].started_at_ms,
+        asked_at + 30_000,
+        "the new event went when the pause ended"
+    );
 }
 
 #[tokio::test]
-async fn a_delivery_out_of_attempts_is_told_to_the_owners_other_endpoints_signed_with_their_sealed_secret() {
+async fn a_delivery_out_of_attempts_is_told_to_the_owners_other_endpoints_signed_with_their_sealed_secret()
+ {
     let outbox = Outbox::new().await;
     let clock = Arc::new(ManualClock::starting_at(wall_ms()));
     let failing = Receiver::answering(500).await;
     let owner = Receiver::answering(204).await;
-    let (failing_id, _) = outbox.endpoint(&failing.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), clock.now_ms()).await;
-    let (owner_id, owner_secret) =
-        outbox.endpoint(&owner.url(), &[outbox::ENDPOINT_ATTEMPTS_EXHAUSTED], EndpointLimits::default(), clock.now_ms()).await;
+    let (failing_id, _) = outbox
+        .endpoint(
+            &failing.url(),
+            &[outbox::ORDER_PAID],
+            EndpointLimits::default(),
+            clock.now_ms(),
+        )
+        .await;
+    let (owner_id, owner_secret) = outbox
+        .endpoint(
+            &owner.url(),
+            &[outbox::ENDPOINT_ATTEMPTS_EXHAUSTED],
+            EndpointLimits::default(),
+            clock.now_ms(),
+        )
+        .await;
     // One attempt in all: its failure spends the schedule.
-    let settings = webhook_sender::Settings { schedule: vec![Delay(Duration::ZERO)], ..settings(&outbox, &[&failing, &owner]) };
+    let settings = webhook_sender::Settings {
+        schedule: vec![Delay(Duration::ZERO)],
+        ..settings(&outbox, &[&failing, &owner])
+    };
     let _sender = start_sender(settings, clock.clone()).await;
     let event_id = outbox.paid(clock.now_ms()).await;
 
@@ -133,13 +233,30 @@ async fn a_delivery_out_of_attempts_is_told_to_the_owners_other_endpoints_signed
     let told = &owner.received()[0];
     let body: serde_json::Value = serde_json::from_slice(&told.body).expect("json");
     assert_eq!(body["type"], outbox::ENDPOINT_ATTEMPTS_EXHAUSTED);
-    assert_eq!(body["data"], serde_json::json!({"endpoint_id": failing_id, "event_id": event_id, "event_type": outbox::ORDER_PAID}));
-    assert_eq!(outbox.delivery(&failing_id, &event_id).await.state, DeliveryState::Undelivered);
-    told.verify(&owner_secret).expect("signed with the owner's secret");
+    assert_eq!(
+        body["data"],
+        serde_json::json!({"endpoint_id": failing_id, "event_id": event_id, "event_type": outbox::ORDER_PAID})
+    );
+    assert_eq!(
+        outbox.delivery(&failing_id, &event_id).await.state,
+        DeliveryState::Undelivered
+    );
+    told.verify(&owner_secret)
+        .expect("signed with the owner's secret");
 
     // The secret signs although the database holds it sealed.
-    let stored: Vec<(String,)> =
-        outbox.database.fetch_all("SELECT secret FROM webhook_secrets WHERE endpoint_id = $1", &[&owner_id]).await.expect("the secret's row");
+    let stored: Vec<(String,)> = outbox
+        .database
+        .fetch_all(
+            "SELECT secret FROM webhook_secrets WHERE endpoint_id = $1",
+            &[&owner_id],
+        )
+        .await
+        .expect("the secret's row");
     let bare = owner_secret.to_string();
-    assert!(stored[0].0.starts_with("sealed1:test:") && !stored[0].0.contains(bare.trim_start_matches("whsec_")), "{stored:?}");
+    assert!(
+        stored[0].0.starts_with("sealed1:test:")
+            && !stored[0].0.contains(bare.trim_start_matches("whsec_")),
+        "{stored:?}"
+    );
 }

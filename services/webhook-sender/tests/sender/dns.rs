@@ -29,7 +29,9 @@ const BOUND_MS: i64 = 1_000;
 
 /// A UDP socket that reads every query and answers none, counting them.
 async fn silent_name_server() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
-    let socket = UdpSocket::bind("127.0.0.1:0").await.expect("bind a UDP socket");
+    let socket = UdpSocket::bind("127.0.0.1:0")
+        .await
+        .expect("bind a UDP socket");
     let addr = socket.local_addr().expect("address");
     let queries = Arc::new(AtomicUsize::new(0));
     let counted = queries.clone();
@@ -50,13 +52,26 @@ async fn a_silent_name_server_of_one_client_does_not_delay_another() {
     let mut slow_endpoints = Vec::new();
     for n in 0..SLOW_ENDPOINTS {
         let url = format!("https://hooks-{n}.silent.example/hook");
-        slow_endpoints.push(outbox.client_endpoint(SLOW_CLIENT, &url, &[ORDER_PAID], most, wall_ms()).await.0);
+        slow_endpoints.push(
+            outbox
+                .client_endpoint(SLOW_CLIENT, &url, &[ORDER_PAID], most, wall_ms())
+                .await
+                .0,
+        );
     }
     // The other client's receiver is named, so its deliveries need lookups too (`localhost`,
     // which the resolver answers itself).
     let receiver = Receiver::answering(204).await;
     let port = receiver.addr.port();
-    outbox.client_endpoint(OTHER_CLIENT, &format!("http://localhost:{port}/hook"), &[ORDER_PAID], most, wall_ms()).await;
+    outbox
+        .client_endpoint(
+            OTHER_CLIENT,
+            &format!("http://localhost:{port}/hook"),
+            &[ORDER_PAID],
+            most,
+            wall_ms(),
+        )
+        .await;
     let mut settings = settings(&outbox, &[]);
     settings.test_hosts = vec![format!("localhost:{port}")];
     settings.dns.name_servers = vec![name_server];
@@ -67,16 +82,30 @@ async fn a_silent_name_server_of_one_client_does_not_delay_another() {
         outbox.client_paid(SLOW_CLIENT, wall_ms()).await;
     }
     let committed_at = outbox.paced_commits(OTHER_CLIENT, OTHER_EVENTS, PACE).await;
-    eventually(Duration::from_secs(10), "every event of the other client arrives", || async { receiver.count() >= OTHER_EVENTS }).await;
+    eventually(
+        Duration::from_secs(10),
+        "every event of the other client arrives",
+        || async { receiver.count() >= OTHER_EVENTS },
+    )
+    .await;
 
     let latencies = commit_to_receipt(&receiver, &committed_at);
     let subscriptions = outbox.subscriptions();
     let (mut slow_attempts, mut over_the_cap) = (0, 0);
     for endpoint in &slow_endpoints {
-        let log = subscriptions.deliveries(SLOW_CLIENT, endpoint, &DeliveryQuery::newest(1_000)).await.expect("delivery log").deliveries;
+        let log = subscriptions
+            .deliveries(SLOW_CLIENT, endpoint, &DeliveryQuery::newest(1_000))
+            .await
+            .expect("delivery log")
+            .deliveries;
         for attempt in log.iter().flat_map(|delivery| &delivery.attempts) {
             slow_attempts += 1;
-            over_the_cap += usize::from(attempt.error.as_deref().is_some_and(|error| error.contains("already in flight")));
+            over_the_cap += usize::from(
+                attempt
+                    .error
+                    .as_deref()
+                    .is_some_and(|error| error.contains("already in flight")),
+            );
         }
     }
     println!(
@@ -87,8 +116,21 @@ async fn a_silent_name_server_of_one_client_does_not_delay_another() {
         latencies.percentile(1.0),
         queries.load(Ordering::SeqCst),
     );
-    assert!(queries.load(Ordering::SeqCst) > 0, "the slow client's names went to the silent name server");
-    assert!(slow_attempts >= SLOW_ENDPOINTS, "the slow client's endpoints were attempted, and failed");
-    assert!(over_the_cap > 0, "the slow client's attempts over its lookups in flight failed at once");
-    assert!(latencies.percentile(1.0) < BOUND_MS, "a delivery of {OTHER_CLIENT} waited {} ms", latencies.percentile(1.0));
+    assert!(
+        queries.load(Ordering::SeqCst) > 0,
+        "the slow client's names went to the silent name server"
+    );
+    assert!(
+        slow_attempts >= SLOW_ENDPOINTS,
+        "the slow client's endpoints were attempted, and failed"
+    );
+    assert!(
+        over_the_cap > 0,
+        "the slow client's attempts over its lookups in flight failed at once"
+    );
+    assert!(
+        latencies.percentile(1.0) < BOUND_MS,
+        "a delivery of {OTHER_CLIENT} waited {} ms",
+        latencies.percentile(1.0)
+    );
 }

@@ -23,7 +23,10 @@ use axum::{
     routing::post,
 };
 use idempotency::{Clock, SystemClock};
-use outbox::{DeliveryLog, DeliveryQuery, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, SecretKeys, Subscriptions};
+use outbox::{
+    DeliveryLog, DeliveryQuery, EndpointLimits, NewEndpoint, NewEvent, ORDER_PAID,
+    ORDER_PAYMENT_DECLINED, SecretKeys, Subscriptions,
+};
 use storage::Database;
 use test_support::eventually;
 use tokio::net::TcpListener;
@@ -53,21 +56,55 @@ impl Outbox {
     pub async fn new() -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
         let url = format!("sqlite://{}", dir.path().join("orders.db").display());
-        let database = Database::open(&url, unsynced(), |backend| vec![outbox::migrations(backend)]).await.expect("database");
-        Self { database, url, keys: SecretKeys::generate("test"), _dir: dir }
+        let database = Database::open(&url, unsynced(), |backend| {
+            vec![outbox::migrations(backend)]
+        })
+        .await
+        .expect("database");
+        Self {
+            database,
+            url,
+            keys: SecretKeys::generate("test"),
+            _dir: dir,
+        }
     }
 
     /// An endpoint of [`CLIENT`] at `url` for `event_types`, and its secret.
-    pub async fn endpoint(&self, url: &str, event_types: &[&str], limits: EndpointLimits, now_ms: i64) -> (String, Secret) {
-        self.client_endpoint(CLIENT, url, event_types, limits, now_ms).await
+    pub async fn endpoint(
+        &self,
+        url: &str,
+        event_types: &[&str],
+        limits: EndpointLimits,
+        now_ms: i64,
+    ) -> (String, Secret) {
+        self.client_endpoint(CLIENT, url, event_types, limits, now_ms)
+            .await
     }
 
     /// An endpoint of `client` at `url` for `event_types`, and its secret.
-    pub async fn client_endpoint(&self, client: &str, url: &str, event_types: &[&str], limits: EndpointLimits, now_ms: i64) -> (String, Secret) {
-        let new = NewEndpoint { url: url.into(), event_types: event_types.iter().map(|t| t.to_string()).collect(), limits };
+    pub async fn client_endpoint(
+        &self,
+        client: &str,
+        url: &str,
+        event_types: &[&str],
+        limits: EndpointLimits,
+        now_ms: i64,
+    ) -> (String, Secret) {
+        let new = NewEndpoint {
+            url: url.into(),
+            event_types: event_types.iter().map(|t| t.to_string()).collect(),
+            limits,
+        };
         let (subscriptions, client) = (self.subscriptions(), client.to_owned());
-        let (endpoint, secret) =
-            self.database.write(async move |tx| subscriptions.create_endpoint(tx, &client, &new, now_ms).await).await.expect("endpoint");
+        let (endpoint, secret) = self
+            .database
+            .write(async move |tx| {
+                subscriptions
+                    .create_endpoint(tx, &client, &new, now_ms)
+                    .await
+            })
+            .await
+            .expect("endpoint");
         (endpoint.endpoint_id, secret)
     }
 
@@ -87,7 +124,12 @@ impl Outbox {
     /// When it returned, not when it began: a commit here waits for its turn on the SQLite file's
     /// one writer, which it shares with the sender in this process, and under a sender writing
     /// hundreds of attempts a second that wait is the test's, not the sender's.
-    pub async fn paced_commits(&self, client: &str, events: usize, pace: Duration) -> HashMap<String, i64> {
+    pub async fn paced_commits(
+        &self,
+        client: &str,
+        events: usize,
+        pace: Duration,
+    ) -> HashMap<String, i64> {
         let mut committed_at = HashMap::new();
         for _ in 0..events {
             let event_id = self.client_paid(client, wall_ms()).await;
@@ -103,7 +145,11 @@ impl Outbox {
         self.database
             .write(async move |tx| {
                 let data = serde_json::json!({"order_id": "ord_1"});
-                let event = NewEvent { event_type, version: 1, data: &data };
+                let event = NewEvent {
+                    event_type,
+                    version: 1,
+                    data: &data,
+                };
                 outbox::record(tx, &client, &event, now_ms).await
             })
             .await
@@ -117,18 +163,34 @@ impl Outbox {
 
     /// The endpoint's delivery of `event_id`, with its attempts.
     pub async fn delivery(&self, endpoint_id: &str, event_id: &str) -> DeliveryLog {
-        let log = self.subscriptions().deliveries(CLIENT, endpoint_id, &DeliveryQuery::newest(1_000)).await.expect("delivery log").deliveries;
-        log.into_iter().find(|delivery| delivery.event_id == event_id).expect("the delivery exists")
+        let log = self
+            .subscriptions()
+            .deliveries(CLIENT, endpoint_id, &DeliveryQuery::newest(1_000))
+            .await
+            .expect("delivery log")
+            .deliveries;
+        log.into_iter()
+            .find(|delivery| delivery.event_id == event_id)
+            .expect("the delivery exists")
     }
 
     /// Waits until the endpoint's delivery of `event_id` has `attempts` attempts recorded.
-    pub async fn attempts(&self, endpoint_id: &str, event_id: &str, attempts: usize) -> DeliveryLog {
+    pub async fn attempts(
+        &self,
+        endpoint_id: &str,
+        event_id: &str,
+        attempts: usize,
+    ) -> DeliveryLog {
         // The log reads a delivery and its attempts in one snapshot: the delivery found is the one
         // its last attempt left.
-        eventually(Duration::from_secs(10), &format!("{attempts} attempts of {event_id}"), || async {
-            let delivery = self.delivery(endpoint_id, event_id).await;
-            (delivery.attempts.len() >= attempts).then_some(delivery)
-        })
+        eventually(
+            Duration::from_secs(10),
+            &format!("{attempts} attempts of {event_id}"),
+            || async {
+                let delivery = self.delivery(endpoint_id, event_id).await;
+                (delivery.attempts.len() >= attempts).then_some(delivery)
+            },
+        )
         .await
     }
 }
@@ -153,15 +215,23 @@ impl Received {
             timestamp: self.header("webhook-timestamp"),
             signature: self.header("webhook-signature"),
         };
-        let now_secs = self.header("webhook-timestamp").and_then(|t| t.parse().ok()).expect("a timestamp");
+        let now_secs = self
+            .header("webhook-timestamp")
+            .and_then(|t| t.parse().ok())
+            .expect("a timestamp");
         Verifier::new(secret.clone()).verify(&headers, &self.body, now_secs)
     }
 }
 
 /// Commit → receipt times of what `receiver` got, in ms, sorted; `committed_at_ms` by event id.
 pub fn commit_to_receipt(receiver: &Receiver, committed_at_ms: &HashMap<String, i64>) -> Latencies {
-    let mut ms: Vec<i64> =
-        receiver.received().iter().map(|delivery| delivery.at_ms - committed_at_ms[delivery.header("webhook-id").expect("webhook-id")]).collect();
+    let mut ms: Vec<i64> = receiver
+        .received()
+        .iter()
+        .map(|delivery| {
+            delivery.at_ms - committed_at_ms[delivery.header("webhook-id").expect("webhook-id")]
+        })
+        .collect();
     ms.sort_unstable();
     Latencies(ms)
 }
@@ -209,10 +279,20 @@ impl Receiver {
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
-        let app = Router::new().route("/hook", post(receive)).with_state(state.clone());
+        let app = Router::new()
+            .route("/hook", post(receive))
+            .with_state(state.clone());
         let stop = CancellationToken::new();
-        tokio::spawn(axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned()).into_future());
-        Self { addr, state, _stop: Arc::new(stop.drop_guard()) }
+        tokio::spawn(
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop.clone().cancelled_owned())
+                .into_future(),
+        );
+        Self {
+            addr,
+            state,
+            _stop: Arc::new(stop.drop_guard()),
+        }
     }
 
     /// Answers every delivery with `status`.
@@ -242,7 +322,12 @@ impl Receiver {
     }
 
     pub async fn wait_for(&self, deliveries: usize) {
-        eventually(Duration::from_secs(10), &format!("{deliveries} deliveries at {}", self.addr), || async { self.count() >= deliveries }).await;
+        eventually(
+            Duration::from_secs(10),
+            &format!("{deliveries} deliveries at {}", self.addr),
+            || async { self.count() >= deliveries },
+        )
+        .await;
     }
 }
 
@@ -256,7 +341,14 @@ pub struct Marker {
 impl Marker {
     pub async fn subscribe(outbox: &Outbox, now_ms: i64) -> Self {
         let receiver = Receiver::answering(204).await;
-        outbox.endpoint(&receiver.url(), &[ORDER_PAYMENT_DECLINED], EndpointLimits::default(), now_ms).await;
+        outbox
+            .endpoint(
+                &receiver.url(),
+                &[ORDER_PAYMENT_DECLINED],
+                EndpointLimits::default(),
+                now_ms,
+            )
+            .await;
         Self { receiver }
     }
 
@@ -281,20 +373,33 @@ impl Drop for InFlight<'_> {
     }
 }
 
-async fn receive(State(state): State<Arc<ReceiverState>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn receive(
+    State(state): State<Arc<ReceiverState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     let _in_flight = InFlight(&state.in_flight);
     state.most_in_flight.fetch_max(now, Ordering::SeqCst);
     let n = {
         let mut received = state.received.lock().expect("not poisoned");
-        received.push(Received { headers, body, at_ms: wall_ms() });
+        received.push(Received {
+            headers,
+            body,
+            at_ms: wall_ms(),
+        });
         received.len() - 1
     };
     match (state.answer)(n) {
         Answer::Status(status, headers) => {
-            let mut response = StatusCode::from_u16(status).expect("a status").into_response();
+            let mut response = StatusCode::from_u16(status)
+                .expect("a status")
+                .into_response();
             for (name, value) in headers {
-                response.headers_mut().insert(HeaderName::from_static(name), value.parse().expect("header value"));
+                response.headers_mut().insert(
+                    HeaderName::from_static(name),
+                    value.parse().expect("header value"),
+                );
             }
             response
         }
@@ -310,7 +415,9 @@ pub struct Forbidden {
 
 impl Forbidden {
     pub async fn listen(ip: [u8; 4]) -> Self {
-        let listener = TcpListener::bind((IpAddr::from(ip), 0)).await.expect("bind on loopback");
+        let listener = TcpListener::bind((IpAddr::from(ip), 0))
+            .await
+            .expect("bind on loopback");
         let addr = listener.local_addr().expect("address");
         let connections = Arc::new(AtomicUsize::new(0));
         let counted = connections.clone();
@@ -336,7 +443,10 @@ pub struct FixedResolver(pub HashMap<String, Vec<IpAddr>>);
 
 impl Resolve for FixedResolver {
     async fn resolve(&self, host: &str) -> io::Result<Vec<IpAddr>> {
-        self.0.get(host).cloned().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no such name {host}")))
+        self.0
+            .get(host)
+            .cloned()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no such name {host}")))
     }
 }
 
@@ -345,7 +455,10 @@ impl Resolve for FixedResolver {
 /// work, not how fast the disk syncs (a sync per commit, the default, on a loaded machine once
 /// kept a writer waiting past the 5 s a writer is waited for).
 fn unsynced() -> storage::SqliteSettings {
-    storage::SqliteSettings { synchronous: storage::Synchronous::Normal, ..Default::default() }
+    storage::SqliteSettings {
+        synchronous: storage::Synchronous::Normal,
+        ..Default::default()
+    }
 }
 
 pub fn settings(outbox: &Outbox, receivers: &[&Receiver]) -> Settings {
@@ -354,7 +467,10 @@ pub fn settings(outbox: &Outbox, receivers: &[&Receiver]) -> Settings {
         sqlite: unsynced(),
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         poll_interval_ms: 10,
-        test_hosts: receivers.iter().map(|receiver| receiver.test_host()).collect(),
+        test_hosts: receivers
+            .iter()
+            .map(|receiver| receiver.test_host())
+            .collect(),
         secret_keys: outbox.keys.clone(),
         ..Settings::default()
     }
@@ -367,18 +483,28 @@ pub struct RunningSender {
 
 /// A sender with its clock, looking names up as `settings.dns` says.
 pub async fn start_sender(settings: Settings, clock: Arc<dyn Clock>) -> RunningSender {
-    run(Application::build_with_clock(settings, clock).await.expect("sender"))
+    run(Application::build_with_clock(settings, clock)
+        .await
+        .expect("sender"))
 }
 
 /// A sender with its clock, whose names resolve through `resolver`.
-pub async fn start_sender_resolving<R: Resolve + Send + Sync + 'static>(settings: Settings, clock: Arc<dyn Clock>, resolver: R) -> RunningSender {
-    run(Application::build_with(settings, clock, resolver).await.expect("sender"))
+pub async fn start_sender_resolving<R: Resolve + Send + Sync + 'static>(
+    settings: Settings,
+    clock: Arc<dyn Clock>,
+    resolver: R,
+) -> RunningSender {
+    run(Application::build_with(settings, clock, resolver)
+        .await
+        .expect("sender"))
 }
 
 fn run<R: Resolve + Send + Sync + 'static>(app: Application<R>) -> RunningSender {
     let stop = CancellationToken::new();
     tokio::spawn(app.run_until_stopped(stop.clone()));
-    RunningSender { _stop: stop.drop_guard() }
+    RunningSender {
+        _stop: stop.drop_guard(),
+    }
 }
 
 /// The sender binary on a port of its own choosing (port 0), killed with SIGKILL when dropped.
@@ -406,7 +532,10 @@ impl SenderProcess {
     pub async fn spawn(outbox: &Outbox, test_host: &str) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_webhook-sender"))
             .env("WEBHOOK_SENDER_DATABASE_URL", &outbox.url)
-            .env("WEBHOOK_SENDER_SECRET_KEYS", serde_json::to_string(&outbox.keys).expect("keys serialize"))
+            .env(
+                "WEBHOOK_SENDER_SECRET_KEYS",
+                serde_json::to_string(&outbox.keys).expect("keys serialize"),
+            )
             .env("WEBHOOK_SENDER_LISTEN", "127.0.0.1:0")
             .env("WEBHOOK_SENDER_POLL_INTERVAL_MS", "20")
             .env("WEBHOOK_SENDER_REQUEST_TIMEOUT_MS", "2000")
@@ -428,9 +557,14 @@ impl SenderProcess {
             let startup = startup.clone();
             move || read_log(log, &startup)
         });
-        let started =
-            eventually(Duration::from_secs(20), "the sender logs where it serves", || async { startup.lock().expect("not poisoned").take() }).await;
-        let health = started.unwrap_or_else(|log| panic!("the sender stopped before it served; its log:\n{log}"));
+        let started = eventually(
+            Duration::from_secs(20),
+            "the sender logs where it serves",
+            || async { startup.lock().expect("not poisoned").take() },
+        )
+        .await;
+        let health = started
+            .unwrap_or_else(|log| panic!("the sender stopped before it served; its log:\n{log}"));
         Self { child, health }
     }
 
@@ -464,5 +598,8 @@ fn serving_address(line: &str) -> Option<SocketAddr> {
     if !line.contains("webhook-sender delivering") {
         return None;
     }
-    line.split_whitespace().find_map(|field| field.strip_prefix("health="))?.parse().ok()
+    line.split_whitespace()
+        .find_map(|field| field.strip_prefix("health="))?
+        .parse()
+        .ok()
 }

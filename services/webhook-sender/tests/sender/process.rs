@@ -11,7 +11,14 @@ use crate::harness::{Outbox, Receiver, SenderProcess, wall_ms};
 async fn the_binary_answers_its_health_check_and_counts_deliveries_in_metrics() {
     let outbox = Outbox::new().await;
     let receiver = Receiver::answering(204).await;
-    outbox.endpoint(&receiver.url(), &[outbox::ORDER_PAID], EndpointLimits::default(), wall_ms()).await;
+    outbox
+        .endpoint(
+            &receiver.url(),
+            &[outbox::ORDER_PAID],
+            EndpointLimits::default(),
+            wall_ms(),
+        )
+        .await;
     let sender = SenderProcess::spawn(&outbox, &receiver.test_host()).await;
     outbox.paid(wall_ms()).await;
     receiver.wait_for(1).await;
@@ -25,9 +32,25 @@ async fn the_binary_answers_its_health_check_and_counts_deliveries_in_metrics() 
             .expect("the health check runs")
             .success()
     };
-    eventually(Duration::from_secs(10), "the health check passes", || async { healthy() }).await;
+    eventually(
+        Duration::from_secs(10),
+        "the health check passes",
+        || async { healthy() },
+    )
+    .await;
 
-    let metrics = reqwest::get(format!("http://{health}/metrics")).await.expect("metrics").text().await.expect("text");
-    assert!(metrics.contains("webhook_deliveries_total{") && metrics.contains("outcome=\"delivered\""), "{metrics}");
-    assert!(metrics.contains("webhook_attempt_duration_milliseconds_bucket"), "{metrics}");
+    let metrics = reqwest::get(format!("http://{health}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("webhook_deliveries_total{") && metrics.contains("outcome=\"delivered\""),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("webhook_attempt_duration_milliseconds_bucket"),
+        "{metrics}"
+    );
 }

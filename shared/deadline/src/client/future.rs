@@ -40,7 +40,9 @@ pin_project! {
 
 impl<F, B> ResponseFuture<F, B> {
     pub(super) fn answered_here(response: Response<B>) -> Self {
-        Self::AnsweredHere { response: Some(response) }
+        Self::AnsweredHere {
+            response: Some(response),
+        }
     }
 
     pub(super) fn untracked(inner: F) -> Self {
@@ -57,7 +59,15 @@ impl<F, B> ResponseFuture<F, B> {
         (sent_at, gives_up_at): (Instant, Instant),
         estimate: Option<Arc<LatencyEstimate>>,
     ) -> Self {
-        Self::Forwarded { inner, expiry: sleep_until(gives_up_at), hop, dependency, slice, sent_at, estimate }
+        Self::Forwarded {
+            inner,
+            expiry: sleep_until(gives_up_at),
+            hop,
+            dependency,
+            slice,
+            sent_at,
+            estimate,
+        }
     }
 }
 
@@ -71,9 +81,19 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
-            Projection::AnsweredHere { response } => Poll::Ready(Ok(response.take().expect("polled after completion"))),
+            Projection::AnsweredHere { response } => {
+                Poll::Ready(Ok(response.take().expect("polled after completion")))
+            }
             Projection::Untracked { inner } => inner.poll(cx).map_err(Into::into),
-            Projection::Forwarded { inner, expiry, hop, dependency, slice, sent_at, estimate } => {
+            Projection::Forwarded {
+                inner,
+                expiry,
+                hop,
+                dependency,
+                slice,
+                sent_at,
+                estimate,
+            } => {
                 // An answer's time, or for a call that ran out, its slice: it took at least that.
                 let estimate = estimate.as_deref();
                 let record = |took: Duration| {
@@ -89,12 +109,18 @@ where
                         millis(slice.given),
                     ))
                     .into_http();
-                    response.headers_mut().insert(wire::DEADLINE_SLICE, slice.header_value());
+                    response
+                        .headers_mut()
+                        .insert(wire::DEADLINE_SLICE, slice.header_value());
                     response
                 };
                 match inner.poll(cx) {
                     Poll::Ready(Ok(mut response)) => {
-                        if let Some(ledger) = response.headers().get(wire::DEADLINE_LEDGER).and_then(|v| v.to_str().ok()) {
+                        if let Some(ledger) = response
+                            .headers()
+                            .get(wire::DEADLINE_LEDGER)
+                            .and_then(|v| v.to_str().ok())
+                        {
                             hop.record_downstream(ledger.to_owned());
                         }
                         // Read the clock: a timer not yet polled or fired does not report elapsed.
@@ -102,16 +128,24 @@ where
                             relabel_cancelled_as_deadline(&mut response);
                         }
                         if has_code(&response, Code::DeadlineExceeded) {
-                            response.headers_mut().insert(wire::DEADLINE_SLICE, slice.header_value());
+                            response
+                                .headers_mut()
+                                .insert(wire::DEADLINE_SLICE, slice.header_value());
                             record(slice.given);
-                        } else if !response.headers().contains_key(GRPC_STATUS) || has_code(&response, Code::Ok) {
+                        } else if !response.headers().contains_key(GRPC_STATUS)
+                            || has_code(&response, Code::Ok)
+                        {
                             record(sent_at.elapsed());
                         }
                         Poll::Ready(Ok(response))
                     }
                     Poll::Ready(Err(error)) => {
                         let error = error.into();
-                        if is_caused_by::<TimeoutExpired>(error.as_ref()) { Poll::Ready(Ok(out_of_time(hop))) } else { Poll::Ready(Err(error)) }
+                        if is_caused_by::<TimeoutExpired>(error.as_ref()) {
+                            Poll::Ready(Ok(out_of_time(hop)))
+                        } else {
+                            Poll::Ready(Err(error))
+                        }
                     }
                     Poll::Pending => {
                         if expiry.poll(cx).is_pending() {
@@ -135,7 +169,11 @@ fn relabel_cancelled_as_deadline<B>(response: &mut Response<B>) {
 
 /// Whether a (trailers-only) answer carries `code`.
 fn has_code<B>(response: &Response<B>, code: Code) -> bool {
-    response.headers().get(GRPC_STATUS).and_then(|status| status.to_str().ok()?.parse::<i32>().ok()) == Some(code as i32)
+    response
+        .headers()
+        .get(GRPC_STATUS)
+        .and_then(|status| status.to_str().ok()?.parse::<i32>().ok())
+        == Some(code as i32)
 }
 
 /// Whether `error` or any of its sources is an `E`.

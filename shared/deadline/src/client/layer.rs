@@ -15,12 +15,19 @@ pub struct ForwardDeadlineLayer {
 
 impl ForwardDeadlineLayer {
     pub fn new(dependency: &'static str, policy: ForwardPolicy) -> Self {
-        Self { dependency, policy, estimate: None }
+        Self {
+            dependency,
+            policy,
+            estimate: None,
+        }
     }
 
     /// Also keeps `estimate` of the dependency's answers, and fails fast on it.
     pub fn with_estimate(self, estimate: Arc<LatencyEstimate>) -> Self {
-        Self { estimate: Some(estimate), ..self }
+        Self {
+            estimate: Some(estimate),
+            ..self
+        }
     }
 }
 
@@ -28,6 +35,11 @@ impl<S> Layer<S> for ForwardDeadlineLayer {
     type Service = ForwardDeadline<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ForwardDeadline { inner, dependency: self.dependency, policy: self.policy, estimate: self.estimate.clone() }
+        ForwardDeadline {
+            inner,
+            dependency: self.dependency,
+            policy: self.policy,
+            estimate: self.estimate.clone(),
+        }
     }
 }

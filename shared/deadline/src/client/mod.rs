@@ -46,7 +46,10 @@ use tokio::time::Instant;
 use tonic::{Status, metadata::MetadataValue};
 use tower::{BoxError, Service};
 
-use crate::{Forward, ForwardPolicy, Hop, LatencyEstimate, Slice, SlowerThanSlice, grpc_timeout, hop::Outcome, millis};
+use crate::{
+    Forward, ForwardPolicy, Hop, LatencyEstimate, Slice, SlowerThanSlice, grpc_timeout,
+    hop::Outcome, millis,
+};
 
 /// Forwards the deadline to `dependency`; see the module docs.
 #[derive(Debug, Clone)]
@@ -58,12 +61,21 @@ pub struct ForwardDeadline<S> {
 }
 
 /// A DEADLINE_EXCEEDED answered by `hop` without calling `dependency`, which nobody retries.
-fn failed_fast<B: Default>(hop: &Hop, dependency: &'static str, reason: String) -> http::Response<B> {
+fn failed_fast<B: Default>(
+    hop: &Hop,
+    dependency: &'static str,
+    reason: String,
+) -> http::Response<B> {
     hop.stats().count(hop.name(), Outcome::FailedFast);
     tracing::debug!(%reason, "failing fast");
     let mut status = Status::deadline_exceeded(reason);
-    status.metadata_mut().insert(wire::DEADLINE_FAILED_FAST, MetadataValue::from_static(hop.name()));
-    status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static(dependency));
+    status.metadata_mut().insert(
+        wire::DEADLINE_FAILED_FAST,
+        MetadataValue::from_static(hop.name()),
+    );
+    status
+        .metadata_mut()
+        .insert(wire::NOT_EXECUTED, MetadataValue::from_static(dependency));
     status.into_http()
 }
 
@@ -92,19 +104,31 @@ where
                 method,
                 "refused a call with no deadline: no hop is current (a spawned task must carry it with Hop::scope)"
             );
-            let status = Status::internal(format!("{method} to {} was refused: it had no deadline to forward", self.dependency));
+            let status = Status::internal(format!(
+                "{method} to {} was refused: it had no deadline to forward",
+                self.dependency
+            ));
             return ResponseFuture::answered_here(status.into_http());
         };
         let now = Instant::now();
         let remaining = hop.deadline().remaining_at(now);
         let forward = match self.policy.plan_for(hop.name(), self.dependency, remaining) {
             Ok(forward) => forward,
-            Err(too_little) => return ResponseFuture::answered_here(failed_fast(&hop, self.dependency, too_little.to_string())),
+            Err(too_little) => {
+                return ResponseFuture::answered_here(failed_fast(
+                    &hop,
+                    self.dependency,
+                    too_little.to_string(),
+                ));
+            }
         };
         let headers = request.headers_mut();
         // A timeout the caller set on the request (`Request::set_timeout`) is kept when shorter.
-        let set_by_caller = headers.get(wire::GRPC_TIMEOUT).and_then(|value| grpc_timeout::parse(value.to_str().ok()?).ok());
-        let forwarded = set_by_caller.map_or(forward.forwarded, |timeout| timeout.min(forward.forwarded));
+        let set_by_caller = headers
+            .get(wire::GRPC_TIMEOUT)
+            .and_then(|value| grpc_timeout::parse(value.to_str().ok()?).ok());
+        let forwarded =
+            set_by_caller.map_or(forward.forwarded, |timeout| timeout.min(forward.forwarded));
         if let Some(estimate) = &self.estimate
             && let Err(needed) = estimate.admit(now, forwarded)
         {
@@ -115,15 +139,39 @@ where
                 percentile: estimate.settings().quantile * 100.0,
                 available: millis(forwarded),
             };
-            return ResponseFuture::answered_here(failed_fast(&hop, self.dependency, slower.to_string()));
+            return ResponseFuture::answered_here(failed_fast(
+                &hop,
+                self.dependency,
+                slower.to_string(),
+            ));
         }
-        hop.record_forward(now, Forward { forwarded, ..forward });
-        let slice = Slice::new(forwarded, forwarded < remaining.saturating_sub(forward.reserved));
-        let timeout = HeaderValue::try_from(grpc_timeout::format(forwarded)).expect("grpc-timeout values are ASCII");
+        hop.record_forward(
+            now,
+            Forward {
+                forwarded,
+                ..forward
+            },
+        );
+        let slice = Slice::new(
+            forwarded,
+            forwarded < remaining.saturating_sub(forward.reserved),
+        );
+        let timeout = HeaderValue::try_from(grpc_timeout::format(forwarded))
+            .expect("grpc-timeout values are ASCII");
         headers.insert(wire::GRPC_TIMEOUT, timeout);
         if hop.previous_attempts() > 0 && !headers.contains_key(wire::PREVIOUS_ATTEMPTS) {
-            headers.insert(wire::PREVIOUS_ATTEMPTS, HeaderValue::from(hop.previous_attempts()));
+            headers.insert(
+                wire::PREVIOUS_ATTEMPTS,
+                HeaderValue::from(hop.previous_attempts()),
+            );
         }
-        ResponseFuture::forwarded(self.inner.call(request), hop, self.dependency, slice, (now, now + forwarded), self.estimate.clone())
+        ResponseFuture::forwarded(
+            self.inner.call(request),
+            hop,
+            self.dependency,
+            slice,
+            (now, now + forwarded),
+            self.estimate.clone(),
+        )
     }
 }

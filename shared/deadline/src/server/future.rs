@@ -52,12 +52,22 @@ pin_project! {
 
 impl<F, P, B> ResponseFuture<F, P, B> {
     pub(super) fn rejected(response: Response<B>) -> Self {
-        Self { state: State::Rejected { response: Some(response) }, protocol: None, answered: false }
+        Self {
+            state: State::Rejected {
+                response: Some(response),
+            },
+            protocol: None,
+            answered: false,
+        }
     }
 
     pub(super) fn running(inner: TaskLocalFuture<Arc<Hop>, F>, hop: Arc<Hop>, protocol: P) -> Self {
         let expiry = sleep_until(hop.deadline().expires_at());
-        Self { state: State::Running { inner, expiry, hop }, protocol: Some(protocol), answered: false }
+        Self {
+            state: State::Running { inner, expiry, hop },
+            protocol: Some(protocol),
+            answered: false,
+        }
     }
 }
 
@@ -78,7 +88,10 @@ where
             }
             StateProjection::Running { inner, expiry, hop } => (inner, expiry, hop),
         };
-        let protocol = this.protocol.as_ref().expect("running futures keep their protocol");
+        let protocol = this
+            .protocol
+            .as_ref()
+            .expect("running futures keep their protocol");
         // The handler is polled first: an answer completed in the same instant the deadline passes
         // is returned (the work is done; dropping it helps nobody) and counted as finished late.
         let result = match inner.poll(cx) {
@@ -91,7 +104,8 @@ where
                 record_slice(hop, now);
                 result.map(|mut response| {
                     let ledger = hop.ledger_at(now);
-                    hop.stats().remember(if late { "finished_late" } else { "in_time" }, &ledger);
+                    hop.stats()
+                        .remember(if late { "finished_late" } else { "in_time" }, &ledger);
                     protocol.attach_ledger(ledger, &mut response);
                     response
                 })
@@ -119,7 +133,8 @@ where
 /// The budget left in the hop's metrics, and its slice as attributes of the current span (the
 /// request's, when traced).
 fn record_slice(hop: &Hop, now: Instant) {
-    hop.stats().record_slack(hop.name(), hop.deadline().remaining_at(now));
+    hop.stats()
+        .record_slack(hop.name(), hop.deadline().remaining_at(now));
     let span = tracing::Span::current();
     if span.is_disabled() {
         return;

@@ -19,12 +19,19 @@ impl Grpc {
 }
 
 impl Protocol for Grpc {
-    fn requested_budget<B: Default + From<String>>(&self, headers: &HeaderMap) -> Result<Option<Duration>, Response<B>> {
+    fn requested_budget<B: Default + From<String>>(
+        &self,
+        headers: &HeaderMap,
+    ) -> Result<Option<Duration>, Response<B>> {
         let Some(value) = headers.get(wire::GRPC_TIMEOUT) else {
             return Ok(None);
         };
-        let text = value.to_str().map_err(|_| Status::invalid_argument("grpc-timeout is not ASCII text").into_http())?;
-        grpc_timeout::parse(text).map(Some).map_err(|error| Status::invalid_argument(error.to_string()).into_http())
+        let text = value
+            .to_str()
+            .map_err(|_| Status::invalid_argument("grpc-timeout is not ASCII text").into_http())?;
+        grpc_timeout::parse(text)
+            .map(Some)
+            .map_err(|error| Status::invalid_argument(error.to_string()).into_http())
     }
 
     fn grant(&self, requested: Option<Duration>) -> Duration {

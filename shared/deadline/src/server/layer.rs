@@ -16,7 +16,12 @@ pub struct DeadlineLayer<P> {
 
 impl<P> DeadlineLayer<P> {
     pub fn new(name: &'static str, protocol: P, stats: Arc<HopStats>) -> Self {
-        Self { name, protocol, stats, at_edge: false }
+        Self {
+            name,
+            protocol,
+            stats,
+            at_edge: false,
+        }
     }
 
     /// See [`DeadlineService::at_edge`].
@@ -30,7 +35,12 @@ impl<S, P: Clone> Layer<S> for DeadlineLayer<P> {
     type Service = DeadlineService<S, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let service = DeadlineService::new(inner, self.name, self.protocol.clone(), self.stats.clone());
-        if self.at_edge { service.at_edge() } else { service }
+        let service =
+            DeadlineService::new(inner, self.name, self.protocol.clone(), self.stats.clone());
+        if self.at_edge {
+            service.at_edge()
+        } else {
+            service
+        }
     }
 }

@@ -24,7 +24,10 @@ use crate::{Deadline, Hop, HopStats};
 /// What differs between the protocols a hop can be served over (gRPC, HTTP/JSON).
 pub trait Protocol: Clone + Send + Sync + 'static {
     /// Reads the budget the caller asked for, or answers why the request is rejected.
-    fn requested_budget<B: Default + From<String>>(&self, headers: &HeaderMap) -> Result<Option<Duration>, Response<B>>;
+    fn requested_budget<B: Default + From<String>>(
+        &self,
+        headers: &HeaderMap,
+    ) -> Result<Option<Duration>, Response<B>>;
 
     /// The budget granted for what was requested.
     fn grant(&self, requested: Option<Duration>) -> Duration;
@@ -48,7 +51,13 @@ pub struct DeadlineService<S, P> {
 
 impl<S, P> DeadlineService<S, P> {
     pub fn new(inner: S, name: &'static str, protocol: P, stats: Arc<HopStats>) -> Self {
-        Self { inner, name, protocol, stats, at_edge: false }
+        Self {
+            inner,
+            name,
+            protocol,
+            stats,
+            at_edge: false,
+        }
     }
 
     /// At the edge every request starts a new operation: a client cannot mark its own request as
@@ -88,7 +97,10 @@ where
             .and_then(|value| value.to_str().ok())
             .and_then(|text| text.parse().ok())
             .unwrap_or(0);
-        let hop = Arc::new(Hop::new(self.name, deadline, self.stats.clone()).with_previous_attempts(previous_attempts));
+        let hop = Arc::new(
+            Hop::new(self.name, deadline, self.stats.clone())
+                .with_previous_attempts(previous_attempts),
+        );
         request.extensions_mut().insert(deadline);
         // Both the synchronous call and its future run as the current hop.
         let inner = Hop::sync_scope(hop.clone(), || self.inner.call(request));

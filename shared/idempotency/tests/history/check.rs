@@ -114,12 +114,20 @@ pub fn stored_body(order: &str, charge_id: i64, attempt: i64) -> Vec<u8> {
 impl OrderRow {
     /// The answer its record phase stored with the key.
     fn stored_body(&self) -> Option<Vec<u8>> {
-        Some(stored_body(&self.order_id, self.charge_id?, self.recorded_by?))
+        Some(stored_body(
+            &self.order_id,
+            self.charge_id?,
+            self.recorded_by?,
+        ))
     }
 }
 
 fn order_of(body: &[u8]) -> String {
-    String::from_utf8_lossy(body).split(' ').next().unwrap_or_default().to_owned()
+    String::from_utf8_lossy(body)
+        .split(' ')
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// What the history shows, for the report.
@@ -132,9 +140,17 @@ pub struct Summary {
 }
 
 /// Checks every property; returns the violations, each prefixed with its property's name.
-pub fn check(events: &[Event], orders: &[OrderRow], keys: &[KeyRow], ttl_ms: i64) -> (Summary, Vec<String>) {
+pub fn check(
+    events: &[Event],
+    orders: &[OrderRow],
+    keys: &[KeyRow],
+    ttl_ms: i64,
+) -> (Summary, Vec<String>) {
     let mut violations = Vec::new();
-    let by_id: HashMap<&str, &OrderRow> = orders.iter().map(|order| (order.order_id.as_str(), order)).collect();
+    let by_id: HashMap<&str, &OrderRow> = orders
+        .iter()
+        .map(|order| (order.order_id.as_str(), order))
+        .collect();
     let charged: Vec<&str> = events
         .iter()
         .filter_map(|event| match event {
@@ -145,11 +161,21 @@ pub fn check(events: &[Event], orders: &[OrderRow], keys: &[KeyRow], ttl_ms: i64
     let invoked: HashMap<u64, (&str, &str, i64)> = events
         .iter()
         .filter_map(|event| match event {
-            Event::Invoked { call, scope, key, clock_ms } => Some((*call, (scope.as_str(), key.as_str(), *clock_ms))),
+            Event::Invoked {
+                call,
+                scope,
+                key,
+                clock_ms,
+            } => Some((*call, (scope.as_str(), key.as_str(), *clock_ms))),
             _ => None,
         })
         .collect();
-    let mut summary = Summary { invocations: invoked.len(), bank_executions: charged.len(), orders: orders.len(), ..Summary::default() };
+    let mut summary = Summary {
+        invocations: invoked.len(),
+        bank_executions: charged.len(),
+        orders: orders.len(),
+        ..Summary::default()
+    };
 
     // At most one bank charge per client intent while its key lives; no key naming two orders.
     // A key's next order may exist only once the one before was settled and its key expired:
@@ -163,10 +189,18 @@ pub fn check(events: &[Event], orders: &[OrderRow], keys: &[KeyRow], ttl_ms: i64
             _ => None,
         })
         .collect();
-    let made_ms = |order: &OrderRow| made_events.get(order.order_id.as_str()).copied().unwrap_or(order.created_ms);
+    let made_ms = |order: &OrderRow| {
+        made_events
+            .get(order.order_id.as_str())
+            .copied()
+            .unwrap_or(order.created_ms)
+    };
     let mut per_key: BTreeMap<(&str, &str), Vec<&OrderRow>> = BTreeMap::new();
     for order in orders {
-        per_key.entry((&order.scope, &order.idempotency_key)).or_default().push(order);
+        per_key
+            .entry((&order.scope, &order.idempotency_key))
+            .or_default()
+            .push(order);
     }
     for ((scope, key), mut made) in per_key {
         made.sort_by_key(|order| made_ms(order));
@@ -174,9 +208,13 @@ pub fn check(events: &[Event], orders: &[OrderRow], keys: &[KeyRow], ttl_ms: i64
             let (earlier, later) = (pair[0], pair[1]);
             let ended_at = earlier.paid_from_ms.map(|paid_from| paid_from + ttl_ms);
             if ended_at.is_none_or(|ended_at| made_ms(later) < ended_at) {
-                let both_charged = charged.contains(&earlier.order_id.as_str()) && charged.contains(&later.order_id.as_str());
-                let property =
-                    if both_charged { "at most one bank charge per client intent while its key lives" } else { "no key naming two orders" };
+                let both_charged = charged.contains(&earlier.order_id.as_str())
+                    && charged.contains(&later.order_id.as_str());
+                let property = if both_charged {
+                    "at most one bank charge per client intent while its key lives"
+                } else {
+                    "no key naming two orders"
+                };
                 violations.push(format!(
                     "{property}: {scope}/{key} made {} at {} ms while its key still protected {} ({}, record began at {:?} ms, ttl {ttl_ms} ms)",
                     later.order_id,
@@ -192,7 +230,9 @@ pub fn check(events: &[Event], orders: &[OrderRow], keys: &[KeyRow], ttl_ms: i64
     // No order without its key: an order not settled is what its key names.
     for order in orders.iter().filter(|order| order.status != "paid") {
         let named = keys.iter().any(|key| {
-            key.scope == order.scope && key.idempotency_key == order.idempotency_key && key.resource_id.as_deref() == Some(&order.order_id)
+            key.scope == order.scope
+                && key.idempotency_key == order.idempotency_key
+                && key.resource_id.as_deref() == Some(&order.order_id)
         });
         if !named {
             violations.push(format!(
@@ -205,12 +245,17 @@ pub fn check(events: &[Event], orders: &[OrderRow], keys: &[KeyRow], ttl_ms: i64
     // Every charged order eventually settled (the run ends with the completer drained).
     for order in &charged {
         if by_id.get(order).is_none_or(|row| row.status != "paid") {
-            violations
-                .push(format!("every charged order eventually settled: {order} was charged and is {:?}", by_id.get(order).map(|row| &row.status)));
+            violations.push(format!(
+                "every charged order eventually settled: {order} was charged and is {:?}",
+                by_id.get(order).map(|row| &row.status)
+            ));
         }
     }
     for order in orders.iter().filter(|order| order.status != "paid") {
-        violations.push(format!("every charged order eventually settled: {} is still {} after the completer drained", order.order_id, order.status));
+        violations.push(format!(
+            "every charged order eventually settled: {} is still {} after the completer drained",
+            order.order_id, order.status
+        ));
     }
 
     // A phase commits whole, with its key's move, or not at all: an order is paid by a record
@@ -228,7 +273,9 @@ pub fn check(events: &[Event], orders: &[OrderRow], keys: &[KeyRow], ttl_ms: i64
     }
 
     for event in events {
-        let Event::Answered { call, answer, .. } = event else { continue };
+        let Event::Answered { call, answer, .. } = event else {
+            continue;
+        };
         *summary.by_answer.entry(answer_kind(answer)).or_default() += 1;
         let (scope, key, invoked_ms) = invoked[call];
         match answer {

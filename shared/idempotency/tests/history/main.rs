@@ -27,14 +27,20 @@ const RUN_LIMIT: Duration = Duration::from_secs(60);
 async fn histories_on_sqlite_keep_every_promise() {
     for seed in seeds() {
         let dir = tempfile::tempdir().unwrap();
-        let database = connect(&format!("sqlite://{}", dir.path().join("history.db").display())).await;
+        let database = connect(&format!(
+            "sqlite://{}",
+            dir.path().join("history.db").display()
+        ))
+        .await;
         run_seed("sqlite", database, seed).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn histories_on_postgres_keep_every_promise() {
-    let Some(admin_url) = test_support::postgres_admin_url() else { return };
+    let Some(admin_url) = test_support::postgres_admin_url() else {
+        return;
+    };
     for seed in seeds() {
         let scratch = ScratchDatabase::create(&admin_url, "history").await;
         run_seed("postgres", connect(scratch.url()).await, seed).await;
@@ -42,7 +48,11 @@ async fn histories_on_postgres_keep_every_promise() {
 }
 
 async fn connect(url: &str) -> Database {
-    Database::open(url, SqliteSettings::default(), |backend| vec![idempotency::migrations(backend)]).await.unwrap()
+    Database::open(url, SqliteSettings::default(), |backend| {
+        vec![idempotency::migrations(backend)]
+    })
+    .await
+    .unwrap()
 }
 
 /// `HISTORY_SEED` alone, or `HISTORY_SEEDS` (default `DEFAULT_SEEDS`) consecutive seeds from a
@@ -51,7 +61,9 @@ fn seeds() -> Vec<u64> {
     if let Ok(seed) = std::env::var("HISTORY_SEED") {
         return vec![seed.parse().expect("HISTORY_SEED is a number")];
     }
-    let count = std::env::var("HISTORY_SEEDS").map_or(DEFAULT_SEEDS, |count| count.parse().expect("HISTORY_SEEDS is a number"));
+    let count = std::env::var("HISTORY_SEEDS").map_or(DEFAULT_SEEDS, |count| {
+        count.parse().expect("HISTORY_SEEDS is a number")
+    });
     let first: u64 = rand::random();
     (0..count).map(|n| first.wrapping_add(n)).collect()
 }
@@ -61,8 +73,15 @@ async fn run_seed(backend: &str, database: Database, seed: u64) {
     let world = World::new(database, seed).await;
     let outcome = tokio::time::timeout(RUN_LIMIT, world.run())
         .await
-        .unwrap_or_else(|_| panic!("{backend}, HISTORY_SEED={seed}: the run did not end within {RUN_LIMIT:?}"));
-    let (summary, violations) = check::check(&outcome.events, &outcome.orders, &outcome.keys, TTL_MS as i64);
+        .unwrap_or_else(|_| {
+            panic!("{backend}, HISTORY_SEED={seed}: the run did not end within {RUN_LIMIT:?}")
+        });
+    let (summary, violations) = check::check(
+        &outcome.events,
+        &outcome.orders,
+        &outcome.keys,
+        TTL_MS as i64,
+    );
     println!(
         "history on {backend}, HISTORY_SEED={seed}: {} creates answered {:?}, {} orders, {} bank executions, in {:.1} s",
         summary.invocations,

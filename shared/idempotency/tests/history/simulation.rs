@@ -13,7 +13,8 @@ use std::{
 
 use futures::future::BoxFuture;
 use idempotency::{
-    Begin, BeginWith, Clock, Effects, KeyError, KeySettings, KeyStore, Lease, ManualClock, Progress, ResumePolicy, Stored, StrandedKey,
+    Begin, BeginWith, Clock, Effects, KeyError, KeySettings, KeyStore, Lease, ManualClock,
+    Progress, ResumePolicy, Stored, StrandedKey,
     pause::{Pause, PauseHook},
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -71,17 +72,32 @@ pub struct Outcome {
 
 impl World {
     pub async fn new(database: Database, seed: u64) -> Arc<Self> {
-        database.write(async |tx: &mut Tx<'_>| tx.execute(ORDERS_TABLE, &[]).await).await.expect("create the orders table");
+        database
+            .write(async |tx: &mut Tx<'_>| tx.execute(ORDERS_TABLE, &[]).await)
+            .await
+            .expect("create the orders table");
         let clock = Arc::new(ManualClock::starting_at(START_MS));
-        let pauses = Arc::new(RandomPauses { clock: clock.clone(), seed, held: AtomicBool::new(true), streams: Mutex::default() });
-        let settings = KeySettings { ttl_ms: TTL_MS, ..KeySettings::default() };
-        let store = KeyStore::with_clock(database, settings, clock.clone()).with_pause_hook(pauses.clone());
+        let pauses = Arc::new(RandomPauses {
+            clock: clock.clone(),
+            seed,
+            held: AtomicBool::new(true),
+            streams: Mutex::default(),
+        });
+        let settings = KeySettings {
+            ttl_ms: TTL_MS,
+            ..KeySettings::default()
+        };
+        let store =
+            KeyStore::with_clock(database, settings, clock.clone()).with_pause_hook(pauses.clone());
         let history = History::default();
         Arc::new(Self {
             store,
             clock,
             pauses,
-            bank: Bank { charges: Mutex::default(), history: history.clone() },
+            bank: Bank {
+                charges: Mutex::default(),
+                history: history.clone(),
+            },
             history,
             seed,
             faults: AtomicBool::new(true),
@@ -100,12 +116,18 @@ impl World {
     pub async fn run(self: &Arc<Self>) -> Outcome {
         let background = CancellationToken::new();
         let mut tasks = Vec::new();
-        tasks.push(tokio::spawn(self.clone().move_the_clock(background.clone())));
+        tasks.push(tokio::spawn(
+            self.clone().move_the_clock(background.clone()),
+        ));
         tasks.push(tokio::spawn(self.clone().reap(background.clone())));
         for replica in 0..2 {
-            tasks.push(tokio::spawn(self.clone().complete(replica, background.clone())));
+            tasks.push(tokio::spawn(
+                self.clone().complete(replica, background.clone()),
+            ));
         }
-        let clients: Vec<_> = (0..KEYS).map(|key| tokio::spawn(self.clone().repeat_key(key))).collect();
+        let clients: Vec<_> = (0..KEYS)
+            .map(|key| tokio::spawn(self.clone().repeat_key(key)))
+            .collect();
         for client in clients {
             client.await.expect("a client task");
         }
@@ -121,12 +143,23 @@ impl World {
     /// clock to pass leases and TTLs; some dropped midway.
     async fn repeat_key(self: Arc<Self>, key_index: u64) {
         let mut rng = self.rng(1_000 + key_index);
-        let (scope, key) = (format!("client-{}", key_index % CLIENTS), format!("key-{key_index}"));
+        let (scope, key) = (
+            format!("client-{}", key_index % CLIENTS),
+            format!("key-{key_index}"),
+        );
         let mut concurrent = Vec::new();
         for attempt in 0..ATTEMPTS_PER_KEY {
-            let pause = if rng.random_ratio(1, 4) { rng.random_range(20..60) } else { rng.random_range(0..15) };
+            let pause = if rng.random_ratio(1, 4) {
+                rng.random_range(20..60)
+            } else {
+                rng.random_range(0..15)
+            };
             tokio::time::sleep(Duration::from_millis(pause)).await;
-            let create = tokio::spawn(self.clone().invoke(scope.clone(), key.clone(), self.rng(key_index << 32 | attempt)));
+            let create = tokio::spawn(self.clone().invoke(
+                scope.clone(),
+                key.clone(),
+                self.rng(key_index << 32 | attempt),
+            ));
             if rng.random_bool(0.5) {
                 concurrent.push(create);
             } else {
@@ -141,9 +174,16 @@ impl World {
     /// One create, recorded from its invocation to its answer (or its drop).
     async fn invoke(self: Arc<Self>, scope: String, key: String, mut rng: StdRng) {
         let call = self.next_call.fetch_add(1, Ordering::Relaxed);
-        self.history.record(Event::Invoked { call, scope: scope.clone(), key: key.clone(), clock_ms: self.clock.now_ms() });
+        self.history.record(Event::Invoked {
+            call,
+            scope: scope.clone(),
+            key: key.clone(),
+            clock_ms: self.clock.now_ms(),
+        });
         let answer = match Plan::dropped_after(&mut rng) {
-            Some(after) => tokio::time::timeout(after, self.create(&scope, &key, &mut rng)).await.unwrap_or(Answer::Dropped),
+            Some(after) => tokio::time::timeout(after, self.create(&scope, &key, &mut rng))
+                .await
+                .unwrap_or(Answer::Dropped),
             None => self.create(&scope, &key, &mut rng).await,
         };
         self.history.record(Event::Answered { call, answer });
@@ -157,19 +197,32 @@ impl World {
     async fn create(&self, scope: &str, key: &str, rng: &mut StdRng) -> Answer {
         let new = self.new_order(scope, key);
         let claimed = if rng.random_bool(0.5) {
-            self.store.begin_with_first_phase(scope, key, "fingerprint", lease(), || new.phase(self.clock.now_ms())).await
+            self.store
+                .begin_with_first_phase(scope, key, "fingerprint", lease(), || {
+                    new.phase(self.clock.now_ms())
+                })
+                .await
         } else {
-            self.store.begin(scope, key, "fingerprint", lease()).await.map(BeginWith::Found)
+            self.store
+                .begin(scope, key, "fingerprint", lease())
+                .await
+                .map(BeginWith::Found)
         };
         let (mut lease, order, created_now) = match claimed {
             Ok(BeginWith::Executed(lease)) => (lease, self.made(new.order), true),
-            Ok(BeginWith::Found(Begin::Replay(stored))) => return Answer::Replayed { body: stored.body },
+            Ok(BeginWith::Found(Begin::Replay(stored))) => {
+                return Answer::Replayed { body: stored.body };
+            }
             Ok(BeginWith::Found(Begin::Execute(mut lease))) => match lease.resource_id.clone() {
                 Some(order) => (lease, order, false),
                 None => {
                     self.stall(rng).await;
                     let (effects, created) = new.phase(self.clock.now_ms());
-                    match self.store.atomic_statements(&mut lease, effects, created).await {
+                    match self
+                        .store
+                        .atomic_statements(&mut lease, effects, created)
+                        .await
+                    {
                         Ok(()) => (lease, self.made(new.order), true),
                         Err(error) => return unsettled(error),
                     }
@@ -178,13 +231,22 @@ impl World {
             Err(error) => return unsettled(error),
         };
         self.stall(rng).await;
-        let charged = self.bank.charge(&payment_key(scope, key, &order), &order, self.fault(rng)).await;
+        let charged = self
+            .bank
+            .charge(&payment_key(scope, key, &order), &order, self.fault(rng))
+            .await;
         self.stall(rng).await;
         match charged {
             Ok(charge_id) => self.record(&mut lease, order, charge_id).await,
             Err(BankFailure::NotExecuted) if created_now => {
                 let withdrawn = order.clone();
-                match self.store.withdraw(lease, async move |tx: &mut Tx<'_>| delete_order(tx, &withdrawn).await).await {
+                match self
+                    .store
+                    .withdraw(lease, async move |tx: &mut Tx<'_>| {
+                        delete_order(tx, &withdrawn).await
+                    })
+                    .await
+                {
                     Ok(()) => Answer::Refused { order },
                     Err(_) => Answer::Pending { order },
                 }
@@ -198,7 +260,10 @@ impl World {
 
     /// `order`, whose phase 1 has just committed, recorded as made.
     fn made(&self, order: String) -> String {
-        self.history.record(Event::Made { order: order.clone(), clock_ms: self.clock.now_ms() });
+        self.history.record(Event::Made {
+            order: order.clone(),
+            clock_ms: self.clock.now_ms(),
+        });
         order
     }
 
@@ -214,7 +279,8 @@ impl World {
             return;
         }
         if rng.random_bool(0.5) {
-            self.clock.advance_ms(rng.random_range(0..=LEASE_MS as i64 + 50));
+            self.clock
+                .advance_ms(rng.random_range(0..=LEASE_MS as i64 + 50));
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(1..15))).await;
     }
@@ -223,7 +289,13 @@ impl World {
     async fn record(&self, lease: &mut Lease, order: String, charge_id: i64) -> Answer {
         let (clock, paid_from_ms) = (self.clock.clone(), self.clock.now_ms());
         let attempt = self.next_record.fetch_add(1, Ordering::Relaxed) as i64;
-        let (body, recorded_order, pending) = (stored_body(&order, charge_id, attempt), order.clone(), Answer::Pending { order: order.clone() });
+        let (body, recorded_order, pending) = (
+            stored_body(&order, charge_id, attempt),
+            order.clone(),
+            Answer::Pending {
+                order: order.clone(),
+            },
+        );
         let recorded = self
             .store
             .atomic_phase(lease, async move |tx: &mut Tx<'_>| {
@@ -236,7 +308,11 @@ impl World {
                 Ok::<_, KeyError>((order, Progress::Completed(answer)))
             })
             .await;
-        self.history.record(Event::Recorded { order: recorded_order, attempt, committed: recorded.is_ok() });
+        self.history.record(Event::Recorded {
+            order: recorded_order,
+            attempt,
+            committed: recorded.is_ok(),
+        });
         match recorded {
             Ok(order) => Answer::Done { order, body },
             Err(_) => pending,
@@ -246,7 +322,11 @@ impl World {
     /// Phase 1's order, numbered now.
     fn new_order(&self, scope: &str, key: &str) -> NewOrder {
         let order = format!("order-{}", self.next_order.fetch_add(1, Ordering::Relaxed));
-        NewOrder { order, scope: scope.to_owned(), key: key.to_owned() }
+        NewOrder {
+            order,
+            scope: scope.to_owned(),
+            key: key.to_owned(),
+        }
     }
 
     /// A replica's completer: stranded creates resumed as orders' completer does, until told
@@ -255,10 +335,14 @@ impl World {
         let mut rng = self.rng(2_000 + replica);
         while !stop.is_cancelled() {
             tokio::time::sleep(Duration::from_millis(rng.random_range(2..10))).await;
-            let Ok(stranded) = self.store.stranded(&policy(), 10).await else { continue };
+            let Ok(stranded) = self.store.stranded(&policy(), 10).await else {
+                continue;
+            };
             for key in stranded {
                 match Plan::dropped_after(&mut rng) {
-                    Some(after) => drop(tokio::time::timeout(after, self.settle(&key, &mut rng)).await),
+                    Some(after) => {
+                        drop(tokio::time::timeout(after, self.settle(&key, &mut rng)).await)
+                    }
                     None => self.settle(&key, &mut rng).await,
                 }
             }
@@ -267,10 +351,22 @@ impl World {
 
     /// orders' completer `settle`: take the key over, charge, record or release.
     async fn settle(&self, stranded: &StrandedKey, rng: &mut StdRng) {
-        let Ok(Some(mut lease)) = self.store.resume(stranded, lease()).await else { return };
-        let order = lease.resource_id.clone().expect("a stranded key is past started, so it names its order");
+        let Ok(Some(mut lease)) = self.store.resume(stranded, lease()).await else {
+            return;
+        };
+        let order = lease
+            .resource_id
+            .clone()
+            .expect("a stranded key is past started, so it names its order");
         self.stall(rng).await;
-        let charged = self.bank.charge(&payment_key(&stranded.scope, &stranded.key, &order), &order, self.fault(rng)).await;
+        let charged = self
+            .bank
+            .charge(
+                &payment_key(&stranded.scope, &stranded.key, &order),
+                &order,
+                self.fault(rng),
+            )
+            .await;
         self.stall(rng).await;
         match charged {
             Ok(charge_id) => drop(self.record(&mut lease, order, charge_id).await),
@@ -293,7 +389,8 @@ impl World {
         let mut rng = self.rng(4_000);
         while !stop.is_cancelled() {
             tokio::time::sleep(Duration::from_millis(rng.random_range(1..4))).await;
-            self.clock.advance_ms(rng.random_range(0..=LEASE_MS as i64 / 5));
+            self.clock
+                .advance_ms(rng.random_range(0..=LEASE_MS as i64 / 5));
         }
     }
 
@@ -304,12 +401,20 @@ impl World {
         self.pauses.held.store(false, Ordering::Relaxed);
         // On SQLite the work of a dropped task, once the writer has run it, still commits: a
         // write queued behind it returns once it has.
-        self.store.database().write(async |_: &mut Tx<'_>| Ok::<_, storage::Error>(())).await.expect("the writer's queue drained");
+        self.store
+            .database()
+            .write(async |_: &mut Tx<'_>| Ok::<_, storage::Error>(()))
+            .await
+            .expect("the writer's queue drained");
         let mut rng = self.rng(5_000);
         for _ in 0..DRAIN_ROUNDS {
             // Past any grace doubled by the resumes a run can count.
             self.clock.advance_ms((GRACE_MS << 12) as i64);
-            let stranded = self.store.stranded(&policy(), 100).await.expect("stranded keys");
+            let stranded = self
+                .store
+                .stranded(&policy(), 100)
+                .await
+                .expect("stranded keys");
             if stranded.is_empty() {
                 return;
             }
@@ -325,8 +430,18 @@ impl World {
             .fetch_all("SELECT order_id, scope, idempotency_key, status, created_ms, paid_from_ms, paid_ms, charge_id, recorded_by FROM orders", &[])
             .await
             .expect("read the orders");
-        let keys = database.fetch_all("SELECT scope, idempotency_key, resource_id FROM idempotency_keys", &[]).await.expect("read the keys");
-        Outcome { events: self.history.events(), orders, keys }
+        let keys = database
+            .fetch_all(
+                "SELECT scope, idempotency_key, resource_id FROM idempotency_keys",
+                &[],
+            )
+            .await
+            .expect("read the keys");
+        Outcome {
+            events: self.history.events(),
+            orders,
+            keys,
+        }
     }
 }
 
@@ -335,7 +450,11 @@ fn lease() -> Duration {
 }
 
 fn policy() -> ResumePolicy {
-    ResumePolicy { grace: Duration::from_millis(GRACE_MS), window: Duration::from_secs(1_000_000), max_attempts: 64 }
+    ResumePolicy {
+        grace: Duration::from_millis(GRACE_MS),
+        window: Duration::from_secs(1_000_000),
+        max_attempts: 64,
+    }
 }
 
 /// A create's answer once it failed before it could say more: `ABORTED` for a key in flight
@@ -366,13 +485,23 @@ impl NewOrder {
             "INSERT INTO orders (order_id, scope, idempotency_key, status, created_ms) SELECT $1, $2, $3, 'pending_payment', $4 FROM moved",
             &[&self.order, &self.scope, &self.key, &now_ms],
         ));
-        (insert, Progress::At { point: "order_created", resource_id: Some(self.order.clone()) })
+        (
+            insert,
+            Progress::At {
+                point: "order_created",
+                resource_id: Some(self.order.clone()),
+            },
+        )
     }
 }
 
 /// Undoes phase 1 of a create refused before the bank: its order goes with its key.
 async fn delete_order(tx: &mut Tx<'_>, order: &str) -> Result<(), KeyError> {
-    tx.execute("DELETE FROM orders WHERE order_id = $1 AND status = 'pending_payment'", &[&order]).await?;
+    tx.execute(
+        "DELETE FROM orders WHERE order_id = $1 AND status = 'pending_payment'",
+        &[&order],
+    )
+    .await?;
     Ok(())
 }
 
@@ -382,7 +511,8 @@ struct Plan;
 
 impl Plan {
     fn dropped_after(rng: &mut StdRng) -> Option<Duration> {
-        rng.random_ratio(DROPPED_TASK, 100).then(|| Duration::from_millis(rng.random_range(1..25)))
+        rng.random_ratio(DROPPED_TASK, 100)
+            .then(|| Duration::from_millis(rng.random_range(1..25)))
     }
 }
 
@@ -422,7 +552,12 @@ struct Bank {
 }
 
 impl Bank {
-    async fn charge(&self, payment_key: &str, order: &str, fault: Option<BankFault>) -> Result<i64, BankFailure> {
+    async fn charge(
+        &self,
+        payment_key: &str,
+        order: &str,
+        fault: Option<BankFault>,
+    ) -> Result<i64, BankFailure> {
         tokio::task::yield_now().await;
         match fault {
             Some(BankFault::RequestLost) => return Err(BankFailure::Unknown),
@@ -433,7 +568,9 @@ impl Bank {
             let mut charges = self.charges.lock().expect("bank lock");
             let next = charges.len() as i64 + 1;
             *charges.entry(payment_key.to_owned()).or_insert_with(|| {
-                self.history.record(Event::BankExecuted { order: order.to_owned() });
+                self.history.record(Event::BankExecuted {
+                    order: order.to_owned(),
+                });
                 next
             })
         };
@@ -465,7 +602,9 @@ impl PauseHook for RandomPauses {
         let (hold, jump) = {
             let mut streams = self.streams.lock().expect("pause lock");
             let rng = streams.entry((key.to_owned(), point)).or_insert_with(|| {
-                let stream = key.bytes().fold(u64::from(point), |hash, byte| hash.wrapping_mul(31).wrapping_add(u64::from(byte)));
+                let stream = key.bytes().fold(u64::from(point), |hash, byte| {
+                    hash.wrapping_mul(31).wrapping_add(u64::from(byte))
+                });
                 StdRng::seed_from_u64(self.seed ^ stream)
             });
             if !rng.random_ratio(HELD_AT_PAUSE_POINT, 100) {

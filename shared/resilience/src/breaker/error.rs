@@ -26,7 +26,10 @@ impl CircuitOpen {
     pub fn from_status(status: &Status) -> Option<Self> {
         let dependency = status.metadata().get(wire::CIRCUIT_OPEN)?.to_str().ok()?;
         match pushback(status) {
-            Pushback::Wait(retry_in) if !retry_in.is_zero() => Some(Self { dependency: dependency.to_owned().into(), retry_in }),
+            Pushback::Wait(retry_in) if !retry_in.is_zero() => Some(Self {
+                dependency: dependency.to_owned().into(),
+                retry_in,
+            }),
             _ => None,
         }
     }
@@ -41,7 +44,10 @@ impl From<CircuitOpen> for Status {
             metadata.insert(wire::CIRCUIT_OPEN, dependency.clone());
             metadata.insert(wire::NOT_EXECUTED, dependency);
         }
-        metadata.insert(wire::RETRY_PUSHBACK_MS, MetadataValue::from(open.retry_in_ms()));
+        metadata.insert(
+            wire::RETRY_PUSHBACK_MS,
+            MetadataValue::from(open.retry_in_ms()),
+        );
         status
     }
 }
@@ -52,21 +58,53 @@ mod tests {
 
     #[test]
     fn the_wait_named_is_rounded_up_to_the_millisecond() {
-        let status = Status::from(CircuitOpen { dependency: "bank-mock".into(), retry_in: Duration::from_micros(4_321_001) });
-        assert_eq!(status.metadata().get(wire::RETRY_PUSHBACK_MS).unwrap(), "4322");
-        assert!(status.message().ends_with("(next try in 4322 ms)"), "{}", status.message());
-        let exact = Status::from(CircuitOpen { dependency: "bank-mock".into(), retry_in: Duration::from_millis(5) });
+        let status = Status::from(CircuitOpen {
+            dependency: "bank-mock".into(),
+            retry_in: Duration::from_micros(4_321_001),
+        });
+        assert_eq!(
+            status.metadata().get(wire::RETRY_PUSHBACK_MS).unwrap(),
+            "4322"
+        );
+        assert!(
+            status.message().ends_with("(next try in 4322 ms)"),
+            "{}",
+            status.message()
+        );
+        let exact = Status::from(CircuitOpen {
+            dependency: "bank-mock".into(),
+            retry_in: Duration::from_millis(5),
+        });
         assert_eq!(exact.metadata().get(wire::RETRY_PUSHBACK_MS).unwrap(), "5");
     }
 
     #[test]
     fn an_answer_reads_back_only_when_it_is_an_open_circuit_with_a_wait() {
-        let open = CircuitOpen { dependency: "bank-mock".into(), retry_in: Duration::from_millis(1_500) };
-        assert_eq!(CircuitOpen::from_status(&Status::from(open.clone())), Some(open));
-        let probes_out = Status::from(CircuitOpen { dependency: "bank-mock".into(), retry_in: Duration::ZERO });
-        assert_eq!(CircuitOpen::from_status(&probes_out), None, "probes are out: the next call may go through");
+        let open = CircuitOpen {
+            dependency: "bank-mock".into(),
+            retry_in: Duration::from_millis(1_500),
+        };
+        assert_eq!(
+            CircuitOpen::from_status(&Status::from(open.clone())),
+            Some(open)
+        );
+        let probes_out = Status::from(CircuitOpen {
+            dependency: "bank-mock".into(),
+            retry_in: Duration::ZERO,
+        });
+        assert_eq!(
+            CircuitOpen::from_status(&probes_out),
+            None,
+            "probes are out: the next call may go through"
+        );
         let mut unmarked = Status::unavailable("bank-mock: down");
-        unmarked.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, MetadataValue::from(1_500));
-        assert_eq!(CircuitOpen::from_status(&unmarked), None, "a plain failure with a pushback is no open circuit");
+        unmarked
+            .metadata_mut()
+            .insert(wire::RETRY_PUSHBACK_MS, MetadataValue::from(1_500));
+        assert_eq!(
+            CircuitOpen::from_status(&unmarked),
+            None,
+            "a plain failure with a pushback is no open circuit"
+        );
     }
 }

@@ -47,16 +47,28 @@ pub struct Verdict {
 
 impl<F, B> ResponseFuture<F, B> {
     pub(super) fn rejected(response: Response<B>) -> Self {
-        Self::Rejected { response: Some(response) }
+        Self::Rejected {
+            response: Some(response),
+        }
     }
 
     pub(super) fn admitted(inner: F, breaker: Arc<Breaker>, admission: Admission) -> Self {
-        Self::Admitted { inner, verdict: Some(Verdict { breaker, admission, started: Instant::now() }) }
+        Self::Admitted {
+            inner,
+            verdict: Some(Verdict {
+                breaker,
+                admission,
+                started: Instant::now(),
+            }),
+        }
     }
 
     /// A call through a disabled breaker: made, and not recorded.
     pub(super) fn unjudged(inner: F) -> Self {
-        Self::Admitted { inner, verdict: None }
+        Self::Admitted {
+            inner,
+            verdict: None,
+        }
     }
 }
 
@@ -72,7 +84,9 @@ impl Thresholds {
     /// The outcome of a call that ended with `result` after `elapsed`, from its gRPC status
     /// (unary failures arrive as trailers-only answers, with the status in the headers).
     fn outcome<B>(&self, result: &Result<Response<B>, BoxError>, elapsed: Duration) -> Outcome {
-        let Ok(response) = result else { return Outcome::Failure };
+        let Ok(response) = result else {
+            return Outcome::Failure;
+        };
         let headers = response.headers();
         let code = headers
             .get("grpc-status")
@@ -85,7 +99,9 @@ impl Thresholds {
         }
         match code {
             Code::ResourceExhausted => Outcome::Ignored,
-            Code::DeadlineExceeded if headers.contains_key(wire::DEADLINE_FAILED_FAST) => Outcome::Ignored,
+            Code::DeadlineExceeded if headers.contains_key(wire::DEADLINE_FAILED_FAST) => {
+                Outcome::Ignored
+            }
             Code::DeadlineExceeded => match Slice::from_headers(headers) {
                 // The caller's budget ran out before the dependency had a fair chance.
                 Some(slice) if slice.given < self.min_judged_slice => {
@@ -113,14 +129,24 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
-            Projection::Rejected { response } => Poll::Ready(Ok(response.take().expect("polled after completion"))),
+            Projection::Rejected { response } => {
+                Poll::Ready(Ok(response.take().expect("polled after completion")))
+            }
             Projection::Admitted { inner, verdict } => {
                 let result = match inner.poll(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(result) => result.map_err(Into::into),
                 };
-                if let Some(Verdict { breaker, admission, started }) = verdict.take() {
-                    breaker.record(admission, breaker.thresholds.outcome(&result, started.elapsed()));
+                if let Some(Verdict {
+                    breaker,
+                    admission,
+                    started,
+                }) = verdict.take()
+                {
+                    breaker.record(
+                        admission,
+                        breaker.thresholds.outcome(&result, started.elapsed()),
+                    );
                 }
                 Poll::Ready(result)
             }
@@ -136,12 +162,20 @@ mod tests {
     use tonic::Status;
     use tower::{Service, service_fn};
 
-    const THRESHOLDS: Thresholds = Thresholds { slow_call: Duration::from_millis(1_000), min_judged_slice: Duration::from_millis(1_000) };
+    const THRESHOLDS: Thresholds = Thresholds {
+        slow_call: Duration::from_millis(1_000),
+        min_judged_slice: Duration::from_millis(1_000),
+    };
 
-    fn answer(status: Status, headers: &[(&'static str, &'static str)]) -> Result<Response<()>, BoxError> {
+    fn answer(
+        status: Status,
+        headers: &[(&'static str, &'static str)],
+    ) -> Result<Response<()>, BoxError> {
         let mut response = status.into_http::<()>();
         for (name, value) in headers {
-            response.headers_mut().insert(*name, HeaderValue::from_static(value));
+            response
+                .headers_mut()
+                .insert(*name, HeaderValue::from_static(value));
         }
         Ok(response)
     }
@@ -152,13 +186,55 @@ mod tests {
         let long = Duration::from_millis(1_500);
         let expired = || Status::deadline_exceeded("bank-mock did not answer within the slice");
         let cases = [
-            ("success", THRESHOLDS, Ok(Response::new(())), quick, Outcome::Success),
-            ("an answer such as NOT_FOUND", THRESHOLDS, answer(Status::not_found("no such order"), &[]), quick, Outcome::Success),
-            ("slow success", THRESHOLDS, Ok(Response::new(())), long, Outcome::Slow),
-            ("UNAVAILABLE", THRESHOLDS, answer(Status::unavailable("down"), &[]), quick, Outcome::Failure),
-            ("INTERNAL", THRESHOLDS, answer(Status::internal("broken"), &[]), quick, Outcome::Failure),
-            ("no answer at all", THRESHOLDS, Err("connection refused".into()), quick, Outcome::Failure),
-            ("DEADLINE_EXCEEDED after an adequate slice", THRESHOLDS, answer(expired(), &[(wire::DEADLINE_SLICE, "1478")]), long, Outcome::Failure),
+            (
+                "success",
+                THRESHOLDS,
+                Ok(Response::new(())),
+                quick,
+                Outcome::Success,
+            ),
+            (
+                "an answer such as NOT_FOUND",
+                THRESHOLDS,
+                answer(Status::not_found("no such order"), &[]),
+                quick,
+                Outcome::Success,
+            ),
+            (
+                "slow success",
+                THRESHOLDS,
+                Ok(Response::new(())),
+                long,
+                Outcome::Slow,
+            ),
+            (
+                "UNAVAILABLE",
+                THRESHOLDS,
+                answer(Status::unavailable("down"), &[]),
+                quick,
+                Outcome::Failure,
+            ),
+            (
+                "INTERNAL",
+                THRESHOLDS,
+                answer(Status::internal("broken"), &[]),
+                quick,
+                Outcome::Failure,
+            ),
+            (
+                "no answer at all",
+                THRESHOLDS,
+                Err("connection refused".into()),
+                quick,
+                Outcome::Failure,
+            ),
+            (
+                "DEADLINE_EXCEEDED after an adequate slice",
+                THRESHOLDS,
+                answer(expired(), &[(wire::DEADLINE_SLICE, "1478")]),
+                long,
+                Outcome::Failure,
+            ),
             (
                 "DEADLINE_EXCEEDED after exactly the threshold",
                 THRESHOLDS,
@@ -166,7 +242,13 @@ mod tests {
                 long,
                 Outcome::Failure,
             ),
-            ("DEADLINE_EXCEEDED after a short slice", THRESHOLDS, answer(expired(), &[(wire::DEADLINE_SLICE, "51")]), quick, Outcome::Ignored),
+            (
+                "DEADLINE_EXCEEDED after a short slice",
+                THRESHOLDS,
+                answer(expired(), &[(wire::DEADLINE_SLICE, "51")]),
+                quick,
+                Outcome::Ignored,
+            ),
             (
                 "DEADLINE_EXCEEDED after a capped short slice",
                 THRESHOLDS,
@@ -176,23 +258,62 @@ mod tests {
             ),
             (
                 "DEADLINE_EXCEEDED after a short slice that outlasted the slow-call threshold",
-                Thresholds { slow_call: Duration::from_millis(200), min_judged_slice: Duration::from_millis(1_000) },
+                Thresholds {
+                    slow_call: Duration::from_millis(200),
+                    min_judged_slice: Duration::from_millis(1_000),
+                },
                 answer(expired(), &[(wire::DEADLINE_SLICE, "600")]),
                 Duration::from_millis(600),
                 Outcome::Slow,
             ),
-            ("DEADLINE_EXCEEDED with no slice named", THRESHOLDS, answer(expired(), &[]), quick, Outcome::Failure),
-            ("a relayed failure", THRESHOLDS, answer(Status::unavailable("bank-mock: down"), &[(wire::RELAYED, "true")]), quick, Outcome::Ignored),
+            (
+                "DEADLINE_EXCEEDED with no slice named",
+                THRESHOLDS,
+                answer(expired(), &[]),
+                quick,
+                Outcome::Failure,
+            ),
+            (
+                "a relayed failure",
+                THRESHOLDS,
+                answer(
+                    Status::unavailable("bank-mock: down"),
+                    &[(wire::RELAYED, "true")],
+                ),
+                quick,
+                Outcome::Ignored,
+            ),
             (
                 "a relayed DEADLINE_EXCEEDED",
                 THRESHOLDS,
-                answer(expired(), &[(wire::RELAYED, "true"), (wire::DEADLINE_SLICE, "1478")]),
+                answer(
+                    expired(),
+                    &[(wire::RELAYED, "true"), (wire::DEADLINE_SLICE, "1478")],
+                ),
                 long,
                 Outcome::Ignored,
             ),
-            ("a fail-fast for lack of budget", THRESHOLDS, answer(expired(), &[(wire::DEADLINE_FAILED_FAST, "payment")]), quick, Outcome::Ignored),
-            ("RESOURCE_EXHAUSTED", THRESHOLDS, answer(Status::resource_exhausted("slow down"), &[]), quick, Outcome::Ignored),
-            ("a slow RESOURCE_EXHAUSTED", THRESHOLDS, answer(Status::resource_exhausted("slow down"), &[]), long, Outcome::Ignored),
+            (
+                "a fail-fast for lack of budget",
+                THRESHOLDS,
+                answer(expired(), &[(wire::DEADLINE_FAILED_FAST, "payment")]),
+                quick,
+                Outcome::Ignored,
+            ),
+            (
+                "RESOURCE_EXHAUSTED",
+                THRESHOLDS,
+                answer(Status::resource_exhausted("slow down"), &[]),
+                quick,
+                Outcome::Ignored,
+            ),
+            (
+                "a slow RESOURCE_EXHAUSTED",
+                THRESHOLDS,
+                answer(Status::resource_exhausted("slow down"), &[]),
+                long,
+                Outcome::Ignored,
+            ),
         ];
         for (case, thresholds, result, elapsed, expected) in cases {
             assert_eq!(thresholds.outcome(&result, elapsed), expected, "{case}");
@@ -202,7 +323,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_call_abandoned_by_its_caller_is_ignored() {
         // Opens on one failure; then one probe at a time.
-        let settings = BreakerSettings { window_calls: 1, min_calls: 1, half_open_probes: 1, ..BreakerSettings::default() };
+        let settings = BreakerSettings {
+            window_calls: 1,
+            min_calls: 1,
+            half_open_probes: 1,
+            ..BreakerSettings::default()
+        };
         let breaker = Breaker::new("payment", "bank-mock", settings);
         let bank = service_fn(|request: Request<&'static str>| async move {
             if *request.body() == "hang" {
@@ -218,10 +344,19 @@ mod tests {
         // The probe is abandoned: neither a failure (which would open it) nor a success (which
         // would close it); its place is free for the next probe.
         let mut probe = Box::pin(service.call(Request::new("hang")));
-        assert!(probe.as_mut().poll(&mut Context::from_waker(std::task::Waker::noop())).is_pending());
+        assert!(
+            probe
+                .as_mut()
+                .poll(&mut Context::from_waker(std::task::Waker::noop()))
+                .is_pending()
+        );
         drop(probe);
         assert_eq!(breaker.stats().position, Position::HalfOpen);
         service.call(Request::new("fail")).await.unwrap();
-        assert_eq!(breaker.stats().position, Position::Open, "the next call went through as the probe");
+        assert_eq!(
+            breaker.stats().position,
+            Position::Open,
+            "the next call went through as the probe"
+        );
     }
 }

@@ -137,9 +137,14 @@ struct Counters {
 
 impl Counters {
     fn new(hop: &'static str, dependency: &'static str) -> Self {
-        let labels = [KeyValue::new(attr::HOP, hop), KeyValue::new(attr::PEER, dependency)];
-        let position =
-            metrics::meter().u64_gauge(metrics::name::BREAKER_STATE).with_description("Breaker position: 0 closed, 1 half-open, 2 open").build();
+        let labels = [
+            KeyValue::new(attr::HOP, hop),
+            KeyValue::new(attr::PEER, dependency),
+        ];
+        let position = metrics::meter()
+            .u64_gauge(metrics::name::BREAKER_STATE)
+            .with_description("Breaker position: 0 closed, 1 half-open, 2 open")
+            .build();
         position.record(Position::Closed.gauge_value(), &labels);
         Self {
             rejected: AtomicU64::new(0),
@@ -147,8 +152,14 @@ impl Counters {
             opened: AtomicU64::new(0),
             half_opened: AtomicU64::new(0),
             closed: AtomicU64::new(0),
-            rejections: metrics::counter(metrics::name::BREAKER_REJECTIONS, "Calls an open breaker answered without calling"),
-            transitions: metrics::counter(metrics::name::BREAKER_TRANSITIONS, "Breaker state changes"),
+            rejections: metrics::counter(
+                metrics::name::BREAKER_REJECTIONS,
+                "Calls an open breaker answered without calling",
+            ),
+            transitions: metrics::counter(
+                metrics::name::BREAKER_TRANSITIONS,
+                "Breaker state changes",
+            ),
             position,
             labels,
         }
@@ -189,7 +200,11 @@ pub struct Breaker {
 
 impl Breaker {
     /// The breaker of `hop`'s calls to `dependency`.
-    pub fn new(hop: &'static str, dependency: &'static str, settings: BreakerSettings) -> Arc<Self> {
+    pub fn new(
+        hop: &'static str,
+        dependency: &'static str,
+        settings: BreakerSettings,
+    ) -> Arc<Self> {
         // Settings that could never open, or never close, are brought into range: at least one
         // call in the window, no more needed than the window holds, at least one probe.
         let window_calls = settings.window_calls.max(1);
@@ -222,7 +237,9 @@ impl Breaker {
             calls_in_window: standing.calls,
             failure_rate: standing.failure_rate,
             slow_call_rate: standing.slow_call_rate,
-            probes_in_ms: standing.probes_in.map(|left| left.as_millis().try_into().unwrap_or(u64::MAX)),
+            probes_in_ms: standing
+                .probes_in
+                .map(|left| left.as_millis().try_into().unwrap_or(u64::MAX)),
             rejected: read(&self.counters.rejected),
             judged_against: read(&self.counters.judged_against),
             opened: read(&self.counters.opened),
@@ -233,7 +250,9 @@ impl Breaker {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Machine<HasherRng>> {
         // The machine holds plain values; a panic elsewhere cannot leave it half-written.
-        self.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.machine
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Admits a call (`None`: the breaker is disabled and records nothing), or refuses it.
@@ -249,7 +268,10 @@ impl Breaker {
         admission.map(Some).map_err(|retry_in| {
             self.counters.rejected.fetch_add(1, Ordering::Relaxed);
             self.counters.rejections.add(1, &self.counters.labels);
-            let open = CircuitOpen { dependency: self.dependency.into(), retry_in };
+            let open = CircuitOpen {
+                dependency: self.dependency.into(),
+                retry_in,
+            };
             tracing::debug!(
                 peer = self.dependency,
                 breaker.state = "open",
@@ -270,7 +292,9 @@ impl Breaker {
     }
 
     fn note(&self, transition: Option<Transition>) {
-        let Some(Transition { from, to }) = transition else { return };
+        let Some(Transition { from, to }) = transition else {
+            return;
+        };
         let counter = match to {
             Position::Open => &self.counters.opened,
             Position::HalfOpen => &self.counters.half_opened,
@@ -278,8 +302,12 @@ impl Breaker {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         let [hop, dependency] = self.counters.labels.clone();
-        self.counters.transitions.add(1, &[hop, dependency, KeyValue::new("to", to.as_str())]);
-        self.counters.position.record(to.gauge_value(), &self.counters.labels);
+        self.counters
+            .transitions
+            .add(1, &[hop, dependency, KeyValue::new("to", to.as_str())]);
+        self.counters
+            .position
+            .record(to.gauge_value(), &self.counters.labels);
         tracing::info!(peer = self.dependency, breaker.from = ?from, breaker.to = ?to, "circuit breaker changed state");
     }
 }
@@ -313,7 +341,9 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         match self.breaker.admit() {
-            Ok(Some(admission)) => ResponseFuture::admitted(self.inner.call(request), self.breaker.clone(), admission),
+            Ok(Some(admission)) => {
+                ResponseFuture::admitted(self.inner.call(request), self.breaker.clone(), admission)
+            }
             Ok(None) => ResponseFuture::unjudged(self.inner.call(request)),
             Err(open) => ResponseFuture::rejected(Status::from(open).into_http()),
         }
@@ -334,20 +364,30 @@ mod tests {
             counted.fetch_add(1, Ordering::Relaxed);
             async { Ok::<_, BoxError>(Status::unavailable("down").into_http::<String>()) }
         });
-        let settings = BreakerSettings { min_calls: 2, window_calls: 2, ..BreakerSettings::default() };
-        let mut service = BreakerService::new(failing, Breaker::new("payment", "bank-mock", settings));
+        let settings = BreakerSettings {
+            min_calls: 2,
+            window_calls: 2,
+            ..BreakerSettings::default()
+        };
+        let mut service =
+            BreakerService::new(failing, Breaker::new("payment", "bank-mock", settings));
         for _ in 0..2 {
             service.call(Request::new(String::new())).await.unwrap();
         }
         let mut answer = std::pin::pin!(service.call(Request::new(String::new())));
         let waker = std::task::Waker::noop();
-        let Poll::Ready(Ok(response)) = answer.as_mut().poll(&mut Context::from_waker(waker)) else {
+        let Poll::Ready(Ok(response)) = answer.as_mut().poll(&mut Context::from_waker(waker))
+        else {
             panic!("an open breaker answers on the first poll");
         };
         assert_eq!(response.headers()["grpc-status"], "14");
         assert_eq!(response.headers()[wire::CIRCUIT_OPEN], "bank-mock");
         assert!(response.headers().contains_key(wire::RETRY_PUSHBACK_MS));
-        assert_eq!(calls.load(Ordering::Relaxed), 2, "the inner service was not called");
+        assert_eq!(
+            calls.load(Ordering::Relaxed),
+            2,
+            "the inner service was not called"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -358,12 +398,24 @@ mod tests {
             counted.fetch_add(1, Ordering::Relaxed);
             async { Ok::<_, BoxError>(Status::unavailable("down").into_http::<String>()) }
         });
-        let settings = BreakerSettings { min_calls: 1, window_calls: 1, ..BreakerSettings::default() };
-        let mut service = BreakerService::new(failing, Breaker::new("payment", "bank-mock", settings));
+        let settings = BreakerSettings {
+            min_calls: 1,
+            window_calls: 1,
+            ..BreakerSettings::default()
+        };
+        let mut service =
+            BreakerService::new(failing, Breaker::new("payment", "bank-mock", settings));
         service.call(Request::new(String::new())).await.unwrap();
         let refused = service.call(Request::new(String::new())).await.unwrap();
-        let pushback: u64 = refused.headers()[wire::RETRY_PUSHBACK_MS].to_str().unwrap().parse().unwrap();
-        assert!((800..=1_200).contains(&pushback), "open_ms 1000 ± 20 %: {pushback}");
+        let pushback: u64 = refused.headers()[wire::RETRY_PUSHBACK_MS]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            (800..=1_200).contains(&pushback),
+            "open_ms 1000 ± 20 %: {pushback}"
+        );
 
         // A millisecond short of the pushback it is still open (the wait was rounded up, not down)...
         tokio::time::advance(Duration::from_millis(pushback - 1)).await;
@@ -373,6 +425,10 @@ mod tests {
         // ...and once it has passed, the next call is a probe.
         tokio::time::advance(Duration::from_millis(1)).await;
         service.call(Request::new(String::new())).await.unwrap();
-        assert_eq!(calls.load(Ordering::Relaxed), 2, "the probe reached the dependency");
+        assert_eq!(
+            calls.load(Ordering::Relaxed),
+            2,
+            "the probe reached the dependency"
+        );
     }
 }

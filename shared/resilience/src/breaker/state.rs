@@ -107,7 +107,14 @@ pub struct Machine<R> {
 
 impl<R: Rng> Machine<R> {
     pub fn new(settings: BreakerSettings, rng: R) -> Self {
-        Self { settings, state: State::Closed { window: VecDeque::new() }, generation: 0, rng }
+        Self {
+            settings,
+            state: State::Closed {
+                window: VecDeque::new(),
+            },
+            generation: 0,
+            rng,
+        }
     }
 
     pub fn position(&self) -> Position {
@@ -123,13 +130,30 @@ impl<R: Rng> Machine<R> {
         match &self.state {
             State::Closed { window } => {
                 let max_age = Duration::from_millis(self.settings.window_ms);
-                let recent: Vec<Outcome> = window.iter().filter(|(at, _)| now.duration_since(*at) <= max_age).map(|(_, outcome)| *outcome).collect();
+                let recent: Vec<Outcome> = window
+                    .iter()
+                    .filter(|(at, _)| now.duration_since(*at) <= max_age)
+                    .map(|(_, outcome)| *outcome)
+                    .collect();
                 let share = |kind: Outcome| {
-                    if recent.is_empty() { 0.0 } else { recent.iter().filter(|outcome| **outcome == kind).count() as f64 / recent.len() as f64 }
+                    if recent.is_empty() {
+                        0.0
+                    } else {
+                        recent.iter().filter(|outcome| **outcome == kind).count() as f64
+                            / recent.len() as f64
+                    }
                 };
-                Standing { calls: recent.len() as u32, failure_rate: share(Outcome::Failure), slow_call_rate: share(Outcome::Slow), probes_in: None }
+                Standing {
+                    calls: recent.len() as u32,
+                    failure_rate: share(Outcome::Failure),
+                    slow_call_rate: share(Outcome::Slow),
+                    probes_in: None,
+                }
             }
-            State::Open { until } => Standing { probes_in: Some(until.saturating_duration_since(now)), ..Standing::default() },
+            State::Open { until } => Standing {
+                probes_in: Some(until.saturating_duration_since(now)),
+                ..Standing::default()
+            },
             State::HalfOpen { .. } => Standing::default(),
         }
     }
@@ -138,7 +162,10 @@ impl<R: Rng> Machine<R> {
     pub fn admit(&mut self, now: Instant) -> (Result<Admission, Duration>, Option<Transition>) {
         let transition = match self.state {
             State::Open { until } if now < until => return (Err(until - now), None),
-            State::Open { .. } => self.move_to(State::HalfOpen { admitted: 0, succeeded: 0 }),
+            State::Open { .. } => self.move_to(State::HalfOpen {
+                admitted: 0,
+                succeeded: 0,
+            }),
             _ => None,
         };
         let admitted = match &mut self.state {
@@ -151,12 +178,23 @@ impl<R: Rng> Machine<R> {
             // Closed (an open breaker was left for half-open above).
             _ => true,
         };
-        let admission = if admitted { Ok(Admission { generation: self.generation }) } else { Err(Duration::ZERO) };
+        let admission = if admitted {
+            Ok(Admission {
+                generation: self.generation,
+            })
+        } else {
+            Err(Duration::ZERO)
+        };
         (admission, transition)
     }
 
     /// Records how an admitted call ended.
-    pub fn record(&mut self, admission: Admission, outcome: Outcome, now: Instant) -> Option<Transition> {
+    pub fn record(
+        &mut self,
+        admission: Admission,
+        outcome: Outcome,
+        now: Instant,
+    ) -> Option<Transition> {
         // A call admitted before the breaker moved on: its verdict belongs to a past the breaker
         // has already judged (and a probe of an earlier half-open must not free a place now).
         if admission.generation != self.generation {
@@ -174,18 +212,26 @@ impl<R: Rng> Machine<R> {
                 }
                 // Old outcomes leave too: a failure an hour ago says nothing about the neighbour now.
                 let max_age = Duration::from_millis(settings.window_ms);
-                while window.front().is_some_and(|(at, _)| now.duration_since(*at) > max_age) {
+                while window
+                    .front()
+                    .is_some_and(|(at, _)| now.duration_since(*at) > max_age)
+                {
                     window.pop_front();
                 }
                 if window.len() < settings.min_calls as usize {
                     return None;
                 }
-                let share = |kind: Outcome| window.iter().filter(|(_, o)| *o == kind).count() as f64 / window.len() as f64;
+                let share = |kind: Outcome| {
+                    window.iter().filter(|(_, o)| *o == kind).count() as f64 / window.len() as f64
+                };
                 let failing = share(Outcome::Failure) >= settings.failure_rate;
                 let slow = share(Outcome::Slow) >= settings.slow_call_rate;
                 (failing || slow).then(|| self.open(now)).flatten()
             }
-            State::HalfOpen { admitted, succeeded } => match outcome {
+            State::HalfOpen {
+                admitted,
+                succeeded,
+            } => match outcome {
                 Outcome::Ignored => {
                     // Frees the probe's place without a verdict.
                     *admitted -= 1;
@@ -194,7 +240,13 @@ impl<R: Rng> Machine<R> {
                 Outcome::Failure | Outcome::Slow => self.open(now),
                 Outcome::Success => {
                     *succeeded += 1;
-                    if *succeeded >= settings.half_open_probes { self.move_to(State::Closed { window: VecDeque::new() }) } else { None }
+                    if *succeeded >= settings.half_open_probes {
+                        self.move_to(State::Closed {
+                            window: VecDeque::new(),
+                        })
+                    } else {
+                        None
+                    }
                 }
             },
             // Nothing is admitted while open: the generation of an admission is never an open one.
@@ -219,7 +271,10 @@ impl<R: Rng> Machine<R> {
         let from = self.position();
         self.state = state;
         self.generation += 1;
-        Some(Transition { from, to: self.position() })
+        Some(Transition {
+            from,
+            to: self.position(),
+        })
     }
 }
 
@@ -260,7 +315,11 @@ mod tests {
         Machine::new(settings, Draw(NO_SPREAD))
     }
 
-    fn call<R: Rng>(machine: &mut Machine<R>, outcome: Outcome, now: Instant) -> Option<Transition> {
+    fn call<R: Rng>(
+        machine: &mut Machine<R>,
+        outcome: Outcome,
+        now: Instant,
+    ) -> Option<Transition> {
         let (admission, _) = machine.admit(now);
         machine.record(admission.expect("admitted"), outcome, now)
     }
@@ -277,17 +336,40 @@ mod tests {
         let mut machine = machine(settings());
         let start = Instant::now();
         call(&mut machine, Outcome::Slow, start);
-        call(&mut machine, Outcome::Failure, start + Duration::from_secs(20));
+        call(
+            &mut machine,
+            Outcome::Failure,
+            start + Duration::from_secs(20),
+        );
         for _ in 0..2 {
-            call(&mut machine, Outcome::Success, start + Duration::from_secs(20));
+            call(
+                &mut machine,
+                Outcome::Success,
+                start + Duration::from_secs(20),
+            );
         }
         let now = start + Duration::from_secs(31);
-        let standing = Standing { calls: 3, failure_rate: 1.0 / 3.0, slow_call_rate: 0.0, probes_in: None };
-        assert_eq!(machine.standing(now), standing, "the slow call has left the 30 s window");
+        let standing = Standing {
+            calls: 3,
+            failure_rate: 1.0 / 3.0,
+            slow_call_rate: 0.0,
+            probes_in: None,
+        };
+        assert_eq!(
+            machine.standing(now),
+            standing,
+            "the slow call has left the 30 s window"
+        );
 
         open(&mut machine, now);
         let later = now + Duration::from_millis(1_500);
-        assert_eq!(machine.standing(later), Standing { probes_in: Some(Duration::from_millis(3_500)), ..Standing::default() });
+        assert_eq!(
+            machine.standing(later),
+            Standing {
+                probes_in: Some(Duration::from_millis(3_500)),
+                ..Standing::default()
+            }
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -295,10 +377,20 @@ mod tests {
         let mut machine = machine(settings());
         let now = Instant::now();
         for _ in 0..4 {
-            assert_eq!(call(&mut machine, Outcome::Failure, now), None, "fewer than min_calls never open it");
+            assert_eq!(
+                call(&mut machine, Outcome::Failure, now),
+                None,
+                "fewer than min_calls never open it"
+            );
         }
         let opened = call(&mut machine, Outcome::Failure, now);
-        assert_eq!(opened, Some(Transition { from: Position::Closed, to: Position::Open }));
+        assert_eq!(
+            opened,
+            Some(Transition {
+                from: Position::Closed,
+                to: Position::Open
+            })
+        );
         assert_eq!(machine.admit(now).0, Err(Duration::from_millis(5_000)));
     }
 
@@ -306,11 +398,22 @@ mod tests {
     async fn stays_closed_below_the_rate_and_ignores_what_says_nothing_about_health() {
         let mut machine = machine(settings());
         let now = Instant::now();
-        for outcome in [Outcome::Success, Outcome::Failure, Outcome::Success, Outcome::Failure, Outcome::Success, Outcome::Success] {
+        for outcome in [
+            Outcome::Success,
+            Outcome::Failure,
+            Outcome::Success,
+            Outcome::Failure,
+            Outcome::Success,
+            Outcome::Success,
+        ] {
             assert_eq!(call(&mut machine, outcome, now), None);
         }
         for _ in 0..100 {
-            assert_eq!(call(&mut machine, Outcome::Ignored, now), None, "RESOURCE_EXHAUSTED never opens it");
+            assert_eq!(
+                call(&mut machine, Outcome::Ignored, now),
+                None,
+                "RESOURCE_EXHAUSTED never opens it"
+            );
         }
         assert_eq!(machine.position(), Position::Closed);
     }
@@ -322,7 +425,10 @@ mod tests {
         for _ in 0..4 {
             call(&mut machine, Outcome::Slow, now);
         }
-        assert_eq!(call(&mut machine, Outcome::Slow, now).map(|t| t.to), Some(Position::Open));
+        assert_eq!(
+            call(&mut machine, Outcome::Slow, now).map(|t| t.to),
+            Some(Position::Open)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -338,15 +444,25 @@ mod tests {
         // 30 s later the four still count (not older than the window): a fifth failure opens it.
         let mut recent = four_failures();
         let at_the_edge = start + Duration::from_millis(30_000);
-        assert_eq!(call(&mut recent, Outcome::Failure, at_the_edge).map(|t| t.to), Some(Position::Open));
+        assert_eq!(
+            call(&mut recent, Outcome::Failure, at_the_edge).map(|t| t.to),
+            Some(Position::Open)
+        );
 
         // A millisecond later they have left: a fifth failure is alone, below min_calls.
         let mut aged = four_failures();
         let past = start + Duration::from_millis(30_001);
         for _ in 0..4 {
-            assert_eq!(call(&mut aged, Outcome::Failure, past), None, "only the recent failures count");
+            assert_eq!(
+                call(&mut aged, Outcome::Failure, past),
+                None,
+                "only the recent failures count"
+            );
         }
-        assert_eq!(call(&mut aged, Outcome::Failure, past).map(|t| t.to), Some(Position::Open));
+        assert_eq!(
+            call(&mut aged, Outcome::Failure, past).map(|t| t.to),
+            Some(Position::Open)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -358,10 +474,23 @@ mod tests {
         let (first, moved) = machine.admit(later);
         assert_eq!(moved.map(|t| t.to), Some(Position::HalfOpen));
         let (second, _) = machine.admit(later);
-        assert_eq!(machine.admit(later).0, Err(Duration::ZERO), "only two probes at a time");
-        assert_eq!(machine.record(first.unwrap(), Outcome::Success, later), None);
+        assert_eq!(
+            machine.admit(later).0,
+            Err(Duration::ZERO),
+            "only two probes at a time"
+        );
+        assert_eq!(
+            machine.record(first.unwrap(), Outcome::Success, later),
+            None
+        );
         let closed = machine.record(second.unwrap(), Outcome::Success, later);
-        assert_eq!(closed, Some(Transition { from: Position::HalfOpen, to: Position::Closed }));
+        assert_eq!(
+            closed,
+            Some(Transition {
+                from: Position::HalfOpen,
+                to: Position::Closed
+            })
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -372,8 +501,18 @@ mod tests {
         let later = start + Duration::from_millis(5_000);
         let (probe, _) = machine.admit(later);
         let reopened = machine.record(probe.unwrap(), Outcome::Failure, later);
-        assert_eq!(reopened, Some(Transition { from: Position::HalfOpen, to: Position::Open }));
-        assert_eq!(machine.admit(later).0, Err(Duration::from_millis(5_000)), "as long as the first time");
+        assert_eq!(
+            reopened,
+            Some(Transition {
+                from: Position::HalfOpen,
+                to: Position::Open
+            })
+        );
+        assert_eq!(
+            machine.admit(later).0,
+            Err(Duration::from_millis(5_000)),
+            "as long as the first time"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -384,18 +523,31 @@ mod tests {
         // An hour of failed probes, one every open time.
         let outage_ends = now + Duration::from_secs(3_600);
         while now < outage_ends {
-            let Err(open_for) = machine.admit(now).0 else { panic!("open") };
-            assert_eq!(open_for, Duration::from_millis(5_000), "never longer for a longer outage");
+            let Err(open_for) = machine.admit(now).0 else {
+                panic!("open")
+            };
+            assert_eq!(
+                open_for,
+                Duration::from_millis(5_000),
+                "never longer for a longer outage"
+            );
             now += open_for;
             call(&mut machine, Outcome::Failure, now);
         }
         // The dependency is back: the probe after the open time in progress closes the breaker.
-        let Err(open_for) = machine.admit(now).0 else { panic!("open") };
+        let Err(open_for) = machine.admit(now).0 else {
+            panic!("open")
+        };
         now += open_for;
         for _ in 0..2 {
             call(&mut machine, Outcome::Success, now);
         }
-        assert_eq!(machine.position(), Position::Closed, "{:?} after the recovery", open_for);
+        assert_eq!(
+            machine.position(),
+            Position::Closed,
+            "{:?} after the recovery",
+            open_for
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -406,14 +558,30 @@ mod tests {
             open(&mut machine, now);
             machine.admit(now).0.expect_err("open")
         }
-        for (draw, expected_ms) in [(0.0, 4_000.0), (0.25, 4_500.0), (0.75, 5_500.0), (1.0 - f64::EPSILON, 6_000.0)] {
+        for (draw, expected_ms) in [
+            (0.0, 4_000.0),
+            (0.25, 4_500.0),
+            (0.75, 5_500.0),
+            (1.0 - f64::EPSILON, 6_000.0),
+        ] {
             let millis = open_for(Draw(draw)).as_secs_f64() * 1_000.0;
-            assert!((millis - expected_ms).abs() < 0.001, "draw {draw}: {millis} ms, not {expected_ms}");
+            assert!(
+                (millis - expected_ms).abs() < 0.001,
+                "draw {draw}: {millis} ms, not {expected_ms}"
+            );
         }
         let drawn: Vec<Duration> = (0..50).map(|_| open_for(HasherRng::default())).collect();
-        assert!(drawn.iter().all(|d| (Duration::from_millis(4_000)..Duration::from_millis(6_000)).contains(d)), "{drawn:?}");
+        assert!(
+            drawn
+                .iter()
+                .all(|d| (Duration::from_millis(4_000)..Duration::from_millis(6_000)).contains(d)),
+            "{drawn:?}"
+        );
         let (shortest, longest) = (drawn.iter().min().unwrap(), drawn.iter().max().unwrap());
-        assert!(longest.saturating_sub(*shortest) > Duration::from_millis(500), "breakers opened together part: {drawn:?}");
+        assert!(
+            longest.saturating_sub(*shortest) > Duration::from_millis(500),
+            "breakers opened together part: {drawn:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -426,9 +594,16 @@ mod tests {
         for _ in 0..2 {
             call(&mut machine, Outcome::Success, later);
         }
-        assert_eq!(machine.position(), Position::Closed, "opened and closed again while the call was out");
+        assert_eq!(
+            machine.position(),
+            Position::Closed,
+            "opened and closed again while the call was out"
+        );
 
-        assert_eq!(machine.record(before.unwrap(), Outcome::Failure, later), None);
+        assert_eq!(
+            machine.record(before.unwrap(), Outcome::Failure, later),
+            None
+        );
         for _ in 0..4 {
             assert_eq!(
                 call(&mut machine, Outcome::Failure, later),
@@ -436,7 +611,10 @@ mod tests {
                 "four fresh failures are below min_calls: the old one is not in the window"
             );
         }
-        assert_eq!(call(&mut machine, Outcome::Failure, later).map(|t| t.to), Some(Position::Open));
+        assert_eq!(
+            call(&mut machine, Outcome::Failure, later).map(|t| t.to),
+            Some(Position::Open)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -451,18 +629,32 @@ mod tests {
         now += Duration::from_millis(10_000);
         let (probe, moved) = machine.admit(now);
         assert_eq!(moved.map(|t| t.to), Some(Position::HalfOpen));
-        assert!(machine.admit(now).0.is_ok(), "the second probe of this half-open");
+        assert!(
+            machine.admit(now).0.is_ok(),
+            "the second probe of this half-open"
+        );
 
         assert_eq!(machine.record(late.unwrap(), Outcome::Ignored, now), None);
-        assert_eq!(machine.admit(now).0, Err(Duration::ZERO), "the late probe did not free a place of this half-open");
+        assert_eq!(
+            machine.admit(now).0,
+            Err(Duration::ZERO),
+            "the late probe did not free a place of this half-open"
+        );
         assert_eq!(machine.record(late.unwrap(), Outcome::Success, now), None);
-        assert_eq!(machine.record(probe.unwrap(), Outcome::Success, now), None, "one success of this half-open is not two");
+        assert_eq!(
+            machine.record(probe.unwrap(), Outcome::Success, now),
+            None,
+            "one success of this half-open is not two"
+        );
         assert_eq!(machine.position(), Position::HalfOpen);
     }
 
     #[tokio::test(start_paused = true)]
     async fn an_ignored_probe_frees_its_place() {
-        let mut machine = machine(BreakerSettings { half_open_probes: 1, ..settings() });
+        let mut machine = machine(BreakerSettings {
+            half_open_probes: 1,
+            ..settings()
+        });
         let start = Instant::now();
         open(&mut machine, start);
         let later = start + Duration::from_millis(5_000);

@@ -36,7 +36,11 @@ pub struct AdaptiveSettings {
 
 impl Default for AdaptiveSettings {
     fn default() -> Self {
-        Self { enabled: false, min_limit: 2, remeasure_ms: 60_000 }
+        Self {
+            enabled: false,
+            min_limit: 2,
+            remeasure_ms: 60_000,
+        }
     }
 }
 
@@ -64,7 +68,13 @@ pub(super) struct Vegas {
 impl Vegas {
     pub(super) fn new(settings: AdaptiveSettings, max_limit: u32) -> Self {
         let max_limit = max_limit.max(settings.min_limit).max(1);
-        Self { settings, max_limit, limit: f64::from(max_limit), rtt_noload: None, measured_at: None }
+        Self {
+            settings,
+            max_limit,
+            limit: f64::from(max_limit),
+            rtt_noload: None,
+            measured_at: None,
+        }
     }
 
     pub(super) fn limit(&self) -> u32 {
@@ -93,7 +103,9 @@ impl Vegas {
             // Too few calls to tell: the limit is not what holds them back.
             return self.limit();
         } else {
-            let queued = (limit * (1.0 - rtt_noload.as_secs_f64() / sample.rtt.as_secs_f64().max(1e-9))).ceil();
+            let queued = (limit
+                * (1.0 - rtt_noload.as_secs_f64() / sample.rtt.as_secs_f64().max(1e-9)))
+            .ceil();
             let (threshold, alpha, beta) = (log, 3.0 * log, 6.0 * log);
             if queued <= threshold {
                 limit + beta
@@ -105,7 +117,10 @@ impl Vegas {
                 return self.limit();
             }
         };
-        self.limit = new_limit.clamp(f64::from(self.settings.min_limit.max(1)), f64::from(self.max_limit));
+        self.limit = new_limit.clamp(
+            f64::from(self.settings.min_limit.max(1)),
+            f64::from(self.max_limit),
+        );
         self.limit()
     }
 }
@@ -117,14 +132,28 @@ mod tests {
     const MS: fn(u64) -> Duration = Duration::from_millis;
 
     fn vegas(max: u32) -> Vegas {
-        Vegas::new(AdaptiveSettings { enabled: true, min_limit: 2, remeasure_ms: 60_000 }, max)
+        Vegas::new(
+            AdaptiveSettings {
+                enabled: true,
+                min_limit: 2,
+                remeasure_ms: 60_000,
+            },
+            max,
+        )
     }
 
     /// Feeds `count` answers of `rtt`, each with the limit's worth of calls in flight.
     fn answers(vegas: &mut Vegas, count: usize, rtt: Duration) -> u32 {
         for _ in 0..count {
             let in_flight = vegas.limit();
-            vegas.on_sample(Instant::now(), Sample { rtt, in_flight, dropped: false });
+            vegas.on_sample(
+                Instant::now(),
+                Sample {
+                    rtt,
+                    in_flight,
+                    dropped: false,
+                },
+            );
         }
         vegas.limit()
     }
@@ -132,20 +161,35 @@ mod tests {
     #[test]
     fn a_slower_dependency_shrinks_the_limit_to_its_floor_and_a_recovered_one_grows_it_back() {
         let mut vegas = vegas(50);
-        assert_eq!(answers(&mut vegas, 20, MS(20)), 50, "at the no-load latency the limit stays at its ceiling");
+        assert_eq!(
+            answers(&mut vegas, 20, MS(20)),
+            50,
+            "at the no-load latency the limit stays at its ceiling"
+        );
         let shrunk = answers(&mut vegas, 5, MS(600));
         assert!(shrunk < 50, "{shrunk}");
         // Vegas keeps a few calls queued (3 to 6 at small limits): the limit settles there.
         let settled = answers(&mut vegas, 100, MS(600));
         assert!((2..=6).contains(&settled), "{settled}");
-        assert_eq!(answers(&mut vegas, 100, MS(20)), 50, "back up to the ceiling");
+        assert_eq!(
+            answers(&mut vegas, 100, MS(20)),
+            50,
+            "back up to the ceiling"
+        );
     }
 
     #[test]
     fn a_call_that_ran_out_of_time_shrinks_the_limit_whatever_its_latency() {
         let mut vegas = vegas(20);
         answers(&mut vegas, 5, MS(20));
-        let limit = vegas.on_sample(Instant::now(), Sample { rtt: MS(20), in_flight: 20, dropped: true });
+        let limit = vegas.on_sample(
+            Instant::now(),
+            Sample {
+                rtt: MS(20),
+                in_flight: 20,
+                dropped: true,
+            },
+        );
         assert_eq!(limit, 18, "20 − log10(20)");
     }
 
@@ -154,14 +198,32 @@ mod tests {
         let mut vegas = vegas(40);
         answers(&mut vegas, 5, MS(20));
         for _ in 0..50 {
-            vegas.on_sample(Instant::now(), Sample { rtt: MS(600), in_flight: 3, dropped: false });
+            vegas.on_sample(
+                Instant::now(),
+                Sample {
+                    rtt: MS(600),
+                    in_flight: 3,
+                    dropped: false,
+                },
+            );
         }
-        assert_eq!(vegas.limit(), 40, "3 calls in flight say nothing about a limit of 40");
+        assert_eq!(
+            vegas.limit(),
+            40,
+            "3 calls in flight say nothing about a limit of 40"
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_no_load_latency_is_measured_afresh_now_and_then() {
-        let mut vegas = Vegas::new(AdaptiveSettings { enabled: true, min_limit: 2, remeasure_ms: 60_000 }, 10);
+        let mut vegas = Vegas::new(
+            AdaptiveSettings {
+                enabled: true,
+                min_limit: 2,
+                remeasure_ms: 60_000,
+            },
+            10,
+        );
         answers(&mut vegas, 3, MS(20));
         assert_eq!(vegas.rtt_noload, Some(MS(20)));
         // A slow spell shrinks the limit for as long as it lasts within the minute.

@@ -48,8 +48,14 @@ pub struct BulkheadFull {
 impl From<BulkheadFull> for Status {
     fn from(full: BulkheadFull) -> Self {
         let mut status = Status::unavailable(full.to_string());
-        status.metadata_mut().insert(wire::BULKHEAD_FULL, MetadataValue::from_static(full.dependency));
-        status.metadata_mut().insert(wire::NOT_EXECUTED, MetadataValue::from_static(full.dependency));
+        status.metadata_mut().insert(
+            wire::BULKHEAD_FULL,
+            MetadataValue::from_static(full.dependency),
+        );
+        status.metadata_mut().insert(
+            wire::NOT_EXECUTED,
+            MetadataValue::from_static(full.dependency),
+        );
         status
     }
 }
@@ -86,17 +92,30 @@ pub struct BulkheadStats {
 impl Bulkhead {
     /// The bulkhead of `hop`'s calls to `dependency`, `limit` calls at most: fixed, or adapting
     /// below it when `adaptive` is enabled.
-    pub fn new(hop: &'static str, dependency: &'static str, limit: u32, adaptive: AdaptiveSettings) -> Arc<Self> {
+    pub fn new(
+        hop: &'static str,
+        dependency: &'static str,
+        limit: u32,
+        adaptive: AdaptiveSettings,
+    ) -> Arc<Self> {
         let limit = limit.max(1);
         Arc::new(Self {
             dependency,
             in_flight: AtomicU32::new(0),
             limit: AtomicU32::new(limit),
             max_concurrent: limit,
-            adaptive: adaptive.enabled.then(|| Mutex::new(Vegas::new(adaptive, limit))),
+            adaptive: adaptive
+                .enabled
+                .then(|| Mutex::new(Vegas::new(adaptive, limit))),
             rejected: AtomicU64::new(0),
-            rejections: metrics::counter(metrics::name::BULKHEAD_REJECTIONS, "Calls a full bulkhead refused"),
-            labels: [KeyValue::new(attr::HOP, hop), KeyValue::new(attr::PEER, dependency)],
+            rejections: metrics::counter(
+                metrics::name::BULKHEAD_REJECTIONS,
+                "Calls a full bulkhead refused",
+            ),
+            labels: [
+                KeyValue::new(attr::HOP, hop),
+                KeyValue::new(attr::PEER, dependency),
+            ],
         })
     }
 
@@ -113,7 +132,12 @@ impl Bulkhead {
     /// A place for one call, if one is free: the count of calls in flight, after this one.
     fn try_admit(&self) -> Option<u32> {
         let limit = self.limit.load(Ordering::Relaxed);
-        self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1)).ok().map(|n| n + 1)
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|n| n + 1)
     }
 
     /// Teaches the adaptive limit, if there is one, what `response` tells of the dependency.
@@ -122,7 +146,10 @@ impl Bulkhead {
             && let Some(sample) = sample_of(response, place)
         {
             // The state holds numbers only; a panic elsewhere cannot leave it inconsistent.
-            let limit = adaptive.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).on_sample(Instant::now(), sample);
+            let limit = adaptive
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .on_sample(Instant::now(), sample);
             self.limit.store(limit, Ordering::Relaxed);
         }
     }
@@ -181,15 +208,31 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         match self.bulkhead.try_admit() {
             Some(in_flight) => {
-                let place = Place { bulkhead: self.bulkhead.clone(), admitted_at: Instant::now(), in_flight };
-                ResponseFuture::Admitted { inner: self.inner.call(request), place }
+                let place = Place {
+                    bulkhead: self.bulkhead.clone(),
+                    admitted_at: Instant::now(),
+                    in_flight,
+                };
+                ResponseFuture::Admitted {
+                    inner: self.inner.call(request),
+                    place,
+                }
             }
             None => {
                 self.bulkhead.rejected.fetch_add(1, Ordering::Relaxed);
                 self.bulkhead.rejections.add(1, &self.bulkhead.labels);
-                let full = BulkheadFull { dependency: self.bulkhead.dependency, limit: self.bulkhead.limit.load(Ordering::Relaxed) };
-                tracing::debug!(peer = full.dependency, bulkhead.limit = i64::from(full.limit), "bulkhead rejected a call");
-                ResponseFuture::Rejected { response: Some(Status::from(full).into_http()) }
+                let full = BulkheadFull {
+                    dependency: self.bulkhead.dependency,
+                    limit: self.bulkhead.limit.load(Ordering::Relaxed),
+                };
+                tracing::debug!(
+                    peer = full.dependency,
+                    bulkhead.limit = i64::from(full.limit),
+                    "bulkhead rejected a call"
+                );
+                ResponseFuture::Rejected {
+                    response: Some(Status::from(full).into_http()),
+                }
             }
         }
     }
@@ -201,9 +244,17 @@ fn sample_of<B>(response: &Response<B>, place: &Place) -> Option<Sample> {
     if response.headers().contains_key(wire::NOT_EXECUTED) {
         return None;
     }
-    let code = response.headers().get("grpc-status").and_then(|code| code.to_str().ok()?.parse::<i32>().ok()).map(Code::from_i32);
+    let code = response
+        .headers()
+        .get("grpc-status")
+        .and_then(|code| code.to_str().ok()?.parse::<i32>().ok())
+        .map(Code::from_i32);
     let dropped = matches!(code, Some(Code::DeadlineExceeded | Code::ResourceExhausted));
-    Some(Sample { rtt: place.admitted_at.elapsed(), in_flight: place.in_flight, dropped })
+    Some(Sample {
+        rtt: place.admitted_at.elapsed(),
+        in_flight: place.in_flight,
+        dropped,
+    })
 }
 
 impl<F, B, E> Future for ResponseFuture<F, B>
@@ -215,7 +266,9 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
-            Projection::Rejected { response } => Poll::Ready(Ok(response.take().expect("polled after completion"))),
+            Projection::Rejected { response } => {
+                Poll::Ready(Ok(response.take().expect("polled after completion")))
+            }
             Projection::Admitted { inner, place } => {
                 let answer = std::task::ready!(inner.poll(cx)).map_err(Into::into);
                 if let Ok(response) = &answer {
@@ -253,28 +306,51 @@ mod tests {
         assert_eq!(bulkhead.stats().in_flight, 2);
 
         // The third is answered on its first poll: rejected, never queued.
-        let rejected = futures::FutureExt::now_or_never(service.clone().oneshot(Request::new(String::new()))).expect("rejected at once").unwrap();
+        let rejected =
+            futures::FutureExt::now_or_never(service.clone().oneshot(Request::new(String::new())))
+                .expect("rejected at once")
+                .unwrap();
         assert_eq!(rejected.headers()["grpc-status"], "14");
         assert_eq!(rejected.headers()[wire::BULKHEAD_FULL], "bank-mock");
-        assert_eq!(bulkhead.stats(), BulkheadStats { adaptive: false, limit: 2, max_concurrent: 2, in_flight: 2, rejected: 1 });
+        assert_eq!(
+            bulkhead.stats(),
+            BulkheadStats {
+                adaptive: false,
+                limit: 2,
+                max_concurrent: 2,
+                in_flight: 2,
+                rejected: 1
+            }
+        );
 
         release.send(true).unwrap();
-        let (first, second) =
-            tokio::time::timeout(std::time::Duration::from_secs(5), futures::future::join(first, second)).await.expect("released calls end");
+        let (first, second) = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            futures::future::join(first, second),
+        )
+        .await
+        .expect("released calls end");
         first.unwrap();
         second.unwrap();
-        assert_eq!(bulkhead.stats().in_flight, 0, "permits return when calls end");
+        assert_eq!(
+            bulkhead.stats().in_flight,
+            0,
+            "permits return when calls end"
+        );
     }
 
     /// Sends waves of `limit`-many concurrent calls to a dependency answering after `latency`;
     /// returns the limit after `waves` waves.
     async fn waves(
-        service: &BulkheadService<impl Service<Request<String>, Response = Response<String>, Error = BoxError> + Clone>,
+        service: &BulkheadService<
+            impl Service<Request<String>, Response = Response<String>, Error = BoxError> + Clone,
+        >,
         bulkhead: &Bulkhead,
         waves: usize,
     ) -> u32 {
         for _ in 0..waves {
-            let calls = (0..bulkhead.stats().limit).map(|_| service.clone().oneshot(Request::new(String::new())));
+            let calls = (0..bulkhead.stats().limit)
+                .map(|_| service.clone().oneshot(Request::new(String::new())));
             for answer in futures::future::join_all(calls).await {
                 answer.unwrap();
             }
@@ -295,25 +371,42 @@ mod tests {
                 }
             })
         };
-        let adaptive = AdaptiveSettings { enabled: true, min_limit: 2, remeasure_ms: 60_000 };
+        let adaptive = AdaptiveSettings {
+            enabled: true,
+            min_limit: 2,
+            remeasure_ms: 60_000,
+        };
         let bulkhead = Bulkhead::new("payment", "bank-mock", 20, adaptive);
         let service = BulkheadService::new(dependency, bulkhead.clone());
 
-        assert_eq!(waves(&service, &bulkhead, 5).await, 20, "at its usual latency the dependency keeps the whole limit");
+        assert_eq!(
+            waves(&service, &bulkhead, 5).await,
+            20,
+            "at its usual latency the dependency keeps the whole limit"
+        );
         latency_ms.store(600, Ordering::Relaxed);
         let shrunk = waves(&service, &bulkhead, 10).await;
         assert!(shrunk <= 6, "the limit shrank to {shrunk}");
 
         // Calls beyond the shrunk limit are refused at once, as by the fixed one.
-        let mut held: Vec<_> = (0..shrunk).map(|_| Box::pin(service.clone().oneshot(Request::new(String::new())))).collect();
+        let mut held: Vec<_> = (0..shrunk)
+            .map(|_| Box::pin(service.clone().oneshot(Request::new(String::new()))))
+            .collect();
         for call in &mut held {
             assert!(futures::FutureExt::now_or_never(call.as_mut()).is_none());
         }
-        let refused = futures::FutureExt::now_or_never(service.clone().oneshot(Request::new(String::new()))).expect("at once").unwrap();
+        let refused =
+            futures::FutureExt::now_or_never(service.clone().oneshot(Request::new(String::new())))
+                .expect("at once")
+                .unwrap();
         assert_eq!(refused.headers()[wire::BULKHEAD_FULL], "bank-mock");
         futures::future::join_all(held).await;
 
         latency_ms.store(20, Ordering::Relaxed);
-        assert_eq!(waves(&service, &bulkhead, 10).await, 20, "recovered with the dependency");
+        assert_eq!(
+            waves(&service, &bulkhead, 10).await,
+            20,
+            "recovered with the dependency"
+        );
     }
 }

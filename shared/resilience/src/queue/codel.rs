@@ -24,7 +24,13 @@ pub(super) struct Codel {
 
 impl Codel {
     pub(super) fn new(now: Instant, target: Duration, interval: Duration) -> Self {
-        Self { target, interval, least: None, interval_ends: now + interval, overloaded: false }
+        Self {
+            target,
+            interval,
+            least: None,
+            interval_ends: now + interval,
+            overloaded: false,
+        }
     }
 
     pub(super) fn overloaded(&self) -> bool {
@@ -59,7 +65,10 @@ mod tests {
         for delay in [MS(40), MS(0), MS(60)] {
             assert!(!codel.shed(start + MS(50), delay));
         }
-        assert!(!codel.shed(start + MS(100), MS(60)), "the interval's least delay was 0");
+        assert!(
+            !codel.shed(start + MS(100), MS(60)),
+            "the interval's least delay was 0"
+        );
         assert!(!codel.overloaded());
     }
 
@@ -68,12 +77,18 @@ mod tests {
         let start = Instant::now();
         let mut codel = Codel::new(start, MS(5), MS(100));
         for delay in [MS(20), MS(30), MS(25)] {
-            assert!(!codel.shed(start + MS(50), delay), "not yet known to be overloaded");
+            assert!(
+                !codel.shed(start + MS(50), delay),
+                "not yet known to be overloaded"
+            );
         }
         // The interval ends: even the luckiest waited 20 ms, above the 5 ms target.
         assert!(codel.shed(start + MS(100), MS(11)));
         assert!(codel.overloaded());
-        assert!(!codel.shed(start + MS(120), MS(10)), "within twice the target it is served");
+        assert!(
+            !codel.shed(start + MS(120), MS(10)),
+            "within twice the target it is served"
+        );
         // The next interval: the queue drained (a request got in at once), overload ends.
         assert!(!codel.shed(start + MS(150), MS(0)));
         assert!(!codel.shed(start + MS(200), MS(50)));

@@ -53,7 +53,13 @@ pub struct QueueSettings {
 
 impl Default for QueueSettings {
     fn default() -> Self {
-        Self { enabled: false, workers: 64, target_ms: 5, interval_ms: 100, max_waiting: 1_000 }
+        Self {
+            enabled: false,
+            workers: 64,
+            target_ms: 5,
+            interval_ms: 100,
+            max_waiting: 1_000,
+        }
     }
 }
 
@@ -95,9 +101,23 @@ struct Waiter {
 
 impl Queue {
     pub fn new(name: &'static str, settings: QueueSettings) -> Arc<Self> {
-        let codel = Codel::new(Instant::now(), Duration::from_millis(settings.target_ms), Duration::from_millis(settings.interval_ms));
-        let state = State { running: 0, waiting: VecDeque::new(), codel };
-        Arc::new(Self { name, settings, state: Mutex::new(state), shed: AtomicU64::new(0), refused: AtomicU64::new(0) })
+        let codel = Codel::new(
+            Instant::now(),
+            Duration::from_millis(settings.target_ms),
+            Duration::from_millis(settings.interval_ms),
+        );
+        let state = State {
+            running: 0,
+            waiting: VecDeque::new(),
+            codel,
+        };
+        Arc::new(Self {
+            name,
+            settings,
+            state: Mutex::new(state),
+            shed: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        })
     }
 
     pub fn stats(&self) -> QueueStats {
@@ -114,7 +134,9 @@ impl Queue {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         // The state holds counts and senders; a panic elsewhere cannot leave it half-written.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// A worker now, a place in the queue, or a refusal when the queue is full.
@@ -124,7 +146,9 @@ impl Queue {
         if state.running < self.settings.workers.max(1) && state.waiting.is_empty() {
             state.running += 1;
             state.codel.shed(now, Duration::ZERO);
-            return Arrival::Run(Worker { queue: self.clone() });
+            return Arrival::Run(Worker {
+                queue: self.clone(),
+            });
         }
         if state.waiting.len() >= self.settings.max_waiting as usize {
             self.refused.fetch_add(1, Ordering::Relaxed);
@@ -141,7 +165,11 @@ impl Queue {
         let mut state = self.lock();
         let now = Instant::now();
         loop {
-            let next = if state.codel.overloaded() { state.waiting.pop_back() } else { state.waiting.pop_front() };
+            let next = if state.codel.overloaded() {
+                state.waiting.pop_back()
+            } else {
+                state.waiting.pop_front()
+            };
             let Some(waiter) = next else {
                 state.running -= 1;
                 return;
@@ -193,7 +221,10 @@ impl<S> Layer<S> for QueueLayer {
     type Service = QueueService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        QueueService { inner, queue: self.queue.clone() }
+        QueueService {
+            inner,
+            queue: self.queue.clone(),
+        }
     }
 }
 
@@ -221,16 +252,33 @@ where
         let grpc = is_grpc(&request);
         let queue = self.queue.clone();
         match queue.arrive() {
-            Arrival::Run(worker) => ResponseFuture::Running { inner: self.inner.call(request), worker },
+            Arrival::Run(worker) => ResponseFuture::Running {
+                inner: self.inner.call(request),
+                worker,
+            },
             Arrival::Wait(turn) => {
                 // The service that was made ready runs this request; a fresh clone takes its place.
                 let fresh = self.inner.clone();
                 let service = std::mem::replace(&mut self.inner, fresh);
-                ResponseFuture::Waiting { turn: Turn(turn, queue), call: Some((service, request, grpc)) }
+                ResponseFuture::Waiting {
+                    turn: Turn(turn, queue),
+                    call: Some((service, request, grpc)),
+                }
             }
             Arrival::Refused => {
-                let detail = format!("{}: {} requests already waiting; retry shortly", queue.name, queue.settings.max_waiting);
-                ResponseFuture::Answered { response: Some(refused(grpc, queue.name, detail, StatusCode::SERVICE_UNAVAILABLE, "Overloaded")) }
+                let detail = format!(
+                    "{}: {} requests already waiting; retry shortly",
+                    queue.name, queue.settings.max_waiting
+                );
+                ResponseFuture::Answered {
+                    response: Some(refused(
+                        grpc,
+                        queue.name,
+                        detail,
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "Overloaded",
+                    )),
+                }
             }
         }
     }
@@ -270,19 +318,36 @@ where
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
             match self.as_mut().project() {
-                Projection::Answered { response } => return Poll::Ready(Ok(response.take().expect("polled after completion"))),
+                Projection::Answered { response } => {
+                    return Poll::Ready(Ok(response.take().expect("polled after completion")));
+                }
                 Projection::Running { inner, .. } => return inner.poll(cx),
                 Projection::Waiting { turn, call } => {
                     let run = ready!(Pin::new(&mut turn.0).poll(cx)).unwrap_or(false);
                     let queue = turn.1.clone();
-                    let (mut service, request, grpc) = call.take().expect("polled after completion");
+                    let (mut service, request, grpc) =
+                        call.take().expect("polled after completion");
                     let next = if run {
                         // The turn was read: the worker is this request's now, not the Turn's.
-                        ResponseFuture::Running { inner: service.call(request), worker: Worker { queue } }
+                        ResponseFuture::Running {
+                            inner: service.call(request),
+                            worker: Worker { queue },
+                        }
                     } else {
-                        let detail = format!("{}: shed after waiting in a standing queue; retry shortly", queue.name);
-                        let response = refused(grpc, queue.name, detail, StatusCode::SERVICE_UNAVAILABLE, "Overloaded");
-                        ResponseFuture::Answered { response: Some(response) }
+                        let detail = format!(
+                            "{}: shed after waiting in a standing queue; retry shortly",
+                            queue.name
+                        );
+                        let response = refused(
+                            grpc,
+                            queue.name,
+                            detail,
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "Overloaded",
+                        );
+                        ResponseFuture::Answered {
+                            response: Some(response),
+                        }
                     };
                     self.set(next);
                 }

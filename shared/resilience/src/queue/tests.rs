@@ -27,7 +27,13 @@ fn gated(gate: &Gate, started: mpsc::UnboundedSender<String>) -> Handler {
 }
 
 fn settings(workers: u32, max_waiting: u32) -> QueueSettings {
-    QueueSettings { enabled: true, workers, target_ms: 5, interval_ms: 100, max_waiting }
+    QueueSettings {
+        enabled: true,
+        workers,
+        target_ms: 5,
+        interval_ms: 100,
+        max_waiting,
+    }
 }
 
 fn call(service: &QueueService<Handler>, name: &str) -> tokio::task::JoinHandle<Response<String>> {
@@ -50,7 +56,12 @@ async fn beyond_the_workers_requests_wait_their_turn_in_order_and_a_full_queue_r
     tokio::task::yield_now().await;
     assert_eq!(queue.stats().waiting, 2);
 
-    let refused = service.clone().oneshot(Request::new("fourth".to_owned())).now_or_never().expect("at once").unwrap();
+    let refused = service
+        .clone()
+        .oneshot(Request::new("fourth".to_owned()))
+        .now_or_never()
+        .expect("at once")
+        .unwrap();
     assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(refused.headers()[http::header::RETRY_AFTER], "1");
 
@@ -62,7 +73,17 @@ async fn beyond_the_workers_requests_wait_their_turn_in_order_and_a_full_queue_r
     }
     gate.add_permits(1);
     third.await.unwrap();
-    assert_eq!(queue.stats(), QueueStats { workers: 1, running: 0, waiting: 0, overloaded: false, shed: 0, refused: 1 });
+    assert_eq!(
+        queue.stats(),
+        QueueStats {
+            workers: 1,
+            running: 0,
+            waiting: 0,
+            overloaded: false,
+            shed: 0,
+            refused: 1
+        }
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -93,7 +114,11 @@ async fn a_standing_queue_sheds_what_waited_longest_and_serves_the_newest_first(
     let fresh = call(&service, "fresh");
     advance(MS(5)).await;
     gate.add_permits(1);
-    assert_eq!(starts.recv().await.unwrap(), "fresh", "the newest, which waited 5 ms");
+    assert_eq!(
+        starts.recv().await.unwrap(),
+        "fresh",
+        "the newest, which waited 5 ms"
+    );
     assert!(queue.stats().overloaded);
     gate.add_permits(1);
     assert_eq!(fresh.await.unwrap().body(), "fresh");
@@ -128,7 +153,11 @@ async fn a_waiter_that_gives_up_does_not_keep_the_worker_it_was_given() {
     gate.add_permits(1);
     busy.await.unwrap();
     drop(gives_up);
-    assert_eq!(starts.recv().await.unwrap(), "patient", "the worker went on to the next waiter");
+    assert_eq!(
+        starts.recv().await.unwrap(),
+        "patient",
+        "the worker went on to the next waiter"
+    );
     gate.add_permits(1);
     assert_eq!(patient.await.unwrap().body(), "patient");
     assert_eq!(queue.stats().running, 0);

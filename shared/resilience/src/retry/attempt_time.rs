@@ -15,7 +15,9 @@ const ALPHA: f64 = 0.2;
 
 impl AttemptTime {
     pub(crate) fn new(initial: Duration) -> Self {
-        Self { micros: AtomicU64::new(initial.as_micros() as u64) }
+        Self {
+            micros: AtomicU64::new(initial.as_micros() as u64),
+        }
     }
 
     pub(crate) fn expected(&self) -> Duration {
@@ -25,8 +27,11 @@ impl AttemptTime {
     pub(crate) fn observe(&self, took: Duration) {
         let took = took.as_micros() as f64;
         // A lost update under contention only skips one sample of a moving average.
-        let _ =
-            self.micros.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |current| Some((current as f64 * (1.0 - ALPHA) + took * ALPHA) as u64));
+        let _ = self
+            .micros
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |current| {
+                Some((current as f64 * (1.0 - ALPHA) + took * ALPHA) as u64)
+            });
     }
 }
 
@@ -41,6 +46,9 @@ mod tests {
             time.observe(Duration::from_millis(20));
         }
         let expected = time.expected();
-        assert!(expected > Duration::from_millis(19) && expected < Duration::from_millis(21), "{expected:?}");
+        assert!(
+            expected > Duration::from_millis(19) && expected < Duration::from_millis(21),
+            "{expected:?}"
+        );
     }
 }

@@ -94,12 +94,22 @@ impl RetryBudget {
             let cost = Duration::from_secs(1) / min_per_sec;
             // A full bucket at the start, so that a quiet gateway can retry at once.
             let most = cost * min_per_sec;
-            Floor { cost, most, saved: most, updated: now }
+            Floor {
+                cost,
+                most,
+                saved: most,
+                updated: now,
+            }
         });
         Self {
             slot_length: (window / SLOTS as u32).max(Duration::from_nanos(1)),
             share: (f64::from(percent.clamp(0.0, 1.0)) * PARTS as f64).round() as u64,
-            state: Mutex::new(State { slots: [Slot::default(); SLOTS], current: 0, current_started: now, floor }),
+            state: Mutex::new(State {
+                slots: [Slot::default(); SLOTS],
+                current: 0,
+                current_started: now,
+                floor,
+            }),
         }
     }
 
@@ -108,19 +118,30 @@ impl RetryBudget {
     pub fn available(&self) -> u64 {
         let (state, now) = self.state_now();
         let from_floor = state.floor.as_ref().map_or(0, |floor| {
-            let saved = (floor.saved + now.saturating_duration_since(floor.updated)).min(floor.most);
+            let saved =
+                (floor.saved + now.saturating_duration_since(floor.updated)).min(floor.most);
             (saved.as_nanos() / floor.cost.as_nanos()) as u64
         });
-        let (requests, retries) = state.slots.iter().fold((0, 0), |(requests, retries), slot| (requests + slot.requests, retries + slot.retries));
+        let (requests, retries) = state
+            .slots
+            .iter()
+            .fold((0, 0), |(requests, retries), slot| {
+                (requests + slot.requests, retries + slot.retries)
+            });
         // `withdraw` allows a retry while retries × PARTS < share × requests.
-        let from_share = (self.share * requests).div_ceil(PARTS).saturating_sub(retries);
+        let from_share = (self.share * requests)
+            .div_ceil(PARTS)
+            .saturating_sub(retries);
         from_floor + from_share
     }
 
     /// The state with every slot that ended by now cleared.
     fn state_now(&self) -> (MutexGuard<'_, State>, Instant) {
         // Nothing under the lock can panic halfway through an update: a poisoned lock is still whole.
-        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let now = Instant::now();
         let since = now.saturating_duration_since(state.current_started);
         let slot = self.slot_length.as_nanos();
@@ -148,14 +169,20 @@ impl Budget for RetryBudget {
     fn withdraw(&self) -> bool {
         let (mut state, now) = self.state_now();
         if let Some(floor) = state.floor.as_mut() {
-            floor.saved = (floor.saved + now.saturating_duration_since(floor.updated)).min(floor.most);
+            floor.saved =
+                (floor.saved + now.saturating_duration_since(floor.updated)).min(floor.most);
             floor.updated = now;
             if floor.saved >= floor.cost {
                 floor.saved -= floor.cost;
                 return true;
             }
         }
-        let (requests, retries) = state.slots.iter().fold((0, 0), |(requests, retries), slot| (requests + slot.requests, retries + slot.retries));
+        let (requests, retries) = state
+            .slots
+            .iter()
+            .fold((0, 0), |(requests, retries), slot| {
+                (requests + slot.requests, retries + slot.retries)
+            });
         if retries * PARTS < self.share * requests {
             let current = state.current;
             state.slots[current].retries += 1;

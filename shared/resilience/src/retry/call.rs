@@ -19,7 +19,12 @@ pub struct Call<M> {
 
 impl<M> Call<M> {
     pub fn new(message: M, metadata: MetadataMap) -> Self {
-        Self { message, metadata, previous_attempts: 0, previous_replicas: PreviousReplicas::default() }
+        Self {
+            message,
+            metadata,
+            previous_attempts: 0,
+            previous_replicas: PreviousReplicas::default(),
+        }
     }
 
     /// The request for this attempt, numbered in `grpc-previous-rpc-attempts` when it is a retry,
@@ -44,11 +49,17 @@ pub struct PreviousReplicas(Arc<Mutex<Vec<SocketAddr>>>);
 impl PreviousReplicas {
     /// Whether an earlier attempt went to `replica`.
     pub fn contains(&self, replica: SocketAddr) -> bool {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).contains(&replica)
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&replica)
     }
 
     /// Records that an attempt goes to `replica`.
     pub fn push(&self, replica: SocketAddr) {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).push(replica);
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(replica);
     }
 }

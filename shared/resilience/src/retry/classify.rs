@@ -31,13 +31,22 @@ pub const MAX_PUSHBACK: Duration = Duration::from_secs(60 * 60);
 /// most [`MAX_PUSHBACK`].
 pub fn pushback(status: &Status) -> Pushback {
     if let Some(value) = status.metadata().get(wire::RETRY_PUSHBACK_MS) {
-        return match value.to_str().ok().and_then(|text| text.trim().parse::<i64>().ok()) {
-            Some(millis) if millis >= 0 => Pushback::Wait(Duration::from_millis(millis.unsigned_abs()).min(MAX_PUSHBACK)),
+        return match value
+            .to_str()
+            .ok()
+            .and_then(|text| text.trim().parse::<i64>().ok())
+        {
+            Some(millis) if millis >= 0 => {
+                Pushback::Wait(Duration::from_millis(millis.unsigned_abs()).min(MAX_PUSHBACK))
+            }
             _ => Pushback::DoNotRetry,
         };
     }
     // A RetryInfo without a delay names no wait, so the backoff decides (it does not say "stop").
-    match status.get_details_retry_info().and_then(|info| info.retry_delay) {
+    match status
+        .get_details_retry_info()
+        .and_then(|info| info.retry_delay)
+    {
         Some(delay) => Pushback::Wait(delay.min(MAX_PUSHBACK)),
         None => Pushback::None,
     }
@@ -50,18 +59,32 @@ mod tests {
 
     fn with_pushback(value: &str) -> Status {
         let mut status = Status::resource_exhausted("slow down");
-        status.metadata_mut().insert(wire::RETRY_PUSHBACK_MS, value.parse().unwrap());
+        status
+            .metadata_mut()
+            .insert(wire::RETRY_PUSHBACK_MS, value.parse().unwrap());
         status
     }
 
     #[test]
     fn pushback_header_values() {
-        assert_eq!(pushback(&with_pushback("300")), Pushback::Wait(Duration::from_millis(300)));
-        assert_eq!(pushback(&with_pushback("0")), Pushback::Wait(Duration::ZERO));
+        assert_eq!(
+            pushback(&with_pushback("300")),
+            Pushback::Wait(Duration::from_millis(300))
+        );
+        assert_eq!(
+            pushback(&with_pushback("0")),
+            Pushback::Wait(Duration::ZERO)
+        );
         assert_eq!(pushback(&with_pushback("-1")), Pushback::DoNotRetry);
         assert_eq!(pushback(&with_pushback("soon")), Pushback::DoNotRetry);
-        assert_eq!(pushback(&with_pushback(&i64::MAX.to_string())), Pushback::Wait(MAX_PUSHBACK));
-        assert_eq!(pushback(&with_pushback(&i64::MIN.to_string())), Pushback::DoNotRetry);
+        assert_eq!(
+            pushback(&with_pushback(&i64::MAX.to_string())),
+            Pushback::Wait(MAX_PUSHBACK)
+        );
+        assert_eq!(
+            pushback(&with_pushback(&i64::MIN.to_string())),
+            Pushback::DoNotRetry
+        );
         assert_eq!(pushback(&Status::unavailable("down")), Pushback::None);
     }
 
@@ -69,12 +92,19 @@ mod tests {
     fn retry_info_detail_is_read_when_there_is_no_header() {
         let details = ErrorDetails::with_retry_info(Some(Duration::from_millis(750)));
         let status = Status::with_error_details(Code::ResourceExhausted, "slow down", details);
-        assert_eq!(pushback(&status), Pushback::Wait(Duration::from_millis(750)));
+        assert_eq!(
+            pushback(&status),
+            Pushback::Wait(Duration::from_millis(750))
+        );
     }
 
     #[test]
     fn a_retry_info_without_a_delay_leaves_the_wait_to_the_backoff() {
-        let status = Status::with_error_details(Code::Unavailable, "down", ErrorDetails::with_retry_info(None));
+        let status = Status::with_error_details(
+            Code::Unavailable,
+            "down",
+            ErrorDetails::with_retry_info(None),
+        );
         assert_eq!(pushback(&status), Pushback::None);
     }
 

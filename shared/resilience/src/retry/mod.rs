@@ -162,7 +162,10 @@ pub struct RetryPolicy {
 impl RetryPolicy {
     /// The policy of the calls a hop makes to one dependency, to which it forwards its deadline
     /// with `forward`.
-    pub fn new(settings: &RetrySettings, forward: ForwardPolicy) -> Result<Self, InvalidRetrySettings> {
+    pub fn new(
+        settings: &RetrySettings,
+        forward: ForwardPolicy,
+    ) -> Result<Self, InvalidRetrySettings> {
         if settings.max_attempts == 0 {
             return Err(InvalidRetrySettings::NoAttempts);
         }
@@ -178,10 +181,17 @@ impl RetryPolicy {
         if !(0.001..=1_000.0).contains(&settings.throttle_token_ratio) {
             return Err(InvalidRetrySettings::ThrottleRatio);
         }
-        let budget = RetryBudget::new(Duration::from_millis(settings.budget_window_ms), settings.budget_min_per_sec, settings.budget_percent);
-        let throttle = (settings.throttle_max_tokens > 0).then(|| RetryThrottle::new(settings.throttle_max_tokens, settings.throttle_token_ratio));
+        let budget = RetryBudget::new(
+            Duration::from_millis(settings.budget_window_ms),
+            settings.budget_min_per_sec,
+            settings.budget_percent,
+        );
+        let throttle = (settings.throttle_max_tokens > 0).then(|| {
+            RetryThrottle::new(settings.throttle_max_tokens, settings.throttle_token_ratio)
+        });
         let backoff_base = Duration::from_millis(settings.backoff_base_ms);
-        let backoff_max = Duration::from_millis(settings.backoff_max_ms.max(settings.backoff_base_ms).max(1));
+        let backoff_max =
+            Duration::from_millis(settings.backoff_max_ms.max(settings.backoff_base_ms).max(1));
         backoff_maker(backoff_base, backoff_max)?;
         let min_attempt = Duration::from_millis(settings.min_attempt_ms);
         Ok(Self {
@@ -204,7 +214,10 @@ impl RetryPolicy {
     /// The policy for one operation (a create, a read): the same budget, throttle and counters,
     /// with its own estimate of how long an attempt takes.
     pub fn for_operation(&self) -> Self {
-        Self { attempt_time: Arc::new(AttemptTime::new(self.shared.min_attempt)), ..self.clone() }
+        Self {
+            attempt_time: Arc::new(AttemptTime::new(self.shared.min_attempt)),
+            ..self.clone()
+        }
     }
 
     pub fn stats(&self) -> RetryStatsSnapshot {
@@ -215,16 +228,28 @@ impl RetryPolicy {
     pub fn balance(&self) -> RetryBalance {
         let throttle = self.shared.throttle.as_ref().map(|throttle| {
             let (tokens, max_tokens) = throttle.tokens();
-            ThrottleBalance { tokens, max_tokens, allows_retry: throttle.allows_retry() }
+            ThrottleBalance {
+                tokens,
+                max_tokens,
+                allows_retry: throttle.allows_retry(),
+            }
         });
-        RetryBalance { budget_available: self.shared.budget.available(), throttle }
+        RetryBalance {
+            budget_available: self.shared.budget.available(),
+            throttle,
+        }
     }
 
     fn stop(&self, reason: StopReason, attempts: u32) {
         self.shared.stats.stop(reason);
         // Signed numbers: exported as numbers (unsigned ones are exported as text).
         let attempts = i64::from(attempts);
-        tracing::event!(tracing::Level::DEBUG, retry.stop = reason.as_str(), retry.attempts = attempts, "retrying stopped");
+        tracing::event!(
+            tracing::Level::DEBUG,
+            retry.stop = reason.as_str(),
+            retry.attempts = attempts,
+            "retrying stopped"
+        );
         if reason == StopReason::Budget {
             tracing::warn!(retry.attempts = attempts, "retry budget exhausted");
         }
@@ -264,21 +289,46 @@ impl RetryPolicy {
             None => {
                 let shared = &self.shared;
                 self.backoff
-                    .get_or_insert_with(|| backoff_maker(shared.backoff_base, shared.backoff_max).expect("validated in new").make_backoff())
+                    .get_or_insert_with(|| {
+                        backoff_maker(shared.backoff_base, shared.backoff_max)
+                            .expect("validated in new")
+                            .make_backoff()
+                    })
                     .next_backoff()
             }
         };
         if let Some(hop) = Hop::current() {
             // What the hop will forward when the retry starts, as it will plan it then.
-            let left_then = hop.deadline().expires_at().saturating_duration_since(wait.deadline());
-            let needed = self.attempt_time.expected().max(self.shared.min_attempt).max(expired_slice.unwrap_or_default());
-            if !self.shared.forward.plan(left_then).is_ok_and(|forward| forward.forwarded >= needed) {
-                let reason = if named_wait.is_some() { StopReason::Pushback } else { StopReason::Deadline };
+            let left_then = hop
+                .deadline()
+                .expires_at()
+                .saturating_duration_since(wait.deadline());
+            let needed = self
+                .attempt_time
+                .expected()
+                .max(self.shared.min_attempt)
+                .max(expired_slice.unwrap_or_default());
+            if !self
+                .shared
+                .forward
+                .plan(left_then)
+                .is_ok_and(|forward| forward.forwarded >= needed)
+            {
+                let reason = if named_wait.is_some() {
+                    StopReason::Pushback
+                } else {
+                    StopReason::Deadline
+                };
                 return Err(reason);
             }
         }
         // The throttle first: a retry it refuses must not spend the budget's share.
-        if self.shared.throttle.as_ref().is_some_and(|throttle| !throttle.allows_retry()) {
+        if self
+            .shared
+            .throttle
+            .as_ref()
+            .is_some_and(|throttle| !throttle.allows_retry())
+        {
             return Err(StopReason::Budget);
         }
         if !self.shared.budget.withdraw() {
@@ -303,9 +353,11 @@ fn takes_a_token(status: &Status) -> bool {
         Pushback::Wait(wait) => Some(wait),
         Pushback::None | Pushback::DoNotRetry => None,
     };
-    let expired_uncapped =
-        status.code() == Code::DeadlineExceeded && !Slice::from_headers(status.metadata().as_ref()).is_some_and(|slice| slice.capped);
-    !status.metadata().contains_key(wire::DEADLINE_FAILED_FAST) && !expired_uncapped && is_retryable(status.code(), named_wait)
+    let expired_uncapped = status.code() == Code::DeadlineExceeded
+        && !Slice::from_headers(status.metadata().as_ref()).is_some_and(|slice| slice.capped);
+    !status.metadata().contains_key(wire::DEADLINE_FAILED_FAST)
+        && !expired_uncapped
+        && is_retryable(status.code(), named_wait)
 }
 
 /// What a retry policy would allow at one moment.
@@ -338,7 +390,11 @@ fn backoff_maker(base: Duration, max: Duration) -> Result<ExponentialBackoffMake
 impl<M: Clone, R> Policy<Call<M>, R, Status> for RetryPolicy {
     type Future = Sleep;
 
-    fn retry(&mut self, call: &mut Call<M>, result: &mut Result<R, Status>) -> Option<Self::Future> {
+    fn retry(
+        &mut self,
+        call: &mut Call<M>,
+        result: &mut Result<R, Status>,
+    ) -> Option<Self::Future> {
         // Successful attempts only: a refusal answered at once would make attempts look quick.
         if let Some(started) = self.attempt_started.take()
             && result.is_ok()
@@ -364,19 +420,31 @@ impl<M: Clone, R> Policy<Call<M>, R, Status> for RetryPolicy {
         match self.next_wait(status, call.previous_attempts) {
             Ok(wait) => {
                 self.shared.stats.retry();
-                let wait_ms = wait.deadline().saturating_duration_since(Instant::now()).as_millis() as i64;
+                let wait_ms = wait
+                    .deadline()
+                    .saturating_duration_since(Instant::now())
+                    .as_millis() as i64;
                 tracing::debug!(retry.attempt = i64::from(attempts) + 1, retry.backoff_ms = wait_ms, code = ?status.code(), "retrying");
                 call.previous_attempts = attempts;
                 Some(wait)
             }
             Err(reason) => {
-                if matches!(reason, StopReason::Budget | StopReason::Attempts | StopReason::Breaker) {
-                    status.metadata_mut().insert(wire::RETRIES_SPENT, MetadataValue::from_static(reason.as_str()));
+                if matches!(
+                    reason,
+                    StopReason::Budget | StopReason::Attempts | StopReason::Breaker
+                ) {
+                    status.metadata_mut().insert(
+                        wire::RETRIES_SPENT,
+                        MetadataValue::from_static(reason.as_str()),
+                    );
                 }
                 // The attempts before this failure, as A6 exposes them to the application: what
                 // they did is not in this answer, and a caller may need to know they were made.
                 if call.previous_attempts > 0 {
-                    status.metadata_mut().insert(wire::PREVIOUS_ATTEMPTS, MetadataValue::from(call.previous_attempts));
+                    status.metadata_mut().insert(
+                        wire::PREVIOUS_ATTEMPTS,
+                        MetadataValue::from(call.previous_attempts),
+                    );
                 }
                 self.stop(reason, attempts);
                 None

@@ -89,7 +89,10 @@ impl RetryStats {
             retries: AtomicU64::new(0),
             stops: Default::default(),
             retried: metrics::counter(metrics::name::RETRIES, "Attempts beyond the first"),
-            stopped: metrics::counter(metrics::name::RETRY_STOPS, "Why operations stopped being retried"),
+            stopped: metrics::counter(
+                metrics::name::RETRY_STOPS,
+                "Why operations stopped being retried",
+            ),
         }
     }
 
@@ -104,7 +107,8 @@ impl RetryStats {
 
     pub(crate) fn stop(&self, reason: StopReason) {
         self.stops[reason as usize].fetch_add(1, Ordering::Relaxed);
-        self.stopped.add(1, &[KeyValue::new("reason", reason.as_str())]);
+        self.stopped
+            .add(1, &[KeyValue::new("reason", reason.as_str())]);
     }
 
     pub fn snapshot(&self) -> RetryStatsSnapshot {

@@ -39,23 +39,38 @@ impl RetryThrottle {
     pub fn new(max_tokens: u32, token_ratio: f32) -> Self {
         let max_tokens = max_tokens.min(1_000) * TOKEN;
         let token_ratio = (token_ratio.clamp(0.001, 1_000.0) * TOKEN as f32).round() as u32;
-        Self { tokens: AtomicU32::new(max_tokens), max_tokens, token_ratio }
+        Self {
+            tokens: AtomicU32::new(max_tokens),
+            max_tokens,
+            token_ratio,
+        }
     }
 
     /// An attempt failed in a way a retry could fix.
     pub fn failed(&self) {
-        let _ = self.tokens.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tokens| Some(tokens.saturating_sub(TOKEN)));
+        let _ = self
+            .tokens
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tokens| {
+                Some(tokens.saturating_sub(TOKEN))
+            });
     }
 
     /// An attempt succeeded.
     pub fn succeeded(&self) {
-        let _ = self.tokens.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tokens| Some((tokens + self.token_ratio).min(self.max_tokens)));
+        let _ = self
+            .tokens
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tokens| {
+                Some((tokens + self.token_ratio).min(self.max_tokens))
+            });
     }
 
     /// The tokens left, and the most there can be.
     pub fn tokens(&self) -> (f64, f64) {
         let tokens = |thousandths: u32| f64::from(thousandths) / f64::from(TOKEN);
-        (tokens(self.tokens.load(Ordering::Relaxed)), tokens(self.max_tokens))
+        (
+            tokens(self.tokens.load(Ordering::Relaxed)),
+            tokens(self.max_tokens),
+        )
     }
 
     /// Whether a retry may be made: more than half of the tokens are left.

@@ -1,7 +1,9 @@
 /// Why a call was refused before it reached the service.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
-    #[error("no client certificate: this service answers only the chain's services and its operator")]
+    #[error(
+        "no client certificate: this service answers only the chain's services and its operator"
+    )]
     NoCertificate,
     #[error("{caller} may not call {path}")]
     NotAllowed { caller: String, path: String },

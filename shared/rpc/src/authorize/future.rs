@@ -22,7 +22,9 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
-            Projected::Refused { response } => Poll::Ready(Ok(response.take().expect("polled after completion"))),
+            Projected::Refused { response } => {
+                Poll::Ready(Ok(response.take().expect("polled after completion")))
+            }
             Projected::Admitted { inner } => inner.poll(cx),
         }
     }

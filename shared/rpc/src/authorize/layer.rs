@@ -11,7 +11,10 @@ pub struct AuthorizeLayer {
 
 impl AuthorizeLayer {
     pub fn new(policy: Policy) -> Self {
-        Self { policy, refusals: Arc::new(Refusals::new()) }
+        Self {
+            policy,
+            refusals: Arc::new(Refusals::new()),
+        }
     }
 }
 
@@ -19,6 +22,10 @@ impl<S> tower::Layer<S> for AuthorizeLayer {
     type Service = Authorize<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Authorize { inner, policy: self.policy.clone(), refusals: self.refusals.clone() }
+        Authorize {
+            inner,
+            policy: self.policy.clone(),
+            refusals: self.refusals.clone(),
+        }
     }
 }

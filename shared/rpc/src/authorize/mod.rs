@@ -68,7 +68,10 @@ pub(crate) struct Refusals {
 impl Refusals {
     pub(crate) fn new() -> Self {
         Self {
-            counter: telemetry::metrics::counter("rpc.server.refused_calls", "Calls refused for their caller, by reason"),
+            counter: telemetry::metrics::counter(
+                "rpc.server.refused_calls",
+                "Calls refused for their caller, by reason",
+            ),
             logged_at: Mutex::default(),
             unlogged: AtomicU64::new(0),
         }
@@ -81,7 +84,10 @@ impl Refusals {
         };
         self.counter.add(1, &[KeyValue::new("reason", reason)]);
         let now = Instant::now();
-        let mut logged_at = self.logged_at.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut logged_at = self
+            .logged_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if logged_at.is_some_and(|at| now.duration_since(at) < REFUSAL_LOG_INTERVAL) {
             self.unlogged.fetch_add(1, Ordering::Relaxed);
             return;
@@ -106,17 +112,25 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        let caller = request.extensions().get::<ConnectInfo<Peer>>().and_then(|peer| peer.0.identity.clone());
+        let caller = request
+            .extensions()
+            .get::<ConnectInfo<Peer>>()
+            .and_then(|peer| peer.0.identity.clone());
         match self.policy.decide(caller.as_deref(), request.uri().path()) {
             Ok(admitted) => {
                 if !admitted.speaks_for_clients {
                     request.headers_mut().remove(CLIENT_ID);
                 }
-                ResponseFuture::Admitted { inner: self.inner.call(request) }
+                ResponseFuture::Admitted {
+                    inner: self.inner.call(request),
+                }
             }
             Err(refusal) => {
                 self.refusals.record(&refusal);
-                let grpc = request.headers().get(header::CONTENT_TYPE).is_some_and(|kind| kind.as_bytes().starts_with(b"application/grpc"));
+                let grpc = request
+                    .headers()
+                    .get(header::CONTENT_TYPE)
+                    .is_some_and(|kind| kind.as_bytes().starts_with(b"application/grpc"));
                 let response = if grpc {
                     tonic::Status::from(&refusal).into_http()
                 } else {
@@ -124,9 +138,14 @@ where
                         Refusal::NoCertificate => StatusCode::UNAUTHORIZED,
                         Refusal::NotAllowed { .. } => StatusCode::FORBIDDEN,
                     };
-                    http::Response::builder().status(status).body(ResBody::default()).expect("a status and an empty body")
+                    http::Response::builder()
+                        .status(status)
+                        .body(ResBody::default())
+                        .expect("a status and an empty body")
                 };
-                ResponseFuture::Refused { response: Some(response) }
+                ResponseFuture::Refused {
+                    response: Some(response),
+                }
             }
         }
     }

@@ -9,7 +9,10 @@ const HEALTH: &str = "/grpc.health.v1.Health/*";
 /// What the operator's certificate may use on every inner service besides health: describing
 /// it. No business method: metrics and probes are on the operations port ([`crate::ops`]), which
 /// needs no certificate, so the operator's needs none of the clients' data.
-const OPERATOR_TOOLS: [&str; 2] = ["/grpc.reflection.v1.ServerReflection/*", "/grpc.reflection.v1alpha.ServerReflection/*"];
+const OPERATOR_TOOLS: [&str; 2] = [
+    "/grpc.reflection.v1.ServerReflection/*",
+    "/grpc.reflection.v1alpha.ServerReflection/*",
+];
 
 /// Which callers a server answers, and what each may call.
 ///
@@ -56,7 +59,11 @@ impl Policy {
     }
 
     fn rule(mut self, caller: &str, methods: &[&str], speaks_for_clients: bool) -> Self {
-        let rule = Rule { caller: caller.to_owned(), methods: methods.iter().map(|m| (*m).to_owned()).collect(), speaks_for_clients };
+        let rule = Rule {
+            caller: caller.to_owned(),
+            methods: methods.iter().map(|m| (*m).to_owned()).collect(),
+            speaks_for_clients,
+        };
         Arc::make_mut(&mut self.rules).push(rule);
         self
     }
@@ -64,14 +71,22 @@ impl Policy {
     /// Decides one request from the caller's identity (`None`: no certificate) and its path.
     pub fn decide(&self, caller: Option<&str>, path: &str) -> Result<Admitted, Refusal> {
         let caller = caller.ok_or(Refusal::NoCertificate)?;
-        let allowed = |rule: &Rule| rule.caller == caller && rule.methods.iter().any(|m| matches(m, path));
+        let allowed =
+            |rule: &Rule| rule.caller == caller && rule.methods.iter().any(|m| matches(m, path));
         if let Some(rule) = self.rules.iter().find(|rule| allowed(rule)) {
-            return Ok(Admitted { speaks_for_clients: rule.speaks_for_clients });
+            return Ok(Admitted {
+                speaks_for_clients: rule.speaks_for_clients,
+            });
         }
         if matches(HEALTH, path) {
-            return Ok(Admitted { speaks_for_clients: false });
+            return Ok(Admitted {
+                speaks_for_clients: false,
+            });
         }
-        Err(Refusal::NotAllowed { caller: caller.to_owned(), path: path.to_owned() })
+        Err(Refusal::NotAllowed {
+            caller: caller.to_owned(),
+            path: path.to_owned(),
+        })
     }
 }
 

@@ -39,7 +39,9 @@ impl Service<Request<()>> for Fake {
             let _answer = fake.gate.acquire().await.expect("the gate stays open");
             let mut response = Response::new(());
             if fake.unavailable.load(Ordering::Relaxed) {
-                response.headers_mut().insert("grpc-status", http::HeaderValue::from_static("14"));
+                response
+                    .headers_mut()
+                    .insert("grpc-status", http::HeaderValue::from_static("14"));
             }
             Ok(response)
         })
@@ -67,28 +69,59 @@ impl Replicas {
     }
 
     fn connect(&self) -> impl Fn(SocketAddr) -> Fake + Send + 'static {
-        let (calls, down, unavailable, gate, connected) =
-            (self.calls.clone(), self.down.clone(), self.unavailable.clone(), self.gate.clone(), self.connected.clone());
+        let (calls, down, unavailable, gate, connected) = (
+            self.calls.clone(),
+            self.down.clone(),
+            self.unavailable.clone(),
+            self.gate.clone(),
+            self.connected.clone(),
+        );
         move |address| {
             connected.fetch_add(1, Ordering::Relaxed);
             let down = down.lock().unwrap().entry(address).or_default().clone();
-            let unavailable = unavailable.lock().unwrap().entry(address).or_default().clone();
-            Fake { address, calls: calls.clone(), down, unavailable, gate: gate.clone() }
+            let unavailable = unavailable
+                .lock()
+                .unwrap()
+                .entry(address)
+                .or_default()
+                .clone();
+            Fake {
+                address,
+                calls: calls.clone(),
+                down,
+                unavailable,
+                gate: gate.clone(),
+            }
         }
     }
 
     /// A balancer over `addresses`, resolved once an hour.
     fn balance(&self, addresses: &[SocketAddr]) -> Balance<Fake> {
         let addresses: BTreeSet<SocketAddr> = addresses.iter().copied().collect();
-        Balance::discovering("payment", Duration::from_secs(3_600), move || std::future::ready(Ok(addresses.clone())), self.connect())
+        Balance::discovering(
+            "payment",
+            Duration::from_secs(3_600),
+            move || std::future::ready(Ok(addresses.clone())),
+            self.connect(),
+        )
     }
 
     fn set_down(&self, address: SocketAddr, down: bool) {
-        self.down.lock().unwrap().entry(address).or_default().store(down, Ordering::Relaxed);
+        self.down
+            .lock()
+            .unwrap()
+            .entry(address)
+            .or_default()
+            .store(down, Ordering::Relaxed);
     }
 
     fn set_unavailable(&self, address: SocketAddr, unavailable: bool) {
-        self.unavailable.lock().unwrap().entry(address).or_default().store(unavailable, Ordering::Relaxed);
+        self.unavailable
+            .lock()
+            .unwrap()
+            .entry(address)
+            .or_default()
+            .store(unavailable, Ordering::Relaxed);
     }
 
     /// How many calls each replica got, and forgets them.
@@ -122,7 +155,10 @@ async fn calls_one_at_a_time_spread_over_every_replica() {
     }
     let counts = replicas.take_counts();
     assert_eq!(counts.len(), 3, "every replica got calls: {counts:?}");
-    assert!(counts.values().all(|&count| count >= 120), "each at least a fifth: {counts:?}");
+    assert!(
+        counts.values().all(|&count| count >= 120),
+        "each at least a fifth: {counts:?}"
+    );
 }
 
 #[tokio::test]
@@ -142,7 +178,11 @@ async fn a_call_goes_to_the_less_busy_of_two() {
     while replicas.calls.lock().unwrap().len() < 20 {
         tokio::task::yield_now().await;
     }
-    assert_eq!(replicas.take_counts(), BTreeMap::from([(replica(1), 10), (replica(2), 10)]), "held calls split evenly");
+    assert_eq!(
+        replicas.take_counts(),
+        BTreeMap::from([(replica(1), 10), (replica(2), 10)]),
+        "held calls split evenly"
+    );
     replicas.gate.add_permits(20);
     for call in held {
         call.await.expect("the call ran").expect("answered");
@@ -159,8 +199,13 @@ async fn a_retry_goes_to_a_replica_no_earlier_attempt_went_to() {
             call(&balance, Some(&tried)).await.expect("answered");
         }
         let mut attempts = replicas.take_counts();
-        assert!(attempts.len() == 3 && attempts.values().all(|&count| count == 1), "three attempts, three replicas: {attempts:?}");
-        call(&balance, Some(&tried)).await.expect("a fourth attempt still goes somewhere");
+        assert!(
+            attempts.len() == 3 && attempts.values().all(|&count| count == 1),
+            "three attempts, three replicas: {attempts:?}"
+        );
+        call(&balance, Some(&tried))
+            .await
+            .expect("a fourth attempt still goes somewhere");
         attempts = replicas.take_counts();
         assert_eq!(attempts.values().sum::<usize>(), 1, "{attempts:?}");
     }
@@ -178,21 +223,39 @@ async fn a_refused_connection_is_not_sent_and_its_replica_left_out_for_a_while()
     };
     let status = refusal.downcast::<Status>().expect("a status");
     assert_eq!(status.code(), tonic::Code::Unavailable);
-    assert!(status.message().starts_with("payment: 10.0.0.1:50053 did not take the call"), "{status:?}");
-    assert!(status.metadata().contains_key(wire::NOT_EXECUTED), "marked as never sent");
+    assert!(
+        status
+            .message()
+            .starts_with("payment: 10.0.0.1:50053 did not take the call"),
+        "{status:?}"
+    );
+    assert!(
+        status.metadata().contains_key(wire::NOT_EXECUTED),
+        "marked as never sent"
+    );
     replicas.take_counts();
 
     for _ in 0..50 {
-        call(&balance, None).await.expect("the other replica answers");
+        call(&balance, None)
+            .await
+            .expect("the other replica answers");
     }
-    assert_eq!(replicas.take_counts(), BTreeMap::from([(replica(2), 50)]), "the refusing replica is left out");
+    assert_eq!(
+        replicas.take_counts(),
+        BTreeMap::from([(replica(2), 50)]),
+        "the refusing replica is left out"
+    );
 
     replicas.set_down(replica(1), false);
     tokio::time::advance(EJECTION).await;
     for _ in 0..100 {
         call(&balance, None).await.expect("answered");
     }
-    assert_eq!(replicas.take_counts().len(), 2, "back in the choice after the ejection");
+    assert_eq!(
+        replicas.take_counts().len(),
+        2,
+        "back in the choice after the ejection"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -223,46 +286,89 @@ async fn replicas_follow_the_name_as_it_resolves_again() {
     }
     assert_eq!(
         seen,
-        [vec![replica(1), replica(2)], vec![replica(1), replica(2)], vec![replica(1)], vec![replica(1), replica(2), replica(3)]],
+        [
+            vec![replica(1), replica(2)],
+            vec![replica(1), replica(2)],
+            vec![replica(1)],
+            vec![replica(1), replica(2), replica(3)]
+        ],
         "a failed resolution keeps the replicas known"
     );
-    assert_eq!(replicas.connected.load(Ordering::Relaxed), 4, "a replica still listed keeps its channel; one that comes back gets a new one");
+    assert_eq!(
+        replicas.connected.load(Ordering::Relaxed),
+        4,
+        "a replica still listed keeps its channel; one that comes back gets a new one"
+    );
 }
 
 #[tokio::test]
 async fn a_name_that_never_resolved_fails_calls_as_not_sent() {
     let replicas = Replicas::new();
-    let balance =
-        Balance::discovering("payment", Duration::from_secs(5), || std::future::ready(Err(io::Error::other("no such host"))), replicas.connect());
-    let status = call(&balance, None).await.expect_err("no replica").downcast::<Status>().expect("a status");
-    assert_eq!((status.code(), status.message()), (tonic::Code::Unavailable, "payment: no replica resolved: no such host"));
+    let balance = Balance::discovering(
+        "payment",
+        Duration::from_secs(5),
+        || std::future::ready(Err(io::Error::other("no such host"))),
+        replicas.connect(),
+    );
+    let status = call(&balance, None)
+        .await
+        .expect_err("no replica")
+        .downcast::<Status>()
+        .expect("a status");
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            tonic::Code::Unavailable,
+            "payment: no replica resolved: no such host"
+        )
+    );
     assert!(status.metadata().contains_key(wire::NOT_EXECUTED));
 }
 
 #[tokio::test]
 async fn an_address_literal_is_one_replica_at_once() {
     let replicas = Replicas::new();
-    let balance = Balance::resolving("payment", "[::1]", 50053, Duration::from_secs(5), replicas.connect());
+    let balance = Balance::resolving(
+        "payment",
+        "[::1]",
+        50053,
+        Duration::from_secs(5),
+        replicas.connect(),
+    );
     call(&balance, None).await.expect("answered");
-    assert_eq!(replicas.take_counts(), BTreeMap::from([("[::1]:50053".parse().unwrap(), 1)]));
+    assert_eq!(
+        replicas.take_counts(),
+        BTreeMap::from([("[::1]:50053".parse().unwrap(), 1)])
+    );
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_replica_that_answers_unavailable_in_a_row_is_left_out_longer_each_time_until_it_answers() {
+async fn a_replica_that_answers_unavailable_in_a_row_is_left_out_longer_each_time_until_it_answers()
+{
     let replicas = Replicas::new();
     let balance = replicas.balance(&[replica(1), replica(2)]);
     replicas.set_unavailable(replica(1), true);
     // Until the first ejection, replica 1 gets its share of the calls.
     let mut calls_to_first = 0;
     while calls_to_first < FAILURES_TO_EJECT {
-        call(&balance, None).await.expect("an answer, UNAVAILABLE or not");
-        calls_to_first += replicas.take_counts().get(&replica(1)).copied().unwrap_or(0) as u32;
+        call(&balance, None)
+            .await
+            .expect("an answer, UNAVAILABLE or not");
+        calls_to_first += replicas
+            .take_counts()
+            .get(&replica(1))
+            .copied()
+            .unwrap_or(0) as u32;
     }
     for ejection in [EJECTION, EJECTION * 2, EJECTION * 4] {
         for _ in 0..20 {
             call(&balance, None).await.expect("answered");
         }
-        assert_eq!(replicas.take_counts(), BTreeMap::from([(replica(2), 20)]), "left out for {ejection:?}");
+        assert_eq!(
+            replicas.take_counts(),
+            BTreeMap::from([(replica(2), 20)]),
+            "left out for {ejection:?}"
+        );
         tokio::time::advance(ejection).await;
         // Back in the choice: its next failure ejects it again, for twice as long.
         while !replicas.take_counts().contains_key(&replica(1)) {
@@ -275,18 +381,38 @@ async fn a_replica_that_answers_unavailable_in_a_row_is_left_out_longer_each_tim
     for _ in 0..200 {
         call(&balance, None).await.expect("answered");
     }
-    assert_eq!(replicas.take_counts().len(), 2, "answering again, it gets calls again");
+    assert_eq!(
+        replicas.take_counts().len(),
+        2,
+        "answering again, it gets calls again"
+    );
 }
 
 #[tokio::test]
 async fn a_call_never_sent_is_told_from_one_that_may_have_been() {
     let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
     assert!(never_sent(&refused));
-    let elapsed = tokio::time::timeout(Duration::ZERO, std::future::pending::<()>()).await.expect_err("no time at all");
-    assert!(never_sent(&io::Error::new(io::ErrorKind::TimedOut, elapsed)), "the connect timeout");
-    assert!(!never_sent(&io::Error::from(io::ErrorKind::TimedOut)), "a socket's own timeout may come after the call was written");
-    assert!(never_sent(&io::Error::other(h2::Error::from(h2::Reason::REFUSED_STREAM))), "found in the source chain");
-    for maybe_sent in [io::Error::from(io::ErrorKind::ConnectionReset), io::Error::other(h2::Error::from(h2::Reason::CANCEL))] {
+    let elapsed = tokio::time::timeout(Duration::ZERO, std::future::pending::<()>())
+        .await
+        .expect_err("no time at all");
+    assert!(
+        never_sent(&io::Error::new(io::ErrorKind::TimedOut, elapsed)),
+        "the connect timeout"
+    );
+    assert!(
+        !never_sent(&io::Error::from(io::ErrorKind::TimedOut)),
+        "a socket's own timeout may come after the call was written"
+    );
+    assert!(
+        never_sent(&io::Error::other(h2::Error::from(
+            h2::Reason::REFUSED_STREAM
+        ))),
+        "found in the source chain"
+    );
+    for maybe_sent in [
+        io::Error::from(io::ErrorKind::ConnectionReset),
+        io::Error::other(h2::Error::from(h2::Reason::CANCEL)),
+    ] {
         assert!(!never_sent(&maybe_sent), "{maybe_sent}");
     }
 }

@@ -36,7 +36,10 @@ static PROCESS: OnceLock<Process> = OnceLock::new();
 /// The process, its limit raised the first time it is asked for (when its first port starts
 /// serving).
 fn process() -> &'static Process {
-    PROCESS.get_or_init(|| Process { limit: raise_limit(), ports: AtomicUsize::new(0) })
+    PROCESS.get_or_init(|| Process {
+        limit: raise_limit(),
+        ports: AtomicUsize::new(0),
+    })
 }
 
 /// Raises the soft limit on open descriptors to the hard limit; the limit in force after.
@@ -45,7 +48,11 @@ fn raise_limit() -> u64 {
     match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(limit) => {
             match before {
-                Ok(before) if before < limit => tracing::info!(from = before, to = limit, "raised the limit on open descriptors to the hard limit"),
+                Ok(before) if before < limit => tracing::info!(
+                    from = before,
+                    to = limit,
+                    "raised the limit on open descriptors to the hard limit"
+                ),
                 _ => tracing::info!(limit, "limit on open descriptors (the hard limit)"),
             }
             limit
@@ -72,12 +79,20 @@ pub(super) struct Split {
 impl Split {
     pub fn new(limit: u64, ports: usize) -> Self {
         let reserved = (limit / 4).max(RESERVED_AT_LEAST).min(limit);
-        Self { limit, reserved, ports, per_port: (limit - reserved) / ports.max(1) as u64 }
+        Self {
+            limit,
+            reserved,
+            ports,
+            per_port: (limit - reserved) / ports.max(1) as u64,
+        }
     }
 
     /// Connections one port may keep: its descriptors, less the room for those closing.
     pub fn connections(&self) -> usize {
-        usize::try_from(self.per_port).unwrap_or(usize::MAX).saturating_sub(CLOSING_AT_MOST).max(1)
+        usize::try_from(self.per_port)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(CLOSING_AT_MOST)
+            .max(1)
     }
 }
 
@@ -110,7 +125,9 @@ impl PortShare {
     /// Connections the port may keep now.
     pub fn cap(&self) -> usize {
         let process = process();
-        self.max_open.min(Split::new(process.limit, process.ports.load(Ordering::SeqCst)).connections()).max(1)
+        self.max_open
+            .min(Split::new(process.limit, process.ports.load(Ordering::SeqCst)).connections())
+            .max(1)
     }
 }
 
@@ -128,7 +145,10 @@ mod tests {
     fn a_quarter_is_kept_back_and_the_rest_split_evenly() {
         // The chain in one process (`stack up`) serves eight ports.
         let split = Split::new(1_024, 8);
-        assert_eq!((split.reserved, split.per_port, split.connections()), (256, 96, 80));
+        assert_eq!(
+            (split.reserved, split.per_port, split.connections()),
+            (256, 96, 80)
+        );
         // The gateway alone serves three.
         assert_eq!(Split::new(1_024, 3).connections(), 256 - CLOSING_AT_MOST);
         assert_eq!(Split::new(1_048_576, 3).per_port, 262_144);
@@ -137,13 +157,23 @@ mod tests {
     #[test]
     fn a_small_limit_keeps_its_reserve_and_every_port_one_place() {
         assert_eq!(Split::new(256, 2).reserved, 128);
-        assert_eq!(Split::new(100, 8), Split { limit: 100, reserved: 100, ports: 8, per_port: 0 });
+        assert_eq!(
+            Split::new(100, 8),
+            Split {
+                limit: 100,
+                reserved: 100,
+                ports: 8,
+                per_port: 0
+            }
+        );
         assert_eq!(Split::new(100, 8).connections(), 1);
     }
 
     #[test]
     fn the_ports_together_stay_within_what_is_not_kept_back() {
-        let total: usize = (0..8).map(|_| Split::new(1_024, 8).connections() + CLOSING_AT_MOST).sum();
+        let total: usize = (0..8)
+            .map(|_| Split::new(1_024, 8).connections() + CLOSING_AT_MOST)
+            .sum();
         assert!(total as u64 <= 1_024 - Split::new(1_024, 8).reserved);
     }
 }

@@ -33,7 +33,12 @@ pub struct LimitedListener {
 impl LimitedListener {
     pub fn new(tcp: TcpListener, limits: ConnectionLimits) -> Self {
         let share = PortShare::register(tcp.local_addr().ok(), limits.max_open);
-        Self { tcp, port: Arc::default(), share, idle_timeout: Duration::from_millis(limits.idle_timeout_ms) }
+        Self {
+            tcp,
+            port: Arc::default(),
+            share,
+            idle_timeout: Duration::from_millis(limits.idle_timeout_ms),
+        }
     }
 }
 
@@ -47,7 +52,10 @@ impl Listener for LimitedListener {
             // The connections closed to make room still hold descriptors until their tasks run.
             self.port.closing_below(CLOSING_AT_MOST).await;
             let (tcp, addr) = Listener::accept(&mut self.tcp).await;
-            match self.port.admit(addr.ip(), self.share.cap(), self.idle_timeout) {
+            match self
+                .port
+                .admit(addr.ip(), self.share.cap(), self.idle_timeout)
+            {
                 Some(place) => {
                     if let Err(error) = tcp.set_nodelay(true) {
                         tracing::warn!(%error, "cannot set TCP_NODELAY");
@@ -55,7 +63,9 @@ impl Listener for LimitedListener {
                     return (Limited { io: tcp, place }, addr);
                 }
                 // Dropped: closed at once, before it costs more than its accept.
-                None => tracing::debug!(%addr, "port full of busy connections: the new one is closed"),
+                None => {
+                    tracing::debug!(%addr, "port full of busy connections: the new one is closed")
+                }
             }
         }
     }
@@ -86,7 +96,11 @@ impl<Io> Placed for Limited<Io> {
 }
 
 impl<Io: AsyncRead + Unpin> AsyncRead for Limited<Io> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         if let Poll::Ready(end) = self.poll_end(cx) {
             return Poll::Ready(Err(end));
         }
@@ -95,14 +109,22 @@ impl<Io: AsyncRead + Unpin> AsyncRead for Limited<Io> {
 }
 
 impl<Io: AsyncWrite + Unpin> AsyncWrite for Limited<Io> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         if let Poll::Ready(end) = self.poll_end(cx) {
             return Poll::Ready(Err(end));
         }
         Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         if let Poll::Ready(end) = self.poll_end(cx) {
             return Poll::Ready(Err(end));
         }
@@ -138,12 +160,15 @@ mod tests {
     /// A connection under the limits, and its peer's end.
     fn connection(port: &Arc<Port>) -> (Limited<DuplexStream>, DuplexStream) {
         let (ours, theirs) = tokio::io::duplex(1024);
-        let place = port.admit(Ipv4Addr::LOCALHOST.into(), 10, IDLE).expect("room");
+        let place = port
+            .admit(Ipv4Addr::LOCALHOST.into(), 10, IDLE)
+            .expect("room");
         (Limited { io: ours, place }, theirs)
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_connection_that_answers_pings_but_carries_no_request_is_closed_at_the_idle_timeout() {
+    async fn a_connection_that_answers_pings_but_carries_no_request_is_closed_at_the_idle_timeout()
+    {
         let port = Arc::new(Port::default());
         let (mut connection, mut peer) = connection(&port);
         let started = Instant::now();
@@ -179,23 +204,46 @@ mod tests {
         let (mut connection, _peer) = connection(&port);
         let open = connection.place().requests().open();
         let mut buffer = [0u8; 64];
-        assert!(tokio::time::timeout(IDLE * 10, connection.read(&mut buffer)).await.is_err(), "open for as long as its request");
+        assert!(
+            tokio::time::timeout(IDLE * 10, connection.read(&mut buffer))
+                .await
+                .is_err(),
+            "open for as long as its request"
+        );
         drop(open);
         let started = Instant::now();
-        let error = connection.read(&mut buffer).await.expect_err("closed once idle");
-        assert_eq!((error.kind(), started.elapsed()), (io::ErrorKind::TimedOut, IDLE));
+        let error = connection
+            .read(&mut buffer)
+            .await
+            .expect_err("closed once idle");
+        assert_eq!(
+            (error.kind(), started.elapsed()),
+            (io::ErrorKind::TimedOut, IDLE)
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_connection_whose_place_went_to_a_newer_one_fails_at_once() {
         let port = Arc::new(Port::default());
         let (ours, _theirs) = tokio::io::duplex(1024);
-        let place = port.admit(Ipv4Addr::LOCALHOST.into(), 1, IDLE).expect("room");
+        let place = port
+            .admit(Ipv4Addr::LOCALHOST.into(), 1, IDLE)
+            .expect("room");
         let mut connection = Limited { io: ours, place };
         let mut buffer = [0u8; 64];
-        let reading = tokio::spawn(async move { connection.read(&mut buffer).await.map_err(|error| error.kind()) });
+        let reading = tokio::spawn(async move {
+            connection
+                .read(&mut buffer)
+                .await
+                .map_err(|error| error.kind())
+        });
         tokio::task::yield_now().await;
-        let _newer = port.admit(Ipv4Addr::LOCALHOST.into(), 1, IDLE).expect("room made");
-        assert_eq!(reading.await.unwrap(), Err(io::ErrorKind::ConnectionAborted));
+        let _newer = port
+            .admit(Ipv4Addr::LOCALHOST.into(), 1, IDLE)
+            .expect("room made");
+        assert_eq!(
+            reading.await.unwrap(),
+            Err(io::ErrorKind::ConnectionAborted)
+        );
     }
 }

@@ -58,6 +58,9 @@ impl Default for ConnectionLimits {
 impl ConnectionLimits {
     /// How long one new connection may live: `max_age_ms` less up to a tenth, drawn at random.
     pub(crate) fn max_age(&self) -> Option<std::time::Duration> {
-        (self.max_age_ms > 0).then(|| std::time::Duration::from_millis(self.max_age_ms).mul_f64(1.0 - rand::random::<f64>() / 10.0))
+        (self.max_age_ms > 0).then(|| {
+            std::time::Duration::from_millis(self.max_age_ms)
+                .mul_f64(1.0 - rand::random::<f64>() / 10.0)
+        })
     }
 }

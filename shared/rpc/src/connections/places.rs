@@ -47,7 +47,12 @@ pub(crate) struct Port {
 impl Port {
     /// A place for a connection from `peer` among at most `cap`, closing idle connections to make
     /// room when the port is full; `None` when none of those the newcomer may displace is idle.
-    pub fn admit(self: &Arc<Self>, peer: IpAddr, cap: usize, idle_timeout: Duration) -> Option<Place> {
+    pub fn admit(
+        self: &Arc<Self>,
+        peer: IpAddr,
+        cap: usize,
+        idle_timeout: Duration,
+    ) -> Option<Place> {
         let mut table = lock(&self.table);
         // Bounded: every turn takes one connection out of the live ones.
         while table.live() >= cap {
@@ -57,7 +62,13 @@ impl Port {
         let watch = Arc::new(Mutex::new(Watch::default()));
         let id = table.insert(peer, watch.clone());
         drop(table);
-        Some(Place { port: self.clone(), id, watch, idle_timeout, timer: Box::pin(tokio::time::sleep(idle_timeout)) })
+        Some(Place {
+            port: self.clone(),
+            id,
+            watch,
+            idle_timeout,
+            timer: Box::pin(tokio::time::sleep(idle_timeout)),
+        })
     }
 
     /// Waits until fewer than `at_most` connections closed to make room still hold their
@@ -73,7 +84,10 @@ impl Port {
                 return;
             }
             if tokio::time::timeout_at(give_up, gone).await.is_err() {
-                tracing::warn!(closing, "connections closed to make room are slow to go; accepting regardless");
+                tracing::warn!(
+                    closing,
+                    "connections closed to make room are slow to go; accepting regardless"
+                );
                 return;
             }
         }
@@ -81,7 +95,9 @@ impl Port {
 
     fn request_started(&self, id: u64) {
         let mut table = lock(&self.table);
-        let Some(held) = table.places.get_mut(&id) else { return };
+        let Some(held) = table.places.get_mut(&id) else {
+            return;
+        };
         held.open_requests += 1;
         if held.open_requests == 1 {
             table.busy(id);
@@ -90,7 +106,9 @@ impl Port {
 
     fn request_ended(&self, id: u64) {
         let mut table = lock(&self.table);
-        let Some(held) = table.places.get_mut(&id) else { return };
+        let Some(held) = table.places.get_mut(&id) else {
+            return;
+        };
         held.open_requests -= 1;
         if held.open_requests == 0 && !held.closing {
             table.idle(id);
@@ -99,7 +117,9 @@ impl Port {
 
     fn uncertified(&self, id: u64, until: Instant) {
         let mut table = lock(&self.table);
-        let Some(held) = table.places.get(&id) else { return };
+        let Some(held) = table.places.get(&id) else {
+            return;
+        };
         if held.closing {
             return;
         }
@@ -109,7 +129,9 @@ impl Port {
 
     fn release(&self, id: u64) {
         let mut table = lock(&self.table);
-        let Some(held) = table.places.remove(&id) else { return };
+        let Some(held) = table.places.remove(&id) else {
+            return;
+        };
         if held.closing {
             table.closing -= 1;
             drop(table);
@@ -169,7 +191,16 @@ impl Table {
 
     fn insert(&mut self, peer: IpAddr, watch: Arc<Mutex<Watch>>) -> u64 {
         let id = self.next();
-        self.places.insert(id, Held { peer, open_requests: 0, idle_order: None, closing: false, watch });
+        self.places.insert(
+            id,
+            Held {
+                peer,
+                open_requests: 0,
+                idle_order: None,
+                closing: false,
+                watch,
+            },
+        );
         let holder = self.holders.entry(peer).or_default();
         self.by_held.remove(&(holder.held, peer));
         holder.held += 1;
@@ -204,7 +235,9 @@ impl Table {
 
     /// Tells `id` to close; it keeps its descriptor until it is gone, but no longer its place.
     fn make_room(&mut self, id: u64) {
-        let Some(held) = self.places.get_mut(&id) else { return };
+        let Some(held) = self.places.get_mut(&id) else {
+            return;
+        };
         held.closing = true;
         Watch::tell(&held.watch, |watch| watch.closed_for_room = true);
         let (peer, idle_order) = (held.peer, held.idle_order.take());
@@ -218,7 +251,9 @@ impl Table {
             self.idle.remove(&turn);
         }
         self.uncertified.remove(&id);
-        let Some(holder) = self.holders.get_mut(&peer) else { return };
+        let Some(holder) = self.holders.get_mut(&peer) else {
+            return;
+        };
         if let Some(turn) = idle_order {
             holder.idle.remove(&turn);
         }
@@ -233,7 +268,9 @@ impl Table {
 
     fn idle(&mut self, id: u64) {
         let turn = self.next();
-        let Some(held) = self.places.get_mut(&id) else { return };
+        let Some(held) = self.places.get_mut(&id) else {
+            return;
+        };
         held.idle_order = Some(turn);
         Watch::tell(&held.watch, |watch| watch.idle_since = Some(Instant::now()));
         self.idle.insert(turn, id);
@@ -243,9 +280,13 @@ impl Table {
     }
 
     fn busy(&mut self, id: u64) {
-        let Some(held) = self.places.get_mut(&id) else { return };
+        let Some(held) = self.places.get_mut(&id) else {
+            return;
+        };
         lock(&held.watch).idle_since = None;
-        let Some(turn) = held.idle_order.take() else { return };
+        let Some(turn) = held.idle_order.take() else {
+            return;
+        };
         self.idle.remove(&turn);
         if let Some(holder) = self.holders.get_mut(&held.peer) {
             holder.idle.remove(&turn);
@@ -292,9 +333,15 @@ pub(crate) enum End {
 impl From<End> for io::Error {
     fn from(end: End) -> Self {
         match end {
-            End::MadeRoom => io::Error::new(io::ErrorKind::ConnectionAborted, "closed to make room for a newer connection"),
+            End::MadeRoom => io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "closed to make room for a newer connection",
+            ),
             End::Idle => io::Error::new(io::ErrorKind::TimedOut, "no request for the idle timeout"),
-            End::Uncertified => io::Error::new(io::ErrorKind::TimedOut, "no certificate: the handshake's time is up"),
+            End::Uncertified => io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no certificate: the handshake's time is up",
+            ),
         }
     }
 }
@@ -311,7 +358,10 @@ pub(crate) struct Place {
 impl Place {
     /// What the connection's requests hold while they are open.
     pub fn requests(&self) -> Requests {
-        Requests { port: self.port.clone(), id: self.id }
+        Requests {
+            port: self.port.clone(),
+            id: self.id,
+        }
     }
 
     /// The connection's caller presented no certificate: it keeps its place until `until` at the
@@ -328,14 +378,24 @@ impl Place {
             if watch.closed_for_room {
                 return Poll::Ready(End::MadeRoom);
             }
-            if !watch.waker.as_ref().is_some_and(|waker| waker.will_wake(cx.waker())) {
+            if !watch
+                .waker
+                .as_ref()
+                .is_some_and(|waker| waker.will_wake(cx.waker()))
+            {
                 watch.waker = Some(cx.waker().clone());
             }
-            let idle = watch.idle_since.map(|since| (since + self.idle_timeout, End::Idle));
+            let idle = watch
+                .idle_since
+                .map(|since| (since + self.idle_timeout, End::Idle));
             let uncertified = watch.expires.map(|until| (until, End::Uncertified));
-            idle.into_iter().chain(uncertified).min_by_key(|(at, _)| *at)
+            idle.into_iter()
+                .chain(uncertified)
+                .min_by_key(|(at, _)| *at)
         };
-        let Some((at, end)) = deadline else { return Poll::Pending };
+        let Some((at, end)) = deadline else {
+            return Poll::Pending;
+        };
         if self.timer.deadline() != at {
             self.timer.as_mut().reset(at);
         }
@@ -360,7 +420,10 @@ impl Requests {
     /// One request begun: the connection is not idle until it (and every other) is dropped.
     pub fn open(&self) -> OpenRequest {
         self.port.request_started(self.id);
-        OpenRequest { port: self.port.clone(), id: self.id }
+        OpenRequest {
+            port: self.port.clone(),
+            id: self.id,
+        }
     }
 }
 
@@ -411,7 +474,10 @@ mod tests {
         let mut places: Vec<Place> = (0..3).map(|_| admit(&port, 1, 3)).collect();
         let newcomer = admit(&port, 1, 3);
         assert_eq!(end(&mut places[0]), Some(End::MadeRoom));
-        assert_eq!(places.iter_mut().skip(1).map(end).collect::<Vec<_>>(), [None, None]);
+        assert_eq!(
+            places.iter_mut().skip(1).map(end).collect::<Vec<_>>(),
+            [None, None]
+        );
         drop(newcomer);
     }
 
@@ -422,9 +488,15 @@ mod tests {
         let _busy = first.requests().open();
         let mut second = admit(&port, 1, 2);
         let mut third = admit(&port, 1, 2);
-        assert_eq!((end(&mut first), end(&mut second)), (None, Some(End::MadeRoom)));
+        assert_eq!(
+            (end(&mut first), end(&mut second)),
+            (None, Some(End::MadeRoom))
+        );
         let _also_busy = third.requests().open();
-        assert!(port.admit(address(1), 2, IDLE).is_none(), "every connection busy: the newcomer is refused");
+        assert!(
+            port.admit(address(1), 2, IDLE).is_none(),
+            "every connection busy: the newcomer is refused"
+        );
         assert_eq!((end(&mut first), end(&mut third)), (None, None));
     }
 
@@ -458,7 +530,10 @@ mod tests {
         // Its own all busy, it gets nothing, however idle the others' are.
         let _busy = [own[1].requests().open(), _newcomer.requests().open()];
         assert!(port.admit(address(2), 4, IDLE).is_none());
-        assert!(port.admit(address(3), 4, IDLE).is_some(), "an address below its share still gets in");
+        assert!(
+            port.admit(address(3), 4, IDLE).is_some(),
+            "an address below its share still gets in"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -469,7 +544,10 @@ mod tests {
         let _busy = uncertified.requests().open();
         uncertified.uncertified_until(Instant::now() + Duration::from_secs(5));
         let _newcomer = admit(&port, 1, 2);
-        assert_eq!((end(&mut certified), end(&mut uncertified)), (None, Some(End::MadeRoom)));
+        assert_eq!(
+            (end(&mut certified), end(&mut uncertified)),
+            (None, Some(End::MadeRoom))
+        );
 
         let mut late = admit(&port, 3, 10);
         let _busy = late.requests().open();
@@ -477,7 +555,11 @@ mod tests {
         tokio::time::advance(Duration::from_millis(4_900)).await;
         assert_eq!(end(&mut late), None);
         tokio::time::advance(Duration::from_millis(100)).await;
-        assert_eq!(end(&mut late), Some(End::Uncertified), "a request in flight does not keep it");
+        assert_eq!(
+            end(&mut late),
+            Some(End::Uncertified),
+            "a request in flight does not keep it"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -503,8 +585,15 @@ mod tests {
         let port = Arc::new(Port::default());
         let first = admit(&port, 1, 1);
         let _second = admit(&port, 1, 1);
-        assert!(tokio::time::timeout(Duration::from_millis(10), port.closing_below(1)).await.is_err(), "the first still holds its descriptor");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(10), port.closing_below(1))
+                .await
+                .is_err(),
+            "the first still holds its descriptor"
+        );
         drop(first);
-        tokio::time::timeout(Duration::from_millis(10), port.closing_below(1)).await.expect("gone");
+        tokio::time::timeout(Duration::from_millis(10), port.closing_below(1))
+            .await
+            .expect("gone");
     }
 }

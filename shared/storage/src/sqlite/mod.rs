@@ -40,11 +40,17 @@ impl Sqlite {
     /// Opens the file `path` (created owner-only when missing) and applies `migrations`; the
     /// file's writer is shared with whoever in this process has it open already, and then the
     /// first opener's `settings` stay in force.
-    pub(crate) async fn open(path: &Path, settings: &SqliteSettings, migrations: Vec<Migrations>) -> Result<Arc<Self>, Error> {
+    pub(crate) async fn open(
+        path: &Path,
+        settings: &SqliteSettings,
+        migrations: Vec<Migrations>,
+    ) -> Result<Arc<Self>, Error> {
         create_private(path)?;
         let path = std::fs::canonicalize(path)?;
         let shared = {
-            let mut open = OPEN.lock().expect("the registry of open files is never poisoned");
+            let mut open = OPEN
+                .lock()
+                .expect("the registry of open files is never poisoned");
             open.retain(|_, sqlite| sqlite.strong_count() > 0);
             match open.get(&path).and_then(Weak::upgrade) {
                 Some(sqlite) => sqlite,
@@ -55,7 +61,11 @@ impl Sqlite {
                 }
             }
         };
-        shared.write(async move |tx: &mut Tx<'_>| crate::migrate::sqlite(tx.sqlite_connection(), &migrations)).await?;
+        shared
+            .write(async move |tx: &mut Tx<'_>| {
+                crate::migrate::sqlite(tx.sqlite_connection(), &migrations)
+            })
+            .await?;
         Ok(shared)
     }
 
@@ -70,8 +80,16 @@ impl Sqlite {
             Synchronous::Full => "FULL",
         };
         connection.execute_batch(&format!("PRAGMA journal_mode = WAL; PRAGMA synchronous = {synchronous}; PRAGMA temp_store = MEMORY;"))?;
-        let writer = writer::Writer::spawn(connection, settings.max_batch.get() as usize, Duration::from_micros(settings.batch_wait_us))?;
-        Ok(Self { writer, path: path.to_owned(), idle_readers: Mutex::default() })
+        let writer = writer::Writer::spawn(
+            connection,
+            settings.max_batch.get() as usize,
+            Duration::from_micros(settings.batch_wait_us),
+        )?;
+        Ok(Self {
+            writer,
+            path: path.to_owned(),
+            idle_readers: Mutex::default(),
+        })
     }
 
     /// Runs `work` on the writer, as one member of its next batch: see [`writer`].
@@ -99,7 +117,11 @@ impl Sqlite {
             let mut tx = Tx::sqlite(turn.connection);
             match turn.runtime.block_on(work(&mut tx)) {
                 Ok(done) => Some(Box::new(move |committed: Result<(), String>| {
-                    let _ = reply.send(committed.map(|()| done).map_err(|failure| E::from(Error::RolledBack(failure))));
+                    let _ = reply.send(
+                        committed
+                            .map(|()| done)
+                            .map_err(|failure| E::from(Error::RolledBack(failure))),
+                    );
                 })),
                 Err(error) => {
                     let _ = reply.send(Err(error));
@@ -113,17 +135,27 @@ impl Sqlite {
 
     /// A read connection: see [`crate::Database::read`].
     pub(crate) fn reader(&self) -> Result<Reader<'_>, Error> {
-        let idle = self.idle_readers.lock().expect("the idle readers are never poisoned").pop();
+        let idle = self
+            .idle_readers
+            .lock()
+            .expect("the idle readers are never poisoned")
+            .pop();
         let connection = match idle {
             Some(connection) => connection,
             None => {
-                let connection = Connection::open_with_flags(&self.path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
+                let connection = Connection::open_with_flags(
+                    &self.path,
+                    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )?;
                 connection.busy_timeout(WAIT)?;
                 connection.set_prepared_statement_cache_capacity(PREPARED);
                 connection
             }
         };
-        Ok(Reader { connection: Some(connection), sqlite: self })
+        Ok(Reader {
+            connection: Some(connection),
+            sqlite: self,
+        })
     }
 }
 
@@ -135,18 +167,26 @@ pub(crate) struct Reader<'s> {
 
 impl Reader<'_> {
     pub(crate) fn connection(&mut self) -> &mut Connection {
-        self.connection.as_mut().expect("a reader holds its connection until dropped")
+        self.connection
+            .as_mut()
+            .expect("a reader holds its connection until dropped")
     }
 }
 
 impl Drop for Reader<'_> {
     fn drop(&mut self) {
-        let Some(connection) = self.connection.take() else { return };
+        let Some(connection) = self.connection.take() else {
+            return;
+        };
         // A read dropped midway leaves its snapshot open: end it, or the next read sees old data.
         if !connection.is_autocommit() && connection.execute_batch("ROLLBACK").is_err() {
             return;
         }
-        let mut idle = self.sqlite.idle_readers.lock().expect("the idle readers are never poisoned");
+        let mut idle = self
+            .sqlite
+            .idle_readers
+            .lock()
+            .expect("the idle readers are never poisoned");
         if idle.len() < IDLE_READERS {
             idle.push(connection);
         }
@@ -158,7 +198,12 @@ impl Drop for Reader<'_> {
 /// permissions of the database file.
 fn create_private(path: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
-    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
         Err(error) if error.kind() != std::io::ErrorKind::AlreadyExists => Err(error),
         _ => Ok(()),
     }

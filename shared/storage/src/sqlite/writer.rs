@@ -53,13 +53,27 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// Starts the writer's thread on `connection`.
-    pub(crate) fn spawn(connection: Connection, max_batch: usize, batch_wait: Duration) -> Result<Self, Error> {
+    pub(crate) fn spawn(
+        connection: Connection,
+        max_batch: usize,
+        batch_wait: Duration,
+    ) -> Result<Self, Error> {
         let (jobs, queue) = mpsc::channel(QUEUE);
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
-        std::thread::Builder::new().name("sqlite-writer".into()).spawn(move || {
-            let mut batches = Batches { connection, queue, max_batch, batch_wait, runtime };
-            while batches.commit_next() {}
-        })?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()?;
+        std::thread::Builder::new()
+            .name("sqlite-writer".into())
+            .spawn(move || {
+                let mut batches = Batches {
+                    connection,
+                    queue,
+                    max_batch,
+                    batch_wait,
+                    runtime,
+                };
+                while batches.commit_next() {}
+            })?;
         Ok(Self { jobs })
     }
 
@@ -84,7 +98,9 @@ struct Batches {
 impl Batches {
     /// Commits the next batch; `false` once every handle is gone.
     fn commit_next(&mut self) -> bool {
-        let Some(first) = self.queue.blocking_recv() else { return false };
+        let Some(first) = self.queue.blocking_recv() else {
+            return false;
+        };
         if let Err(error) = self.connection.execute_batch("BEGIN IMMEDIATE") {
             tracing::warn!(%error, "a SQLite transaction could not begin");
             first(Err(error.into()));
@@ -101,8 +117,13 @@ impl Batches {
             }
             // A panic in one caller's work must not stop the writer of every other: the caller
             // hears that the writer dropped its work, which is rolled back.
-            let settle = std::panic::catch_unwind(AssertUnwindSafe(|| job(Ok(Turn { connection: &mut self.connection, runtime: &self.runtime }))))
-                .unwrap_or(None);
+            let settle = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                job(Ok(Turn {
+                    connection: &mut self.connection,
+                    runtime: &self.runtime,
+                }))
+            }))
+            .unwrap_or(None);
             if self.connection.is_autocommit() {
                 kept.extend(settle);
                 failure = Some("SQLite rolled the transaction back after an error".to_owned());
@@ -113,7 +134,9 @@ impl Batches {
                     kept.push(settle);
                     self.connection.execute_batch("RELEASE member")
                 }
-                None => self.connection.execute_batch("ROLLBACK TO member; RELEASE member"),
+                None => self
+                    .connection
+                    .execute_batch("ROLLBACK TO member; RELEASE member"),
             };
             if let Err(error) = closed {
                 failure = Some(error.to_string());
@@ -124,7 +147,11 @@ impl Batches {
             }
         }
         let failure = match failure {
-            None => self.connection.execute_batch("COMMIT").err().map(|error| error.to_string()),
+            None => self
+                .connection
+                .execute_batch("COMMIT")
+                .err()
+                .map(|error| error.to_string()),
             failure => failure,
         };
         match failure {
@@ -134,7 +161,8 @@ impl Batches {
                 if !self.connection.is_autocommit() {
                     let _ = self.connection.execute_batch("ROLLBACK");
                 }
-                kept.into_iter().for_each(|settle| settle(Err(failure.clone())));
+                kept.into_iter()
+                    .for_each(|settle| settle(Err(failure.clone())));
             }
         }
         true
@@ -146,7 +174,11 @@ impl Batches {
         match self.queue.try_recv() {
             Ok(job) => Some(job),
             Err(_) if self.batch_wait.is_zero() => None,
-            Err(_) => self.runtime.block_on(tokio::time::timeout(self.batch_wait, self.queue.recv())).ok().flatten(),
+            Err(_) => self
+                .runtime
+                .block_on(tokio::time::timeout(self.batch_wait, self.queue.recv()))
+                .ok()
+                .flatten(),
         }
     }
 }

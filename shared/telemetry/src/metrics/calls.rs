@@ -33,7 +33,14 @@ impl CallMetricsLayer {
     /// `server.port`).
     pub fn new(uri: &Uri) -> Self {
         let (address, port) = server_address(uri);
-        Self { address, port, duration: super::second_histogram(name::RPC_CLIENT_CALL_DURATION, "Duration of the gRPC calls a client made") }
+        Self {
+            address,
+            port,
+            duration: super::second_histogram(
+                name::RPC_CLIENT_CALL_DURATION,
+                "Duration of the gRPC calls a client made",
+            ),
+        }
     }
 }
 
@@ -41,7 +48,10 @@ impl<S> Layer<S> for CallMetricsLayer {
     type Service = CallMetrics<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        CallMetrics { inner, layer: self.clone() }
+        CallMetrics {
+            inner,
+            layer: self.clone(),
+        }
     }
 }
 
@@ -81,7 +91,10 @@ where
             };
             let address = KeyValue::new(attr::SERVER_ADDRESS, this.layer.address.clone());
             let port = KeyValue::new(attr::SERVER_PORT, i64::from(this.layer.port));
-            this.layer.duration.record(this.started.elapsed().as_secs_f64(), &[system, service, method, outcome, address, port]);
+            this.layer.duration.record(
+                this.started.elapsed().as_secs_f64(),
+                &[system, service, method, outcome, address, port],
+            );
         }
         Poll::Ready(result)
     }
@@ -102,6 +115,11 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let (service, method) = grpc_method(request.uri().path());
         let method = Some((service.to_owned(), method.to_owned()));
-        ResponseFuture { inner: self.inner.call(request), layer: self.layer.clone(), method, started: Instant::now() }
+        ResponseFuture {
+            inner: self.inner.call(request),
+            layer: self.layer.clone(),
+            method,
+            started: Instant::now(),
+        }
     }
 }

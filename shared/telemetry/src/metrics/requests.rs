@@ -53,9 +53,18 @@ impl RequestMetricsLayer {
             hop,
             grpc_methods: Arc::new(grpc_methods.into_iter().collect()),
             requests: super::counter(name::REQUESTS, "Requests answered, by hop and answer code"),
-            duration: super::millisecond_histogram(name::REQUEST_DURATION, "Time to answer a request"),
-            rpc_duration: super::second_histogram(name::RPC_SERVER_CALL_DURATION, "Duration of the gRPC calls a server answered"),
-            http_duration: super::second_histogram(name::HTTP_SERVER_REQUEST_DURATION, "Duration of the HTTP requests a server answered"),
+            duration: super::millisecond_histogram(
+                name::REQUEST_DURATION,
+                "Time to answer a request",
+            ),
+            rpc_duration: super::second_histogram(
+                name::RPC_SERVER_CALL_DURATION,
+                "Duration of the gRPC calls a server answered",
+            ),
+            http_duration: super::second_histogram(
+                name::HTTP_SERVER_REQUEST_DURATION,
+                "Duration of the HTTP requests a server answered",
+            ),
         }
     }
 }
@@ -64,7 +73,10 @@ impl<S> Layer<S> for RequestMetricsLayer {
     type Service = RequestMetrics<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RequestMetrics { inner, layer: self.clone() }
+        RequestMetrics {
+            inner,
+            layer: self.clone(),
+        }
     }
 }
 
@@ -77,8 +89,15 @@ pub struct RequestMetrics<S> {
 
 /// What the standard duration of a request is labelled with, as far as the request tells.
 enum Received {
-    Grpc { service: String, method: String },
-    Http { method: &'static str, route: Option<MatchedPath>, scheme: &'static str },
+    Grpc {
+        service: String,
+        method: String,
+    },
+    Http {
+        method: &'static str,
+        route: Option<MatchedPath>,
+        scheme: &'static str,
+    },
 }
 
 pin_project! {
@@ -105,22 +124,38 @@ where
             let elapsed = this.started.elapsed();
             let code = status_code(response);
             let hop = KeyValue::new("hop", this.layer.hop);
-            this.layer.requests.add(1, &[hop.clone(), KeyValue::new("code", code)]);
-            this.layer.duration.record(elapsed.as_secs_f64() * 1_000.0, &[hop]);
+            this.layer
+                .requests
+                .add(1, &[hop.clone(), KeyValue::new("code", code)]);
+            this.layer
+                .duration
+                .record(elapsed.as_secs_f64() * 1_000.0, &[hop]);
             match received {
                 Received::Grpc { service, method } => {
                     let [system, service, method] = rpc_attributes(service, method);
                     let code = KeyValue::new(attr::RPC_GRPC_STATUS_CODE, code);
-                    this.layer.rpc_duration.record(elapsed.as_secs_f64(), &[system, service, method, code]);
+                    this.layer
+                        .rpc_duration
+                        .record(elapsed.as_secs_f64(), &[system, service, method, code]);
                 }
-                Received::Http { method, route, scheme } => {
+                Received::Http {
+                    method,
+                    route,
+                    scheme,
+                } => {
                     let mut attributes = vec![
                         KeyValue::new(attr::HTTP_REQUEST_METHOD, method),
                         KeyValue::new(attr::HTTP_RESPONSE_STATUS_CODE, code),
                         KeyValue::new(attr::URL_SCHEME, scheme),
                     ];
-                    attributes.extend(route.map(|route| KeyValue::new(attr::HTTP_ROUTE, route.as_str().to_owned())));
-                    this.layer.http_duration.record(elapsed.as_secs_f64(), &attributes);
+                    attributes.extend(
+                        route.map(|route| {
+                            KeyValue::new(attr::HTTP_ROUTE, route.as_str().to_owned())
+                        }),
+                    );
+                    this.layer
+                        .http_duration
+                        .record(elapsed.as_secs_f64(), &attributes);
                 }
             }
         }
@@ -143,12 +178,28 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let received = if is_grpc(request.headers()) {
             let path = request.uri().path();
-            let (service, method) = if self.layer.grpc_methods.contains(path) { grpc_method(path) } else { (OTHER, OTHER) };
-            Received::Grpc { service: service.to_owned(), method: method.to_owned() }
+            let (service, method) = if self.layer.grpc_methods.contains(path) {
+                grpc_method(path)
+            } else {
+                (OTHER, OTHER)
+            };
+            Received::Grpc {
+                service: service.to_owned(),
+                method: method.to_owned(),
+            }
         } else {
             let route = request.extensions().get::<MatchedPath>().cloned();
-            Received::Http { method: http_method(request.method()), route, scheme: url_scheme(request.uri()) }
+            Received::Http {
+                method: http_method(request.method()),
+                route,
+                scheme: url_scheme(request.uri()),
+            }
         };
-        ResponseFuture { inner: self.inner.call(request), layer: self.layer.clone(), received: Some(received), started: Instant::now() }
+        ResponseFuture {
+            inner: self.inner.call(request),
+            layer: self.layer.clone(),
+            received: Some(received),
+            started: Instant::now(),
+        }
     }
 }

@@ -18,12 +18,21 @@ pub struct DeniedRange {
 
 const fn v4(octets: [u8; 4], prefix_len: u8, reason: &'static str) -> DeniedRange {
     let [a, b, c, d] = octets;
-    DeniedRange { net: IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(a, b, c, d), prefix_len)), reason }
+    DeniedRange {
+        net: IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(a, b, c, d), prefix_len)),
+        reason,
+    }
 }
 
 const fn v6(segments: [u16; 8], prefix_len: u8, reason: &'static str) -> DeniedRange {
     let [a, b, c, d, e, f, g, h] = segments;
-    DeniedRange { net: IpNet::V6(Ipv6Net::new_assert(Ipv6Addr::new(a, b, c, d, e, f, g, h), prefix_len)), reason }
+    DeniedRange {
+        net: IpNet::V6(Ipv6Net::new_assert(
+            Ipv6Addr::new(a, b, c, d, e, f, g, h),
+            prefix_len,
+        )),
+        reason,
+    }
 }
 
 /// Searched in order, so a narrower range comes before a wider one that contains it and its
@@ -106,14 +115,17 @@ mod tests {
 
     fn from_bits(like: IpAddr, bits: u128) -> Option<IpAddr> {
         match like {
-            IpAddr::V4(_) => u32::try_from(bits).ok().map(|bits| Ipv4Addr::from(bits).into()),
+            IpAddr::V4(_) => u32::try_from(bits)
+                .ok()
+                .map(|bits| Ipv4Addr::from(bits).into()),
             IpAddr::V6(_) => Some(Ipv6Addr::from(bits).into()),
         }
     }
 
     fn first_middle_last(net: IpNet) -> [IpAddr; 3] {
         let (first, last) = (net.network(), net.broadcast());
-        let middle = from_bits(first, to_bits(first) + (to_bits(last) - to_bits(first)) / 2).unwrap();
+        let middle =
+            from_bits(first, to_bits(first) + (to_bits(last) - to_bits(first)) / 2).unwrap();
         [first, middle, last]
     }
 
@@ -130,10 +142,19 @@ mod tests {
     fn the_addresses_next_to_each_range_are_not_in_it() {
         for range in &DENY_LIST {
             let (first, last) = (range.net.network(), range.net.broadcast());
-            let before = to_bits(first).checked_sub(1).and_then(|bits| from_bits(first, bits));
-            let after = to_bits(last).checked_add(1).and_then(|bits| from_bits(last, bits));
+            let before = to_bits(first)
+                .checked_sub(1)
+                .and_then(|bits| from_bits(first, bits));
+            let after = to_bits(last)
+                .checked_add(1)
+                .and_then(|bits| from_bits(last, bits));
             for outside in before.into_iter().chain(after) {
-                assert_ne!(denied_range(outside).map(|denied| denied.net), Some(range.net), "{outside} next to {}", range.net);
+                assert_ne!(
+                    denied_range(outside).map(|denied| denied.net),
+                    Some(range.net),
+                    "{outside} next to {}",
+                    range.net
+                );
             }
         }
     }
@@ -141,7 +162,12 @@ mod tests {
     #[test]
     fn the_table_is_written_with_network_addresses() {
         for range in &DENY_LIST {
-            assert_eq!(range.net, range.net.trunc(), "{} has host bits set", range.net);
+            assert_eq!(
+                range.net,
+                range.net.trunc(),
+                "{} has host bits set",
+                range.net
+            );
         }
     }
 
@@ -231,7 +257,10 @@ mod tests {
                 assert_eq!(denied_range(mapped), denied_as_ipv4, "{mapped}");
             }
         }
-        assert_eq!(denied_range(ip("::ffff:127.0.0.1")).map(|denied| denied.net), Some(DENY_LIST[3].net));
+        assert_eq!(
+            denied_range(ip("::ffff:127.0.0.1")).map(|denied| denied.net),
+            Some(DENY_LIST[3].net)
+        );
         assert_eq!(denied_range(ip("::ffff:1.1.1.1")), None);
     }
 
@@ -240,12 +269,25 @@ mod tests {
         for range in &DENY_LIST {
             let IpNet::V4(net) = range.net else { continue };
             for inside in [net.network(), net.broadcast()] {
-                let nat64 = IpAddr::V6(Ipv6Addr::from_bits(NAT64.network().to_bits() | u128::from(inside.to_bits())));
+                let nat64 = IpAddr::V6(Ipv6Addr::from_bits(
+                    NAT64.network().to_bits() | u128::from(inside.to_bits()),
+                ));
                 assert_eq!(denied_range(nat64), denied_range(inside.into()), "{nat64}");
             }
         }
-        assert_eq!(denied_range(ip("64:ff9b::a9fe:a9fe")).map(|denied| denied.net), Some(DENY_LIST[4].net), "169.254.169.254");
-        assert_eq!(denied_range(ip("64:ff9b::1.1.1.1")), None, "a public IPv4 recipient through DNS64");
-        assert!(denied_range(ip("64:ff9b:1::1.1.1.1")).is_some(), "local-use NAT64 stays denied");
+        assert_eq!(
+            denied_range(ip("64:ff9b::a9fe:a9fe")).map(|denied| denied.net),
+            Some(DENY_LIST[4].net),
+            "169.254.169.254"
+        );
+        assert_eq!(
+            denied_range(ip("64:ff9b::1.1.1.1")),
+            None,
+            "a public IPv4 recipient through DNS64"
+        );
+        assert!(
+            denied_range(ip("64:ff9b:1::1.1.1.1")).is_some(),
+            "local-use NAT64 stays denied"
+        );
     }
 }

@@ -53,9 +53,17 @@ pub enum SsrfError {
     #[error("plain http to {host}:{port} is refused: deliveries go over https")]
     PlainHttp { host: String, port: u16 },
     #[error("{host} is {addr}, in {}, which is denied: {}", range.net, range.reason)]
-    Denied { host: String, addr: IpAddr, range: &'static DeniedRange },
+    Denied {
+        host: String,
+        addr: IpAddr,
+        range: &'static DeniedRange,
+    },
     #[error("{host} is {addr}, in {net}, which this deployment denies")]
-    DeniedByPolicy { host: String, addr: IpAddr, net: IpNet },
+    DeniedByPolicy {
+        host: String,
+        addr: IpAddr,
+        net: IpNet,
+    },
     #[error("could not resolve {host}: {source}")]
     Resolve { host: String, source: io::Error },
     #[error("{host} resolves to no address")]
@@ -68,7 +76,10 @@ pub enum InvalidTestHost {
     #[error("test host {0:?} is not host:port")]
     NotHostPort(String),
     #[error("test host {host:?} is not a host name or an IP address: {source}")]
-    Host { host: String, source: url::ParseError },
+    Host {
+        host: String,
+        source: url::ParseError,
+    },
 }
 
 /// What a delivery may dial besides public https URLs.
@@ -101,13 +112,18 @@ impl Policy {
             .rsplit_once(':')
             .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
             .ok_or_else(|| InvalidTestHost::NotHostPort(host_port.to_owned()))?;
-        let parsed = Host::parse(host).map_err(|source| InvalidTestHost::Host { host: host.to_owned(), source })?;
+        let parsed = Host::parse(host).map_err(|source| InvalidTestHost::Host {
+            host: host.to_owned(),
+            source,
+        })?;
         self.test_hosts.push((parsed, port));
         Ok(self)
     }
 
     fn is_test_host(&self, host: &Host, port: u16) -> bool {
-        self.test_hosts.iter().any(|(test_host, test_port)| test_host == host && *test_port == port)
+        self.test_hosts
+            .iter()
+            .any(|(test_host, test_port)| test_host == host && *test_port == port)
     }
 }
 
@@ -151,14 +167,23 @@ impl Target {
         let host = host.to_owned();
         let test_host = policy.is_test_host(&host, port);
         if !https && !test_host {
-            return Err(SsrfError::PlainHttp { host: host.to_string(), port });
+            return Err(SsrfError::PlainHttp {
+                host: host.to_string(),
+                port,
+            });
         }
         // Below 1024 live the services of a host (ssh 22, smtp 25, ...), never a webhook
         // recipient; a delivery there would turn the sender against them.
         if port != 443 && port < 1024 && !test_host {
             return Err(SsrfError::Port(port));
         }
-        let target = Self { url, host, port, test_host, extra_denied: policy.extra_denied.clone() };
+        let target = Self {
+            url,
+            host,
+            port,
+            test_host,
+            extra_denied: policy.extra_denied.clone(),
+        };
         if let Some(ip) = target.literal_ip() {
             target.check(ip)?;
         }
@@ -176,11 +201,16 @@ impl Target {
             Some(ip) => vec![ip],
             None => {
                 let name = self.host.to_string();
-                resolver.resolve(&name).await.map_err(|source| SsrfError::Resolve { host: name, source })?
+                resolver
+                    .resolve(&name)
+                    .await
+                    .map_err(|source| SsrfError::Resolve { host: name, source })?
             }
         };
         if ips.is_empty() {
-            return Err(SsrfError::NoAddresses { host: self.host.to_string() });
+            return Err(SsrfError::NoAddresses {
+                host: self.host.to_string(),
+            });
         }
         let mut addrs = Vec::with_capacity(ips.len());
         for ip in ips {
@@ -192,7 +222,11 @@ impl Target {
                 addrs.push(addr);
             }
         }
-        Ok(VettedTarget { host: self.host.to_string(), url: self.url, addrs })
+        Ok(VettedTarget {
+            host: self.host.to_string(),
+            url: self.url,
+            addrs,
+        })
     }
 
     /// Whether [`Target::resolve`] asks the resolver: the host is a name, not an IP address.
@@ -218,10 +252,18 @@ impl Target {
             return Ok(());
         }
         if let Some(range) = denied_range(addr) {
-            return Err(SsrfError::Denied { host: self.host.to_string(), addr, range });
+            return Err(SsrfError::Denied {
+                host: self.host.to_string(),
+                addr,
+                range,
+            });
         }
         match self.extra_denied.iter().find(|net| net.contains(&addr)) {
-            Some(net) => Err(SsrfError::DeniedByPolicy { host: self.host.to_string(), addr, net: *net }),
+            Some(net) => Err(SsrfError::DeniedByPolicy {
+                host: self.host.to_string(),
+                addr,
+                net: *net,
+            }),
             None => Ok(()),
         }
     }
@@ -256,7 +298,11 @@ impl VettedTarget {
 }
 
 /// Parses, resolves and vets `url`: [`Target::parse`] then [`Target::resolve`].
-pub async fn vet(url: &str, policy: &Policy, resolver: &impl Resolve) -> Result<VettedTarget, SsrfError> {
+pub async fn vet(
+    url: &str,
+    policy: &Policy,
+    resolver: &impl Resolve,
+) -> Result<VettedTarget, SsrfError> {
     Target::parse(url, policy)?.resolve(resolver).await
 }
 

@@ -12,11 +12,17 @@ struct StubResolver {
 impl StubResolver {
     fn answering(addrs: &[&str]) -> Self {
         let answer = addrs.iter().map(|addr| addr.parse().unwrap()).collect();
-        Self { answer: Some(answer), lookups: AtomicUsize::new(0) }
+        Self {
+            answer: Some(answer),
+            lookups: AtomicUsize::new(0),
+        }
     }
 
     fn failing() -> Self {
-        Self { answer: None, lookups: AtomicUsize::new(0) }
+        Self {
+            answer: None,
+            lookups: AtomicUsize::new(0),
+        }
     }
 
     fn lookups(&self) -> usize {
@@ -27,7 +33,9 @@ impl StubResolver {
 impl Resolve for StubResolver {
     async fn resolve(&self, _host: &str) -> io::Result<Vec<IpAddr>> {
         self.lookups.fetch_add(1, Ordering::SeqCst);
-        self.answer.clone().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such host"))
+        self.answer
+            .clone()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such host"))
     }
 }
 
@@ -37,7 +45,12 @@ fn addr(text: &str) -> SocketAddr {
 
 #[test]
 fn the_parser_turns_numeric_tricks_into_the_loopback_address() {
-    for trick in ["https://0x7f.1/", "https://2130706433/", "https://017700000001/", "https://127.1/"] {
+    for trick in [
+        "https://0x7f.1/",
+        "https://2130706433/",
+        "https://017700000001/",
+        "https://127.1/",
+    ] {
         let url = Url::parse(trick).unwrap();
         assert_eq!(url.host(), Some(Host::Ipv4(Ipv4Addr::LOCALHOST)), "{trick}");
     }
@@ -46,17 +59,31 @@ fn the_parser_turns_numeric_tricks_into_the_loopback_address() {
 #[test]
 fn trick_urls_are_refused() {
     let policy = Policy::default();
-    for trick in ["http://0x7f.1/", "http://2130706433/", "http://[::ffff:127.0.0.1]/", "http://169.254.169.254/", "http://[fd00:ec2::254]/"] {
+    for trick in [
+        "http://0x7f.1/",
+        "http://2130706433/",
+        "http://[::ffff:127.0.0.1]/",
+        "http://169.254.169.254/",
+        "http://[fd00:ec2::254]/",
+    ] {
         assert!(Target::parse(trick, &policy).is_err(), "{trick}");
         // Over https the scheme passes, and the address itself is what refuses them.
         let over_https = trick.replacen("http:", "https:", 1);
-        assert!(matches!(Target::parse(&over_https, &policy), Err(SsrfError::Denied { .. })), "{over_https}");
+        assert!(
+            matches!(
+                Target::parse(&over_https, &policy),
+                Err(SsrfError::Denied { .. })
+            ),
+            "{over_https}"
+        );
     }
 }
 
 #[test]
 fn a_denial_names_the_address_and_the_range() {
-    let Err(SsrfError::Denied { host, addr, range }) = Target::parse("https://[::ffff:127.0.0.1]/", &Policy::default()) else {
+    let Err(SsrfError::Denied { host, addr, range }) =
+        Target::parse("https://[::ffff:127.0.0.1]/", &Policy::default())
+    else {
         panic!("an IPv4-mapped loopback address must be denied");
     };
     assert_eq!(host, "[::ffff:7f00:1]");
@@ -66,55 +93,108 @@ fn a_denial_names_the_address_and_the_range() {
 
 #[test]
 fn plain_http_is_refused_by_default() {
-    assert!(matches!(Target::parse("http://hooks.example.com/", &Policy::default()), Err(SsrfError::PlainHttp { port: 80, .. })));
+    assert!(matches!(
+        Target::parse("http://hooks.example.com/", &Policy::default()),
+        Err(SsrfError::PlainHttp { port: 80, .. })
+    ));
 }
 
 #[test]
 fn other_schemes_and_user_information_are_refused() {
     let policy = Policy::default();
-    for url in ["ftp://example.com/", "file:///etc/passwd", "gopher://example.com/"] {
-        assert!(matches!(Target::parse(url, &policy), Err(SsrfError::UnsupportedScheme(_))), "{url}");
+    for url in [
+        "ftp://example.com/",
+        "file:///etc/passwd",
+        "gopher://example.com/",
+    ] {
+        assert!(
+            matches!(
+                Target::parse(url, &policy),
+                Err(SsrfError::UnsupportedScheme(_))
+            ),
+            "{url}"
+        );
     }
-    for url in ["https://user@example.com/", "https://user:secret@example.com/", "https://:secret@example.com/"] {
-        assert!(matches!(Target::parse(url, &policy), Err(SsrfError::Userinfo)), "{url}");
+    for url in [
+        "https://user@example.com/",
+        "https://user:secret@example.com/",
+        "https://:secret@example.com/",
+    ] {
+        assert!(
+            matches!(Target::parse(url, &policy), Err(SsrfError::Userinfo)),
+            "{url}"
+        );
     }
-    assert!(matches!(Target::parse("not a url", &policy), Err(SsrfError::InvalidUrl(_))));
+    assert!(matches!(
+        Target::parse("not a url", &policy),
+        Err(SsrfError::InvalidUrl(_))
+    ));
 }
 
 #[tokio::test]
 async fn a_test_host_may_use_http_and_a_loopback_address() {
     let policy = Policy::default().allow_test_host("127.0.0.1:8080").unwrap();
     let resolver = StubResolver::failing();
-    let vetted = vet("http://127.0.0.1:8080/hooks", &policy, &resolver).await.unwrap();
+    let vetted = vet("http://127.0.0.1:8080/hooks", &policy, &resolver)
+        .await
+        .unwrap();
     assert_eq!(vetted.addrs(), [addr("127.0.0.1:8080")]);
     assert_eq!(vetted.host(), "127.0.0.1");
     assert_eq!(vetted.url().path(), "/hooks");
     assert_eq!(resolver.lookups(), 0, "an IP address is not resolved");
 
     // The exemption is for that host and port only.
-    assert!(matches!(Target::parse("http://127.0.0.1:8081/", &policy), Err(SsrfError::PlainHttp { .. })));
-    assert!(matches!(Target::parse("https://127.0.0.2:8080/", &policy), Err(SsrfError::Denied { .. })));
+    assert!(matches!(
+        Target::parse("http://127.0.0.1:8081/", &policy),
+        Err(SsrfError::PlainHttp { .. })
+    ));
+    assert!(matches!(
+        Target::parse("https://127.0.0.2:8080/", &policy),
+        Err(SsrfError::Denied { .. })
+    ));
 }
 
 #[tokio::test]
 async fn a_test_host_name_is_normalised_like_the_url_host() {
-    let policy = Policy::default().allow_test_host("Receiver.LOCAL:9000").unwrap();
+    let policy = Policy::default()
+        .allow_test_host("Receiver.LOCAL:9000")
+        .unwrap();
     let resolver = StubResolver::answering(&["172.18.0.5"]);
-    let vetted = vet("http://receiver.local:9000/", &policy, &resolver).await.unwrap();
+    let vetted = vet("http://receiver.local:9000/", &policy, &resolver)
+        .await
+        .unwrap();
     assert_eq!(vetted.addrs(), [addr("172.18.0.5:9000")]);
-    assert!(matches!(Policy::default().allow_test_host("[not-ipv6]:1"), Err(InvalidTestHost::Host { .. })));
+    assert!(matches!(
+        Policy::default().allow_test_host("[not-ipv6]:1"),
+        Err(InvalidTestHost::Host { .. })
+    ));
     for without_port in ["127.0.0.1", "localhost:http", "[::1]"] {
-        assert!(matches!(Policy::default().allow_test_host(without_port), Err(InvalidTestHost::NotHostPort(_))), "{without_port}");
+        assert!(
+            matches!(
+                Policy::default().allow_test_host(without_port),
+                Err(InvalidTestHost::NotHostPort(_))
+            ),
+            "{without_port}"
+        );
     }
 }
 
 #[tokio::test]
 async fn a_public_name_is_resolved_once_and_dialled_at_its_addresses() {
     let resolver = StubResolver::answering(&["1.1.1.1", "2606:4700:4700::1111", "1.1.1.1"]);
-    let vetted = vet("https://hooks.example.com:8443/in", &Policy::default(), &resolver).await.unwrap();
+    let vetted = vet(
+        "https://hooks.example.com:8443/in",
+        &Policy::default(),
+        &resolver,
+    )
+    .await
+    .unwrap();
     assert_eq!(resolver.lookups(), 1);
     assert_eq!(vetted.host(), "hooks.example.com");
-    assert_eq!(vetted.addrs(), [addr("1.1.1.1:8443"), addr("[2606:4700:4700::1111]:8443")]);
+    assert_eq!(
+        vetted.addrs(),
+        [addr("1.1.1.1:8443"), addr("[2606:4700:4700::1111]:8443")]
+    );
 }
 
 #[tokio::test]
@@ -125,7 +205,10 @@ async fn a_name_with_one_private_address_is_refused_whole() {
         let Err(SsrfError::Denied { host, addr, .. }) = refused else {
             panic!("{answer:?} must be refused, got {refused:?}");
         };
-        assert_eq!((host.as_str(), addr), ("rebind.example.com", "10.0.0.7".parse().unwrap()));
+        assert_eq!(
+            (host.as_str(), addr),
+            ("rebind.example.com", "10.0.0.7".parse().unwrap())
+        );
         assert_eq!(resolver.lookups(), 1);
     }
 }
@@ -133,37 +216,73 @@ async fn a_name_with_one_private_address_is_refused_whole() {
 #[tokio::test]
 async fn an_ipv4_mapped_answer_is_dialled_as_ipv4_and_vetted_as_ipv4() {
     let public = StubResolver::answering(&["::ffff:1.1.1.1"]);
-    let vetted = vet("https://mapped.example.com/", &Policy::default(), &public).await.unwrap();
+    let vetted = vet("https://mapped.example.com/", &Policy::default(), &public)
+        .await
+        .unwrap();
     assert_eq!(vetted.addrs(), [addr("1.1.1.1:443")]);
 
     let loopback = StubResolver::answering(&["::ffff:127.0.0.1"]);
-    assert!(matches!(vet("https://mapped.example.com/", &Policy::default(), &loopback).await, Err(SsrfError::Denied { .. })));
+    assert!(matches!(
+        vet("https://mapped.example.com/", &Policy::default(), &loopback).await,
+        Err(SsrfError::Denied { .. })
+    ));
 }
 
 #[tokio::test]
 async fn resolution_failures_and_empty_answers_are_refused() {
     let policy = Policy::default();
-    assert!(matches!(vet("https://missing.example.com/", &policy, &StubResolver::failing()).await, Err(SsrfError::Resolve { .. })));
-    assert!(matches!(vet("https://empty.example.com/", &policy, &StubResolver::answering(&[])).await, Err(SsrfError::NoAddresses { .. })));
+    assert!(matches!(
+        vet(
+            "https://missing.example.com/",
+            &policy,
+            &StubResolver::failing()
+        )
+        .await,
+        Err(SsrfError::Resolve { .. })
+    ));
+    assert!(matches!(
+        vet(
+            "https://empty.example.com/",
+            &policy,
+            &StubResolver::answering(&[])
+        )
+        .await,
+        Err(SsrfError::NoAddresses { .. })
+    ));
 }
 
 #[tokio::test]
 async fn the_system_resolver_finds_localhost_on_loopback_and_it_is_refused() {
     let refused = vet("https://localhost/", &Policy::default(), &SystemResolver).await;
-    assert!(matches!(refused, Err(SsrfError::Denied { .. })), "{refused:?}");
+    assert!(
+        matches!(refused, Err(SsrfError::Denied { .. })),
+        "{refused:?}"
+    );
 }
 
 #[tokio::test]
 async fn a_range_the_policy_denies_is_refused_beside_the_deny_list() {
     let policy = Policy::default().deny("93.184.0.0/16".parse().unwrap());
     let inside = StubResolver::answering(&["93.184.215.14"]);
-    let Err(SsrfError::DeniedByPolicy { addr, net, .. }) = vet("https://hooks.example.com/", &policy, &inside).await else {
+    let Err(SsrfError::DeniedByPolicy { addr, net, .. }) =
+        vet("https://hooks.example.com/", &policy, &inside).await
+    else {
         panic!("an address in an extra denied range must be refused");
     };
-    assert_eq!((addr.to_string(), net.to_string()), ("93.184.215.14".to_owned(), "93.184.0.0/16".to_owned()));
-    assert!(Target::parse("https://93.184.1.1/", &policy).is_err(), "an IP address in place of a name too");
+    assert_eq!(
+        (addr.to_string(), net.to_string()),
+        ("93.184.215.14".to_owned(), "93.184.0.0/16".to_owned())
+    );
+    assert!(
+        Target::parse("https://93.184.1.1/", &policy).is_err(),
+        "an IP address in place of a name too"
+    );
     let outside = StubResolver::answering(&["1.1.1.1"]);
-    assert!(vet("https://hooks.example.com/", &policy, &outside).await.is_ok());
+    assert!(
+        vet("https://hooks.example.com/", &policy, &outside)
+            .await
+            .is_ok()
+    );
 }
 
 #[test]
@@ -171,9 +290,18 @@ fn urls_are_kept_in_the_form_the_parser_gives_them() {
     let policy = Policy::default();
     for (sent, stored) in [
         ("https:///h", "https://h/"),
-        ("https://example.com\\@127.0.0.1/h", "https://example.com/@127.0.0.1/h"),
-        ("  https://Example.COM:443/a/../b  ", "https://example.com/b"),
-        ("https://example.com:8443/ä", "https://example.com:8443/%C3%A4"),
+        (
+            "https://example.com\\@127.0.0.1/h",
+            "https://example.com/@127.0.0.1/h",
+        ),
+        (
+            "  https://Example.COM:443/a/../b  ",
+            "https://example.com/b",
+        ),
+        (
+            "https://example.com:8443/ä",
+            "https://example.com:8443/%C3%A4",
+        ),
     ] {
         let target = Target::parse(sent, &policy).unwrap();
         assert_eq!(target.normalised(), stored, "{sent:?}");
@@ -186,11 +314,17 @@ fn urls_over_the_length_limit_are_refused_as_sent_and_as_normalised() {
     let base = "https://example.com/";
     let longest = format!("{base}{}", "a".repeat(MAX_URL_LEN - base.len()));
     assert!(Target::parse(&longest, &policy).is_ok());
-    assert!(matches!(Target::parse(&format!("{longest}a"), &policy), Err(SsrfError::TooLong)));
+    assert!(matches!(
+        Target::parse(&format!("{longest}a"), &policy),
+        Err(SsrfError::TooLong)
+    ));
     // 700 characters that percent-encoding makes 2,100.
     let swelling = format!("{base}{}", "ä".repeat(350));
     assert!(swelling.len() < MAX_URL_LEN);
-    assert!(matches!(Target::parse(&swelling, &policy), Err(SsrfError::TooLong)));
+    assert!(matches!(
+        Target::parse(&swelling, &policy),
+        Err(SsrfError::TooLong)
+    ));
 }
 
 #[test]
@@ -198,13 +332,22 @@ fn ports_of_a_hosts_own_services_are_refused() {
     let policy = Policy::default();
     for port in [0, 22, 25, 80, 1023] {
         let url = format!("https://example.com:{port}/h");
-        assert!(matches!(Target::parse(&url, &policy), Err(SsrfError::Port(p)) if p == port), "{url}");
+        assert!(
+            matches!(Target::parse(&url, &policy), Err(SsrfError::Port(p)) if p == port),
+            "{url}"
+        );
     }
     for port in [443, 1024, 8443, 65535] {
-        assert!(Target::parse(&format!("https://example.com:{port}/h"), &policy).is_ok(), "{port}");
+        assert!(
+            Target::parse(&format!("https://example.com:{port}/h"), &policy).is_ok(),
+            "{port}"
+        );
     }
     let tests = Policy::default().allow_test_host("127.0.0.1:80").unwrap();
-    assert!(Target::parse("http://127.0.0.1:80/h", &tests).is_ok(), "a test host keeps its port");
+    assert!(
+        Target::parse("http://127.0.0.1:80/h", &tests).is_ok(),
+        "a test host keeps its port"
+    );
 }
 
 /// What every URL that [`Target::parse`] accepts under the production policy keeps to.
@@ -217,9 +360,14 @@ fn keeps_the_rules(target: &Target) -> Result<(), proptest::test_runner::TestCas
     prop_assert!(url.username().is_empty() && url.password().is_none());
     let port = url.port_or_known_default().expect("https has a port");
     prop_assert!(port == 443 || port >= 1024, "{}", port);
-    prop_assert!(!normalised.chars().any(|c| c.is_whitespace() || c.is_control()));
+    prop_assert!(
+        !normalised
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+    );
     // Normalising is done once: the stored form reads back as itself.
-    let again = Target::parse(normalised, &Policy::default()).expect("the normalised form passes again");
+    let again =
+        Target::parse(normalised, &Policy::default()).expect("the normalised form passes again");
     prop_assert_eq!(again.normalised(), normalised);
     Ok(())
 }

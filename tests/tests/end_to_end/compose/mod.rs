@@ -26,9 +26,23 @@ use e2e::eventually;
 /// The chain's hops: each answers in the ledger and exports spans.
 const HOPS: [&str; 4] = ["gateway", "orders", "payment", "bank-mock"];
 /// Every service with a health check.
-const SERVICES: [&str; 6] = ["postgres", "gateway", "orders", "payment", "bank-mock", "webhook-sender"];
+const SERVICES: [&str; 6] = [
+    "postgres",
+    "gateway",
+    "orders",
+    "payment",
+    "bank-mock",
+    "webhook-sender",
+];
 /// Every image of the chain.
-const IMAGES: [&str; 6] = ["gateway", "orders", "payment", "bank-mock", "webhook-sender", "webhook-receiver"];
+const IMAGES: [&str; 6] = [
+    "gateway",
+    "orders",
+    "payment",
+    "bank-mock",
+    "webhook-sender",
+    "webhook-receiver",
+];
 const IMAGE_PREFIX: &str = "chain";
 const IMAGE_TAG: &str = "compose-test";
 const ADMIN_TOKEN: &str = "compose-test-token";
@@ -36,7 +50,10 @@ const ADMIN_TOKEN: &str = "compose-test-token";
 const POSTGRES_IMAGE: &str = "chain-test/postgres:bookworm";
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root").to_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .to_owned()
 }
 
 /// Written past the test harness's capture, so that it shows when tests pass.
@@ -45,13 +62,25 @@ fn say(line: &str) {
 }
 
 fn run(command: &mut Command) -> Output {
-    let output = command.output().unwrap_or_else(|error| panic!("{command:?}: {error}"));
-    assert!(output.status.success(), "{command:?} failed:\n{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let output = command
+        .output()
+        .unwrap_or_else(|error| panic!("{command:?}: {error}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     output
 }
 
 fn succeeds(program: &str, args: &[&str]) -> bool {
-    Command::new(program).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|status| status.success())
+    Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
 }
 
 /// How Compose is called here: `docker compose` (v2) or `docker-compose` (v1); `None` without a
@@ -74,14 +103,26 @@ fn compose_command(program: &[&str]) -> Command {
 /// `deploy/compose.yaml` with the test's one change (the OTLP receiver for Jaeger), then
 /// `overlays` (paths from the workspace root), as one argument list for Compose.
 fn compose_files(overlays: &[&str]) -> Vec<PathBuf> {
-    ["deploy/compose.yaml", "tests/compose/compose.yaml"].iter().chain(overlays).map(|file| root().join(file)).collect()
+    ["deploy/compose.yaml", "tests/compose/compose.yaml"]
+        .iter()
+        .chain(overlays)
+        .map(|file| root().join(file))
+        .collect()
 }
 
 /// The images of the stack, built offline: the first run builds them, later runs (and the other
 /// compose test) find them built.
 fn build_images() {
-    build("the service images", &root().join("deploy/build-images.sh"), &["--from-host", "--with-test-receiver", "--tag", IMAGE_TAG]);
-    build("the PostgreSQL image", &root().join("tests/compose/postgres/build-image.sh"), &[POSTGRES_IMAGE]);
+    build(
+        "the service images",
+        &root().join("deploy/build-images.sh"),
+        &["--from-host", "--with-test-receiver", "--tag", IMAGE_TAG],
+    );
+    build(
+        "the PostgreSQL image",
+        &root().join("tests/compose/postgres/build-image.sh"),
+        &[POSTGRES_IMAGE],
+    );
 }
 
 /// Runs `program` with `args`, saying how long it took.
@@ -94,7 +135,10 @@ fn build(what: &str, program: &Path, args: &[&str]) {
         .status()
         .unwrap_or_else(|error| panic!("{program:?}: {error}"));
     assert!(status.success(), "{what} builds offline");
-    say(&format!("compose stack: {what} ready in {:.1} s", started.elapsed().as_secs_f64()));
+    say(&format!(
+        "compose stack: {what} ready in {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
 }
 
 /// The test stack, taken down with its volumes and networks when dropped (also on failure).
@@ -110,7 +154,13 @@ struct Stack {
 impl Stack {
     /// The stack of `files` (see [`compose_files`]), not started yet: ports are asked once it is.
     fn new(program: &'static [&'static str], files: Vec<PathBuf>) -> Self {
-        Self { program, project: format!("chain-test-{}", std::process::id()), files, gateway_port: 0, admin_port: 0 }
+        Self {
+            program,
+            project: format!("chain-test-{}", std::process::id()),
+            files,
+            gateway_port: 0,
+            admin_port: 0,
+        }
     }
 
     fn compose(&self) -> Command {
@@ -127,17 +177,37 @@ impl Stack {
             .env("IMAGE_PREFIX", IMAGE_PREFIX)
             .env("IMAGE_TAG", IMAGE_TAG)
             .env("POSTGRES_IMAGE", POSTGRES_IMAGE)
-            .envs(["GATEWAY_HTTP_PORT", "GATEWAY_GRPC_PORT", "BANK_ADMIN_PORT", "JAEGER_UI_PORT"].map(|port| (port, "0")));
+            .envs(
+                [
+                    "GATEWAY_HTTP_PORT",
+                    "GATEWAY_GRPC_PORT",
+                    "BANK_ADMIN_PORT",
+                    "JAEGER_UI_PORT",
+                ]
+                .map(|port| (port, "0")),
+            );
         command
     }
 
     /// The host port Docker published `service`'s `port` on (chosen by Docker: see `compose`), on
     /// its replica `index` (from 1).
     fn published_port(&self, service: &str, port: u16, index: usize) -> u16 {
-        let output =
-            String::from_utf8(run(self.compose().args(["port", &format!("--index={index}"), service, &port.to_string()])).stdout).expect("utf-8");
-        let (_, port) = output.trim().rsplit_once(':').unwrap_or_else(|| panic!("{service}:{port} is published: {output:?}"));
-        port.parse().unwrap_or_else(|_| panic!("a port number: {output:?}"))
+        let output = String::from_utf8(
+            run(self.compose().args([
+                "port",
+                &format!("--index={index}"),
+                service,
+                &port.to_string(),
+            ]))
+            .stdout,
+        )
+        .expect("utf-8");
+        let (_, port) = output
+            .trim()
+            .rsplit_once(':')
+            .unwrap_or_else(|| panic!("{service}:{port} is published: {output:?}"));
+        port.parse()
+            .unwrap_or_else(|_| panic!("a port number: {output:?}"))
     }
 
     fn container(&self, service: &str) -> String {
@@ -148,12 +218,22 @@ impl Stack {
 
     /// The ids of `service`'s containers, in the order of their replica numbers.
     fn containers(&self, service: &str) -> Vec<String> {
-        let ids = String::from_utf8(run(self.compose().args(["ps", "--all", "-q", service])).stdout).expect("utf-8");
+        let ids =
+            String::from_utf8(run(self.compose().args(["ps", "--all", "-q", service])).stdout)
+                .expect("utf-8");
         let mut numbered: Vec<(u32, String)> = ids
             .split_whitespace()
             .map(|id| {
-                let number = docker_inspect(id, r#"{{index .Config.Labels "com.docker.compose.container-number"}}"#);
-                (number.parse().unwrap_or_else(|_| panic!("a replica number: {number:?}")), id.to_owned())
+                let number = docker_inspect(
+                    id,
+                    r#"{{index .Config.Labels "com.docker.compose.container-number"}}"#,
+                );
+                (
+                    number
+                        .parse()
+                        .unwrap_or_else(|_| panic!("a replica number: {number:?}")),
+                    id.to_owned(),
+                )
             })
             .collect();
         numbered.sort();
@@ -163,7 +243,10 @@ impl Stack {
     /// Whether every container of `service` is healthy (and there is one).
     fn healthy(&self, service: &str) -> bool {
         let containers = self.containers(service);
-        !containers.is_empty() && containers.iter().all(|id| docker_inspect(id, "{{.State.Health.Status}}") == "healthy")
+        !containers.is_empty()
+            && containers
+                .iter()
+                .all(|id| docker_inspect(id, "{{.State.Health.Status}}") == "healthy")
     }
 
     /// Whether the webhook sender's own health check passes when pointed at `addr`.
@@ -189,20 +272,31 @@ impl Stack {
 
 /// `docker inspect -f format id`, trimmed; empty when it fails (a container gone).
 fn docker_inspect(id: &str, format: &str) -> String {
-    let output = Command::new("docker").args(["inspect", "-f", format, id]).output().expect("docker inspect");
+    let output = Command::new("docker")
+        .args(["inspect", "-f", format, id])
+        .output()
+        .expect("docker inspect");
     String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
 impl Drop for Stack {
     fn drop(&mut self) {
-        let _ = self.compose().args(["down", "--volumes", "--remove-orphans", "--timeout", "5"]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+        let _ = self
+            .compose()
+            .args(["down", "--volumes", "--remove-orphans", "--timeout", "5"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
     }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
     let Some(program) = compose_program() else {
-        e2e::missing("a Docker engine with Compose", "the compose stack was not built or tested");
+        e2e::missing(
+            "a Docker engine with Compose",
+            "the compose stack was not built or tested",
+        );
         return;
     };
     build_images();
@@ -210,9 +304,20 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
     let mut stack = Stack::new(program, compose_files(&[]));
     let started = Instant::now();
     run(stack.compose().args(["up", "--detach", "--no-build"]));
-    (stack.gateway_port, stack.admin_port) = (stack.published_port("gateway", 8080, 1), stack.published_port("bank-mock", 8099, 1));
-    eventually(Duration::from_secs(120), "every service healthy", || async { SERVICES.iter().all(|service| stack.healthy(service)) }).await;
-    say(&format!("compose stack: up to all healthy in {:.1} s", started.elapsed().as_secs_f64()));
+    (stack.gateway_port, stack.admin_port) = (
+        stack.published_port("gateway", 8080, 1),
+        stack.published_port("bank-mock", 8099, 1),
+    );
+    eventually(
+        Duration::from_secs(120),
+        "every service healthy",
+        || async { SERVICES.iter().all(|service| stack.healthy(service)) },
+    )
+    .await;
+    say(&format!(
+        "compose stack: up to all healthy in {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
 
     // One order through the published port: paid, with each hop's slice of the deadline.
     let http = reqwest::Client::new();
@@ -225,22 +330,47 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
         .await
         .expect("the gateway answers on its published port");
     assert_eq!(response.status(), 201);
-    let ledger = response.headers()["x-deadline-ledger"].to_str().unwrap().to_owned();
+    let ledger = response.headers()["x-deadline-ledger"]
+        .to_str()
+        .unwrap()
+        .to_owned();
     for hop in HOPS {
-        assert!(ledger.contains(&format!("{hop};received=")), "{hop} in {ledger}");
+        assert!(
+            ledger.contains(&format!("{hop};received=")),
+            "{hop} in {ledger}"
+        );
     }
     // Its trace reached the stack's collector: the OTLP receiver in Jaeger's place.
-    let trace_id = response.headers()["traceparent"].to_str().unwrap().split('-').nth(1).expect("a trace id").to_owned();
-    eventually(Duration::from_secs(30), "every service exported its spans of the trace", || async {
-        let logs = String::from_utf8_lossy(&run(stack.compose().args(["logs", "--no-color", "jaeger"])).stdout).into_owned();
-        HOPS.iter().all(|service| logs.contains(&format!("trace_id={trace_id} service={service} ")))
-    })
+    let trace_id = response.headers()["traceparent"]
+        .to_str()
+        .unwrap()
+        .split('-')
+        .nth(1)
+        .expect("a trace id")
+        .to_owned();
+    eventually(
+        Duration::from_secs(30),
+        "every service exported its spans of the trace",
+        || async {
+            let logs = String::from_utf8_lossy(
+                &run(stack.compose().args(["logs", "--no-color", "jaeger"])).stdout,
+            )
+            .into_owned();
+            HOPS.iter()
+                .all(|service| logs.contains(&format!("trace_id={trace_id} service={service} ")))
+        },
+    )
     .await;
 
     webhooks_leave_the_stack_only_through_the_sender(&stack, &http).await;
 
     // The fault drills, as a user runs them (PostgreSQL's restart among them).
-    let files = stack.files.iter().map(|file| format!("-f {}", file.display())).collect::<Vec<_>>().join(" ");
+    let files = stack
+        .files
+        .iter()
+        .map(|file| format!("-f {}", file.display()))
+        .collect::<Vec<_>>()
+        .join(" ");
     let compose = format!("{} -p {} {files}", program.join(" "), stack.project);
     let drills = Command::new("bash")
         .arg(root().join("deploy/drills.sh"))
@@ -256,11 +386,24 @@ async fn the_compose_stack_builds_offline_serves_and_survives_the_drills() {
         .expect("drills.sh runs");
     let report = String::from_utf8_lossy(&drills.stdout);
     say(&report);
-    assert!(drills.status.success(), "every drill passes:\n{report}{}", String::from_utf8_lossy(&drills.stderr));
+    assert!(
+        drills.status.success(),
+        "every drill passes:\n{report}{}",
+        String::from_utf8_lossy(&drills.stderr)
+    );
 
-    for image in IMAGES.map(|service| format!("{IMAGE_PREFIX}/{service}:{IMAGE_TAG}")).into_iter().chain([POSTGRES_IMAGE.to_owned()]) {
-        let size = run(Command::new("docker").args(["image", "inspect", "-f", "{{.Size}}", &image])).stdout;
-        say(&format!("image {image}: {} bytes", String::from_utf8_lossy(&size).trim()));
+    for image in IMAGES
+        .map(|service| format!("{IMAGE_PREFIX}/{service}:{IMAGE_TAG}"))
+        .into_iter()
+        .chain([POSTGRES_IMAGE.to_owned()])
+    {
+        let size =
+            run(Command::new("docker").args(["image", "inspect", "-f", "{{.Size}}", &image]))
+                .stdout;
+        say(&format!(
+            "image {image}: {} bytes",
+            String::from_utf8_lossy(&size).trim()
+        ));
     }
 }
 
@@ -280,7 +423,14 @@ async fn webhooks_leave_the_stack_only_through_the_sender(stack: &Stack, http: &
     assert_eq!(created.status(), 201, "the endpoint is created");
     let created: serde_json::Value = created.json().await.unwrap();
     let secret = created["secret"].as_str().expect("a secret").to_owned();
-    run(stack.compose().env("WEBHOOK_SECRET", &secret).args(["--profile", "webhooks", "up", "--detach", "--no-build", "webhook-receiver"]));
+    run(stack.compose().env("WEBHOOK_SECRET", &secret).args([
+        "--profile",
+        "webhooks",
+        "up",
+        "--detach",
+        "--no-build",
+        "webhook-receiver",
+    ]));
 
     let order = http
         .post(format!("{gateway}/v1/orders"))
@@ -291,24 +441,57 @@ async fn webhooks_leave_the_stack_only_through_the_sender(stack: &Stack, http: &
         .await
         .unwrap();
     assert_eq!(order.status(), 201);
-    let order_id = order.json::<serde_json::Value>().await.unwrap()["order_id"].as_str().expect("an order id").to_owned();
+    let order_id = order.json::<serde_json::Value>().await.unwrap()["order_id"]
+        .as_str()
+        .expect("an order id")
+        .to_owned();
     let started = Instant::now();
-    eventually(Duration::from_secs(30), "the receiver printed the order.paid event of the order", || async {
-        let logs = String::from_utf8_lossy(&run(stack.compose().args(["logs", "--no-color", "webhook-receiver"])).stdout).into_owned();
-        logs.lines().any(|line| line.contains("\"order.paid\"") && line.contains(&order_id))
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the receiver printed the order.paid event of the order",
+        || async {
+            let logs = String::from_utf8_lossy(
+                &run(stack
+                    .compose()
+                    .args(["logs", "--no-color", "webhook-receiver"]))
+                .stdout,
+            )
+            .into_owned();
+            logs.lines()
+                .any(|line| line.contains("\"order.paid\"") && line.contains(&order_id))
+        },
+    )
     .await;
-    say(&format!("compose stack: order.paid of {order_id} printed by the receiver {:.1} s after the order", started.elapsed().as_secs_f64()));
+    say(&format!(
+        "compose stack: order.paid of {order_id} printed by the receiver {:.1} s after the order",
+        started.elapsed().as_secs_f64()
+    ));
 
     // The health check reaches the sender itself, and nothing of the chain: its networks have no
     // route to the chain's network. The probe is the gateway's gRPC port, which answers a plain
     // health check from anyone (the inner ports would refuse the sender for want of a
     // certificate, route or not).
-    assert!(stack.sender_reaches("127.0.0.1:50055"), "the sender's own health check passes");
-    let gateway_ip =
-        run(Command::new("docker").args(["inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", &stack.container("gateway")]))
-            .stdout;
-    let gateway_ip = String::from_utf8_lossy(&gateway_ip).split_whitespace().next().expect("the gateway has an address").to_owned();
-    assert!(!stack.sender_reaches(&format!("{gateway_ip}:50051")), "the sender reaches the gateway at {gateway_ip}:50051");
-    say(&format!("compose stack: the webhook sender has no route to the chain's network (gateway at {gateway_ip}:50051)"));
+    assert!(
+        stack.sender_reaches("127.0.0.1:50055"),
+        "the sender's own health check passes"
+    );
+    let gateway_ip = run(Command::new("docker").args([
+        "inspect",
+        "-f",
+        "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
+        &stack.container("gateway"),
+    ]))
+    .stdout;
+    let gateway_ip = String::from_utf8_lossy(&gateway_ip)
+        .split_whitespace()
+        .next()
+        .expect("the gateway has an address")
+        .to_owned();
+    assert!(
+        !stack.sender_reaches(&format!("{gateway_ip}:50051")),
+        "the sender reaches the gateway at {gateway_ip}:50051"
+    );
+    say(&format!(
+        "compose stack: the webhook sender has no route to the chain's network (gateway at {gateway_ip}:50051)"
+    ));
 }

@@ -367,9 +367,10 @@ impl Webhooks for WebhookService {
         let limit = match message.limit {
             0 => DEFAULT_DELIVERIES,
             limit if limit > MAX_DELIVERIES => {
-                return Err(
-                    OrdersError::InvalidRequest(format!("limit: at most {MAX_DELIVERIES}")).into(),
-                );
+                return Err(OrdersError::InvalidRequest(format!(
+                    "limit: at most {MAX_DELIVERIES}"
+                ))
+                .into());
             }
             limit => limit,
         };

@@ -246,16 +246,25 @@ impl HopStats {
 
     /// Keeps an answer's ledger among the recent ones.
     pub(crate) fn remember(&self, outcome: &'static str, ledger: &str) {
-        let answer = (SystemTime::now(), outcome, ledger.to_owned());
+        let at = SystemTime::now();
         // Plain values only: a panic elsewhere cannot leave the ring half-written.
         let mut recent = self
             .recent
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if recent.len() == RECENT_ANSWERS {
-            recent.pop_front();
-        }
-        recent.push_back(answer);
+        // Once the ring is full, the oldest answer's text is written over: every request crosses
+        // this, and a full ring allocates nothing.
+        let mut text = if recent.len() == RECENT_ANSWERS {
+            recent
+                .pop_front()
+                .map(|(_, _, text)| text)
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        text.clear();
+        text.push_str(ledger);
+        recent.push_back((at, outcome, text));
     }
 
     pub fn snapshot(&self) -> HopStatsSnapshot {

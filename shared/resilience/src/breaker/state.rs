@@ -129,26 +129,7 @@ impl<R: Rng> Machine<R> {
     pub fn standing(&self, now: Instant) -> Standing {
         match &self.state {
             State::Closed { window } => {
-                let max_age = Duration::from_millis(self.settings.window_ms);
-                let recent: Vec<Outcome> = window
-                    .iter()
-                    .filter(|(at, _)| now.duration_since(*at) <= max_age)
-                    .map(|(_, outcome)| *outcome)
-                    .collect();
-                let share = |kind: Outcome| {
-                    if recent.is_empty() {
-                        0.0
-                    } else {
-                        recent.iter().filter(|outcome| **outcome == kind).count() as f64
-                            / recent.len() as f64
-                    }
-                };
-                Standing {
-                    calls: recent.len() as u32,
-                    failure_rate: share(Outcome::Failure),
-                    slow_call_rate: share(Outcome::Slow),
-                    probes_in: None,
-                }
+                window_standing(window, now, Duration::from_millis(self.settings.window_ms))
             }
             State::Open { until } => Standing {
                 probes_in: Some(until.saturating_duration_since(now)),
@@ -221,11 +202,9 @@ impl<R: Rng> Machine<R> {
                 if window.len() < settings.min_calls as usize {
                     return None;
                 }
-                let share = |kind: Outcome| {
-                    window.iter().filter(|(_, o)| *o == kind).count() as f64 / window.len() as f64
-                };
-                let failing = share(Outcome::Failure) >= settings.failure_rate;
-                let slow = share(Outcome::Slow) >= settings.slow_call_rate;
+                let standing = window_standing(window, now, max_age);
+                let failing = standing.failure_rate >= settings.failure_rate;
+                let slow = standing.slow_call_rate >= settings.slow_call_rate;
                 (failing || slow).then(|| self.open(now)).flatten()
             }
             State::HalfOpen {
@@ -275,6 +254,36 @@ impl<R: Rng> Machine<R> {
             from,
             to: self.position(),
         })
+    }
+}
+
+/// The outcomes of `window` no older than `max_age` at `now`, and their shares.
+fn window_standing(
+    window: &VecDeque<(Instant, Outcome)>,
+    now: Instant,
+    max_age: Duration,
+) -> Standing {
+    let (mut calls, mut failures, mut slow) = (0u32, 0u32, 0u32);
+    for (_, outcome) in window
+        .iter()
+        .filter(|(at, _)| now.duration_since(*at) <= max_age)
+    {
+        calls += 1;
+        failures += u32::from(*outcome == Outcome::Failure);
+        slow += u32::from(*outcome == Outcome::Slow);
+    }
+    let share = |count: u32| {
+        if calls == 0 {
+            0.0
+        } else {
+            f64::from(count) / f64::from(calls)
+        }
+    };
+    Standing {
+        calls,
+        failure_rate: share(failures),
+        slow_call_rate: share(slow),
+        probes_in: None,
     }
 }
 

@@ -84,6 +84,22 @@ struct Floor {
     updated: Instant,
 }
 
+impl State {
+    /// The requests and the share's retries of the window.
+    fn in_window(&self) -> (u64, u64) {
+        self.slots.iter().fold((0, 0), |(requests, retries), slot| {
+            (requests + slot.requests, retries + slot.retries)
+        })
+    }
+}
+
+impl Floor {
+    /// What the bucket holds at `now`: what it saved, filled since, at most `most`.
+    fn saved_at(&self, now: Instant) -> Duration {
+        (self.saved + now.saturating_duration_since(self.updated)).min(self.most)
+    }
+}
+
 impl RetryBudget {
     /// `window` is the sliding window (a tenth of it is a slot, at least 1 ns); `percent` the
     /// share of requests that may be retried (clamped to 0 to 1); `min_per_sec` the floor's rate,
@@ -118,16 +134,9 @@ impl RetryBudget {
     pub fn available(&self) -> u64 {
         let (state, now) = self.state_now();
         let from_floor = state.floor.as_ref().map_or(0, |floor| {
-            let saved =
-                (floor.saved + now.saturating_duration_since(floor.updated)).min(floor.most);
-            (saved.as_nanos() / floor.cost.as_nanos()) as u64
+            (floor.saved_at(now).as_nanos() / floor.cost.as_nanos()) as u64
         });
-        let (requests, retries) = state
-            .slots
-            .iter()
-            .fold((0, 0), |(requests, retries), slot| {
-                (requests + slot.requests, retries + slot.retries)
-            });
+        let (requests, retries) = state.in_window();
         // `withdraw` allows a retry while retries × PARTS < share × requests.
         let from_share = (self.share * requests)
             .div_ceil(PARTS)
@@ -169,20 +178,14 @@ impl Budget for RetryBudget {
     fn withdraw(&self) -> bool {
         let (mut state, now) = self.state_now();
         if let Some(floor) = state.floor.as_mut() {
-            floor.saved =
-                (floor.saved + now.saturating_duration_since(floor.updated)).min(floor.most);
+            floor.saved = floor.saved_at(now);
             floor.updated = now;
             if floor.saved >= floor.cost {
                 floor.saved -= floor.cost;
                 return true;
             }
         }
-        let (requests, retries) = state
-            .slots
-            .iter()
-            .fold((0, 0), |(requests, retries), slot| {
-                (requests + slot.requests, retries + slot.retries)
-            });
+        let (requests, retries) = state.in_window();
         if retries * PARTS < self.share * requests {
             let current = state.current;
             state.slots[current].retries += 1;

@@ -13,7 +13,6 @@ pub use settings::Settings;
 
 use std::{net::SocketAddr, sync::Arc};
 
-use deadline::HopStats;
 use proto::bank::v1::bank_server::BankServer;
 use rpc::{GrpcServer, ServerError, guards::Guards, ops::OpsServer};
 use tokio::net::TcpListener;
@@ -99,8 +98,9 @@ impl Application {
         self.state.clone()
     }
 
-    pub fn hop_stats(&self) -> Arc<HopStats> {
-        self.grpc.stats()
+    /// Every guard of the service, live: what its operations port shows at `/guards.json`.
+    pub fn guards(&self) -> Guards {
+        self.ops.guards()
     }
 
     /// Serves gRPC and admin until `shutdown` is cancelled.

@@ -173,7 +173,7 @@ pub fn hops(stats: &ChainHopStats, face: Face) -> Vec<HopWork> {
         .iter()
         .filter(|(listener, _)| listener.key != other_face.key)
         .map(|(listener, stats)| HopWork {
-            hop: listener.hop(),
+            hop: listener.hop,
             stats: *stats,
         })
         .collect()

@@ -10,7 +10,6 @@ mod rest;
 mod settings;
 mod webhooks;
 
-pub use rate_limit::ClientLimits;
 pub use settings::{ApiClient, Settings};
 
 use std::{net::SocketAddr, sync::Arc};
@@ -22,7 +21,6 @@ use proto::{
     payment::v1::payment_service_client::PaymentServiceClient,
 };
 use resilience::{
-    breaker::Breaker,
     load_shed::{Intake, LoadShedLayer},
     queue::{Queue, QueueLayer},
     retry::RetryPolicy,
@@ -46,29 +44,16 @@ pub struct Application {
     http: TcpListener,
     http_router: axum::Router,
     ops: OpsServer,
-    http_stats: Arc<HopStats>,
-    retry: RetryPolicy,
-    orders_breaker: Arc<Breaker>,
-    limits: Arc<rate_limit::ClientLimits>,
     connections: rpc::connections::ConnectionLimits,
 }
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
-        Self::build_with(settings, rpc::Outbound::Guarded).await
-    }
-
-    /// As [`Application::build`], with `outbound` between this service's calls and its
-    /// channels to orders, payment and the bank (see [`rpc::Outbound`]).
-    pub async fn build_with(
-        settings: Settings,
-        outbound: rpc::Outbound,
-    ) -> Result<Self, ServerError> {
         let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls)
             .map_err(|error| ServerError::Settings(error.to_string()))?
             .watched();
         let connect = |name: &'static str, dependency: &rpc::Dependency| {
-            rpc::connect(HOP, name, dependency, &tls, &outbound)
+            rpc::connect(HOP, name, dependency, &tls)
                 .map_err(|error| ServerError::Settings(format!("{name}: {error}")))
         };
         let (orders, payment, bank) = (
@@ -77,7 +62,6 @@ impl Application {
             connect("bank-mock", &settings.bank)?,
         );
         let recommendations = connect("recommendations", &settings.recommendations)?;
-        let orders_breaker = orders.guards.breaker.clone();
         let retry = RetryPolicy::new(&settings.retry, settings.orders.deadline)
             .map_err(|error| ServerError::Settings(error.to_string()))?;
         let limits = rate_limit::ClientLimits::new(
@@ -86,6 +70,7 @@ impl Application {
             settings.replicas,
         );
         let guards = Guards::new(HOP)
+            .caller_quotas(limits.clone())
             .dependency(orders.guards.retried_under(retry.clone()))
             .dependency(payment.guards)
             .dependency(bank.guards)
@@ -149,13 +134,13 @@ impl Application {
             )))
             .layer(telemetry::trace::ServerTraceLayer::new(HOP))
             // Outermost but for counting: the quota is checked before anything else happens.
-            .layer(rate_limit::RateLimitLayer::new(limits.clone()))
+            .layer(rate_limit::RateLimitLayer::new(limits))
             .layer(RequestMetricsLayer::new(HOP, []))
             .layer(axum::middleware::from_fn(rest::problems::problem_answers));
         let http = rpc::bind(settings.http_listen).await?;
         let guards = guards
             .face("grpc", grpc.stats())
-            .face("http", http_stats.clone())
+            .face("http", http_stats)
             .queue(queue);
         let ops = OpsServer::bind(&settings.ops, guards).await?;
         Ok(Self {
@@ -163,10 +148,6 @@ impl Application {
             http,
             http_router,
             ops,
-            http_stats,
-            retry,
-            orders_breaker,
-            limits,
             connections: settings.connections,
         })
     }
@@ -186,29 +167,9 @@ impl Application {
         self.ops.local_addr()
     }
 
-    /// Deadline counters of HTTP requests.
-    pub fn http_stats(&self) -> Arc<HopStats> {
-        self.http_stats.clone()
-    }
-
-    /// The per-client limiters (shared: their counters stay live after `run`).
-    pub fn client_limits(&self) -> Arc<ClientLimits> {
-        self.limits.clone()
-    }
-
-    /// The breaker in front of orders.
-    pub fn orders_breaker(&self) -> Arc<Breaker> {
-        self.orders_breaker.clone()
-    }
-
-    /// The retry policy toward orders (shared state: its counters stay live after `run`).
-    pub fn retry_handle(&self) -> RetryPolicy {
-        self.retry.clone()
-    }
-
-    /// Deadline counters of gRPC requests.
-    pub fn grpc_stats(&self) -> Arc<HopStats> {
-        self.grpc.stats()
+    /// Every guard of the gateway, live: what its operations port shows at `/guards.json`.
+    pub fn guards(&self) -> Guards {
+        self.ops.guards()
     }
 
     /// Serves both faces until `shutdown` is cancelled and the drain has passed.

@@ -8,7 +8,7 @@
 //! Allowed answers carry `RateLimit` and `RateLimit-Policy` too.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     future::Future,
     pin::Pin,
     sync::{
@@ -26,6 +26,7 @@ use resilience::{
     rate_limit::{Decision, Limiter, QuotaSettings},
     retry::wait_millis,
 };
+use rpc::guards::{CallerQuotaView, CallerQuotas};
 use telemetry::metrics::{Counter, KeyValue};
 use tonic::{Status, metadata::MetadataValue};
 use tower::{Layer, Service};
@@ -42,7 +43,6 @@ const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
 pub struct ClientLimits {
     by_key: HashMap<String, ClientLimit>,
     unknown: ClientLimit,
-    rejected: AtomicU64,
     rejections: Counter<u64>,
 }
 
@@ -53,6 +53,7 @@ struct ClientLimit {
     labels: [KeyValue; 2],
     limiter: Limiter,
     caller: Caller,
+    refused: AtomicU64,
 }
 
 impl ClientLimit {
@@ -64,6 +65,7 @@ impl ClientLimit {
             ],
             limiter: Limiter::new(quota),
             caller: Caller(Arc::from(client_id)),
+            refused: AtomicU64::new(0),
         }
     }
 }
@@ -84,14 +86,8 @@ impl ClientLimits {
         Arc::new(Self {
             by_key,
             unknown: ClientLimit::new("unknown", unknown.share(replicas)),
-            rejected: AtomicU64::new(0),
             rejections: resilience::rate_limit::rejections_counter(),
         })
-    }
-
-    /// Requests refused so far.
-    pub fn rejected(&self) -> u64 {
-        self.rejected.load(Ordering::Relaxed)
     }
 
     fn limit(&self, headers: &HeaderMap) -> &ClientLimit {
@@ -101,6 +97,27 @@ impl ClientLimits {
             .and_then(|value| value.strip_prefix("Bearer "))
             .and_then(|key| self.by_key.get(key.trim()))
             .unwrap_or(&self.unknown)
+    }
+}
+
+impl CallerQuotas for ClientLimits {
+    /// Each client's quota and refusals, a client with several keys once.
+    fn view(&self) -> Vec<CallerQuotaView> {
+        let mut by_client = BTreeMap::<&str, CallerQuotaView>::new();
+        for limit in self.by_key.values().chain([&self.unknown]) {
+            let quota = limit.limiter.quota();
+            let refused = limit.refused.load(Ordering::Relaxed);
+            by_client
+                .entry(&limit.caller.0)
+                .and_modify(|view| view.refused += refused)
+                .or_insert_with(|| CallerQuotaView {
+                    name: limit.caller.0.to_string(),
+                    per_second: quota.per_second,
+                    burst: quota.burst,
+                    refused,
+                });
+        }
+        by_client.into_values().collect()
     }
 }
 
@@ -206,7 +223,7 @@ where
                 }
             }
             Decision::Limited { retry_after } => {
-                self.limits.rejected.fetch_add(1, Ordering::Relaxed);
+                limit.refused.fetch_add(1, Ordering::Relaxed);
                 self.limits.rejections.add(1, &limit.labels);
                 let detail = format!(
                     "over the quota of {} requests per second (burst {}); retry in {} ms",

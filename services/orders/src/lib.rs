@@ -17,7 +17,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use deadline::{Hop, HopStats};
+use deadline::Hop;
 use error::OrdersError;
 use idempotency::{Begin, BeginWith, KeyStore, Lease, Lookup, Progress, Stored};
 use open_circuit::OpenCircuit;
@@ -31,7 +31,6 @@ use proto::{
     },
     payment::v1::{PayRequest, payment_service_client::PaymentServiceClient},
 };
-use resilience::breaker::Breaker;
 use rpc::{Client, GrpcServer, ServerError, guards::Guards, ops::OpsServer};
 use storage::Database;
 use tokio_util::sync::CancellationToken;
@@ -55,20 +54,10 @@ pub struct Application {
     ops: OpsServer,
     keys: KeyStore,
     completer: completer::Completer,
-    payment_breaker: Arc<Breaker>,
 }
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
-        Self::build_with(settings, rpc::Outbound::Guarded).await
-    }
-
-    /// As [`Application::build`], with `outbound` between this service's calls and its
-    /// channels to payment (see [`rpc::Outbound`]).
-    pub async fn build_with(
-        settings: Settings,
-        outbound: rpc::Outbound,
-    ) -> Result<Self, ServerError> {
         settings.check().map_err(ServerError::Settings)?;
         // The keys and the webhook tables live beside the orders: a phase's key moves with its
         // order, and an event is written with its order's outcome.
@@ -89,9 +78,8 @@ impl Application {
         let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls)
             .map_err(|error| ServerError::Settings(error.to_string()))?
             .watched();
-        let payment = rpc::connect(HOP, "payment", &settings.payment, &tls, &outbound)
+        let payment = rpc::connect(HOP, "payment", &settings.payment, &tls)
             .map_err(|error| ServerError::Settings(format!("payment: {error}")))?;
-        let payment_breaker = payment.guards.breaker.clone();
         let guards = Guards::new(HOP).dependency(payment.guards);
         if settings.webhooks.secret_keys.is_empty() {
             return Err(ServerError::Settings(format!(
@@ -135,13 +123,7 @@ impl Application {
             ops,
             keys,
             completer,
-            payment_breaker,
         })
-    }
-
-    /// The breaker in front of payment.
-    pub fn payment_breaker(&self) -> Arc<Breaker> {
-        self.payment_breaker.clone()
     }
 
     pub fn grpc_addr(&self) -> SocketAddr {
@@ -153,8 +135,9 @@ impl Application {
         self.ops.local_addr()
     }
 
-    pub fn hop_stats(&self) -> Arc<HopStats> {
-        self.grpc.stats()
+    /// Every guard of the service, live: what its operations port shows at `/guards.json`.
+    pub fn guards(&self) -> Guards {
+        self.ops.guards()
     }
 
     /// Serves until `shutdown` is cancelled and the drain has passed, meanwhile settling stranded

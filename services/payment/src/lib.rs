@@ -8,11 +8,10 @@ pub use settings::Settings;
 
 use std::{
     net::SocketAddr,
-    sync::Arc,
     time::{Duration, SystemTime},
 };
 
-use deadline::{Hop, HopStats};
+use deadline::Hop;
 use error::PaymentError;
 use idempotency::{Begin, Effects, KeyStore, Progress, Stored};
 use prost::Message;
@@ -24,7 +23,6 @@ use proto::{
         payment_service_server::{PaymentService, PaymentServiceServer},
     },
 };
-use resilience::{breaker::Breaker, bulkhead::Bulkhead};
 use rpc::{Client, GrpcServer, ServerError, guards::Guards, ops::OpsServer};
 use storage::{Database, Statement};
 use tokio_util::sync::CancellationToken;
@@ -47,21 +45,10 @@ pub struct Application {
     grpc: GrpcServer,
     ops: OpsServer,
     keys: KeyStore,
-    breaker: Arc<Breaker>,
-    bulkhead: Arc<Bulkhead>,
 }
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, ServerError> {
-        Self::build_with(settings, rpc::Outbound::Guarded).await
-    }
-
-    /// As [`Application::build`], with `outbound` between this service's calls and its
-    /// channels to the bank (see [`rpc::Outbound`]).
-    pub async fn build_with(
-        settings: Settings,
-        outbound: rpc::Outbound,
-    ) -> Result<Self, ServerError> {
         settings
             .idempotency
             .require_ttl(
@@ -83,9 +70,8 @@ impl Application {
         let tls = rpc::tls::ServiceTls::load(HOP, &settings.tls)
             .map_err(|error| ServerError::Settings(error.to_string()))?
             .watched();
-        let bank = rpc::connect(HOP, "bank-mock", &settings.bank, &tls, &outbound)
+        let bank = rpc::connect(HOP, "bank-mock", &settings.bank, &tls)
             .map_err(|error| ServerError::Settings(format!("bank: {error}")))?;
-        let (breaker, bulkhead) = (bank.guards.breaker.clone(), bank.guards.bulkhead.clone());
         let guards = Guards::new(HOP).dependency(bank.guards);
         let keys = KeyStore::new(database, settings.idempotency);
         let service = Payments {
@@ -106,18 +92,7 @@ impl Application {
         .await?
         .connection_limits(settings.connections);
         let ops = OpsServer::bind(&settings.ops, guards.face("grpc", grpc.stats())).await?;
-        Ok(Self {
-            grpc,
-            ops,
-            keys,
-            breaker,
-            bulkhead,
-        })
-    }
-
-    /// The breaker and bulkhead in front of the bank.
-    pub fn bank_guards(&self) -> (Arc<Breaker>, Arc<Bulkhead>) {
-        (self.breaker.clone(), self.bulkhead.clone())
+        Ok(Self { grpc, ops, keys })
     }
 
     pub fn grpc_addr(&self) -> SocketAddr {
@@ -129,8 +104,9 @@ impl Application {
         self.ops.local_addr()
     }
 
-    pub fn hop_stats(&self) -> Arc<HopStats> {
-        self.grpc.stats()
+    /// Every guard of the service, live: what its operations port shows at `/guards.json`.
+    pub fn guards(&self) -> Guards {
+        self.ops.guards()
     }
 
     /// Serves until `shutdown` is cancelled, reaping expired idempotency keys meanwhile.

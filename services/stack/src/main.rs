@@ -122,7 +122,7 @@ async fn up(
     println!(
         "gateway → orders → payment → bank-mock, and the webhook sender, are up (Ctrl-C stops them)"
     );
-    for listener in stack::chain::listeners() {
+    for listener in stack::chain::LISTENERS {
         let shown = listener
             .shown
             .replace("{addr}", &chain.address(listener).to_string())

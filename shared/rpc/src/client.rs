@@ -8,16 +8,10 @@ use resilience::{
     rate_limit::{QuotaSettings, SelfLimitLayer},
 };
 use serde::{Deserialize, Serialize};
-use telemetry::{
-    metrics::{CallMetrics, CallMetricsLayer},
-    trace::{ClientTrace, ClientTraceLayer},
-};
-use tonic::transport::{Channel, Endpoint};
+use telemetry::{metrics::CallMetricsLayer, trace::ClientTraceLayer};
+use tonic::transport::Endpoint;
 use tonic::{Status, body::Body};
-use tower::{
-    BoxError, Layer, ServiceBuilder,
-    util::{BoxCloneSyncService, BoxCloneSyncServiceLayer},
-};
+use tower::{BoxError, Layer, ServiceBuilder, util::BoxCloneSyncService};
 
 use crate::{balance::Balance, guards::DependencyGuards, tls::ServiceTls};
 
@@ -71,41 +65,12 @@ impl Default for Dependency {
     }
 }
 
-/// A channel to one dependency, behind the layers [`Outbound`] chose: by default its bulkhead,
-/// self-limit and breaker, under its deadline policy. Boxed, so that a service's code names one
-/// type whatever the layers are (one allocation per call, nothing beside a network call). Its
-/// error is the [`Status`] tonic would make of the layers' error anyway
-/// ([`Status::from_error`]): a concrete type, because a boxed error inside the boxed future
-/// trips the compiler's `Send` check of the handlers that await it.
+/// A channel to one dependency behind its guards: its bulkhead, self-limit and breaker, under its
+/// deadline policy. Boxed, so that a service's code names one type (one allocation per call,
+/// nothing beside a network call). Its error is the [`Status`] tonic would make of the layers'
+/// error anyway ([`Status::from_error`]): a concrete type, because a boxed error inside the boxed
+/// future trips the compiler's `Send` check of the handlers that await it.
 pub type Client = BoxCloneSyncService<Request<Body>, Response<Body>, Status>;
-
-/// A dependency's channel with its calls traced and timed: what [`Outbound`]'s layers wrap.
-pub type Traced = ClientTrace<CallMetrics<Balance<Channel>>>;
-
-/// Layers that take a dependency's [`Traced`] channel to a [`Client`].
-pub type ClientLayers = BoxCloneSyncServiceLayer<Traced, Request<Body>, Response<Body>, Status>;
-
-/// What a service puts between its calls and each dependency's channel. The services build
-/// their clients with [`Outbound::Guarded`], the chain's design; the extension point is for a
-/// harness that measures another design on the same services (the stack's comparison chain puts
-/// its per-hop retries here), as a tower user swaps a layer.
-#[derive(Clone, Default)]
-pub enum Outbound {
-    /// The bulkhead, self-limit, breaker and deadline forwarding of [`connect`].
-    #[default]
-    Guarded,
-    /// These layers instead, around every dependency's traced channel.
-    Layers(ClientLayers),
-}
-
-impl std::fmt::Debug for Outbound {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Outbound::Guarded => "Outbound::Guarded",
-            Outbound::Layers(_) => "Outbound::Layers(..)",
-        })
-    }
-}
 
 /// An endpoint at `address` with `dependency`'s connection settings.
 fn endpoint_to(
@@ -127,16 +92,14 @@ pub struct Connection {
     pub guards: DependencyGuards,
 }
 
-/// Builds `hop`'s client for `dependency`, named `name` in ledgers, errors and metrics, with the
-/// layers `outbound` chooses. Connects lazily, so services can start in any order, and
-/// reconnects by itself. It never retries: retries belong to the gateway alone. With
+/// Builds `hop`'s client for `dependency`, named `name` in ledgers, errors and metrics. Connects
+/// lazily, so services can start in any order, and reconnects by itself. It never retries: retries belong to the gateway alone. With
 /// certificates in `tls`, it dials TLS and presents `hop`'s certificate.
 pub fn connect(
     hop: &'static str,
     name: &'static str,
     dependency: &Dependency,
     tls: &ServiceTls,
-    outbound: &Outbound,
 ) -> Result<Connection, tonic::transport::Error> {
     let endpoint = endpoint_to(&dependency.endpoint, dependency)?;
     let trace = ClientTraceLayer::new(name, endpoint.uri());
@@ -164,25 +127,21 @@ pub fn connect(
         dependency.adaptive_limit,
     );
     let latency_estimate = Arc::new(LatencyEstimate::new(dependency.latency_estimate));
-    let traced = trace.layer(timed.layer(channel));
-    let client = match outbound {
-        // The bulkhead and the self-limit answer before the breaker, so that their refusals never
-        // count against the dependency; the breaker sits above the deadline so that it sees
-        // DEADLINE_EXCEEDED.
-        Outbound::Guarded => BoxCloneSyncService::new(
-            ServiceBuilder::new()
-                .map_err(|error: BoxError| Status::from_error(error))
-                .layer(BulkheadLayer::new(bulkhead.clone()))
-                .layer(SelfLimitLayer::new(hop, name, dependency.quota))
-                .layer(BreakerLayer::new(breaker.clone()))
-                .layer(
-                    ForwardDeadlineLayer::new(name, dependency.deadline)
-                        .with_estimate(latency_estimate.clone()),
-                )
-                .service(traced),
-        ),
-        Outbound::Layers(layers) => layers.layer(traced),
-    };
+    // The bulkhead and the self-limit answer before the breaker, so that their refusals never
+    // count against the dependency; the breaker sits above the deadline so that it sees
+    // DEADLINE_EXCEEDED.
+    let client = BoxCloneSyncService::new(
+        ServiceBuilder::new()
+            .map_err(|error: BoxError| Status::from_error(error))
+            .layer(BulkheadLayer::new(bulkhead.clone()))
+            .layer(SelfLimitLayer::new(hop, name, dependency.quota))
+            .layer(BreakerLayer::new(breaker.clone()))
+            .layer(
+                ForwardDeadlineLayer::new(name, dependency.deadline)
+                    .with_estimate(latency_estimate.clone()),
+            )
+            .service(trace.layer(timed.layer(channel))),
+    );
     Ok(Connection {
         client,
         guards: DependencyGuards {

@@ -1,7 +1,7 @@
 //! The live view of a service's guards: how each stands now, for the operations port.
 //!
 //! A service lists what guards it ([`Guards`]): its faces' deadline counters and last ledgers,
-//! its edge queue, and per dependency the breaker, the bulkhead, the latency estimate and, at
+//! its edge queue, its callers' quotas, and per dependency the breaker, the bulkhead, the latency estimate and, at
 //! the edge, the retry policy. [`Guards::view`] copies their state into one document, which the
 //! operations port serves as JSON and as a page (see the crate's README).
 
@@ -38,12 +38,19 @@ impl DependencyGuards {
     }
 }
 
+/// The quotas a service keeps its callers to (the edge's per-client rate limits).
+pub trait CallerQuotas: std::fmt::Debug + Send + Sync {
+    /// How each caller's quota stands now.
+    fn view(&self) -> Vec<CallerQuotaView>;
+}
+
 /// Everything that guards one service.
 #[derive(Debug, Clone)]
 pub struct Guards {
     service: &'static str,
     faces: Vec<(&'static str, Arc<HopStats>)>,
     queue: Option<Arc<Queue>>,
+    caller_quotas: Option<Arc<dyn CallerQuotas>>,
     dependencies: Vec<DependencyGuards>,
 }
 
@@ -54,6 +61,7 @@ impl Guards {
             service,
             faces: Vec::new(),
             queue: None,
+            caller_quotas: None,
             dependencies: Vec::new(),
         }
     }
@@ -67,6 +75,12 @@ impl Guards {
     /// The queue in front of the service's work, if it has one.
     pub fn queue(mut self, queue: Option<Arc<Queue>>) -> Self {
         self.queue = queue;
+        self
+    }
+
+    /// The quotas the service keeps its callers to.
+    pub fn caller_quotas(mut self, quotas: Arc<dyn CallerQuotas>) -> Self {
+        self.caller_quotas = Some(quotas);
         self
     }
 
@@ -94,6 +108,10 @@ impl Guards {
                 })
                 .collect(),
             queue: self.queue.as_ref().map(|queue| queue.stats()),
+            caller_quotas: self
+                .caller_quotas
+                .as_ref()
+                .map_or_else(Vec::new, |quotas| quotas.view()),
             dependencies: self
                 .dependencies
                 .iter()
@@ -121,7 +139,20 @@ pub struct GuardsView {
     pub faces: Vec<FaceView>,
     /// `null` where the service queues nothing.
     pub queue: Option<QueueStats>,
+    /// Empty where the service keeps its callers to no quota.
+    pub caller_quotas: Vec<CallerQuotaView>,
     pub dependencies: Vec<DependencyView>,
+}
+
+/// One caller's quota, as it stands.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallerQuotaView {
+    /// The caller's name (a client id; never its key).
+    pub name: String,
+    pub per_second: u32,
+    pub burst: u32,
+    /// Requests refused for being over the quota, since the start.
+    pub refused: u64,
 }
 
 /// One port the service answers on.

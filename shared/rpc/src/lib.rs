@@ -15,7 +15,7 @@ mod serve;
 mod server;
 pub mod tls;
 
-pub use client::{Client, ClientLayers, Connection, Dependency, Outbound, Traced, connect};
+pub use client::{Client, Connection, Dependency, connect};
 pub use dial::{channel, endpoint};
 pub use server::{
     GrpcServer, GrpcService, Role, ServerError, Services, bind, reflection, serve_http,

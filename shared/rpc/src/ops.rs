@@ -185,6 +185,11 @@ impl OpsServer {
             .expect("a bound listener has an address")
     }
 
+    /// The guards it shows, live: their [`Guards::view`] is `GET /guards.json`'s document.
+    pub fn guards(&self) -> Guards {
+        self.guards.clone()
+    }
+
     /// Runs `service` (the service's own ports, which close when the [`Drain`] it is given says
     /// so) and serves the operations port until it has finished: readiness says NOT_SERVING from
     /// the cancellation of `shutdown` until the service's ports have closed.

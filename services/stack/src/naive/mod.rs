@@ -4,12 +4,14 @@
 //! Chained over three levels this turns one failing user attempt into 3³ = 27 calls to the bottom
 //! of the chain, and keeps inner hops working long after the client has given up. Do not copy
 //! it: it exists so that the scenarios and the benchmarks can show what the budgeted design
-//! saves. The services never name it: the stack hands it to them as their outbound layers
-//! ([`rpc::Outbound::Layers`]) in place of the guards.
+//! saves. The services never name it: the stack turns their guards off in their settings
+//! ([`unguarded`]) and puts a [`RetryingProxy`] in front of each hop on an order's way.
 
 mod layer;
+mod proxy;
 
 pub use layer::NaiveRetryLayer;
+pub use proxy::RetryingProxy;
 
 use std::{
     future::Future,
@@ -23,14 +25,14 @@ use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full};
 use serde::{Deserialize, Serialize};
 use tonic::{Code, Status, body::Body};
-use tower::{BoxError, Service, ServiceBuilder, ServiceExt, util::BoxCloneSyncServiceLayer};
+use tower::{BoxError, Service, ServiceExt};
 
 /// Whether the chain is built the naive way, and how its clients retry.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NaiveSettings {
     /// Every hop's calls go through [`NaiveRetry`] instead of the guards, and the gateway's own
-    /// retries are off (its naive client retries instead).
+    /// retries are off (the proxy in front of orders retries instead).
     pub enabled: bool,
     /// Attempts per call at every hop.
     pub attempts: u32,
@@ -48,18 +50,15 @@ impl Default for NaiveSettings {
     }
 }
 
-impl NaiveSettings {
-    /// The services' outbound layers for these settings: the naive retries when enabled, the
-    /// guards otherwise.
-    pub fn outbound(&self) -> rpc::Outbound {
-        if !self.enabled {
-            return rpc::Outbound::Guarded;
-        }
-        let layers = ServiceBuilder::new()
-            .map_err(|error: BoxError| Status::from_error(error))
-            .layer(NaiveRetryLayer::new(*self));
-        rpc::Outbound::Layers(BoxCloneSyncServiceLayer::new(layers))
-    }
+/// A dependency's settings as the naive design has them: no breaker, no bulkhead, no quota and
+/// no failing fast on its observed latency. The deadline is still forwarded (the proxy in front
+/// of the dependency drops it).
+pub fn unguarded(dependency: &mut rpc::Dependency) {
+    dependency.breaker.enabled = false;
+    dependency.max_concurrent = u32::MAX / 2;
+    dependency.adaptive_limit.enabled = false;
+    dependency.quota = resilience::rate_limit::QuotaSettings::default();
+    dependency.latency_estimate.fail_fast = false;
 }
 
 /// Retries a gRPC call at the HTTP level: the body is buffered once and resent.

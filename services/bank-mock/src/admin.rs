@@ -35,7 +35,7 @@ struct Stats {
     deadline: HopStatsSnapshot,
 }
 
-pub fn router(bank: Arc<BankState>, hop: Arc<HopStats>, token: Arc<str>) -> Router {
+pub(crate) fn router(bank: Arc<BankState>, hop: Arc<HopStats>, token: Arc<str>) -> Router {
     let admin = Admin { bank, hop, token };
     Router::new()
         .route("/admin/faults", get(get_faults).put(put_faults))

@@ -150,12 +150,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The gRPC `bank.v1.Bank` service.
 #[derive(Debug, Clone)]
-pub struct BankService {
+pub(crate) struct BankService {
     state: Arc<BankState>,
 }
 
 impl BankService {
-    pub fn new(state: Arc<BankState>) -> Self {
+    pub(crate) fn new(state: Arc<BankState>) -> Self {
         Self { state }
     }
 

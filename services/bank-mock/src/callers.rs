@@ -5,7 +5,7 @@ use rpc::authorize::Policy;
 
 const GET_EXCHANGE_RATE: &str = "/bank.v1.Bank/GetExchangeRate";
 
-pub fn policy() -> Policy {
+pub(crate) fn policy() -> Policy {
     Policy::new()
         .allow("payment", &["/bank.v1.Bank/Charge"])
         .allow("gateway", &[GET_EXCHANGE_RATE])

@@ -53,7 +53,7 @@ impl From<ChargeError> for Status {
 
 /// A failed admin request, answered as `application/problem+json`.
 #[derive(Debug, thiserror::Error)]
-pub enum AdminError {
+pub(crate) enum AdminError {
     #[error("X-Admin-Token is missing or wrong")]
     Unauthorized,
     #[error(transparent)]

@@ -20,7 +20,7 @@ pub struct Latency {
 }
 
 /// The longest pushback the bank can be set to ask for: an hour, longer than any deadline.
-pub const MAX_PUSHBACK_MS: i64 = 60 * 60 * 1000;
+pub(crate) const MAX_PUSHBACK_MS: i64 = 60 * 60 * 1000;
 
 /// The longest mean or standard deviation of the latency: a minute.
 const MAX_LATENCY_MS: f64 = 60_000.0;

@@ -25,35 +25,35 @@ use crate::{
 };
 
 /// An order and whether orders replayed it from the idempotency key's stored answer.
-pub struct Created {
+pub(crate) struct Created {
     pub order: Order,
     pub replayed: bool,
 }
 
 /// An order as read: fresh, or the last known copy and when it was current.
-pub struct Read {
+pub(crate) struct Read {
     pub order: Order,
     pub stale_since: Option<SystemTime>,
 }
 
 /// One part of an order summary, or why it is missing.
-pub type Part<T> = Result<T, String>;
+pub(crate) type Part<T> = Result<T, String>;
 
 /// Personal recommendations, or the popular items when they cannot be had (and why).
-pub struct Recommended {
+pub(crate) struct Recommended {
     pub skus: Vec<String>,
     pub degraded: Option<String>,
 }
 
 /// An exchange rate, and whether it is the last known one because the bank did not answer.
-pub struct Rate {
+pub(crate) struct Rate {
     pub rate: ExchangeRate,
     pub stale: bool,
 }
 
 /// The sources of the parts of an order summary beyond the order itself.
 #[derive(Clone)]
-pub struct SummarySources {
+pub(crate) struct SummarySources {
     pub payment: PaymentServiceClient<Client>,
     pub bank: BankClient<Client>,
     pub recommendations: OrdersClient<Client>,
@@ -64,7 +64,7 @@ pub struct SummarySources {
 /// request) is one reference count: its parts hold a dozen layered clients, whose clones would
 /// each allocate.
 #[derive(Clone)]
-pub struct Api(Arc<Parts>);
+pub(crate) struct Api(Arc<Parts>);
 
 struct Parts {
     create: Operation<CreateOrderRequest>,
@@ -80,7 +80,7 @@ struct Parts {
 impl Api {
     /// Reads and writes on orders, both idempotent (writes carry an idempotency key), so both
     /// are retried under the one `retry` policy (one budget for the dependency).
-    pub fn new(
+    pub(crate) fn new(
         orders: Client,
         clients: Vec<ApiClient>,
         retry: &RetryPolicy,
@@ -117,12 +117,15 @@ impl Api {
     }
 
     /// The client's webhook subscriptions.
-    pub fn webhooks(&self) -> &WebhooksApi {
+    pub(crate) fn webhooks(&self) -> &WebhooksApi {
         &self.0.webhooks
     }
 
     /// The client owning `Bearer <api key>`.
-    pub fn authenticate(&self, authorization: Option<&str>) -> Result<ClientId, GatewayError> {
+    pub(crate) fn authenticate(
+        &self,
+        authorization: Option<&str>,
+    ) -> Result<ClientId, GatewayError> {
         authorization
             .and_then(|value| value.strip_prefix("Bearer "))
             .and_then(|key| self.0.api_keys.get(key.trim()))
@@ -131,7 +134,7 @@ impl Api {
     }
 
     /// Creates and pays an order. A declined payment is an error carrying the order id.
-    pub async fn create_order(
+    pub(crate) async fn create_order(
         &self,
         client: &ClientId,
         key: &str,
@@ -171,7 +174,7 @@ impl Api {
     }
 
     /// The order, or its last known copy when orders cannot answer.
-    pub async fn get_order(
+    pub(crate) async fn get_order(
         &self,
         client: &ClientId,
         order_id: String,
@@ -217,7 +220,7 @@ impl Api {
     }
 
     /// The order's payment as payment records it.
-    pub async fn payment_part(&self, order: &Order) -> Part<Payment> {
+    pub(crate) async fn payment_part(&self, order: &Order) -> Part<Payment> {
         let Some(payment) = &order.payment else {
             return Err("the order has no payment yet".into());
         };
@@ -231,7 +234,7 @@ impl Api {
     }
 
     /// The bank's rate for the order's currency, or its last known quote.
-    pub async fn rate_part(&self, currency: &str) -> Part<Rate> {
+    pub(crate) async fn rate_part(&self, currency: &str) -> Part<Rate> {
         let request = Request::new(ExchangeRateRequest {
             currency: currency.to_owned(),
         });
@@ -260,7 +263,11 @@ impl Api {
     }
 
     /// Personal recommendations, degraded to the popular items when they cannot be had.
-    pub async fn recommendations_part(&self, client: &ClientId, order: &Order) -> Recommended {
+    pub(crate) async fn recommendations_part(
+        &self,
+        client: &ClientId,
+        order: &Order,
+    ) -> Recommended {
         let mut request = Request::new(RecommendRequest {
             order_id: order.order_id.clone(),
             limit: 5,

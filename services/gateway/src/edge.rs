@@ -13,14 +13,14 @@ use crate::error::GatewayError;
 
 /// The authenticated caller.
 #[derive(Debug, Clone)]
-pub struct ClientId(pub String);
+pub(crate) struct ClientId(pub String);
 
 /// One operation on orders, retried by the edge policy.
-pub type Operation<M, R = Order> = BoxCloneSyncService<Call<M>, Response<R>, Status>;
+pub(crate) type Operation<M, R = Order> = BoxCloneSyncService<Call<M>, Response<R>, Status>;
 
 /// `call` as an operation on orders: each attempt in its own span, the whole under `retry`, with
 /// its own estimate of an attempt's time.
-pub fn operation<M, R, F, Fut>(retry: &RetryPolicy, call: F) -> Operation<M, R>
+pub(crate) fn operation<M, R, F, Fut>(retry: &RetryPolicy, call: F) -> Operation<M, R>
 where
     M: Clone + Send + Sync + 'static,
     R: Send + 'static,
@@ -38,7 +38,9 @@ where
     BoxCloneSyncService::new(RetryLayer::new(retry.for_operation()).layer(attempt))
 }
 
-pub fn metadata_value(value: &str) -> Result<tonic::metadata::AsciiMetadataValue, GatewayError> {
+pub(crate) fn metadata_value(
+    value: &str,
+) -> Result<tonic::metadata::AsciiMetadataValue, GatewayError> {
     value
         .parse()
         .map_err(|_| GatewayError::field("Idempotency-Key", "must be visible ASCII characters"))

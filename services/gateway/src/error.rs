@@ -50,7 +50,7 @@ impl From<proto::validate::FieldError> for GatewayError {
 
 /// An `application/problem+json` body (RFC 9457).
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Problem {
+pub(crate) struct Problem {
     /// Always `about:blank`: the status and title say what happened.
     #[serde(rename = "type")]
     pub kind: &'static str,
@@ -83,7 +83,7 @@ pub struct Problem {
 /// A failed create's outcome, as [`Problem::outcome`] names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Refused,
     Pending,
     Unknown,
@@ -114,7 +114,7 @@ impl Outcome {
 }
 
 impl Problem {
-    pub fn new(status: StatusCode, title: &'static str, detail: String) -> Self {
+    pub(crate) fn new(status: StatusCode, title: &'static str, detail: String) -> Self {
         Self {
             kind: "about:blank",
             title,
@@ -127,12 +127,12 @@ impl Problem {
         }
     }
 
-    pub fn to_json(&self) -> String {
+    pub(crate) fn to_json(&self) -> String {
         serde_json::to_string(self).expect("problems serialize")
     }
 
     /// A complete response with the right content type, for any body type.
-    pub fn into_http<B: From<String>>(self) -> http::Response<B> {
+    pub(crate) fn into_http<B: From<String>>(self) -> http::Response<B> {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut response = http::Response::new(B::from(self.to_json()));
         *response.status_mut() = status;

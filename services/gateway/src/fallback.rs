@@ -9,7 +9,7 @@ use tonic::Code;
 
 /// Failures that a stale copy can stand in for: the source is unreachable, overloaded, too slow
 /// or broken. An answer such as NOT_FOUND is the truth and is passed on.
-pub fn stands_in_for(code: Code) -> bool {
+pub(crate) fn stands_in_for(code: Code) -> bool {
     matches!(
         code,
         Code::Unavailable
@@ -23,25 +23,29 @@ pub fn stands_in_for(code: Code) -> bool {
 
 /// The last known copy of recently seen orders, per client, bounded (least recently used go first).
 #[derive(Debug)]
-pub struct OrderCache {
+pub(crate) struct OrderCache {
     orders: Mutex<LruCache<(String, String), (Order, SystemTime)>>,
 }
 
 impl OrderCache {
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
         Self {
             orders: Mutex::new(LruCache::new(capacity)),
         }
     }
 
-    pub fn remember(&self, client_id: &str, order: &Order) {
+    pub(crate) fn remember(&self, client_id: &str, order: &Order) {
         let key = (client_id.to_owned(), order.order_id.clone());
         lock(&self.orders).put(key, (order.clone(), SystemTime::now()));
     }
 
     /// The last copy of the order and when it was current.
-    pub fn last_known(&self, client_id: &str, order_id: &str) -> Option<(Order, SystemTime)> {
+    pub(crate) fn last_known(
+        &self,
+        client_id: &str,
+        order_id: &str,
+    ) -> Option<(Order, SystemTime)> {
         lock(&self.orders)
             .get(&(client_id.to_owned(), order_id.to_owned()))
             .cloned()
@@ -50,16 +54,16 @@ impl OrderCache {
 
 /// The last rate the bank quoted for each currency (the quote carries its own time).
 #[derive(Debug, Default)]
-pub struct RateCache {
+pub(crate) struct RateCache {
     rates: Mutex<std::collections::HashMap<String, ExchangeRate>>,
 }
 
 impl RateCache {
-    pub fn remember(&self, rate: &ExchangeRate) {
+    pub(crate) fn remember(&self, rate: &ExchangeRate) {
         lock(&self.rates).insert(rate.currency.clone(), rate.clone());
     }
 
-    pub fn last_known(&self, currency: &str) -> Option<ExchangeRate> {
+    pub(crate) fn last_known(&self, currency: &str) -> Option<ExchangeRate> {
         lock(&self.rates).get(currency).cloned()
     }
 }

@@ -10,12 +10,12 @@ use wire::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use crate::{api::Api, error::GatewayError};
 
 #[derive(Clone)]
-pub struct GatewayService {
+pub(crate) struct GatewayService {
     api: Api,
 }
 
 impl GatewayService {
-    pub fn new(api: Api) -> Self {
+    pub(crate) fn new(api: Api) -> Self {
         Self { api }
     }
 }

@@ -40,7 +40,7 @@ const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
 
 /// The limiters of every known client, and the shared one of unknown keys.
 #[derive(Debug)]
-pub struct ClientLimits {
+pub(crate) struct ClientLimits {
     by_key: HashMap<String, ClientLimit>,
     unknown: ClientLimit,
     rejections: Counter<u64>,
@@ -73,7 +73,7 @@ impl ClientLimit {
 impl ClientLimits {
     /// The limiters of `clients` and of unknown keys, each keeping this gateway's share of its
     /// quota when `replicas` gateways serve the same clients ([`QuotaSettings::share`]).
-    pub fn new(clients: &[ApiClient], unknown: QuotaSettings, replicas: u32) -> Arc<Self> {
+    pub(crate) fn new(clients: &[ApiClient], unknown: QuotaSettings, replicas: u32) -> Arc<Self> {
         let by_key = clients
             .iter()
             .map(|client| {
@@ -123,12 +123,12 @@ impl CallerQuotas for ClientLimits {
 
 /// Applies [`RateLimit`].
 #[derive(Debug, Clone)]
-pub struct RateLimitLayer {
+pub(crate) struct RateLimitLayer {
     limits: Arc<ClientLimits>,
 }
 
 impl RateLimitLayer {
-    pub fn new(limits: Arc<ClientLimits>) -> Self {
+    pub(crate) fn new(limits: Arc<ClientLimits>) -> Self {
         Self { limits }
     }
 }
@@ -146,7 +146,7 @@ impl<S> Layer<S> for RateLimitLayer {
 
 /// Refuses requests over their client's quota at once; see the module docs.
 #[derive(Debug, Clone)]
-pub struct RateLimit<S> {
+pub(crate) struct RateLimit<S> {
     inner: S,
     limits: Arc<ClientLimits>,
 }

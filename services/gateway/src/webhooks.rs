@@ -23,13 +23,13 @@ use crate::{
 };
 
 /// A secret and the endpoint it signs for, and whether orders replayed it from the key's answer.
-pub struct Keyed {
+pub(crate) struct Keyed {
     pub answer: EndpointWithSecret,
     pub replayed: bool,
 }
 
 #[derive(Clone)]
-pub struct WebhooksApi {
+pub(crate) struct WebhooksApi {
     webhooks: WebhooksClient<Client>,
     create: Operation<CreateEndpointRequest, EndpointWithSecret>,
     rotate: Operation<RotateSecretRequest, EndpointWithSecret>,
@@ -52,7 +52,7 @@ macro_rules! retried {
 }
 
 impl WebhooksApi {
-    pub fn new(orders: Client, retry: &RetryPolicy) -> Self {
+    pub(crate) fn new(orders: Client, retry: &RetryPolicy) -> Self {
         let webhooks = WebhooksClient::new(orders);
         Self {
             create: retried!(retry, webhooks, create_endpoint),
@@ -66,7 +66,7 @@ impl WebhooksApi {
         }
     }
 
-    pub async fn create_endpoint(
+    pub(crate) async fn create_endpoint(
         &self,
         client: &ClientId,
         key: &str,
@@ -78,7 +78,7 @@ impl WebhooksApi {
         ))
     }
 
-    pub async fn rotate_secret(
+    pub(crate) async fn rotate_secret(
         &self,
         client: &ClientId,
         key: &str,
@@ -90,7 +90,7 @@ impl WebhooksApi {
         ))
     }
 
-    pub async fn endpoints(
+    pub(crate) async fn endpoints(
         &self,
         client: &ClientId,
     ) -> Result<ListEndpointsResponse, GatewayError> {
@@ -99,7 +99,7 @@ impl WebhooksApi {
             .into_inner())
     }
 
-    pub async fn endpoint(
+    pub(crate) async fn endpoint(
         &self,
         client: &ClientId,
         endpoint_id: String,
@@ -112,7 +112,7 @@ impl WebhooksApi {
         )
     }
 
-    pub async fn deliveries(
+    pub(crate) async fn deliveries(
         &self,
         client: &ClientId,
         request: ListDeliveriesRequest,
@@ -123,7 +123,7 @@ impl WebhooksApi {
             .into_inner())
     }
 
-    pub async fn update_endpoint(
+    pub(crate) async fn update_endpoint(
         &self,
         client: &ClientId,
         request: UpdateEndpointRequest,
@@ -135,7 +135,7 @@ impl WebhooksApi {
     }
 
     /// Tried once, like a redelivery: a repeat would send a second ping.
-    pub async fn ping(
+    pub(crate) async fn ping(
         &self,
         client: &ClientId,
         endpoint_id: String,
@@ -150,7 +150,7 @@ impl WebhooksApi {
             .map_err(upstream)
     }
 
-    pub async fn event_types(
+    pub(crate) async fn event_types(
         &self,
         client: &ClientId,
     ) -> Result<ListEventTypesResponse, GatewayError> {
@@ -163,7 +163,7 @@ impl WebhooksApi {
         .into_inner())
     }
 
-    pub async fn set_enabled(
+    pub(crate) async fn set_enabled(
         &self,
         client: &ClientId,
         endpoint_id: String,
@@ -181,7 +181,7 @@ impl WebhooksApi {
     }
 
     /// Tried once, like disabling: a repeat after a lost answer finds nothing and says so.
-    pub async fn delete_endpoint(
+    pub(crate) async fn delete_endpoint(
         &self,
         client: &ClientId,
         endpoint_id: String,
@@ -196,7 +196,7 @@ impl WebhooksApi {
             .map_err(upstream)
     }
 
-    pub async fn redeliver(
+    pub(crate) async fn redeliver(
         &self,
         client: &ClientId,
         request: RedeliverRequest,
@@ -211,7 +211,7 @@ impl WebhooksApi {
             .map_err(upstream)
     }
 
-    pub async fn redeliver_range(
+    pub(crate) async fn redeliver_range(
         &self,
         client: &ClientId,
         request: RedeliverRangeRequest,

@@ -3,7 +3,7 @@
 
 use rpc::authorize::Policy;
 
-pub fn policy() -> Policy {
+pub(crate) fn policy() -> Policy {
     Policy::new()
         .allow_for_clients("gateway", &["/orders.v1.Orders/*", "/orders.v1.Webhooks/*"])
         .allow_operator()

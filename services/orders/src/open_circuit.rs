@@ -10,14 +10,14 @@ use tonic::Status;
 
 /// What payment last said about an open circuit below it.
 #[derive(Debug, Default)]
-pub struct OpenCircuit {
+pub(crate) struct OpenCircuit {
     /// The open circuit payment named, and when its wait ends on our clock.
     refusing: Mutex<Option<(CircuitOpen, Instant)>>,
 }
 
 impl OpenCircuit {
     /// Takes in how payment answered a call.
-    pub fn heard<T>(&self, answer: &Result<T, Status>) {
+    pub(crate) fn heard<T>(&self, answer: &Result<T, Status>) {
         let refusing = match answer {
             Ok(_) => None,
             Err(status) => match CircuitOpen::from_status(status) {
@@ -33,7 +33,7 @@ impl OpenCircuit {
     }
 
     /// Payment's refusal with the wait that is left, while there is one.
-    pub fn refusal(&self) -> Option<Status> {
+    pub(crate) fn refusal(&self) -> Option<Status> {
         let refusing = self.refusing.lock().unwrap_or_else(PoisonError::into_inner);
         let (open, until) = refusing.as_ref()?;
         let retry_in = until

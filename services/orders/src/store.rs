@@ -13,7 +13,7 @@ use crate::error::OrdersError;
 
 /// Reads of orders outside the create path.
 #[derive(Debug, Clone)]
-pub struct Orders {
+pub(crate) struct Orders {
     database: Database,
 }
 
@@ -60,7 +60,7 @@ const SELECT_ONE: &str = concat!(
 );
 
 /// A new order awaiting payment: the effect of the key's first phase (see [`Effects`]).
-pub fn insert(client_id: &str, order: &Order) -> Effects {
+pub(crate) fn insert(client_id: &str, order: &Order) -> Effects {
     let items: Vec<ItemJson> = order
         .items
         .iter()
@@ -87,7 +87,7 @@ pub fn insert(client_id: &str, order: &Order) -> Effects {
 
 /// Deletes an order still awaiting payment, whose create was refused before payment could
 /// charge anything (an effect of withdrawing its key): nothing is left for anyone to resume.
-pub async fn delete_unpaid(tx: &mut Tx<'_>, order_id: &str) -> Result<(), OrdersError> {
+pub(crate) async fn delete_unpaid(tx: &mut Tx<'_>, order_id: &str) -> Result<(), OrdersError> {
     tx.execute(
         "DELETE FROM orders WHERE order_id = $1 AND status = $2",
         &[&order_id, &PENDING],
@@ -110,7 +110,7 @@ struct OrderEventData {
 /// record it (see [`Effects`]): the order updated, and the event that tells the client's webhook
 /// endpoints put in the outbox. The order is pending when they run: only the holder of its key's
 /// lease records an outcome, in the phase that completes the key.
-pub fn record_payment(
+pub(crate) fn record_payment(
     client_id: &str,
     mut order: Order,
     payment: &Payment,
@@ -165,12 +165,12 @@ pub fn record_payment(
 }
 
 impl Orders {
-    pub fn new(database: Database) -> Self {
+    pub(crate) fn new(database: Database) -> Self {
         Self { database }
     }
 
     /// An order an idempotency key names, for resuming its create.
-    pub async fn load(&self, order_id: &str) -> Result<Order, OrdersError> {
+    pub(crate) async fn load(&self, order_id: &str) -> Result<Order, OrdersError> {
         // A plain read: the order committed with the phase that put its id on the key, before
         // the takeover that read the id back, so every read from now on sees it.
         let row: Option<OrderRow> = self
@@ -186,7 +186,7 @@ impl Orders {
         row.into_order()
     }
 
-    pub async fn get(&self, client_id: &str, order_id: &str) -> Result<Order, OrdersError> {
+    pub(crate) async fn get(&self, client_id: &str, order_id: &str) -> Result<Order, OrdersError> {
         let row: OrderRow = self
             .database
             .fetch_optional(
@@ -206,7 +206,7 @@ impl Orders {
 impl Orders {
     /// The SKUs the order's customer (of the same client) bought most often in other orders,
     /// most frequent first.
-    pub async fn recommend(
+    pub(crate) async fn recommend(
         &self,
         client_id: &str,
         order_id: &str,

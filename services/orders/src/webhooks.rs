@@ -43,7 +43,7 @@ const MAX_DELIVERIES: u32 = 500;
 const MAX_OVERLAP_MS: u64 = 30 * 24 * 60 * 60 * 1000;
 
 #[derive(Debug, Clone)]
-pub struct WebhookService {
+pub(crate) struct WebhookService {
     keys: KeyStore,
     subscriptions: Subscriptions,
     /// What endpoint URLs may name.
@@ -56,7 +56,7 @@ pub struct WebhookService {
 }
 
 impl WebhookService {
-    pub fn new(
+    pub(crate) fn new(
         keys: KeyStore,
         settings: &WebhookSettings,
         default_lease: Duration,

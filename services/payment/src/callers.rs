@@ -5,7 +5,7 @@ use rpc::authorize::Policy;
 
 const GET_PAYMENT: &str = "/payment.v1.PaymentService/GetPayment";
 
-pub fn policy() -> Policy {
+pub(crate) fn policy() -> Policy {
     Policy::new()
         .allow("orders", &["/payment.v1.PaymentService/Pay"])
         .allow("gateway", &[GET_PAYMENT])

@@ -39,7 +39,7 @@ pub const USER_AGENT: &str = concat!("webhook-sender/", env!("CARGO_PKG_VERSION"
 
 /// What an answer (or its absence) means for the delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Delivered,
     /// 410: the recipient does not want deliveries any more.
     Gone,
@@ -51,14 +51,14 @@ pub enum Verdict {
 
 /// An attempt as recorded, and what it means.
 #[derive(Debug, Clone)]
-pub struct Report {
+pub(crate) struct Report {
     pub attempt: Attempt,
     pub verdict: Verdict,
 }
 
 /// Makes delivery attempts through one shared HTTP client.
 #[derive(Debug)]
-pub struct Deliverer<R> {
+pub(crate) struct Deliverer<R> {
     client: reqwest::Client,
     dns: VettedDns,
     policy: Policy,
@@ -73,7 +73,7 @@ impl<R: Resolve> Deliverer<R> {
     /// A deliverer whose client connects within `connect_timeout`, gives each attempt
     /// `request_timeout` in all, and dials only what `policy` and `resolver` vetted; each client
     /// has at most `lookups_per_client` lookups in flight.
-    pub fn new(
+    pub(crate) fn new(
         policy: Policy,
         resolver: R,
         lookups_per_client: usize,
@@ -102,7 +102,7 @@ impl<R: Resolve> Deliverer<R> {
     }
 
     /// Attempts `claim` once at its endpoint's URL, an endpoint of `client_id`.
-    pub async fn deliver(&self, client_id: &str, claim: &Claim) -> Report {
+    pub(crate) async fn deliver(&self, client_id: &str, claim: &Claim) -> Report {
         let url = claim.url.as_str();
         let started_at_ms = self.clock.now_ms();
         let started = Instant::now();

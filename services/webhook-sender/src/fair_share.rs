@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 
 /// Places for deliveries in flight, `capacity` in all, shared fairly by client.
 #[derive(Debug, Clone)]
-pub struct FairShares {
+pub(crate) struct FairShares {
     inner: Arc<Inner>,
 }
 
@@ -71,7 +71,7 @@ impl Inner {
 }
 
 impl FairShares {
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
                 capacity: capacity.max(1),
@@ -83,7 +83,7 @@ impl FairShares {
 
     /// A place for one of `client_id`'s deliveries, waiting until the sender has one free and the
     /// client is under its fair share.
-    pub async fn take(&self, client_id: &str) -> FairShare {
+    pub(crate) async fn take(&self, client_id: &str) -> FairShare {
         let mut in_line = None;
         loop {
             // Registered before trying, so that a place given back in between is not missed.
@@ -112,7 +112,7 @@ impl FairShares {
     }
 
     /// A place for `client_id` now, or `None`.
-    pub fn try_take(&self, client_id: &str) -> Option<FairShare> {
+    pub(crate) fn try_take(&self, client_id: &str) -> Option<FairShare> {
         let mut held = self.inner.held();
         let own = held.by_client.get(client_id).map(|client| client.holding);
         let clients = held.by_client.len() + usize::from(own.is_none());
@@ -134,7 +134,7 @@ impl FairShares {
 
 /// One client's place, given back when dropped.
 #[derive(Debug)]
-pub struct FairShare {
+pub(crate) struct FairShare {
     inner: Arc<Inner>,
     client_id: String,
 }

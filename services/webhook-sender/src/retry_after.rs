@@ -6,7 +6,7 @@ use reqwest::header::{HeaderMap, RETRY_AFTER};
 
 /// The wait a `Retry-After` header asks for at `now`: delay-seconds or an HTTP-date (a date in
 /// the past asks for no wait). `None` when absent or unreadable.
-pub fn requested_wait(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+pub(crate) fn requested_wait(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
     if !value.is_empty() && value.bytes().all(|byte| byte.is_ascii_digit()) {
         // Too many digits for u64 is still a (very long) wait, which the caller clamps.

@@ -26,13 +26,13 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 /// Vetted addresses by host name, shared by the delivery client and the deliveries.
 #[derive(Debug, Clone, Default)]
-pub struct VettedDns {
+pub(crate) struct VettedDns {
     by_host: Arc<Mutex<HashMap<String, Vec<SocketAddr>>>>,
 }
 
 impl VettedDns {
     /// Makes `host` resolve to `addrs`, which the guard has just vetted.
-    pub fn pin(&self, host: &str, addrs: &[SocketAddr]) {
+    pub(crate) fn pin(&self, host: &str, addrs: &[SocketAddr]) {
         // Port 0: the connector then dials each request's own port, so two URLs of one host on
         // different ports never dial each other's.
         let addrs = addrs

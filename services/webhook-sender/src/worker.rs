@@ -45,7 +45,7 @@ use crate::{
 const IDLE_POLLS: u32 = 50;
 
 /// What every worker and delivery shares.
-pub struct Sender<R> {
+pub(crate) struct Sender<R> {
     pub deliveries: Deliveries,
     pub deliverer: Deliverer<R>,
     pub schedule: RetrySchedule,
@@ -70,7 +70,7 @@ pub struct Sender<R> {
 }
 
 /// How long the outbox keeps events, and how it reaps them.
-pub struct Retention {
+pub(crate) struct Retention {
     pub retention_ms: i64,
     pub reap_interval: Duration,
     /// Events deleted per transaction.
@@ -85,7 +85,7 @@ struct WorkerHandle {
 
 impl<R: Resolve + Send + Sync + 'static> Sender<R> {
     /// Polls for due endpoints and wakes their workers until `shutdown`.
-    pub async fn dispatch(self: Arc<Self>, shutdown: CancellationToken) {
+    pub(crate) async fn dispatch(self: Arc<Self>, shutdown: CancellationToken) {
         let mut workers: HashMap<String, WorkerHandle> = HashMap::new();
         let mut ticks = ticks(self.poll_interval);
         loop {
@@ -120,7 +120,7 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
 
     /// Reaps the outbox every `retention.reap_interval` until `shutdown`: the events past
     /// retention that nothing still delivers, with their deliveries and attempts, in batches.
-    pub async fn reap_outbox(self: Arc<Self>, shutdown: CancellationToken) {
+    pub(crate) async fn reap_outbox(self: Arc<Self>, shutdown: CancellationToken) {
         let mut ticks = ticks(self.retention.reap_interval);
         loop {
             tokio::select! {
@@ -147,7 +147,7 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
     /// Runs the range redeliveries, one batch every poll interval (they take turns), until
     /// `shutdown`: each batch is a short transaction of its own, so that orders' commits never
     /// wait behind a whole range.
-    pub async fn redeliver_ranges(self: Arc<Self>, shutdown: CancellationToken) {
+    pub(crate) async fn redeliver_ranges(self: Arc<Self>, shutdown: CancellationToken) {
         let mut ticks = ticks(self.poll_interval);
         loop {
             tokio::select! {

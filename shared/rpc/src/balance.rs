@@ -46,15 +46,15 @@ use tonic::{Status, metadata::MetadataValue};
 use tower::{BoxError, Service, ServiceExt};
 
 /// How long a failing replica is first left out of the choice.
-pub const EJECTION: Duration = Duration::from_secs(1);
+pub(crate) const EJECTION: Duration = Duration::from_secs(1);
 /// The longest an ejection lasts, however often the replica failed.
-pub const MAX_EJECTION: Duration = Duration::from_secs(30);
+pub(crate) const MAX_EJECTION: Duration = Duration::from_secs(30);
 /// Failures in a row, each a call that failed or was answered `UNAVAILABLE`, that eject a
 /// replica. A refused connection ejects it at once.
-pub const FAILURES_TO_EJECT: u32 = 5;
+pub(crate) const FAILURES_TO_EJECT: u32 = 5;
 
 /// A `Clone` service that sends each call to one replica of a dependency (see the module).
-pub struct Balance<S> {
+pub(crate) struct Balance<S> {
     service: &'static str,
     replicas: watch::Receiver<Replicas<S>>,
 }
@@ -135,7 +135,7 @@ impl<S: Send + Sync + 'static> Balance<S> {
     /// Balances over the addresses `host:port` resolves to, resolved every `interval` while any
     /// clone of the balancer is alive, each reached through the channel `connect` makes for it.
     /// An address literal is its own one replica, never resolved.
-    pub fn resolving(
+    pub(crate) fn resolving(
         service: &'static str,
         host: &str,
         port: u16,

@@ -7,9 +7,9 @@ use tonic::{
 use resilience::retry::{Pushback, pushback};
 
 /// The most of a failure's message a hop passes up, in bytes.
-pub const MAX_RELAYED_MESSAGE: usize = 1_024;
+pub(crate) const MAX_RELAYED_MESSAGE: usize = 1_024;
 /// The most of a failure's details a hop passes up, in bytes; larger details are dropped.
-pub const MAX_RELAYED_DETAILS: usize = 2_048;
+pub(crate) const MAX_RELAYED_DETAILS: usize = 2_048;
 
 /// Passes a dependency's failure up unchanged: same code, same message (every hop names itself in
 /// the messages it makes, so the message already says which hop failed), marked as relayed (so

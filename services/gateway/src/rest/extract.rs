@@ -17,7 +17,7 @@ use crate::{api::Api, edge::ClientId, error::GatewayError};
 
 /// A field the JSON body must have (the body's fields are optional so that a missing one is
 /// reported by name).
-pub fn required<T>(value: Option<T>, field: impl Into<String>) -> Result<T, GatewayError> {
+pub(super) fn required<T>(value: Option<T>, field: impl Into<String>) -> Result<T, GatewayError> {
     value.ok_or_else(|| GatewayError::field(field, "is required"))
 }
 
@@ -38,7 +38,7 @@ impl FromRequestParts<Api> for ClientId {
 /// `proto::validate::idempotency_key`).
 #[derive(IntoParams)]
 #[into_params(names("Idempotency-Key"), parameter_in = Header)]
-pub struct IdempotencyKey(
+pub(super) struct IdempotencyKey(
     /// 1 to 255 visible ASCII characters, scoped to the client: repeats of one request carry the same key.
     #[param(min_length = 1, max_length = 255, pattern = r"^[\x21-\x7E]+$")]
     pub String,
@@ -60,7 +60,7 @@ impl<S: Sync> FromRequestParts<S> for IdempotencyKey {
 }
 
 /// A JSON body, read as [`json_body`] reads it, within the router's body limit.
-pub struct JsonBody<T>(pub T);
+pub(super) struct JsonBody<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = Response;
@@ -78,7 +78,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 
 /// A JSON body sent as `application/json`, a fault in it reported with the path of the field at
 /// fault, and nothing after it but whitespace.
-pub fn json_body<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<T, GatewayError> {
+pub(super) fn json_body<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<T, GatewayError> {
     // The media type without its parameters (`; charset=utf-8`), compared as RFC 9110 says: case aside.
     let media_type = header(headers, "content-type")
         .map(|value| value.split(';').next().unwrap_or_default().trim());

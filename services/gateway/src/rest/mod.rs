@@ -2,8 +2,8 @@
 //! and the webhook routes of [`webhooks`]; [`problems`] makes every error it answers a problem.
 
 mod extract;
-pub mod openapi;
-pub mod problems;
+pub(crate) mod openapi;
+pub(crate) mod problems;
 mod webhooks;
 
 use crate::edge::ClientId;
@@ -35,7 +35,7 @@ use crate::{
     error::{GatewayError, Problem},
 };
 
-pub fn router(api: Api, creates: Arc<Intake>) -> Router {
+pub(crate) fn router(api: Api, creates: Arc<Intake>) -> Router {
     let (router, _) = order_creation()
         .route_layer(LoadShedLayer::new(creates))
         .merge(routes())
@@ -372,7 +372,7 @@ fn requested_timeout(text: &str) -> Option<Duration> {
 /// The HTTP face's deadline: asked for in `X-Request-Timeout-Ms`, answered with 504 when it
 /// passes, and the ledger returned as `X-Deadline-Ledger` and `Server-Timing`.
 #[derive(Debug, Clone, Copy)]
-pub struct HttpDeadline {
+pub(crate) struct HttpDeadline {
     pub policy: InboundPolicy,
 }
 

@@ -23,7 +23,7 @@ use utoipa::{
 use crate::error::Problem;
 
 /// The media type of every error answer (RFC 9457).
-pub const PROBLEM_JSON: &str = "application/problem+json";
+pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
 
 /// The name of the bearer scheme that every operation but the document itself requires (in the
 /// `security` of [`Base`] too).
@@ -68,7 +68,7 @@ static DOCUMENT: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// The document: the routes' operations on top of [`Base`], and what every route shares.
-pub fn document() -> openapi::OpenApi {
+pub(crate) fn document() -> openapi::OpenApi {
     let mut document = Base::openapi();
     document.merge(
         super::order_creation()
@@ -128,7 +128,7 @@ pub fn document() -> openapi::OpenApi {
 }
 
 /// The document's JSON text, as `GET /openapi.json` answers it.
-pub fn document_json() -> &'static str {
+pub(crate) fn document_json() -> &'static str {
     DOCUMENT.as_str()
 }
 

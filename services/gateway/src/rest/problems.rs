@@ -12,15 +12,15 @@ use crate::error::Problem;
 
 /// Longest request target (path and query) accepted; hyper's own limit, 64 KiB, is answered by
 /// hyper without a body.
-pub const MAX_URI_LEN: usize = 8 * 1024;
+pub(crate) const MAX_URI_LEN: usize = 8 * 1024;
 /// Largest header section (names and values) accepted; hyper's own limits (about 400 KB, or more
 /// than 100 fields) are answered by hyper without a body.
-pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_HEADER_BYTES: usize = 16 * 1024;
 /// The most of a bare error's body kept as the problem's detail.
 const MAX_DETAIL_BYTES: usize = 1024;
 
 /// Refuses an oversized request head, and turns any other error answer into a problem.
-pub async fn problem_answers(request: Request, next: Next) -> Response {
+pub(crate) async fn problem_answers(request: Request, next: Next) -> Response {
     let uri_len = request
         .uri()
         .path_and_query()

@@ -24,7 +24,7 @@ use crate::{
     webhooks::Keyed,
 };
 
-pub fn routes() -> OpenApiRouter<Api> {
+pub(super) fn routes() -> OpenApiRouter<Api> {
     OpenApiRouter::new()
         .routes(routes!(create_endpoint, list_endpoints))
         .routes(routes!(get_endpoint, update_endpoint, delete_endpoint))

@@ -37,15 +37,15 @@ use webhooks::{
     ssrf::Resolve,
 };
 
-pub const CLIENT: &str = "demo-client-1";
+pub(crate) const CLIENT: &str = "demo-client-1";
 
 /// The wall-clock time now, in ms since the epoch.
-pub fn wall_ms() -> i64 {
+pub(crate) fn wall_ms() -> i64 {
     SystemClock.now_ms()
 }
 
 /// The orders database, in a temporary directory, and the key that seals its secrets.
-pub struct Outbox {
+pub(crate) struct Outbox {
     pub database: Database,
     pub url: String,
     pub keys: SecretKeys,
@@ -53,7 +53,7 @@ pub struct Outbox {
 }
 
 impl Outbox {
-    pub async fn new() -> Self {
+    pub(crate) async fn new() -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
         let url = format!("sqlite://{}", dir.path().join("orders.db").display());
         let database = Database::open(&url, unsynced(), |backend| {
@@ -70,7 +70,7 @@ impl Outbox {
     }
 
     /// An endpoint of [`CLIENT`] at `url` for `event_types`, and its secret.
-    pub async fn endpoint(
+    pub(crate) async fn endpoint(
         &self,
         url: &str,
         event_types: &[&str],
@@ -82,7 +82,7 @@ impl Outbox {
     }
 
     /// An endpoint of `client` at `url` for `event_types`, and its secret.
-    pub async fn client_endpoint(
+    pub(crate) async fn client_endpoint(
         &self,
         client: &str,
         url: &str,
@@ -109,12 +109,12 @@ impl Outbox {
     }
 
     /// Commits an `order.paid` event of [`CLIENT`] at `now_ms`; returns its id.
-    pub async fn paid(&self, now_ms: i64) -> String {
+    pub(crate) async fn paid(&self, now_ms: i64) -> String {
         self.record(CLIENT, ORDER_PAID, now_ms).await
     }
 
     /// Commits an `order.paid` event of `client` at `now_ms`; returns its id.
-    pub async fn client_paid(&self, client: &str, now_ms: i64) -> String {
+    pub(crate) async fn client_paid(&self, client: &str, now_ms: i64) -> String {
         self.record(client, ORDER_PAID, now_ms).await
     }
 
@@ -124,7 +124,7 @@ impl Outbox {
     /// When it returned, not when it began: a commit here waits for its turn on the SQLite file's
     /// one writer, which it shares with the sender in this process, and under a sender writing
     /// hundreds of attempts a second that wait is the test's, not the sender's.
-    pub async fn paced_commits(
+    pub(crate) async fn paced_commits(
         &self,
         client: &str,
         events: usize,
@@ -157,12 +157,12 @@ impl Outbox {
             .expect("an endpoint subscribes")
     }
 
-    pub fn subscriptions(&self) -> Subscriptions {
+    pub(crate) fn subscriptions(&self) -> Subscriptions {
         Subscriptions::new(self.database.clone(), self.keys.clone())
     }
 
     /// The endpoint's delivery of `event_id`, with its attempts.
-    pub async fn delivery(&self, endpoint_id: &str, event_id: &str) -> DeliveryLog {
+    pub(crate) async fn delivery(&self, endpoint_id: &str, event_id: &str) -> DeliveryLog {
         let log = self
             .subscriptions()
             .deliveries(CLIENT, endpoint_id, &DeliveryQuery::newest(1_000))
@@ -175,7 +175,7 @@ impl Outbox {
     }
 
     /// Waits until the endpoint's delivery of `event_id` has `attempts` attempts recorded.
-    pub async fn attempts(
+    pub(crate) async fn attempts(
         &self,
         endpoint_id: &str,
         event_id: &str,
@@ -197,19 +197,19 @@ impl Outbox {
 
 /// One delivery as a receiver got it.
 #[derive(Debug, Clone)]
-pub struct Received {
+pub(crate) struct Received {
     pub headers: HeaderMap,
     pub body: Bytes,
     pub at_ms: i64,
 }
 
 impl Received {
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|value| value.to_str().ok())
     }
 
     /// Checks the delivery's signature with `secret` alone, at the time it was signed.
-    pub fn verify(&self, secret: &Secret) -> Result<(), VerifyError> {
+    pub(crate) fn verify(&self, secret: &Secret) -> Result<(), VerifyError> {
         let headers = ReceivedHeaders {
             id: self.header("webhook-id"),
             timestamp: self.header("webhook-timestamp"),
@@ -224,7 +224,10 @@ impl Received {
 }
 
 /// Commit → receipt times of what `receiver` got, in ms, sorted; `committed_at_ms` by event id.
-pub fn commit_to_receipt(receiver: &Receiver, committed_at_ms: &HashMap<String, i64>) -> Latencies {
+pub(crate) fn commit_to_receipt(
+    receiver: &Receiver,
+    committed_at_ms: &HashMap<String, i64>,
+) -> Latencies {
     let mut ms: Vec<i64> = receiver
         .received()
         .iter()
@@ -237,18 +240,18 @@ pub fn commit_to_receipt(receiver: &Receiver, committed_at_ms: &HashMap<String, 
 }
 
 /// Latencies in ms, sorted.
-pub struct Latencies(pub Vec<i64>);
+pub(crate) struct Latencies(pub Vec<i64>);
 
 impl Latencies {
     /// The `p` quantile (0.0..=1.0), nearest rank.
-    pub fn percentile(&self, p: f64) -> i64 {
+    pub(crate) fn percentile(&self, p: f64) -> i64 {
         self.0[((self.0.len() - 1) as f64 * p).round() as usize]
     }
 }
 
 /// How a receiver answers its `n`th delivery (from 0).
 #[derive(Debug, Clone)]
-pub enum Answer {
+pub(crate) enum Answer {
     Status(u16, Vec<(&'static str, String)>),
     /// Never answers; the sender's request timeout ends the wait.
     Hang,
@@ -256,7 +259,7 @@ pub enum Answer {
 
 /// A webhook receiver on 127.0.0.1 that records what it gets and how many it holds at once.
 #[derive(Clone)]
-pub struct Receiver {
+pub(crate) struct Receiver {
     pub addr: SocketAddr,
     state: Arc<ReceiverState>,
     _stop: Arc<DropGuard>,
@@ -270,7 +273,7 @@ struct ReceiverState {
 }
 
 impl Receiver {
-    pub async fn start(answer: impl Fn(usize) -> Answer + Send + Sync + 'static) -> Self {
+    pub(crate) async fn start(answer: impl Fn(usize) -> Answer + Send + Sync + 'static) -> Self {
         let state = Arc::new(ReceiverState {
             answer: Box::new(answer),
             received: Mutex::new(Vec::new()),
@@ -296,32 +299,32 @@ impl Receiver {
     }
 
     /// Answers every delivery with `status`.
-    pub async fn answering(status: u16) -> Self {
+    pub(crate) async fn answering(status: u16) -> Self {
         Self::start(move |_| Answer::Status(status, Vec::new())).await
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}/hook", self.addr)
     }
 
-    pub fn test_host(&self) -> String {
+    pub(crate) fn test_host(&self) -> String {
         self.addr.to_string()
     }
 
-    pub fn received(&self) -> Vec<Received> {
+    pub(crate) fn received(&self) -> Vec<Received> {
         self.state.received.lock().expect("not poisoned").clone()
     }
 
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.state.received.lock().expect("not poisoned").len()
     }
 
     /// The most deliveries it was holding at once.
-    pub fn most_in_flight(&self) -> usize {
+    pub(crate) fn most_in_flight(&self) -> usize {
         self.state.most_in_flight.load(Ordering::SeqCst)
     }
 
-    pub async fn wait_for(&self, deliveries: usize) {
+    pub(crate) async fn wait_for(&self, deliveries: usize) {
         eventually(
             Duration::from_secs(10),
             &format!("{deliveries} deliveries at {}", self.addr),
@@ -334,12 +337,12 @@ impl Receiver {
 /// A recipient of marker events (`order.payment_declined`, which no other endpoint of these tests
 /// subscribes to). A marker's delivery shows that the sender has had its chance to send what was
 /// due before it, so that a check that something was not sent means something.
-pub struct Marker {
+pub(crate) struct Marker {
     pub receiver: Receiver,
 }
 
 impl Marker {
-    pub async fn subscribe(outbox: &Outbox, now_ms: i64) -> Self {
+    pub(crate) async fn subscribe(outbox: &Outbox, now_ms: i64) -> Self {
         let receiver = Receiver::answering(204).await;
         outbox
             .endpoint(
@@ -355,7 +358,7 @@ impl Marker {
     /// Returns once the sender has dispatched what was due at `now_ms` (sender clock): two markers
     /// committed then, the second after the first arrived. The first may go out in the same poll
     /// as what fell due with it and overtake it; the second is only seen by a later poll.
-    pub async fn passed(&self, outbox: &Outbox, now_ms: i64) {
+    pub(crate) async fn passed(&self, outbox: &Outbox, now_ms: i64) {
         for _ in 0..2 {
             let delivered = self.receiver.count() + 1;
             outbox.record(CLIENT, ORDER_PAYMENT_DECLINED, now_ms).await;
@@ -408,13 +411,13 @@ async fn receive(
 }
 
 /// A TCP listener that only counts the connections made to it: a place no delivery may reach.
-pub struct Forbidden {
+pub(crate) struct Forbidden {
     pub addr: SocketAddr,
     connections: Arc<AtomicUsize>,
 }
 
 impl Forbidden {
-    pub async fn listen(ip: [u8; 4]) -> Self {
+    pub(crate) async fn listen(ip: [u8; 4]) -> Self {
         let listener = TcpListener::bind((IpAddr::from(ip), 0))
             .await
             .expect("bind on loopback");
@@ -432,14 +435,14 @@ impl Forbidden {
         Self { addr, connections }
     }
 
-    pub fn connections(&self) -> usize {
+    pub(crate) fn connections(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
     }
 }
 
 /// Names that resolve to what a test says, and nothing else.
 #[derive(Debug, Clone, Default)]
-pub struct FixedResolver(pub HashMap<String, Vec<IpAddr>>);
+pub(crate) struct FixedResolver(pub HashMap<String, Vec<IpAddr>>);
 
 impl Resolve for FixedResolver {
     async fn resolve(&self, host: &str) -> io::Result<Vec<IpAddr>> {
@@ -461,7 +464,7 @@ fn unsynced() -> storage::SqliteSettings {
     }
 }
 
-pub fn settings(outbox: &Outbox, receivers: &[&Receiver]) -> Settings {
+pub(crate) fn settings(outbox: &Outbox, receivers: &[&Receiver]) -> Settings {
     Settings {
         database_url: outbox.url.clone(),
         sqlite: unsynced(),
@@ -477,19 +480,19 @@ pub fn settings(outbox: &Outbox, receivers: &[&Receiver]) -> Settings {
 }
 
 /// A sender running in this test until it is dropped.
-pub struct RunningSender {
+pub(crate) struct RunningSender {
     _stop: DropGuard,
 }
 
 /// A sender with its clock, looking names up as `settings.dns` says.
-pub async fn start_sender(settings: Settings, clock: Arc<dyn Clock>) -> RunningSender {
+pub(crate) async fn start_sender(settings: Settings, clock: Arc<dyn Clock>) -> RunningSender {
     run(Application::build_with_clock(settings, clock)
         .await
         .expect("sender"))
 }
 
 /// A sender with its clock, whose names resolve through `resolver`.
-pub async fn start_sender_resolving<R: Resolve + Send + Sync + 'static>(
+pub(crate) async fn start_sender_resolving<R: Resolve + Send + Sync + 'static>(
     settings: Settings,
     clock: Arc<dyn Clock>,
     resolver: R,
@@ -508,7 +511,7 @@ fn run<R: Resolve + Send + Sync + 'static>(app: Application<R>) -> RunningSender
 }
 
 /// The sender binary on a port of its own choosing (port 0), killed with SIGKILL when dropped.
-pub struct SenderProcess {
+pub(crate) struct SenderProcess {
     child: KilledOnDrop,
     /// Where it serves its health check and metrics, as its log reported.
     pub health: SocketAddr,
@@ -529,7 +532,7 @@ type Startup = Result<SocketAddr, String>;
 
 impl SenderProcess {
     /// Starts the binary on `outbox` and waits until its log says where it serves.
-    pub async fn spawn(outbox: &Outbox, test_host: &str) -> Self {
+    pub(crate) async fn spawn(outbox: &Outbox, test_host: &str) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_webhook-sender"))
             .env("WEBHOOK_SENDER_DATABASE_URL", &outbox.url)
             .env(
@@ -569,7 +572,7 @@ impl SenderProcess {
     }
 
     /// SIGKILL: no chance to record anything.
-    pub fn kill(mut self) {
+    pub(crate) fn kill(mut self) {
         self.child.0.kill().expect("SIGKILL");
         self.child.0.wait().expect("reaped");
     }

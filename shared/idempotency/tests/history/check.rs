@@ -8,7 +8,7 @@ use std::{
 
 /// What one create answered its caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer {
+pub(crate) enum Answer {
     Done {
         order: String,
         body: Vec<u8>,
@@ -32,7 +32,7 @@ pub enum Answer {
 
 /// One entry of the history, in the order the simulation recorded them.
 #[derive(Debug, Clone)]
-pub enum Event {
+pub(crate) enum Event {
     Invoked {
         call: u64,
         scope: String,
@@ -64,16 +64,16 @@ pub enum Event {
 
 /// The history of one run, shared by every task that records into it.
 #[derive(Debug, Clone, Default)]
-pub struct History {
+pub(crate) struct History {
     events: Arc<Mutex<Vec<Event>>>,
 }
 
 impl History {
-    pub fn record(&self, event: Event) {
+    pub(crate) fn record(&self, event: Event) {
         self.events.lock().expect("history lock").push(event);
     }
 
-    pub fn events(&self) -> Vec<Event> {
+    pub(crate) fn events(&self) -> Vec<Event> {
         self.events.lock().expect("history lock").clone()
     }
 }
@@ -107,7 +107,7 @@ storage::row! {
 }
 
 /// The answer a completed create stores for `order`, byte for byte.
-pub fn stored_body(order: &str, charge_id: i64, attempt: i64) -> Vec<u8> {
+pub(crate) fn stored_body(order: &str, charge_id: i64, attempt: i64) -> Vec<u8> {
     format!("{order} paid by charge {charge_id} in record attempt {attempt}").into_bytes()
 }
 
@@ -132,7 +132,7 @@ fn order_of(body: &[u8]) -> String {
 
 /// What the history shows, for the report.
 #[derive(Debug, Default)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub invocations: usize,
     pub by_answer: BTreeMap<&'static str, usize>,
     pub bank_executions: usize,
@@ -140,7 +140,7 @@ pub struct Summary {
 }
 
 /// Checks every property; returns the violations, each prefixed with its property's name.
-pub fn check(
+pub(crate) fn check(
     events: &[Event],
     orders: &[OrderRow],
     keys: &[KeyRow],

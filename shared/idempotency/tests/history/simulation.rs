@@ -24,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 use crate::check::{Answer, Event, History, KeyRow, OrderRow, stored_body};
 
 /// Times on the store's clock, in ms: a lease, a key's TTL, the completer's grace.
-pub const LEASE_MS: u64 = 200;
-pub const TTL_MS: u64 = 1_000;
+pub(crate) const LEASE_MS: u64 = 200;
+pub(crate) const TTL_MS: u64 = 1_000;
 const GRACE_MS: u64 = 50;
 const START_MS: i64 = 1_800_000_000_000;
 
@@ -50,7 +50,7 @@ const ORDERS_TABLE: &str = "CREATE TABLE orders (order_id TEXT PRIMARY KEY, scop
      status TEXT NOT NULL, created_ms BIGINT NOT NULL, paid_from_ms BIGINT, paid_ms BIGINT, charge_id BIGINT, recorded_by BIGINT)";
 
 /// One run: a store on a fresh database, its clock, the fake bank and the history.
-pub struct World {
+pub(crate) struct World {
     store: KeyStore,
     clock: Arc<ManualClock>,
     pauses: Arc<RandomPauses>,
@@ -64,14 +64,14 @@ pub struct World {
 }
 
 /// What a run left: its history and the rows of the database.
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub events: Vec<Event>,
     pub orders: Vec<OrderRow>,
     pub keys: Vec<KeyRow>,
 }
 
 impl World {
-    pub async fn new(database: Database, seed: u64) -> Arc<Self> {
+    pub(crate) async fn new(database: Database, seed: u64) -> Arc<Self> {
         database
             .write(async |tx: &mut Tx<'_>| tx.execute(ORDERS_TABLE, &[]).await)
             .await
@@ -113,7 +113,7 @@ impl World {
 
     /// The run: clients repeat their keys under faults while two completers, the reaper and the
     /// clock go on; then faults stop and the completer settles what is left.
-    pub async fn run(self: &Arc<Self>) -> Outcome {
+    pub(crate) async fn run(self: &Arc<Self>) -> Outcome {
         let background = CancellationToken::new();
         let mut tasks = Vec::new();
         tasks.push(tokio::spawn(

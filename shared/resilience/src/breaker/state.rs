@@ -73,7 +73,7 @@ enum State {
 
 /// A breaker's state at one moment, as its live view shows it.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Standing {
+pub(super) struct Standing {
     /// Outcomes in the window (closed only) and the shares of failures and of slow calls.
     pub calls: u32,
     pub failure_rate: f64,
@@ -84,19 +84,19 @@ pub struct Standing {
 
 /// An admitted call: the state it was admitted in, so that its outcome is recorded only there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Admission {
+pub(super) struct Admission {
     generation: u64,
 }
 
 /// A state change, for logs and counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Transition {
+pub(super) struct Transition {
     pub from: Position,
     pub to: Position,
 }
 
 #[derive(Debug)]
-pub struct Machine<R> {
+pub(super) struct Machine<R> {
     settings: BreakerSettings,
     state: State,
     /// Counts state changes: a call admitted under another generation belongs to a past state.
@@ -106,7 +106,7 @@ pub struct Machine<R> {
 }
 
 impl<R: Rng> Machine<R> {
-    pub fn new(settings: BreakerSettings, rng: R) -> Self {
+    pub(super) fn new(settings: BreakerSettings, rng: R) -> Self {
         Self {
             settings,
             state: State::Closed {
@@ -117,7 +117,7 @@ impl<R: Rng> Machine<R> {
         }
     }
 
-    pub fn position(&self) -> Position {
+    pub(super) fn position(&self) -> Position {
         match self.state {
             State::Closed { .. } => Position::Closed,
             State::Open { .. } => Position::Open,
@@ -126,7 +126,7 @@ impl<R: Rng> Machine<R> {
     }
 
     /// The window's make-up at `now` while closed, or the time left open.
-    pub fn standing(&self, now: Instant) -> Standing {
+    pub(super) fn standing(&self, now: Instant) -> Standing {
         match &self.state {
             State::Closed { window } => {
                 window_standing(window, now, Duration::from_millis(self.settings.window_ms))
@@ -140,7 +140,10 @@ impl<R: Rng> Machine<R> {
     }
 
     /// Admits a call, or says how long until the breaker tries again.
-    pub fn admit(&mut self, now: Instant) -> (Result<Admission, Duration>, Option<Transition>) {
+    pub(super) fn admit(
+        &mut self,
+        now: Instant,
+    ) -> (Result<Admission, Duration>, Option<Transition>) {
         let transition = match self.state {
             State::Open { until } if now < until => return (Err(until - now), None),
             State::Open { .. } => self.move_to(State::HalfOpen {
@@ -170,7 +173,7 @@ impl<R: Rng> Machine<R> {
     }
 
     /// Records how an admitted call ended.
-    pub fn record(
+    pub(super) fn record(
         &mut self,
         admission: Admission,
         outcome: Outcome,

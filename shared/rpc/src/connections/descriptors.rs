@@ -77,7 +77,7 @@ pub(super) struct Split {
 }
 
 impl Split {
-    pub fn new(limit: u64, ports: usize) -> Self {
+    pub(super) fn new(limit: u64, ports: usize) -> Self {
         let reserved = (limit / 4).max(RESERVED_AT_LEAST).min(limit);
         Self {
             limit,
@@ -88,7 +88,7 @@ impl Split {
     }
 
     /// Connections one port may keep: its descriptors, less the room for those closing.
-    pub fn connections(&self) -> usize {
+    pub(super) fn connections(&self) -> usize {
         usize::try_from(self.per_port)
             .unwrap_or(usize::MAX)
             .saturating_sub(CLOSING_AT_MOST)
@@ -104,7 +104,7 @@ pub(super) struct PortShare {
 
 impl PortShare {
     /// Counts the port at `addr` among the process's ports, and says what it may keep.
-    pub fn register(addr: Option<SocketAddr>, max_open: usize) -> Self {
+    pub(super) fn register(addr: Option<SocketAddr>, max_open: usize) -> Self {
         let process = process();
         let ports = process.ports.fetch_add(1, Ordering::SeqCst) + 1;
         let share = Self { max_open };
@@ -123,7 +123,7 @@ impl PortShare {
     }
 
     /// Connections the port may keep now.
-    pub fn cap(&self) -> usize {
+    pub(super) fn cap(&self) -> usize {
         let process = process();
         self.max_open
             .min(Split::new(process.limit, process.ports.load(Ordering::SeqCst)).connections())

@@ -47,7 +47,7 @@ pub(crate) struct Port {
 impl Port {
     /// A place for a connection from `peer` among at most `cap`, closing idle connections to make
     /// room when the port is full; `None` when none of those the newcomer may displace is idle.
-    pub fn admit(
+    pub(super) fn admit(
         self: &Arc<Self>,
         peer: IpAddr,
         cap: usize,
@@ -73,7 +73,7 @@ impl Port {
 
     /// Waits until fewer than `at_most` connections closed to make room still hold their
     /// descriptors, or [`CLOSING_WAIT`] has passed.
-    pub async fn closing_below(&self, at_most: usize) {
+    pub(super) async fn closing_below(&self, at_most: usize) {
         let give_up = Instant::now() + CLOSING_WAIT;
         // Bounded in time by `give_up`, and in count: only this port's accept loop, which is
         // waiting here, makes room, so each turn sees one fewer.
@@ -357,7 +357,7 @@ pub(crate) struct Place {
 
 impl Place {
     /// What the connection's requests hold while they are open.
-    pub fn requests(&self) -> Requests {
+    pub(crate) fn requests(&self) -> Requests {
         Requests {
             port: self.port.clone(),
             id: self.id,
@@ -366,13 +366,13 @@ impl Place {
 
     /// The connection's caller presented no certificate: it keeps its place until `until` at the
     /// latest, and is the first to go when the port is full.
-    pub fn uncertified_until(&self, until: Instant) {
+    pub(crate) fn uncertified_until(&self, until: Instant) {
         self.port.uncertified(self.id, until);
     }
 
     /// Ready with the reason once the connection must close; until then, the task polling it is
     /// woken when that may have changed.
-    pub fn poll_end(&mut self, cx: &mut Context<'_>) -> Poll<End> {
+    pub(crate) fn poll_end(&mut self, cx: &mut Context<'_>) -> Poll<End> {
         let deadline = {
             let mut watch = lock(&self.watch);
             if watch.closed_for_room {
@@ -418,7 +418,7 @@ pub(crate) struct Requests {
 
 impl Requests {
     /// One request begun: the connection is not idle until it (and every other) is dropped.
-    pub fn open(&self) -> OpenRequest {
+    pub(crate) fn open(&self) -> OpenRequest {
         self.port.request_started(self.id);
         OpenRequest {
             port: self.port.clone(),

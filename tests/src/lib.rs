@@ -54,32 +54,32 @@ pub struct TestChain {
 
 /// Where orders and payment keep their data in a test.
 #[derive(Debug, Clone)]
-pub enum Backend {
+pub enum Storage {
     Sqlite,
     /// A PostgreSQL server, by the URL of a database whose user may create databases.
     Postgres(String),
 }
 
-impl Backend {
+impl Storage {
     /// SQLite, and PostgreSQL when `TEST_POSTGRES_URL` is set. Without it the test fails in CI
     /// and elsewhere says loudly that its PostgreSQL half did not run.
-    pub fn all() -> Vec<Backend> {
-        std::iter::once(Backend::Sqlite)
-            .chain(test_support::postgres_admin_url().map(Backend::Postgres))
+    pub fn all() -> Vec<Storage> {
+        std::iter::once(Storage::Sqlite)
+            .chain(test_support::postgres_admin_url().map(Storage::Postgres))
             .collect()
     }
 
     pub fn name(&self) -> &'static str {
         match self {
-            Backend::Sqlite => "sqlite",
-            Backend::Postgres(_) => "postgres",
+            Storage::Sqlite => "sqlite",
+            Storage::Postgres(_) => "postgres",
         }
     }
 
     /// Points orders and payment at fresh databases of this backend; returns those that must be
     /// dropped after the test.
     async fn configure(&self, settings: &mut ChainSettings) -> Vec<ScratchDatabase> {
-        let Backend::Postgres(admin_url) = self else {
+        let Storage::Postgres(admin_url) = self else {
             return Vec::new();
         };
         let mut databases = Vec::new();
@@ -103,11 +103,11 @@ impl TestChain {
 
     /// The chain after `customize` has changed its settings.
     pub async fn start_with(customize: impl FnOnce(&mut ChainSettings)) -> Self {
-        Self::start_on(&Backend::Sqlite, customize).await
+        Self::start_on(&Storage::Sqlite, customize).await
     }
 
     /// The chain with its databases on `backend`.
-    pub async fn start_on(backend: &Backend, customize: impl FnOnce(&mut ChainSettings)) -> Self {
+    pub async fn start_on(backend: &Storage, customize: impl FnOnce(&mut ChainSettings)) -> Self {
         // The chain's logs go to the test's output, which the runner prints when the test fails.
         // A test that installed telemetry of its own keeps it: this one is then inert.
         let logs = telemetry::init(SERVICE, &TelemetrySettings::default())
@@ -303,7 +303,7 @@ pub use stack::scenario::order_message;
 /// The chain on `backend` after `customize`, with its sender and orders allowing plain http to a
 /// receiver on loopback (serve it with [`subscribe`]).
 pub async fn chain_with_receiver(
-    backend: &Backend,
+    backend: &Storage,
     customize: impl FnOnce(&mut ChainSettings),
 ) -> (TestChain, TcpListener) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -20,9 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     BenchError,
-    chains::{self, Backend},
+    chains::{self, ChainStorage},
     clients::{BULKHEAD_FULL, GrpcOrders},
-    load::{self, Latencies, Measurement, Plan},
+    load::{self, Latencies, LoadPlan, Measurement},
     profile::Profile,
 };
 
@@ -137,7 +137,7 @@ pub async fn measure(profile: &Profile) -> Result<AdaptiveGuards, BenchError> {
 /// Runs the profile's load through the bank's latency ramp on a fresh chain set up by `variant`.
 async fn ramp(profile: &Profile, variant: Variant) -> Result<RampRun, BenchError> {
     let p = &profile.ramp;
-    let running = chains::start(&Backend::Sqlite, |chain| {
+    let running = chains::start(&ChainStorage::Sqlite, |chain| {
         stack::scenario::without_breakers(chain);
         chain.bank.faults.latency_ms = Latency {
             mean: p.from_ms,
@@ -151,7 +151,7 @@ async fn ramp(profile: &Profile, variant: Variant) -> Result<RampRun, BenchError
         variant.name,
         Some(p.deadline),
     )?;
-    let plan = Plan::rate(
+    let plan = LoadPlan::rate(
         format!("ramp, {}", variant.name),
         p.per_second,
         p.duration,

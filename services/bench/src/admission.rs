@@ -14,9 +14,9 @@ use stack::{ChainSettings, chain::GATEWAY_GRPC};
 
 use crate::{
     BenchError,
-    chains::{self, Backend},
+    chains::{self, ChainStorage},
     clients::GrpcOrders,
-    load::{self, Latencies, Measurement, Plan},
+    load::{self, Latencies, LoadPlan, Measurement},
     profile::Profile,
 };
 
@@ -58,13 +58,13 @@ fn with_bank(settings: &mut ChainSettings, latency_ms: f64) {
 
 pub async fn measure(profile: &Profile) -> Result<EdgeOverload, BenchError> {
     let p = &profile.overload;
-    let running = chains::start(&Backend::Sqlite, |s| with_bank(s, p.bank_latency_ms)).await?;
+    let running = chains::start(&ChainStorage::Sqlite, |s| with_bank(s, p.bank_latency_ms)).await?;
     let orders = GrpcOrders::new(
         running.chain.address(&GATEWAY_GRPC),
         "capacity",
         Some(p.deadline),
     )?;
-    let probe = Plan::clients(
+    let probe = LoadPlan::clients(
         "overload: capacity",
         p.probe_clients,
         1_000_000,
@@ -98,7 +98,7 @@ pub async fn measure(profile: &Profile) -> Result<EdgeOverload, BenchError> {
     ];
     let mut runs = Vec::new();
     for (intake, setup, queued) in variants {
-        let running = chains::start(&Backend::Sqlite, |s| {
+        let running = chains::start(&ChainStorage::Sqlite, |s| {
             with_bank(s, p.bank_latency_ms);
             s.gateway.queue.enabled = queued;
         })
@@ -108,7 +108,7 @@ pub async fn measure(profile: &Profile) -> Result<EdgeOverload, BenchError> {
             intake,
             Some(p.deadline),
         )?;
-        let plan = Plan::rate(
+        let plan = LoadPlan::rate(
             format!("overload, {intake}"),
             offered,
             p.duration,

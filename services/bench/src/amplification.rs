@@ -16,9 +16,9 @@ use stack::chain::GATEWAY_HTTP;
 
 use crate::{
     BenchError,
-    chains::{self, Backend, Face, HopWork},
+    chains::{self, ChainStorage, Face, HopWork},
     clients::{CLIENT_DEADLINE, HttpOrders},
-    load::{self, Measurement, Plan},
+    load::{self, LoadPlan, Measurement},
     profile::Profile,
 };
 
@@ -61,7 +61,7 @@ pub async fn measure(profile: &Profile) -> Result<Amplification, BenchError> {
     for load in &settings.loads {
         let failure_rate = load.bank_failure_rate;
         for (label, naive) in [("budgeted", false), ("naive", true)] {
-            let running = chains::start(&Backend::Sqlite, |chain| {
+            let running = chains::start(&ChainStorage::Sqlite, |chain| {
                 stack::scenario::without_breakers(chain);
                 chain.naive.enabled = naive;
                 chain.bank.faults.error_rate = failure_rate;
@@ -79,7 +79,7 @@ pub async fn measure(profile: &Profile) -> Result<Amplification, BenchError> {
                 orders
             };
             let requests = (settings.duration.as_secs_f64() * load.per_second).round() as usize;
-            let plan = Plan::count(
+            let plan = LoadPlan::count(
                 format!(
                     "{label} chain, bank failing {:.0} %, {}/s",
                     failure_rate * 100.0,

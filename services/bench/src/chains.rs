@@ -18,7 +18,7 @@ use crate::BenchError;
 
 /// Where orders and payment keep their data.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Backend {
+pub enum ChainStorage {
     Sqlite,
     /// A PostgreSQL server, by the URL of a database whose user may create databases.
     Postgres(String),
@@ -57,7 +57,7 @@ pub fn with_instant_bank(settings: &mut ChainSettings) {
 
 /// Starts the chain on `backend` with the default settings after `change`.
 pub async fn start(
-    backend: &Backend,
+    backend: &ChainStorage,
     change: impl FnOnce(&mut ChainSettings),
 ) -> Result<Running, BenchError> {
     let data = tempfile::tempdir().map_err(BenchError::Io)?;
@@ -65,8 +65,10 @@ pub async fn start(
         .ephemeral()
         .with_data_dir(data.path());
     let scratch = match backend {
-        Backend::Sqlite => None,
-        Backend::Postgres(admin_url) => Some(scratch_databases(admin_url, &mut settings).await?),
+        ChainStorage::Sqlite => None,
+        ChainStorage::Postgres(admin_url) => {
+            Some(scratch_databases(admin_url, &mut settings).await?)
+        }
     };
     change(&mut settings);
     let chain = Chain::start(settings).await?;

@@ -11,7 +11,7 @@ use tonic::{
 };
 use wire::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
-use crate::{BenchError, load::Outcome};
+use crate::{BenchError, load::CallOutcome};
 
 /// The demo client with room for every section's load.
 pub const API_KEY: &str = "demo-key-1";
@@ -67,7 +67,7 @@ impl GrpcOrders {
         }
     }
 
-    pub fn create(&self, index: usize) -> impl Future<Output = Outcome> + Send + use<> {
+    pub fn create(&self, index: usize) -> impl Future<Output = CallOutcome> + Send + use<> {
         let mut client = self.client.clone();
         let mut request = Request::new(stack::scenario::order_message());
         let metadata = request.metadata_mut();
@@ -86,26 +86,26 @@ impl GrpcOrders {
     }
 }
 
-fn grpc_outcome(result: Result<Response<Order>, Status>) -> Outcome {
+fn grpc_outcome(result: Result<Response<Order>, Status>) -> CallOutcome {
     match result {
         Ok(response) if response.metadata().contains_key(IDEMPOTENT_REPLAYED) => {
-            Outcome::success(OK_REPLAYED)
+            CallOutcome::success(OK_REPLAYED)
         }
-        Ok(_) => Outcome::success("OK"),
+        Ok(_) => CallOutcome::success("OK"),
         Err(status) if status.metadata().contains_key(wire::CIRCUIT_OPEN) => {
-            Outcome::failure(CIRCUIT_OPEN)
+            CallOutcome::failure(CIRCUIT_OPEN)
         }
         Err(status) if status.metadata().contains_key(wire::BULKHEAD_FULL) => {
-            Outcome::failure(BULKHEAD_FULL)
+            CallOutcome::failure(BULKHEAD_FULL)
         }
         // tonic's own timer for `grpc-timeout` ends the call this way on the client's side.
         Err(status)
             if status.code() == Code::Cancelled
                 && status.message() == tonic::TimeoutExpired(()).to_string() =>
         {
-            Outcome::failure(CLIENT_DEADLINE)
+            CallOutcome::failure(CLIENT_DEADLINE)
         }
-        Err(status) => Outcome::failure(format!("{:?}", status.code())),
+        Err(status) => CallOutcome::failure(format!("{:?}", status.code())),
     }
 }
 
@@ -155,7 +155,7 @@ impl HttpOrders {
         }
     }
 
-    pub fn create(&self, index: usize) -> impl Future<Output = Outcome> + Send + use<> {
+    pub fn create(&self, index: usize) -> impl Future<Output = CallOutcome> + Send + use<> {
         let mut request = self
             .client
             .post(&*self.url)
@@ -188,19 +188,19 @@ impl HttpOrders {
                 if replayed { ", replayed" } else { "" }
             );
             if status.is_success() {
-                Outcome::success(class)
+                CallOutcome::success(class)
             } else {
-                Outcome::failure(class)
+                CallOutcome::failure(class)
             }
         }
     }
 }
 
-fn http_failure(error: &reqwest::Error) -> Outcome {
+fn http_failure(error: &reqwest::Error) -> CallOutcome {
     if error.is_timeout() {
-        Outcome::failure(CLIENT_DEADLINE)
+        CallOutcome::failure(CLIENT_DEADLINE)
     } else {
-        Outcome::failure("no answer: connection failed")
+        CallOutcome::failure("no answer: connection failed")
     }
 }
 
@@ -222,24 +222,27 @@ mod tests {
         let mut full = Status::unavailable("bank-mock: bulkhead full");
         full.metadata_mut()
             .insert(wire::BULKHEAD_FULL, MetadataValue::from_static("bank-mock"));
-        assert_eq!(grpc_outcome(Err(open)), Outcome::failure(CIRCUIT_OPEN));
-        assert_eq!(grpc_outcome(Err(full)), Outcome::failure(BULKHEAD_FULL));
+        assert_eq!(grpc_outcome(Err(open)), CallOutcome::failure(CIRCUIT_OPEN));
+        assert_eq!(grpc_outcome(Err(full)), CallOutcome::failure(BULKHEAD_FULL));
         assert_eq!(
             grpc_outcome(Err(Status::cancelled("Timeout expired"))),
-            Outcome::failure(CLIENT_DEADLINE)
+            CallOutcome::failure(CLIENT_DEADLINE)
         );
         assert_eq!(
             grpc_outcome(Err(Status::deadline_exceeded("payment"))),
-            Outcome::failure("DeadlineExceeded")
+            CallOutcome::failure("DeadlineExceeded")
         );
         let mut replayed = Response::new(Order::default());
         replayed
             .metadata_mut()
             .insert(IDEMPOTENT_REPLAYED, MetadataValue::from_static("true"));
-        assert_eq!(grpc_outcome(Ok(replayed)), Outcome::success(OK_REPLAYED));
+        assert_eq!(
+            grpc_outcome(Ok(replayed)),
+            CallOutcome::success(OK_REPLAYED)
+        );
         assert_eq!(
             grpc_outcome(Ok(Response::new(Order::default()))),
-            Outcome::success("OK")
+            CallOutcome::success("OK")
         );
     }
 }

@@ -15,9 +15,9 @@ use stack::chain::GATEWAY_GRPC;
 
 use crate::{
     BenchError,
-    chains::{self, Backend},
+    chains::{self, ChainStorage},
     clients::{BULKHEAD_FULL, CIRCUIT_OPEN, GrpcOrders},
-    load::{self, Latencies, Measurement, Plan},
+    load::{self, Latencies, LoadPlan, Measurement},
     profile::Profile,
 };
 
@@ -87,13 +87,13 @@ pub async fn measure(profile: &Profile) -> Result<FailFast, BenchError> {
     ];
     let mut guards = Vec::new();
     for case in cases {
-        let running = chains::start(&Backend::Sqlite, |chain| {
+        let running = chains::start(&ChainStorage::Sqlite, |chain| {
             chain.gateway.retry.max_attempts = 1;
             (case.change)(chain);
         })
         .await?;
         let orders = GrpcOrders::new(running.chain.address(&GATEWAY_GRPC), "fail-fast", None)?;
-        let plan = Plan::count(
+        let plan = LoadPlan::count(
             case.guard,
             settings.requests,
             settings.per_second,

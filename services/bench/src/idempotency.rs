@@ -16,9 +16,9 @@ use storage::Synchronous;
 
 use crate::{
     BenchError, Coverage, NotMeasured,
-    chains::{self, Backend},
+    chains::{self, ChainStorage},
     clients::HttpOrders,
-    load::{self, Measurement, Plan},
+    load::{self, LoadPlan, Measurement},
     profile::Profile,
 };
 
@@ -56,10 +56,10 @@ pub async fn measure(
     profile: &Profile,
     postgres: Option<&Postgres>,
 ) -> Result<Idempotency, BenchError> {
-    let sqlite = measure_on(profile, &Backend::Sqlite, "SQLite", None, |_| {}).await?;
+    let sqlite = measure_on(profile, &ChainStorage::Sqlite, "SQLite", None, |_| {}).await?;
     let sqlite_normal = measure_on(
         profile,
-        &Backend::Sqlite,
+        &ChainStorage::Sqlite,
         "SQLite, synchronous = NORMAL",
         None,
         |chain| {
@@ -72,7 +72,7 @@ pub async fn measure(
         Some(postgres) => Coverage::Measured(
             measure_on(
                 profile,
-                &Backend::Postgres(postgres.url.clone()),
+                &ChainStorage::Postgres(postgres.url.clone()),
                 "PostgreSQL",
                 Some(postgres.version.clone()),
                 |_| {},
@@ -93,7 +93,7 @@ pub async fn measure(
 
 async fn measure_on(
     profile: &Profile,
-    backend: &Backend,
+    backend: &ChainStorage,
     name: &'static str,
     server_version: Option<String>,
     change: impl FnOnce(&mut ChainSettings),
@@ -106,7 +106,7 @@ async fn measure_on(
     .await?;
     let orders = HttpOrders::new(running.chain.address(&GATEWAY_HTTP), "idempotency", None);
     let plan = |what: &str| {
-        Plan::count(
+        LoadPlan::count(
             format!("{name}: {what}"),
             settings.requests,
             settings.per_second,
@@ -123,7 +123,7 @@ async fn measure_on(
     };
     let throughput = {
         let orders = orders.keyed("throughput");
-        let plan = Plan::clients(
+        let plan = LoadPlan::clients(
             format!("{name}: throughput"),
             settings.throughput_clients,
             settings.throughput_requests,

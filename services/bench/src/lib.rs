@@ -90,7 +90,7 @@ pub struct Options {
 
 /// Everything one run measured.
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+pub struct BenchReport {
     pub machine: machine::Machine,
     /// The PostgreSQL server's version, when one was given.
     pub postgres_server: Option<String>,
@@ -120,7 +120,7 @@ pub fn repository_root() -> PathBuf {
 }
 
 /// Makes every comparison of `options.profile`, one after the other.
-pub async fn run(options: &Options) -> Result<Report, BenchError> {
+pub async fn run(options: &Options) -> Result<BenchReport, BenchError> {
     // A PostgreSQL that was named but cannot be reached is an error now, not a gap found later.
     let postgres = match &options.postgres_url {
         Some(url) => Some(idempotency::Postgres {
@@ -160,7 +160,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     // Last: it installs telemetry for the rest of the process.
     eprintln!("7. Tracing cost");
     let tracing = tracing_cost::measure(profile).await?;
-    Ok(Report {
+    Ok(BenchReport {
         machine,
         postgres_server: postgres.as_ref().map(|postgres| postgres.version.clone()),
         profile: profile.clone(),
@@ -187,7 +187,7 @@ pub struct Written {
 }
 
 /// Writes `report` into `dir` (made if missing) as `BENCHMARKS.md` and `BENCHMARKS.json`.
-pub fn write(report: &Report, dir: &Path) -> Result<Written, BenchError> {
+pub fn write(report: &BenchReport, dir: &Path) -> Result<Written, BenchError> {
     std::fs::create_dir_all(dir).map_err(|source| BenchError::Write {
         path: dir.to_owned(),
         source,

@@ -52,7 +52,7 @@ pub struct Bounds {
 
 /// One run of the generator.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Plan {
+pub struct LoadPlan {
     /// Shown in the progress lines.
     pub label: String,
     pub arrival: Arrival,
@@ -63,7 +63,7 @@ pub struct Plan {
     pub bounds: Bounds,
 }
 
-impl Plan {
+impl LoadPlan {
     /// `per_second` requests per second for `duration`.
     pub fn rate(
         label: impl Into<String>,
@@ -118,13 +118,13 @@ impl Plan {
 
 /// How one request ended, as the client saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
+pub struct CallOutcome {
     /// Answers are counted and timed per class (`OK`, `DeadlineExceeded`, `504 Gateway Timeout`…).
     pub class: String,
     pub success: bool,
 }
 
-impl Outcome {
+impl CallOutcome {
     pub fn success(class: impl Into<String>) -> Self {
         Self {
             class: class.into(),
@@ -181,7 +181,7 @@ pub struct Class {
 /// What one run measured.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Measurement {
-    pub plan: Plan,
+    pub plan: LoadPlan,
     /// Requests that fell due: sent, or dropped.
     pub due: usize,
     pub sent: usize,
@@ -232,7 +232,7 @@ struct Recorder {
 }
 
 impl Recorder {
-    fn class(&mut self, outcome: Outcome) -> &mut ClassRecord {
+    fn class(&mut self, outcome: CallOutcome) -> &mut ClassRecord {
         let record = self
             .classes
             .entry(outcome.class)
@@ -302,13 +302,13 @@ impl Shared {
             self.sent.fetch_add(1, Ordering::Relaxed);
         } else {
             self.dropped.fetch_add(1, Ordering::Relaxed);
-            self.recorder().class(Outcome::failure(DROPPED));
+            self.recorder().class(CallOutcome::failure(DROPPED));
         }
         admitted
     }
 
     /// Records the answer (or its absence) of a request due at `due` and sent at `sent`.
-    fn finish(&self, due: Instant, sent: Instant, outcome: Option<Outcome>) {
+    fn finish(&self, due: Instant, sent: Instant, outcome: Option<CallOutcome>) {
         let now = Instant::now();
         match outcome {
             Some(outcome) => {
@@ -324,13 +324,13 @@ impl Shared {
                     .fetch_max((now - self.started).as_nanos() as u64, Ordering::Relaxed);
             }
             None => {
-                self.recorder().class(Outcome::failure(UNFINISHED));
+                self.recorder().class(CallOutcome::failure(UNFINISHED));
             }
         }
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
-    fn measurement(&self, plan: &Plan) -> Measurement {
+    fn measurement(&self, plan: &LoadPlan) -> Measurement {
         let recorder = self.recorder();
         let successes: usize = recorder
             .classes
@@ -382,10 +382,10 @@ impl Shared {
 }
 
 /// Runs `plan`, calling `send` with each request's index (0, 1, …), and measures the answers.
-pub async fn run<F, Fut>(plan: &Plan, send: F) -> Measurement
+pub async fn run<F, Fut>(plan: &LoadPlan, send: F) -> Measurement
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Outcome> + Send + 'static,
+    Fut: Future<Output = CallOutcome> + Send + 'static,
 {
     let shared = Arc::new(Shared::new());
     let send = Arc::new(send);
@@ -465,7 +465,7 @@ where
 /// One request: sent now, due at `due`, abandoned when `give_up` is cancelled.
 async fn request(
     shared: Arc<Shared>,
-    answer: impl Future<Output = Outcome>,
+    answer: impl Future<Output = CallOutcome>,
     due: Instant,
     give_up: CancellationToken,
 ) {
@@ -490,7 +490,7 @@ async fn drain(shared: &Shared, limit: Duration, give_up: &CancellationToken) {
 }
 
 /// A line on stderr every second until aborted.
-async fn progress(plan: Plan, shared: Arc<Shared>) {
+async fn progress(plan: LoadPlan, shared: Arc<Shared>) {
     let mut ticks = tokio::time::interval(Duration::from_secs(1));
     ticks.tick().await;
     loop {
@@ -520,16 +520,16 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn requests_due_while_the_limit_is_in_flight_are_dropped_not_delayed() {
         // One request in flight at most, 100 per second, each answered after 30 ms.
-        let plan = Plan {
+        let plan = LoadPlan {
             bounds: Bounds {
                 max_in_flight: 1,
                 ..BOUNDS
             },
-            ..Plan::count("limit", 20, 100.0, BOUNDS)
+            ..LoadPlan::count("limit", 20, 100.0, BOUNDS)
         };
         let measured = run(&plan, |_| async {
             tokio::time::sleep(Duration::from_millis(30)).await;
-            Outcome::success("OK")
+            CallOutcome::success("OK")
         })
         .await;
         assert_eq!(measured.due, 20);
@@ -546,10 +546,10 @@ mod tests {
     async fn a_generator_behind_its_schedule_still_counts_from_the_due_time() {
         // One request due every millisecond, but preparing each takes 20 ms: the tenth, due at
         // 9 ms, leaves after about 200 ms, and its latency says so.
-        let plan = Plan::count("behind", 10, 1_000.0, BOUNDS);
+        let plan = LoadPlan::count("behind", 10, 1_000.0, BOUNDS);
         let measured = run(&plan, |_| {
             std::thread::sleep(Duration::from_millis(20));
-            async { Outcome::success("OK") }
+            async { CallOutcome::success("OK") }
         })
         .await;
         let (latency, service) = (measured.latency_ms.unwrap(), measured.service_ms.unwrap());
@@ -559,12 +559,12 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_open_loop_keeps_its_schedule_and_times_each_class_apart() {
-        let plan = Plan::count("classes", 40, 400.0, BOUNDS);
+        let plan = LoadPlan::count("classes", 40, 400.0, BOUNDS);
         let measured = run(&plan, |index| async move {
             if index % 4 == 0 {
-                Outcome::failure("Unavailable")
+                CallOutcome::failure("Unavailable")
             } else {
-                Outcome::success("OK")
+                CallOutcome::success("OK")
             }
         })
         .await;
@@ -593,7 +593,7 @@ mod tests {
             max_in_flight: 10,
             drain: Duration::from_millis(100),
         };
-        let plan = Plan::count("hang", 3, 100.0, bounds);
+        let plan = LoadPlan::count("hang", 3, 100.0, bounds);
         let started = Instant::now();
         let measured = run(&plan, |_| std::future::pending()).await;
         assert_eq!(measured.count(UNFINISHED), 3);
@@ -603,7 +603,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn clients_send_one_request_after_the_other() {
-        let plan = Plan::clients("clients", 4, 50, Duration::from_secs(5), BOUNDS);
+        let plan = LoadPlan::clients("clients", 4, 50, Duration::from_secs(5), BOUNDS);
         let in_flight = Arc::new(AtomicUsize::new(0));
         let most = Arc::new(AtomicUsize::new(0));
         let (counting, highest) = (in_flight.clone(), most.clone());
@@ -616,7 +616,7 @@ mod tests {
                 );
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 counting.fetch_sub(1, Ordering::SeqCst);
-                Outcome::success("OK")
+                CallOutcome::success("OK")
             }
         })
         .await;

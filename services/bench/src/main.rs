@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-use bench::{Options, Profile, chains::Backend};
+use bench::{Options, Profile, chains::ChainStorage};
 use clap::Parser;
 
 /// mimalloc rather than the system's allocator: a request makes many small, short-lived
@@ -51,8 +51,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     if let Some(on) = cli.count_statements {
         let backend = match (on, cli.postgres_url) {
-            (CountOn::Sqlite, _) => Backend::Sqlite,
-            (CountOn::Postgres, Some(url)) => Backend::Postgres(url),
+            (CountOn::Sqlite, _) => ChainStorage::Sqlite,
+            (CountOn::Postgres, Some(url)) => ChainStorage::Postgres(url),
             (CountOn::Postgres, None) => {
                 return Err("--count-statements postgres needs --postgres-url".into());
             }

@@ -14,9 +14,9 @@ use stack::chain::GATEWAY_HTTP;
 
 use crate::{
     BenchError, Coverage, NotMeasured,
-    chains::{self, Backend},
+    chains::{self, ChainStorage},
     clients::HttpOrders,
-    load::{self, Measurement, Plan},
+    load::{self, LoadPlan, Measurement},
     machine,
     profile::Profile,
 };
@@ -105,7 +105,7 @@ pub async fn measure(profile: &Profile) -> Result<MemoryUnderHang, BenchError> {
         change,
     } in variants
     {
-        let running = chains::start(&Backend::Sqlite, |chain| {
+        let running = chains::start(&ChainStorage::Sqlite, |chain| {
             change(chain);
             chain.bank.faults.hang = true;
         })
@@ -115,7 +115,7 @@ pub async fn measure(profile: &Profile) -> Result<MemoryUnderHang, BenchError> {
             "memory",
             Some(settings.deadline),
         );
-        let plan = Plan::count(
+        let plan = LoadPlan::count(
             format!("memory, {label}"),
             settings.clients,
             settings.per_second,

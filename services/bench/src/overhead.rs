@@ -24,9 +24,9 @@ use tempfile::TempDir;
 use crate::{
     BenchError,
     bare::BareChain,
-    chains::{self, Backend},
+    chains::{self, ChainStorage},
     clients::GrpcOrders,
-    load::{self, DROPPED, Measurement, Plan},
+    load::{self, DROPPED, LoadPlan, Measurement},
     machine,
     profile::{OverheadProfile, Profile},
 };
@@ -147,7 +147,7 @@ pub async fn measure(profile: &Profile) -> Result<Overhead, BenchError> {
     for subject in SUBJECTS {
         chains.push(match subject {
             Subject::Layered { label, about, change } => {
-                let running = chains::start(&Backend::Sqlite, change).await?;
+                let running = chains::start(&ChainStorage::Sqlite, change).await?;
                 let orders = GrpcOrders::new(running.chain.address(&GATEWAY_GRPC), label, None)?;
                 let measured = measure_chain(profile, label, about, &orders).await;
                 running.stop().await?;
@@ -225,7 +225,7 @@ async fn measure_chain(
     orders: &GrpcOrders,
 ) -> ChainOverhead {
     let settings = &profile.overhead;
-    let probe = Plan::clients(
+    let probe = LoadPlan::clients(
         format!("{label}: ceiling"),
         settings.probe_clients,
         settings.probe_requests,
@@ -239,7 +239,7 @@ async fn measure_chain(
         (probe.successes > 0).then(|| cpu.as_secs_f64() * 1e6 / probe.successes as f64);
     let ceiling = probe.successes_per_second;
     let (steps, max_sustained) = find_sustained(profile, label, orders, ceiling).await;
-    let moderate = Plan::rate(
+    let moderate = LoadPlan::rate(
         format!("{label}: moderate"),
         settings.moderate_per_second,
         settings.moderate_time,
@@ -271,7 +271,7 @@ async fn find_sustained(
         if offered < 1.0 {
             break;
         }
-        let plan = Plan::rate(
+        let plan = LoadPlan::rate(
             format!("{label}: {offered:.0}/s"),
             offered,
             settings.step_time,
@@ -303,7 +303,7 @@ fn judge(settings: &OverheadProfile, offered: f64, measured: &Measurement) -> St
 }
 
 /// One run of `plan` against `orders`, with keys of its own.
-async fn run(plan: &Plan, orders: &GrpcOrders, keys: &str) -> Measurement {
+async fn run(plan: &LoadPlan, orders: &GrpcOrders, keys: &str) -> Measurement {
     let orders = orders.keyed(keys);
     load::run(plan, move |index| orders.create(index)).await
 }
@@ -338,7 +338,7 @@ mod tests {
         }
         let bounds = Profile::smoke().bounds;
         Measurement {
-            plan: Plan::rate("test", 100.0, std::time::Duration::from_secs(1), bounds),
+            plan: LoadPlan::rate("test", 100.0, std::time::Duration::from_secs(1), bounds),
             due: 100,
             sent: 100 - dropped,
             successes: (success_rate * 100.0) as usize,

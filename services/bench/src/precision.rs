@@ -11,9 +11,9 @@ use stack::chain::{GATEWAY_GRPC, GATEWAY_HTTP};
 
 use crate::{
     BenchError,
-    chains::{self, Backend, Face, HopWork},
+    chains::{self, ChainStorage, Face, HopWork},
     clients::{CLIENT_DEADLINE, GrpcOrders, HttpOrders},
-    load::{self, DROPPED, Measurement, Plan, UNFINISHED},
+    load::{self, DROPPED, LoadPlan, Measurement, UNFINISHED},
     profile::Profile,
 };
 
@@ -53,12 +53,12 @@ pub async fn measure(profile: &Profile) -> Result<DeadlinePrecision, BenchError>
     let settings = &profile.precision;
     let mut faces = Vec::new();
     for face in [Face::Grpc, Face::Http] {
-        let running = chains::start(&Backend::Sqlite, |chain| {
+        let running = chains::start(&ChainStorage::Sqlite, |chain| {
             stack::scenario::without_breakers(chain);
             chain.bank.faults.hang = true;
         })
         .await?;
-        let plan = Plan::count(
+        let plan = LoadPlan::count(
             format!("deadline precision, {}", face.name()),
             settings.requests,
             settings.per_second,

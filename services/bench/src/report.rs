@@ -1,5 +1,5 @@
 //! The report as Markdown: the table the harness prints and writes as BENCHMARKS.md. Every
-//! figure comes from the [`Report`]; nothing here is measured or assumed.
+//! figure comes from the [`BenchReport`]; nothing here is measured or assumed.
 
 use std::{
     fmt::{self, Display, Formatter, Write},
@@ -7,7 +7,7 @@ use std::{
 };
 
 use crate::{
-    Coverage, Report,
+    BenchReport, Coverage,
     idempotency::{BackendIdempotency, CREATED, REPLAYED},
     load::{Latencies, Measurement},
     overhead::{BARE, EVERY_LAYER, GUARDS_IDLE, MINIMAL_WRITES, PLAIN_TEXT},
@@ -73,7 +73,7 @@ fn outcomes(measurement: &Measurement) -> String {
         .join(", ")
 }
 
-impl Display for Report {
+impl Display for BenchReport {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
         let mut text = String::new();
         self.machine_table(&mut text)?;
@@ -91,7 +91,7 @@ impl Display for Report {
     }
 }
 
-impl Report {
+impl BenchReport {
     fn machine_table(&self, out: &mut String) -> fmt::Result {
         let m = &self.machine;
         writeln!(out, "# Benchmarks\n")?;

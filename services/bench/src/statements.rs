@@ -31,10 +31,10 @@ use tracing_subscriber::{Layer, filter::Targets, layer::SubscriberExt, util::Sub
 
 use crate::{
     BenchError, Coverage, NotMeasured,
-    chains::{self, Backend},
+    chains::{self, ChainStorage},
     clients::HttpOrders,
     idempotency::{CREATED, Postgres, REPLAYED},
-    load::{self, Plan},
+    load::{self, LoadPlan},
     profile::Profile,
 };
 
@@ -215,17 +215,17 @@ impl tracing::field::Visit for Query {
 /// them, for the parent to read as JSON. Installs this process's tracing subscriber.
 pub async fn count_in_this_process(
     profile: &Profile,
-    backend: &Backend,
+    backend: &ChainStorage,
 ) -> Result<BackendStatements, BenchError> {
     let (counts, events) = match backend {
-        Backend::Sqlite => (
+        ChainStorage::Sqlite => (
             Counts {
                 counted: Arc::default(),
                 statements_are_trips: false,
             },
             [WRITE, STATEMENT].as_slice(),
         ),
-        Backend::Postgres(_) => (
+        ChainStorage::Postgres(_) => (
             Counts {
                 counted: Arc::default(),
                 statements_are_trips: true,
@@ -248,11 +248,11 @@ pub async fn count_in_this_process(
     let running = chains::start(backend, chains::with_instant_bank).await?;
     let orders = HttpOrders::new(running.chain.address(&GATEWAY_HTTP), "statements", None);
     let name = match backend {
-        Backend::Sqlite => "SQLite",
-        Backend::Postgres(_) => "PostgreSQL",
+        ChainStorage::Sqlite => "SQLite",
+        ChainStorage::Postgres(_) => "PostgreSQL",
     };
     let plan = |label: &str, clients: usize| {
-        Plan::clients(
+        LoadPlan::clients(
             format!("{name}: {label}"),
             clients,
             settings.requests,

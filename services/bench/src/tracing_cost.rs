@@ -14,9 +14,9 @@ use stack::chain::GATEWAY_HTTP;
 
 use crate::{
     BenchError, Coverage, NotMeasured,
-    chains::{self, Backend},
+    chains::{self, ChainStorage},
     clients::HttpOrders,
-    load::{self, Latencies, Measurement, Plan},
+    load::{self, Latencies, LoadPlan, Measurement},
     profile::Profile,
 };
 
@@ -62,10 +62,10 @@ pub async fn measure(profile: &Profile) -> Result<Coverage<TracingCost>, BenchEr
                     .into(),
         }));
     }
-    let running = chains::start(&Backend::Sqlite, chains::with_instant_bank).await?;
+    let running = chains::start(&ChainStorage::Sqlite, chains::with_instant_bank).await?;
     let orders = HttpOrders::new(running.chain.address(&GATEWAY_HTTP), "tracing", None);
     // A round that counts for neither side: connections, SQLite and caches warm up in it.
-    let warm_up = Plan::clients(
+    let warm_up = LoadPlan::clients(
         "tracing: warm-up",
         1,
         settings.requests_per_round,
@@ -89,7 +89,7 @@ pub async fn measure(profile: &Profile) -> Result<Coverage<TracingCost>, BenchEr
                 if on { "on" } else { "off" },
                 round + 1
             );
-            let plan = Plan::clients(
+            let plan = LoadPlan::clients(
                 label,
                 1,
                 settings.requests_per_round,

@@ -9,8 +9,6 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    future::Future,
-    pin::Pin,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -20,7 +18,7 @@ use std::{
 };
 
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
-use pin_project_lite::pin_project;
+use resilience::guarded::{Guarded, Held};
 use resilience::{
     load_shed::Caller,
     rate_limit::{Decision, Limiter, QuotaSettings},
@@ -177,12 +175,21 @@ fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
 }
 
-pin_project! {
-    /// Response future of [`RateLimit`].
-    #[project = Projection]
-    pub enum ResponseFuture<F, B> {
-        Refused { response: Option<Response<B>> },
-        Allowed { #[pin] inner: F, headers: Option<(HeaderValue, HeaderValue)> },
+/// The quota's state and policy, added to an allowed request's answer.
+#[derive(Debug)]
+pub(crate) struct QuotaHeaders {
+    state: HeaderValue,
+    policy: HeaderValue,
+}
+
+impl<B> Held<B> for QuotaHeaders {
+    fn answered<E>(self, answer: &mut Result<Response<B>, E>) {
+        if let Ok(response) = answer {
+            response.headers_mut().insert(RATE_LIMIT, self.state);
+            response
+                .headers_mut()
+                .insert(RATE_LIMIT_POLICY, self.policy);
+        }
     }
 }
 
@@ -193,7 +200,8 @@ where
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResBody>;
+    /// Health checks hold no quota, and their answers carry none.
+    type Future = Guarded<S::Future, ResBody, Option<QuotaHeaders>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -202,10 +210,7 @@ where
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         // Health checks are the orchestrator's, not a client's: never held to a client's quota.
         if request.uri().path().starts_with(HEALTH_PATH) {
-            return ResponseFuture::Allowed {
-                inner: self.inner.call(request),
-                headers: None,
-            };
+            return Guarded::admitted(self.inner.call(request), None);
         }
         let limit = self.limits.limit(request.headers());
         let quota = limit.limiter.quota();
@@ -215,12 +220,12 @@ where
                     f64::from(quota.burst - remaining.min(quota.burst))
                         / f64::from(quota.per_second.max(1)),
                 );
-                let headers = Some((state(remaining, until_whole), policy(quota)));
+                let headers = QuotaHeaders {
+                    state: state(remaining, until_whole),
+                    policy: policy(quota),
+                };
                 request.extensions_mut().insert(limit.caller.clone());
-                ResponseFuture::Allowed {
-                    inner: self.inner.call(request),
-                    headers,
-                }
+                Guarded::admitted(self.inner.call(request), Some(headers))
             }
             Decision::Limited { retry_after } => {
                 limit.refused.fetch_add(1, Ordering::Relaxed);
@@ -249,32 +254,7 @@ where
                 let headers = response.headers_mut();
                 headers.insert(RATE_LIMIT, state(0, retry_after));
                 headers.insert(RATE_LIMIT_POLICY, policy(quota));
-                ResponseFuture::Refused {
-                    response: Some(response),
-                }
-            }
-        }
-    }
-}
-
-impl<F, B, E> Future for ResponseFuture<F, B>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-{
-    type Output = Result<Response<B>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            Projection::Refused { response } => {
-                Poll::Ready(Ok(response.take().expect("polled after completion")))
-            }
-            Projection::Allowed { inner, headers } => {
-                let mut response = std::task::ready!(inner.poll(cx))?;
-                if let Some((state, policy)) = headers.take() {
-                    response.headers_mut().insert(RATE_LIMIT, state);
-                    response.headers_mut().insert(RATE_LIMIT_POLICY, policy);
-                }
-                Poll::Ready(Ok(response))
+                Guarded::refused(response)
             }
         }
     }

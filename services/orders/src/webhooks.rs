@@ -47,7 +47,7 @@ pub(crate) struct WebhookService {
     keys: KeyStore,
     subscriptions: Subscriptions,
     /// What endpoint URLs may name.
-    policy: ssrf::Policy,
+    policy: ssrf::DestinationPolicy,
     rotation_overlap_ms: u64,
     default_limits: EndpointLimits,
     redelivery_limits: RedeliveryLimits,
@@ -472,10 +472,10 @@ fn endpoint_id(answer: &EndpointWithSecret) -> &str {
 }
 
 /// The production policy, with the `host:port` pairs of `test_hosts` exempted.
-fn policy(test_hosts: &[String]) -> Result<ssrf::Policy, String> {
+fn policy(test_hosts: &[String]) -> Result<ssrf::DestinationPolicy, String> {
     test_hosts
         .iter()
-        .try_fold(ssrf::Policy::default(), |policy, host_port| {
+        .try_fold(ssrf::DestinationPolicy::default(), |policy, host_port| {
             policy.allow_test_host(host_port)
         })
         .map_err(|error| format!("webhooks.test_hosts: {error}"))
@@ -576,7 +576,7 @@ mod tests {
         );
         assert!(
             endpoint("http://127.0.0.1:9000/")
-                .validate(&ssrf::Policy::default())
+                .validate(&ssrf::DestinationPolicy::default())
                 .is_err(),
             "none by default"
         );

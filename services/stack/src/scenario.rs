@@ -439,7 +439,7 @@ impl Scenario {
 
 /// What one run of one variant measured.
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+pub struct ScenarioReport {
     pub scenario: &'static str,
     pub about: &'static str,
     pub variant: &'static str,
@@ -782,7 +782,7 @@ async fn drive(sender: Arc<Sender>, scenario: &Scenario) {
 }
 
 /// Runs `scenario` once against a running `chain` (whatever variant it was started as).
-pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> Report {
+pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> ScenarioReport {
     chain.bank().reset();
     let base = format!("http://{}", chain.address(&GATEWAY_HTTP));
     // One order made while the bank is healthy, for scenarios that read it.
@@ -905,7 +905,7 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
         .sum();
     let retry_after = chain.retry_stats();
     let (sample_ledger, sample_server_timing) = tally.sample.unwrap_or_default();
-    Report {
+    ScenarioReport {
         scenario: scenario.name,
         about: scenario.about,
         variant,
@@ -940,7 +940,7 @@ pub async fn run(chain: &Chain, scenario: &Scenario, variant: &'static str) -> R
 pub async fn run_variants(
     scenario: &Scenario,
     settings: &ChainSettings,
-) -> Result<Vec<Report>, rpc::ServerError> {
+) -> Result<Vec<ScenarioReport>, rpc::ServerError> {
     let mut reports = Vec::new();
     for variant in scenario.variants {
         let data = tempfile::tempdir().map_err(rpc::ServerError::Serve)?;
@@ -989,7 +989,7 @@ fn describe(load: Load) -> String {
 }
 
 /// The variants of one scenario side by side.
-pub struct Comparison<'a>(pub &'a [Report]);
+pub struct Comparison<'a>(pub &'a [ScenarioReport]);
 
 impl fmt::Display for Comparison<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -1003,7 +1003,7 @@ impl fmt::Display for Comparison<'_> {
             write!(f, "{:>14}", report.variant)?;
         }
         writeln!(f)?;
-        type Row = (&'static str, fn(&Report) -> String);
+        type Row = (&'static str, fn(&ScenarioReport) -> String);
         let rows: [Row; 7] = [
             ("success rate", |r| {
                 format!("{:.1} %", r.success_rate * 100.0)
@@ -1036,7 +1036,7 @@ impl fmt::Display for Comparison<'_> {
     }
 }
 
-impl fmt::Display for Report {
+impl fmt::Display for ScenarioReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,

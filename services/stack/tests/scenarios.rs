@@ -2,13 +2,13 @@
 
 use stack::{ChainSettings, scenario};
 
-async fn run(name: &str) -> scenario::Report {
+async fn run(name: &str) -> scenario::ScenarioReport {
     let mut reports = run_all(name).await;
     assert_eq!(reports.len(), 1);
     reports.remove(0)
 }
 
-async fn run_all(name: &str) -> Vec<scenario::Report> {
+async fn run_all(name: &str) -> Vec<scenario::ScenarioReport> {
     run_scenario(scenario::find(name).unwrap()).await
 }
 
@@ -16,7 +16,7 @@ async fn run_all(name: &str) -> Vec<scenario::Report> {
 /// measured on a machine the others are saturating.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-async fn run_scenario(scenario: scenario::Scenario) -> Vec<scenario::Report> {
+async fn run_scenario(scenario: scenario::Scenario) -> Vec<scenario::ScenarioReport> {
     let _turn = ONE_AT_A_TIME.lock().await;
     let reports = scenario::run_variants(&scenario, &ChainSettings::default())
         .await
@@ -33,7 +33,7 @@ async fn run_scenario(scenario: scenario::Scenario) -> Vec<scenario::Report> {
 
 /// Retries the default budget allows: 10 % of requests plus its floor of 2 per second over the
 /// run, the floor's burst of one second's worth, and one for the share at the window's edge.
-fn budget_allowance(report: &scenario::Report) -> f64 {
+fn budget_allowance(report: &scenario::ScenarioReport) -> f64 {
     0.1 * report.requests as f64 + 2.0 * (report.elapsed_ms / 1e3 + 1.0) + 1.0
 }
 

@@ -23,7 +23,7 @@ use resilience::shares::Shares;
 use tokio::time::Instant;
 use webhooks::{
     signature::Signer,
-    ssrf::{self, Policy, Resolve},
+    ssrf::{self, DestinationPolicy, Resolve},
 };
 
 use crate::vetted_dns::VettedDns;
@@ -61,7 +61,7 @@ pub(crate) struct Report {
 pub(crate) struct Deliverer<R> {
     client: reqwest::Client,
     dns: VettedDns,
-    policy: Policy,
+    policy: DestinationPolicy,
     resolver: R,
     /// Lookups in flight per client.
     lookups: Shares<String>,
@@ -74,7 +74,7 @@ impl<R: Resolve> Deliverer<R> {
     /// `request_timeout` in all, and dials only what `policy` and `resolver` vetted; each client
     /// has at most `lookups_per_client` lookups in flight.
     pub(crate) fn new(
-        policy: Policy,
+        policy: DestinationPolicy,
         resolver: R,
         lookups_per_client: usize,
         connect_timeout: Duration,

@@ -3,7 +3,7 @@ use std::{fmt, net::SocketAddr, time::Duration};
 use outbox::SecretKeys;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use storage::SqliteSettings;
-use webhooks::ssrf::Policy;
+use webhooks::ssrf::DestinationPolicy;
 
 use crate::schedule::RetrySchedule;
 
@@ -262,16 +262,16 @@ impl Settings {
     }
 
     /// The production SSRF policy, with the extra denied ranges and the test hosts exempted.
-    pub fn ssrf_policy(&self) -> Result<Policy, InvalidSetting> {
-        let policy =
-            self.extra_denied_ranges
-                .iter()
-                .try_fold(Policy::default(), |policy, range| {
-                    let net = range.parse().map_err(|error| {
-                        invalid("extra_denied_ranges", format!("{range:?}: {error}"))
-                    })?;
-                    Ok(policy.deny(net))
+    pub fn ssrf_policy(&self) -> Result<DestinationPolicy, InvalidSetting> {
+        let policy = self.extra_denied_ranges.iter().try_fold(
+            DestinationPolicy::default(),
+            |policy, range| {
+                let net = range.parse().map_err(|error| {
+                    invalid("extra_denied_ranges", format!("{range:?}: {error}"))
                 })?;
+                Ok(policy.deny(net))
+            },
+        )?;
         self.test_hosts
             .iter()
             .try_fold(policy, |policy, host_port| {

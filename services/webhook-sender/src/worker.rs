@@ -23,7 +23,7 @@ use std::{collections::HashMap, num::NonZeroU32, sync::Arc, time::Duration};
 
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 use idempotency::Clock;
-use outbox::{Claim, Deliveries, DisableRule, DueEndpoint, Outcome};
+use outbox::{Claim, Deliveries, DeliveryOutcome, DisableRule, DueEndpoint};
 use tokio::{
     sync::{Notify, OwnedSemaphorePermit, Semaphore},
     task::JoinHandle,
@@ -183,24 +183,24 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
         let now_ms = self.clock.now_ms();
         let outcome = self.next_step(&claim, report.verdict, now_ms);
         let label = match outcome {
-            Outcome::Delivered => "delivered",
-            Outcome::Gone { .. } => "gone",
-            Outcome::Failed {
+            DeliveryOutcome::Delivered => "delivered",
+            DeliveryOutcome::Gone { .. } => "gone",
+            DeliveryOutcome::Failed {
                 retry_at_ms: Some(_),
             }
-            | Outcome::Paused {
+            | DeliveryOutcome::Paused {
                 retry_at_ms: Some(_),
                 ..
             } => "retrying",
-            Outcome::Failed { retry_at_ms: None }
-            | Outcome::Paused {
+            DeliveryOutcome::Failed { retry_at_ms: None }
+            | DeliveryOutcome::Paused {
                 retry_at_ms: None, ..
             } => "undelivered",
         };
         self.metrics.attempt(label, report.attempt.duration_ms);
         let attempt = &report.attempt;
         match outcome {
-            Outcome::Delivered => tracing::debug!(
+            DeliveryOutcome::Delivered => tracing::debug!(
                 status = attempt.status_code,
                 duration_ms = attempt.duration_ms,
                 "delivered"
@@ -237,15 +237,15 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
     }
 
     /// What comes after an attempt with `verdict`, `claim.schedule_step` failures before it.
-    fn next_step(&self, claim: &Claim, verdict: Verdict, now_ms: i64) -> Outcome {
+    fn next_step(&self, claim: &Claim, verdict: Verdict, now_ms: i64) -> DeliveryOutcome {
         let failures = claim.schedule_step + 1;
         let at = |delay: Duration| {
             now_ms.saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX))
         };
         let scheduled = self.schedule.delay_after(failures, &mut rand::rng());
         match verdict {
-            Verdict::Delivered => Outcome::Delivered,
-            Verdict::Gone => Outcome::Gone {
+            Verdict::Delivered => DeliveryOutcome::Delivered,
+            Verdict::Gone => DeliveryOutcome::Gone {
                 retry_at_ms: scheduled.map(at),
             },
             // The recipient's wait is the least the delivery waits, and the endpoint pauses for
@@ -253,12 +253,12 @@ impl<R: Resolve + Send + Sync + 'static> Sender<R> {
             // cannot spend the day-long schedule in seconds.
             Verdict::RetryAfter(wait) => {
                 let until_ms = at(wait.clamp(self.retry_after_min, self.retry_after_max));
-                Outcome::Paused {
+                DeliveryOutcome::Paused {
                     retry_at_ms: scheduled.map(|delay| at(delay).max(until_ms)),
                     until_ms,
                 }
             }
-            Verdict::Failed => Outcome::Failed {
+            Verdict::Failed => DeliveryOutcome::Failed {
                 retry_at_ms: scheduled.map(at),
             },
         }

@@ -66,7 +66,7 @@ pub struct Attempt {
 
 /// What comes after an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum DeliveryOutcome {
     Delivered,
     /// It failed: try again at `retry_at_ms`, or never when the schedule is spent (`None`: the
     /// delivery is marked undelivered).
@@ -198,11 +198,11 @@ impl Deliveries {
         &self,
         claim: &Claim,
         attempt: &Attempt,
-        outcome: Outcome,
+        outcome: DeliveryOutcome,
         disable_rule: DisableRule,
         now_ms: i64,
     ) -> Result<Finished, OutboxError> {
-        let outcome_name = if outcome == Outcome::Delivered {
+        let outcome_name = if outcome == DeliveryOutcome::Delivered {
             "delivered"
         } else {
             "failed"
@@ -221,7 +221,7 @@ impl Deliveries {
         );
         self.database
             .write(async move |tx| {
-                if let Outcome::Paused { until_ms, .. } = outcome {
+                if let DeliveryOutcome::Paused { until_ms, .. } = outcome {
                     // Recorded even when the lease is lost: the answer says what the recipient can
                     // take now, whichever sender asked. Only ever lengthened, so a late short pause
                     // cannot cut a longer one short.
@@ -240,11 +240,11 @@ impl Deliveries {
                 .await?;
 
                 let (state, next_attempt_at_ms, step) = match outcome {
-                    Outcome::Delivered => ("delivered", now_ms, claim.schedule_step),
-                    Outcome::Failed { retry_at_ms: Some(at) }
-                    | Outcome::Gone { retry_at_ms: Some(at) }
-                    | Outcome::Paused { retry_at_ms: Some(at), .. } => ("pending", at, claim.schedule_step + 1),
-                    Outcome::Failed { retry_at_ms: None } | Outcome::Gone { retry_at_ms: None } | Outcome::Paused { retry_at_ms: None, .. } => {
+                    DeliveryOutcome::Delivered => ("delivered", now_ms, claim.schedule_step),
+                    DeliveryOutcome::Failed { retry_at_ms: Some(at) }
+                    | DeliveryOutcome::Gone { retry_at_ms: Some(at) }
+                    | DeliveryOutcome::Paused { retry_at_ms: Some(at), .. } => ("pending", at, claim.schedule_step + 1),
+                    DeliveryOutcome::Failed { retry_at_ms: None } | DeliveryOutcome::Gone { retry_at_ms: None } | DeliveryOutcome::Paused { retry_at_ms: None, .. } => {
                         ("undelivered", now_ms, claim.schedule_step + 1)
                     }
                 };
@@ -265,7 +265,7 @@ impl Deliveries {
                     return Ok(Finished { lease_lost, endpoint_disabled: None });
                 }
                 let disable_reason = match outcome {
-                    Outcome::Delivered => {
+                    DeliveryOutcome::Delivered => {
                         tx.execute(
                             "UPDATE webhook_endpoints SET failing_since_ms = NULL, failures_since_success = 0 \
                              WHERE endpoint_id = $1 AND failing_since_ms IS NOT NULL",
@@ -274,8 +274,8 @@ impl Deliveries {
                         .await?;
                         None
                     }
-                    Outcome::Gone { .. } => Some("the endpoint answered 410 Gone".to_owned()),
-                    Outcome::Failed { .. } | Outcome::Paused { .. } => {
+                    DeliveryOutcome::Gone { .. } => Some("the endpoint answered 410 Gone".to_owned()),
+                    DeliveryOutcome::Failed { .. } | DeliveryOutcome::Paused { .. } => {
                         // One statement: a success recorded at the same time cannot clear it in between.
                         let (failing_since_ms, failures): (i64, i64) = tx
                             .fetch_one(

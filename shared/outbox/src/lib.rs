@@ -9,8 +9,8 @@ mod sealed;
 mod subscriptions;
 
 pub use deliveries::{
-    Attempt, Claim, Deliveries, DisableRule, DueEndpoint, Finished, MAX_ERROR_BYTES, Outcome,
-    truncated,
+    Attempt, Claim, Deliveries, DeliveryOutcome, DisableRule, DueEndpoint, Finished,
+    MAX_ERROR_BYTES, truncated,
 };
 pub use error::OutboxError;
 pub use event::{

@@ -53,7 +53,7 @@ impl NewEndpoint {
     /// [`ssrf::Target::parse`]), known event types, limits within [`EndpointLimits::MAX`]; and
     /// puts the URL in its normalised form, the one stored and shown.
     /// Names are resolved and vetted again at every delivery, since what they resolve to changes.
-    pub fn validate(&mut self, policy: &ssrf::Policy) -> Result<(), OutboxError> {
+    pub fn validate(&mut self, policy: &ssrf::DestinationPolicy) -> Result<(), OutboxError> {
         self.url = vetted_url(&self.url, policy)?;
         check_event_types(&self.event_types)?;
         check_limit(
@@ -81,7 +81,7 @@ pub struct EndpointUpdate {
 
 impl EndpointUpdate {
     /// The checks of [`NewEndpoint::validate`], on the fields given; at least one must be.
-    pub fn validate(&mut self, policy: &ssrf::Policy) -> Result<(), OutboxError> {
+    pub fn validate(&mut self, policy: &ssrf::DestinationPolicy) -> Result<(), OutboxError> {
         if *self == Self::default() {
             return Err(OutboxError::Invalid("body: name at least one of url, event_types, max_in_flight, rate_per_sec to change".into()));
         }
@@ -110,7 +110,7 @@ impl EndpointUpdate {
 }
 
 /// `url` vetted under `policy`, in its normalised form.
-fn vetted_url(url: &str, policy: &ssrf::Policy) -> Result<String, OutboxError> {
+fn vetted_url(url: &str, policy: &ssrf::DestinationPolicy) -> Result<String, OutboxError> {
     let target = ssrf::Target::parse(url, policy)
         .map_err(|error| OutboxError::Invalid(format!("url: {error}")))?;
     Ok(target.normalised().to_owned())

@@ -2,10 +2,10 @@
 //! whose user may create databases; required in CI, reported loudly when missing elsewhere).
 
 use outbox::{
-    Attempt, Deliveries, DeliveryQuery, DeliveryState, DisableRule, ENDPOINT_ATTEMPTS_EXHAUSTED,
-    ENDPOINT_PING, Endpoint, EndpointLimits, EndpointUpdate, NewEndpoint, NewEvent, ORDER_PAID,
-    ORDER_PAYMENT_DECLINED, OutboxError, Outcome, RedeliveryLimits, RedeliveryRange, SecretKeys,
-    Subscriptions,
+    Attempt, Deliveries, DeliveryOutcome, DeliveryQuery, DeliveryState, DisableRule,
+    ENDPOINT_ATTEMPTS_EXHAUSTED, ENDPOINT_PING, Endpoint, EndpointLimits, EndpointUpdate,
+    NewEndpoint, NewEvent, ORDER_PAID, ORDER_PAYMENT_DECLINED, OutboxError, RedeliveryLimits,
+    RedeliveryRange, SecretKeys, Subscriptions,
 };
 use serde_json::json;
 use std::{
@@ -312,7 +312,7 @@ async fn a_claimed_delivery_is_nobody_elses_until_its_lease_runs_out_on_the_data
             .finish(
                 &first,
                 &answered(200, T0),
-                Outcome::Delivered,
+                DeliveryOutcome::Delivered,
                 RULE,
                 T0 + 30_001,
             )
@@ -326,7 +326,7 @@ async fn a_claimed_delivery_is_nobody_elses_until_its_lease_runs_out_on_the_data
             .finish(
                 &second,
                 &answered(200, T0 + 30_000),
-                Outcome::Delivered,
+                DeliveryOutcome::Delivered,
                 RULE,
                 T0 + 30_002,
             )
@@ -404,7 +404,7 @@ async fn the_schedule_runs_out_into_undelivered_and_a_redelivery_keeps_the_event
             .finish(
                 &claim,
                 &answered(500, T0),
-                Outcome::Failed {
+                DeliveryOutcome::Failed {
                     retry_at_ms: Some(T0 + 5_000),
                 },
                 RULE,
@@ -430,7 +430,7 @@ async fn the_schedule_runs_out_into_undelivered_and_a_redelivery_keeps_the_event
             .finish(
                 &claim,
                 &answered(500, T0 + 5_000),
-                Outcome::Failed { retry_at_ms: None },
+                DeliveryOutcome::Failed { retry_at_ms: None },
                 RULE,
                 T0 + 5_000,
             )
@@ -481,7 +481,7 @@ async fn a_pause_holds_every_delivery_of_the_endpoint_for_every_sender_and_only_
             .await
             .expect("claim")
             .expect("due");
-        let pause = Outcome::Paused {
+        let pause = DeliveryOutcome::Paused {
             retry_at_ms: Some(T0 + 60_000),
             until_ms: T0 + 60_000,
         };
@@ -514,7 +514,7 @@ async fn a_pause_holds_every_delivery_of_the_endpoint_for_every_sender_and_only_
             .await
             .expect("claim")
             .expect("the pause is over");
-        let shorter = Outcome::Paused {
+        let shorter = DeliveryOutcome::Paused {
             retry_at_ms: Some(T0 + 61_000),
             until_ms: T0 + 10_000,
         };
@@ -540,7 +540,7 @@ async fn a_pause_holds_every_delivery_of_the_endpoint_for_every_sender_and_only_
         one.finish(
             &longer,
             &answered(503, T0 + 60_000),
-            Outcome::Paused {
+            DeliveryOutcome::Paused {
                 retry_at_ms: None,
                 until_ms: T0 + 120_000,
             },
@@ -575,7 +575,7 @@ async fn an_endpoint_failing_for_a_day_or_gone_is_disabled_and_its_owner_told() 
             .finish(
                 &claim,
                 &answered(503, T0),
-                Outcome::Failed {
+                DeliveryOutcome::Failed {
                     retry_at_ms: Some(T0 + DAY_MS),
                 },
                 RULE,
@@ -593,7 +593,7 @@ async fn an_endpoint_failing_for_a_day_or_gone_is_disabled_and_its_owner_told() 
             .finish(
                 &claim,
                 &answered(503, T0 + DAY_MS),
-                Outcome::Failed {
+                DeliveryOutcome::Failed {
                     retry_at_ms: Some(T0 + 2 * DAY_MS),
                 },
                 RULE,
@@ -639,7 +639,7 @@ async fn an_endpoint_failing_for_a_day_or_gone_is_disabled_and_its_owner_told() 
             .finish(
                 &claim,
                 &answered(410, T0 + 2 * DAY_MS),
-                Outcome::Gone {
+                DeliveryOutcome::Gone {
                     retry_at_ms: Some(T0 + 3 * DAY_MS),
                 },
                 RULE,
@@ -668,7 +668,7 @@ async fn fail_one(
         .await
         .expect("claim")
         .expect("due");
-    let outcome = Outcome::Failed {
+    let outcome = DeliveryOutcome::Failed {
         retry_at_ms: Some(now_ms + 60_000),
     };
     deliveries
@@ -746,7 +746,7 @@ async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
             .finish(
                 &during,
                 &answered(500, T0 + 2),
-                Outcome::Failed {
+                DeliveryOutcome::Failed {
                     retry_at_ms: Some(T0 + 1 + DAY_MS),
                 },
                 DisableRule {
@@ -822,7 +822,7 @@ async fn a_long_error_is_stored_cut_to_a_kilobyte() {
             .finish(
                 &claim,
                 &huge,
-                Outcome::Failed {
+                DeliveryOutcome::Failed {
                     retry_at_ms: Some(T0 + 5_000),
                 },
                 RULE,
@@ -925,7 +925,7 @@ async fn deliver_one(deliveries: &Deliveries, endpoint_id: &str, now_ms: i64) ->
         .finish(
             &claim,
             &answered(204, now_ms),
-            Outcome::Delivered,
+            DeliveryOutcome::Delivered,
             RULE,
             now_ms,
         )
@@ -1112,7 +1112,7 @@ async fn events_past_retention_are_reaped_in_batches_unless_still_being_delivere
             .finish(
                 &claim,
                 &answered(500, T0 + 10),
-                Outcome::Failed {
+                DeliveryOutcome::Failed {
                     retry_at_ms: Some(T0 + 40 * DAY_MS),
                 },
                 RULE,
@@ -1259,7 +1259,7 @@ async fn a_redelivery_during_an_attempt_is_not_undone_by_the_attempts_outcome() 
             .finish(
                 &in_flight,
                 &answered(410, T0),
-                Outcome::Gone {
+                DeliveryOutcome::Gone {
                     retry_at_ms: Some(T0 + 5_000),
                 },
                 RULE,
@@ -1330,7 +1330,7 @@ async fn claims_of_every_sender_together_keep_to_the_endpoints_concurrency_limit
         one.finish(
             &first,
             &answered(204, T0 + 10),
-            Outcome::Delivered,
+            DeliveryOutcome::Delivered,
             RULE,
             T0 + 11,
         )
@@ -1418,7 +1418,7 @@ async fn two_creations_at_once_do_not_both_take_the_last_place() {
 
 #[test]
 fn an_update_is_vetted_as_a_creation_is() {
-    let policy = webhooks::ssrf::Policy::default();
+    let policy = webhooks::ssrf::DestinationPolicy::default();
     let mut moved = EndpointUpdate {
         url: Some("https://Hooks.Example.com:443/new".into()),
         ..EndpointUpdate::default()
@@ -1589,7 +1589,7 @@ async fn a_new_url_forgets_the_old_ones_failures_and_pause() {
             .await
             .expect("claim")
             .expect("due");
-        let pause = Outcome::Paused {
+        let pause = DeliveryOutcome::Paused {
             retry_at_ms: Some(T0 + 1),
             until_ms: T0 + DAY_MS,
         };
@@ -1682,7 +1682,7 @@ async fn a_ping_goes_to_its_endpoint_only_as_any_event_does() {
             .finish(
                 &claim,
                 &answered(500, T0),
-                Outcome::Failed {
+                DeliveryOutcome::Failed {
                     retry_at_ms: Some(T0 + 5_000),
                 },
                 RULE,
@@ -1734,7 +1734,7 @@ async fn a_delivery_out_of_attempts_is_told_to_the_owners_other_endpoints_in_the
             .finish(
                 &claim,
                 &answered(500, T0),
-                Outcome::Failed {
+                DeliveryOutcome::Failed {
                     retry_at_ms: Some(T0 + 5_000),
                 },
                 RULE,
@@ -1756,7 +1756,7 @@ async fn a_delivery_out_of_attempts_is_told_to_the_owners_other_endpoints_in_the
             .finish(
                 &claim,
                 &answered(500, T0 + 5_000),
-                Outcome::Failed { retry_at_ms: None },
+                DeliveryOutcome::Failed { retry_at_ms: None },
                 RULE,
                 T0 + 5_000,
             )
@@ -1796,7 +1796,7 @@ async fn a_delivery_out_of_attempts_is_told_to_the_owners_other_endpoints_in_the
             .finish(
                 &notice,
                 &answered(500, T0 + 5_000),
-                Outcome::Failed { retry_at_ms: None },
+                DeliveryOutcome::Failed { retry_at_ms: None },
                 RULE,
                 T0 + 5_000,
             )

@@ -2,6 +2,7 @@
 
 pub mod breaker;
 pub mod bulkhead;
+pub mod guarded;
 pub mod load_shed;
 pub mod queue;
 pub mod rate_limit;

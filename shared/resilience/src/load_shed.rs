@@ -15,8 +15,6 @@
 //! request names its caller with a [`Caller`] extension, put there by whoever authenticated it.
 
 use std::{
-    future::Future,
-    pin::Pin,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -26,12 +24,14 @@ use std::{
 };
 
 use http::{HeaderValue, Request, Response, StatusCode, header};
-use pin_project_lite::pin_project;
 use telemetry::metrics::{self, Counter, KeyValue};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Status, metadata::MetadataValue};
 
-use crate::shares::{Share, Shares};
+use crate::{
+    guarded::{Guarded, Held},
+    shares::{Share, Shares},
+};
 use tower::{
     Layer, Service,
     util::rng::{HasherRng, Rng},
@@ -128,14 +128,15 @@ pub struct LoadShed<S> {
     intake: Arc<Intake>,
 }
 
-pin_project! {
-    /// Response future of [`LoadShed`]: holds the permit (and the caller's place) until the answer.
-    #[project = Projection]
-    pub enum ResponseFuture<F, B> {
-        Refused { response: Option<Response<B>> },
-        Admitted { #[pin] inner: F, permit: OwnedSemaphorePermit, place: Option<Share<Caller>> },
-    }
+/// What an admitted request holds until its answer: a permit of the intake, and its caller's
+/// place in the shares.
+#[derive(Debug)]
+pub struct InProgress {
+    _permit: OwnedSemaphorePermit,
+    _place: Option<Share<Caller>>,
 }
+
+impl<B> Held<B> for InProgress {}
 
 /// The refusal of a caller that holds its whole share: 429 over HTTP (it is this caller's doing,
 /// not the server's load), RESOURCE_EXHAUSTED with a pushback over gRPC.
@@ -221,7 +222,7 @@ where
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResBody>;
+    type Future = Guarded<S::Future, ResBody, InProgress>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -246,44 +247,26 @@ where
                             KeyValue::new("scope", "client"),
                         ],
                     );
-                    return ResponseFuture::Refused {
-                        response: Some(share_refusal(grpc, &self.intake, shares.limit())),
-                    };
+                    return Guarded::refused(share_refusal(grpc, &self.intake, shares.limit()));
                 }
             },
             _ => None,
         };
         match self.intake.permits.clone().try_acquire_owned() {
-            Ok(permit) => ResponseFuture::Admitted {
-                inner: self.inner.call(request),
-                permit,
-                place,
-            },
+            Ok(permit) => Guarded::admitted(
+                self.inner.call(request),
+                InProgress {
+                    _permit: permit,
+                    _place: place,
+                },
+            ),
             Err(_) => {
                 self.intake.refused.fetch_add(1, Ordering::Relaxed);
                 self.intake
                     .rejections
                     .add(1, &[KeyValue::new("intake", self.intake.name)]);
-                ResponseFuture::Refused {
-                    response: Some(refusal(grpc, &self.intake)),
-                }
+                Guarded::refused(refusal(grpc, &self.intake))
             }
-        }
-    }
-}
-
-impl<F, B, E> Future for ResponseFuture<F, B>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-{
-    type Output = Result<Response<B>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            Projection::Refused { response } => {
-                Poll::Ready(Ok(response.take().expect("polled after completion")))
-            }
-            Projection::Admitted { inner, .. } => inner.poll(cx),
         }
     }
 }
@@ -375,7 +358,7 @@ mod tests {
         drop(first);
         assert!(matches!(
             service.call(as_caller("greedy")),
-            ResponseFuture::Admitted { .. }
+            Guarded::Admitted { .. }
         ));
         drop(second);
     }

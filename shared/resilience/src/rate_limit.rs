@@ -6,9 +6,7 @@
 //! callers see a clear local refusal instead of the dependency's.
 
 use std::{
-    future::Future,
     num::NonZeroU32,
-    pin::Pin,
     sync::Arc,
     task::{Context, Poll},
     time::Duration,
@@ -21,7 +19,6 @@ use governor::{
     state::{InMemoryState, NotKeyed},
 };
 use http::{Request, Response};
-use pin_project_lite::pin_project;
 use serde::{Deserialize, Serialize};
 use telemetry::{
     attr,
@@ -29,6 +26,8 @@ use telemetry::{
 };
 use tonic::{Status, metadata::MetadataValue};
 use tower::{Layer, Service};
+
+use crate::guarded::Guarded;
 
 /// A quota: a sustained rate and the burst allowed above it (a rate of 0: no limit).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -196,15 +195,6 @@ impl<S> Layer<S> for SelfLimitLayer {
     }
 }
 
-pin_project! {
-    /// Response future of [`SelfLimit`].
-    #[project = Projection]
-    pub enum SelfLimitFuture<F, B> {
-        Refused { response: Option<Response<B>> },
-        Called { #[pin] inner: F },
-    }
-}
-
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for SelfLimit<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -212,7 +202,7 @@ where
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = SelfLimitFuture<S::Future, ResBody>;
+    type Future = Guarded<S::Future, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -228,29 +218,9 @@ where
                 retry_after,
             };
             quota.rejections.add(1, &quota.labels);
-            return SelfLimitFuture::Refused {
-                response: Some(Status::from(over).into_http()),
-            };
+            return Guarded::refused(Status::from(over).into_http());
         }
-        SelfLimitFuture::Called {
-            inner: self.inner.call(request),
-        }
-    }
-}
-
-impl<F, B, E> Future for SelfLimitFuture<F, B>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-{
-    type Output = Result<Response<B>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            Projection::Refused { response } => {
-                Poll::Ready(Ok(response.take().expect("polled after completion")))
-            }
-            Projection::Called { inner } => inner.poll(cx),
-        }
+        Guarded::admitted(self.inner.call(request), ())
     }
 }
 

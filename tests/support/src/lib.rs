@@ -19,19 +19,19 @@ pub mod test_ca;
 const POLL: Duration = Duration::from_millis(10);
 
 /// What a condition of [`eventually`] answers: `bool`, or `Option<T>` to hand back what it found.
-pub trait Outcome {
+pub trait ConditionAnswer {
     type Value;
     fn settled(self) -> Option<Self::Value>;
 }
 
-impl Outcome for bool {
+impl ConditionAnswer for bool {
     type Value = ();
     fn settled(self) -> Option<()> {
         self.then_some(())
     }
 }
 
-impl<T> Outcome for Option<T> {
+impl<T> ConditionAnswer for Option<T> {
     type Value = T;
     fn settled(self) -> Option<T> {
         self
@@ -44,11 +44,11 @@ pub async fn eventually<F, Fut>(
     limit: Duration,
     what: &str,
     mut condition: F,
-) -> <Fut::Output as Outcome>::Value
+) -> <Fut::Output as ConditionAnswer>::Value
 where
     F: FnMut() -> Fut,
     Fut: Future,
-    Fut::Output: Outcome,
+    Fut::Output: ConditionAnswer,
 {
     let deadline = tokio::time::Instant::now() + limit;
     loop {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use e2e::{
-    BACKGROUND, Backend, TestChain, eventually, fast_bank, grpc_request, order_body, order_message,
+    BACKGROUND, Storage, TestChain, eventually, fast_bank, grpc_request, order_body, order_message,
     problem,
 };
 use proto::outcome::FailedCreate;
@@ -21,7 +21,7 @@ fn quick_completer(settings: &mut stack::ChainSettings) {
 
 #[tokio::test]
 async fn a_paid_or_declined_create_is_done_and_its_repeat_says_the_same() {
-    for backend in Backend::all() {
+    for backend in Storage::all() {
         let name = backend.name();
         let test = TestChain::start_on(&backend, |_| {}).await;
         assert_eq!(
@@ -70,7 +70,7 @@ async fn a_paid_or_declined_create_is_done_and_its_repeat_says_the_same() {
 /// refused, its order and key are gone, and no round of the completer ever charges it.
 #[tokio::test]
 async fn a_create_refused_before_payment_is_called_is_never_charged_later() {
-    for backend in Backend::all() {
+    for backend in Storage::all() {
         let name = backend.name();
         let test = TestChain::start_on(&backend, |s| {
             quick_completer(s);
@@ -122,7 +122,7 @@ async fn a_create_refused_before_payment_is_called_is_never_charged_later() {
 /// charge, then or later; their repeat starts afresh.
 #[tokio::test]
 async fn while_the_bank_fails_a_create_is_pending_or_refused_and_never_both() {
-    for backend in Backend::all() {
+    for backend in Storage::all() {
         let name = backend.name();
         let test = TestChain::start_on(&backend, |s| {
             quick_completer(s);

@@ -4,14 +4,14 @@
 use std::{sync::Arc, time::Duration};
 
 use e2e::{
-    BACKGROUND, Backend, TestChain, chain_with_receiver, events, eventually, fast_bank, order_body,
+    BACKGROUND, Storage, TestChain, chain_with_receiver, events, eventually, fast_bank, order_body,
     problem, subscribe,
 };
 use tokio::sync::Barrier;
 
 #[tokio::test]
 async fn a_replay_gets_the_same_status_and_the_same_bytes() {
-    for backend in Backend::all() {
+    for backend in Storage::all() {
         let name = backend.name();
         let test = TestChain::start_on(&backend, |_| {}).await;
         let first = test
@@ -52,7 +52,7 @@ async fn a_replay_gets_the_same_status_and_the_same_bytes() {
 
 #[tokio::test]
 async fn a_reused_key_with_another_body_is_refused_and_keys_are_per_client() {
-    for backend in Backend::all() {
+    for backend in Storage::all() {
         let name = backend.name();
         let test = TestChain::start_on(&backend, |_| {}).await;
         assert_eq!(
@@ -107,7 +107,7 @@ async fn a_reused_key_with_another_body_is_refused_and_keys_are_per_client() {
 
 #[tokio::test]
 async fn fifty_concurrent_requests_with_one_key_execute_once() {
-    for backend in Backend::all() {
+    for backend in Storage::all() {
         let name = backend.name();
         // A bank slow enough that the first request is still in flight when the others arrive.
         let test = Arc::new(
@@ -167,7 +167,7 @@ async fn fifty_concurrent_requests_with_one_key_execute_once() {
 
 #[tokio::test]
 async fn a_lost_reply_is_retried_without_a_second_charge() {
-    for backend in Backend::all() {
+    for backend in Storage::all() {
         let name = backend.name();
         let test = TestChain::start_on(&backend, |s| {
             s.bank.faults = fast_bank(|f| f.drop_reply_rate = 1.0)
@@ -221,7 +221,7 @@ async fn a_lost_reply_is_retried_without_a_second_charge() {
 
 #[tokio::test]
 async fn a_create_cancelled_between_its_phases_is_resumed_by_the_retry() {
-    for backend in Backend::all() {
+    for backend in Storage::all() {
         let name = backend.name();
         // No gateway retries: the client's own retry resumes the work.
         let test = TestChain::start_on(&backend, |s| s.gateway.retry.max_attempts = 1).await;
@@ -305,7 +305,7 @@ async fn a_request_that_fails_validation_does_not_use_up_its_key() {
 /// answered from it.
 #[tokio::test]
 async fn a_charge_whose_reply_was_lost_and_never_retried_is_settled_by_the_completer() {
-    for backend in Backend::all() {
+    for backend in Storage::all() {
         let name = backend.name();
         let (test, listener) = chain_with_receiver(&backend, |s| {
             s.gateway.retry.max_attempts = 1;
@@ -436,7 +436,7 @@ async fn the_completer_probes_instead_of_retrying_every_stranded_create_while_th
 #[tokio::test]
 async fn a_retry_that_takes_over_while_the_first_attempt_is_still_paying_charges_once() {
     const BANK_MS: f64 = 600.0;
-    for backend in Backend::all() {
+    for backend in Storage::all() {
         let name = backend.name();
         let test = TestChain::start_on(&backend, |s| {
             no_reserves(s);
@@ -499,7 +499,7 @@ async fn a_retry_that_takes_over_while_the_first_attempt_is_still_paying_charges
 #[tokio::test]
 async fn first_attempts_on_the_edge_of_their_deadline_charge_once() {
     const BANK_MS: u64 = 200;
-    for backend in Backend::all() {
+    for backend in Storage::all() {
         let name = backend.name();
         let test = TestChain::start_on(&backend, |s| {
             no_reserves(s);
@@ -580,7 +580,7 @@ async fn a_payment_whose_key_was_reaped_answers_its_repeat_without_calling_the_b
     use proto::payment::v1::{PayRequest, payment_service_client::PaymentServiceClient};
     use stack::chain::PAYMENT_GRPC;
 
-    for backend in Backend::all() {
+    for backend in Storage::all() {
         let name = backend.name();
         let test = TestChain::start_on(&backend, |_| {}).await;
         let mut payment = PaymentServiceClient::new(

@@ -11,7 +11,7 @@ use std::{
 };
 
 use e2e::{
-    API_KEY, Backend, TestChain, chain_with_receiver, events, missing, order_body, subscribe,
+    API_KEY, Storage, TestChain, chain_with_receiver, events, missing, order_body, subscribe,
 };
 use serde_json::{Value, json};
 use stack::chain::GATEWAY_HTTP;
@@ -139,7 +139,7 @@ async fn schemathesis_finds_no_internal_error_and_no_answer_the_document_does_no
             "the HTTP face was not fuzzed against its document",
         );
     }
-    let (test, listener) = chain_with_receiver(&Backend::Sqlite, |_| {}).await;
+    let (test, listener) = chain_with_receiver(&Storage::Sqlite, |_| {}).await;
     let receiver_url = format!("http://{}{PATH}", listener.local_addr().unwrap());
     let (endpoint_id, processed) = subscribe(&test, listener).await;
     let created = test

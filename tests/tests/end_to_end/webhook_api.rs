@@ -1,7 +1,7 @@
 //! The webhook subscription API through the gateway: endpoints and their secrets, kept per client
 //! under idempotency keys, URLs vetted against SSRF, and the delivery log with redelivery.
 
-use e2e::{API_KEY, Backend, TestChain, order_body};
+use e2e::{API_KEY, Storage, TestChain, order_body};
 use proto::orders::v1::{CreateEndpointRequest, webhooks_client::WebhooksClient};
 use serde_json::{Value, json};
 use stack::chain::{ORDERS_GRPC, ORDERS_OPS};
@@ -80,7 +80,7 @@ async fn refused(response: reqwest::Response, expected: &str) -> Value {
 
 #[tokio::test]
 async fn a_new_endpoint_shows_its_secret_and_a_repeat_replays_it_byte_for_byte() {
-    for backend in Backend::all() {
+    for backend in Storage::all() {
         let name = backend.name();
         let test = TestChain::start_on(&backend, |_| {}).await;
         let first = create(
@@ -845,7 +845,7 @@ async fn urls_are_stored_as_the_whatwg_parser_reads_them_and_bounded() {
 
 #[tokio::test]
 async fn a_client_deletes_its_endpoint_frees_its_place_and_gets_nothing_more() {
-    for backend in Backend::all() {
+    for backend in Storage::all() {
         let name = backend.name();
         let test = TestChain::start_on(&backend, |_| {}).await;
         let mut ids = Vec::new();
@@ -956,7 +956,7 @@ async fn patch(test: &TestChain, api_key: &str, path: &str, body: &Value) -> req
 
 #[tokio::test]
 async fn an_update_changes_only_the_fields_it_names() {
-    for backend in Backend::all() {
+    for backend in Storage::all() {
         let name = backend.name();
         let test = TestChain::start_on(&backend, |_| {}).await;
         let endpoint = created(&test, "endpoint-1").await["endpoint"].clone();

@@ -4,7 +4,7 @@
 
 use bank_mock::Faults;
 use e2e::{
-    API_KEY, BACKGROUND, Backend, chain_with_receiver, events, eventually, fast_bank, order_body,
+    API_KEY, BACKGROUND, Storage, chain_with_receiver, events, eventually, fast_bank, order_body,
     subscribe,
 };
 use serde_json::Value;
@@ -13,12 +13,12 @@ const ENDPOINTS: &str = "/v1/webhooks/endpoints";
 
 #[tokio::test]
 async fn a_paid_and_a_declined_order_reach_the_receiver_once_each_and_a_failed_payment_nothing() {
-    for backend in Backend::all() {
+    for backend in Storage::all() {
         paid_and_declined_orders_are_announced(&backend).await;
     }
 }
 
-async fn paid_and_declined_orders_are_announced(backend: &Backend) {
+async fn paid_and_declined_orders_are_announced(backend: &Storage) {
     let (test, listener) = chain_with_receiver(backend, |_| {}).await;
     let (endpoint_id, processed) = subscribe(&test, listener).await;
 
@@ -119,7 +119,7 @@ async fn paid_and_declined_orders_are_announced(backend: &Backend) {
 
 #[tokio::test]
 async fn a_ping_reaches_the_receiver_signed_with_a_secret_the_database_holds_sealed() {
-    for backend in Backend::all() {
+    for backend in Storage::all() {
         let name = backend.name();
         let (test, listener) = chain_with_receiver(&backend, |_| {}).await;
         let (endpoint_id, processed) = subscribe(&test, listener).await;

@@ -42,14 +42,14 @@
 //! so this one is written here.
 
 mod error;
-mod future;
 mod layer;
 mod state;
+mod verdict;
 
 pub use error::CircuitOpen;
-pub use future::ResponseFuture;
 pub use layer::BreakerLayer;
 pub use state::{Outcome, Position};
+pub use verdict::Verdict;
 
 use std::{
     sync::{
@@ -60,7 +60,9 @@ use std::{
     time::Duration,
 };
 
-use future::Thresholds;
+use verdict::Thresholds;
+
+use crate::guarded::Guarded;
 use http::{Request, Response};
 use serde::{Deserialize, Serialize};
 use state::{Admission, Machine, Transition};
@@ -70,7 +72,7 @@ use telemetry::{
 };
 use tokio::time::Instant;
 use tonic::Status;
-use tower::{BoxError, Service, util::rng::HasherRng};
+use tower::{Service, util::rng::HasherRng};
 
 /// Thresholds of one breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -328,24 +330,25 @@ impl<S> BreakerService<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for BreakerService<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    S::Error: Into<BoxError>,
     ResBody: Default,
 {
     type Response = Response<ResBody>;
-    type Error = BoxError;
-    type Future = ResponseFuture<S::Future, ResBody>;
+    type Error = S::Error;
+    /// Holds no verdict where the breaker is disabled: the call is made and not recorded.
+    type Future = Guarded<S::Future, ResBody, Option<Verdict>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+        self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         match self.breaker.admit() {
-            Ok(Some(admission)) => {
-                ResponseFuture::admitted(self.inner.call(request), self.breaker.clone(), admission)
-            }
-            Ok(None) => ResponseFuture::unjudged(self.inner.call(request)),
-            Err(open) => ResponseFuture::rejected(Status::from(open).into_http()),
+            Ok(Some(admission)) => Guarded::admitted(
+                self.inner.call(request),
+                Some(Verdict::new(self.breaker.clone(), admission)),
+            ),
+            Ok(None) => Guarded::admitted(self.inner.call(request), None),
+            Err(open) => Guarded::refused(Status::from(open).into_http()),
         }
     }
 }
@@ -354,7 +357,7 @@ where
 mod tests {
     use super::*;
     use std::future::Future;
-    use tower::service_fn;
+    use tower::{BoxError, service_fn};
 
     #[tokio::test]
     async fn an_open_breaker_answers_without_calling_and_without_waiting() {

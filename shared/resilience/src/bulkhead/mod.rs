@@ -16,8 +16,6 @@ pub use adaptive::AdaptiveSettings;
 pub use layer::BulkheadLayer;
 
 use std::{
-    future::Future,
-    pin::Pin,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU32, AtomicU64, Ordering},
@@ -26,16 +24,17 @@ use std::{
 };
 
 use http::{Request, Response};
-use pin_project_lite::pin_project;
 use telemetry::{
     attr,
     metrics::{self, Counter, KeyValue},
 };
 use tokio::time::Instant;
 use tonic::{Code, Status, metadata::MetadataValue};
-use tower::{BoxError, Service};
+use tower::Service;
 
 use adaptive::{Sample, Vegas};
+
+use crate::guarded::{Guarded, Held};
 
 /// The limit was reached: the call was not made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -163,6 +162,14 @@ pub struct Place {
     in_flight: u32,
 }
 
+impl<B> Held<B> for Place {
+    fn answered<E>(self, answer: &mut Result<Response<B>, E>) {
+        if let Ok(response) = answer {
+            self.bulkhead.learn(response, &self);
+        }
+    }
+}
+
 impl Drop for Place {
     fn drop(&mut self) {
         self.bulkhead.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -182,27 +189,17 @@ impl<S> BulkheadService<S> {
     }
 }
 
-pin_project! {
-    /// Response future of [`BulkheadService`]: holds the call's place until it ends.
-    #[project = Projection]
-    pub enum ResponseFuture<F, B> {
-        Rejected { response: Option<Response<B>> },
-        Admitted { #[pin] inner: F, place: Place },
-    }
-}
-
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for BulkheadService<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    S::Error: Into<BoxError>,
     ResBody: Default,
 {
     type Response = Response<ResBody>;
-    type Error = BoxError;
-    type Future = ResponseFuture<S::Future, ResBody>;
+    type Error = S::Error;
+    type Future = Guarded<S::Future, ResBody, Place>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+        self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
@@ -213,10 +210,7 @@ where
                     admitted_at: Instant::now(),
                     in_flight,
                 };
-                ResponseFuture::Admitted {
-                    inner: self.inner.call(request),
-                    place,
-                }
+                Guarded::admitted(self.inner.call(request), place)
             }
             None => {
                 self.bulkhead.rejected.fetch_add(1, Ordering::Relaxed);
@@ -230,9 +224,7 @@ where
                     bulkhead.limit = i64::from(full.limit),
                     "bulkhead rejected a call"
                 );
-                ResponseFuture::Rejected {
-                    response: Some(Status::from(full).into_http()),
-                }
+                Guarded::refused(Status::from(full).into_http())
             }
         }
     }
@@ -257,33 +249,10 @@ fn sample_of<B>(response: &Response<B>, place: &Place) -> Option<Sample> {
     })
 }
 
-impl<F, B, E> Future for ResponseFuture<F, B>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-    E: Into<BoxError>,
-{
-    type Output = Result<Response<B>, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            Projection::Rejected { response } => {
-                Poll::Ready(Ok(response.take().expect("polled after completion")))
-            }
-            Projection::Admitted { inner, place } => {
-                let answer = std::task::ready!(inner.poll(cx)).map_err(Into::into);
-                if let Ok(response) = &answer {
-                    place.bulkhead.learn(response, place);
-                }
-                Poll::Ready(answer)
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tower::{ServiceExt, service_fn};
+    use tower::{BoxError, ServiceExt, service_fn};
 
     #[tokio::test]
     async fn calls_above_the_limit_are_rejected_at_once_and_counted() {

@@ -18,12 +18,10 @@
 //! not: a caller without a certificate must not be able to fill the logs.
 
 mod error;
-mod future;
 mod layer;
 mod policy;
 
 pub use error::Refusal;
-pub use future::ResponseFuture;
 pub use layer::AuthorizeLayer;
 pub use policy::{Admitted, Policy};
 
@@ -38,6 +36,7 @@ use std::{
 
 use axum::extract::ConnectInfo;
 use http::{StatusCode, header};
+use resilience::guarded::Guarded;
 use telemetry::metrics::{Counter, KeyValue};
 use tokio::time::Instant;
 
@@ -105,7 +104,7 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResBody>;
+    type Future = Guarded<S::Future, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -121,9 +120,7 @@ where
                 if !admitted.speaks_for_clients {
                     request.headers_mut().remove(CLIENT_ID);
                 }
-                ResponseFuture::Admitted {
-                    inner: self.inner.call(request),
-                }
+                Guarded::admitted(self.inner.call(request), ())
             }
             Err(refusal) => {
                 self.refusals.record(&refusal);
@@ -143,9 +140,7 @@ where
                         .body(ResBody::default())
                         .expect("a status and an empty body")
                 };
-                ResponseFuture::Refused {
-                    response: Some(response),
-                }
+                Guarded::refused(response)
             }
         }
     }

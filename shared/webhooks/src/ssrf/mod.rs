@@ -9,7 +9,7 @@
 //! 1. [`Target::parse`] reads the URL with the WHATWG parser that browsers use, so numeric tricks
 //!    such as `0x7f.1`, `2130706433` or `017700000001` come out as the IPv4 address they stand
 //!    for and only one form is ever checked. It refuses anything but https (unless the
-//!    [`Policy`] names the host as a test host), URLs with a user name or password, URLs longer
+//!    [`DestinationPolicy`] names the host as a test host), URLs with a user name or password, URLs longer
 //!    than [`MAX_URL_LEN`], and ports below 1024 other than 443. [`Target::normalised`] is the
 //!    one form to store and show: what the parser made of the URL (`https:///h` is
 //!    `https://h/`, `https://example.com\@127.0.0.1/h` is `https://example.com/@127.0.0.1/h`),
@@ -70,7 +70,7 @@ pub enum SsrfError {
     NoAddresses { host: String },
 }
 
-/// A test host that [`Policy::allow_test_host`] cannot read.
+/// A test host that [`DestinationPolicy::allow_test_host`] cannot read.
 #[derive(Debug, thiserror::Error)]
 pub enum InvalidTestHost {
     #[error("test host {0:?} is not host:port")]
@@ -88,12 +88,12 @@ pub enum InvalidTestHost {
 /// for tests and local demos only, since a receiver on loopback or on a compose network is
 /// exactly what the guard exists to refuse.
 #[derive(Clone, Debug, Default)]
-pub struct Policy {
+pub struct DestinationPolicy {
     test_hosts: Vec<(Host, u16)>,
     extra_denied: Vec<IpNet>,
 }
 
-impl Policy {
+impl DestinationPolicy {
     /// Denies `net` too, beside the [deny list](denied_range): the deployment's own public
     /// ranges, say, which the special-purpose registries cannot know. Test hosts stay exempt.
     pub fn deny(mut self, net: IpNet) -> Self {
@@ -141,7 +141,7 @@ impl Target {
     /// Parses and checks `url`: at most [`MAX_URL_LEN`] characters, http(s) only, https unless
     /// a test host, no user information, port 443 or from 1024 up unless a test host, and an IP
     /// address in place of a name must not be denied.
-    pub fn parse(url: &str, policy: &Policy) -> Result<Self, SsrfError> {
+    pub fn parse(url: &str, policy: &DestinationPolicy) -> Result<Self, SsrfError> {
         if url.len() > MAX_URL_LEN {
             return Err(SsrfError::TooLong);
         }
@@ -300,7 +300,7 @@ impl VettedTarget {
 /// Parses, resolves and vets `url`: [`Target::parse`] then [`Target::resolve`].
 pub async fn vet(
     url: &str,
-    policy: &Policy,
+    policy: &DestinationPolicy,
     resolver: &impl Resolve,
 ) -> Result<VettedTarget, SsrfError> {
     Target::parse(url, policy)?.resolve(resolver).await

@@ -58,7 +58,7 @@ fn the_parser_turns_numeric_tricks_into_the_loopback_address() {
 
 #[test]
 fn trick_urls_are_refused() {
-    let policy = Policy::default();
+    let policy = DestinationPolicy::default();
     for trick in [
         "http://0x7f.1/",
         "http://2130706433/",
@@ -82,7 +82,7 @@ fn trick_urls_are_refused() {
 #[test]
 fn a_denial_names_the_address_and_the_range() {
     let Err(SsrfError::Denied { host, addr, range }) =
-        Target::parse("https://[::ffff:127.0.0.1]/", &Policy::default())
+        Target::parse("https://[::ffff:127.0.0.1]/", &DestinationPolicy::default())
     else {
         panic!("an IPv4-mapped loopback address must be denied");
     };
@@ -94,14 +94,14 @@ fn a_denial_names_the_address_and_the_range() {
 #[test]
 fn plain_http_is_refused_by_default() {
     assert!(matches!(
-        Target::parse("http://hooks.example.com/", &Policy::default()),
+        Target::parse("http://hooks.example.com/", &DestinationPolicy::default()),
         Err(SsrfError::PlainHttp { port: 80, .. })
     ));
 }
 
 #[test]
 fn other_schemes_and_user_information_are_refused() {
-    let policy = Policy::default();
+    let policy = DestinationPolicy::default();
     for url in [
         "ftp://example.com/",
         "file:///etc/passwd",
@@ -133,7 +133,9 @@ fn other_schemes_and_user_information_are_refused() {
 
 #[tokio::test]
 async fn a_test_host_may_use_http_and_a_loopback_address() {
-    let policy = Policy::default().allow_test_host("127.0.0.1:8080").unwrap();
+    let policy = DestinationPolicy::default()
+        .allow_test_host("127.0.0.1:8080")
+        .unwrap();
     let resolver = StubResolver::failing();
     let vetted = vet("http://127.0.0.1:8080/hooks", &policy, &resolver)
         .await
@@ -156,7 +158,7 @@ async fn a_test_host_may_use_http_and_a_loopback_address() {
 
 #[tokio::test]
 async fn a_test_host_name_is_normalised_like_the_url_host() {
-    let policy = Policy::default()
+    let policy = DestinationPolicy::default()
         .allow_test_host("Receiver.LOCAL:9000")
         .unwrap();
     let resolver = StubResolver::answering(&["172.18.0.5"]);
@@ -165,13 +167,13 @@ async fn a_test_host_name_is_normalised_like_the_url_host() {
         .unwrap();
     assert_eq!(vetted.addrs(), [addr("172.18.0.5:9000")]);
     assert!(matches!(
-        Policy::default().allow_test_host("[not-ipv6]:1"),
+        DestinationPolicy::default().allow_test_host("[not-ipv6]:1"),
         Err(InvalidTestHost::Host { .. })
     ));
     for without_port in ["127.0.0.1", "localhost:http", "[::1]"] {
         assert!(
             matches!(
-                Policy::default().allow_test_host(without_port),
+                DestinationPolicy::default().allow_test_host(without_port),
                 Err(InvalidTestHost::NotHostPort(_))
             ),
             "{without_port}"
@@ -184,7 +186,7 @@ async fn a_public_name_is_resolved_once_and_dialled_at_its_addresses() {
     let resolver = StubResolver::answering(&["1.1.1.1", "2606:4700:4700::1111", "1.1.1.1"]);
     let vetted = vet(
         "https://hooks.example.com:8443/in",
-        &Policy::default(),
+        &DestinationPolicy::default(),
         &resolver,
     )
     .await
@@ -201,7 +203,12 @@ async fn a_public_name_is_resolved_once_and_dialled_at_its_addresses() {
 async fn a_name_with_one_private_address_is_refused_whole() {
     for answer in [["8.8.8.8", "10.0.0.7"], ["10.0.0.7", "8.8.8.8"]] {
         let resolver = StubResolver::answering(&answer);
-        let refused = vet("https://rebind.example.com/", &Policy::default(), &resolver).await;
+        let refused = vet(
+            "https://rebind.example.com/",
+            &DestinationPolicy::default(),
+            &resolver,
+        )
+        .await;
         let Err(SsrfError::Denied { host, addr, .. }) = refused else {
             panic!("{answer:?} must be refused, got {refused:?}");
         };
@@ -216,21 +223,30 @@ async fn a_name_with_one_private_address_is_refused_whole() {
 #[tokio::test]
 async fn an_ipv4_mapped_answer_is_dialled_as_ipv4_and_vetted_as_ipv4() {
     let public = StubResolver::answering(&["::ffff:1.1.1.1"]);
-    let vetted = vet("https://mapped.example.com/", &Policy::default(), &public)
-        .await
-        .unwrap();
+    let vetted = vet(
+        "https://mapped.example.com/",
+        &DestinationPolicy::default(),
+        &public,
+    )
+    .await
+    .unwrap();
     assert_eq!(vetted.addrs(), [addr("1.1.1.1:443")]);
 
     let loopback = StubResolver::answering(&["::ffff:127.0.0.1"]);
     assert!(matches!(
-        vet("https://mapped.example.com/", &Policy::default(), &loopback).await,
+        vet(
+            "https://mapped.example.com/",
+            &DestinationPolicy::default(),
+            &loopback
+        )
+        .await,
         Err(SsrfError::Denied { .. })
     ));
 }
 
 #[tokio::test]
 async fn resolution_failures_and_empty_answers_are_refused() {
-    let policy = Policy::default();
+    let policy = DestinationPolicy::default();
     assert!(matches!(
         vet(
             "https://missing.example.com/",
@@ -253,7 +269,12 @@ async fn resolution_failures_and_empty_answers_are_refused() {
 
 #[tokio::test]
 async fn the_system_resolver_finds_localhost_on_loopback_and_it_is_refused() {
-    let refused = vet("https://localhost/", &Policy::default(), &SystemResolver).await;
+    let refused = vet(
+        "https://localhost/",
+        &DestinationPolicy::default(),
+        &SystemResolver,
+    )
+    .await;
     assert!(
         matches!(refused, Err(SsrfError::Denied { .. })),
         "{refused:?}"
@@ -262,7 +283,7 @@ async fn the_system_resolver_finds_localhost_on_loopback_and_it_is_refused() {
 
 #[tokio::test]
 async fn a_range_the_policy_denies_is_refused_beside_the_deny_list() {
-    let policy = Policy::default().deny("93.184.0.0/16".parse().unwrap());
+    let policy = DestinationPolicy::default().deny("93.184.0.0/16".parse().unwrap());
     let inside = StubResolver::answering(&["93.184.215.14"]);
     let Err(SsrfError::DeniedByPolicy { addr, net, .. }) =
         vet("https://hooks.example.com/", &policy, &inside).await
@@ -287,7 +308,7 @@ async fn a_range_the_policy_denies_is_refused_beside_the_deny_list() {
 
 #[test]
 fn urls_are_kept_in_the_form_the_parser_gives_them() {
-    let policy = Policy::default();
+    let policy = DestinationPolicy::default();
     for (sent, stored) in [
         ("https:///h", "https://h/"),
         (
@@ -310,7 +331,7 @@ fn urls_are_kept_in_the_form_the_parser_gives_them() {
 
 #[test]
 fn urls_over_the_length_limit_are_refused_as_sent_and_as_normalised() {
-    let policy = Policy::default();
+    let policy = DestinationPolicy::default();
     let base = "https://example.com/";
     let longest = format!("{base}{}", "a".repeat(MAX_URL_LEN - base.len()));
     assert!(Target::parse(&longest, &policy).is_ok());
@@ -329,7 +350,7 @@ fn urls_over_the_length_limit_are_refused_as_sent_and_as_normalised() {
 
 #[test]
 fn ports_of_a_hosts_own_services_are_refused() {
-    let policy = Policy::default();
+    let policy = DestinationPolicy::default();
     for port in [0, 22, 25, 80, 1023] {
         let url = format!("https://example.com:{port}/h");
         assert!(
@@ -343,7 +364,9 @@ fn ports_of_a_hosts_own_services_are_refused() {
             "{port}"
         );
     }
-    let tests = Policy::default().allow_test_host("127.0.0.1:80").unwrap();
+    let tests = DestinationPolicy::default()
+        .allow_test_host("127.0.0.1:80")
+        .unwrap();
     assert!(
         Target::parse("http://127.0.0.1:80/h", &tests).is_ok(),
         "a test host keeps its port"
@@ -366,8 +389,8 @@ fn keeps_the_rules(target: &Target) -> Result<(), proptest::test_runner::TestCas
             .any(|c| c.is_whitespace() || c.is_control())
     );
     // Normalising is done once: the stored form reads back as itself.
-    let again =
-        Target::parse(normalised, &Policy::default()).expect("the normalised form passes again");
+    let again = Target::parse(normalised, &DestinationPolicy::default())
+        .expect("the normalised form passes again");
     prop_assert_eq!(again.normalised(), normalised);
     Ok(())
 }
@@ -377,7 +400,7 @@ proptest::proptest! {
 
     #[test]
     fn any_text_is_refused_or_keeps_the_rules(text in "\\PC{0,80}") {
-        if let Ok(target) = Target::parse(&text, &Policy::default()) {
+        if let Ok(target) = Target::parse(&text, &DestinationPolicy::default()) {
             keeps_the_rules(&target)?;
         }
     }
@@ -394,7 +417,7 @@ proptest::proptest! {
     ) {
         let port = port.map(|port| format!(":{port}")).unwrap_or_default();
         let text = format!("{padding}{scheme}:{slashes}{userinfo}{host}{port}/{path}{padding}");
-        if let Ok(target) = Target::parse(&text, &Policy::default()) {
+        if let Ok(target) = Target::parse(&text, &DestinationPolicy::default()) {
             keeps_the_rules(&target)?;
         }
     }
@@ -403,6 +426,6 @@ proptest::proptest! {
     fn a_url_is_accepted_up_to_the_length_limit_and_not_beyond(length in 21usize..3_000) {
         let base = "https://example.com/";
         let text = format!("{base}{}", "a".repeat(length - base.len()));
-        proptest::prop_assert_eq!(Target::parse(&text, &Policy::default()).is_ok(), length <= MAX_URL_LEN);
+        proptest::prop_assert_eq!(Target::parse(&text, &DestinationPolicy::default()).is_ok(), length <= MAX_URL_LEN);
     }
 }

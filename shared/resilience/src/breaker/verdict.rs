@@ -1,73 +1,48 @@
-use std::{
-    future::Future,
-    pin::Pin,
-    sync::Arc,
-    task::{Context, Poll},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use deadline::Slice;
 use http::Response;
-use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tonic::Code;
-use tower::BoxError;
 
 use super::{Breaker, Outcome, state::Admission};
+use crate::guarded::Held;
 
-pin_project! {
-    /// Response future of [`super::BreakerService`]: records the call's outcome when it ends.
-    #[project = Projection]
-    pub enum ResponseFuture<F, B> {
-        Rejected { response: Option<Response<B>> },
-        Admitted {
-            #[pin]
-            inner: F,
-            // None once recorded, or from the start when the breaker is disabled.
-            verdict: Option<Verdict>,
-        },
-    }
-
-    impl<F, B> PinnedDrop for ResponseFuture<F, B> {
-        fn drop(this: Pin<&mut Self>) {
-            // Abandoned by our caller before the answer: nothing learned about the dependency.
-            if let Projection::Admitted { verdict: Some(verdict), .. } = this.project() {
-                verdict.breaker.record(verdict.admission, Outcome::Ignored);
-            }
-        }
-    }
-}
-
-/// What is needed to record the call's outcome, once.
+/// What an admitted call holds to record its outcome, once: from its answer, or as ignored when
+/// it is abandoned before one (nothing was learned about the dependency).
 pub struct Verdict {
     breaker: Arc<Breaker>,
-    admission: Admission,
+    /// `None` once recorded.
+    admission: Option<Admission>,
     started: Instant,
 }
 
-impl<F, B> ResponseFuture<F, B> {
-    pub(super) fn rejected(response: Response<B>) -> Self {
-        Self::Rejected {
-            response: Some(response),
+impl Verdict {
+    pub(super) fn new(breaker: Arc<Breaker>, admission: Admission) -> Self {
+        Self {
+            breaker,
+            admission: Some(admission),
+            started: Instant::now(),
         }
     }
+}
 
-    pub(super) fn admitted(inner: F, breaker: Arc<Breaker>, admission: Admission) -> Self {
-        Self::Admitted {
-            inner,
-            verdict: Some(Verdict {
-                breaker,
-                admission,
-                started: Instant::now(),
-            }),
+impl<B> Held<B> for Verdict {
+    fn answered<E>(mut self, answer: &mut Result<Response<B>, E>) {
+        if let Some(admission) = self.admission.take() {
+            let outcome = self
+                .breaker
+                .thresholds
+                .outcome(answer, self.started.elapsed());
+            self.breaker.record(admission, outcome);
         }
     }
+}
 
-    /// A call through a disabled breaker: made, and not recorded.
-    pub(super) fn unjudged(inner: F) -> Self {
-        Self::Admitted {
-            inner,
-            verdict: None,
+impl Drop for Verdict {
+    fn drop(&mut self) {
+        if let Some(admission) = self.admission.take() {
+            self.breaker.record(admission, Outcome::Ignored);
         }
     }
 }
@@ -83,7 +58,7 @@ pub(super) struct Thresholds {
 impl Thresholds {
     /// The outcome of a call that ended with `result` after `elapsed`, from its gRPC status
     /// (unary failures arrive as trailers-only answers, with the status in the headers).
-    fn outcome<B>(&self, result: &Result<Response<B>, BoxError>, elapsed: Duration) -> Outcome {
+    fn outcome<B, E>(&self, result: &Result<Response<B>, E>, elapsed: Duration) -> Outcome {
         let Ok(response) = result else {
             return Outcome::Failure;
         };
@@ -120,47 +95,14 @@ impl Thresholds {
     }
 }
 
-impl<F, B, E> Future for ResponseFuture<F, B>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-    E: Into<BoxError>,
-{
-    type Output = Result<Response<B>, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            Projection::Rejected { response } => {
-                Poll::Ready(Ok(response.take().expect("polled after completion")))
-            }
-            Projection::Admitted { inner, verdict } => {
-                let result = match inner.poll(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(result) => result.map_err(Into::into),
-                };
-                if let Some(Verdict {
-                    breaker,
-                    admission,
-                    started,
-                }) = verdict.take()
-                {
-                    breaker.record(
-                        admission,
-                        breaker.thresholds.outcome(&result, started.elapsed()),
-                    );
-                }
-                Poll::Ready(result)
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::breaker::{BreakerService, BreakerSettings, Position};
     use http::{HeaderValue, Request};
+    use std::task::Context;
     use tonic::Status;
-    use tower::{Service, service_fn};
+    use tower::{BoxError, Service, service_fn};
 
     const THRESHOLDS: Thresholds = Thresholds {
         slow_call: Duration::from_millis(1_000),

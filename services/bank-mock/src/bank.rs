@@ -194,9 +194,14 @@ impl BankService {
         }
     }
 
-    async fn charge(&self, key: &str, request: &ChargeRequest) -> Result<ChargeReply, ChargeError> {
+    async fn charge(
+        &self,
+        hop: &Hop,
+        key: &str,
+        request: &ChargeRequest,
+    ) -> Result<ChargeReply, ChargeError> {
         validate(request)?;
-        let deadline = Hop::current().map(|hop| hop.deadline());
+        let deadline = hop.deadline();
         let faults = self.state.faults();
         if !faults.ignores_deadlines || faults.hang {
             return self.run_charge(key, request, deadline, true).await;
@@ -214,12 +219,11 @@ impl BankService {
         &self,
         key: &str,
         request: &ChargeRequest,
-        deadline: Option<Deadline>,
+        deadline: Deadline,
         honours_deadline: bool,
     ) -> Result<ChargeReply, ChargeError> {
         let (decline, drop_reply) = self.faults().await?;
-        let expired =
-            || deadline.is_some_and(|deadline| deadline.is_expired_at(tokio::time::Instant::now()));
+        let expired = || deadline.is_expired_at(tokio::time::Instant::now());
         // Nobody reads an answer after the caller's deadline: do not charge for it.
         if honours_deadline && expired() {
             return Err(ChargeError::DeadlinePassed);
@@ -293,11 +297,12 @@ impl Bank for BankService {
             .ok_or_else(|| ChargeError::MissingKey("absent or not ASCII".into()))?;
         proto::validate::idempotency_key(&key)
             .map_err(|error| ChargeError::MissingKey(error.reason))?;
-        if Hop::current().is_some_and(|hop| hop.previous_attempts() > 0) {
+        let hop = Hop::of(&request)?;
+        if hop.previous_attempts() > 0 {
             self.state.count(|stats| &mut stats.retried_calls);
         }
         lock(&self.state.keys_seen).insert(key.clone());
-        let reply = BankService::charge(self, &key, request.get_ref()).await?;
+        let reply = BankService::charge(self, &hop, &key, request.get_ref()).await?;
         Ok(Response::new(reply))
     }
 

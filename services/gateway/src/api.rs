@@ -2,6 +2,7 @@
 
 use std::{collections::BTreeMap, sync::Arc, time::SystemTime};
 
+use deadline::Hop;
 use proto::{
     bank::v1::{ExchangeRate, ExchangeRateRequest, bank_client::BankClient},
     common::v1::{CreateOrderRequest, GetOrderRequest, Order, OrderStatus, Payment},
@@ -12,7 +13,7 @@ use proto::{
 use resilience::retry::{Call, RetryPolicy};
 use rpc::Client;
 use telemetry::metrics::{self, Counter, KeyValue};
-use tonic::{Code, Request, Status, metadata::MetadataMap};
+use tonic::{Code, Status, metadata::MetadataMap};
 use tower::ServiceExt;
 use wire::{CLIENT_ID, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
@@ -136,6 +137,7 @@ impl Api {
     /// Creates and pays an order. A declined payment is an error carrying the order id.
     pub(crate) async fn create_order(
         &self,
+        hop: &Arc<Hop>,
         client: &ClientId,
         key: &str,
         order: CreateOrderRequest,
@@ -149,7 +151,7 @@ impl Api {
             .0
             .create
             .clone()
-            .oneshot(Call::new(order, metadata))
+            .oneshot(Call::new(order, metadata, hop.clone()))
             .await
             .map_err(|s| GatewayError::Upstream(failed_create(s)))?;
         let replayed = response
@@ -176,6 +178,7 @@ impl Api {
     /// The order, or its last known copy when orders cannot answer.
     pub(crate) async fn get_order(
         &self,
+        hop: &Arc<Hop>,
         client: &ClientId,
         order_id: String,
     ) -> Result<Read, GatewayError> {
@@ -187,6 +190,7 @@ impl Api {
                 order_id: order_id.clone(),
             },
             metadata,
+            hop.clone(),
         );
         match self.0.get.clone().oneshot(call).await {
             Ok(response) => {
@@ -220,11 +224,11 @@ impl Api {
     }
 
     /// The order's payment as payment records it.
-    pub(crate) async fn payment_part(&self, order: &Order) -> Part<Payment> {
+    pub(crate) async fn payment_part(&self, hop: &Arc<Hop>, order: &Order) -> Part<Payment> {
         let Some(payment) = &order.payment else {
             return Err("the order has no payment yet".into());
         };
-        let request = Request::new(GetPaymentRequest {
+        let request = hop.request(GetPaymentRequest {
             payment_id: payment.payment_id.clone(),
         });
         match self.0.sources.payment.clone().get_payment(request).await {
@@ -234,8 +238,8 @@ impl Api {
     }
 
     /// The bank's rate for the order's currency, or its last known quote.
-    pub(crate) async fn rate_part(&self, currency: &str) -> Part<Rate> {
-        let request = Request::new(ExchangeRateRequest {
+    pub(crate) async fn rate_part(&self, hop: &Arc<Hop>, currency: &str) -> Part<Rate> {
+        let request = hop.request(ExchangeRateRequest {
             currency: currency.to_owned(),
         });
         match self.0.sources.bank.clone().get_exchange_rate(request).await {
@@ -265,10 +269,11 @@ impl Api {
     /// Personal recommendations, degraded to the popular items when they cannot be had.
     pub(crate) async fn recommendations_part(
         &self,
+        hop: &Arc<Hop>,
         client: &ClientId,
         order: &Order,
     ) -> Recommended {
-        let mut request = Request::new(RecommendRequest {
+        let mut request = hop.request(RecommendRequest {
             order_id: order.order_id.clone(),
             limit: 5,
         });

@@ -28,6 +28,8 @@ pub enum GatewayError {
     },
     #[error("{}", .0.message())]
     Upstream(Status),
+    #[error(transparent)]
+    NoHop(#[from] deadline::NoHop),
 }
 
 impl GatewayError {
@@ -187,6 +189,9 @@ impl IntoResponse for GatewayError {
                 order_id: Some(order_id),
                 ..Problem::new(StatusCode::PAYMENT_REQUIRED, "Payment declined", detail)
             },
+            GatewayError::NoHop(_) => {
+                Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "Internal error", detail)
+            }
             GatewayError::Upstream(status) => {
                 let (http, title) = http_status(status.code());
                 retry_after = pushback_seconds(&status);
@@ -266,6 +271,7 @@ impl From<GatewayError> for Status {
             | GatewayError::MalformedBody(_)
             | GatewayError::NotJson => Status::invalid_argument(error.to_string()),
             GatewayError::PaymentDeclined { .. } => Status::failed_precondition(error.to_string()),
+            GatewayError::NoHop(no_hop) => no_hop.into(),
         }
     }
 }

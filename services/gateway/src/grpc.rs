@@ -1,5 +1,6 @@
 //! The gRPC face: `gateway.v1.Gateway`, the same operations as HTTP.
 
+use deadline::Hop;
 use proto::{
     common::v1::{CreateOrderRequest, GetOrderRequest, Order},
     gateway::v1::gateway_server::Gateway,
@@ -42,9 +43,10 @@ impl Gateway for GatewayService {
                 )
             })?
             .to_owned();
+        let hop = Hop::of(&request)?;
         let created = self
             .api
-            .create_order(&client, &key, request.into_inner())
+            .create_order(&hop, &client, &key, request.into_inner())
             .await?;
         let mut response = Response::new(created.order);
         if created.replayed {
@@ -60,9 +62,10 @@ impl Gateway for GatewayService {
         request: Request<GetOrderRequest>,
     ) -> Result<Response<Order>, Status> {
         let client = self.api.authenticate(text(&request, "authorization"))?;
+        let hop = Hop::of(&request)?;
         let read = self
             .api
-            .get_order(&client, request.into_inner().order_id)
+            .get_order(&hop, &client, request.into_inner().order_id)
             .await?;
         let mut response = Response::new(read.order);
         if let Some(since) = read.stale_since {

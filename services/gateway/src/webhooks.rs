@@ -5,6 +5,9 @@
 //! calls; the other writes (disable, enable, delete, redeliver, ping) carry no key, so they are
 //! tried once: a retry after a lost answer would queue a redelivery, or a ping, twice.
 
+use std::sync::Arc;
+
+use deadline::Hop;
 use proto::orders::v1::{
     CreateEndpointRequest, Endpoint, EndpointRef, EndpointWithSecret, ListDeliveriesRequest,
     ListDeliveriesResponse, ListEndpointsRequest, ListEndpointsResponse, ListEventTypesRequest,
@@ -68,68 +71,79 @@ impl WebhooksApi {
 
     pub(crate) async fn create_endpoint(
         &self,
+        hop: &Arc<Hop>,
         client: &ClientId,
         key: &str,
         request: CreateEndpointRequest,
     ) -> Result<Keyed, GatewayError> {
         proto::validate::create_endpoint(&request)?;
         Ok(keyed(
-            call(&self.create, request, keyed_metadata(client, key)?).await?,
+            call(&self.create, hop, request, keyed_metadata(client, key)?).await?,
         ))
     }
 
     pub(crate) async fn rotate_secret(
         &self,
+        hop: &Arc<Hop>,
         client: &ClientId,
         key: &str,
         request: RotateSecretRequest,
     ) -> Result<Keyed, GatewayError> {
         proto::validate::id("endpoint_id", &request.endpoint_id)?;
         Ok(keyed(
-            call(&self.rotate, request, keyed_metadata(client, key)?).await?,
+            call(&self.rotate, hop, request, keyed_metadata(client, key)?).await?,
         ))
     }
 
     pub(crate) async fn endpoints(
         &self,
+        hop: &Arc<Hop>,
         client: &ClientId,
     ) -> Result<ListEndpointsResponse, GatewayError> {
-        Ok(call(&self.list, ListEndpointsRequest {}, metadata(client)?)
-            .await?
-            .into_inner())
-    }
-
-    pub(crate) async fn endpoint(
-        &self,
-        client: &ClientId,
-        endpoint_id: String,
-    ) -> Result<Endpoint, GatewayError> {
-        proto::validate::id("endpoint_id", &endpoint_id)?;
         Ok(
-            call(&self.get, EndpointRef { endpoint_id }, metadata(client)?)
+            call(&self.list, hop, ListEndpointsRequest {}, metadata(client)?)
                 .await?
                 .into_inner(),
         )
     }
 
+    pub(crate) async fn endpoint(
+        &self,
+        hop: &Arc<Hop>,
+        client: &ClientId,
+        endpoint_id: String,
+    ) -> Result<Endpoint, GatewayError> {
+        proto::validate::id("endpoint_id", &endpoint_id)?;
+        Ok(call(
+            &self.get,
+            hop,
+            EndpointRef { endpoint_id },
+            metadata(client)?,
+        )
+        .await?
+        .into_inner())
+    }
+
     pub(crate) async fn deliveries(
         &self,
+        hop: &Arc<Hop>,
         client: &ClientId,
         request: ListDeliveriesRequest,
     ) -> Result<ListDeliveriesResponse, GatewayError> {
         proto::validate::list_deliveries(&request)?;
-        Ok(call(&self.deliveries, request, metadata(client)?)
+        Ok(call(&self.deliveries, hop, request, metadata(client)?)
             .await?
             .into_inner())
     }
 
     pub(crate) async fn update_endpoint(
         &self,
+        hop: &Arc<Hop>,
         client: &ClientId,
         request: UpdateEndpointRequest,
     ) -> Result<Endpoint, GatewayError> {
         proto::validate::update_endpoint(&request)?;
-        Ok(call(&self.update, request, metadata(client)?)
+        Ok(call(&self.update, hop, request, metadata(client)?)
             .await?
             .into_inner())
     }
@@ -137,11 +151,12 @@ impl WebhooksApi {
     /// Tried once, like a redelivery: a repeat would send a second ping.
     pub(crate) async fn ping(
         &self,
+        hop: &Arc<Hop>,
         client: &ClientId,
         endpoint_id: String,
     ) -> Result<PingResponse, GatewayError> {
         proto::validate::id("endpoint_id", &endpoint_id)?;
-        let request = once(client, EndpointRef { endpoint_id })?;
+        let request = once(hop, client, EndpointRef { endpoint_id })?;
         self.webhooks
             .clone()
             .ping_endpoint(request)
@@ -152,10 +167,12 @@ impl WebhooksApi {
 
     pub(crate) async fn event_types(
         &self,
+        hop: &Arc<Hop>,
         client: &ClientId,
     ) -> Result<ListEventTypesResponse, GatewayError> {
         Ok(call(
             &self.event_types,
+            hop,
             ListEventTypesRequest {},
             metadata(client)?,
         )
@@ -165,12 +182,13 @@ impl WebhooksApi {
 
     pub(crate) async fn set_enabled(
         &self,
+        hop: &Arc<Hop>,
         client: &ClientId,
         endpoint_id: String,
         enabled: bool,
     ) -> Result<Endpoint, GatewayError> {
         proto::validate::id("endpoint_id", &endpoint_id)?;
-        let request = once(client, EndpointRef { endpoint_id })?;
+        let request = once(hop, client, EndpointRef { endpoint_id })?;
         let mut webhooks = self.webhooks.clone();
         let answer = if enabled {
             webhooks.enable_endpoint(request).await
@@ -183,11 +201,12 @@ impl WebhooksApi {
     /// Tried once, like disabling: a repeat after a lost answer finds nothing and says so.
     pub(crate) async fn delete_endpoint(
         &self,
+        hop: &Arc<Hop>,
         client: &ClientId,
         endpoint_id: String,
     ) -> Result<(), GatewayError> {
         proto::validate::id("endpoint_id", &endpoint_id)?;
-        let request = once(client, EndpointRef { endpoint_id })?;
+        let request = once(hop, client, EndpointRef { endpoint_id })?;
         self.webhooks
             .clone()
             .delete_endpoint(request)
@@ -198,11 +217,12 @@ impl WebhooksApi {
 
     pub(crate) async fn redeliver(
         &self,
+        hop: &Arc<Hop>,
         client: &ClientId,
         request: RedeliverRequest,
     ) -> Result<RedeliverResponse, GatewayError> {
         proto::validate::redeliver(&request)?;
-        let request = once(client, request)?;
+        let request = once(hop, client, request)?;
         self.webhooks
             .clone()
             .redeliver(request)
@@ -213,11 +233,12 @@ impl WebhooksApi {
 
     pub(crate) async fn redeliver_range(
         &self,
+        hop: &Arc<Hop>,
         client: &ClientId,
         request: RedeliverRangeRequest,
     ) -> Result<RedeliverResponse, GatewayError> {
         proto::validate::redeliver_range(&request)?;
-        let request = once(client, request)?;
+        let request = once(hop, client, request)?;
         self.webhooks
             .clone()
             .redeliver_range(request)
@@ -229,12 +250,13 @@ impl WebhooksApi {
 
 async fn call<M, R>(
     operation: &Operation<M, R>,
+    hop: &Arc<Hop>,
     message: M,
     metadata: MetadataMap,
 ) -> Result<Response<R>, GatewayError> {
     operation
         .clone()
-        .oneshot(Call::new(message, metadata))
+        .oneshot(Call::new(message, metadata, hop.clone()))
         .await
         .map_err(upstream)
 }
@@ -250,9 +272,9 @@ fn keyed(response: Response<EndpointWithSecret>) -> Keyed {
     }
 }
 
-/// A request tried once, under the client's id.
-fn once<M>(client: &ClientId, message: M) -> Result<Request<M>, GatewayError> {
-    let mut request = Request::new(message);
+/// A request tried once, under the hop's deadline and the client's id.
+fn once<M>(hop: &Arc<Hop>, client: &ClientId, message: M) -> Result<Request<M>, GatewayError> {
+    let mut request = hop.request(message);
     *request.metadata_mut() = metadata(client)?;
     Ok(request)
 }

@@ -279,7 +279,7 @@ impl Completer {
         .await
     }
 
-    /// Resumes one create under a deadline of its own, as the current hop, so that payment gets
+    /// Resumes one create under a deadline of its own, in a hop of its own, so that payment gets
     /// its slice of it and the trace shows it like a client's request.
     async fn resume(&self, stranded: StrandedKey) -> Resumed {
         let budget = Duration::from_millis(self.settings.deadline_ms);
@@ -296,7 +296,7 @@ impl Completer {
             outcome = tracing::field::Empty,
         );
         let mut attempted = false;
-        let work = Hop::scope(hop, self.settle(&stranded, budget, &mut attempted));
+        let work = self.settle(&hop, &stranded, budget, &mut attempted);
         let outcome = match tokio::time::timeout(budget, work)
             .instrument(span.clone())
             .await
@@ -333,6 +333,7 @@ impl Completer {
     /// the key) and settles it through payment.
     async fn settle(
         &self,
+        hop: &Arc<Hop>,
         stranded: &StrandedKey,
         lease: Duration,
         attempted: &mut bool,
@@ -353,7 +354,7 @@ impl Completer {
         })?;
         let order = service.orders.load(&order_id).await?;
         let order = service
-            .pay(&stranded.scope, &stranded.key, &mut lease, order)
+            .pay(hop, &stranded.scope, &stranded.key, &mut lease, order)
             .await?;
         Ok(if order.status() == OrderStatus::Paid {
             Resumed::Paid

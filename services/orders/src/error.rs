@@ -40,6 +40,8 @@ pub enum OrdersError {
     Corrupt(String, String),
     #[error(transparent)]
     Webhooks(#[from] OutboxError),
+    #[error(transparent)]
+    NoHop(#[from] deadline::NoHop),
 }
 
 impl OrdersError {
@@ -103,6 +105,7 @@ impl From<OrdersError> for Status {
                 tracing::error!(%message, "storage failure");
                 Status::internal(format!("{}: order storage failed", crate::HOP))
             }
+            OrdersError::NoHop(no_hop) => no_hop.into(),
         }
     }
 }

@@ -11,11 +11,7 @@ mod webhooks;
 pub use completer::CompleterSettings;
 pub use settings::{Settings, WebhookSettings};
 
-use std::{
-    net::SocketAddr,
-    sync::Arc,
-    time::{Duration, SystemTime},
-};
+use std::{net::SocketAddr, sync::Arc, time::SystemTime};
 
 use deadline::Hop;
 use error::OrdersError;
@@ -91,17 +87,14 @@ impl Application {
             .await
             .map_err(|error| ServerError::Settings(format!("webhooks.secret_keys: {error}")))?;
         let keys = KeyStore::new(database.clone(), settings.idempotency);
-        let default_lease = Duration::from_millis(settings.deadline.max_ms);
         let service = OrderService {
             keys: keys.clone(),
             orders: store::Orders::new(database),
             payment: PaymentServiceClient::new(payment.client),
             payment_circuit: Arc::default(),
-            default_lease,
         };
-        let webhooks =
-            webhooks::WebhookService::new(keys.clone(), &settings.webhooks, default_lease)
-                .map_err(ServerError::Settings)?;
+        let webhooks = webhooks::WebhookService::new(keys.clone(), &settings.webhooks)
+            .map_err(ServerError::Settings)?;
         let services = rpc::Services::new(OrdersServer::new(service.clone()))
             .add_service(WebhooksServer::new(webhooks));
         let grpc = GrpcServer::bind_all(
@@ -161,8 +154,6 @@ struct OrderService {
     payment: PaymentServiceClient<Client>,
     /// Whether payment said its circuit below is open, and for how long.
     payment_circuit: Arc<OpenCircuit>,
-    /// Lease of a key when the request carries no deadline.
-    default_lease: Duration,
 }
 
 fn required<'a>(metadata: &'a MetadataMap, name: &'static str) -> Result<&'a str, OrdersError> {
@@ -182,6 +173,7 @@ struct Answer {
 impl OrderService {
     async fn create(
         &self,
+        hop: &Arc<Hop>,
         client_id: &str,
         key: &str,
         request: CreateOrderRequest,
@@ -192,7 +184,7 @@ impl OrderService {
             .map_err(|error| OrdersError::InvalidRequest(error.to_string()))?;
         let fingerprint = idempotency::fingerprint(&request.encode_to_vec());
         // The key is ours until our deadline: after it nobody works on it and a retry may take over.
-        let lease = Hop::current().map_or(self.default_lease, |hop| hop.deadline().remaining());
+        let lease = hop.deadline().remaining();
         // While payment refuses every charge, a create would write an order only to give up on
         // it: refused before writing, unless the key says more (a stored answer replays, an order
         // left pending is named).
@@ -253,7 +245,7 @@ impl OrderService {
             },
         };
         let order_id = order.order_id.clone();
-        let paid = match self.charge(client_id, key, &order).await {
+        let paid = match self.charge(hop, client_id, key, &order).await {
             Ok(payment) => self.record(client_id, &mut lease, order, payment).await,
             // Refused below before the bank was called, for an order no earlier attempt can have
             // asked payment about (this one made it): nothing can have been charged for it. The
@@ -285,12 +277,13 @@ impl OrderService {
     /// client's retry would have.
     async fn pay(
         &self,
+        hop: &Arc<Hop>,
         client_id: &str,
         key: &str,
         lease: &mut Lease,
         order: Order,
     ) -> Result<Order, OrdersError> {
-        match self.charge(client_id, key, &order).await {
+        match self.charge(hop, client_id, key, &order).await {
             Ok(payment) => self.record(client_id, lease, order, payment).await,
             Err(status) => self.give_up(lease, status).await,
         }
@@ -305,8 +298,14 @@ impl OrderService {
 
     /// Phase 2 of a create: one payment call, whose key is derived from the client's and the
     /// order, so a resumed create reaches the bank with the same key.
-    async fn charge(&self, client_id: &str, key: &str, order: &Order) -> Result<Payment, Status> {
-        let mut pay = Request::new(PayRequest {
+    async fn charge(
+        &self,
+        hop: &Arc<Hop>,
+        client_id: &str,
+        key: &str,
+        order: &Order,
+    ) -> Result<Payment, Status> {
+        let mut pay = hop.request(PayRequest {
             order_id: order.order_id.clone(),
             customer_id: order.customer_id.clone(),
             amount_minor: order.amount_minor,
@@ -382,7 +381,10 @@ impl Orders for OrderService {
     ) -> Result<Response<Order>, Status> {
         let client_id = required(request.metadata(), CLIENT_ID)?.to_owned();
         let key = required(request.metadata(), IDEMPOTENCY_KEY)?.to_owned();
-        let answer = self.create(&client_id, &key, request.into_inner()).await?;
+        let hop = Hop::of(&request)?;
+        let answer = self
+            .create(&hop, &client_id, &key, request.into_inner())
+            .await?;
         let mut response = Response::new(answer.order);
         if answer.replayed {
             response

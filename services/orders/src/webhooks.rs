@@ -51,16 +51,10 @@ pub(crate) struct WebhookService {
     rotation_overlap_ms: u64,
     default_limits: EndpointLimits,
     redelivery_limits: RedeliveryLimits,
-    /// Lease of a key when the request carries no deadline.
-    default_lease: Duration,
 }
 
 impl WebhookService {
-    pub(crate) fn new(
-        keys: KeyStore,
-        settings: &WebhookSettings,
-        default_lease: Duration,
-    ) -> Result<Self, String> {
+    pub(crate) fn new(keys: KeyStore, settings: &WebhookSettings) -> Result<Self, String> {
         let policy = policy(&settings.test_hosts)?;
         let default_limits = EndpointLimits {
             max_in_flight: settings.default_max_in_flight,
@@ -92,7 +86,6 @@ impl WebhookService {
             rotation_overlap_ms: settings.rotation_overlap_ms,
             default_limits,
             redelivery_limits,
-            default_lease,
         })
     }
 
@@ -117,7 +110,7 @@ impl WebhookService {
         let fingerprint = idempotency::fingerprint(
             &[method.as_bytes(), b"\n", &request.get_ref().encode_to_vec()].concat(),
         );
-        let lease = Hop::current().map_or(self.default_lease, |hop| hop.deadline().remaining());
+        let lease = Hop::of(request)?.deadline().remaining();
         let mut lease = match self.keys.begin(client_id, key, &fingerprint, lease).await? {
             Begin::Replay(stored) => {
                 let mut answer = EndpointWithSecret::decode(stored.body.as_slice())?;

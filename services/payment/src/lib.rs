@@ -8,6 +8,7 @@ pub use settings::Settings;
 
 use std::{
     net::SocketAddr,
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
@@ -77,7 +78,6 @@ impl Application {
         let service = Payments {
             keys: keys.clone(),
             bank: BankClient::new(bank.client),
-            default_lease: Duration::from_millis(settings.deadline.max_ms),
         };
         let grpc = GrpcServer::bind(
             HOP,
@@ -125,20 +125,23 @@ impl Application {
 struct Payments {
     keys: KeyStore,
     bank: BankClient<Client>,
-    /// Lease of a key when the request carries no deadline.
-    default_lease: Duration,
 }
 
 impl Payments {
     /// The payment, and whether it was replayed from the key's stored answer.
-    async fn pay(&self, key: &str, request: PayRequest) -> Result<(Payment, bool), PaymentError> {
+    async fn pay(
+        &self,
+        hop: &Arc<Hop>,
+        key: &str,
+        request: PayRequest,
+    ) -> Result<(Payment, bool), PaymentError> {
         if request.order_id.is_empty() {
             return Err(PaymentError::InvalidRequest(
                 "order_id: must not be empty".into(),
             ));
         }
         let fingerprint = idempotency::fingerprint(&request.encode_to_vec());
-        let lease = Hop::current().map_or(self.default_lease, |hop| hop.deadline().remaining());
+        let lease = hop.deadline().remaining();
         let mut lease = match self.keys.begin(KEY_SCOPE, key, &fingerprint, lease).await? {
             Begin::Replay(stored) => return Ok((Payment::decode(stored.body.as_slice())?, true)),
             Begin::Execute(lease) => lease,
@@ -158,7 +161,7 @@ impl Payments {
             return Ok((recorded, true));
         }
 
-        let mut charge = Request::new(ChargeRequest {
+        let mut charge = hop.request(ChargeRequest {
             reference: request.order_id.clone(),
             amount_minor: request.amount_minor,
             currency: request.currency.clone(),
@@ -268,7 +271,8 @@ impl PaymentService for Payments {
             .to_owned();
         proto::validate::idempotency_key(&key)
             .map_err(|error| PaymentError::BadKey(error.reason))?;
-        let (payment, replayed) = Payments::pay(self, &key, request.into_inner()).await?;
+        let hop = Hop::of(&request)?;
+        let (payment, replayed) = Payments::pay(self, &hop, &key, request.into_inner()).await?;
         let mut response = Response::new(payment);
         if replayed {
             response

@@ -1,8 +1,8 @@
 //! The request-scoped record of one hop: its deadline and what it did with it.
 //!
-//! The server layer creates a [`Hop`] per request and runs the handler inside a task-local scope,
-//! so the client layer of any outgoing call made by that handler finds the deadline without the
-//! handler passing it along, and records what it forwarded.
+//! The server layer creates a [`Hop`] per request and hands it to the handler with the request
+//! ([`Hop::of`]). The handler passes it on with each call it makes ([`Hop::request`]), where the
+//! client layer finds the deadline to forward and records what it forwarded.
 
 use std::collections::VecDeque;
 use std::sync::{
@@ -15,7 +15,7 @@ use telemetry::{
     attr,
     metrics::{self, Counter, Histogram, KeyValue},
 };
-use tokio::{task::futures::TaskLocalFuture, time::Instant};
+use tokio::time::Instant;
 
 use crate::{
     Deadline, Forward,
@@ -25,8 +25,16 @@ use crate::{
 /// How many answers a hop keeps with their ledgers, for its live view.
 const RECENT_ANSWERS: usize = 20;
 
-tokio::task_local! {
-    static CURRENT: Arc<Hop>;
+/// A request that came through no deadline layer, so has no hop: a service put together
+/// without it, never a caller's doing.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the request was served outside the deadline layer: it has no deadline")]
+pub struct NoHop;
+
+impl From<NoHop> for tonic::Status {
+    fn from(error: NoHop) -> Self {
+        tonic::Status::internal(error.to_string())
+    }
 }
 
 /// One request's view of the deadline at this hop.
@@ -69,19 +77,23 @@ impl Hop {
         self.previous_attempts
     }
 
-    /// The hop of the request the current task is serving, if any.
-    pub fn current() -> Option<Arc<Hop>> {
-        CURRENT.try_with(Arc::clone).ok()
+    /// The hop `request` is served under: the server layer attaches it to every request it
+    /// passes on.
+    pub fn of<T>(request: &tonic::Request<T>) -> Result<Arc<Hop>, NoHop> {
+        request.extensions().get::<Arc<Hop>>().cloned().ok_or(NoHop)
     }
 
-    /// Runs `call` (a service's synchronous `call`) with `hop` as the current hop.
-    pub fn sync_scope<R>(hop: Arc<Hop>, call: impl FnOnce() -> R) -> R {
-        CURRENT.sync_scope(hop, call)
+    /// `message` as a call to a dependency under this hop's deadline: the client layer forwards
+    /// what is left of it. A call made without a hop is refused (see [`crate::client`]).
+    pub fn request<T>(self: &Arc<Self>, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        self.attach(request.extensions_mut());
+        request
     }
 
-    /// Runs `future` with `hop` as the current hop.
-    pub fn scope<F: Future>(hop: Arc<Hop>, future: F) -> TaskLocalFuture<Arc<Hop>, F> {
-        CURRENT.scope(hop, future)
+    /// Puts this hop's deadline on a call being built: what [`Hop::request`] does.
+    pub fn attach(self: &Arc<Self>, extensions: &mut tonic::Extensions) {
+        extensions.insert(self.clone());
     }
 
     pub fn stats(&self) -> &HopStats {

@@ -11,7 +11,7 @@ mod slice;
 
 pub use budget::{Forward, ForwardPolicy, InboundPolicy, TooLittleBudget};
 pub use estimate::{EstimateSettings, EstimateSnapshot, LatencyEstimate, SlowerThanSlice};
-pub use hop::{Hop, HopStats, HopStatsSnapshot, RecentAnswer};
+pub use hop::{Hop, HopStats, HopStatsSnapshot, NoHop, RecentAnswer};
 pub use slice::Slice;
 
 use std::time::Duration;

@@ -64,6 +64,12 @@ async fn expect_answer_after<F: Future>(mut call: Pin<Box<F>>, after: Duration) 
     }
 }
 
+/// `request` as a call made under `hop`, as `Hop::request` makes it.
+fn under(hop: &Arc<Hop>, mut request: Request<String>) -> Request<String> {
+    request.extensions_mut().insert(hop.clone());
+    request
+}
+
 fn grpc_request(timeout: Option<&str>) -> Request<String> {
     let mut request = Request::new("request".to_owned());
     if let Some(timeout) = timeout {
@@ -166,10 +172,14 @@ async fn server_answers_deadline_exceeded_exactly_when_grpc_timeout_runs_out() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn server_runs_the_handler_as_the_current_hop_and_returns_its_ledger() {
+async fn server_hands_the_handler_its_hop_and_returns_its_ledger() {
     let stats = HopStats::new();
     let handler = service_fn(|request: Request<String>| async move {
-        let hop = Hop::current().expect("the handler runs inside the hop's scope");
+        let hop = request
+            .extensions()
+            .get::<Arc<Hop>>()
+            .cloned()
+            .expect("the handler gets its hop with the request");
         assert_eq!(hop.name(), "orders");
         assert_eq!(hop.deadline().budget(), ms(500));
         let deadline = request
@@ -323,12 +333,10 @@ async fn server_counts_a_response_dropped_before_it_answers_as_abandoned() {
 #[tokio::test(start_paused = true)]
 async fn client_forwards_remaining_budget_less_reserve_as_grpc_timeout() {
     let hop = orders_hop(ms(2_000));
-    let response = Hop::scope(
-        hop,
-        to_payment(service_fn(mirror)).oneshot(grpc_request(None)),
-    )
-    .await
-    .unwrap();
+    let response = to_payment(service_fn(mirror))
+        .oneshot(under(&hop, grpc_request(None)))
+        .await
+        .unwrap();
 
     let sent = response
         .headers()
@@ -347,7 +355,8 @@ async fn client_fails_fast_below_the_minimum_without_calling() {
     let service = to_payment(counting_handler(&calls));
 
     // 60 ms left, 12 ms reserved: 48 ms is below payment's 50 ms minimum.
-    let response = Hop::scope(hop.clone(), service.oneshot(grpc_request(None)))
+    let response = service
+        .oneshot(under(&hop, grpc_request(None)))
         .await
         .unwrap();
 
@@ -391,10 +400,9 @@ async fn client_fails_fast_below_what_the_dependency_has_been_taking() {
 
     // A window of answers that took 400 ms each, made with ample budget.
     let warm_up = (0..10).map(|_| {
-        Hop::scope(
-            orders_hop(ms(2_000)),
-            service.clone().oneshot(grpc_request(None)),
-        )
+        service
+            .clone()
+            .oneshot(under(&orders_hop(ms(2_000)), grpc_request(None)))
     });
     for answer in futures::future::join_all(warm_up).await {
         assert_eq!(answer.unwrap().body(), "ok");
@@ -404,7 +412,9 @@ async fn client_fails_fast_below_what_the_dependency_has_been_taking() {
     // 300 ms left, 60 ms kept: 240 ms is below the 400 ms payment has been taking. The first such
     // call is the window's probe; the next is not made.
     let hop = orders_hop(ms(300));
-    let probe = Hop::scope(hop.clone(), service.clone().oneshot(grpc_request(None)))
+    let probe = service
+        .clone()
+        .oneshot(under(&hop, grpc_request(None)))
         .await
         .unwrap();
     assert_eq!(
@@ -415,7 +425,9 @@ async fn client_fails_fast_below_what_the_dependency_has_been_taking() {
     assert_eq!(calls.load(Ordering::SeqCst), 11);
 
     let hop = orders_hop(ms(300));
-    let refused = Hop::scope(hop.clone(), service.clone().oneshot(grpc_request(None)))
+    let refused = service
+        .clone()
+        .oneshot(under(&hop, grpc_request(None)))
         .await
         .unwrap();
     let status = status_of(&refused);
@@ -440,12 +452,11 @@ async fn client_fails_fast_below_what_the_dependency_has_been_taking() {
     assert_eq!(hop.stats().snapshot().failed_fast, 1);
 
     // A call with more than the estimate is made.
-    let ample = Hop::scope(
-        orders_hop(ms(1_000)),
-        service.clone().oneshot(grpc_request(None)),
-    )
-    .await
-    .unwrap();
+    let ample = service
+        .clone()
+        .oneshot(under(&orders_hop(ms(1_000)), grpc_request(None)))
+        .await
+        .unwrap();
     assert_eq!(ample.body(), "ok");
     let snapshot = estimate.snapshot(Instant::now());
     assert_eq!(
@@ -460,10 +471,11 @@ async fn client_stops_waiting_exactly_when_the_forwarded_budget_runs_out() {
     let never_answers = service_fn(|_: Request<String>| {
         std::future::pending::<Result<Response<String>, Infallible>>()
     });
-    Hop::scope(hop, async {
+    {
+        let hop = hop;
         // Time spent at orders before the call shrinks what is forwarded: 1.9 s left, 1.7 s sent.
         advance(ms(100)).await;
-        let call = Box::pin(to_payment(never_answers).oneshot(grpc_request(None)));
+        let call = Box::pin(to_payment(never_answers).oneshot(under(&hop, grpc_request(None))));
         let response = expect_answer_after(call, ms(1_700)).await.unwrap();
 
         let status = status_of(&response);
@@ -474,8 +486,7 @@ async fn client_stops_waiting_exactly_when_the_forwarded_budget_runs_out() {
                 .contains("payment did not answer within the 1700 ms"),
             "{status:?}"
         );
-    })
-    .await;
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -486,14 +497,15 @@ async fn client_names_the_slice_on_every_deadline_exceeded_and_whether_it_was_ca
         })
     };
     let slice_of = |response: &Response<String>| Slice::from_headers(response.headers());
-    Hop::scope(orders_hop(ms(2_000)), async {
+    {
+        let hop = orders_hop(ms(2_000));
         // All that was left after the reserve: a retry could not have it again.
-        let call = Box::pin(to_payment(never_answers()).oneshot(grpc_request(None)));
+        let call = Box::pin(to_payment(never_answers()).oneshot(under(&hop, grpc_request(None))));
         let response = expect_answer_after(call, ms(1_800)).await.unwrap();
         assert_eq!(slice_of(&response), Some(Slice::new(ms(1_800), false)));
-    })
-    .await;
-    Hop::scope(orders_hop(ms(2_000)), async {
+    }
+    {
+        let hop = orders_hop(ms(2_000));
         // Capped at 500 ms of the 1.8 s left.
         let capped = ForwardDeadlineLayer::new(
             "payment",
@@ -503,43 +515,39 @@ async fn client_names_the_slice_on_every_deadline_exceeded_and_whether_it_was_ca
             },
         )
         .layer(never_answers());
-        let response = expect_answer_after(Box::pin(capped.oneshot(grpc_request(None))), ms(500))
-            .await
-            .unwrap();
+        let response = expect_answer_after(
+            Box::pin(capped.oneshot(under(&hop, grpc_request(None)))),
+            ms(500),
+        )
+        .await
+        .unwrap();
         assert_eq!(slice_of(&response), Some(Slice::new(ms(500), true)));
-    })
-    .await;
+    }
     // The dependency's own DEADLINE_EXCEEDED is named too; other answers are not.
     let expired = service_fn(|_: Request<String>| async {
         Ok::<_, Infallible>(
             Status::deadline_exceeded("bank-mock: out of time").into_http::<String>(),
         )
     });
-    let response = Hop::scope(
-        orders_hop(ms(2_000)),
-        to_payment(expired).oneshot(grpc_request(None)),
-    )
-    .await
-    .unwrap();
+    let response = to_payment(expired)
+        .oneshot(under(&orders_hop(ms(2_000)), grpc_request(None)))
+        .await
+        .unwrap();
     assert_eq!(slice_of(&response), Some(Slice::new(ms(1_800), false)));
-    let response = Hop::scope(
-        orders_hop(ms(2_000)),
-        to_payment(service_fn(mirror)).oneshot(grpc_request(None)),
-    )
-    .await
-    .unwrap();
+    let response = to_payment(service_fn(mirror))
+        .oneshot(under(&orders_hop(ms(2_000)), grpc_request(None)))
+        .await
+        .unwrap();
     assert_eq!(slice_of(&response), None);
 }
 
 #[tokio::test(start_paused = true)]
 async fn client_keeps_a_shorter_timeout_the_caller_set() {
     let hop = orders_hop(ms(2_000));
-    let response = Hop::scope(
-        hop.clone(),
-        to_payment(service_fn(mirror)).oneshot(grpc_request(Some("300m"))),
-    )
-    .await
-    .unwrap();
+    let response = to_payment(service_fn(mirror))
+        .oneshot(under(&hop.clone(), grpc_request(Some("300m"))))
+        .await
+        .unwrap();
     assert_eq!(
         response.headers()[wire::GRPC_TIMEOUT].to_str().unwrap(),
         grpc_timeout::format(ms(300))
@@ -551,12 +559,10 @@ async fn client_keeps_a_shorter_timeout_the_caller_set() {
     );
 
     // A longer one gives way to the hop's slice.
-    let response = Hop::scope(
-        orders_hop(ms(2_000)),
-        to_payment(service_fn(mirror)).oneshot(grpc_request(Some("5S"))),
-    )
-    .await
-    .unwrap();
+    let response = to_payment(service_fn(mirror))
+        .oneshot(under(&orders_hop(ms(2_000)), grpc_request(Some("5S"))))
+        .await
+        .unwrap();
     assert_eq!(
         response.headers()[wire::GRPC_TIMEOUT].to_str().unwrap(),
         grpc_timeout::format(ms(1_800))
@@ -565,16 +571,17 @@ async fn client_keeps_a_shorter_timeout_the_caller_set() {
     let never_answers = service_fn(|_: Request<String>| {
         std::future::pending::<Result<Response<String>, Infallible>>()
     });
-    Hop::scope(orders_hop(ms(2_000)), async {
-        let call = Box::pin(to_payment(never_answers).oneshot(grpc_request(Some("300m"))));
+    {
+        let hop = orders_hop(ms(2_000));
+        let call =
+            Box::pin(to_payment(never_answers).oneshot(under(&hop, grpc_request(Some("300m")))));
         let response = expect_answer_after(call, ms(300)).await.unwrap();
         assert_eq!(
             Slice::from_headers(response.headers()),
             Some(Slice::new(ms(300), true)),
             "a retry could have 300 ms again"
         );
-    })
-    .await;
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -583,11 +590,9 @@ async fn client_turns_tonic_timeout_expired_into_deadline_exceeded() {
         Err::<Response<String>, BoxError>(Box::new(tonic::TimeoutExpired(())))
     });
 
-    let response = Hop::scope(
-        orders_hop(ms(2_000)),
-        to_payment(timing_out).oneshot(grpc_request(None)),
-    )
-    .await;
+    let response = to_payment(timing_out)
+        .oneshot(under(&orders_hop(ms(2_000)), grpc_request(None)))
+        .await;
 
     assert_eq!(status_of(&response.unwrap()).code(), Code::DeadlineExceeded);
 }
@@ -598,12 +603,10 @@ async fn client_passes_other_transport_errors_through() {
         Err::<Response<String>, BoxError>(Box::new(std::io::Error::other("connection reset")))
     });
 
-    let error = Hop::scope(
-        orders_hop(ms(2_000)),
-        to_payment(failing).oneshot(grpc_request(None)),
-    )
-    .await
-    .unwrap_err();
+    let error = to_payment(failing)
+        .oneshot(under(&orders_hop(ms(2_000)), grpc_request(None)))
+        .await
+        .unwrap_err();
 
     assert_eq!(error.to_string(), "connection reset");
 }
@@ -616,8 +619,9 @@ async fn client_relabels_cancelled_arriving_at_the_deadline_as_deadline_exceeded
         Ok::<_, Infallible>(Status::cancelled("timeout expired").into_http::<String>())
     });
 
-    Hop::scope(orders_hop(ms(2_000)), async {
-        let call = Box::pin(to_payment(cancelled_late).oneshot(grpc_request(None)));
+    {
+        let hop = orders_hop(ms(2_000));
+        let call = Box::pin(to_payment(cancelled_late).oneshot(under(&hop, grpc_request(None))));
         let response = expect_answer_after(call, ms(1_800)).await.unwrap();
 
         // The peer's own answer, relabelled, not the layer's "did not answer" one.
@@ -626,8 +630,7 @@ async fn client_relabels_cancelled_arriving_at_the_deadline_as_deadline_exceeded
             (status.code(), status.message()),
             (Code::DeadlineExceeded, "timeout expired")
         );
-    })
-    .await;
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -636,12 +639,10 @@ async fn client_leaves_cancelled_within_the_budget_alone() {
         Ok::<_, Infallible>(Status::cancelled("client went away").into_http::<String>())
     });
 
-    let response = Hop::scope(
-        orders_hop(ms(2_000)),
-        to_payment(cancelled).oneshot(grpc_request(None)),
-    )
-    .await
-    .unwrap();
+    let response = to_payment(cancelled)
+        .oneshot(under(&orders_hop(ms(2_000)), grpc_request(None)))
+        .await
+        .unwrap();
 
     assert_eq!(status_of(&response).code(), Code::Cancelled);
 }
@@ -653,17 +654,17 @@ async fn client_appends_the_downstream_ledger_after_its_own_entry() {
     let payment = DeadlineLayer::new("payment", Grpc::default(), HopStats::new())
         .layer(service_fn(|_: Request<String>| async { ok_response() }));
 
-    Hop::scope(hop.clone(), async {
+    {
+        let hop = hop.clone();
         advance(ms(100)).await;
         let response = to_payment(payment)
-            .oneshot(grpc_request(None))
+            .oneshot(under(&hop, grpc_request(None)))
             .await
             .unwrap();
         assert_eq!(response.body(), "ok");
         // orders composes its own reply after payment answered.
         advance(ms(30)).await;
-    })
-    .await;
+    }
 
     let planned = TO_PAYMENT.plan(ms(1_900)).unwrap();
     assert_eq!(
@@ -691,7 +692,7 @@ async fn client_appends_the_downstream_ledger_after_its_own_entry() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn client_outside_a_hop_sends_a_deadline_the_caller_set_untouched() {
+async fn client_sends_a_deadline_the_caller_set_on_a_call_under_no_hop_untouched() {
     let mut request = grpc_request(Some("300m"));
     request
         .headers_mut()
@@ -703,10 +704,6 @@ async fn client_outside_a_hop_sends_a_deadline_the_caller_set_untouched() {
         .await
         .unwrap();
 
-    assert!(
-        Hop::current().is_none(),
-        "this test must run outside any served request"
-    );
     assert_eq!(
         response.headers(),
         &sent_headers,
@@ -736,10 +733,10 @@ impl Logs {
     }
 }
 
-/// A handler spawns a task that calls payment without carrying its hop: the call has no deadline
-/// to forward, so it is refused (never sent with none) and a warning names the method.
+/// A call made under no hop has no deadline to forward: it is refused (never sent with none) and
+/// a warning names the method.
 #[tokio::test(start_paused = true)]
-async fn a_spawned_task_without_the_hop_is_refused_and_warned_about() {
+async fn a_call_under_no_hop_is_refused_and_warned_about() {
     let logs = Logs::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -756,8 +753,7 @@ async fn a_spawned_task_without_the_hop_is_refused_and_warned_about() {
 
     let mut request = grpc_request(None);
     *request.uri_mut() = "/payment.v1.PaymentService/Pay".parse().unwrap();
-    let handler = async move { tokio::spawn(client.oneshot(request)).await.unwrap() };
-    let response = Hop::scope(orders_hop(ms(2_000)), handler).await.unwrap();
+    let response = client.oneshot(request).await.unwrap();
 
     assert_eq!(calls.load(Ordering::SeqCst), 0, "nothing was sent");
     let status = status_of(&response);
@@ -775,17 +771,16 @@ async fn a_spawned_task_without_the_hop_is_refused_and_warned_about() {
     );
 }
 
-/// The same task, given the hop with `Hop::scope`, forwards the handler's remaining budget.
+/// A task spawned from a handler takes the hop along like any value, and its call forwards the
+/// handler's remaining budget.
 #[tokio::test(start_paused = true)]
-async fn a_spawned_task_that_carries_the_hop_forwards_its_deadline() {
+async fn a_spawned_task_that_takes_the_hop_forwards_its_deadline() {
     let client = to_payment(service_fn(mirror));
-    let handler = async move {
-        let hop = Hop::current().expect("inside the handler");
-        tokio::spawn(Hop::scope(hop, client.oneshot(grpc_request(None))))
-            .await
-            .unwrap()
-    };
-    let response = Hop::scope(orders_hop(ms(2_000)), handler).await.unwrap();
+    let hop = orders_hop(ms(2_000));
+    let response = tokio::spawn(client.oneshot(under(&hop, grpc_request(None))))
+        .await
+        .unwrap()
+        .unwrap();
 
     let sent = response
         .headers()

@@ -58,7 +58,7 @@ fn retry_budget(c: &mut Criterion) {
         .expect("a runtime");
     let _entered = runtime.enter();
     let mut group = c.benchmark_group("retry policy");
-    let call = Call::new((), MetadataMap::new());
+    let call = Call::new((), MetadataMap::new(), gateway_hop());
 
     let policy = RetryPolicy::new(&RetrySettings::default(), TO_ORDERS).expect("valid settings");
     group.bench_function("a request answered: budget deposit and success", |b| {
@@ -81,19 +81,16 @@ fn retry_budget(c: &mut Criterion) {
         TO_ORDERS,
     )
     .expect("valid settings");
-    let hop = gateway_hop();
     group.bench_function(
         "an attempt failed: budget deposit, backoff and withdrawal",
         |b| {
             b.iter(|| {
                 let mut policy = funded.clone();
                 let mut call = first_attempt(&mut policy, black_box(&call));
-                let wait = Hop::sync_scope(hop.clone(), || {
-                    policy.retry(
-                        &mut call,
-                        &mut Err::<(), _>(Status::unavailable("bank-mock: down")),
-                    )
-                });
+                let wait = policy.retry(
+                    &mut call,
+                    &mut Err::<(), _>(Status::unavailable("bank-mock: down")),
+                );
                 assert!(wait.is_some(), "the retry is allowed");
                 wait
             })

@@ -4,9 +4,9 @@
 //! attempt, `retry` with its outcome after), with the clock moved on by hand between requests.
 //! Backoffs are not waited: a retry counts when the policy allows it, which is when it withdraws.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
-use deadline::ForwardPolicy;
+use deadline::{Deadline, ForwardPolicy, Hop, HopStats};
 use resilience::retry::{
     Call, InvalidRetrySettings, RetryBudget, RetryPolicy, RetrySettings, RetryStatsSnapshot,
     RetryThrottle,
@@ -44,7 +44,13 @@ fn unavailable() -> Status {
 /// are the bank's calls.
 fn operation(policy: &RetryPolicy, mut answer: impl FnMut() -> Result<(), Status>) -> u32 {
     let mut policy = policy.clone();
-    let mut call = Call::new((), MetadataMap::new());
+    // A deadline that never stands in the way: the budget alone decides.
+    let hop = Arc::new(Hop::new(
+        "gateway",
+        Deadline::after(tokio::time::Instant::now(), Duration::from_secs(3_600)),
+        HopStats::new(),
+    ));
+    let mut call = Call::new((), MetadataMap::new(), hop);
     loop {
         // `Retry` keeps a copy of the call to send again; the call itself goes to the service.
         let mut kept =

@@ -1,7 +1,7 @@
 //! The gateway's retry policy, driven through `tower::retry::Retry` on tokio's paused clock.
 //!
 //! A scripted bank answers each attempt from a list, in order, and logs when it was called. Every
-//! operation runs inside a gateway hop, whose deadline the policy reads. The paused clock moves on
+//! operation is a call under a gateway hop, whose deadline the policy reads. The paused clock moves on
 //! by itself whenever all tasks are idle, so backoffs take no wall time and instants stay exact.
 
 use std::{
@@ -51,8 +51,14 @@ fn with_pushback(mut status: Status, millis: &str) -> Status {
     status
 }
 
-fn call() -> Call<&'static str> {
-    Call::new("pay", MetadataMap::new())
+/// A call made as the gateway makes it: under a hop whose deadline is `budget` from now.
+fn call(budget: Duration) -> Call<&'static str> {
+    let hop = Arc::new(Hop::new(
+        "gateway",
+        Deadline::after(Instant::now(), budget),
+        HopStats::new(),
+    ));
+    Call::new("pay", MetadataMap::new(), hop)
 }
 
 /// What the bank saw of one attempt.
@@ -156,16 +162,6 @@ impl<R> Policy<Call<&'static str>, R, Status> for Probe {
     }
 }
 
-/// Runs `future` as the gateway does: inside a hop whose deadline is `budget` from now.
-async fn in_hop<F: Future>(budget: Duration, future: F) -> F::Output {
-    let hop = Arc::new(Hop::new(
-        "gateway",
-        Deadline::after(Instant::now(), budget),
-        HopStats::new(),
-    ));
-    Hop::scope(hop, future).await
-}
-
 /// What one operation came to.
 struct Run {
     result: Answer,
@@ -185,7 +181,7 @@ async fn operation(policy: &RetryPolicy, bank: &Bank, budget: Duration) -> Run {
         bank.service(),
     );
     let start = Instant::now();
-    let result = in_hop(budget, retry.oneshot(call())).await;
+    let result = retry.oneshot(call(budget)).await;
     let took = start.elapsed();
     let waits = waits.lock().unwrap().clone();
     Run {
@@ -632,7 +628,7 @@ async fn retry_budget_caps_retries_at_ten_percent_of_requests() {
     let retry = Retry::new(policy.clone(), bank.service());
     for _ in 0..100 {
         // Each operation its own call, with a deadline that never stands in the way.
-        let result = in_hop(ms(10_000), retry.clone().oneshot(call())).await;
+        let result = retry.clone().oneshot(call(ms(10_000))).await;
         assert_eq!(result.unwrap_err().code(), Code::Unavailable);
     }
 
@@ -737,7 +733,10 @@ async fn backoff_never_exceeds_backoff_max() {
 fn into_request_numbers_only_retries() {
     let mut metadata = MetadataMap::new();
     metadata.insert("idempotency-key", "op-1".parse().unwrap());
-    let first = Call::new("pay", metadata);
+    let first = Call {
+        metadata,
+        ..call(ms(2_000))
+    };
     assert_eq!(first.previous_attempts, 0);
 
     let request = first.clone().into_request();
@@ -782,7 +781,7 @@ fn into_request_numbers_only_retries() {
 
 #[test]
 fn every_attempt_of_a_call_shares_the_replicas_tried() {
-    let first = Call::new("pay", MetadataMap::new());
+    let first = call(ms(2_000));
     let replica = "10.0.0.1:50053".parse().unwrap();
     first
         .clone()
@@ -804,7 +803,7 @@ fn every_attempt_of_a_call_shares_the_replicas_tried() {
             .contains(replica),
         "the retry knows where the first attempt went"
     );
-    let other = Call::new("pay", MetadataMap::new()).into_request();
+    let other = call(ms(2_000)).into_request();
     assert!(
         !other
             .extensions()

@@ -1,8 +1,11 @@
-//! Reading an HTTP request: the client its API key names, its idempotency key, its JSON body.
+//! Reading an HTTP request: its hop (the deadline), the client its API key names, its
+//! idempotency key, its JSON body.
 //!
 //! Each is an extractor, so a handler names what it needs in its arguments and axum checks them
 //! in their order there: the API key (`401`), the idempotency key (`400`), then the body (`415`,
 //! `400`), before the handler runs.
+
+use std::sync::Arc;
 
 use axum::{
     body::Bytes,
@@ -10,6 +13,7 @@ use axum::{
     http::{HeaderMap, request::Parts},
     response::{IntoResponse, Response},
 };
+use deadline::{Hop, NoHop};
 use serde::de::DeserializeOwned;
 use utoipa::IntoParams;
 
@@ -23,6 +27,19 @@ pub(super) fn required<T>(value: Option<T>, field: impl Into<String>) -> Result<
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|value| value.to_str().ok())
+}
+
+/// The request's hop, which the deadline layer attached: the handler passes it on with every
+/// call it makes, and so its deadline.
+pub(super) struct RequestHop(pub Arc<Hop>);
+
+impl<S: Sync> FromRequestParts<S> for RequestHop {
+    type Rejection = GatewayError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, GatewayError> {
+        let hop = parts.extensions.get::<Arc<Hop>>().ok_or(NoHop)?;
+        Ok(RequestHop(hop.clone()))
+    }
 }
 
 /// The client named by the request's API key.

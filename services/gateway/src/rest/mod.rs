@@ -7,7 +7,7 @@ pub(crate) mod problems;
 mod webhooks;
 
 use crate::edge::ClientId;
-use extract::{IdempotencyKey, JsonBody, required};
+use extract::{IdempotencyKey, JsonBody, RequestHop, required};
 
 use std::{
     sync::Arc,
@@ -225,12 +225,13 @@ struct Unavailable {
 )]
 async fn create_order(
     State(api): State<Api>,
+    RequestHop(hop): RequestHop,
     client: ClientId,
     IdempotencyKey(key): IdempotencyKey,
     JsonBody(order): JsonBody<NewOrder>,
 ) -> Result<Response, GatewayError> {
     let created = api
-        .create_order(&client, &key, order.into_request()?)
+        .create_order(&hop, &client, &key, order.into_request()?)
         .await?;
     let mut response = (StatusCode::CREATED, Json(OrderJson::from(created.order))).into_response();
     if created.replayed {
@@ -254,10 +255,11 @@ async fn create_order(
 )]
 async fn get_order(
     State(api): State<Api>,
+    RequestHop(hop): RequestHop,
     client: ClientId,
     Path(OrderPath { order_id }): Path<OrderPath>,
 ) -> Result<Response, GatewayError> {
-    let read = api.get_order(&client, order_id).await?;
+    let read = api.get_order(&hop, &client, order_id).await?;
     let fallback = read
         .stale_since
         .map(|since| format!("stale-copy; as-of={}", rfc3339(since)));
@@ -282,15 +284,16 @@ async fn get_order(
 )]
 async fn get_summary(
     State(api): State<Api>,
+    RequestHop(hop): RequestHop,
     client: ClientId,
     Path(OrderPath { order_id }): Path<OrderPath>,
 ) -> Result<Response, GatewayError> {
     // Without the order there is nothing to show: the honest error, with Retry-After when known.
-    let read = api.get_order(&client, order_id).await?;
+    let read = api.get_order(&hop, &client, order_id).await?;
     let (payment, rate, recommended) = tokio::join!(
-        api.payment_part(&read.order),
-        api.rate_part(&read.order.currency),
-        api.recommendations_part(&client, &read.order),
+        api.payment_part(&hop, &read.order),
+        api.rate_part(&hop, &read.order.currency),
+        api.recommendations_part(&hop, &client, &read.order),
     );
     let mut unavailable = Vec::new();
     let mut fallbacks = Vec::new();

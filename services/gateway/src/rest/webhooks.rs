@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::extract::{IdempotencyKey, JsonBody, json_body, required};
+use super::extract::{IdempotencyKey, JsonBody, RequestHop, json_body, required};
 use crate::edge::ClientId;
 use crate::{
     api::Api,
@@ -311,6 +311,7 @@ fn secret_response(status: StatusCode, keyed: Keyed) -> Response {
 )]
 async fn create_endpoint(
     State(api): State<Api>,
+    RequestHop(hop): RequestHop,
     client: ClientId,
     IdempotencyKey(key): IdempotencyKey,
     JsonBody(endpoint): JsonBody<NewEndpoint>,
@@ -318,7 +319,7 @@ async fn create_endpoint(
     let request = endpoint.into_request()?;
     let created = api
         .webhooks()
-        .create_endpoint(&client, &key, request)
+        .create_endpoint(&hop, &client, &key, request)
         .await?;
     Ok(secret_response(StatusCode::CREATED, created))
 }
@@ -327,11 +328,12 @@ async fn create_endpoint(
 #[utoipa::path(get, path = "/v1/webhooks/endpoints", tag = "webhooks", responses((status = 200, description = "Every endpoint of the client.", body = EndpointsJson)))]
 async fn list_endpoints(
     State(api): State<Api>,
+    RequestHop(hop): RequestHop,
     client: ClientId,
 ) -> Result<Response, GatewayError> {
     let endpoints = api
         .webhooks()
-        .endpoints(&client)
+        .endpoints(&hop, &client)
         .await?
         .endpoints
         .into_iter()
@@ -350,10 +352,11 @@ async fn list_endpoints(
 )]
 async fn get_endpoint(
     State(api): State<Api>,
+    RequestHop(hop): RequestHop,
     client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
 ) -> Result<Response, GatewayError> {
-    let endpoint = api.webhooks().endpoint(&client, endpoint_id).await?;
+    let endpoint = api.webhooks().endpoint(&hop, &client, endpoint_id).await?;
     Ok(Json(EndpointJson::from(endpoint)).into_response())
 }
 
@@ -367,10 +370,13 @@ async fn get_endpoint(
 )]
 async fn delete_endpoint(
     State(api): State<Api>,
+    RequestHop(hop): RequestHop,
     client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
 ) -> Result<StatusCode, GatewayError> {
-    api.webhooks().delete_endpoint(&client, endpoint_id).await?;
+    api.webhooks()
+        .delete_endpoint(&hop, &client, endpoint_id)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -389,6 +395,7 @@ async fn delete_endpoint(
 )]
 async fn rotate_secret(
     State(api): State<Api>,
+    RequestHop(hop): RequestHop,
     client: ClientId,
     IdempotencyKey(key): IdempotencyKey,
     headers: HeaderMap,
@@ -406,6 +413,7 @@ async fn rotate_secret(
     let rotated = api
         .webhooks()
         .rotate_secret(
+            &hop,
             &client,
             &key,
             RotateSecretRequest {
@@ -427,12 +435,13 @@ async fn rotate_secret(
 )]
 async fn disable_endpoint(
     State(api): State<Api>,
+    RequestHop(hop): RequestHop,
     client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
 ) -> Result<Response, GatewayError> {
     Ok(Json(EndpointJson::from(
         api.webhooks()
-            .set_enabled(&client, endpoint_id, false)
+            .set_enabled(&hop, &client, endpoint_id, false)
             .await?,
     ))
     .into_response())
@@ -448,12 +457,13 @@ async fn disable_endpoint(
 )]
 async fn enable_endpoint(
     State(api): State<Api>,
+    RequestHop(hop): RequestHop,
     client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
 ) -> Result<Response, GatewayError> {
     Ok(Json(EndpointJson::from(
         api.webhooks()
-            .set_enabled(&client, endpoint_id, true)
+            .set_enabled(&hop, &client, endpoint_id, true)
             .await?,
     ))
     .into_response())
@@ -469,6 +479,7 @@ async fn enable_endpoint(
 )]
 async fn list_deliveries(
     State(api): State<Api>,
+    RequestHop(hop): RequestHop,
     client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
     query: Result<Query<DeliveriesQuery>, QueryRejection>,
@@ -482,7 +493,7 @@ async fn list_deliveries(
         state: query.state.unwrap_or_default(),
         event_type: query.event_type.unwrap_or_default(),
     };
-    let page = api.webhooks().deliveries(&client, request).await?;
+    let page = api.webhooks().deliveries(&hop, &client, request).await?;
     let deliveries = page
         .deliveries
         .into_iter()
@@ -508,6 +519,7 @@ async fn list_deliveries(
 )]
 async fn redeliver(
     State(api): State<Api>,
+    RequestHop(hop): RequestHop,
     client: ClientId,
     Path(EventPath {
         endpoint_id,
@@ -517,6 +529,7 @@ async fn redeliver(
     let queued = api
         .webhooks()
         .redeliver(
+            &hop,
             &client,
             RedeliverRequest {
                 endpoint_id,
@@ -543,6 +556,7 @@ async fn redeliver(
 )]
 async fn redeliver_range(
     State(api): State<Api>,
+    RequestHop(hop): RequestHop,
     client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
     JsonBody(range): JsonBody<Range>,
@@ -555,7 +569,7 @@ async fn redeliver_range(
     };
     let queued = api
         .webhooks()
-        .redeliver_range(&client, request)
+        .redeliver_range(&hop, &client, request)
         .await?
         .queued;
     Ok((StatusCode::ACCEPTED, Json(QueuedJson { queued })).into_response())
@@ -637,6 +651,7 @@ impl From<EventType> for EventTypeJson {
 )]
 async fn update_endpoint(
     State(api): State<Api>,
+    RequestHop(hop): RequestHop,
     client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
     JsonBody(changes): JsonBody<EndpointChanges>,
@@ -649,7 +664,9 @@ async fn update_endpoint(
         rate_per_sec: changes.rate_per_sec,
     };
     Ok(Json(EndpointJson::from(
-        api.webhooks().update_endpoint(&client, request).await?,
+        api.webhooks()
+            .update_endpoint(&hop, &client, request)
+            .await?,
     ))
     .into_response())
 }
@@ -667,10 +684,15 @@ async fn update_endpoint(
 )]
 async fn ping_endpoint(
     State(api): State<Api>,
+    RequestHop(hop): RequestHop,
     client: ClientId,
     Path(EndpointPath { endpoint_id }): Path<EndpointPath>,
 ) -> Result<Response, GatewayError> {
-    let event_id = api.webhooks().ping(&client, endpoint_id).await?.event_id;
+    let event_id = api
+        .webhooks()
+        .ping(&hop, &client, endpoint_id)
+        .await?
+        .event_id;
     Ok((StatusCode::ACCEPTED, Json(PingJson { event_id })).into_response())
 }
 
@@ -678,11 +700,12 @@ async fn ping_endpoint(
 #[utoipa::path(get, path = "/v1/webhooks/event-types", tag = "webhooks", responses((status = 200, description = "Every event type.", body = EventTypesJson)))]
 async fn list_event_types(
     State(api): State<Api>,
+    RequestHop(hop): RequestHop,
     client: ClientId,
 ) -> Result<Response, GatewayError> {
     let event_types = api
         .webhooks()
-        .event_types(&client)
+        .event_types(&hop, &client)
         .await?
         .event_types
         .into_iter()

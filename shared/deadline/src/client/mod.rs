@@ -1,7 +1,8 @@
-//! Client side: forward the current hop's remaining budget, less its reserve, to one dependency.
+//! Client side: forward the remaining budget of the hop a call is made under, less its reserve,
+//! to one dependency.
 //!
-//! The layer sits above the channel, inside the handler's task, so it finds the current [`Hop`]
-//! itself: handlers never pass deadlines around. It
+//! The layer sits above the channel and reads the caller's [`Hop`] from the call
+//! ([`Hop::request`] puts it there). It
 //! - plans the slice with the dependency's [`ForwardPolicy`] and fails fast with DEADLINE_EXCEEDED,
 //!   without calling, when the slice is below the dependency's minimum, or below what it has
 //!   been taking ([`LatencyEstimate`], when given one); marked with
@@ -15,20 +16,9 @@
 //! - keeps the ledger the dependency returns, so this hop can pass it up;
 //! - passes on the edge operation's attempt number (`grpc-previous-rpc-attempts`).
 //!
-//! Where no hop is current, a call with a deadline of its own (a client program's
-//! `tonic::Request::set_timeout`) passes through untouched, and a call with none is refused with
-//! INTERNAL and a warning that names its method, never sent without a deadline. That is a task
-//! spawned from a handler: a task-local does not follow `tokio::spawn`, so carry the hop along:
-//!
-//! ```no_run
-//! # async fn notify() {}
-//! # fn handler() {
-//! use deadline::Hop;
-//! if let Some(hop) = Hop::current() {
-//!     tokio::spawn(Hop::scope(hop, notify()));
-//! }
-//! # }
-//! ```
+//! A call with no hop but a deadline of its own (a client program's
+//! `tonic::Request::set_timeout`) passes through untouched; a call with neither is refused with
+//! INTERNAL and a warning that names its method, never sent without a deadline.
 
 mod future;
 mod layer;
@@ -94,7 +84,7 @@ where
     }
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
-        let Some(hop) = Hop::current() else {
+        let Some(hop) = request.extensions().get::<Arc<Hop>>().cloned() else {
             if request.headers().contains_key(wire::GRPC_TIMEOUT) {
                 return ResponseFuture::untracked(self.inner.call(request));
             }
@@ -102,7 +92,7 @@ where
             tracing::warn!(
                 dependency = self.dependency,
                 method,
-                "refused a call with no deadline: no hop is current (a spawned task must carry it with Hop::scope)"
+                "refused a call with no deadline: it was made under no hop (see Hop::request)"
             );
             let status = Status::internal(format!(
                 "{method} to {} was refused: it had no deadline to forward",

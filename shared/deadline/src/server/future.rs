@@ -7,10 +7,7 @@ use std::{
 
 use http::Response;
 use pin_project_lite::pin_project;
-use tokio::{
-    task::futures::TaskLocalFuture,
-    time::{Instant, Sleep, sleep_until},
-};
+use tokio::time::{Instant, Sleep, sleep_until};
 
 use super::Protocol;
 use telemetry::attr;
@@ -23,7 +20,7 @@ pin_project! {
         Rejected { response: Option<Response<B>> },
         Running {
             #[pin]
-            inner: TaskLocalFuture<Arc<Hop>, F>,
+            inner: F,
             #[pin]
             expiry: Sleep,
             hop: Arc<Hop>,
@@ -61,7 +58,7 @@ impl<F, P, B> ResponseFuture<F, P, B> {
         }
     }
 
-    pub(super) fn running(inner: TaskLocalFuture<Arc<Hop>, F>, hop: Arc<Hop>, protocol: P) -> Self {
+    pub(super) fn running(inner: F, hop: Arc<Hop>, protocol: P) -> Self {
         let expiry = sleep_until(hop.deadline().expires_at());
         Self {
             state: State::Running { inner, expiry, hop },

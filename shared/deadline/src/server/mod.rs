@@ -1,5 +1,5 @@
-//! Server side: give each request a deadline, run it as the current [`Hop`], enforce the deadline
-//! and return the ledger with the answer.
+//! Server side: give each request a deadline, hand the handler its [`Hop`] with the request,
+//! enforce the deadline and return the ledger with the answer.
 //!
 //! Why not the transport's own timeout? tonic's server enforces `grpc-timeout` too, but it answers
 //! CANCELLED, drops the request without a ledger and sits outside every user layer. Serving through
@@ -102,9 +102,8 @@ where
                 .with_previous_attempts(previous_attempts),
         );
         request.extensions_mut().insert(deadline);
-        // Both the synchronous call and its future run as the current hop.
-        let inner = Hop::sync_scope(hop.clone(), || self.inner.call(request));
-        let inner = Hop::scope(hop.clone(), inner);
-        ResponseFuture::running(inner, hop, self.protocol.clone())
+        // The handler gets the hop with the request, and passes it on with its calls.
+        request.extensions_mut().insert(hop.clone());
+        ResponseFuture::running(self.inner.call(request), hop, self.protocol.clone())
     }
 }

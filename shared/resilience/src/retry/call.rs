@@ -3,14 +3,17 @@ use std::{
     sync::{Arc, Mutex, PoisonError},
 };
 
+use deadline::Hop;
 use tonic::{Request, metadata::MetadataMap};
 
 /// One gRPC call that can be sent again: the message and metadata kept apart, because a
-/// `tonic::Request` (and the HTTP request under it) cannot be cloned.
+/// `tonic::Request` (and the HTTP request under it) cannot be cloned; and the hop whose deadline
+/// every attempt shares.
 #[derive(Debug, Clone)]
 pub struct Call<M> {
     pub message: M,
     pub metadata: MetadataMap,
+    pub hop: Arc<Hop>,
     /// Attempts made before this one (0 for the first).
     pub previous_attempts: u32,
     /// The replicas the attempts went to, shared by every attempt of the call.
@@ -18,17 +21,19 @@ pub struct Call<M> {
 }
 
 impl<M> Call<M> {
-    pub fn new(message: M, metadata: MetadataMap) -> Self {
+    pub fn new(message: M, metadata: MetadataMap, hop: Arc<Hop>) -> Self {
         Self {
             message,
             metadata,
+            hop,
             previous_attempts: 0,
             previous_replicas: PreviousReplicas::default(),
         }
     }
 
-    /// The request for this attempt, numbered in `grpc-previous-rpc-attempts` when it is a retry,
-    /// and carrying the replicas tried before, for the balancer to choose another.
+    /// The request for this attempt, under the call's hop, numbered in
+    /// `grpc-previous-rpc-attempts` when it is a retry, and carrying the replicas tried before,
+    /// for the balancer to choose another.
     pub fn into_request(self) -> Request<M> {
         let mut metadata = self.metadata;
         if self.previous_attempts > 0 {
@@ -36,6 +41,7 @@ impl<M> Call<M> {
         }
         let mut request = Request::from_parts(metadata, Default::default(), self.message);
         request.extensions_mut().insert(self.previous_replicas);
+        self.hop.attach(request.extensions_mut());
         request
     }
 }

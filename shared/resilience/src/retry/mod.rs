@@ -55,7 +55,7 @@ pub use throttle::RetryThrottle;
 use std::{sync::Arc, time::Duration};
 
 use attempt_time::AttemptTime;
-use deadline::{ForwardPolicy, Hop, Slice};
+use deadline::{ForwardPolicy, Slice};
 
 use serde::{Deserialize, Serialize};
 use tokio::time::{Instant, Sleep, sleep};
@@ -256,7 +256,8 @@ impl RetryPolicy {
     }
 
     /// The wait before the next attempt, or why there is none.
-    fn next_wait(&mut self, status: &Status, previous_attempts: u32) -> Result<Sleep, StopReason> {
+    fn next_wait<M>(&mut self, status: &Status, call: &Call<M>) -> Result<Sleep, StopReason> {
+        let previous_attempts = call.previous_attempts;
         if status.metadata().contains_key(wire::DEADLINE_FAILED_FAST) {
             // A hop had too little budget to call on; a retry would have less.
             return Err(StopReason::Deadline);
@@ -297,30 +298,29 @@ impl RetryPolicy {
                     .next_backoff()
             }
         };
-        if let Some(hop) = Hop::current() {
-            // What the hop will forward when the retry starts, as it will plan it then.
-            let left_then = hop
-                .deadline()
-                .expires_at()
-                .saturating_duration_since(wait.deadline());
-            let needed = self
-                .attempt_time
-                .expected()
-                .max(self.shared.min_attempt)
-                .max(expired_slice.unwrap_or_default());
-            if !self
-                .shared
-                .forward
-                .plan(left_then)
-                .is_ok_and(|forward| forward.forwarded >= needed)
-            {
-                let reason = if named_wait.is_some() {
-                    StopReason::Pushback
-                } else {
-                    StopReason::Deadline
-                };
-                return Err(reason);
-            }
+        // What the hop will forward when the retry starts, as it will plan it then.
+        let left_then = call
+            .hop
+            .deadline()
+            .expires_at()
+            .saturating_duration_since(wait.deadline());
+        let needed = self
+            .attempt_time
+            .expected()
+            .max(self.shared.min_attempt)
+            .max(expired_slice.unwrap_or_default());
+        if !self
+            .shared
+            .forward
+            .plan(left_then)
+            .is_ok_and(|forward| forward.forwarded >= needed)
+        {
+            let reason = if named_wait.is_some() {
+                StopReason::Pushback
+            } else {
+                StopReason::Deadline
+            };
+            return Err(reason);
         }
         // The throttle first: a retry it refuses must not spend the budget's share.
         if self
@@ -417,7 +417,7 @@ impl<M: Clone, R> Policy<Call<M>, R, Status> for RetryPolicy {
         {
             throttle.failed();
         }
-        match self.next_wait(status, call.previous_attempts) {
+        match self.next_wait(status, call) {
             Ok(wait) => {
                 self.shared.stats.retry();
                 let wait_ms = wait

@@ -568,8 +568,8 @@ impl Chain {
     pub fn guards(&self, hop: &str) -> GuardsView {
         self.guards
             .iter()
+            .find(|guards| guards.service() == hop)
             .map(Guards::view)
-            .find(|view| view.service == hop)
             .unwrap_or_else(|| panic!("{hop} is no service with guards"))
     }
 

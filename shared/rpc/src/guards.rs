@@ -90,6 +90,11 @@ impl Guards {
         self
     }
 
+    /// The service they guard.
+    pub fn service(&self) -> &'static str {
+        self.service
+    }
+
     /// How every guard stands now.
     pub fn view(&self) -> GuardsView {
         let now = Instant::now();

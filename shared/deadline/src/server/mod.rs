@@ -101,8 +101,8 @@ where
             Hop::new(self.name, deadline, self.stats.clone())
                 .with_previous_attempts(previous_attempts),
         );
-        request.extensions_mut().insert(deadline);
-        // The handler gets the hop with the request, and passes it on with its calls.
+        // The handler gets the hop (and so the deadline) with the request, and passes it on
+        // with its calls.
         request.extensions_mut().insert(hop.clone());
         ResponseFuture::running(self.inner.call(request), hop, self.protocol.clone())
     }
